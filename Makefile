@@ -1,0 +1,32 @@
+# One entry point for everything. `make test` works from a fresh clone.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test test-real lint install demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/mypy src
+
+test: lint
+	$(BIN)/pytest tests
+
+test-real: $(STAMP)
+	$(BIN)/pytest -c pyproject.toml tests/real -o norecursedirs= -m real
+
+demo: $(STAMP)
+	$(BIN)/skillstate demo
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

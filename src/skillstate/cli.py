@@ -1,0 +1,140 @@
+"""The `skillstate` command (alias `skillstate-proxy`). Start-up problems are one line on
+stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings
+
+ENDPOINTS = """endpoints:
+  POST /v1/chat/completions   OpenAI chat completions (JSON and SSE, tools)
+  POST /v1/messages           Anthropic Messages (JSON and SSE, tools)
+  GET  /v1/models             the upstream's model list
+  GET  /health                upstream circuits, limits, store
+  GET  /state[?session=ID[&history=1]]   list sessions, or one session's state
+  PATCH /state?session=ID     operator correction (body: a JSON merge patch)
+  DELETE /state?session=ID    forget a session
+  GET  /cost[?since=24h&session=ID&group_by=model|upstream|session|day]"""
+
+SESSION_HELP = """session header:
+  x-skillstate-session: ID    ([A-Za-z0-9_-]{1,128}) names the session whose state this turn
+                              reads and updates; without it a new session is created. The id in
+                              use comes back in the same response header.
+  x-skillstate-mode: state|passthrough|auto   per-request mode (default from config)
+  x-skillstate-constrain: json_schema|off     constrained decoding of the state envelope"""
+
+
+def _env_help() -> str:
+    width = max(len(k) for k in ENV_VARS)
+    lines = [f"  {k.ljust(width)}  {v}" for k, v in ENV_VARS.items()]
+    return "environment:\n" + "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="skillstate",
+        description=(
+            "skillstate-proxy: a local proxy for OpenAI/Anthropic clients that keeps long agent "
+            "loops flat. Each turn it sends upstream only the task, an explicit JSON state and "
+            "the latest observation. With no command it runs the proxy."
+        ),
+        epilog="\n\n".join([_env_help(), ENDPOINTS, SESSION_HELP]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"skillstate-proxy {__version__}")
+    p.add_argument("--config", metavar="FILE", help="JSON config file (default ./skillstate.json)")
+    p.add_argument("--upstream", metavar="URL", help="upstream base URL (key: SKILLSTATE_API_KEY)")
+    p.add_argument("--port", type=_port, help=f"listen port (default {DEFAULT_PORT}; 0 = any)")
+    p.add_argument("--host", help="listen host (default 127.0.0.1)")
+    p.add_argument("--schema", metavar="KEYS", help="comma-separated allowed state keys")
+    p.add_argument("--data-dir", metavar="DIR", help="store directory (default ~/.skillstate)")
+    p.add_argument("--mode", choices=["state", "passthrough", "auto"], help="default mode")
+    p.add_argument("--verbose", action="store_const", const=True, help="log one line per request")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("serve", help="run the proxy (the default)")
+    demo = sub.add_parser("demo", help="offline demo: real proxy + simulated model, 30 turns")
+    demo.add_argument("--turns", type=int, default=30)
+    demo.add_argument("--out-dir", metavar="DIR", help="where to write the report and chart")
+    cost = sub.add_parser("cost", help="usage, cost and savings from the store")
+    cost.add_argument("--since", default="24h", help="ISO time or duration like 24h (default)")
+    cost.add_argument("--until", default=None)
+    cost.add_argument("--session", default=None)
+    cost.add_argument("--by", choices=["model", "upstream", "session", "day"], default=None)
+    cost.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    _add_benches(bench_sub)
+    return p
+
+
+def _add_benches(bench_sub: Any) -> None:
+    from .bench.overhead import add_overhead_parser
+    from .bench.runner import add_bench_parsers
+
+    add_overhead_parser(bench_sub)
+    add_bench_parsers(bench_sub)
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, got {port}")
+    return port
+
+
+def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("config", "upstream", "port", "host", "schema", "data_dir", "verbose", "mode")
+    return {k: getattr(args, k, None) for k in keys}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as e:
+        print(f"skillstate: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    command = args.command or "serve"
+    if command == "demo":
+        from .demo import run_demo
+
+        return run_demo(args)
+    if command == "bench":
+        if args.bench == "overhead":
+            from .bench.overhead import run_overhead
+
+            return run_overhead(args)
+        from .bench.runner import run_bench
+
+        return run_bench(args)
+    settings = load_settings(_cli_layer(args))
+    if command == "cost":
+        from .costcli import print_cost
+
+        return print_cost(settings, args)
+    if not settings.upstreams:
+        raise ConfigError(
+            "upstreams: none configured; use --upstream URL, SKILLSTATE_UPSTREAM or "
+            "'upstreams' in skillstate.json (try `skillstate demo` for an offline run)"
+        )
+    from .server import serve
+
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Configuration: defaults < config file < environment < CLI flags, validated by pydantic.
+
+Layering is explicit (plain dicts merged in order, validated once) so that each error can
+name the setting it is about. Config files use snake_case keys; the camelCase spellings of
+the original Node tool are accepted as aliases.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_PORT = 8789
+MiB = 1024 * 1024
+DAY = 86400.0
+
+
+class ConfigError(Exception):
+    """A configuration problem, reported as one line naming the setting."""
+
+
+class PriceOverride(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input_per_mtok: float | None = Field(default=None, ge=0)
+    output_per_mtok: float | None = Field(default=None, ge=0)
+    cache_read_per_mtok: float | None = Field(default=None, ge=0)
+    cache_write_per_mtok: float | None = Field(default=None, ge=0)
+    local_zero: bool = False
+
+
+class Upstream(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    url: str
+    api_key: str | None = None
+    priority: int = 0
+    kind: Literal["openai", "anthropic"] = "openai"
+    models: list[str] = Field(default_factory=list)  # fnmatch patterns; empty = every model
+    rpm: int | None = Field(default=None, ge=0)
+    tpm: int | None = Field(default=None, ge=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+    anthropic_version: str = "2023-06-01"
+    prices: PriceOverride | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be an http(s) URL, got {v!r}")
+        return v.rstrip("/")
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    upstreams: list[Upstream] = Field(default_factory=list)
+    schema_keys: list[str] = Field(default_factory=list, alias="schema")
+    initial_state: dict[str, Any] = Field(default_factory=dict)
+    state_schema: dict[str, Any] | None = None
+    data_dir: Path = Field(default_factory=lambda: Path("~/.skillstate"))
+    verbose: bool = False
+    mode: Literal["state", "passthrough", "auto"] = "state"
+    constrain: Literal["off", "json_schema"] = "off"
+    schema_violation: Literal["reject", "drop"] = "reject"
+
+    max_body_bytes: int = Field(default=16 * MiB, ge=1024)
+    max_patch_bytes: int = Field(default=32 * 1024, ge=16)
+    max_state_bytes: int = Field(default=64 * 1024, ge=16)
+    max_retries: int = Field(default=2, ge=0, le=10)  # rollback-retries for an invalid patch
+    capture_limit_bytes: int = Field(default=1 * MiB, ge=1024)  # stream content kept for extraction
+
+    session_ttl: float = Field(default=7 * DAY, ge=0)  # seconds; 0 = never expire
+    ledger_retention: float = Field(default=90 * DAY, ge=0)
+    purge_interval: float = Field(default=3600.0, gt=0)
+
+    retry_max_attempts: int = Field(default=3, ge=1, le=20)
+    retry_base_delay: float = Field(default=0.25, ge=0)
+    retry_max_delay: float = Field(default=8.0, ge=0)
+    retry_after_cap: float = Field(default=30.0, ge=0)
+    failure_threshold: int = Field(default=5, ge=1)
+    open_cooldown: float = Field(default=30.0, ge=0)
+    connect_timeout: float = Field(default=10.0, gt=0)
+    first_byte_timeout: float = Field(default=120.0, gt=0)
+    total_timeout: float = Field(default=600.0, gt=0)
+
+    prices: dict[str, PriceOverride] = Field(default_factory=dict)  # per-model overrides
+
+    @field_validator("schema_keys")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        return [k for k in (s.strip() for s in v) if k]
+
+    @model_validator(mode="after")
+    def _unique_upstream_names(self) -> Settings:
+        names = [u.name for u in self.upstreams]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"upstream names must be unique: {sorted(dup)}")
+        return self
+
+    @property
+    def allowed_keys(self) -> list[str]:
+        """The schema: explicit keys, else the keys of initial_state."""
+        return self.schema_keys or list(self.initial_state)
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir.expanduser() / "skillstate.db"
+
+
+# The Node tool's spellings that are not a mechanical camelCase of ours.
+_LEGACY_ALIASES = {
+    "listenPort": "port",
+    "listenHost": "host",
+    "stateDir": "data_dir",
+    "upstreamUrl": "upstream",
+    "apiKey": "api_key",
+    "stateSchema": "state_schema",
+}
+_CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def _snake(key: str) -> str:
+    return _LEGACY_ALIASES.get(key) or _CAMEL.sub(r"_\1", key).lower()
+
+
+def _normalise_keys(obj: Any, *, nested: tuple[str, ...] = ("upstreams",)) -> Any:
+    """camelCase -> snake_case for config keys (top level and upstream entries only;
+    user data such as initial_state and headers keep their keys)."""
+    if not isinstance(obj, dict):
+        return obj
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        sk = _snake(k) if isinstance(k, str) else k
+        if sk in nested and isinstance(v, list):
+            v = [_normalise_keys(e, nested=("prices",)) for e in v]
+        elif sk == "prices" and isinstance(v, dict):
+            v = {m: _normalise_keys(p, nested=()) for m, p in v.items()}
+        out[sk] = v
+    return out
+
+
+ENV_VARS = {
+    "SKILLSTATE_UPSTREAM": "upstream URL (shorthand for a single upstream)",
+    "SKILLSTATE_API_KEY": "key for that upstream",
+    "SKILLSTATE_PORT": f"listen port (default {DEFAULT_PORT}; 0 picks a free one)",
+    "SKILLSTATE_HOST": "listen host (default 127.0.0.1)",
+    "SKILLSTATE_SCHEMA": "comma-separated allowed top-level state keys",
+    "SKILLSTATE_INITIAL_STATE": "initial state, a JSON object",
+    "SKILLSTATE_CONFIG": "path of the JSON config file",
+    "SKILLSTATE_DATA_DIR": "where the SQLite store lives (default ~/.skillstate)",
+    "SKILLSTATE_VERBOSE": "1 to log one line per request",
+    "SKILLSTATE_MODE": "state | passthrough | auto",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    simple = {
+        "SKILLSTATE_PORT": "port",
+        "SKILLSTATE_HOST": "host",
+        "SKILLSTATE_DATA_DIR": "data_dir",
+        "SKILLSTATE_UPSTREAM": "upstream",
+        "SKILLSTATE_API_KEY": "api_key",
+        "SKILLSTATE_MODE": "mode",
+    }
+    for var, key in simple.items():
+        if var in env:
+            layer[key] = env[var]
+    if "SKILLSTATE_SCHEMA" in env:
+        layer["schema"] = env["SKILLSTATE_SCHEMA"].split(",")
+    if "SKILLSTATE_INITIAL_STATE" in env:
+        try:
+            layer["initial_state"] = orjson.loads(env["SKILLSTATE_INITIAL_STATE"])
+        except orjson.JSONDecodeError as e:
+            raise ConfigError(f"SKILLSTATE_INITIAL_STATE: not valid JSON ({e})") from None
+    if "SKILLSTATE_VERBOSE" in env:
+        val = env["SKILLSTATE_VERBOSE"].strip().lower()
+        if val not in _TRUE | _FALSE:
+            raise ConfigError(f"SKILLSTATE_VERBOSE: expected 1/0/true/false, got {val!r}")
+        layer["verbose"] = val in _TRUE
+    return layer
+
+
+def _file_layer(path: Path, *, explicit: bool) -> dict[str, Any]:
+    if not path.exists():
+        if explicit:
+            raise ConfigError(f"config: file not found: {path}")
+        return {}
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise ConfigError(f"config: {path} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {path}: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a JSON object")
+    data.pop("$schema", None)
+    data.pop("_comment", None)
+    return _normalise_keys(data)
+
+
+def load_settings(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Build validated settings. `cli` holds only the flags the user actually gave."""
+    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    env = os.environ if env is None else env
+    env_layer = _env_layer(env)
+
+    config_path = cli.get("config") or env.get("SKILLSTATE_CONFIG")
+    if config_path:
+        file_layer = _file_layer(Path(config_path).expanduser(), explicit=True)
+    else:
+        file_layer = _file_layer((cwd or Path.cwd()) / "skillstate.json", explicit=False)
+
+    merged: dict[str, Any] = {}
+    for layer in (file_layer, env_layer, {k: v for k, v in cli.items() if k != "config"}):
+        merged.update(layer)
+    _apply_upstream_shorthand(merged)
+    if "schema" in merged and isinstance(merged["schema"], str):
+        merged["schema"] = merged["schema"].split(",")
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e)) from None
+
+
+def _apply_upstream_shorthand(merged: dict[str, Any]) -> None:
+    url = merged.pop("upstream", None)
+    key = merged.pop("api_key", None)
+    if url is not None:
+        merged["upstreams"] = [{"name": "default", "url": url, "api_key": key}]
+    elif key is not None and isinstance(merged.get("upstreams"), list):
+        # SKILLSTATE_API_KEY fills in keys the file left out.
+        merged["upstreams"] = [
+            {**u, "api_key": u.get("api_key") or key} if isinstance(u, dict) else u
+            for u in merged["upstreams"]
+        ]
+
+
+def _one_line(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "config"
+    if loc == "schema_keys":
+        loc = "schema"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown setting"
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{loc}: {msg}{more}"

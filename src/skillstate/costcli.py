@@ -1,0 +1,50 @@
+"""`skillstate cost`: the /cost summary read straight from the store (no proxy needed)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import orjson
+from rich.console import Console
+
+from .config import ConfigError, Settings
+from .ledger import parse_since, render_table, summarize
+from .session import is_valid_session_id
+from .store import StoreError
+from .store.sqlite import SQLiteStore
+
+
+def print_cost(settings: Settings, args: argparse.Namespace) -> int:
+    now = time.time()
+    try:
+        since = parse_since(args.since, now)
+        until = parse_since(args.until, now, default="0s") if args.until else now
+    except ValueError as e:
+        raise ConfigError(f"since/until: {e}") from None
+    if args.session is not None and not is_valid_session_id(args.session):
+        raise ConfigError(f"session: invalid id {args.session!r}")
+    if not settings.db_path.expanduser().exists():
+        raise ConfigError(f"data_dir: no store at {settings.db_path.expanduser()}")
+
+    async def read() -> dict[str, object]:
+        store = SQLiteStore(settings.db_path.expanduser())
+        await store.open()
+        try:
+            rows = await store.ledger_rows(since, until, args.session)
+        finally:
+            await store.close()
+        summary = summarize(rows, args.by)
+        summary.update({"since": since, "until": until, "session": args.session})
+        return summary
+
+    try:
+        summary = asyncio.run(read())
+    except StoreError as e:
+        raise ConfigError(f"store: {e}") from None
+    if args.json:
+        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    else:
+        render_table(summary, Console())
+    return 0

@@ -1,0 +1,1 @@
+"""Wire formats: OpenAI chat completions, Anthropic Messages, and Server-Sent Events."""

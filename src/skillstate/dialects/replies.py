@@ -1,0 +1,53 @@
+"""Non-streamed replies: what the state engine reads from them, and error bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..ledger import Usage, usage_from_anthropic, usage_from_openai
+
+
+def reply_text(dialect: str, resp: dict[str, Any]) -> tuple[str, bool]:
+    """(all text content, whether the reply calls tools)."""
+    if dialect == "anthropic":
+        blocks = resp.get("content") or []
+        text = "".join(
+            b.get("text") or "" for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+        )
+        tools = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks)
+        return text, tools
+    choices = resp.get("choices") or [{}]
+    msg = (choices[0] or {}).get("message") or {}
+    content = msg.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return (content or ""), bool(msg.get("tool_calls") or msg.get("function_call"))
+
+
+def reply_usage(dialect: str, resp: dict[str, Any]) -> Usage | None:
+    u = resp.get("usage")
+    return usage_from_anthropic(u) if dialect == "anthropic" else usage_from_openai(u)
+
+
+def reply_model(resp: dict[str, Any]) -> str | None:
+    m = resp.get("model")
+    return m if isinstance(m, str) else None
+
+
+def error_message(raw: bytes) -> str:
+    """The human message inside an upstream error body of either dialect (or the raw text)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", errors="replace")[:500] or "upstream error"
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("message"):
+            return str(body["message"])
+    return raw.decode("utf-8", errors="replace")[:500]

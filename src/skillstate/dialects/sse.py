@@ -1,0 +1,86 @@
+"""Incremental Server-Sent Events parsing and encoding.
+
+The parser keeps each event's raw bytes so that a same-dialect stream can be forwarded
+byte-for-byte while its content is still inspected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    event: str | None
+    data: str
+    raw: bytes  # the event exactly as received, including its terminating blank line
+
+    @property
+    def is_comment(self) -> bool:
+        return self.event is None and self.data == "" and self.raw.lstrip().startswith(b":")
+
+    def json(self) -> Any:
+        return orjson.loads(self.data)
+
+
+class SSEParser:
+    """Feed bytes as they arrive; get back complete events. Accepts \\n, \\r\\n and \\r."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        self._buf += chunk
+        if b"\r" in self._buf:
+            self._buf = self._buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events: list[SSEEvent] = []
+        while True:
+            end = self._buf.find(b"\n\n")
+            if end < 0:
+                break
+            raw, self._buf = self._buf[: end + 2], self._buf[end + 2 :]
+            events.append(_parse_block(raw))
+        return events
+
+    def flush(self) -> list[SSEEvent]:
+        """A final event that the upstream did not terminate with a blank line."""
+        raw, self._buf = self._buf, b""
+        if not raw.strip():
+            return []
+        return [_parse_block(raw + b"\n\n" if not raw.endswith(b"\n") else raw + b"\n")]
+
+
+def _parse_block(raw: bytes) -> SSEEvent:
+    event: str | None = None
+    data_lines: list[str] = []
+    for line in raw.decode("utf-8", errors="replace").split("\n"):
+        if not line or line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "event":
+            event = value
+        elif field == "data":
+            data_lines.append(value)
+    return SSEEvent(event=event, data="\n".join(data_lines), raw=raw)
+
+
+def encode(data: Any, event: str | None = None) -> bytes:
+    """One SSE event. `data` may be bytes/str (sent as is) or any JSON-serialisable value."""
+    if isinstance(data, bytes):
+        payload = data
+    elif isinstance(data, str):
+        payload = data.encode()
+    else:
+        payload = orjson.dumps(data)
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    return head + b"data: " + payload + b"\n\n"
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment line; SDK parsers ignore it."""
+    return b": " + text.replace("\n", " ").encode() + b"\n\n"

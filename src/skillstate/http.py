@@ -1,0 +1,136 @@
+"""HTTP plumbing for the handlers: bounded body reading, dialect-shaped error responses,
+and responses that notice a client going away (and then cancel the upstream work)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, TypeVar
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from .errors import Dialect, ProxyError
+
+T = TypeVar("T")
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_response(
+    err: ProxyError, dialect: Dialect, headers: Mapping[str, str] | None = None
+) -> Response:
+    status = err.status
+    if err.kind == "overloaded" and dialect == "openai":
+        status = 503  # 529 is Anthropic's; OpenAI clients know 503
+    return JSONResponse(
+        err.body(dialect), status_code=status, headers={**(headers or {}), **err.headers()}
+    )
+
+
+async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object; 413 as soon as it is known to be too big
+    (without buffering the rest), 400 for anything that is not a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        parts.append(chunk)
+    raw = b"".join(parts)
+    if not raw:
+        raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ProxyError("invalid_request", f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ProxyError("invalid_request", "request body must be a JSON object")
+    return body
+
+
+def _too_large(max_bytes: int) -> ProxyError:
+    return ProxyError(
+        "request_too_large",
+        f"request body exceeds max_body_bytes ({max_bytes} bytes)",
+        code="request_too_large",
+    )
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; if the client disconnects first, cancel it and return None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
+        watcher.cancel()
+    return task.result()
+
+
+class StreamingProxyResponse(Response):
+    """Streams an async iterator; a client disconnect cancels the iterator at once, even
+    while it is waiting on a stalled upstream (Starlette's own response only notices on
+    the next send under ASGI 2.4)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+        self.chunks = chunks
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", **headers})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        pump = asyncio.ensure_future(self._pump(send))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (pump, watcher):
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+        if pump.done() and not pump.cancelled():
+            exc = pump.exception()
+            if exc is not None and not isinstance(exc, OSError):
+                raise exc
+
+    async def _pump(self, send: Send) -> None:
+        chunks = self.chunks
+        try:
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()

@@ -1,0 +1,520 @@
+"""The usage / cost / savings ledger: pure logic (persistence and HTTP live elsewhere).
+
+Token semantics
+---------------
+``Usage.input_tokens`` is ALL input tokens of a call, *including* cache reads and cache
+writes; ``cache_read_tokens`` and ``cache_write_tokens`` are the parts of it that were read
+from / written to the provider's prompt cache. ``usage_from_openai`` and
+``usage_from_anthropic`` normalise the two providers' different conventions to this.
+
+Rows
+----
+One ``LedgerRow`` per upstream attempt. Exactly one row per client turn has kind
+``"generation"`` (non-streamed) or ``"stream"`` (streamed): the attempt whose answer went to the
+client. Every other attempt the proxy made is a ``"rollback-retry"`` (re-ask after an invalid
+state patch) or a ``"transport-retry"`` (re-send after a transport/5xx/429 failure) row.
+
+Baseline (what the client's own full transcript would have cost)
+----------------------------------------------------------------
+Without making a second upstream call, the baseline input of a turn row is the upstream's
+*reported* input scaled by the estimated size ratio of the two request bodies, both measured
+with the same estimator (``skillstate.tokens.estimate_tokens``)::
+
+    baseline_input_tokens = round(actual_input * est_transcript / est_sent)
+
+(exact rational arithmetic, Python's round-half-to-even; ``est_sent <= 0`` -> ``actual_input``).
+The baseline cost is this row's cost with the input replaced by the baseline input *at the
+same per-token rates*, the extra (or missing) tokens priced at the FULL plain input price::
+
+    baseline_cost_usd = max(0, cost_usd + (baseline_input - actual_input) * input_per_mtok / 1e6)
+
+Cache fields and output tokens are kept as they were. This is conservative: a client resending
+its whole transcript would usually get a large prefix cache hit too, but we do not credit the
+baseline with cache hits it might not have had, nor with a higher long-context tier (the rate
+is the tier that applied to the actual call); output is assumed unchanged.
+
+Retry rows (both kinds) get ``baseline_input_tokens = 0`` and ``baseline_cost_usd = 0.0``: the
+client talking to the upstream directly would not have made that attempt, so every extra
+attempt counts in full AGAINST the savings.
+
+Summary arithmetic (what ``summarize`` reports, for a set of rows)
+------------------------------------------------------------------
+* ``requests`` = number of rows of kind generation or stream; ``attempts`` = rows per kind.
+* token sums are over rows with usage (``usage_unavailable_rows`` counts the others).
+* ``cost_usd`` = sum of the non-null ``cost_usd``; null if no row has a cost.
+* B = rows with non-null ``baseline_input_tokens`` and ``input_tokens``::
+
+      baseline_input_tokens = sum(row.baseline_input_tokens for row in B)
+      saved_input_tokens    = sum(row.baseline_input_tokens - row.input_tokens for row in B)
+      saved_pct             = round(100 * saved_input_tokens / baseline_input_tokens, 2)
+
+  (null if B is empty or its baseline sum is 0; negative when the proxy cost more).
+* C = rows with non-null ``cost_usd`` and ``baseline_cost_usd``::
+
+      baseline_cost_usd = sum(row.baseline_cost_usd for row in C)
+      saved_usd         = baseline_cost_usd - sum(row.cost_usd for row in C)
+
+USD figures are rounded to 9 decimals to drop float noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Literal
+
+from skillstate.pricing import PriceBook, Prices
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = [
+    "GROUP_BY",
+    "KINDS",
+    "NOTE",
+    "Kind",
+    "LedgerRow",
+    "Usage",
+    "baseline_cost_usd",
+    "baseline_input_tokens",
+    "make_row",
+    "parse_since",
+    "render_table",
+    "summarize",
+    "usage_from_anthropic",
+    "usage_from_openai",
+]
+
+Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
+KINDS: tuple[Kind, ...] = ("generation", "stream", "rollback-retry", "transport-retry")
+TURN_KINDS: frozenset[str] = frozenset({"generation", "stream"})
+RETRY_KINDS: frozenset[str] = frozenset({"rollback-retry", "transport-retry"})
+GROUP_BY: tuple[str, ...] = ("model", "upstream", "session", "day")
+
+NOTE = (
+    "Local estimate from upstream-reported token usage and bundled (genai-prices) or "
+    "configured list prices; not a provider invoice. Baseline = reported input scaled by the "
+    "estimated size of the client's full transcript vs. what was sent; retries count as extra "
+    "spend with a zero baseline."
+)
+
+
+# --- usage normalisation ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token usage of one call. ``input_tokens`` INCLUDES cache reads and cache writes."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def uncached_input_tokens(self) -> int:
+        return self.input_tokens - self.cache_read_tokens - self.cache_write_tokens
+
+
+def _count(v: Any) -> int | None:
+    """A non-negative token count, or None for anything else (bools, strings, NaN, -1...)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    if isinstance(v, float) and v.is_integer() and v >= 0:
+        return int(v)
+    return None
+
+
+def _optional_count(u: Mapping[str, Any], key: str) -> int | None:
+    """0 when absent/null, the count when valid, None (= garbage) otherwise."""
+    v = u.get(key)
+    return 0 if v is None else _count(v)
+
+
+def usage_from_openai(u: Mapping[str, Any] | None) -> Usage | None:
+    """OpenAI-style usage -> ``Usage``; None when missing or malformed.
+
+    Chat completions: ``prompt_tokens`` already INCLUDES ``prompt_tokens_details.cached_tokens``
+    so input = prompt_tokens, cache_read = cached_tokens. Also accepted: the Responses API
+    (``input_tokens``/``output_tokens``/``input_tokens_details.cached_tokens``, same inclusive
+    semantics) and DeepSeek's ``prompt_cache_hit_tokens``. OpenAI reports no cache writes (0).
+    """
+    if not isinstance(u, Mapping):
+        return None
+    if "prompt_tokens" in u or "completion_tokens" in u:
+        inp, out = _count(u.get("prompt_tokens")), _count(u.get("completion_tokens"))
+        details = u.get("prompt_tokens_details")
+    else:
+        inp, out = _count(u.get("input_tokens")), _count(u.get("output_tokens"))
+        details = u.get("input_tokens_details")
+    if inp is None or out is None:
+        return None
+    cached: int | None = 0
+    if isinstance(details, Mapping) and details.get("cached_tokens") is not None:
+        cached = _count(details.get("cached_tokens"))
+    elif u.get("prompt_cache_hit_tokens") is not None:
+        cached = _count(u.get("prompt_cache_hit_tokens"))
+    if cached is None or cached > inp:
+        return None
+    return Usage(inp, out, cached, 0)
+
+
+def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
+    """Anthropic usage -> ``Usage``; None when missing or malformed.
+
+    Anthropic's ``input_tokens`` EXCLUDES ``cache_read_input_tokens`` and
+    ``cache_creation_input_tokens``, so total input = the sum of the three. (Cache writes are
+    not split by TTL here; they are all priced at the model's cache-write price.)
+    """
+    if not isinstance(u, Mapping):
+        return None
+    inp, out = _count(u.get("input_tokens")), _count(u.get("output_tokens"))
+    read = _optional_count(u, "cache_read_input_tokens")
+    write = _optional_count(u, "cache_creation_input_tokens")
+    if inp is None or out is None or read is None or write is None:
+        return None
+    return Usage(inp + read + write, out, read, write)
+
+
+# --- rows ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LedgerRow:
+    """One upstream attempt. Token fields are None when the upstream reported no usage."""
+
+    ts: float
+    session: str | None
+    upstream: str | None
+    model: str | None
+    kind: Kind
+    status: int
+    input_tokens: int | None
+    output_tokens: int | None
+    cache_read_tokens: int | None
+    cache_write_tokens: int | None
+    pricing: str
+    cost_usd: float | None
+    baseline_input_tokens: int | None
+    baseline_cost_usd: float | None
+    mode: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> LedgerRow:
+        """From a dict / sqlite3.Row-like mapping with these field names (extra keys ignored)."""
+        return cls(**{f.name: m[f.name] for f in dataclasses.fields(cls)})
+
+
+def baseline_input_tokens(actual_input: int, est_transcript: int, est_sent: int) -> int:
+    """``round(actual_input * est_transcript / est_sent)``; ``actual_input`` if est_sent <= 0."""
+    if est_sent <= 0:
+        return actual_input
+    return round(Fraction(actual_input * max(est_transcript, 0), est_sent))
+
+
+def baseline_cost_usd(
+    cost_usd: float | None, prices: Prices | None, actual_input: int, baseline_input: int
+) -> float | None:
+    """This row's cost with input replaced by ``baseline_input``, the difference priced at the
+    full plain input rate (see module docstring); None when the cost or rates are unknown."""
+    if cost_usd is None or prices is None:
+        return None
+    return max(0.0, cost_usd + (baseline_input - actual_input) * prices.input_per_mtok / 1e6)
+
+
+def make_row(
+    *,
+    book: PriceBook,
+    usage: Usage | None,
+    kind: Kind,
+    status: int,
+    mode: str,
+    session: str | None = None,
+    upstream: str | None = None,
+    model: str | None = None,
+    est_transcript: int | None = None,
+    est_sent: int | None = None,
+    provider_hint: str | None = None,
+    ts: float | None = None,
+) -> LedgerRow:
+    """Price one attempt and compute its baseline.
+
+    ``est_transcript`` / ``est_sent`` are ``estimate_tokens`` of the client's original body and
+    of the body actually sent upstream; leave them None when there is nothing to compare (the
+    row then has no baseline). Retry kinds always get a zero baseline (see module docstring).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown ledger row kind {kind!r}; expected one of {KINDS}")
+    ts = time.time() if ts is None else ts
+    priced = book.price(
+        usage,
+        model=model,
+        upstream=upstream,
+        provider_hint=provider_hint,
+        at=datetime.fromtimestamp(ts, tz=timezone.utc),
+    )
+    u = usage if priced.status != "usage-unavailable" else None
+    b_in: int | None = None
+    b_cost: float | None = None
+    if u is not None:
+        if kind in RETRY_KINDS:
+            b_in = 0
+            b_cost = 0.0 if priced.cost_usd is not None else None
+        elif est_transcript is not None and est_sent is not None:
+            b_in = baseline_input_tokens(u.input_tokens, est_transcript, est_sent)
+            b_cost = baseline_cost_usd(priced.cost_usd, priced.prices, u.input_tokens, b_in)
+    return LedgerRow(
+        ts=ts,
+        session=session,
+        upstream=upstream,
+        model=model,
+        kind=kind,
+        status=status,
+        input_tokens=None if u is None else u.input_tokens,
+        output_tokens=None if u is None else u.output_tokens,
+        cache_read_tokens=None if u is None else u.cache_read_tokens,
+        cache_write_tokens=None if u is None else u.cache_write_tokens,
+        pricing=priced.status,
+        cost_usd=priced.cost_usd,
+        baseline_input_tokens=b_in,
+        baseline_cost_usd=b_cost,
+        mode=mode,
+    )
+
+
+# --- summary ------------------------------------------------------------------------------
+
+
+def _usd(v: float) -> float:
+    return round(v, 9)
+
+
+class _Acc:
+    __slots__ = (
+        "attempts",
+        "b_cost",
+        "b_cost_actual",
+        "b_in",
+        "b_saved",
+        "c_rows",
+        "cache_read",
+        "cache_write",
+        "cost",
+        "cost_rows",
+        "inp",
+        "out",
+        "requests",
+        "unavailable",
+        "unknown",
+    )
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.attempts: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.inp = self.out = self.cache_read = self.cache_write = 0
+        self.cost = 0.0
+        self.cost_rows = 0
+        self.unknown = self.unavailable = 0
+        self.b_in: int | None = None
+        self.b_saved = 0
+        self.b_cost = self.b_cost_actual = 0.0
+        self.c_rows = 0
+
+    def add(self, r: LedgerRow) -> None:
+        if r.kind in TURN_KINDS:
+            self.requests += 1
+        self.attempts[r.kind] = self.attempts.get(r.kind, 0) + 1
+        self.inp += r.input_tokens or 0
+        self.out += r.output_tokens or 0
+        self.cache_read += r.cache_read_tokens or 0
+        self.cache_write += r.cache_write_tokens or 0
+        if r.cost_usd is not None:
+            self.cost += r.cost_usd
+            self.cost_rows += 1
+        if r.pricing == "unknown":
+            self.unknown += 1
+        elif r.pricing == "usage-unavailable":
+            self.unavailable += 1
+        if r.baseline_input_tokens is not None and r.input_tokens is not None:
+            self.b_in = (self.b_in or 0) + r.baseline_input_tokens
+            self.b_saved += r.baseline_input_tokens - r.input_tokens
+        if r.baseline_cost_usd is not None and r.cost_usd is not None:
+            self.b_cost += r.baseline_cost_usd
+            self.b_cost_actual += r.cost_usd
+            self.c_rows += 1
+
+    def result(self) -> dict[str, Any]:
+        has_b = self.b_in is not None
+        return {
+            "requests": self.requests,
+            "attempts": dict(self.attempts),
+            "input_tokens": self.inp,
+            "output_tokens": self.out,
+            "cache_read_tokens": self.cache_read,
+            "cache_write_tokens": self.cache_write,
+            "cost_usd": _usd(self.cost) if self.cost_rows else None,
+            "unknown_pricing_rows": self.unknown,
+            "usage_unavailable_rows": self.unavailable,
+            "baseline_input_tokens": self.b_in,
+            "saved_input_tokens": self.b_saved if has_b else None,
+            "saved_pct": (round(100 * self.b_saved / self.b_in, 2) if self.b_in else None),
+            "baseline_cost_usd": _usd(self.b_cost) if self.c_rows else None,
+            "saved_usd": _usd(self.b_cost - self.b_cost_actual) if self.c_rows else None,
+        }
+
+
+def _day(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).date().isoformat()
+
+
+def _key(r: LedgerRow, group_by: str) -> str | None:
+    if group_by == "day":
+        return _day(r.ts)
+    v = getattr(r, group_by)
+    return None if v is None else str(v)
+
+
+def summarize(
+    rows: Iterable[LedgerRow | Mapping[str, Any]], group_by: str | None = None
+) -> dict[str, Any]:
+    """Totals (and groups) of ledger rows; see the module docstring for every formula.
+
+    Returns ``{"group_by", "totals": {...}, "groups": [{"key": ..., **metrics}, ...], "note"}``
+    with groups sorted by key (null key last). ``group_by`` is None or one of ``GROUP_BY``
+    (``day`` = UTC date, ``YYYY-MM-DD``). Rows may also be mappings with the field names.
+    """
+    if group_by is not None and group_by not in GROUP_BY:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
+    total = _Acc()
+    groups: dict[str | None, _Acc] = {}
+    for raw in rows:
+        r = raw if isinstance(raw, LedgerRow) else LedgerRow.from_mapping(raw)
+        total.add(r)
+        if group_by is not None:
+            k = _key(r, group_by)
+            acc = groups.get(k)
+            if acc is None:
+                acc = groups[k] = _Acc()
+            acc.add(r)
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))
+    return {
+        "group_by": group_by,
+        "totals": total.result(),
+        "groups": [{"key": k, **acc.result()} for k, acc in ordered],
+        "note": NOTE,
+    }
+
+
+# --- --since --------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(value: str | None, now: float, default: str = "24h") -> float:
+    """Start of a time window as a unix timestamp.
+
+    Accepts a duration back from ``now`` (``90s``, ``30m`` = minutes, ``24h``, ``7d``, ``2w``;
+    decimals allowed), an ISO 8601 date or time (``2025-01-31``, ``2025-01-31T12:00:00Z``,
+    ``...+02:00``; naive values are UTC), or ``all`` (0.0). None uses ``default``.
+    Raises ``ValueError`` naming the bad value and the accepted forms.
+    """
+    text = (default if value is None else value).strip()
+    if text.lower() == "all":
+        return 0.0
+    m = _DURATION.match(text)
+    if m:
+        return now - float(m[1]) * _UNIT_SECONDS[m[2].lower()]
+    iso = text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text
+    try:
+        if not text or text[0] in "+-":
+            raise ValueError(text)
+        dt = datetime.fromisoformat(iso)
+    except ValueError:
+        raise ValueError(
+            f"invalid --since value {text!r}: use a duration such as 90s, 30m, 24h, 7d or 2w, "
+            "an ISO time such as 2025-01-31 or 2025-01-31T12:00:00Z, or 'all'"
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def _fmt_int(v: int | None) -> str:
+    return "—" if v is None else f"{v:,}"
+
+
+def _fmt_usd(v: float | None) -> str:
+    if v is None:
+        return "—"
+    sign = "-" if v < 0 else ""
+    a = abs(v)
+    return f"{sign}${a:,.4f}" if a < 100 else f"{sign}${a:,.2f}"
+
+
+def _fmt_pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}%"
+
+
+def render_table(summary: Mapping[str, Any], console: Console) -> None:
+    """Print ``summarize()`` output as a rich table (groups, then a bold total row)."""
+    from rich.table import Table
+
+    group_by = summary.get("group_by")
+    table = Table(title="skillstate cost", caption=summary.get("note"), caption_justify="left")
+    table.add_column(group_by or "", style="cyan", overflow="fold")
+    for name in ("requests", "retries", "input", "cache read", "cache write", "output"):
+        table.add_column(name, justify="right")
+    for name in ("cost", "baseline", "saved", "saved in %"):
+        table.add_column(name, justify="right")
+
+    def cells(label: str, m: Mapping[str, Any]) -> list[str]:
+        attempts = m.get("attempts") or {}
+        retries = sum(v for k, v in attempts.items() if k in RETRY_KINDS)
+        cost = _fmt_usd(m.get("cost_usd"))
+        if m.get("unknown_pricing_rows") or m.get("usage_unavailable_rows"):
+            cost += "*"
+        return [
+            label,
+            _fmt_int(m.get("requests")),
+            _fmt_int(retries),
+            _fmt_int(m.get("input_tokens")),
+            _fmt_int(m.get("cache_read_tokens")),
+            _fmt_int(m.get("cache_write_tokens")),
+            _fmt_int(m.get("output_tokens")),
+            cost,
+            _fmt_usd(m.get("baseline_cost_usd")),
+            _fmt_usd(m.get("saved_usd")),
+            _fmt_pct(m.get("saved_pct")),
+        ]
+
+    groups = summary.get("groups") or []
+    for g in groups:
+        key = g.get("key")
+        table.add_row(*cells("(none)" if key is None else str(key), g))
+    if groups:
+        table.rows[-1].end_section = True
+    totals = summary.get("totals") or {}
+    table.add_row(*cells("total", totals), style="bold")
+    console.print(table)
+    unknown = totals.get("unknown_pricing_rows") or 0
+    unavailable = totals.get("usage_unavailable_rows") or 0
+    if unknown or unavailable:
+        console.print(
+            f"* cost excludes {unknown} row(s) with unknown prices and {unavailable} row(s) "
+            "without usage; add a price override (prices / upstreams[].prices) to include them."
+        )
+    console.print("saved in % = input tokens saved / baseline input tokens.")

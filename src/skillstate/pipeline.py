@@ -1,0 +1,507 @@
+"""One client turn through the stages:
+
+session -> limits -> context -> upstream -> extract -> validate/merge -> store -> ledger
+
+Handlers in `app` parse and render; everything between lives here. The state logic itself
+(context, patch) is pure; this module only sequences it with I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import aiohttp
+import orjson
+
+from . import constrain, context
+from .config import Settings
+from .dialects import sse
+from .dialects.relay import StreamRelay, make_relay
+from .dialects.replies import error_message, reply_model, reply_text, reply_usage
+from .dialects.translate import (
+    anthropic_request_to_openai,
+    anthropic_response_to_openai,
+    openai_request_to_anthropic,
+    openai_response_to_anthropic,
+)
+from .errors import ProxyError, kind_for_status
+from .ledger import Kind, LedgerRow, Usage, make_row
+from .patch import PatchPolicy, extract_envelope, infer_key_types, validate_and_merge
+from .pricing import PriceBook
+from .session import SESSION_HEADER, SessionLocks
+from .store import Store, StoreError, TransitionRecord
+from .tokens import estimate_tokens
+from .upstream.client import Exchange, Outbound, UpstreamPool, passthrough_response_headers
+
+MODES = ("state", "passthrough", "auto")
+
+
+@dataclass
+class Turn:
+    """A parsed client request."""
+
+    dialect: str  # "openai" | "anthropic"
+    body: dict[str, Any]
+    headers: Mapping[str, str]  # lower-case names
+    session: str
+    mode: str
+    constrain: bool = False
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+    @property
+    def model(self) -> str:
+        m = self.body.get("model")
+        return m if isinstance(m, str) else ""
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class StreamReply:
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+
+
+@dataclass
+class Outcome:
+    """The verdict on one model reply."""
+
+    status: str  # valid | invalid | tool-noop
+    state: dict[str, Any] | None = None  # the new state, when it changed
+    patch: dict[str, Any] | None = None
+    action: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def _est(body: Mapping[str, Any]) -> int:
+    """Tokens of what an upstream would read: system, messages and tool definitions."""
+    return estimate_tokens([body.get("system"), body.get("messages"), body.get("tools")])
+
+
+def header_safe(text: str, limit: int = 200) -> str:
+    """Header values must be latin-1 and one line; keep them short and readable."""
+    flat = " ".join(text.split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1] + "…"
+    return flat.encode("ascii", "backslashreplace").decode("ascii")
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        pool: UpstreamPool,
+        prices: PriceBook,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.pool = pool
+        self.prices = prices
+        self.locks = SessionLocks()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- policy and context ----------------------------------------------------------------
+
+    @lru_cache(maxsize=64)  # noqa: B019 - one pipeline per process; keys are small tuples
+    def policy(self, schema: tuple[str, ...]) -> PatchPolicy:
+        s = self.settings
+        return PatchPolicy(
+            allowed_keys=frozenset(schema),
+            key_types=infer_key_types(s.initial_state),
+            schema_violation=s.schema_violation,
+            max_patch_bytes=s.max_patch_bytes,
+            max_state_bytes=s.max_state_bytes,
+            state_schema=s.state_schema,
+        )
+
+    def check_patch(self, state: dict[str, Any], patch: dict[str, Any], schema: list[str]) -> Any:
+        """Validate an operator's patch exactly like a model's."""
+        return validate_and_merge(state, patch, self.policy(tuple(schema)))
+
+    def judge(
+        self, text: str, has_tool_calls: bool, state: dict[str, Any], schema: list[str]
+    ) -> Outcome:
+        extraction = extract_envelope(text)
+        env = extraction.envelope
+        errors = list(extraction.errors)
+        if env is not None:
+            tr = validate_and_merge(state, env.state_patch, self.policy(tuple(schema)))
+            if tr.ok:
+                return Outcome("valid", tr.new_state, tr.applied_patch, env.action, tr.warnings)
+            errors = tr.errors
+        if has_tool_calls:
+            return Outcome("tool-noop", errors=errors if env is not None else [])
+        return Outcome("invalid", errors=errors or ["no valid state envelope"])
+
+    def _outbound(self, turn: Turn, body: dict[str, Any], schema: list[str]) -> Outbound:
+        openai_extra: dict[str, Any] = {}
+        if turn.constrain and constrain.should_constrain(body):
+            schema_doc = constrain.envelope_schema(
+                schema, self.settings.initial_state, self.settings.state_schema
+            )
+            openai_extra["response_format"] = constrain.response_format_for(schema_doc)
+        if turn.stream:
+            openai_extra["stream_options"] = {
+                **(body.get("stream_options") or {}),
+                "include_usage": True,
+            }
+
+        def translate(kind: str, b: dict[str, Any]) -> dict[str, Any]:
+            if kind == "openai":
+                return anthropic_request_to_openai(b)
+            return openai_request_to_anthropic(b)
+
+        return Outbound(
+            client_dialect=turn.dialect,
+            body=body,
+            stream=turn.stream,
+            est_tokens=_est(body),
+            client_headers=turn.headers,
+            translate=translate,
+            openai_extra=openai_extra,
+        )
+
+    def build_context(
+        self, turn: Turn, state: dict[str, Any], schema: list[str]
+    ) -> tuple[dict[str, Any], str]:
+        if turn.mode == "passthrough":
+            return turn.body, "passthrough"
+        compact = context.build_compact(turn.dialect, turn.body, schema, state)
+        if turn.mode == "state":
+            return compact, "compact"
+        full = context.build_full(turn.dialect, turn.body, schema)
+        return (compact, "compact") if _est(compact) < _est(full) else (full, "full")
+
+    # -- the turn ----------------------------------------------------------------------------
+
+    async def run(self, turn: Turn) -> Reply | StreamReply:
+        stack = AsyncExitStack()
+        handed_over = False
+        try:
+            if turn.mode != "passthrough":
+                await stack.enter_async_context(self.locks.hold(turn.session))
+                record = await self.store.load(turn.session)
+            else:
+                record = None
+            state = record.state if record else self.settings.initial_state
+            step = record.step if record else 0
+            schema = record.schema if record else self.settings.allowed_keys
+            sent, shape = self.build_context(turn, state, schema)
+            est_client = _est(turn.body) if turn.mode != "passthrough" else None
+            meta = _TurnMeta(turn, state, step, schema, record is None, shape, est_client)
+            out = self._outbound(turn, sent, schema)
+            if turn.stream:
+                ex = await self._dispatch(out, meta)
+                if not ex.ok:
+                    return await self._relay_error(ex, meta, [])
+                handed_over = True
+                return StreamReply(self._base_headers(meta, ex), self._stream(ex, out, meta, stack))
+            return await self._complete(out, meta)
+        finally:
+            if not handed_over:
+                await stack.aclose()
+
+    async def _dispatch(self, out: Outbound, meta: _TurnMeta) -> Exchange:
+        try:
+            return await self.pool.dispatch(out)
+        except ProxyError as e:
+            rows = [self._failure_row(meta, a.upstream, a.status) for a in e.attempts]
+            await self._write_ledger(rows)
+            raise
+
+    async def _complete(self, out: Outbound, meta: _TurnMeta) -> Reply:
+        turn = meta.turn
+        rows: list[LedgerRow] = []
+        retries = 0
+        while True:
+            ex = await self._dispatch(out, meta)
+            rows += [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
+            raw = await ex.read()
+            ex.release()
+            if not ex.ok:
+                return await self._relay_error(ex, meta, rows, raw)
+            try:
+                resp = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise ProxyError(
+                    "upstream_unreachable",
+                    f"upstream {ex.upstream.name} returned a non-JSON body",
+                ) from None
+            up_kind = ex.upstream.kind
+            usage = reply_usage(up_kind, resp)
+            self._reconcile(ex, usage, out)
+            kind: Kind = "generation" if retries == 0 else "rollback-retry"
+            rows.append(self._row(meta, ex, usage, kind, ex.status, reply_model(resp), out))
+            if up_kind != turn.dialect:
+                resp = self._translate_reply(up_kind, resp, turn)
+                raw = orjson.dumps(resp)
+            if turn.mode == "passthrough":
+                return self._reply(ex, meta, raw, None, None, rows, retries)
+            text, tools = reply_text(turn.dialect, resp)
+            outcome = self.judge(text, tools, meta.state, meta.schema)
+            if outcome.status != "invalid" or retries >= self.settings.max_retries:
+                break
+            retries += 1
+            out = self._outbound(
+                turn, context.add_correction(turn.dialect, out.body, text, outcome.errors),
+                meta.schema,
+            )  # fmt: skip
+        step = await self._commit(meta, outcome, rows)
+        return self._reply(ex, meta, raw, outcome, step, rows, retries)
+
+    def _translate_reply(self, up_kind: str, resp: dict[str, Any], turn: Turn) -> dict[str, Any]:
+        if up_kind == "openai":
+            return openai_response_to_anthropic(resp, request_model=turn.model)
+        return anthropic_response_to_openai(resp)
+
+    def _reconcile(self, ex: Exchange, usage: Usage | None, out: Outbound) -> None:
+        if ex.ticket is not None and usage is not None:
+            ex.upstream.limits.reconcile(ex.ticket, usage.input_tokens + usage.output_tokens)
+
+    async def _stream(
+        self, ex: Exchange, out: Outbound, meta: _TurnMeta, stack: AsyncExitStack
+    ) -> AsyncIterator[bytes]:
+        turn = meta.turn
+        relay: StreamRelay = make_relay(
+            turn.dialect,
+            ex.upstream.kind,
+            request_model=turn.model,
+            client_wants_usage=bool((turn.body.get("stream_options") or {}).get("include_usage")),
+            capture_limit=self.settings.capture_limit_bytes,
+        )
+        rows = [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
+        parser = sse.SSEParser()
+        clean = False
+        problem: str | None
+        try:
+            try:
+                chunk = ex.first_chunk
+                content = ex.response.content
+                while chunk:
+                    for event in parser.feed(chunk):
+                        for b in relay.feed(event):
+                            yield b
+                    chunk = await content.readany()
+                for event in parser.flush():
+                    for b in relay.feed(event):
+                        yield b
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                problem = "upstream timed out" if isinstance(e, asyncio.TimeoutError) else (
+                    f"upstream connection failed mid-stream ({type(e).__name__})"
+                )  # fmt: skip
+            else:
+                problem = relay.upstream_error or (
+                    None if relay.complete else "upstream closed the stream before it finished"
+                )
+            self._reconcile(ex, relay.usage, out)
+            status = ex.status if problem is None else 502
+            rows.append(self._row(meta, ex, relay.usage, "stream", status, relay.model, out))
+            if problem is not None:
+                await self._write_ledger(rows)
+                yield relay.error(problem)
+                return
+            if turn.mode == "passthrough":
+                await self._write_ledger(rows)
+            else:
+                outcome = self.judge(relay.text, relay.has_tool_calls, meta.state, meta.schema)
+                step = await self._commit(meta, outcome, rows)
+                yield sse.comment(f"skillstate transition={outcome.status} step={step}")
+            for b in relay.finish():
+                yield b
+            clean = True
+        finally:
+            if clean:
+                ex.release()
+            else:
+                ex.close()  # the upstream sees the request cancelled
+                if not rows or rows[-1].kind != "stream":
+                    rows.append(self._row(meta, ex, relay.usage, "stream", 499, relay.model, out))
+                    self._spawn(self._write_ledger(rows))
+            await _shielded(stack.aclose())
+
+    # -- commit, ledger and replies -----------------------------------------------------------
+
+    async def _commit(self, meta: _TurnMeta, outcome: Outcome, rows: list[LedgerRow]) -> int:
+        new_state = outcome.state
+        if new_state is None and meta.is_new:
+            new_state = meta.state  # create the session with its initial state
+        transition = TransitionRecord(
+            step=meta.step + 1,
+            status=outcome.status,
+            patch=outcome.patch,
+            action=outcome.action,
+            errors=outcome.errors,
+            ts=time.time(),
+        )
+        try:
+            step = await self.store.commit(
+                meta.turn.session,
+                expected_step=meta.step,
+                state=new_state,
+                schema=meta.schema,
+                transition=transition,
+                now=transition.ts,
+                ledger=rows,
+            )
+        except StoreError as e:
+            raise ProxyError("api_error", f"could not commit the turn: {e}") from e
+        meta.outcome = outcome
+        return step
+
+    async def _write_ledger(self, rows: list[LedgerRow]) -> None:
+        if rows:
+            try:
+                await self.store.add_ledger_rows(rows)
+            except StoreError:
+                pass  # the ledger is best effort; a turn never fails because of it
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _row(
+        self,
+        meta: _TurnMeta,
+        ex: Exchange,
+        usage: Usage | None,
+        kind: Kind,
+        status: int,
+        model: str | None,
+        out: Outbound,
+    ) -> LedgerRow:
+        compare = meta.est_client is not None and kind in ("generation", "stream")
+        return make_row(
+            book=self.prices,
+            usage=usage,
+            kind=kind,
+            status=status,
+            mode=meta.turn.mode,
+            session=meta.turn.session,
+            upstream=ex.upstream.name,
+            model=model or meta.turn.model or None,
+            est_transcript=meta.est_client if compare else None,
+            est_sent=out.est_tokens if compare else None,
+            provider_hint=ex.upstream.kind,
+        )
+
+    def _failure_row(
+        self, meta: _TurnMeta, upstream: str, status: int, kind: Kind = "transport-retry"
+    ) -> LedgerRow:
+        return make_row(
+            book=self.prices,
+            usage=None,
+            kind=kind,
+            status=status,
+            mode=meta.turn.mode,
+            session=meta.turn.session,
+            upstream=upstream,
+            model=meta.turn.model or None,
+        )
+
+    def _base_headers(self, meta: _TurnMeta, ex: Exchange | None) -> dict[str, str]:
+        h = {SESSION_HEADER: meta.turn.session, "x-skillstate-mode": meta.turn.mode}
+        if meta.shape != "passthrough":
+            h["x-skillstate-context"] = meta.shape
+        if ex is not None:
+            h.update(passthrough_response_headers(ex.headers()))
+            h["x-skillstate-upstream"] = ex.upstream.name
+        return h
+
+    def _reply(
+        self,
+        ex: Exchange,
+        meta: _TurnMeta,
+        raw: bytes,
+        outcome: Outcome | None,
+        step: int | None,
+        rows: list[LedgerRow],
+        retries: int,
+    ) -> Reply:
+        h = self._base_headers(meta, ex)
+        h["content-type"] = "application/json"
+        h["x-skillstate-retries"] = str(retries)
+        if outcome is not None and step is not None:
+            h["x-skillstate-step"] = str(step)
+            h["x-skillstate-transition"] = outcome.status
+            if outcome.errors:
+                h["x-skillstate-validation"] = header_safe("; ".join(outcome.errors), 500)
+            if outcome.action:
+                h["x-skillstate-action"] = header_safe(outcome.action)
+        h.update(ledger_headers(rows))
+        return Reply(ex.status, raw, h)
+
+    async def _relay_error(
+        self, ex: Exchange, meta: _TurnMeta, rows: list[LedgerRow], raw: bytes | None = None
+    ) -> Reply:
+        """An upstream error answer, relayed with its status in the client's dialect."""
+        if raw is None:
+            raw = await ex.read()
+        ex.release()
+        rows = [*rows, self._failure_row(meta, ex.upstream.name, ex.status, "generation")]
+        await self._write_ledger(rows)
+        if ex.upstream.kind != meta.turn.dialect:
+            err = ProxyError(kind_for_status(ex.status), error_message(raw), status=ex.status)
+            raw = orjson.dumps(
+                err.body("anthropic" if meta.turn.dialect == "anthropic" else "openai")
+            )
+        h = self._base_headers(meta, ex)
+        h["content-type"] = "application/json"
+        return Reply(ex.status, raw, h)
+
+
+@dataclass
+class _TurnMeta:
+    turn: Turn
+    state: dict[str, Any]
+    step: int
+    schema: list[str]
+    is_new: bool
+    shape: str
+    est_client: int | None
+    outcome: Outcome | None = None
+
+
+def ledger_headers(rows: list[LedgerRow]) -> dict[str, str]:
+    if not rows:
+        return {}
+    h: dict[str, str] = {}
+    statuses = {r.pricing for r in rows if r.pricing != "usage-unavailable" or r is rows[-1]}
+    if rows[-1].pricing == "usage-unavailable":
+        h["x-skillstate-pricing"] = "usage-unavailable"
+    elif "unknown" in statuses:
+        h["x-skillstate-pricing"] = "unknown"
+    else:
+        h["x-skillstate-pricing"] = rows[-1].pricing
+    costs = [r.cost_usd for r in rows if r.cost_usd is not None]
+    if costs and h["x-skillstate-pricing"] in ("known", "override"):
+        h["x-skillstate-cost-usd"] = f"{sum(costs):.8f}"
+    last = rows[-1]
+    if last.baseline_input_tokens is not None and last.input_tokens is not None:
+        h["x-skillstate-saved-tokens"] = str(last.baseline_input_tokens - last.input_tokens)
+    return h
+
+
+async def _shielded(coro: Any) -> None:
+    """Finish cleanup even if the surrounding task is being cancelled."""
+    task = asyncio.ensure_future(coro)
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(task)
+    if not task.done():
+        await task

@@ -1,0 +1,133 @@
+"""Running the app: the foreground server for the CLI, and an in-process server in a
+background thread for the demo, benchmarks and tests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sqlite3
+import sys
+import threading
+from types import TracebackType
+
+import uvicorn
+
+from . import __version__
+from .app import create_app
+from .config import ConfigError, Settings
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind before start-up so that a busy port is one clear line, and port 0 is known."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"port: cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def preflight_store(settings: Settings) -> None:
+    """Open the store once synchronously so an unusable data dir fails before binding."""
+    path = settings.db_path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        sqlite3.connect(path).close()
+    except (OSError, sqlite3.Error) as e:
+        raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
+
+
+def _uvicorn_config(settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(settings),
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=30,
+        server_header=False,
+    )
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}"
+
+
+def serve(settings: Settings) -> int:
+    """Serve in the foreground until SIGINT/SIGTERM; in-flight requests finish first."""
+    preflight_store(settings)
+    sock = bind(settings.host, settings.port)
+    if settings.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    else:
+        logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    server = uvicorn.Server(_uvicorn_config(settings))
+    ups = ", ".join(f"{u.name}={u.url}" for u in settings.upstreams) or "none"
+    print(
+        f"skillstate-proxy {__version__} listening on {_url(sock)}"
+        f"  mode={settings.mode} upstreams: {ups}  store: {settings.db_path.expanduser()}",
+        flush=True,
+    )
+    server.run(sockets=[sock])
+    return 0
+
+
+class ProxyServer:
+    """A real proxy on loopback in a background thread (its own event loop).
+
+    with ProxyServer(settings) as proxy:
+        client = OpenAI(base_url=proxy.url + "/v1", api_key="x")
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._sock = bind(settings.host, settings.port)
+        self.url = _url(self._sock)
+        self._server = uvicorn.Server(_uvicorn_config(settings))
+        # uvicorn installs signal handlers only on the main thread, so none here.
+        self._thread = threading.Thread(target=self._run, name="skillstate-proxy", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            import uvloop
+
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        except ImportError:
+            loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+        finally:
+            loop.close()
+
+    def start(self) -> ProxyServer:
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the in-process proxy failed to start")
+            threading.Event().wait(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

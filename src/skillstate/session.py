@@ -1,0 +1,59 @@
+"""Session ids and per-session turn serialisation."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from .errors import ProxyError
+
+SESSION_HEADER = "x-skillstate-session"
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def is_valid_session_id(value: str) -> bool:
+    return _SESSION_ID.fullmatch(value) is not None
+
+
+def resolve_session_id(header: str | None) -> str:
+    """The id from the request header, or a new random one when absent."""
+    if header is None:
+        return "s_" + secrets.token_urlsafe(12).replace("-", "_")
+    if not is_valid_session_id(header):
+        raise ProxyError(
+            "invalid_request",
+            f"invalid {SESSION_HEADER} header: must match ^[A-Za-z0-9_-]{{1,128}}$",
+            param=SESSION_HEADER,
+        )
+    return header
+
+
+class SessionLocks:
+    """One lock per live session, so a whole logical turn (load, upstream call, validate,
+    commit) runs alone for its session while different sessions run concurrently.
+    Locks are dropped when nobody holds or waits for them, so memory stays bounded."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, session: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(session, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[session] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[session]
+            if users <= 1:
+                del self._locks[session]
+            else:
+                self._locks[session] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)

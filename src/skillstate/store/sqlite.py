@@ -1,0 +1,300 @@
+"""The embedded store: stdlib sqlite3 in WAL mode, used from one dedicated thread so that no
+SQLite call ever blocks the event loop.
+
+Durability: WAL with synchronous=NORMAL. A committed transaction is in the WAL file (in the
+OS page cache at least) before commit() returns, so it survives kill -9 of the proxy; only a
+power loss can lose the last transactions. Set `synchronous=FULL` to cover that too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import astuple, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from ..ledger import LedgerRow
+from .base import SessionRecord, StoreError, TransitionRecord
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    state BLOB NOT NULL,
+    schema TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_updated ON sessions(updated);
+CREATE TABLE IF NOT EXISTS transitions (
+    session TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    patch BLOB,
+    action TEXT,
+    status TEXT NOT NULL,
+    errors TEXT NOT NULL,
+    ts REAL NOT NULL,
+    PRIMARY KEY (session, step)
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    ts REAL NOT NULL,
+    session TEXT,
+    upstream TEXT,
+    model TEXT,
+    kind TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    cache_read_tokens INTEGER,
+    cache_write_tokens INTEGER,
+    pricing TEXT NOT NULL,
+    cost_usd REAL,
+    baseline_input_tokens INTEGER,
+    baseline_cost_usd REAL,
+    mode TEXT
+);
+CREATE INDEX IF NOT EXISTS ledger_ts ON ledger(ts);
+CREATE INDEX IF NOT EXISTS ledger_session ON ledger(session, ts);
+"""
+
+_LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
+_LEDGER_INSERT = (
+    f"INSERT INTO ledger ({', '.join(_LEDGER_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(_LEDGER_COLUMNS))})"
+)
+
+
+class SQLiteStore:
+    def __init__(self, path: Path, *, synchronous: str = "NORMAL") -> None:
+        self.path = path
+        self._synchronous = synchronous
+        self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillstate-sqlite")
+        self._db: sqlite3.Connection | None = None
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            if self._db is None:
+                raise StoreError("store is closed")
+            try:
+                return fn(self._db)
+            except sqlite3.Error as e:
+                raise StoreError(f"sqlite: {e}") from e
+
+        return await asyncio.get_running_loop().run_in_executor(self._exec, call)
+
+    def _open_sync(self) -> None:
+        directory = self.path.parent
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.path.exists():
+            # Create the file 0600 before SQLite does; WAL/SHM files inherit its mode.
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+            os.close(fd)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={self._synchronous}")
+        db.execute("PRAGMA busy_timeout=5000")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def open(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._exec, self._open_sync)
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open store {self.path}: {e}") from e
+
+    async def close(self) -> None:
+        def close(db: sqlite3.Connection) -> None:
+            db.close()
+            self._db = None
+
+        if self._db is not None:
+            await self._run(close)
+        self._exec.shutdown(wait=True)
+
+    async def ping(self) -> bool:
+        try:
+            return await self._run(lambda db: db.execute("SELECT 1").fetchone() == (1,))
+        except StoreError:
+            return False
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def load(self, session: str) -> SessionRecord | None:
+        def load(db: sqlite3.Connection) -> SessionRecord | None:
+            row = db.execute(
+                "SELECT state, schema, step, created, updated FROM sessions WHERE id = ?",
+                (session,),
+            ).fetchone()
+            if row is None:
+                return None
+            state, schema, step, created, updated = row
+            return SessionRecord(
+                session, orjson.loads(state), orjson.loads(schema), step, created, updated,
+                len(state),
+            )  # fmt: skip
+
+        return await self._run(load)
+
+    async def commit(
+        self,
+        session: str,
+        *,
+        expected_step: int,
+        state: dict[str, Any] | None,
+        schema: list[str],
+        transition: TransitionRecord,
+        now: float,
+        ledger: list[LedgerRow] | None = None,
+    ) -> int:
+        ledger_values = [astuple(r) for r in ledger or []]
+        state_blob = orjson.dumps(state) if state is not None else None
+        patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
+        errors = orjson.dumps(transition.errors).decode()
+
+        def commit(db: sqlite3.Connection) -> int:
+            with _transaction(db):
+                row = db.execute("SELECT step FROM sessions WHERE id = ?", (session,)).fetchone()
+                current = row[0] if row else 0
+                if current != expected_step:
+                    raise StoreError(
+                        f"session {session} moved from step {expected_step} to {current}"
+                    )
+                step = current + 1
+                if row is None:
+                    db.execute(
+                        "INSERT INTO sessions (id, state, schema, step, created, updated)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        (session, state_blob or b"{}", orjson.dumps(schema), step, now, now),
+                    )
+                elif state_blob is not None:
+                    db.execute(
+                        "UPDATE sessions SET state = ?, step = ?, updated = ? WHERE id = ?",
+                        (state_blob, step, now, session),
+                    )
+                else:
+                    db.execute(
+                        "UPDATE sessions SET step = ?, updated = ? WHERE id = ?",
+                        (step, now, session),
+                    )
+                db.execute(
+                    "INSERT INTO transitions (session, step, patch, action, status, errors, ts)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (session, step, patch_blob, transition.action, transition.status, errors, now),
+                )
+                if ledger_values:
+                    db.executemany(_LEDGER_INSERT, ledger_values)
+            return step
+
+        return await self._run(commit)
+
+    async def list_sessions(self) -> list[dict[str, Any]]:
+        def list_(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows = db.execute(
+                "SELECT id, step, updated, length(state) FROM sessions ORDER BY updated DESC"
+            ).fetchall()
+            return [
+                {"session": r[0], "step": r[1], "updated": r[2], "state_bytes": r[3]} for r in rows
+            ]
+
+        return await self._run(list_)
+
+    async def history(self, session: str) -> list[TransitionRecord]:
+        def history(db: sqlite3.Connection) -> list[TransitionRecord]:
+            rows = db.execute(
+                "SELECT step, status, patch, action, errors, ts FROM transitions"
+                " WHERE session = ? ORDER BY step",
+                (session,),
+            ).fetchall()
+            return [
+                TransitionRecord(
+                    step=r[0],
+                    status=r[1],
+                    patch=orjson.loads(r[2]) if r[2] else None,
+                    action=r[3],
+                    errors=orjson.loads(r[4]),
+                    ts=r[5],
+                )  # fmt: skip
+                for r in rows
+            ]
+
+        return await self._run(history)
+
+    async def delete(self, session: str) -> bool:
+        def delete(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                cur = db.execute("DELETE FROM sessions WHERE id = ?", (session,))
+                db.execute("DELETE FROM transitions WHERE session = ?", (session,))
+            return cur.rowcount > 0
+
+        return await self._run(delete)
+
+    async def purge_sessions(self, older_than: float) -> int:
+        def purge(db: sqlite3.Connection) -> int:
+            with _transaction(db):
+                ids = [
+                    r[0]
+                    for r in db.execute("SELECT id FROM sessions WHERE updated < ?", (older_than,))
+                ]
+                db.executemany("DELETE FROM transitions WHERE session = ?", [(i,) for i in ids])
+                db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
+            return len(ids)
+
+        return await self._run(purge)
+
+    # -- ledger ---------------------------------------------------------------------------
+
+    async def add_ledger_rows(self, rows: list[LedgerRow]) -> None:
+        if not rows:
+            return
+        values = [astuple(r) for r in rows]
+
+        def add(db: sqlite3.Connection) -> None:
+            with _transaction(db):
+                db.executemany(_LEDGER_INSERT, values)
+
+        await self._run(add)
+
+    async def ledger_rows(
+        self, since: float, until: float, session: str | None = None
+    ) -> list[LedgerRow]:
+        sql = f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM ledger WHERE ts >= ? AND ts < ?"
+        args: tuple[Any, ...] = (since, until)
+        if session is not None:
+            sql += " AND session = ?"
+            args += (session,)
+        sql += " ORDER BY ts"
+
+        def rows(db: sqlite3.Connection) -> list[LedgerRow]:
+            return [LedgerRow(*r) for r in db.execute(sql, args)]
+
+        return await self._run(rows)
+
+    async def purge_ledger(self, older_than: float) -> int:
+        def purge(db: sqlite3.Connection) -> int:
+            with _transaction(db):
+                return db.execute("DELETE FROM ledger WHERE ts < ?", (older_than,)).rowcount
+
+        return await self._run(purge)
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT (the connection is in autocommit mode otherwise)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

@@ -1,0 +1,1 @@
+"""Talking to upstream LLM servers: retries, failover and circuit breaking."""

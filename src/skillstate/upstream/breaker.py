@@ -1,0 +1,103 @@
+"""A per-upstream circuit breaker: closed -> open -> half_open -> closed.
+
+Only two states are stored (closed, open); half_open is an open breaker whose cooldown
+has elapsed, computed from the clock, so no timer is needed. In half_open exactly one
+probe may be in flight; its verdict (``record_success``/``record_failure``) or a
+``release`` frees the slot.
+
+Any verdict counts, not just the probe's: a success from a call that was already in
+flight closes the breaker (the upstream evidently works) and a failure re-opens it.
+Not thread-safe: meant for one asyncio event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+CircuitState = Literal["closed", "open", "half_open"]
+
+
+class CircuitBreaker:
+    def __init__(
+        self,
+        failure_threshold: int = 5,
+        open_cooldown: float = 30.0,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if failure_threshold < 1:
+            raise ValueError("failure_threshold must be >= 1")
+        if open_cooldown < 0:
+            raise ValueError("open_cooldown must be >= 0")
+        self.failure_threshold = failure_threshold
+        self.open_cooldown = open_cooldown
+        self._now = now
+        self._open = False
+        self._next_probe_at: float | None = None  # monotonic; set only while open
+        self._probe_in_flight = False
+        self._failures = 0
+
+    @property
+    def state(self) -> CircuitState:
+        if not self._open:
+            return "closed"
+        assert self._next_probe_at is not None
+        return "half_open" if self._now() >= self._next_probe_at else "open"
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._failures
+
+    @property
+    def next_probe_at(self) -> float | None:
+        """Monotonic time from which a probe may go out; None while closed."""
+        return self._next_probe_at
+
+    def try_acquire(self) -> bool:
+        """True if a call may go out now. In half_open, claims the single probe slot."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "open" or self._probe_in_flight:
+            return False
+        self._probe_in_flight = True
+        return True
+
+    def release(self) -> None:
+        """The probe was cancelled without a verdict: free the slot, stay half_open."""
+        self._probe_in_flight = False
+
+    def record_success(self) -> None:
+        self._open = False
+        self._next_probe_at = None
+        self._probe_in_flight = False
+        self._failures = 0
+
+    def record_failure(self) -> None:
+        self._failures += 1
+        state = self.state
+        if state == "half_open" or (state == "closed" and self._failures >= self.failure_threshold):
+            self._trip()
+        # While open (cooldown running), a late failure from an older call changes
+        # nothing: extending the cooldown would punish the upstream twice.
+
+    def _trip(self) -> None:
+        self._open = True
+        self._next_probe_at = self._now() + self.open_cooldown
+        self._probe_in_flight = False
+
+    def snapshot(self, wall_now: float | None = None) -> dict[str, Any]:
+        """For /health. With ``wall_now`` (time.time()), also the next probe as wall time."""
+        state = self.state
+        next_probe_in_s: float | None = None
+        if self._next_probe_at is not None:
+            next_probe_in_s = max(0.0, self._next_probe_at - self._now())
+        snap: dict[str, Any] = {
+            "circuit": state,
+            "consecutive_failures": self._failures,
+            "next_probe_in_s": next_probe_in_s,
+        }
+        if wall_now is not None:
+            snap["next_probe_at"] = None if next_probe_in_s is None else wall_now + next_probe_in_s
+        return snap

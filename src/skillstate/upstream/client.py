@@ -1,0 +1,367 @@
+"""The upstream pool and the dispatch loop: routing by model, local limits, circuit
+breakers, retries with backoff and failover. One pooled aiohttp session per upstream.
+
+Retries happen only here, before any byte has reached the client: dispatch returns once an
+upstream has answered with headers (and, for a 2xx stream, its first chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+
+from ..config import Settings, Upstream
+from ..errors import ProxyError
+from ..limits import Ticket, UpstreamLimits
+from .breaker import CircuitBreaker
+from .retry import Backoff, is_retryable_status, retry_after_from_headers
+
+# Never forwarded: hop-by-hop headers, our own, and what aiohttp sets itself.
+_DROP_REQUEST_HEADERS = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+        "accept-encoding", "cookie",
+    }
+)  # fmt: skip
+_CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
+# Upstream response headers worth passing to clients (SDKs read request ids and limits).
+_PASS_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "openai-", "x-request-id")
+_PASS_RESPONSE_HEADERS = frozenset({"request-id", "retry-after", "retry-after-ms"})
+
+PATHS = {"openai": "/chat/completions", "anthropic": "/messages"}
+
+
+def base_url(url: str) -> str:
+    """`http://host` -> `http://host/v1`; a URL that already has a path is used as is, so
+    `.../v1` is never doubled and `.../v1beta/openai` works too."""
+    return url + "/v1" if urlsplit(url).path in ("", "/") else url
+
+
+def passthrough_response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers.items():
+        lk = k.lower()
+        if lk in _PASS_RESPONSE_HEADERS or lk.startswith(_PASS_RESPONSE_PREFIXES):
+            out[lk] = v
+    return out
+
+
+class UpstreamRuntime:
+    """One configured upstream with its live breaker, limits and connection pool."""
+
+    def __init__(self, cfg: Upstream, settings: Settings, now: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.kind = cfg.kind
+        self.base = base_url(cfg.url)
+        self.breaker = CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now)
+        self.limits = UpstreamLimits(cfg.rpm, cfg.tpm, now)
+        self.session: aiohttp.ClientSession | None = None
+
+    def serves(self, model: str | None) -> bool:
+        if not self.cfg.models or model is None:
+            return True
+        return any(fnmatch.fnmatchcase(model, pat) for pat in self.cfg.models)
+
+    def headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
+        out = {
+            k: v
+            for k, v in client_headers.items()
+            if k not in _DROP_REQUEST_HEADERS
+            and not k.startswith("x-skillstate-")
+            and k not in _CREDENTIAL_HEADERS
+            and not (self.kind == "openai" and k.startswith("anthropic-"))
+        }
+        key = self.cfg.api_key or _client_key(client_headers)
+        if self.kind == "anthropic":
+            out["anthropic-version"] = self.cfg.anthropic_version
+            if key:
+                out["x-api-key"] = key
+        elif key:
+            out["authorization"] = f"Bearer {key}"
+        out.update({k.lower(): v for k, v in self.cfg.headers.items()})
+        out["content-type"] = "application/json"
+        return out
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            **self.breaker.snapshot(time.time()),
+            "limits": self.limits.snapshot(),
+        }
+
+
+def _client_key(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return headers.get("x-api-key") or None
+
+
+@dataclass
+class AttemptRecord:
+    """One upstream attempt that did not produce the final answer (for the ledger)."""
+
+    upstream: str
+    status: int  # 0 = no HTTP response (connection error or timeout)
+    error: str
+
+
+@dataclass
+class Exchange:
+    """The upstream that answered, with its response still open for reading."""
+
+    upstream: UpstreamRuntime
+    response: aiohttp.ClientResponse
+    ticket: Ticket | None
+    first_chunk: bytes = b""
+    failed_attempts: list[AttemptRecord] = field(default_factory=list)
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.response.status < 300
+
+    def headers(self) -> Mapping[str, str]:
+        return self.response.headers
+
+    async def read(self) -> bytes:
+        return await self.response.read()
+
+    def close(self) -> None:
+        """Drop the connection: the upstream sees the request cancelled."""
+        self.response.close()
+
+    def release(self) -> None:
+        self.response.release()
+
+
+@dataclass
+class Outbound:
+    """What to send. The body is in the client's dialect; `body_for` translates it lazily
+    (once per upstream kind) for upstreams of the other kind."""
+
+    client_dialect: str
+    body: dict[str, Any]
+    stream: bool
+    est_tokens: int
+    client_headers: Mapping[str, str]
+    translate: Callable[[str, dict[str, Any]], dict[str, Any]]
+    openai_extra: dict[str, Any] = field(default_factory=dict)  # e.g. response_format
+    _cache: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str | None:
+        m = self.body.get("model")
+        return m if isinstance(m, str) else None
+
+    def payload_for(self, kind: str) -> bytes:
+        if kind not in self._cache:
+            body = self.body if kind == self.client_dialect else self.translate(kind, self.body)
+            if kind == "openai" and self.openai_extra:
+                body = {**body, **self.openai_extra}
+            self._cache[kind] = orjson.dumps(body)
+        return self._cache[kind]
+
+
+class UpstreamPool:
+    def __init__(self, settings: Settings, now: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self._now = now
+        ordered = sorted(settings.upstreams, key=lambda u: u.priority)
+        self.upstreams = [UpstreamRuntime(u, settings, now) for u in ordered]
+        self.backoff = Backoff(
+            base=settings.retry_base_delay,
+            max_delay=settings.retry_max_delay,
+            retry_after_cap=settings.retry_after_cap,
+        )
+        self.timeout = aiohttp.ClientTimeout(
+            total=settings.total_timeout,
+            sock_connect=settings.connect_timeout,
+            sock_read=settings.first_byte_timeout,
+        )
+
+    async def open(self) -> None:
+        for up in self.upstreams:
+            up.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                timeout=self.timeout,
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+            )
+
+    async def close(self) -> None:
+        for up in self.upstreams:
+            if up.session is not None:
+                await up.session.close()
+
+    def health(self) -> list[dict[str, Any]]:
+        return [up.health() for up in self.upstreams]
+
+    def usable(self) -> bool:
+        return any(up.breaker.state != "open" for up in self.upstreams)
+
+    def candidates(self, model: str | None) -> list[UpstreamRuntime]:
+        return [up for up in self.upstreams if up.serves(model)]
+
+    async def get(self, path: str, client_headers: Mapping[str, str]) -> Exchange:
+        """A simple GET (e.g. /models) on the first usable upstream."""
+        failures: list[AttemptRecord] = []
+        for up in self.upstreams:
+            if not up.breaker.try_acquire():
+                continue
+            assert up.session is not None
+            try:
+                resp = await up.session.get(up.base + path, headers=up.headers(client_headers))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                up.breaker.record_failure()
+                failures.append(AttemptRecord(up.name, 0, _describe(e)))
+                continue
+            up.breaker.record_success()
+            return Exchange(up, resp, None, failed_attempts=failures)
+        raise _all_failed(failures, None)
+
+    async def dispatch(self, out: Outbound) -> Exchange:
+        """Send with retries and failover. Returns the final response (2xx, or the last
+        upstream error to relay); raises ProxyError when no upstream gave an answer, with
+        the failed attempts in its `attempts`."""
+        failures: list[AttemptRecord] = []
+        try:
+            return await self._dispatch(out, failures)
+        except ProxyError as e:
+            e.attempts = [f for f in failures if f.error != "circuit open"]
+            raise
+
+    async def _dispatch(self, out: Outbound, failures: list[AttemptRecord]) -> Exchange:
+        candidates = self.candidates(out.model)
+        if not candidates:
+            raise ProxyError(
+                "invalid_request",
+                f"no configured upstream serves model {out.model!r}",
+                code="model_not_found",
+                status=404,
+            )
+        last_error: Exchange | None = None
+        waits: list[float] = []
+        never_fits = 0
+        for up in candidates:
+            for attempt in range(self.settings.retry_max_attempts):
+                if not up.breaker.try_acquire():
+                    failures.append(AttemptRecord(up.name, 0, "circuit open"))
+                    break
+                admission = up.limits.check(out.est_tokens)
+                ticket = up.limits.admit(out.est_tokens) if admission.ok else None
+                if ticket is None:
+                    up.breaker.release()
+                    never_fits += admission.never_fits
+                    waits.append(admission.retry_after)
+                    break
+                try:
+                    ex = await self._send(up, out, ticket)
+                except (aiohttp.ClientError, asyncio.TimeoutError, _StreamStartError) as e:
+                    up.breaker.record_failure()
+                    failures.append(AttemptRecord(up.name, 0, _describe(e)))
+                    delay = self.backoff.delay(attempt)
+                except BaseException:
+                    up.breaker.release()  # cancelled: no verdict on the upstream
+                    raise
+                else:
+                    status = ex.status
+                    if ex.ok:
+                        up.breaker.record_success()
+                        ex.failed_attempts = failures
+                        return ex
+                    if not is_retryable_status(status) and status not in (401, 403):
+                        up.breaker.record_success()  # it answered; the request is wrong
+                        ex.failed_attempts = failures
+                        return ex
+                    await ex.response.read()  # keep the body for relaying
+                    if last_error is not None:
+                        last_error.release()
+                    last_error = ex
+                    failures.append(AttemptRecord(up.name, status, f"HTTP {status}"))
+                    if status in (401, 403):
+                        up.breaker.record_success()
+                        break  # not retried on the same upstream: fail over
+                    if status >= 500:
+                        up.breaker.record_failure()
+                    else:
+                        up.breaker.record_success()  # 408/429: alive, just busy
+                    delay = self.backoff.delay(attempt, retry_after_from_headers(ex.headers()))
+                if delay is None or attempt + 1 >= self.settings.retry_max_attempts:
+                    break
+                await asyncio.sleep(delay)
+        if last_error is not None:
+            last_error.failed_attempts = failures[:-1]
+            return last_error
+        if never_fits and never_fits == len(waits) and not failures:
+            raise ProxyError(
+                "request_too_large",
+                f"this request (~{out.est_tokens} tokens estimated) is larger than the tpm "
+                "limit of every upstream that serves it; it can never fit by waiting",
+                code="tpm_exceeded",
+            )
+        finite = [w for w in waits if math.isfinite(w)]
+        if finite and not failures:
+            raise ProxyError(
+                "rate_limit",
+                "local rate limit reached for every upstream; retry after the given time",
+                retry_after=min(finite),
+                code="local_rate_limit",
+            )
+        raise _all_failed(failures, out.client_dialect)
+
+    async def _send(self, up: UpstreamRuntime, out: Outbound, ticket: Ticket) -> Exchange:
+        assert up.session is not None
+        url = up.base + PATHS[up.kind]
+        resp = await up.session.post(
+            url, data=out.payload_for(up.kind), headers=up.headers(out.client_headers)
+        )
+        ex = Exchange(up, resp, ticket)
+        if out.stream and ex.ok:
+            # Time to first byte is part of the retryable window: nothing is sent yet.
+            try:
+                first = await resp.content.readany()
+            except BaseException:
+                resp.close()
+                raise
+            if not first:
+                resp.close()
+                raise _StreamStartError("upstream closed the stream before any data")
+            ex.first_chunk = first
+        return ex
+
+
+class _StreamStartError(Exception):
+    pass
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _all_failed(failures: list[AttemptRecord], dialect: str | None) -> ProxyError:
+    if failures and all(f.error == "circuit open" for f in failures):
+        return ProxyError(
+            "overloaded", "every upstream is unavailable (circuit open); try again later"
+        )
+    if failures and failures[-1].error == "timeout":
+        return ProxyError("timeout", f"upstream {failures[-1].upstream} timed out")
+    detail = f": {failures[-1].upstream}: {failures[-1].error}" if failures else ""
+    return ProxyError("upstream_unreachable", f"no upstream could be reached{detail}")

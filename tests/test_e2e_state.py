@@ -1,0 +1,221 @@
+"""Issue 3 acceptance: the state engine through the real proxy process."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+
+from tests.conftest import ProxyProcess
+from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+
+
+def envelope(patch: dict, action: str = "next") -> str:
+    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+
+
+def oai(proxy: ProxyProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.v1, api_key="k", max_retries=0)
+
+
+def sent_text(req: RecordedRequest) -> str:
+    return json.dumps(req.json["messages"])
+
+
+def test_100_turn_conversation_stays_flat(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    c = oai(proxy)
+    hdr = {"x-skillstate-session": "long"}
+    transcript = [
+        {"role": "system", "content": "You are a planner."},
+        {"role": "user", "content": "TASK: plan the warehouse migration."},
+    ]
+    sizes = []
+    client_sizes = []
+    for turn in range(1, 101):
+        if turn == 2:
+            fake.enqueue(Reply(text=envelope({"facts": {"dock": "D-17"}}, "noted dock")))
+        else:
+            fake.enqueue(Reply(text=envelope({"step": turn}, f"turn {turn}")))
+        if turn > 1:
+            obs = f"Observation {turn}: " + "log line " * 30
+            if turn == 3:
+                obs += " (aside: the courier's name is Zanzibar)"
+            transcript.append({"role": "user", "content": obs})
+        r = c.chat.completions.create(model="m", messages=transcript, extra_headers=hdr)
+        transcript.append({"role": "assistant", "content": r.choices[0].message.content})
+        sizes.append(len(fake.last.body))
+        client_sizes.append(len(json.dumps(transcript)))
+    flat = sizes[9:]
+    assert max(flat) <= 2 * min(flat), (min(flat), max(flat))
+    assert client_sizes[-1] > 10 * client_sizes[9]
+    last = sent_text(fake.last)
+    assert "D-17" in last  # written to state at turn 2
+    assert "Zanzibar" not in last  # only mentioned in passing at turn 3: lossy by design
+    assert "TASK: plan the warehouse migration." in last  # the pinned task
+    assert proxy.state("long")["step"] == 100
+
+
+def test_tool_loop_60_cycles_keeps_native_pairs(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    c = oai(proxy)
+    hdr = {"x-skillstate-session": "tools"}
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+    msgs: list[dict] = [{"role": "user", "content": "List everything."}]
+    for cycle in range(60):
+        n = 3 if cycle % 10 == 0 else 1  # parallel calls now and then
+        fake.enqueue(Reply(tool_calls=[("ls", {"dir": f"d{cycle}_{i}"}) for i in range(n)]))
+        r = c.chat.completions.create(model="m", messages=msgs, tools=tools, extra_headers=hdr)
+        m = r.choices[0].message
+        assert m.tool_calls and len(m.tool_calls) == n
+        msgs.append(m.model_dump(exclude_none=True))
+        for tc in m.tool_calls:
+            msgs.append({"role": "tool", "tool_call_id": tc.id, "content": f"files of {tc.id}"})
+        fake.enqueue(Reply(text=envelope({"notes": f"cycle {cycle}"})))
+        c.chat.completions.create(model="m", messages=msgs, tools=tools, extra_headers=hdr)
+        sent = fake.last.json["messages"]
+        # The observation: the assistant tool_calls message followed by all its results.
+        call_ids = [tc.id for tc in m.tool_calls]
+        idx = next(i for i, x in enumerate(sent) if x.get("tool_calls"))
+        assert [tc["id"] for tc in sent[idx]["tool_calls"]] == call_ids
+        assert [x["tool_call_id"] for x in sent[idx + 1 : idx + 1 + n]] == call_ids
+        assert sum(1 for x in sent if x.get("tool_calls")) == 1  # earlier cycles not resent
+        msgs.append({"role": "assistant", "content": "ok"})
+        msgs.append({"role": "user", "content": "continue"})
+    assert proxy.state("tools")["state"]["notes"] == "cycle 59"
+
+
+def _try(proxy: ProxyProcess, fake: FakeProvider, text: str, session: str) -> httpx.Response:
+    fake.responder = lambda _req: Reply(text=text)
+    return httpx.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-skillstate-session": session},
+        timeout=10,
+    )
+
+
+def test_invalid_transitions_leave_state_byte_identical(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    p = start_proxy(
+        fake.url,
+        env={"SKILLSTATE_INITIAL_STATE": '{"facts": {}, "notes": "", "step": 0}'},
+        config={"max_patch_bytes": 200},
+    )
+    ok = _try(p, fake, envelope({"notes": "first"}), "inv")
+    assert ok.headers["x-skillstate-transition"] == "valid"
+    before = p.get("/state", params={"session": "inv"}).json()["state"]
+    bad = {
+        "invalid json": '```json\n{"state_patch": {"notes": }\n```',
+        "out of schema": envelope({"secret": 1}),
+        "wrong type": envelope({"step": "seven"}),
+        "oversize": envelope({"notes": "x" * 500}),
+    }
+    for name, text in bad.items():
+        r = _try(p, fake, text, "inv")
+        assert r.headers["x-skillstate-transition"] == "invalid", name
+        assert r.headers["x-skillstate-retries"] == "2", name
+        assert r.headers.get("x-skillstate-validation"), name
+        assert p.get("/state", params={"session": "inv"}).json()["state"] == before, name
+    # The rollback-retry told the model what was wrong.
+    assert "[skillstate] CORRECTION" in json.dumps(fake.last.json["messages"])
+
+
+def test_rollback_retry_recovers(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    fake.enqueue(Reply(text="no envelope here"), Reply(text=envelope({"notes": "fixed"})))
+    r = httpx.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-skillstate-session": "rr"},
+    )
+    assert r.headers["x-skillstate-transition"] == "valid"
+    assert r.headers["x-skillstate-retries"] == "1"
+    assert "fixed" in r.json()["choices"][0]["message"]["content"]
+    assert proxy.state("rr")["state"] == {"notes": "fixed"}
+
+
+def test_merge_semantics(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    c = oai(proxy)
+    hdr = {"x-skillstate-session": "merge"}
+    for patch in (
+        {"facts": {"a": 1, "b": {"c": 2}, "list": [1, 2, 3]}, "notes": "n"},
+        {"facts": {"b": {"d": 3}, "list": [9]}, "notes": None},
+    ):
+        fake.enqueue(Reply(text=envelope(patch)))
+        c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], extra_headers=hdr
+        )
+    assert proxy.state("merge")["state"] == {"facts": {"a": 1, "b": {"c": 2, "d": 3}, "list": [9]}}
+
+
+def test_concurrent_sessions_no_cross_talk(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    def responder(req: RecordedRequest) -> Reply:
+        text = json.dumps(req.json["messages"])
+        sid = text.split("SESSION-")[1].split("-END")[0]
+        return Reply(text=envelope({"facts": {sid: text.count("turn")}, "notes": sid}))
+
+    fake.responder = responder
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            c = oai(proxy)
+            for t in range(5):
+                r = c.chat.completions.with_raw_response.create(
+                    model="m",
+                    messages=[{"role": "user", "content": f"SESSION-s{i}-END turn"}],
+                    extra_headers={"x-skillstate-session": f"s{i}"},
+                )
+                assert r.headers["x-skillstate-step"] == str(t + 1)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    for i in range(16):
+        st = proxy.state(f"s{i}")
+        assert st["step"] == 5
+        assert st["state"]["notes"] == f"s{i}"
+        assert list(st["state"]["facts"]) == [f"s{i}"]
+        hist = proxy.get("/state", params={"session": f"s{i}", "history": 1}).json()["history"]
+        assert [h["step"] for h in hist] == [1, 2, 3, 4, 5]
+
+
+def test_state_survives_kill9(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    p = start_proxy(fake.url, "--schema", "facts")
+    fake.enqueue(Reply(text=envelope({"facts": {"k": "durable"}})))
+    oai(p).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        extra_headers={"x-skillstate-session": "dur"},
+    )
+    p.kill9()
+    p.start()
+    assert p.state("dur")["state"] == {"facts": {"k": "durable"}}
+
+
+def test_state_endpoint_crud(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    fake.enqueue(Reply(text=envelope({"notes": "n1"})))
+    oai(proxy).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        extra_headers={"x-skillstate-session": "crud"},
+    )
+    listed = proxy.get("/state").json()["sessions"]
+    assert [s["session"] for s in listed] == ["crud"] and listed[0]["step"] == 1
+    got = proxy.state("crud")
+    assert set(got) >= {"session", "step", "schema", "state", "created", "updated"}
+    assert got["schema"] == ["facts", "notes", "step"]
+    r = httpx.patch(proxy.url + "/state", params={"session": "crud"}, json={"facts": {"op": True}})
+    assert r.status_code == 200, r.text
+    assert proxy.state("crud")["state"] == {"notes": "n1", "facts": {"op": True}}
+    bad = httpx.patch(proxy.url + "/state", params={"session": "crud"}, json={"nope": 1})
+    assert bad.status_code == 400
+    hist = proxy.get("/state", params={"session": "crud", "history": "1"}).json()["history"]
+    assert [h["status"] for h in hist] == ["valid", "operator"]
+    assert proxy.get("/state", params={"session": "missing"}).status_code == 404
+    assert httpx.delete(proxy.url + "/state", params={"session": "crud"}).status_code == 204
+    assert proxy.get("/state", params={"session": "crud"}).status_code == 404
