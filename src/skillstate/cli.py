@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings
@@ -35,8 +35,15 @@ def _env_help() -> str:
     return "environment:\n" + "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line too (no usage dump), like every other start-up error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="skillstate",
         description=(
             "skillstate-proxy: a local proxy for OpenAI/Anthropic clients that keeps long agent "

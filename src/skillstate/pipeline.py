@@ -398,7 +398,7 @@ class Pipeline:
             model=model or meta.turn.model or None,
             est_transcript=meta.est_client if compare else None,
             est_sent=out.est_tokens if compare else None,
-            provider_hint=ex.upstream.kind,
+            provider_hint=ex.upstream.cfg.url,
         )
 
     def _failure_row(

@@ -16,6 +16,7 @@ import uvicorn
 from . import __version__
 from .app import create_app
 from .config import ConfigError, Settings
+from .store.sqlite import prepare_path
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -37,7 +38,7 @@ def preflight_store(settings: Settings) -> None:
     """Open the store once synchronously so an unusable data dir fails before binding."""
     path = settings.db_path
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        prepare_path(path)
         sqlite3.connect(path).close()
     except (OSError, sqlite3.Error) as e:
         raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None

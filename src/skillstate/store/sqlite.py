@@ -66,6 +66,15 @@ CREATE INDEX IF NOT EXISTS ledger_ts ON ledger(ts);
 CREATE INDEX IF NOT EXISTS ledger_session ON ledger(session, ts);
 """
 
+def prepare_path(path: Path) -> None:
+    """A private directory (0700, when we create it) and a private file (0600). State may
+    be sensitive; SQLite's WAL and SHM files inherit the database file's mode."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+
+
 _LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
 _LEDGER_INSERT = (
     f"INSERT INTO ledger ({', '.join(_LEDGER_COLUMNS)})"
@@ -94,12 +103,7 @@ class SQLiteStore:
         return await asyncio.get_running_loop().run_in_executor(self._exec, call)
 
     def _open_sync(self) -> None:
-        directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not self.path.exists():
-            # Create the file 0600 before SQLite does; WAL/SHM files inherit its mode.
-            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
-            os.close(fd)
+        prepare_path(self.path)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={self._synchronous}")

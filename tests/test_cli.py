@@ -1,0 +1,161 @@
+"""The `skillstate` executables as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ProxyProcess, proxy_env
+from tests.fakeprovider import FakeProvider
+
+BIN = Path(sys.executable).parent
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(args), capture_output=True, text=True, timeout=60, env=env or proxy_env(), cwd=cwd
+    )
+
+
+def test_version_agrees_across_entry_points() -> None:
+    outs = {
+        run(str(BIN / "skillstate"), "--version").stdout.strip(),
+        run(str(BIN / "skillstate-proxy"), "--version").stdout.strip(),
+        run(sys.executable, "-m", "skillstate", "--version").stdout.strip(),
+    }
+    assert len(outs) == 1 and outs.pop().startswith("skillstate-proxy ")
+
+
+def test_help_lists_flags_env_endpoints_and_session_header() -> None:
+    out = run(str(BIN / "skillstate"), "--help").stdout
+    for flag in (
+        "--config",
+        "--upstream",
+        "--port",
+        "--host",
+        "--schema",
+        "--data-dir",
+        "--verbose",
+    ):
+        assert flag in out
+    for var in (
+        "SKILLSTATE_UPSTREAM", "SKILLSTATE_API_KEY", "SKILLSTATE_PORT", "SKILLSTATE_HOST",
+        "SKILLSTATE_SCHEMA", "SKILLSTATE_INITIAL_STATE", "SKILLSTATE_CONFIG",
+        "SKILLSTATE_DATA_DIR", "SKILLSTATE_VERBOSE",
+    ):  # fmt: skip
+        assert var in out
+    for path in (
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/models",
+        "/health",
+        "/state",
+        "/cost",
+    ):
+        assert path in out
+    assert "x-skillstate-session" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--port", "99999"], {}, "--port"),
+        (["--upstream", "ftp://nope"], {}, "url"),
+        (["--config", "/nonexistent.json", "--upstream", "http://x"], {}, "not found"),
+        (["--upstream", "http://x"], {"SKILLSTATE_INITIAL_STATE": "[]"}, "initial_state"),
+        ([], {}, "upstreams"),
+    ],
+)
+def test_bad_config_one_line_nonzero_no_traceback(
+    tmp_path: Path, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    r = run(
+        str(BIN / "skillstate"), "--data-dir", str(tmp_path), *args,
+        env=proxy_env(**env), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert lines and needle in lines[-1], r.stderr
+    assert "Traceback" not in r.stderr
+    assert len([ln for ln in lines if not ln.startswith("usage:")]) == 1, r.stderr
+
+
+def test_port_in_use_is_one_line(tmp_path: Path, fake: FakeProvider) -> None:
+    port = fake.url.rsplit(":", 1)[1]
+    r = run(
+        str(BIN / "skillstate"), "--port", port, "--upstream", fake.url,
+        "--data-dir", str(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "port" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sigterm_finishes_in_flight_then_exits(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    from tests.fakeprovider import Reply
+
+    p: ProxyProcess = start_proxy(fake.url)
+    fake.enqueue(Reply(text='```json\n{"state_patch": {}, "action": "a"}\n```', delay=1.0))
+    with httpx.Client(timeout=30) as c:
+        import threading
+
+        result: dict[str, int] = {}
+
+        def call() -> None:
+            r = c.post(
+                p.v1 + "/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            )
+            result["status"] = r.status_code
+
+        t = threading.Thread(target=call)
+        t.start()
+        fake.wait_for(lambda reqs: len(reqs) == 1)
+        err = p.stop()
+        t.join()
+    assert result.get("status") == 200, err
+    # uvicorn re-raises the signal after its graceful shutdown, as a service should.
+    assert p.proc is not None and p.proc.returncode in (0, -15)
+    assert "Traceback" not in err
+
+
+def test_verbose_logs_one_line_per_request_without_secrets(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
+    p: ProxyProcess = start_proxy(fake.url, "--verbose")
+    httpx.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "TOPSECRET-BODY"}]},
+        headers={"authorization": "Bearer sk-client-secret", "x-skillstate-session": "logme"},
+        timeout=10,
+    )
+    err = p.stop()
+    lines = [ln for ln in err.splitlines() if "/v1/chat/completions" in ln]
+    assert len(lines) == 1, err
+    line = lines[0]
+    for part in ("POST", "session=logme", "status=200", "upstream=default", "ms="):
+        assert part in line
+    assert "TOPSECRET" not in err and "sk-client-secret" not in err and "sk-upstream" not in err
+
+
+def test_data_dir_permissions(fake: FakeProvider, start_proxy, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    p: ProxyProcess = start_proxy(fake.url)
+    httpx.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        timeout=10,
+    )
+    data = tmp_path / "data"
+    assert oct(os.stat(data).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(data / "skillstate.db").st_mode & 0o777) == "0o600"
+
+
+def test_executables_exist() -> None:
+    assert shutil.which("skillstate", path=str(BIN)) and shutil.which(
+        "skillstate-proxy", path=str(BIN)
+    )

@@ -1,0 +1,115 @@
+"""Configuration layering, aliases and one-line errors (unit level)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skillstate.config import ConfigError, load_settings
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    p = tmp_path / "skillstate.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = load_settings({}, env={}, cwd=tmp_path)
+    assert (s.host, s.port, s.mode, s.max_body_bytes) == ("127.0.0.1", 8789, "state", 16 << 20)
+    assert s.session_ttl == 7 * 86400 and s.retry_max_attempts == 3 and s.failure_threshold == 5
+    assert str(s.data_dir) == "~/.skillstate"
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    cfg = write(tmp_path, {"port": 1111, "host": "127.0.0.2", "schema": ["a"], "verbose": True})
+    env = {"SKILLSTATE_PORT": "2222", "SKILLSTATE_CONFIG": str(cfg), "SKILLSTATE_SCHEMA": "b,c"}
+    s = load_settings({"port": 3333}, env=env, cwd=tmp_path)
+    assert s.port == 3333  # CLI
+    assert s.schema_keys == ["b", "c"]  # env over file
+    assert s.host == "127.0.0.2" and s.verbose is True  # file over defaults
+    s = load_settings({}, env=env, cwd=tmp_path)
+    assert s.port == 2222
+
+
+def test_implicit_config_file_in_cwd(tmp_path: Path) -> None:
+    write(tmp_path, {"mode": "auto"})
+    assert load_settings({}, env={}, cwd=tmp_path).mode == "auto"
+
+
+def test_camelcase_aliases_of_the_node_tool(tmp_path: Path) -> None:
+    cfg = write(
+        tmp_path,
+        {
+            "listenPort": 9999,
+            "stateDir": "/tmp/x",
+            "initialState": {"stepCount": 0},
+            "maxBodyBytes": 2048,
+            "upstreams": [{"name": "u", "url": "http://h", "apiKey": "k"}],
+        },
+    )
+    s = load_settings({"config": str(cfg)}, env={}, cwd=tmp_path)
+    assert s.port == 9999 and str(s.data_dir) == "/tmp/x" and s.max_body_bytes == 2048
+    assert s.initial_state == {"stepCount": 0}  # user data keeps its keys
+    assert s.upstreams[0].api_key == "k"
+    assert s.allowed_keys == ["stepCount"]  # empty schema -> keys of initial_state
+
+
+def test_upstream_shorthand_and_env_key(tmp_path: Path) -> None:
+    env = {"SKILLSTATE_UPSTREAM": "https://api.example.com/v1", "SKILLSTATE_API_KEY": "sk-1"}
+    s = load_settings({}, env=env, cwd=tmp_path)
+    assert [(u.name, u.url, u.api_key, u.kind) for u in s.upstreams] == [
+        ("default", "https://api.example.com/v1", "sk-1", "openai")
+    ]
+
+
+def test_upstream_list_entries(tmp_path: Path) -> None:
+    cfg = write(
+        tmp_path,
+        {
+            "upstreams": [
+                {
+                    "name": "a",
+                    "url": "https://x/v1",
+                    "priority": 2,
+                    "kind": "anthropic",
+                    "models": ["claude-*"],
+                    "rpm": 10,
+                    "tpm": 1000,
+                    "headers": {"X-Team": "t"},
+                }
+            ]
+        },
+    )
+    u = load_settings({"config": str(cfg)}, env={}, cwd=tmp_path).upstreams[0]
+    assert (u.priority, u.kind, u.models, u.rpm, u.tpm, u.headers) == (
+        2, "anthropic", ["claude-*"], 10, 1000, {"X-Team": "t"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "file", "needle"),
+    [
+        ({"port": 70000}, {}, None, "port"),
+        ({}, {"SKILLSTATE_PORT": "abc"}, None, "port"),
+        ({"upstream": "ftp://x"}, {}, None, "url"),
+        ({"config": "/nonexistent/skillstate.json"}, {}, None, "not found"),
+        ({}, {"SKILLSTATE_INITIAL_STATE": "[1, 2]"}, None, "initial_state"),
+        ({}, {"SKILLSTATE_INITIAL_STATE": "{bad"}, None, "SKILLSTATE_INITIAL_STATE"),
+        ({}, {}, {"listen_prot": 1}, "listen_prot: unknown setting"),
+        ({}, {}, {"max_retries": "many"}, "max_retries"),
+        ({}, {}, {"upstreams": [{"name": "u"}]}, "upstreams.0.url"),
+        ({}, {"SKILLSTATE_VERBOSE": "maybe"}, None, "SKILLSTATE_VERBOSE"),
+    ],
+)
+def test_bad_config_is_one_clear_line(
+    tmp_path: Path, cli: dict, env: dict, file: dict | None, needle: str
+) -> None:
+    if file is not None:
+        write(tmp_path, file)
+    with pytest.raises(ConfigError) as e:
+        load_settings(cli, env=env, cwd=tmp_path)
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg
