@@ -43,15 +43,10 @@ def test_later_turn_sends_prefix_state_and_last_user_only() -> None:
 
 def test_prefix_is_byte_identical_across_turns() -> None:
     base = [SYS, TASK, {"role": "assistant", "content": "x"}]
-    t1 = build_compact(
-        "openai", {"messages": [*base, {"role": "user", "content": "o1"}]}, ["a"], {"a": 1}
-    )
-    t2 = build_compact(
-        "openai",
-        {"messages": [*base, {"role": "user", "content": "o1"}, {"role": "assistant", "content": "y"},
-                      {"role": "user", "content": "o2"}]},
-        ["a"], {"a": 2},
-    )  # fmt: skip
+    o1 = {"role": "user", "content": "o1"}
+    t1 = build_compact("openai", {"messages": [*base, o1]}, ["a"], {"a": 1})
+    more = [o1, {"role": "assistant", "content": "y"}, {"role": "user", "content": "o2"}]
+    t2 = build_compact("openai", {"messages": [*base, *more]}, ["a"], {"a": 2})
     p1 = json.dumps(t1["messages"][:2]) + t1["messages"][2]["content"].split(STATE_MARK)[0]
     p2 = json.dumps(t2["messages"][:2]) + t2["messages"][2]["content"].split(STATE_MARK)[0]
     assert p1 == p2
@@ -76,8 +71,8 @@ def test_anthropic_keeps_alternation_and_pairs() -> None:
         "role": "user",
         "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": "r"}],
     }
-    body = {"system": "S", "messages": [{"role": "user", "content": "TASK"},
-            {"role": "assistant", "content": "a"}, {"role": "user", "content": "o"}, use, res]}  # fmt: skip
+    history = [{"role": "user", "content": "TASK"}, {"role": "assistant", "content": "a"}]
+    body = {"system": "S", "messages": [*history, {"role": "user", "content": "o"}, use, res]}
     out = build_compact("anthropic", body, ["k"], {"k": 0})
     assert out["system"] == "S"
     m = out["messages"]

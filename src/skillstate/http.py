@@ -83,13 +83,12 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        watcher.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            return None
-        watcher.cancel()
-    return task.result()
+    return None if task.cancelled() else task.result()
 
 
 class StreamingProxyResponse(Response):

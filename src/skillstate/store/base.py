@@ -51,8 +51,8 @@ class Store(Protocol):
         ledger: list[LedgerRow] | None = None,
     ) -> int:
         """Create the session if needed, append the transition and (when `state` is not
-        None) replace the state, with the turn's ledger rows, atomically. Fails if the step moved meanwhile.
-        Returns the new step."""
+        None) replace the state, with the turn's ledger rows, atomically. Fails if the
+        step moved meanwhile. Returns the new step."""
         ...
 
     async def list_sessions(self) -> list[dict[str, Any]]: ...

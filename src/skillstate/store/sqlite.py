@@ -66,6 +66,7 @@ CREATE INDEX IF NOT EXISTS ledger_ts ON ledger(ts);
 CREATE INDEX IF NOT EXISTS ledger_session ON ledger(session, ts);
 """
 
+
 def prepare_path(path: Path) -> None:
     """A private directory (0700, when we create it) and a private file (0600). State may
     be sensitive; SQLite's WAL and SHM files inherit the database file's mode."""
@@ -228,7 +229,7 @@ class SQLiteStore:
                     action=r[3],
                     errors=orjson.loads(r[4]),
                     ts=r[5],
-                )  # fmt: skip
+                )
                 for r in rows
             ]
 

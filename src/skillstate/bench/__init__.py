@@ -1,0 +1,1 @@
+"""Benchmarks and the offline demo: a simulated model, workloads, a two-arm runner, reports."""

@@ -1,0 +1,589 @@
+"""A deterministic, simulated OpenAI-compatible model for offline benchmarks.
+
+``SimModel`` serves ``POST /v1/chat/completions`` (and ``/chat/completions``) on loopback in a
+background thread, as JSON or as SSE (with ``stream_options.include_usage``). Every reply is
+labelled simulated: model id ``skillstate-sim``, a ``[sim]`` prefix on the text and the
+response header ``x-skillstate-simulated: 1``.
+
+What it does is a pure function of the messages it receives (``sim_reply``), so it measures
+what a context *keeps*, not how good a model is:
+
+* Conversation workload (no ``tools`` in the request): ``RECORD key=value`` lines in the
+  latest user message are facts to keep; ``(aside: key=value)`` mentions are never recorded.
+  ``RECALL key?`` lines are answered ``ANSWER key=value`` ONLY from the text of the other
+  messages it received (the state JSON or the transcript), ``ANSWER key=UNKNOWN`` otherwise.
+* Tools workload (``tools`` in the request): it triages an issue tracker. It folds every tool
+  result visible in the context (plus the state, when there is one) into what it knows and
+  deterministically emits the next ``tool_calls`` (several in parallel, as the task's
+  ``BATCH n`` line allows), applying the task's ``RULE`` lines; ``DONE`` when nothing is left.
+* When the proxy's state contract is present it ends every reply with the envelope
+  ```` ```json {"state_patch": {...}, "action": "..."}``` ````, reading the current state from
+  the ``CURRENT STATE (JSON)`` message.
+
+Usage is ``skillstate.tokens.estimate_tokens``: of the request messages (plus the tool
+definitions) for the prompt, of the reply for the completion. ``cached_tokens`` simulates a
+provider prefix cache: the longest byte prefix (tool definitions, then messages) shared with
+one of the last 8 requests, counted from 1024 tokens on, in 128-token steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from skillstate.context import CONTRACT_MARK, STATE_MARK
+from skillstate.tokens import estimate_text_tokens, estimate_tokens
+
+SIM_MODEL_ID = "skillstate-sim"
+SIM_HEADER = "x-skillstate-simulated"
+
+_RECORD = re.compile(r"^RECORD ([A-Za-z_][\w]*)=(\S+)\s*$", re.M)
+_RECALL = re.compile(r"^RECALL ([A-Za-z_][\w]*)\?\s*$", re.M)
+_BATCH = re.compile(r"^BATCH (\d+)\s*$", re.M)
+_RULE = re.compile(r"^RULE (\S+) => (.+)$", re.M)
+_VALUE = r"[A-Za-z0-9_.:/+-]+"
+
+CACHE_MIN_TOKENS = 1024
+CACHE_STEP_TOKENS = 128
+_CACHE_HISTORY = 8
+
+
+# -- reading the context ---------------------------------------------------------------------
+
+
+def message_text(msg: dict[str, Any]) -> str:
+    """The text of a chat message: string content, or the text parts of a content list."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+        )
+    return ""
+
+
+def has_contract(messages: list[dict[str, Any]]) -> bool:
+    return any(CONTRACT_MARK in message_text(m) for m in messages)
+
+
+def read_state(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The state the proxy put into the context (last occurrence), or None when absent."""
+    found: dict[str, Any] | None = None
+    for msg in messages:
+        text = message_text(msg)
+        pos = text.find(STATE_MARK)
+        while pos >= 0:
+            start = pos + len(STATE_MARK)
+            try:
+                value, _ = _raw_decode(text[start:].lstrip())
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                found = value
+            pos = text.find(STATE_MARK, start)
+    return found
+
+
+def _raw_decode(text: str) -> tuple[Any, int]:
+    import json
+
+    return json.JSONDecoder().raw_decode(text)
+
+
+def _marked(msg: dict[str, Any]) -> bool:
+    text = message_text(msg)
+    return CONTRACT_MARK in text or STATE_MARK in text
+
+
+def _last_user_index(messages: list[dict[str, Any]]) -> int | None:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user" and not _marked(messages[i]):
+            return i
+    return None
+
+
+def recall(key: str, texts: list[str]) -> str | None:
+    """The last value of ``key`` in the given texts (``key=value`` or JSON ``"key": "value"``).
+
+    ``UNKNOWN`` (an earlier failed answer) never counts as a value."""
+    pat = re.compile(
+        rf"(?<![\w]){re.escape(key)}=({_VALUE})|\"{re.escape(key)}\"\s*:\s*\"({_VALUE})\""
+    )
+    value: str | None = None
+    for text in texts:
+        for m in pat.finditer(text):
+            v = m.group(1) or m.group(2)
+            if v and v != "UNKNOWN":
+                value = v
+    return value
+
+
+# -- the two policies ------------------------------------------------------------------------
+
+
+@dataclass
+class SimReply:
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    action: str = "continue"
+    patch: dict[str, Any] | None = None  # None: no contract in the context, no envelope
+
+
+def _envelope(patch: dict[str, Any], action: str) -> str:
+    body = orjson.dumps({"state_patch": patch, "action": action}).decode()
+    return f"\n\n```json\n{body}\n```"
+
+
+def conversation_reply(messages: list[dict[str, Any]]) -> SimReply:
+    contract = has_contract(messages)
+    state = read_state(messages) or {}
+    last = _last_user_index(messages)
+    latest = message_text(messages[last]) if last is not None else ""
+    others = [message_text(m) for i, m in enumerate(messages) if i != last]
+
+    records = dict(_RECORD.findall(latest))
+    probes = _RECALL.findall(latest)
+    lines: list[str] = []
+    if records:
+        lines.append("Noted: " + ", ".join(sorted(records)) + ".")
+    for key in probes:
+        value = recall(key, others)
+        lines.append(f"ANSWER {key}={value if value is not None else 'UNKNOWN'}")
+    if not lines:
+        lines.append("Observed; nothing to record.")
+    action = "answer" if probes else ("record" if records else "continue")
+
+    patch: dict[str, Any] | None = None
+    if contract:
+        prev = state.get("step")
+        if not isinstance(prev, int):
+            prev = sum(1 for m in messages if m.get("role") == "user" and not _marked(m)) - 1
+        patch = {"step": prev + 1}
+        if records:
+            patch["facts"] = records
+    return SimReply("[sim] " + "\n".join(lines), action=action, patch=patch)
+
+
+def parse_rules(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``RULE keyword => labels+=bug; priority=P1`` lines -> [(keyword, changes)]."""
+    rules: list[tuple[str, dict[str, Any]]] = []
+    for keyword, spec in _RULE.findall(text):
+        changes: dict[str, Any] = {}
+        for part in spec.split(";"):
+            part = part.strip()
+            if "+=" in part:
+                k, v = part.split("+=", 1)
+                changes.setdefault(k.strip() + "_add", []).append(v.strip())
+            elif "=" in part:
+                k, v = part.split("=", 1)
+                changes[k.strip()] = v.strip()
+        rules.append((keyword.lower(), changes))
+    return rules
+
+
+def apply_rules(issue: dict[str, Any], rules: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The update_issue arguments the first matching rule asks for (``*`` matches all)."""
+    haystack = (str(issue.get("title", "")) + "\n" + str(issue.get("description", ""))).lower()
+    for keyword, changes in rules:
+        if keyword == "*" or keyword in haystack:
+            return {"id": issue["id"], **changes}
+    return {"id": issue["id"]}
+
+
+def _loads(text: Any) -> Any:
+    try:
+        return orjson.loads(text) if isinstance(text, (str, bytes)) else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def tools_reply(messages: list[dict[str, Any]]) -> SimReply:
+    contract = has_contract(messages)
+    state = read_state(messages) or {}
+    task = next(
+        (message_text(m) for m in messages if m.get("role") == "user" and not _marked(m)), ""
+    )
+    rules = parse_rules(task)
+    batch_m = _BATCH.search(task)
+    batch = max(1, int(batch_m.group(1))) if batch_m else 1
+
+    listed = bool(state.get("listed", False))
+    next_cursor: int | None = state.get("next_cursor") if listed else None
+    queue: list[int] = [int(i) for i in state.get("queue", []) if isinstance(i, int)]
+    done: list[int] = [int(i) for i in state.get("done", []) if isinstance(i, int)]
+    fetched: dict[int, dict[str, Any]] = {}
+
+    # Fold every visible tool result (the whole transcript, or the latest observation).
+    calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    for msg in messages:
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            args = _loads(fn.get("arguments")) or {}
+            calls[str(call.get("id"))] = (str(fn.get("name")), args)
+        if msg.get("role") != "tool":
+            continue
+        name, args = calls.get(str(msg.get("tool_call_id")), ("", {}))
+        result = _loads(message_text(msg))
+        if not isinstance(result, dict) or "error" in result:
+            continue
+        if name == "list_issues":
+            listed = True
+            next_cursor = result.get("next_cursor")
+            for item in result.get("issues", []):
+                iid = item.get("id")
+                known = iid in queue or iid in done or iid in fetched
+                if isinstance(iid, int) and not known:
+                    queue.append(iid)
+        elif name == "get_issue" and isinstance(result.get("id"), int):
+            fetched[result["id"]] = result
+            queue = [i for i in queue if i != result["id"]]
+        elif name == "update_issue" and result.get("ok"):
+            iid = (result.get("issue") or {}).get("id", args.get("id"))
+            if isinstance(iid, int) and iid not in done:
+                done.append(iid)
+
+    step = state.get("step")
+    if not isinstance(step, int):
+        step = sum(1 for m in messages if m.get("role") == "assistant")
+    step += 1
+
+    planned: list[tuple[str, dict[str, Any]]] = []
+    for iid in sorted(fetched):
+        if iid not in done:
+            planned.append(("update_issue", apply_rules(fetched[iid], rules)))
+    if not listed:
+        planned.append(("list_issues", {"status": "open", "cursor": 0}))
+    elif next_cursor is not None:
+        planned.append(("list_issues", {"status": "open", "cursor": next_cursor}))
+    fetch_now = queue[:batch]
+    planned.extend(("get_issue", {"id": iid}) for iid in fetch_now)
+    queue = queue[batch:] if fetch_now else queue
+
+    tool_calls = [
+        {
+            "id": f"call_{step}_{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+        }
+        for i, (name, args) in enumerate(planned)
+    ]
+    if tool_calls:
+        names = ", ".join(f"{n}({a.get('id', a.get('cursor', ''))})" for n, a in planned)
+        text, action = f"[sim] Calling {names}.", "call_tools"
+    else:
+        text, action = f"[sim] DONE: triaged {len(done)} issues.", "done"
+
+    patch: dict[str, Any] | None = None
+    if contract:
+        patch = {
+            "listed": listed or any(n == "list_issues" for n, _ in planned),
+            "next_cursor": next_cursor,
+            "queue": queue,
+            "done": sorted(done),
+            "step": step,
+        }
+    return SimReply(text, tool_calls=tool_calls, action=action, patch=patch)
+
+
+def sim_reply(body: dict[str, Any]) -> SimReply:
+    """The simulated model's deterministic reply to a chat completions request body."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    reply = tools_reply(messages) if body.get("tools") else conversation_reply(messages)
+    if reply.patch is not None:
+        reply.content += _envelope(reply.patch, reply.action)
+    return reply
+
+
+# -- usage -----------------------------------------------------------------------------------
+
+
+def prompt_tokens_of(body: dict[str, Any]) -> int:
+    messages = body.get("messages") or []
+    tools = body.get("tools")
+    return estimate_tokens(messages) + (estimate_tokens(tools) if tools else 0)
+
+
+def completion_tokens_of(reply: SimReply) -> int:
+    calls = estimate_tokens(reply.tool_calls) if reply.tool_calls else 0
+    return estimate_text_tokens(reply.content) + calls
+
+
+def common_prefix_len(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of two byte strings (binary search, C-speed)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def prompt_bytes(body: dict[str, Any]) -> bytes:
+    """What a provider's prefix cache sees: tool definitions first, then the messages."""
+    return orjson.dumps([body.get("tools"), body.get("messages")], option=orjson.OPT_NON_STR_KEYS)
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+@dataclass
+class SimRequest:
+    """One request the simulated model answered (or refused)."""
+
+    status: int
+    n_messages: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    contract: bool  # the proxy's state contract was in the context
+    compact: bool  # the proxy's state message was in the context
+    injected_tokens: int  # tokens of the messages that carry the proxy's markers
+    stream: bool
+
+
+class SimModel:
+    """``with SimModel() as sim: sim.base_url`` -> ``http://127.0.0.1:PORT/v1``."""
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, cache: bool = True, usage: bool = True
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.cache = cache
+        self.usage = usage  # False: answers without usage (to test "refusing silent 0")
+        self.requests: list[SimRequest] = []
+        self._lock = threading.Lock()
+        self._fail: list[int] = []
+        self._history: list[bytes] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    # lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def __enter__(self) -> SimModel:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="skillstate-sim", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("simulated model did not start within 10 s")
+        if self._error is not None:
+            raise RuntimeError(f"simulated model failed to start: {self._error}")
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        self._loop = self._thread = None
+
+    def fail_next(self, count: int = 1, status: int = 400) -> None:
+        """Answer the next ``count`` requests with an error of ``status`` (failure injection)."""
+        with self._lock:
+            self._fail.extend([status] * count)
+
+    def reset_cache(self) -> None:
+        """Forget the simulated prefix cache (between benchmark arms)."""
+        with self._lock:
+            self._history = []
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            for path in ("/v1/chat/completions", "/chat/completions"):
+                app.router.add_post(path, self._chat)
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/health", self._health)
+            runner = web.AppRunner(app, access_log=None)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, self.host, self.port)
+            loop.run_until_complete(site.start())
+            server = getattr(site, "_server", None)
+            sockets = getattr(server, "sockets", None) or []
+            if sockets:
+                self.port = int(sockets[0].getsockname()[1])
+            self._runner = runner
+        except BaseException as e:  # reported by start()
+            self._error = e
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+    # handlers
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "simulated": True})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": SIM_MODEL_ID, "object": "model", "owned_by": "skillstate (simulated)"}]
+        return web.json_response({"object": "list", "data": data}, headers={SIM_HEADER: "1"})
+
+    def _cached(self, body: dict[str, Any], prompt_tokens: int) -> int:
+        """Simulated prefix cache: the longest byte prefix shared with a recent request, in
+        estimator tokens, counted only from CACHE_MIN_TOKENS on, in CACHE_STEP_TOKENS steps."""
+        if not self.cache:
+            return 0
+        data = prompt_bytes(body)
+        with self._lock:
+            best = max((common_prefix_len(h, data) for h in self._history), default=0)
+            self._history = [*self._history[-(_CACHE_HISTORY - 1) :], data]
+        tokens = min(best // 4, prompt_tokens)
+        if tokens < CACHE_MIN_TOKENS:
+            return 0
+        return tokens - tokens % CACHE_STEP_TOKENS
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            return _error(400, "request body is not valid JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error(400, "messages must be a list")
+        messages = body["messages"]
+        stream = bool(body.get("stream"))
+        with self._lock:
+            fail = self._fail.pop(0) if self._fail else None
+        prompt = prompt_tokens_of(body)
+        marked = [m for m in messages if isinstance(m, dict) and _marked(m)]
+        rec = SimRequest(
+            status=fail or 200,
+            n_messages=len(messages),
+            prompt_tokens=prompt,
+            completion_tokens=0,
+            cached_tokens=0,
+            contract=has_contract(messages),
+            compact=read_state(messages) is not None,
+            injected_tokens=estimate_tokens(marked) if marked else 0,
+            stream=stream,
+        )
+        if fail is not None:
+            with self._lock:
+                self.requests.append(rec)
+            return _error(fail, "simulated failure (injected)")
+
+        reply = sim_reply(body)
+        rec.completion_tokens = completion_tokens_of(reply)
+        rec.cached_tokens = self._cached(body, rec.prompt_tokens)
+        with self._lock:
+            self.requests.append(rec)
+        usage = {
+            "prompt_tokens": rec.prompt_tokens,
+            "completion_tokens": rec.completion_tokens,
+            "total_tokens": rec.prompt_tokens + rec.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": rec.cached_tokens},
+        }
+        n = len(self.requests)
+        cid = f"chatcmpl-sim-{n}"
+        finish = "tool_calls" if reply.tool_calls else "stop"
+        if not stream:
+            message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+            if reply.tool_calls:
+                message["tool_calls"] = reply.tool_calls
+            payload = {
+                "id": cid,
+                "object": "chat.completion",
+                "created": 0,
+                "model": SIM_MODEL_ID,
+                "system_fingerprint": "simulated",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            }
+            if self.usage:
+                payload["usage"] = usage
+            return web.Response(
+                body=orjson.dumps(payload),
+                content_type="application/json",
+                headers={SIM_HEADER: "1"},
+            )
+        include_usage = self.usage and bool((body.get("stream_options") or {}).get("include_usage"))
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                SIM_HEADER: "1",
+            }
+        )
+        await resp.prepare(request)
+        for chunk in _chunks(cid, reply, finish, usage if include_usage else None):
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": "simulated"}}
+    return web.json_response(body, status=status, headers={SIM_HEADER: "1"})
+
+
+def _pieces(text: str, n: int = 3) -> Iterator[str]:
+    size = max(1, -(-len(text) // n))
+    for i in range(0, len(text), size):
+        yield text[i : i + size]
+
+
+def _chunks(
+    cid: str, reply: SimReply, finish: str, usage: dict[str, Any] | None
+) -> Iterator[dict[str, Any]]:
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": SIM_MODEL_ID,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in _pieces(reply.content):
+        yield chunk({"content": piece})
+    for index, call in enumerate(reply.tool_calls):
+        fn = call["function"]
+        head = {"index": index, "id": call["id"], "type": "function"}
+        yield chunk({"tool_calls": [{**head, "function": {"name": fn["name"], "arguments": ""}}]})
+        for piece in _pieces(fn["arguments"], 2):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, finish)
+    if usage is not None:
+        yield {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": SIM_MODEL_ID,
+            "choices": [],
+            "usage": usage,
+        }

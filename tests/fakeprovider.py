@@ -1,0 +1,782 @@
+"""A wire-faithful fake LLM provider (OpenAI chat completions + Anthropic Messages).
+
+Written from the public API specs, independently of the proxy, so it can serve as the
+reference that proves the proxy speaks both wire formats. It is a real HTTP server on
+127.0.0.1 (aiohttp) that runs in a background thread with its own event loop::
+
+    fp = FakeProvider().start()          # fp.url == "http://127.0.0.1:PORT"
+    fp.enqueue(Reply(text="hi"), Reply(tool_calls=[("get_weather", {"city": "Oslo"})]))
+    ...                                  # point a client (or the proxy) at fp.url
+    fp.requests[-1].json                 # what arrived; .completed / .disconnected
+    fp.stop()
+
+Standalone: ``python tests/fakeprovider.py --port 0`` prints ``listening on http://...``
+and serves until killed; script it over HTTP with ``POST /_fake/enqueue`` (a Reply as JSON,
+or a list of them), ``GET /_fake/requests`` and ``POST /_fake/reset``.
+
+Fault injection (all on Reply): ``status``/``error_body``/``retry_after`` (an error in the
+endpoint's dialect), ``delay`` (before headers), ``chunk_delay`` (between events),
+``stall_after=N`` (send N events, then hang until the client goes away), ``drop`` (close
+the connection without a response), ``drop_after=N`` (send N events, then close the
+connection mid-body). For non-streaming replies N counts bytes of the JSON body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import math
+import secrets
+import string
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+DEFAULT_TEXT = '```json\n{"state_patch": {}, "action": "noop"}\n```'
+CHUNK_CHARS = 8  # text / argument fragment size when streaming
+SYSTEM_FINGERPRINT = "fp_fake0001"
+USAGE_KEYS = {
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cache_read",
+    "cache_write",
+    "reasoning_tokens",
+}
+_OPENAI_FINISH = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+_ANTHROPIC_STOP = {v: k for k, v in _OPENAI_FINISH.items()}
+_ALNUM = string.ascii_letters + string.digits
+
+
+def _rid(prefix: str, n: int = 24) -> str:
+    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(n))
+
+
+def ntokens(text: str) -> int:
+    """The fake tokenizer: one token per 4 characters, rounded up."""
+    return math.ceil(len(text) / 4)
+
+
+def estimate_tokens(obj: Any) -> int:
+    """Token estimate of any JSON value: ``ceil(len(json.dumps(obj)) / 4)``."""
+    return ntokens(json.dumps(obj))
+
+
+def _pieces(s: str, n: int = CHUNK_CHARS) -> list[str]:
+    return [s[i : i + n] for i in range(0, len(s), n)]
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)  # str: sent verbatim
+    id: str | None = None  # generated ("call_…" / "toolu_…") when None
+
+    @property
+    def arguments_json(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(self.arguments, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class Reply:
+    """One scripted response. With neither text nor tool calls it says DEFAULT_TEXT."""
+
+    text: str | None = None
+    tool_calls: list[Any] = field(default_factory=list)  # (name, args) | ToolCall | dict
+    finish_reason: str | None = None  # either dialect's vocabulary; derived when None
+    usage: dict[str, int] = field(default_factory=dict)  # keys: USAGE_KEYS
+    model: str | None = None  # default: echo the request's model
+    status: int = 200
+    error_body: dict[str, Any] | str | None = None  # dict sent as-is; str = message
+    retry_after: str | float | None = None
+    delay: float = 0.0
+    chunk_delay: float = 0.0
+    stall_after: int | None = None
+    drop: bool = False
+    drop_after: int | None = None
+
+    def __post_init__(self) -> None:
+        calls = []
+        for tc in self.tool_calls:
+            if isinstance(tc, dict):
+                tc = ToolCall(**tc)
+            elif not isinstance(tc, ToolCall):
+                tc = ToolCall(*tc)
+            calls.append(tc)
+        self.tool_calls = calls
+        unknown = set(self.usage) - USAGE_KEYS
+        if unknown:
+            raise ValueError(f"unknown usage keys {sorted(unknown)}; use {sorted(USAGE_KEYS)}")
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-case keys
+    json: Any  # parsed body, None if absent or unparseable
+    body: bytes = field(default=b"", repr=False)
+    dialect: str = "openai"  # or "anthropic"
+    stream: bool = False
+    reply: Reply | None = None  # the scripted reply used (None: rejected or /v1/models)
+    status: int | None = None  # HTTP status sent, None if no headers were sent
+    events_sent: int = 0  # SSE events (or body parts) written
+    response_body: bytes = field(default=b"", repr=False)  # everything written after the headers
+    completed: bool = False  # the whole response was written
+    disconnected: bool = False  # the client went away before we finished
+    dropped: bool = False  # we closed the connection on purpose (drop / drop_after)
+    started_at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
+
+
+class _Rejected(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: Any = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+class FakeProvider:
+    def __init__(self, *, require_auth: bool = True, validate: bool = True) -> None:
+        self.require_auth = require_auth  # OpenAI: Bearer; Anthropic: x-api-key or Bearer
+        self.validate = validate  # the 400 checks on message structure
+        self.models = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "claude-haiku-4-5"]
+        self.responder: Callable[[RecordedRequest], Reply | str | None] | None = None
+        self.requests: list[RecordedRequest] = []
+        self.url = ""
+        self._queue: collections.deque[Reply] = collections.deque()
+        self._cond = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopping = False
+
+    # ---- test API -------------------------------------------------------------------
+    def enqueue(self, *replies: Reply | str) -> None:
+        with self._cond:
+            self._queue.extend(Reply(text=r) if isinstance(r, str) else r for r in replies)
+
+    def reset(self) -> None:
+        with self._cond:
+            self._queue.clear()
+            self.requests.clear()
+            self.responder = None
+
+    @property
+    def pending(self) -> int:
+        """Scripted replies not consumed yet."""
+        return len(self._queue)
+
+    @property
+    def last(self) -> RecordedRequest:
+        return self.requests[-1]
+
+    def wait_for(
+        self, predicate: Callable[[list[RecordedRequest]], Any], timeout: float = 5.0
+    ) -> Any:
+        """Block until predicate(requests) is truthy; return its value or raise TimeoutError."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not (result := predicate(list(self.requests))):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"wait_for timed out; requests: {self.requests!r}")
+                self._cond.wait(remaining)
+        return result
+
+    async def wait_for_async(
+        self, predicate: Callable[[list[RecordedRequest]], Any], timeout: float = 5.0
+    ) -> Any:
+        """Like wait_for, without blocking the caller's event loop."""
+        deadline = time.monotonic() + timeout
+        while not (result := predicate(list(self.requests))):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"wait_for_async timed out; requests: {self.requests!r}")
+            await asyncio.sleep(0.01)
+        return result
+
+    def start(self, port: int = 0, host: str = "127.0.0.1") -> FakeProvider:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(self.serve(host, port))
+            except BaseException as e:
+                failure.append(e)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.close()
+
+        self._stopping = False
+        self._thread = threading.Thread(target=run, name="fakeprovider", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        if not (self._loop and self._thread):
+            return
+        self._stopping = True
+        if self._runner:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop = self._thread = self._runner = None
+
+    def __enter__(self) -> FakeProvider:
+        return self.start() if not self._thread else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Start serving on the running loop; returns and sets self.url."""
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_post("/v1/messages", self._handle)
+        app.router.add_get("/v1/models", self._handle)
+        app.router.add_post("/_fake/enqueue", self._ctl_enqueue)
+        app.router.add_get("/_fake/requests", self._ctl_requests)
+        app.router.add_post("/_fake/reset", self._ctl_reset)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = self._runner.addresses[0][1]
+        self.url = f"http://{host}:{bound}"
+        return self.url
+
+    # ---- plumbing ---------------------------------------------------------------------
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _next_reply(self, rec: RecordedRequest) -> Reply:
+        with self._cond:
+            if self._queue:
+                return self._queue.popleft()
+        reply = self.responder(rec) if self.responder else None
+        return Reply(text=reply) if isinstance(reply, str) else reply or Reply()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = None
+        rec = RecordedRequest(
+            method=request.method,
+            path=request.path,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            json=parsed,
+            body=body,
+            stream=isinstance(parsed, dict) and parsed.get("stream") is True,
+        )
+        anthropic = request.path == "/v1/messages" or (
+            request.path == "/v1/models" and "anthropic-version" in rec.headers
+        )
+        rec.dialect = "anthropic" if anthropic else "openai"
+        with self._cond:
+            self.requests.append(rec)
+            self._cond.notify_all()
+        try:
+            try:
+                self._check(rec, anthropic)
+            except _Rejected as e:
+                return await self._send(request, rec, Reply(), e.status, _error(anthropic, e))
+            if request.path == "/v1/models":
+                return await self._send(request, rec, Reply(), 200, self._models(anthropic))
+            rec.reply = reply = self._next_reply(rec)
+            if reply.status >= 400:
+                eb = reply.error_body
+                err = _Rejected(reply.status, eb if isinstance(eb, str) else "")
+                payload = eb if isinstance(eb, dict) else _error(anthropic, err)
+                return await self._send(request, rec, reply, reply.status, payload)
+            build = self._anthropic if anthropic else self._openai
+            return await self._send(request, rec, reply, 200, build(rec.json, reply, rec.stream))
+        except asyncio.CancelledError:
+            rec.disconnected = not (rec.dropped or self._stopping)
+            raise
+        except ConnectionResetError:  # wrote to a socket the client already closed
+            rec.disconnected = not rec.dropped
+            raise asyncio.CancelledError from None  # aiohttp ends the request quietly
+        finally:
+            rec.ended_at = time.monotonic()
+            self._notify()
+
+    async def _send(
+        self,
+        request: web.Request,
+        rec: RecordedRequest,
+        reply: Reply,
+        status: int,
+        payload: Any,
+    ) -> web.StreamResponse:
+        """Write a JSON payload or a list of SSE events, applying the reply's faults."""
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.drop:
+            await self._drop(request, rec)
+        headers = {"request-id" if rec.dialect == "anthropic" else "x-request-id": _rid("req_")}
+        if reply.retry_after is not None:
+            headers["retry-after"] = str(reply.retry_after)
+        limit = reply.stall_after if reply.stall_after is not None else reply.drop_after
+        resp = web.StreamResponse(status=status, headers=headers)
+        if isinstance(payload, list):  # SSE events, already encoded
+            resp.content_type, resp.charset = "text/event-stream", "utf-8"
+            resp.headers["cache-control"] = "no-cache"
+            chunks: list[bytes] = payload
+        else:
+            data = _dumps(payload)
+            resp.content_type, resp.content_length = "application/json", len(data)
+            chunks = [data] if limit is None else [data[:limit], data[limit:]]
+            limit = None if limit is None else 1
+        await resp.prepare(request)
+        rec.status = status
+        self._notify()
+        for i, chunk in enumerate(chunks):
+            if limit is not None and i >= limit:
+                break
+            if i and reply.chunk_delay:
+                await asyncio.sleep(reply.chunk_delay)
+            # Book-keep before writing: the client may act on these bytes before we resume.
+            rec.events_sent += 1
+            rec.response_body += chunk
+            rec.completed = i == len(chunks) - 1
+            try:
+                await resp.write(chunk)
+            except BaseException as e:
+                rec.completed = False
+                rec.events_sent -= isinstance(e, ConnectionResetError)  # it never left
+                raise
+            self._notify()
+        else:
+            await resp.write_eof()
+            return resp
+        if reply.stall_after is not None:
+            await asyncio.Event().wait()  # until the client disconnects (handler cancelled)
+        await self._drop(request, rec)
+        return resp  # not reached
+
+    async def _drop(self, request: web.Request, rec: RecordedRequest) -> None:
+        rec.dropped = True
+        if request.transport is not None:
+            request.transport.close()  # flushes what was written, then FIN
+        await asyncio.Event().wait()  # aiohttp cancels the handler on connection_lost
+
+    # ---- validation -------------------------------------------------------------------
+    def _check(self, rec: RecordedRequest, anthropic: bool) -> None:
+        h = rec.headers
+        if anthropic:
+            if "anthropic-version" not in h:
+                raise _Rejected(400, "anthropic-version: header is required")
+            if self.require_auth and not (
+                h.get("x-api-key") or h.get("authorization", "").startswith("Bearer ")
+            ):
+                raise _Rejected(401, "x-api-key header is required")
+        elif self.require_auth and not h.get("authorization", "").startswith("Bearer "):
+            raise _Rejected(
+                401,
+                "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                code="invalid_api_key",
+            )
+        if rec.method == "GET":
+            return
+        body = rec.json
+        if not isinstance(body, dict):
+            raise _Rejected(
+                400,
+                "There was an error parsing the body of your request"
+                if anthropic
+                else "We could not parse the JSON body of your request. (HINT: This likely "
+                "means you aren't using your HTTP library correctly.)",
+            )
+        if self.validate:
+            (_check_anthropic if anthropic else _check_openai)(body)
+
+    # ---- response builders ------------------------------------------------------------
+    def _models(self, anthropic: bool) -> dict[str, Any]:
+        if anthropic:
+            data = [
+                {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
+                for m in self.models
+            ]
+            first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+            return {"data": data, "has_more": False, "first_id": first, "last_id": last}
+        listed: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": 1700000000, "owned_by": "fakeprovider"}
+            for m in self.models
+        ]
+        return {"object": "list", "data": listed}
+
+    @staticmethod
+    def _content(req: dict[str, Any], reply: Reply, limit_key: tuple[str, ...]) -> tuple:
+        """(text, tool_calls, completion_tokens, truncated) after applying max_tokens."""
+        calls = reply.tool_calls
+        text = reply.text if reply.text is not None else ("" if calls else DEFAULT_TEXT)
+        limit = next((req[k] for k in limit_key if isinstance(req.get(k), int)), None)
+        truncated = False
+        if limit is not None and not calls and not reply.finish_reason and ntokens(text) > limit:
+            text, truncated = text[: limit * 4], True
+        completion = ntokens(text) + sum(ntokens(c.name + c.arguments_json) for c in calls)
+        return text, calls, reply.usage.get("completion_tokens", max(1, completion)), truncated
+
+    def _openai(self, req: dict[str, Any], reply: Reply, stream: bool) -> Any:
+        text, calls, completion, truncated = self._content(
+            req, reply, ("max_completion_tokens", "max_tokens")
+        )
+        calls = [ToolCall(c.name, c.arguments, c.id or _rid("call_")) for c in calls]
+        finish = reply.finish_reason or ("tool_calls" if calls else "stop")
+        finish = "length" if truncated else _OPENAI_FINISH.get(finish, finish)
+        u = reply.usage
+        prompt = u.get("prompt_tokens", estimate_tokens(req.get("messages", [])))
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {
+                "cached_tokens": u.get("cached_tokens", u.get("cache_read", 0)),
+                "audio_tokens": 0,
+            },
+            "completion_tokens_details": {
+                "reasoning_tokens": u.get("reasoning_tokens", 0),
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        }
+        base = {
+            "id": _rid("chatcmpl-", 29),
+            "object": "chat.completion.chunk" if stream else "chat.completion",
+            "created": int(time.time()),
+            "model": reply.model or req.get("model", "unknown"),
+            "service_tier": "default",
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+        wire_calls = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments_json},
+            }
+            for c in calls
+        ]
+        if not stream:
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text if text or not calls else None,
+                "refusal": None,
+                "annotations": [],
+            }
+            if calls:
+                message["tool_calls"] = wire_calls
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            return {**base, "choices": [choice], "usage": usage}
+
+        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            c = {**base, "choices": [choice]}
+            return {**c, "usage": None} if include_usage else c
+
+        out = []
+        if text or not calls:
+            out.append(chunk({"role": "assistant", "content": "", "refusal": None}))
+            out += [chunk({"content": p}) for p in _pieces(text)]
+        for i, c in enumerate(wire_calls):
+            head = {"index": i, **c, "function": {"name": c["function"]["name"], "arguments": ""}}
+            delta: dict[str, Any] = {"tool_calls": [head]}
+            if not out:  # a tool-call-only reply: OpenAI merges the role into the first call
+                delta = {"role": "assistant", "content": None, **delta, "refusal": None}
+            out.append(chunk(delta))
+            for p in _pieces(c["function"]["arguments"]):
+                out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}))
+        out.append(chunk({}, finish))
+        if include_usage:
+            out.append({**base, "choices": [], "usage": usage})
+        return [b"data: " + _dumps(c) + b"\n\n" for c in out] + [b"data: [DONE]\n\n"]
+
+    def _anthropic(self, req: dict[str, Any], reply: Reply, stream: bool) -> Any:
+        text, calls, completion, truncated = self._content(req, reply, ("max_tokens",))
+        stop = reply.finish_reason or ("tool_use" if calls else "end_turn")
+        stop = "max_tokens" if truncated else _ANTHROPIC_STOP.get(stop, stop)
+        u = reply.usage
+        prompt = estimate_tokens(req.get("messages", [])) + (
+            estimate_tokens(req["system"]) if req.get("system") else 0
+        )
+        usage = {
+            "input_tokens": u.get("prompt_tokens", prompt),
+            "cache_creation_input_tokens": u.get("cache_write", 0),
+            "cache_read_input_tokens": u.get("cache_read", u.get("cached_tokens", 0)),
+            "output_tokens": completion,
+        }
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        raw_args: list[str] = [""] * len(blocks)  # the input JSON as streamed, per block
+        for c in calls:
+            try:
+                args = json.loads(c.arguments_json)
+            except ValueError:
+                args = {}  # malformed scripted arguments: only the stream carries them
+            tid = c.id or _rid("toolu_01", 22)
+            blocks.append({"type": "tool_use", "id": tid, "name": c.name, "input": args})
+            raw_args.append(c.arguments_json)
+        message = {
+            "id": _rid("msg_01", 22),
+            "type": "message",
+            "role": "assistant",
+            "model": reply.model or req.get("model", "unknown"),
+            "content": blocks,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not stream:
+            return message
+
+        start_usage = {**usage, "output_tokens": 1}
+        events: list[tuple[str, dict[str, Any]]] = [
+            (
+                "message_start",
+                {"message": {**message, "content": [], "stop_reason": None, "usage": start_usage}},
+            )
+        ]
+        for i, b in enumerate(blocks):
+            start: dict[str, Any] = {**b, "input": {}}
+            if b["type"] == "text":
+                start = {"type": "text", "text": ""}
+                deltas = [{"type": "text_delta", "text": p} for p in _pieces(b["text"])]
+            else:
+                parts = ["", *_pieces(raw_args[i])]
+                deltas = [{"type": "input_json_delta", "partial_json": p} for p in parts]
+            events.append(("content_block_start", {"index": i, "content_block": start}))
+            events += [("content_block_delta", {"index": i, "delta": d}) for d in deltas]
+            events.append(("content_block_stop", {"index": i}))
+        events.insert(2 if blocks else 1, ("ping", {}))
+        events.append(
+            (
+                "message_delta",
+                {
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": completion},
+                },
+            )
+        )
+        events.append(("message_stop", {}))
+        return [
+            f"event: {name}\n".encode() + b"data: " + _dumps({"type": name, **data}) + b"\n\n"
+            for name, data in events
+        ]
+
+    # ---- control endpoints (for the standalone server) -----------------------------------
+    async def _ctl_enqueue(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        items = body if isinstance(body, list) else [body]
+        self.enqueue(*(Reply(**item) for item in items))
+        return web.json_response({"pending": self.pending})
+
+    async def _ctl_requests(self, request: web.Request) -> web.Response:
+        keep = "method path headers json dialect stream status events_sent completed disconnected"
+        keep += " dropped"
+        return web.json_response([{k: getattr(r, k) for k in keep.split()} for r in self.requests])
+
+    async def _ctl_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+
+# ---- dialect-specific validation and error shapes --------------------------------------
+_OPENAI_ERROR_TYPES = {429: ("requests", "rate_limit_exceeded")}
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def _error(anthropic: bool, e: _Rejected) -> dict[str, Any]:
+    message = e.message or f"fake provider error (HTTP {e.status})"
+    if anthropic:
+        kind = _ANTHROPIC_ERROR_TYPES.get(e.status, "api_error" if e.status >= 500 else "")
+        kind = kind or "invalid_request_error"
+        return {
+            "type": "error",
+            "error": {"type": kind, "message": message},
+            "request_id": _rid("req_"),
+        }
+    kind, code = _OPENAI_ERROR_TYPES.get(
+        e.status, ("server_error" if e.status >= 500 else "invalid_request_error", e.code)
+    )
+    return {"error": {"message": message, "type": kind, "param": e.param, "code": code}}
+
+
+def _check_openai(body: dict[str, Any]) -> None:
+    if not body.get("model"):
+        raise _Rejected(400, "you must provide a model parameter")
+    msgs = body.get("messages")
+    if msgs is None:
+        raise _Rejected(
+            400, "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
+        )
+    if not isinstance(msgs, list) or not msgs:
+        raise _Rejected(
+            400,
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            "messages",
+            "empty_array",
+        )
+    roles = ("system", "developer", "user", "assistant", "tool", "function")
+    open_ids: set[str] = set()  # ids the current run of tool messages may answer
+    pending: dict[str, int] = {}  # unanswered tool_call id -> index of its assistant message
+    for i, m in enumerate(msgs):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in roles:
+            raise _Rejected(
+                400,
+                f"Invalid value: {role!r}. Supported values are: 'system', 'assistant', 'user', "
+                "'function', 'tool', and 'developer'.",
+                f"messages[{i}].role",
+                "invalid_value",
+            )
+        if role == "tool":
+            tcid = m.get("tool_call_id")
+            if not tcid:
+                p = f"messages[{i}].tool_call_id"
+                raise _Rejected(
+                    400, f"Missing required parameter: '{p}'.", p, "missing_required_parameter"
+                )
+            if tcid not in open_ids:
+                raise _Rejected(
+                    400,
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{i}].role",
+                )
+            pending.pop(tcid, None)
+            continue
+        _openai_unanswered(pending)
+        open_ids = set()
+        if role == "assistant" and m.get("tool_calls"):
+            ids = [tc.get("id") for tc in m["tool_calls"] if isinstance(tc, dict)]
+            open_ids = {x for x in ids if x}
+            pending = {x: i for x in open_ids}
+    _openai_unanswered(pending)
+
+
+def _openai_unanswered(pending: dict[str, int]) -> None:
+    if pending:
+        i = min(pending.values())
+        raise _Rejected(
+            400,
+            "An assistant message with 'tool_calls' must be followed by tool messages responding "
+            "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+            + ", ".join(sorted(pending)),
+            f"messages.[{i}].role",
+        )
+
+
+def _check_anthropic(body: dict[str, Any]) -> None:
+    for key in ("model", "max_tokens", "messages"):
+        if key not in body:
+            raise _Rejected(400, f"{key}: Field required")
+    if not isinstance(body["max_tokens"], int) or body["max_tokens"] < 1:
+        raise _Rejected(400, "max_tokens: Input should be greater than or equal to 1")
+    msgs = body["messages"]
+    if not isinstance(msgs, list):
+        raise _Rejected(400, "messages: Input should be a valid list")
+    if not msgs:
+        raise _Rejected(400, "messages: at least one message is required")
+
+    def blocks(m: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        content = m.get("content")
+        items = content if isinstance(content, list) else []
+        return [b for b in items if isinstance(b, dict) and b.get("type") == kind]
+
+    for i, m in enumerate(msgs):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "system":
+            raise _Rejected(
+                400,
+                'messages: Unexpected role "system". The Messages API accepts a top-level '
+                '`system` parameter, not "system" as an input message role.',
+            )
+        if role not in ("user", "assistant"):
+            raise _Rejected(400, f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        prev = msgs[i - 1] if i else None
+        offered = (
+            {b.get("id") for b in blocks(prev, "tool_use")}
+            if prev and prev.get("role") == "assistant"
+            else set()
+        )
+        results = blocks(m, "tool_result") if role == "user" else []
+        for j, b in enumerate(m["content"] if results else []):
+            if (
+                isinstance(b, dict)
+                and b.get("type") == "tool_result"
+                and b.get("tool_use_id") not in offered
+            ):
+                raise _Rejected(
+                    400,
+                    f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                    f"blocks: {b.get('tool_use_id')}. Each `tool_result` block must have a "
+                    "corresponding `tool_use` block in the previous message.",
+                )
+        if role == "assistant" and i + 1 < len(msgs):
+            answered = {b.get("tool_use_id") for b in blocks(msgs[i + 1], "tool_result")}
+            missing = [b.get("id") for b in blocks(m, "tool_use") if b.get("id") not in answered]
+            if missing:
+                raise _Rejected(
+                    400,
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
+                    "must have a corresponding `tool_result` block in the next message.",
+                )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Fake OpenAI/Anthropic provider for tests")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--no-auth", action="store_true", help="do not require API keys")
+    args = ap.parse_args(argv)
+
+    async def run() -> None:
+        fp = FakeProvider(require_auth=not args.no_auth)
+        print(f"listening on {await fp.serve(args.host, args.port)}", flush=True)
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""Issue 4: /v1/messages through the real proxy with the real anthropic SDK, against the
+fake provider in OpenAI mode (translated) and in Anthropic mode (native)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ProxyProcess
+from tests.fakeprovider import FakeProvider, Reply, ToolCall
+
+TOOLS = [
+    {"name": "get_weather", "description": "w", "input_schema": {"type": "object"}},
+    {"name": "get_time", "description": "t", "input_schema": {"type": "object"}},
+]
+
+
+def envelope(patch: dict[str, Any], action: str = "next") -> str:
+    return f"Sure.\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+
+
+@pytest.fixture(params=["openai", "anthropic"])
+def upstream_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def aproxy(
+    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess], upstream_kind: str
+) -> ProxyProcess:
+    cfg = {
+        "schema": ["facts", "notes"],
+        "upstreams": [
+            {"name": "up", "url": fake.url, "kind": upstream_kind, "api_key": "sk-configured"}
+        ],
+    }
+    return start_proxy(None, config=cfg)
+
+
+def client(p: ProxyProcess) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
+
+
+def comparable(msg: Any) -> dict[str, Any]:
+    d = msg.model_dump()
+    d.pop("id")
+    return d
+
+
+def test_stream_final_message_equals_non_streamed(
+    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
+) -> None:
+    reply = Reply(
+        text="Checking both.",
+        tool_calls=[
+            ToolCall("get_weather", {"city": "Paris", "days": [1, 2]}, id="toolu_w1"),
+            ToolCall("get_time", {"tz": "CET"}, id="toolu_t1"),
+        ],
+        usage={"prompt_tokens": 50, "completion_tokens": 20},
+    )
+    c = client(aproxy)
+    kw: dict[str, Any] = {
+        "model": "claude-test",
+        "max_tokens": 256,
+        "tools": TOOLS,
+        "messages": [{"role": "user", "content": "weather and time?"}],
+        "extra_headers": {"x-skillstate-session": "eq"},
+    }
+    fake.enqueue(reply)
+    plain = c.messages.create(**kw)
+    fake.enqueue(reply)
+    with c.messages.stream(**kw) as s:
+        streamed = s.get_final_message()
+    assert comparable(streamed) == comparable(plain)
+    assert plain.stop_reason == "tool_use"
+    tool_uses = [b for b in plain.content if b.type == "tool_use"]
+    assert [(b.name, b.input) for b in tool_uses] == [
+        ("get_weather", {"city": "Paris", "days": [1, 2]}),
+        ("get_time", {"tz": "CET"}),
+    ]
+    assert plain.usage.output_tokens == 20
+
+
+def test_three_parallel_tool_calls_stream_and_pair_next_turn(
+    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
+) -> None:
+    c = client(aproxy)
+    hdr = {"x-skillstate-session": "par"}
+    fake.enqueue(Reply(tool_calls=[("get_weather", {"city": x}) for x in ("A", "B", "C")]))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "three cities"}]
+    with c.messages.stream(
+        model="m", max_tokens=100, tools=TOOLS, messages=messages, extra_headers=hdr
+    ) as s:
+        final = s.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert [b.input for b in uses] == [{"city": "A"}, {"city": "B"}, {"city": "C"}]
+    assert len({b.id for b in uses}) == 3
+    messages.append({"role": "assistant", "content": [b.model_dump() for b in final.content]})
+    messages.append(
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": b.id, "content": f"sunny in {b.input}"}
+                for b in uses
+            ],
+        }
+    )
+    fake.enqueue(Reply(text=envelope({"notes": "three done"})))
+    done = c.messages.create(
+        model="m", max_tokens=100, tools=TOOLS, messages=messages, extra_headers=hdr
+    )
+    assert done.stop_reason == "end_turn"
+    sent = fake.last.json
+    # The upstream saw the calls and their results paired, by id, in its own dialect.
+    if upstream_kind == "openai":
+        calls = next(m for m in sent["messages"] if m.get("tool_calls"))
+        results = [m["tool_call_id"] for m in sent["messages"] if m["role"] == "tool"]
+        assert [tc["id"] for tc in calls["tool_calls"]] == [b.id for b in uses] == results
+    else:
+        a = next(m for m in sent["messages"] if m["role"] == "assistant")
+        ids = [b["id"] for b in a["content"] if b["type"] == "tool_use"]
+        last = sent["messages"][-1]
+        assert ids == [b.id for b in uses]
+        assert [b["tool_use_id"] for b in last["content"] if b["type"] == "tool_result"] == ids
+    assert aproxy.state("par")["state"] == {"notes": "three done"}
+
+
+def test_state_updates_visible_like_chat_completions(
+    fake: FakeProvider, aproxy: ProxyProcess
+) -> None:
+    fake.enqueue(Reply(text=envelope({"facts": {"x": 1}})))
+    raw = client(aproxy).messages.with_raw_response.create(
+        model="m",
+        max_tokens=50,
+        system=[{"type": "text", "text": "sys"}],
+        messages=[{"role": "user", "content": "go"}],
+        extra_headers={"x-skillstate-session": "vis"},
+    )
+    assert raw.headers["x-skillstate-transition"] == "valid"
+    assert aproxy.state("vis")["state"] == {"facts": {"x": 1}}
+    # A streamed turn commits too, before message_stop.
+    fake.enqueue(Reply(text=envelope({"notes": "s"})))
+    with client(aproxy).messages.stream(
+        model="m", max_tokens=50, messages=[{"role": "user", "content": "again"}],
+        extra_headers={"x-skillstate-session": "vis"},
+    ) as s:  # fmt: skip
+        s.get_final_message()
+    assert aproxy.state("vis")["state"] == {"facts": {"x": 1}, "notes": "s"}
+
+
+def test_client_key_never_forwarded(
+    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
+) -> None:
+    client(aproxy).messages.create(
+        model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+    )
+    h = fake.last.headers
+    assert "sk-client" not in json.dumps(h)
+    if upstream_kind == "anthropic":
+        assert h["x-api-key"] == "sk-configured" and "anthropic-version" in h
+    else:
+        assert h["authorization"] == "Bearer sk-configured"
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"model": "m", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}, "role"),
+        (
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [
+                    {"role": "user", "content": [{"type": "tool_result", "content": "r"}]}
+                ],
+            },
+            "tool_use_id",
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "tools": [{"name": "t", "input_schema": "nope"}],
+                "messages": [{"role": "user", "content": "x"}],
+            },
+            "input_schema",
+        ),
+    ],
+)
+def test_malformed_requests_get_anthropic_400(
+    aproxy: ProxyProcess, body: dict[str, Any], needle: str
+) -> None:
+    r = httpx.post(aproxy.v1 + "/messages", json=body, headers={"x-api-key": "k"})
+    assert r.status_code == 400
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert needle in err["error"]["message"]
+
+
+def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: ProxyProcess) -> None:
+    fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))
+    fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))
+    fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))
+    with pytest.raises(anthropic.RateLimitError) as e:
+        client(aproxy).messages.create(
+            model="m", max_tokens=10, messages=[{"role": "user", "content": "x"}]
+        )
+    assert "slow down" in str(e.value)
+    r = httpx.post(aproxy.v1 + "/messages", content=b"{oops", headers={"x-api-key": "k"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_openai_client_against_anthropic_upstream(
+    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+) -> None:
+    p = start_proxy(
+        None,
+        config={"upstreams": [{"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "k"}]},
+    )
+    c = openai.OpenAI(base_url=p.v1, api_key="x", max_retries=0)
+    fake.enqueue(Reply(text=envelope({"notes": "via anthropic"}), tool_calls=[("f", {"a": 1})]))
+    r = c.chat.completions.create(
+        model="claude-x",
+        messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "go"}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        extra_headers={"x-skillstate-session": "x1"},
+    )
+    msg = r.choices[0].message
+    assert msg.tool_calls and json.loads(msg.tool_calls[0].function.arguments) == {"a": 1}
+    assert fake.last.path == "/v1/messages" and fake.last.json["system"] == "S"
+    fake.enqueue(Reply(text=envelope({"notes": "streamed"})))
+    chunks = list(
+        c.chat.completions.create(
+            model="claude-x", messages=[{"role": "user", "content": "go"}], stream=True,
+            stream_options={"include_usage": True}, extra_headers={"x-skillstate-session": "x1"},
+        )
+    )  # fmt: skip
+    assert chunks[-1].usage is not None
+    assert p.state("x1")["state"] == {"notes": "streamed"}

@@ -1,0 +1,441 @@
+"""The fake provider must be indistinguishable from the real APIs to the official SDKs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, ToolCall, estimate_tokens
+
+USER = [{"role": "user", "content": "hello there"}]
+WEATHER = [("get_weather", {"city": "Oslo"}), ("get_time", {"tz": "CET"}), ("noop", {})]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeProvider() as fp:
+        yield fp
+
+
+@pytest.fixture
+def fp(server):
+    server.reset()
+    yield server
+    server.reset()
+
+
+@pytest.fixture
+def oai(fp):
+    with openai.OpenAI(base_url=fp.url + "/v1", api_key="sk-test", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+def ant(fp):
+    with anthropic.Anthropic(base_url=fp.url, api_key="sk-ant-test", max_retries=0) as c:
+        yield c
+
+
+def sse_data(raw: bytes) -> list[str]:
+    return [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+def post(fp, path, body, headers=None, **kw):
+    h = {"authorization": "Bearer sk-test", **(headers or {})}
+    return httpx.post(fp.url + path, json=body, headers=h, timeout=5, **kw)
+
+
+# ---- OpenAI ------------------------------------------------------------------------------
+
+
+def test_openai_default_reply_and_wire_shape(fp, oai):
+    r = oai.chat.completions.create(model="gpt-4o-mini", messages=USER)
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
+    assert r.model == "gpt-4o-mini" and r.system_fingerprint
+    msg = r.choices[0].message
+    assert (msg.role, msg.content, msg.refusal, msg.tool_calls) == (
+        "assistant",
+        DEFAULT_TEXT,
+        None,
+        None,
+    )
+    assert r.choices[0].finish_reason == "stop"
+    u = r.usage
+    assert u.prompt_tokens == estimate_tokens(USER)
+    assert u.completion_tokens == 13 and u.total_tokens == u.prompt_tokens + 13
+    assert u.prompt_tokens_details.cached_tokens == 0
+    assert u.completion_tokens_details.reasoning_tokens == 0
+    rec = fp.last
+    assert rec.path == "/v1/chat/completions" and rec.json["messages"] == USER
+    assert rec.headers["authorization"] == "Bearer sk-test"
+    assert rec.completed and not rec.disconnected and rec.status == 200
+    assert json.loads(rec.response_body)["choices"][0]["message"]["content"] == DEFAULT_TEXT
+
+
+def test_openai_queue_responder_and_overrides(fp, oai):
+    fp.enqueue("first", Reply(text="second", model="gpt-x", usage={"prompt_tokens": 7}))
+    fp.responder = lambda rec: Reply(text=f"echo {len(rec.json['messages'])}")
+    texts = [oai.chat.completions.create(model="m", messages=USER) for _ in range(3)]
+    assert [t.choices[0].message.content for t in texts] == ["first", "second", "echo 1"]
+    assert texts[1].model == "gpt-x" and texts[1].usage.prompt_tokens == 7
+    assert fp.pending == 0 and [r.reply.text for r in fp.requests] == ["first", "second", "echo 1"]
+    fp.enqueue(Reply(text="x", usage={"cached_tokens": 5, "completion_tokens": 3}))
+    u = oai.chat.completions.create(model="m", messages=USER).usage
+    assert (u.prompt_tokens_details.cached_tokens, u.completion_tokens) == (5, 3)
+    with pytest.raises(ValueError):
+        Reply(usage={"prompt": 1})
+
+
+def test_openai_stream_text_without_usage(fp):
+    fp.enqueue(Reply(text="The quick brown fox jumps over the lazy dog"))
+    body = {"model": "m", "messages": USER, "stream": True}
+    r = post(fp, "/v1/chat/completions", body)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    data = sse_data(r.content)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and "usage" not in c for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
+    text_deltas = [c["choices"][0]["delta"].get("content") for c in chunks[1:-1]]
+    assert len(text_deltas) > 3 and "".join(text_deltas) == fp.last.reply.text
+    assert chunks[-1]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_openai_stream_with_usage_via_sdk(fp, oai):
+    fp.enqueue(Reply(text="streamed words here", usage={"prompt_tokens": 11}))
+    stream = oai.chat.completions.create(
+        model="m", messages=USER, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "streamed words here"
+    )
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.prompt_tokens == 11
+    assert last.usage.completion_tokens == 5 and last.usage.total_tokens == 16
+    raw = [json.loads(d) for d in sse_data(fp.last.response_body)[:-1]]
+    assert all("usage" in c and c["usage"] is None for c in raw[:-1])
+
+
+def test_openai_parallel_tool_calls(fp, oai):
+    fp.enqueue(Reply(tool_calls=[*WEATHER[:2], ToolCall("fixed", {"a": 1}, id="call_fixed")]))
+    r = oai.chat.completions.create(model="m", messages=USER)
+    msg = r.choices[0].message
+    assert msg.content is None and r.choices[0].finish_reason == "tool_calls"
+    assert [tc.function.name for tc in msg.tool_calls] == ["get_weather", "get_time", "fixed"]
+    assert all(tc.id.startswith("call_") and tc.type == "function" for tc in msg.tool_calls)
+    assert msg.tool_calls[2].id == "call_fixed"
+    assert json.loads(msg.tool_calls[0].function.arguments) == {"city": "Oslo"}
+
+
+def test_openai_stream_parallel_tool_calls_wire(fp, oai):
+    fp.enqueue(Reply(tool_calls=WEATHER))
+    r = post(fp, "/v1/chat/completions", {"model": "m", "messages": USER, "stream": True})
+    chunks = [json.loads(d) for d in sse_data(r.content)[:-1]]
+    first = chunks[0]["choices"][0]["delta"]
+    assert first["role"] == "assistant" and first["content"] is None
+    calls: dict[int, dict] = {}
+    for c in chunks[:-1]:
+        for tc in c["choices"][0]["delta"].get("tool_calls", []):
+            if tc["index"] not in calls:  # the opening fragment of a call
+                assert set(tc) == {"index", "id", "type", "function"}
+                assert tc["function"]["arguments"] == "" and tc["id"].startswith("call_")
+                calls[tc["index"]] = {"name": tc["function"]["name"], "args": ""}
+            else:
+                assert set(tc) == {"index", "function"} and set(tc["function"]) == {"arguments"}
+                calls[tc["index"]]["args"] += tc["function"]["arguments"]
+    assert sorted(calls) == [0, 1, 2]
+    assert [(calls[i]["name"], json.loads(calls[i]["args"])) for i in range(3)] == WEATHER
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # and the SDK's own accumulator agrees
+    fp.enqueue(Reply(text="Let me check.", tool_calls=WEATHER[:2]))
+    with oai.chat.completions.stream(model="m", messages=USER) as s:
+        final = s.get_final_completion()
+    msg = final.choices[0].message
+    assert msg.content == "Let me check."
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in msg.tool_calls] == (
+        WEATHER[:2]
+    )
+
+
+def test_openai_validation(fp, oai):
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    asked = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    ok = oai.chat.completions.create(
+        model="m", messages=[*asked, {"role": "tool", "tool_call_id": "call_1", "content": "1"}]
+    )
+    assert ok.choices[0].message.content == DEFAULT_TEXT
+    bad_cases = [
+        [*asked, {"role": "tool", "tool_call_id": "call_2", "content": "1"}],
+        [*USER, {"role": "tool", "tool_call_id": "call_1", "content": "1"}],
+        [*asked, {"role": "user", "content": "skipped the tool result"}],
+        [],
+        [{"role": "wizard", "content": "x"}],
+    ]
+    for messages in bad_cases:
+        with pytest.raises(openai.BadRequestError) as ei:
+            oai.chat.completions.create(model="m", messages=messages)
+        err = ei.value.body
+        assert err["type"] == "invalid_request_error" and set(err) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }
+    assert fp.last.status == 400 and fp.last.reply is None
+    assert fp.last.completed
+
+
+def test_auth_and_parse_errors(fp):
+    r = httpx.post(fp.url + "/v1/chat/completions", json={"model": "m", "messages": USER})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = post(fp, "/v1/chat/completions", None, content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    body = {"model": "m", "max_tokens": 5, "messages": USER}
+    r = httpx.post(fp.url + "/v1/messages", json=body, headers={"x-api-key": "k"})
+    assert r.status_code == 400 and "anthropic-version" in r.json()["error"]["message"]
+    r = httpx.post(fp.url + "/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code == 401
+    assert r.json()["error"]["type"] == "authentication_error" and r.json()["type"] == "error"
+    assert fp.pending == 0 and all(rec.reply is None for rec in fp.requests)
+
+
+def test_models_list(fp, oai, ant):
+    ids = [m.id for m in oai.models.list()]
+    assert "gpt-4o-mini" in ids
+    assert [m.id for m in ant.models.list()] == ids
+
+
+def test_max_tokens_truncates(fp, oai, ant):
+    fp.enqueue("x" * 100, "y" * 100)
+    r = oai.chat.completions.create(model="m", messages=USER, max_tokens=5)
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content == "x" * 20
+    m = ant.messages.create(model="c", max_tokens=5, messages=USER)
+    assert m.stop_reason == "max_tokens" and m.content[0].text == "y" * 20
+
+
+# ---- Anthropic ---------------------------------------------------------------------------
+
+
+def test_anthropic_create_text(fp, ant):
+    fp.enqueue(Reply(text="Hi!", usage={"cache_read": 4, "cache_write": 2}))
+    m = ant.messages.create(model="claude-x", max_tokens=100, messages=USER, system="be brief")
+    assert m.id.startswith("msg_") and m.type == "message" and m.role == "assistant"
+    assert m.model == "claude-x" and m.stop_reason == "end_turn" and m.stop_sequence is None
+    assert [(b.type, b.text) for b in m.content] == [("text", "Hi!")]
+    assert m.usage.input_tokens == estimate_tokens(USER) + estimate_tokens("be brief")
+    assert (m.usage.output_tokens, m.usage.cache_read_input_tokens) == (1, 4)
+    assert m.usage.cache_creation_input_tokens == 2
+    h = fp.last.headers  # SDK versions differ: x-api-key or Authorization: Bearer
+    assert "sk-ant-test" in (h.get("x-api-key"), h.get("authorization", "")[7:])
+    assert "anthropic-version" in h
+    assert fp.last.dialect == "anthropic"
+
+
+def test_anthropic_tool_use_create_and_stream(fp, ant):
+    fp.enqueue(Reply(text="Checking.", tool_calls=WEATHER[:2]), Reply(tool_calls=WEATHER))
+    m = ant.messages.create(model="c", max_tokens=100, messages=USER)
+    assert m.stop_reason == "tool_use" and [b.type for b in m.content] == [
+        "text",
+        "tool_use",
+        "tool_use",
+    ]
+    assert m.content[1].id.startswith("toolu_") and m.content[1].input == {"city": "Oslo"}
+    with ant.messages.stream(model="c", max_tokens=100, messages=USER) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in final.content] == WEATHER
+    assert final.usage.input_tokens == estimate_tokens(USER) and final.usage.output_tokens > 1
+
+
+def test_anthropic_stream_event_sequence(fp):
+    fp.enqueue(Reply(text="Some streamed text", tool_calls=WEATHER[:1]))
+    body = {"model": "c", "max_tokens": 50, "messages": USER, "stream": True}
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    r = httpx.post(fp.url + "/v1/messages", json=body, headers=headers)
+    events = [e for e in r.text.split("\n\n") if e]
+    names, datas = [], []
+    for e in events:
+        ev, data = e.split("\n")
+        assert ev.startswith("event: ") and data.startswith("data: ")
+        names.append(ev[7:])
+        datas.append(json.loads(data[6:]))
+        assert datas[-1]["type"] == names[-1]
+    assert names[:3] == ["message_start", "content_block_start", "ping"]
+    assert names[-2:] == ["message_delta", "message_stop"]
+    start = datas[0]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"]["input_tokens"] == estimate_tokens(USER)
+    assert names.count("content_block_start") == names.count("content_block_stop") == 2
+    text = "".join(
+        d["delta"]["text"] for d in datas if d.get("delta", {}).get("type") == "text_delta"
+    )
+    assert text == "Some streamed text"
+    tool_start = [d for d in datas if d["type"] == "content_block_start"][1]
+    assert tool_start["index"] == 1 and tool_start["content_block"]["input"] == {}
+    partial = [d["delta"]["partial_json"] for d in datas if d.get("index") == 1 and "delta" in d]
+    assert json.loads("".join(partial)) == {"city": "Oslo"}
+    assert datas[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert set(datas[-2]["usage"]) == {"output_tokens"}
+
+
+def test_anthropic_validation(fp, ant):
+    use = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    asked = [*USER, {"role": "assistant", "content": [use]}]
+
+    def result(tid):
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid}]}
+
+    ok = ant.messages.create(model="c", max_tokens=99, messages=[*asked, result("toolu_1")])
+    assert ok.content[0].text == DEFAULT_TEXT
+    bad_cases = [
+        [*asked, result("toolu_2")],
+        [*USER, result("toolu_1")],
+        [*asked, {"role": "user", "content": "no result"}],
+        [{"role": "system", "content": "x"}, *USER],
+        [],
+    ]
+    for messages in bad_cases:
+        with pytest.raises(anthropic.BadRequestError) as ei:
+            ant.messages.create(model="c", max_tokens=10, messages=messages)
+        assert ei.value.body["type"] == "error"
+        assert ei.value.body["error"]["type"] == "invalid_request_error"
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    r = httpx.post(fp.url + "/v1/messages", json={"model": "c", "messages": USER}, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "max_tokens: Field required"
+
+
+# ---- faults ------------------------------------------------------------------------------
+
+
+def test_error_statuses(fp, oai, ant):
+    fp.enqueue(Reply(status=500), Reply(status=429, retry_after=2))
+    with pytest.raises(openai.InternalServerError) as ei:
+        oai.chat.completions.create(model="m", messages=USER)
+    assert ei.value.body["type"] == "server_error"
+    with pytest.raises(openai.RateLimitError) as ei:
+        oai.chat.completions.create(model="m", messages=USER)
+    assert ei.value.response.headers["retry-after"] == "2"
+    assert ei.value.body["code"] == "rate_limit_exceeded"
+    fp.enqueue(Reply(status=529, error_body="Overloaded"), Reply(status=429))
+    with pytest.raises(anthropic.InternalServerError) as ei:
+        ant.messages.create(model="c", max_tokens=10, messages=USER)
+    assert ei.value.body["error"] == {"type": "overloaded_error", "message": "Overloaded"}
+    with pytest.raises(anthropic.RateLimitError):
+        ant.messages.create(model="c", max_tokens=10, messages=USER)
+    fp.enqueue(Reply(status=418, error_body={"custom": True}))
+    r = post(fp, "/v1/chat/completions", {"model": "m", "messages": USER})
+    assert (r.status_code, r.json()) == (418, {"custom": True})
+
+
+def test_drop_is_a_connection_error(fp, oai):
+    fp.enqueue(Reply(drop=True))
+    with pytest.raises(openai.APIConnectionError):
+        oai.chat.completions.create(model="m", messages=USER)
+    rec = fp.wait_for(lambda rs: rs[-1].ended_at and rs[-1])
+    assert rec.dropped and not rec.disconnected and not rec.completed and rec.status is None
+
+
+def test_drop_after_mid_stream(fp, oai):
+    fp.enqueue(Reply(text="a fairly long answer that streams", drop_after=3))
+    stream = oai.chat.completions.create(model="m", messages=USER, stream=True)
+    got = []
+    with pytest.raises((httpx.RemoteProtocolError, openai.APIConnectionError)):
+        for chunk in stream:
+            got.append(chunk)
+    assert len(got) == 3
+    rec = fp.wait_for(lambda rs: rs[-1].ended_at and rs[-1])
+    assert rec.events_sent == 3 and rec.dropped and not rec.completed
+
+
+def test_drop_after_non_streaming_truncates_body(fp):
+    fp.enqueue(Reply(drop_after=10))
+    with pytest.raises(httpx.RemoteProtocolError):
+        post(fp, "/v1/chat/completions", {"model": "m", "messages": USER})
+    assert fp.wait_for(lambda rs: rs[-1].ended_at and rs[-1]).response_body.startswith(b'{"id":')
+
+
+def test_stall_then_client_close_marks_disconnected(fp, oai):
+    fp.enqueue(Reply(stall_after=2))
+    stream = oai.chat.completions.create(model="m", messages=USER, stream=True)
+    it = iter(stream)
+    next(it), next(it)
+    fp.wait_for(lambda rs: rs[-1].events_sent == 2)
+    assert not fp.last.disconnected
+    stream.close()
+    rec = fp.wait_for(lambda rs: rs[-1].disconnected and rs[-1], timeout=3)
+    assert not rec.completed and not rec.dropped and rec.events_sent == 2
+
+
+def test_anthropic_stall_then_close(fp, ant):
+    fp.enqueue(Reply(text="hello world", stall_after=3))
+    with ant.messages.stream(model="c", max_tokens=10, messages=USER) as s:
+        events = iter(s)  # the SDK swallows the ping (3rd event), so two come through
+        assert [next(events).type for _ in range(2)] == ["message_start", "content_block_start"]
+        fp.wait_for(lambda rs: rs[-1].events_sent == 3)
+    assert fp.wait_for(lambda rs: rs[-1].disconnected, timeout=3)
+
+
+def test_delay_and_client_timeout_marks_disconnected(fp):
+    fp.enqueue(Reply(delay=5))
+    client = openai.OpenAI(base_url=fp.url + "/v1", api_key="k", max_retries=0, timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="m", messages=USER)
+    assert time.monotonic() - t0 < 2
+    rec = fp.wait_for(lambda rs: rs[-1].disconnected and rs[-1], timeout=3)
+    assert rec.status is None and not rec.completed
+
+
+def test_delay_and_chunk_delay_timing(fp, oai):
+    fp.enqueue(Reply(text="abcdefgh" * 4, delay=0.2, chunk_delay=0.05))
+    t0 = time.monotonic()
+    stream = oai.chat.completions.create(model="m", messages=USER, stream=True)
+    first = time.monotonic() - t0
+    list(stream)
+    total = time.monotonic() - t0
+    assert first >= 0.2 and total >= 0.2 + 0.05 * (fp.last.events_sent - 1)
+
+
+async def test_async_clients_and_wait_for_async(fp):
+    fp.enqueue(Reply(text="async hi"))
+    async with openai.AsyncOpenAI(base_url=fp.url + "/v1", api_key="k", max_retries=0) as c:
+        r = await c.chat.completions.create(model="m", messages=USER)
+    assert r.choices[0].message.content == "async hi"
+    assert (await fp.wait_for_async(lambda rs: rs and rs[-1].completed)) is True
+
+
+def test_standalone_process():
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("fakeprovider.py")), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("listening on http://127.0.0.1:")
+        url = line.removeprefix("listening on ")
+        httpx.post(url + "/_fake/enqueue", json={"text": "scripted", "tool_calls": [["f", {}]]})
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        msg = client.chat.completions.create(model="m", messages=USER).choices[0].message
+        assert msg.content == "scripted" and msg.tool_calls[0].function.name == "f"
+        log = httpx.get(url + "/_fake/requests").json()
+        assert log[0]["completed"] and log[0]["json"]["messages"] == USER
+    finally:
+        proc.terminate()
+        proc.wait(5)
