@@ -246,17 +246,21 @@ class Pipeline:
             up_kind = ex.upstream.kind
             usage = reply_usage(up_kind, resp)
             self._reconcile(ex, usage, out)
-            kind: Kind = "generation" if retries == 0 else "rollback-retry"
-            rows.append(self._row(meta, ex, usage, kind, ex.status, reply_model(resp), out))
+            model = reply_model(resp)
+            rows.append(self._row(meta, ex, usage, "generation", ex.status, model, out))
             if up_kind != turn.dialect:
                 resp = self._translate_reply(up_kind, resp, turn)
                 raw = orjson.dumps(resp)
             if turn.mode == "passthrough":
+                self._spawn(self._write_ledger(rows))  # off the critical path
                 return self._reply(ex, meta, raw, None, None, rows, retries)
             text, tools = reply_text(turn.dialect, resp)
             outcome = self.judge(text, tools, meta.state, meta.schema)
             if outcome.status != "invalid" or retries >= self.settings.max_retries:
                 break
+            # Discarded answer: a rollback-retry row (zero baseline). The attempt whose answer
+            # reaches the client is the turn's one "generation" row (see skillstate.ledger).
+            rows[-1] = self._row(meta, ex, usage, "rollback-retry", ex.status, model, out)
             retries += 1
             out = self._outbound(
                 turn, context.add_correction(turn.dialect, out.body, text, outcome.errors),
@@ -294,13 +298,14 @@ class Pipeline:
                 chunk = ex.first_chunk
                 content = ex.response.content
                 while chunk:
-                    for event in parser.feed(chunk):
-                        for b in relay.feed(event):
-                            yield b
+                    # One write per upstream read, however many events it carried.
+                    ready = [b for event in parser.feed(chunk) for b in relay.feed(event)]
+                    if ready:
+                        yield b"".join(ready)
                     chunk = await content.readany()
-                for event in parser.flush():
-                    for b in relay.feed(event):
-                        yield b
+                ready = [b for event in parser.flush() for b in relay.feed(event)]
+                if ready:
+                    yield b"".join(ready)
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 problem = "upstream timed out" if isinstance(e, asyncio.TimeoutError) else (
                     f"upstream connection failed mid-stream ({type(e).__name__})"
@@ -316,14 +321,16 @@ class Pipeline:
                 await self._write_ledger(rows)
                 yield relay.error(problem)
                 return
+            tail = relay.finish()
             if turn.mode == "passthrough":
-                await self._write_ledger(rows)
+                self._spawn(self._write_ledger(rows))  # off the stream's critical path
             else:
+                # Commit before the terminal event: a client that reads /state right after
+                # the stream ends sees the new state.
                 outcome = self.judge(relay.text, relay.has_tool_calls, meta.state, meta.schema)
                 step = await self._commit(meta, outcome, rows)
-                yield sse.comment(f"skillstate transition={outcome.status} step={step}")
-            for b in relay.finish():
-                yield b
+                tail.insert(0, sse.comment(f"skillstate transition={outcome.status} step={step}"))
+            yield b"".join(tail)
             clean = True
         finally:
             if clean:
@@ -366,10 +373,9 @@ class Pipeline:
 
     async def _write_ledger(self, rows: list[LedgerRow]) -> None:
         if rows:
-            try:
+            # The ledger is best effort: a turn never fails because of it.
+            with contextlib.suppress(StoreError):
                 await self.store.add_ledger_rows(rows)
-            except StoreError:
-                pass  # the ledger is best effort; a turn never fails because of it
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -492,9 +498,15 @@ def ledger_headers(rows: list[LedgerRow]) -> dict[str, str]:
     costs = [r.cost_usd for r in rows if r.cost_usd is not None]
     if costs and h["x-skillstate-pricing"] in ("known", "override"):
         h["x-skillstate-cost-usd"] = f"{sum(costs):.8f}"
-    last = rows[-1]
-    if last.baseline_input_tokens is not None and last.input_tokens is not None:
-        h["x-skillstate-saved-tokens"] = str(last.baseline_input_tokens - last.input_tokens)
+    # Over all the turn's attempts (retries have a zero baseline), so the headers of a
+    # session's turns add up to its /cost saved_input_tokens.
+    saved = [
+        r.baseline_input_tokens - r.input_tokens
+        for r in rows
+        if r.baseline_input_tokens is not None and r.input_tokens is not None
+    ]
+    if saved:
+        h["x-skillstate-saved-tokens"] = str(sum(saved))
     return h
 
 

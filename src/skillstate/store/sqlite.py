@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -84,9 +85,15 @@ _LEDGER_INSERT = (
 
 
 class SQLiteStore:
-    def __init__(self, path: Path, *, synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self, path: Path, *, synchronous: str = "NORMAL", cache_sessions: int = 4096
+    ) -> None:
         self.path = path
         self._synchronous = synchronous
+        # Write-through cache of hot sessions: a turn's load needs no thread hop. The store
+        # assumes it is the only writer of its database (one proxy per data dir).
+        self._cache: OrderedDict[str, SessionRecord] = OrderedDict()
+        self._cache_max = cache_sessions
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillstate-sqlite")
         self._db: sqlite3.Connection | None = None
 
@@ -135,7 +142,24 @@ class SQLiteStore:
 
     # -- sessions -------------------------------------------------------------------------
 
+    def _remember(self, rec: SessionRecord) -> None:
+        self._cache[rec.session] = rec
+        self._cache.move_to_end(rec.session)
+        if len(self._cache) > self._cache_max:
+            self._cache.popitem(last=False)
+
     async def load(self, session: str) -> SessionRecord | None:
+        cached = self._cache.get(session)
+        if cached is not None:
+            self._cache.move_to_end(session)
+            return cached
+        rec = await self._run(self._load_sync(session))
+        if rec is not None:
+            self._remember(rec)
+        return rec
+
+    @staticmethod
+    def _load_sync(session: str) -> Callable[[sqlite3.Connection], SessionRecord | None]:
         def load(db: sqlite3.Connection) -> SessionRecord | None:
             row = db.execute(
                 "SELECT state, schema, step, created, updated FROM sessions WHERE id = ?",
@@ -149,7 +173,7 @@ class SQLiteStore:
                 len(state),
             )  # fmt: skip
 
-        return await self._run(load)
+        return load
 
     async def commit(
         self,
@@ -201,7 +225,23 @@ class SQLiteStore:
                     db.executemany(_LEDGER_INSERT, ledger_values)
             return step
 
-        return await self._run(commit)
+        step = await self._run(commit)
+        prev = self._cache.get(session)
+        if prev is not None:
+            self._remember(
+                SessionRecord(
+                    session,
+                    state if state is not None else prev.state,
+                    schema,
+                    step,
+                    prev.created,
+                    now,
+                    len(state_blob) if state_blob is not None else prev.state_bytes,
+                )
+            )
+        elif state is not None and state_blob is not None:
+            self._remember(SessionRecord(session, state, schema, step, now, now, len(state_blob)))
+        return step
 
     async def list_sessions(self) -> list[dict[str, Any]]:
         def list_(db: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -242,10 +282,11 @@ class SQLiteStore:
                 db.execute("DELETE FROM transitions WHERE session = ?", (session,))
             return cur.rowcount > 0
 
+        self._cache.pop(session, None)
         return await self._run(delete)
 
     async def purge_sessions(self, older_than: float) -> int:
-        def purge(db: sqlite3.Connection) -> int:
+        def purge(db: sqlite3.Connection) -> list[str]:
             with _transaction(db):
                 ids = [
                     r[0]
@@ -253,9 +294,12 @@ class SQLiteStore:
                 ]
                 db.executemany("DELETE FROM transitions WHERE session = ?", [(i,) for i in ids])
                 db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
-            return len(ids)
+            return ids
 
-        return await self._run(purge)
+        ids = await self._run(purge)
+        for i in ids:
+            self._cache.pop(i, None)
+        return len(ids)
 
     # -- ledger ---------------------------------------------------------------------------
 
