@@ -28,5 +28,10 @@ test-real: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/skillstate demo
 
+bench: $(STAMP)
+	$(BIN)/skillstate bench conversation --offline --turns 100
+	$(BIN)/skillstate bench tools --offline --steps 20
+	$(BIN)/skillstate bench overhead
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
