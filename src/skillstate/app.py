@@ -124,7 +124,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
                 return Response(status_code=499)  # the client is gone; nobody reads this
             if isinstance(result, Reply):
                 return Response(result.body, status_code=result.status, headers=result.headers)
-            return StreamingProxyResponse(result.chunks, result.headers)
+            return StreamingProxyResponse(result.chunks, result.headers, result.abort)
 
         return handle
 
@@ -229,8 +229,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         q = request.query_params
         now = time.time()
         try:
-            since = parse_since(q.get("since"), now)
-            until = parse_since(q.get("until"), now, default="0s") if q.get("until") else now
+            since = parse_since(q.get("since"), now, name="since")
+            until = parse_since(q.get("until"), now, name="until") if q.get("until") else now
             session = q.get("session")
             if session is not None and not is_valid_session_id(session):
                 raise ValueError("invalid session id")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -98,13 +98,28 @@ class StreamingProxyResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        headers: Mapping[str, str],
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.chunks = chunks
+        self.on_close = on_close
         self.status_code = 200
         self.background = None
         self.init_headers({"cache-control": "no-cache", **headers})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._respond(receive, send)
+        finally:
+            if self.on_close is not None:
+                done = asyncio.ensure_future(self.on_close())
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(done)
+
+    async def _respond(self, receive: Receive, send: Send) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -75,6 +75,9 @@ class Reply:
 class StreamReply:
     headers: dict[str, str]
     chunks: AsyncIterator[bytes]
+    # Idempotent: drops the upstream and releases the session. The response calls it when
+    # it is done, so nothing leaks even if `chunks` was never started (early disconnect).
+    abort: Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -211,7 +214,13 @@ class Pipeline:
                 if not ex.ok:
                     return await self._relay_error(ex, meta, [])
                 handed_over = True
-                return StreamReply(self._base_headers(meta, ex), self._stream(ex, out, meta, stack))
+
+                async def abort() -> None:
+                    ex.close()
+                    await stack.aclose()
+
+                chunks = self._stream(ex, out, meta, stack)
+                return StreamReply(self._base_headers(meta, ex), chunks, abort)
             return await self._complete(out, meta)
         finally:
             if not handed_over:
@@ -232,7 +241,11 @@ class Pipeline:
         while True:
             ex = await self._dispatch(out, meta)
             rows += [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
-            raw = await ex.read()
+            try:
+                raw = await ex.read()
+            except BaseException:
+                ex.close()  # cancelled or failed mid-body: the upstream sees it go away
+                raise
             ex.release()
             if not ex.ok:
                 return await self._relay_error(ex, meta, rows, raw)
