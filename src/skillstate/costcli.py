@@ -20,9 +20,9 @@ def print_cost(settings: Settings, args: argparse.Namespace) -> int:
     now = time.time()
     try:
         since = parse_since(args.since, now)
-        until = parse_since(args.until, now, default="0s") if args.until else now
+        until = parse_since(args.until, now, name="--until") if args.until else now
     except ValueError as e:
-        raise ConfigError(f"since/until: {e}") from None
+        raise ConfigError(str(e)) from None
     if args.session is not None and not is_valid_session_id(args.session):
         raise ConfigError(f"session: invalid id {args.session!r}")
     if not settings.db_path.expanduser().exists():
@@ -46,5 +46,8 @@ def print_cost(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     else:
-        render_table(summary, Console())
+        console = Console()
+        if not console.is_terminal:  # piped or redirected: no terminal width to respect
+            console = Console(width=max(console.width, 200))
+        render_table(summary, console)
     return 0

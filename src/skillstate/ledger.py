@@ -421,13 +421,15 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_since(value: str | None, now: float, default: str = "24h") -> float:
-    """Start of a time window as a unix timestamp.
+def parse_since(
+    value: str | None, now: float, default: str = "24h", *, name: str = "--since"
+) -> float:
+    """Start (or, for ``--until``, end) of a time window as a unix timestamp.
 
     Accepts a duration back from ``now`` (``90s``, ``30m`` = minutes, ``24h``, ``7d``, ``2w``;
     decimals allowed), an ISO 8601 date or time (``2025-01-31``, ``2025-01-31T12:00:00Z``,
     ``...+02:00``; naive values are UTC), or ``all`` (0.0). None uses ``default``.
-    Raises ``ValueError`` naming the bad value and the accepted forms.
+    Raises ``ValueError`` naming the option (``name``), the bad value and the accepted forms.
     """
     text = (default if value is None else value).strip()
     if text.lower() == "all":
@@ -442,7 +444,7 @@ def parse_since(value: str | None, now: float, default: str = "24h") -> float:
         dt = datetime.fromisoformat(iso)
     except ValueError:
         raise ValueError(
-            f"invalid --since value {text!r}: use a duration such as 90s, 30m, 24h, 7d or 2w, "
+            f"invalid {name} value {text!r}: use a duration such as 90s, 30m, 24h, 7d or 2w, "
             "an ISO time such as 2025-01-31 or 2025-01-31T12:00:00Z, or 'all'"
         ) from None
     if dt.tzinfo is None:
@@ -469,46 +471,69 @@ def _fmt_pct(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}%"
 
 
+_TOKEN_COLUMNS = ("requests", "retries", "input", "cache\nread", "cache\nwrite", "output")
+_MONEY_COLUMNS = ("cost", "baseline\ncost", "saved", "saved\n%")
+
+
+def _cells(m: Mapping[str, Any]) -> list[str]:
+    """The figures of one summary line, in ``_TOKEN_COLUMNS + _MONEY_COLUMNS`` order."""
+    attempts = m.get("attempts") or {}
+    retries = sum(v for k, v in attempts.items() if k in RETRY_KINDS)
+    cost = _fmt_usd(m.get("cost_usd"))
+    if m.get("unknown_pricing_rows") or m.get("usage_unavailable_rows"):
+        cost += "*"
+    return [
+        _fmt_int(m.get("requests")),
+        _fmt_int(retries),
+        _fmt_int(m.get("input_tokens")),
+        _fmt_int(m.get("cache_read_tokens")),
+        _fmt_int(m.get("cache_write_tokens")),
+        _fmt_int(m.get("output_tokens")),
+        cost,
+        _fmt_usd(m.get("baseline_cost_usd")),
+        _fmt_usd(m.get("saved_usd")),
+        _fmt_pct(m.get("saved_pct")),
+    ]
+
+
 def render_table(summary: Mapping[str, Any], console: Console) -> None:
-    """Print ``summarize()`` output as a rich table (groups, then a bold total row)."""
+    """Print ``summarize()`` output as a rich table (groups, then a bold total row).
+
+    Figures are never cut: when one table does not fit the console width it is split into a
+    token table and a money table (label column in both; long labels fold)."""
+    from rich import box
+    from rich.measure import Measurement
     from rich.table import Table
 
     group_by = summary.get("group_by")
-    table = Table(title="skillstate cost", caption=summary.get("note"), caption_justify="left")
-    table.add_column(group_by or "", style="cyan", overflow="fold")
-    for name in ("requests", "retries", "input", "cache read", "cache write", "output"):
-        table.add_column(name, justify="right")
-    for name in ("cost", "baseline", "saved", "saved in %"):
-        table.add_column(name, justify="right")
-
-    def cells(label: str, m: Mapping[str, Any]) -> list[str]:
-        attempts = m.get("attempts") or {}
-        retries = sum(v for k, v in attempts.items() if k in RETRY_KINDS)
-        cost = _fmt_usd(m.get("cost_usd"))
-        if m.get("unknown_pricing_rows") or m.get("usage_unavailable_rows"):
-            cost += "*"
-        return [
-            label,
-            _fmt_int(m.get("requests")),
-            _fmt_int(retries),
-            _fmt_int(m.get("input_tokens")),
-            _fmt_int(m.get("cache_read_tokens")),
-            _fmt_int(m.get("cache_write_tokens")),
-            _fmt_int(m.get("output_tokens")),
-            cost,
-            _fmt_usd(m.get("baseline_cost_usd")),
-            _fmt_usd(m.get("saved_usd")),
-            _fmt_pct(m.get("saved_pct")),
-        ]
-
     groups = summary.get("groups") or []
-    for g in groups:
-        key = g.get("key")
-        table.add_row(*cells("(none)" if key is None else str(key), g))
-    if groups:
-        table.rows[-1].end_section = True
     totals = summary.get("totals") or {}
-    table.add_row(*cells("total", totals), style="bold")
+    lines = [("(none)" if g.get("key") is None else str(g.get("key")), _cells(g)) for g in groups]
+    lines.append(("total", _cells(totals)))
+
+    def build(title: str, picks: list[int], caption: str | None) -> Table:
+        headers = _TOKEN_COLUMNS + _MONEY_COLUMNS
+        table = Table(title=title, caption=caption, caption_justify="left", box=box.SIMPLE_HEAD)
+        table.add_column(group_by or "", style="cyan", overflow="fold", min_width=6)
+        for i in picks:
+            table.add_column(headers[i], justify="right", no_wrap=True)
+        for n, (label, figures) in enumerate(lines):
+            last = n == len(lines) - 1
+            table.add_row(
+                label,
+                *(figures[i] for i in picks),
+                style="bold" if last else None,
+                end_section=n == len(lines) - 2,
+            )
+        return table
+
+    note = summary.get("note")
+    n_tok, n_all = len(_TOKEN_COLUMNS), len(_TOKEN_COLUMNS) + len(_MONEY_COLUMNS)
+    table = build("skillstate cost", list(range(n_all)), note)
+    natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
+    if natural > console.width:
+        console.print(build("skillstate cost: tokens", list(range(n_tok)), None))
+        table = build("skillstate cost: spend and savings", list(range(n_tok, n_all)), note)
     console.print(table)
     unknown = totals.get("unknown_pricing_rows") or 0
     unavailable = totals.get("usage_unavailable_rows") or 0
@@ -517,4 +542,4 @@ def render_table(summary: Mapping[str, Any], console: Console) -> None:
             f"* cost excludes {unknown} row(s) with unknown prices and {unavailable} row(s) "
             "without usage; add a price override (prices / upstreams[].prices) to include them."
         )
-    console.print("saved in % = input tokens saved / baseline input tokens.")
+    console.print("saved % = input tokens saved / baseline input tokens.")
