@@ -76,7 +76,8 @@ def test_streaming_is_incremental_and_commits_before_done(
                 # The client did not ask for usage: the usage-only chunk is dropped.
                 assert chunk["choices"], "usage-only chunk leaked to a client that did not ask"
     assert seen_state_before_done == {"notes": "streamed"}
-    assert pieces == [": skillstate transition=valid step=1"]
+    assert len(pieces) == 1 and pieces[0].startswith(": skillstate transition=valid step=1 ")
+    assert "pricing=" in pieces[0] and "saved-tokens=" in pieces[0]
     # Upstream was asked for usage so the stream can be metered.
     assert fake.last.json["stream_options"] == {"include_usage": True}
 

@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     p = _Parser(
         prog="skillstate",
         description=(
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=int, default=30)
     demo.add_argument("--out-dir", metavar="DIR", help="where to write the report and chart")
     cost = sub.add_parser("cost", help="usage, cost and savings from the store")
+    # Also accepted after the command; SUPPRESS keeps a value given before it.
+    cost.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS)
+    cost.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS)
     cost.add_argument("--since", default="24h", help="ISO time or duration like 24h (default)")
     cost.add_argument("--until", default=None)
     cost.add_argument("--session", default=None)
@@ -75,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    _add_benches(bench_sub)
+    if with_benches:  # their modules are only imported when a bench is asked for
+        _add_benches(bench_sub)
     return p
 
 
@@ -103,7 +107,8 @@ def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(with_benches="bench" in argv)
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)

@@ -342,7 +342,11 @@ class Pipeline:
                 # the stream ends sees the new state.
                 outcome = self.judge(relay.text, relay.has_tool_calls, meta.state, meta.schema)
                 step = await self._commit(meta, outcome, rows)
-                tail.insert(0, sse.comment(f"skillstate transition={outcome.status} step={step}"))
+                # Headers are long gone: the cost travels in the same comment.
+                costs = ledger_headers(rows).items()
+                extra = "".join(f" {k.removeprefix('x-skillstate-')}={v}" for k, v in costs)
+                note = f"skillstate transition={outcome.status} step={step}{extra}"
+                tail.insert(0, sse.comment(note))
             yield b"".join(tail)
             clean = True
         finally:
