@@ -158,7 +158,8 @@ class Pipeline:
             schema_doc = constrain.envelope_schema(
                 schema, self.settings.initial_state, self.settings.state_schema
             )
-            openai_extra["response_format"] = constrain.response_format_for(schema_doc)
+            # strict=False: OpenAI rejects strict schemas with optional keys; llama.cpp ignores it.
+            openai_extra["response_format"] = constrain.response_format_for(schema_doc, strict=False)
         if turn.stream:
             openai_extra["stream_options"] = {
                 **(body.get("stream_options") or {}),
