@@ -159,7 +159,8 @@ class Pipeline:
                 schema, self.settings.initial_state, self.settings.state_schema
             )
             # strict=False: OpenAI rejects strict schemas with optional keys; llama.cpp ignores it.
-            openai_extra["response_format"] = constrain.response_format_for(schema_doc, strict=False)
+            fmt = constrain.response_format_for(schema_doc, strict=False)
+            openai_extra["response_format"] = fmt
         if turn.stream:
             openai_extra["stream_options"] = {
                 **(body.get("stream_options") or {}),
