@@ -17,7 +17,7 @@ _KINDS: dict[str, tuple[int, str, str]] = {
     "rate_limit": (429, "rate_limit_error", "rate_limit_error"),
     "api_error": (500, "api_error", "api_error"),
     "upstream_unreachable": (502, "api_error", "api_error"),
-    "timeout": (504, "timeout_error", "api_error"),
+    "timeout": (504, "timeout_error", "timeout_error"),
     "overloaded": (529, "overloaded_error", "overloaded_error"),
 }
 
@@ -64,7 +64,9 @@ class ProxyError(Exception):
             return {}
         # Round up: a client that waits exactly this long must fit.
         secs = int(-(-self.retry_after // 1)) if self.retry_after > 0 else 0
-        return {"retry-after": str(max(secs, 1))}
+        ms = int(-(-self.retry_after * 1000 // 1)) if self.retry_after > 0 else 0
+        # retry-after-ms carries the exact wait; both SDKs prefer it when present.
+        return {"retry-after": str(max(secs, 1)), "retry-after-ms": str(ms)}
 
 
 def kind_for_status(status: int) -> str:

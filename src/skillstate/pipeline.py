@@ -214,7 +214,10 @@ class Pipeline:
             if turn.stream:
                 ex = await self._dispatch(out, meta)
                 if not ex.ok:
-                    return await self._relay_error(ex, meta, [])
+                    failed = [
+                        self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts
+                    ]
+                    return await self._relay_error(ex, meta, failed)
                 handed_over = True
 
                 async def abort() -> None:
@@ -334,7 +337,8 @@ class Pipeline:
             rows.append(self._row(meta, ex, relay.usage, "stream", status, relay.model, out))
             if problem is not None:
                 await self._write_ledger(rows)
-                yield relay.error(problem)
+                if not relay.error_forwarded:
+                    yield relay.error(problem)
                 return
             tail = relay.finish()
             if turn.mode == "passthrough":

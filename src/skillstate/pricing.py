@@ -214,6 +214,20 @@ def _lookup(model: str, hint: str | None) -> tuple[Any, Any] | None:
     return found if found is not None else _lookup_one(model, None)
 
 
+_PRICES_AT: dict[tuple[int, datetime], Any] = {}
+
+
+def _prices_at(info: Any, hour: datetime) -> Any:
+    """info.get_prices(hour), memoised (ModelInfo is not hashable; `_lookup` keeps each
+    one alive, so its id is stable)."""
+    key = (id(info), hour)
+    if key not in _PRICES_AT:
+        if len(_PRICES_AT) > 4096:
+            _PRICES_AT.clear()
+        _PRICES_AT[key] = info.get_prices(hour)
+    return _PRICES_AT[key]
+
+
 def _resolve(price: Any, total_input: int) -> float | None:
     """A genai-prices price (Decimal, TieredPrices or None) -> flat rate for this call."""
     if price is None:
@@ -340,6 +354,13 @@ class PriceBook:
         if found is None:
             return Priced("unknown", None)
         provider, info = found
+        # Hot path: per-call genai calc_price costs ~0.3 ms; token prices only change with
+        # the date, so the hour's ModelPrice is cached and the flat formula applied.
+        model_price = _prices_at(info, when.replace(minute=0, second=0, microsecond=0))
+        prices = _complete(_genai_rates(model_price, usage.input_tokens))
+        if prices is not None and getattr(model_price, "requests_kcount", None) is None:
+            source = f"genai-prices:{provider.id}/{info.id}"
+            return Priced("known", cost_from_prices(usage, prices), prices, source)
         from genai_prices import Usage as GenaiUsage
 
         g_usage = GenaiUsage(

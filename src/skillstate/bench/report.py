@@ -120,6 +120,11 @@ def _arm_summary(arm: ArmResult) -> dict[str, Any]:
             if c.context:
                 contexts[c.context] = contexts.get(c.context, 0) + 1
         out["contexts"] = contexts
+        transitions: dict[str, int] = {}
+        for c in calls:
+            if c.transition:
+                transitions[c.transition] = transitions.get(c.transition, 0) + 1
+        out["transitions"] = transitions
         out["session"] = arm.session
         out["final_state"] = arm.final_state
         out["ledger"] = arm.ledger
@@ -143,6 +148,8 @@ def _row(c: CallRecord | None) -> dict[str, Any] | None:
         row["injected_tokens"] = c.injected_tokens
     if c.context:
         row["context"] = c.context
+    if c.transition:
+        row["transition"] = c.transition
     if c.cost_usd is not None:
         row["cost_usd"] = c.cost_usd
     return row
@@ -280,6 +287,7 @@ def build_report(run: BenchRun) -> dict[str, Any]:
     params = {
         **run.workload.params(),
         "mode": cfg.mode,
+        "constrain": cfg.constrain,
         "stream": cfg.stream,
         "offline": cfg.offline,
         "upstream": cfg.upstream,

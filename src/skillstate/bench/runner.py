@@ -52,6 +52,7 @@ class BenchConfig:
     seed: int = 7
     distractor_bytes: int = 1500
     mode: str = "state"  # the proxy mode of the state arm: state | auto
+    constrain: str = "off"  # the proxy's `constrain` setting for the state arm: off | json_schema
     upstream: str | None = None  # None = offline (simulated model)
     model: str | None = None
     api_key: str | None = None
@@ -82,6 +83,7 @@ class CallRecord:
     upstream_prompt_tokens: int | None = None  # offline: prompt tokens of all those requests
     injected_tokens: int | None = None  # offline: tokens of the proxy's contract/state text
     context: str | None = None  # the proxy's x-skillstate-context (compact | full)
+    transition: str | None = None  # the proxy's x-skillstate-transition (valid | invalid | ...)
     model: str | None = None  # the model the response names
     cost_usd: float | None = None
 
@@ -275,6 +277,7 @@ class _Arm:
                     rec.status, rec.error = "error", "the response has no choices"
             rec.retries = _header_int(headers, "x-skillstate-retries")
             rec.context = headers.get("x-skillstate-context")
+            rec.transition = headers.get("x-skillstate-transition")
         except openai.APIStatusError as e:
             detail = e.body.get("message") if isinstance(e.body, dict) else None
             rec.status, rec.error = "error", f"HTTP {e.status_code}: {_short(detail or e.message)}"
@@ -446,6 +449,7 @@ def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRu
                 "initial_state": workload.initial_state,
                 "data_dir": Path(tmp),
                 "mode": cfg.mode,
+                "constrain": cfg.constrain,
             }
         )
         proxy = stack.enter_context(ProxyServer(settings))
@@ -502,6 +506,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="proxy mode of the state arm: state = always compact; auto = compact only when "
         "smaller than the full transcript (default state)",
+    )
+    p.add_argument(
+        "--constrain",
+        choices=("off", "json_schema"),
+        default="off",
+        help="the state arm's proxy asks the upstream for a JSON-schema-constrained state "
+        "envelope (response_format; small local models) (default off)",
     )
     p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
     p.add_argument(
@@ -581,6 +592,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         seed=getattr(args, "seed", 7),
         distractor_bytes=getattr(args, "distractor_bytes", 1500),
         mode=getattr(args, "mode", "state") or "state",
+        constrain=getattr(args, "constrain", "off") or "off",
         upstream=upstream,
         model=getattr(args, "model", None),
         stream=bool(getattr(args, "stream", False)),

@@ -26,6 +26,7 @@ class StreamRelay(Protocol):
     model: str | None
     complete: bool  # the upstream sent its terminal event
     upstream_error: str | None  # the upstream sent an error event
+    error_forwarded: bool  # ... and it was passed to the client as is
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]: ...
     def finish(self) -> list[bytes]: ...
@@ -45,6 +46,7 @@ class _Capture:
         self.model: str | None = None
         self.complete = False
         self.upstream_error: str | None = None
+        self.error_forwarded = False  # the upstream's own error event reached the client
 
     def add_text(self, s: str) -> None:
         if self._size + len(s) > self._limit:
@@ -94,6 +96,7 @@ class OpenAIRelay(_Capture):
         if "error" in chunk:
             err = chunk["error"]
             self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
+            self.error_forwarded = True
             return [event.raw]
         self.model = chunk.get("model") or self.model
         usage = chunk.get("usage")
@@ -156,6 +159,7 @@ class AnthropicRelay(_Capture):
         elif name == "error":
             err = data.get("error") or {}
             self.upstream_error = str(err.get("message") or "upstream error")
+            self.error_forwarded = True
         return [event.raw]
 
     def _merge_usage(self, u: Any) -> None:

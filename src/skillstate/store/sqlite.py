@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import astuple, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,6 +78,13 @@ def prepare_path(path: Path) -> None:
 
 
 _LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
+
+
+def _ledger_tuple(row: LedgerRow) -> tuple[Any, ...]:
+    # Much cheaper than dataclasses.astuple (no deep copy); this runs on every turn.
+    return tuple(getattr(row, name) for name in _LEDGER_COLUMNS)
+
+
 _LEDGER_INSERT = (
     f"INSERT INTO ledger ({', '.join(_LEDGER_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(_LEDGER_COLUMNS))})"
@@ -96,6 +103,11 @@ class SQLiteStore:
         self._cache_max = cache_sessions
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillstate-sqlite")
         self._db: sqlite3.Connection | None = None
+        # Group commit: writes that arrive while a batch is being written go together in
+        # the next transaction (one thread hop for all of them). Each still gets its own
+        # savepoint, so one failed write does not undo the others.
+        self._queue: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._writing = False
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -109,6 +121,65 @@ class SQLiteStore:
                 raise StoreError(f"sqlite: {e}") from e
 
         return await asyncio.get_running_loop().run_in_executor(self._exec, call)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` inside a write transaction; returns once that transaction committed."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.append((fn, fut))
+        if not self._writing:
+            self._flush(loop)
+        return await fut
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._queue = self._queue, []
+        self._writing = True
+        self._exec.submit(self._write_batch, batch, loop)
+
+    def _write_batch(
+        self,
+        batch: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        db = self._db
+        try:
+            if db is None:
+                raise StoreError("store is closed")
+            db.execute("BEGIN IMMEDIATE")
+            for fn, fut in batch:
+                db.execute("SAVEPOINT w")
+                try:
+                    results.append((fut, fn(db), None))
+                    db.execute("RELEASE w")
+                except (StoreError, sqlite3.Error) as e:
+                    db.execute("ROLLBACK TO w")
+                    db.execute("RELEASE w")
+                    err = e if isinstance(e, StoreError) else StoreError(f"sqlite: {e}")
+                    results.append((fut, None, err))
+            db.execute("COMMIT")
+        except (StoreError, sqlite3.Error) as e:
+            if db is not None and db.in_transaction:
+                db.execute("ROLLBACK")
+            err = e if isinstance(e, StoreError) else StoreError(f"sqlite: {e}")
+            results = [(fut, None, err) for _, fut in batch]
+        loop.call_soon_threadsafe(self._settle, results, loop)
+
+    def _settle(
+        self,
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        for fut, value, err in results:
+            if fut.done():
+                continue  # the waiter was cancelled; the write happened all the same
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(value)
+        self._writing = False
+        if self._queue:
+            self._flush(loop)
 
     def _open_sync(self) -> None:
         prepare_path(self.path)
@@ -130,6 +201,8 @@ class SQLiteStore:
             db.close()
             self._db = None
 
+        while self._writing or self._queue:  # let queued writes land first
+            await asyncio.sleep(0.005)
         if self._db is not None:
             await self._run(close)
         self._exec.shutdown(wait=True)
@@ -186,46 +259,44 @@ class SQLiteStore:
         now: float,
         ledger: list[LedgerRow] | None = None,
     ) -> int:
-        ledger_values = [astuple(r) for r in ledger or []]
+        ledger_values = [_ledger_tuple(r) for r in ledger or []]
         state_blob = orjson.dumps(state) if state is not None else None
         patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
         errors = orjson.dumps(transition.errors).decode()
 
         def commit(db: sqlite3.Connection) -> int:
-            with _transaction(db):
-                row = db.execute("SELECT step FROM sessions WHERE id = ?", (session,)).fetchone()
-                current = row[0] if row else 0
-                if current != expected_step:
-                    raise StoreError(
-                        f"session {session} moved from step {expected_step} to {current}"
-                    )
-                step = current + 1
-                if row is None:
-                    db.execute(
-                        "INSERT INTO sessions (id, state, schema, step, created, updated)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        (session, state_blob or b"{}", orjson.dumps(schema), step, now, now),
-                    )
-                elif state_blob is not None:
-                    db.execute(
-                        "UPDATE sessions SET state = ?, step = ?, updated = ? WHERE id = ?",
-                        (state_blob, step, now, session),
-                    )
-                else:
-                    db.execute(
-                        "UPDATE sessions SET step = ?, updated = ? WHERE id = ?",
-                        (step, now, session),
-                    )
+            # Runs inside the group-commit transaction (see _write).
+            row = db.execute("SELECT step FROM sessions WHERE id = ?", (session,)).fetchone()
+            current = row[0] if row else 0
+            if current != expected_step:
+                raise StoreError(f"session {session} moved from step {expected_step} to {current}")
+            step = current + 1
+            if row is None:
                 db.execute(
-                    "INSERT INTO transitions (session, step, patch, action, status, errors, ts)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (session, step, patch_blob, transition.action, transition.status, errors, now),
+                    "INSERT INTO sessions (id, state, schema, step, created, updated)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (session, state_blob or b"{}", orjson.dumps(schema), step, now, now),
                 )
-                if ledger_values:
-                    db.executemany(_LEDGER_INSERT, ledger_values)
+            elif state_blob is not None:
+                db.execute(
+                    "UPDATE sessions SET state = ?, step = ?, updated = ? WHERE id = ?",
+                    (state_blob, step, now, session),
+                )
+            else:
+                db.execute(
+                    "UPDATE sessions SET step = ?, updated = ? WHERE id = ?",
+                    (step, now, session),
+                )
+            db.execute(
+                "INSERT INTO transitions (session, step, patch, action, status, errors, ts)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (session, step, patch_blob, transition.action, transition.status, errors, now),
+            )
+            if ledger_values:
+                db.executemany(_LEDGER_INSERT, ledger_values)
             return step
 
-        step = await self._run(commit)
+        step = await self._write(commit)
         prev = self._cache.get(session)
         if prev is not None:
             self._remember(
@@ -306,13 +377,12 @@ class SQLiteStore:
     async def add_ledger_rows(self, rows: list[LedgerRow]) -> None:
         if not rows:
             return
-        values = [astuple(r) for r in rows]
+        values = [_ledger_tuple(r) for r in rows]
 
         def add(db: sqlite3.Connection) -> None:
-            with _transaction(db):
-                db.executemany(_LEDGER_INSERT, values)
+            db.executemany(_LEDGER_INSERT, values)
 
-        await self._run(add)
+        await self._write(add)
 
     async def ledger_rows(
         self, since: float, until: float, session: str | None = None

@@ -219,21 +219,44 @@ class UpstreamPool:
         return [up for up in self.upstreams if up.serves(model)]
 
     async def get(self, path: str, client_headers: Mapping[str, str]) -> Exchange:
-        """A simple GET (e.g. /models) on the first usable upstream."""
+        """A simple GET (e.g. /models): the first usable upstream that answers without a
+        server error; otherwise the last server error, or ProxyError if none answered."""
         failures: list[AttemptRecord] = []
+        last_error: Exchange | None = None
         for up in self.upstreams:
+            probe = up.breaker.state == "half_open"
             if not up.breaker.try_acquire():
+                failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
                 continue
             assert up.session is not None
             try:
                 resp = await up.session.get(up.base + path, headers=up.headers(client_headers))
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                try:
+                    await resp.read()
+                except BaseException:
+                    resp.close()
+                    raise
+            except _TRANSPORT_ERRORS as e:
                 up.breaker.record_failure()
                 failures.append(AttemptRecord(up.name, 0, _describe(e)))
                 continue
+            except BaseException:
+                if probe:
+                    up.breaker.release()
+                raise
+            ex = Exchange(up, resp, None)
+            if ex.status >= 500:
+                up.breaker.record_failure()
+                failures.append(AttemptRecord(up.name, ex.status, f"HTTP {ex.status}"))
+                last_error = ex
+                continue
             up.breaker.record_success()
-            return Exchange(up, resp, None, failed_attempts=failures)
-        raise _all_failed(failures, None)
+            ex.failed_attempts = _real(failures)
+            return ex
+        if last_error is not None:
+            last_error.failed_attempts = _real(failures)[:-1]
+            return last_error
+        raise _all_failed(failures)
 
     async def dispatch(self, out: Outbound) -> Exchange:
         """Send with retries and failover. Returns the final response (2xx, or the last
@@ -243,7 +266,7 @@ class UpstreamPool:
         try:
             return await self._dispatch(out, failures)
         except ProxyError as e:
-            e.attempts = [f for f in failures if f.error != "circuit open"]
+            e.attempts = _real(failures)
             raise
 
     async def _dispatch(self, out: Outbound, failures: list[AttemptRecord]) -> Exchange:
@@ -255,99 +278,129 @@ class UpstreamPool:
                 code="model_not_found",
                 status=404,
             )
-        last_error: Exchange | None = None
-        waits: list[float] = []
-        never_fits = 0
-        for up in candidates:
-            for attempt in range(self.settings.retry_max_attempts):
-                if not up.breaker.try_acquire():
-                    failures.append(AttemptRecord(up.name, 0, "circuit open"))
-                    break
-                admission = up.limits.check(out.est_tokens)
-                ticket = up.limits.admit(out.est_tokens) if admission.ok else None
-                if ticket is None:
-                    up.breaker.release()
-                    never_fits += admission.never_fits
-                    waits.append(admission.retry_after)
-                    break
-                try:
-                    ex = await self._send(up, out, ticket)
-                except (aiohttp.ClientError, asyncio.TimeoutError, _StreamStartError) as e:
-                    up.breaker.record_failure()
-                    failures.append(AttemptRecord(up.name, 0, _describe(e)))
-                    delay = self.backoff.delay(attempt)
-                except BaseException:
-                    up.breaker.release()  # cancelled: no verdict on the upstream
-                    raise
-                else:
-                    status = ex.status
-                    if ex.ok:
-                        up.breaker.record_success()
-                        ex.failed_attempts = failures
-                        return ex
-                    if not is_retryable_status(status) and status not in (401, 403):
-                        up.breaker.record_success()  # it answered; the request is wrong
-                        ex.failed_attempts = failures
-                        return ex
-                    await ex.response.read()  # keep the body for relaying
-                    if last_error is not None:
-                        last_error.release()
-                    last_error = ex
-                    failures.append(AttemptRecord(up.name, status, f"HTTP {status}"))
-                    if status in (401, 403):
-                        up.breaker.record_success()
-                        break  # not retried on the same upstream: fail over
-                    if status >= 500:
+        last_error: Exchange | None = None  # the last HTTP error answer, body already read
+        last_record: AttemptRecord | None = None
+        waits: list[float] = []  # local-limit waits of the upstreams that could not admit
+        try:
+            for up in candidates:
+                for attempt in range(self.settings.retry_max_attempts):
+                    # Only a half-open breaker hands out a slot that must be given back.
+                    probe = up.breaker.state == "half_open"
+                    if not up.breaker.try_acquire():
+                        failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
+                        break
+                    admission = up.limits.check(out.est_tokens)
+                    ticket = up.limits.admit(out.est_tokens) if admission.ok else None
+                    if ticket is None:
+                        if probe:
+                            up.breaker.release()
+                        waits.append(admission.retry_after)
+                        break
+                    delay: float | None
+                    try:
+                        ex = await self._send(up, out, ticket)
+                    except _TRANSPORT_ERRORS as e:
                         up.breaker.record_failure()
+                        failures.append(AttemptRecord(up.name, 0, _describe(e)))
+                        delay = self.backoff.delay(attempt)
+                    except BaseException:
+                        if probe:
+                            up.breaker.release()  # cancelled: no verdict on the upstream
+                        raise
                     else:
-                        up.breaker.record_success()  # 408/429: alive, just busy
-                    delay = self.backoff.delay(attempt, retry_after_from_headers(ex.headers()))
-                if delay is None or attempt + 1 >= self.settings.retry_max_attempts:
-                    break
-                await asyncio.sleep(delay)
+                        status = ex.status
+                        if ex.ok:
+                            up.breaker.record_success()
+                            ex.failed_attempts = _real(failures)
+                            return ex
+                        # An error answer generated nothing: it costs no tokens.
+                        up.limits.reconcile(ticket, 0)
+                        if not is_retryable_status(status) and status not in (401, 403):
+                            up.breaker.record_success()  # it answered; the request is wrong
+                            ex.failed_attempts = _real(failures)
+                            return ex
+                        if last_error is not None:
+                            last_error.release()
+                        last_error = ex
+                        last_record = AttemptRecord(up.name, status, f"HTTP {status}")
+                        failures.append(last_record)
+                        if status in (401, 403):
+                            up.breaker.record_success()
+                            break  # not retried on the same upstream: fail over
+                        if status >= 500:
+                            up.breaker.record_failure()
+                        else:
+                            up.breaker.record_success()  # 408/429: alive, just busy
+                        delay = self.backoff.delay(attempt, retry_after_from_headers(ex.headers()))
+                    if delay is None or attempt + 1 >= self.settings.retry_max_attempts:
+                        break  # None: Retry-After beyond the cap, fail over instead
+                    await asyncio.sleep(delay)
+        except BaseException:
+            if last_error is not None:
+                last_error.close()
+            raise
+        real = _real(failures)
         if last_error is not None:
-            last_error.failed_attempts = failures[:-1]
+            last_error.failed_attempts = [f for f in real if f is not last_record]
             return last_error
-        if never_fits and never_fits == len(waits) and not failures:
-            raise ProxyError(
-                "request_too_large",
-                f"this request (~{out.est_tokens} tokens estimated) is larger than the tpm "
-                "limit of every upstream that serves it; it can never fit by waiting",
-                code="tpm_exceeded",
-            )
-        finite = [w for w in waits if math.isfinite(w)]
-        if finite and not failures:
-            raise ProxyError(
-                "rate_limit",
-                "local rate limit reached for every upstream; retry after the given time",
-                retry_after=min(finite),
-                code="local_rate_limit",
-            )
-        raise _all_failed(failures, out.client_dialect)
+        if waits and not real:
+            # Nothing was attempted: every candidate was held back by a local limit (or an
+            # open circuit).
+            finite = [w for w in waits if math.isfinite(w)]
+            if finite:
+                raise ProxyError(
+                    "rate_limit",
+                    "local rate limit reached for every upstream; retry after the given time",
+                    retry_after=min(finite),
+                    code="local_rate_limit",
+                )
+            if len(waits) == len(candidates):
+                raise ProxyError(
+                    "request_too_large",
+                    f"this request (~{out.est_tokens} tokens estimated) is larger than the "
+                    "tpm limit of every upstream that serves it; it can never fit by waiting",
+                    code="tpm_exceeded",
+                )
+        raise _all_failed(failures)
 
     async def _send(self, up: UpstreamRuntime, out: Outbound, ticket: Ticket) -> Exchange:
+        """One attempt. Returns once everything needed before the client sees a byte has
+        arrived: the whole body, or for a 2xx stream its first chunk. Anything that fails
+        before then (the body read included) is a retryable transport error; the response
+        is closed on any failure or cancellation so the upstream sees the request end."""
         assert up.session is not None
         url = up.base + PATHS[up.kind]
         resp = await up.session.post(
             url, data=out.payload_for(up.kind), headers=up.headers(out.client_headers)
         )
         ex = Exchange(up, resp, ticket)
-        if out.stream and ex.ok:
-            # Time to first byte is part of the retryable window: nothing is sent yet.
-            try:
+        try:
+            if out.stream and ex.ok:
                 first = await resp.content.readany()
-            except BaseException:
-                resp.close()
-                raise
-            if not first:
-                resp.close()
-                raise _StreamStartError("upstream closed the stream before any data")
-            ex.first_chunk = first
+                if not first:
+                    raise _StreamStartError("upstream closed the stream before any data")
+                ex.first_chunk = first
+            else:
+                await resp.read()  # cached: Exchange.read() returns it
+        except BaseException:
+            resp.close()
+            raise
         return ex
 
 
 class _StreamStartError(Exception):
     pass
+
+
+CIRCUIT_OPEN = "circuit open"  # an upstream skipped without being called
+# Everything that means "this attempt got no usable answer"; aiohttp's timeouts are both
+# ClientError and TimeoutError, the total-timeout timer raises a bare TimeoutError.
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, _StreamStartError)
+
+
+def _real(failures: list[AttemptRecord]) -> list[AttemptRecord]:
+    """The attempts that actually reached out to an upstream."""
+    return [f for f in failures if f.error != CIRCUIT_OPEN]
 
 
 def _describe(e: BaseException) -> str:
@@ -356,12 +409,15 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
-def _all_failed(failures: list[AttemptRecord], dialect: str | None) -> ProxyError:
-    if failures and all(f.error == "circuit open" for f in failures):
+def _all_failed(failures: list[AttemptRecord]) -> ProxyError:
+    real = _real(failures)
+    if not real:
         return ProxyError(
             "overloaded", "every upstream is unavailable (circuit open); try again later"
         )
-    if failures and failures[-1].error == "timeout":
-        return ProxyError("timeout", f"upstream {failures[-1].upstream} timed out")
-    detail = f": {failures[-1].upstream}: {failures[-1].error}" if failures else ""
-    return ProxyError("upstream_unreachable", f"no upstream could be reached{detail}")
+    last = real[-1]
+    if last.error == "timeout":
+        return ProxyError("timeout", f"upstream {last.upstream} timed out")
+    return ProxyError(
+        "upstream_unreachable", f"no upstream could be reached: {last.upstream}: {last.error}"
+    )
