@@ -214,17 +214,24 @@ def _lookup(model: str, hint: str | None) -> tuple[Any, Any] | None:
     return found if found is not None else _lookup_one(model, None)
 
 
-_PRICES_AT: dict[tuple[int, datetime], Any] = {}
+_PRICES_AT: dict[tuple[int, datetime], tuple[Any, Prices | None]] = {}
 
 
-def _prices_at(info: Any, hour: datetime) -> Any:
-    """info.get_prices(hour), memoised (ModelInfo is not hashable; `_lookup` keeps each
-    one alive, so its id is stable)."""
+def _prices_at(info: Any, hour: datetime) -> tuple[Any, Prices | None]:
+    """(info.get_prices(hour), its flat Prices unless some rate is tiered), memoised.
+    ModelInfo is not hashable; `_lookup` keeps each one alive, so its id is stable."""
     key = (id(info), hour)
     if key not in _PRICES_AT:
         if len(_PRICES_AT) > 4096:
             _PRICES_AT.clear()
-        _PRICES_AT[key] = info.get_prices(hour)
+        model_price = info.get_prices(hour)
+        tiered = any(
+            getattr(model_price, theirs, None) is not None
+            and not isinstance(getattr(model_price, theirs), Decimal)
+            for theirs in _GENAI_KEYS.values()
+        )
+        flat = None if tiered else _complete(_genai_rates(model_price, 0))
+        _PRICES_AT[key] = (model_price, flat)
     return _PRICES_AT[key]
 
 
@@ -356,8 +363,8 @@ class PriceBook:
         provider, info = found
         # Hot path: per-call genai calc_price costs ~0.3 ms; token prices only change with
         # the date, so the hour's ModelPrice is cached and the flat formula applied.
-        model_price = _prices_at(info, when.replace(minute=0, second=0, microsecond=0))
-        prices = _complete(_genai_rates(model_price, usage.input_tokens))
+        model_price, flat = _prices_at(info, when.replace(minute=0, second=0, microsecond=0))
+        prices = flat or _complete(_genai_rates(model_price, usage.input_tokens))
         if prices is not None and getattr(model_price, "requests_kcount", None) is None:
             source = f"genai-prices:{provider.id}/{info.id}"
             return Priced("known", cost_from_prices(usage, prices), prices, source)
