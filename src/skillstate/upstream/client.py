@@ -44,7 +44,8 @@ PATHS = {"openai": "/chat/completions", "anthropic": "/messages"}
 def base_url(url: str) -> str:
     """`http://host` -> `http://host/v1`; a URL that already has a path is used as is, so
     `.../v1` is never doubled and `.../v1beta/openai` works too."""
-    return url + "/v1" if urlsplit(url).path in ("", "/") else url
+    url = url.rstrip("/")
+    return url + "/v1" if urlsplit(url).path == "" else url
 
 
 def passthrough_response_headers(headers: Mapping[str, str]) -> dict[str, str]:

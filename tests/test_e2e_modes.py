@@ -1,0 +1,104 @@
+"""Modes (state / passthrough / auto), session expiry and URL handling."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+
+from skillstate.upstream.client import base_url
+from tests.conftest import ProxyProcess
+from tests.fakeprovider import FakeProvider, Reply
+
+
+def envelope(patch: dict) -> str:
+    return "```json\n" + json.dumps({"state_patch": patch, "action": "a"}) + "\n```"
+
+
+def post(p: ProxyProcess, messages: list, **headers: str) -> httpx.Response:
+    return httpx.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "messages": messages},
+        headers={k.replace("_", "-"): v for k, v in headers.items()},
+        timeout=10,
+    )
+
+
+def long_transcript(turns: int) -> list[dict]:
+    msgs: list[dict] = [{"role": "user", "content": "TASK"}]
+    for i in range(turns):
+        msgs += [
+            {"role": "assistant", "content": f"reply {i} " + "r" * 200},
+            {"role": "user", "content": f"obs {i} " + "o" * 200},
+        ]
+    return msgs
+
+
+def test_passthrough_forwards_untouched_and_keeps_no_state(
+    fake: FakeProvider, proxy: ProxyProcess
+) -> None:
+    msgs = long_transcript(3)
+    r = post(proxy, msgs, x_skillstate_mode="passthrough", x_skillstate_session="pt")
+    assert r.status_code == 200
+    assert r.headers["x-skillstate-session"] == "pt"
+    assert "x-skillstate-transition" not in r.headers
+    assert fake.last.json["messages"] == msgs
+    assert proxy.get("/state", params={"session": "pt"}).status_code == 404
+    # Still metered.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        cost = proxy.get("/cost", params={"session": "pt"}).json()
+        if cost["totals"]["requests"]:
+            break
+        time.sleep(0.05)
+    assert cost["totals"]["requests"] == 1 and cost["totals"]["input_tokens"] > 0
+
+
+def test_auto_mode_picks_the_smaller_context(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    fake.responder = lambda _req: Reply(text=envelope({"notes": "n"}))
+    short = [{"role": "user", "content": "hi"}]
+    r = post(proxy, short, x_skillstate_mode="auto", x_skillstate_session="au")
+    assert r.headers["x-skillstate-context"] == "full"
+    sent = fake.last.json["messages"]
+    assert sent[-1] == short[0] and "[skillstate] STATE CONTRACT" in sent[0]["content"]
+    r = post(proxy, long_transcript(20), x_skillstate_mode="auto", x_skillstate_session="au")
+    assert r.headers["x-skillstate-context"] == "compact"
+    assert "reply 0 " not in json.dumps(fake.last.json)
+    # The state is maintained in both shapes.
+    assert proxy.state("au")["step"] == 2 and proxy.state("au")["state"] == {"notes": "n"}
+
+
+def test_bad_mode_header_is_400(proxy: ProxyProcess) -> None:
+    r = post(proxy, [{"role": "user", "content": "x"}], x_skillstate_mode="turbo")
+    assert r.status_code == 400 and "x-skillstate-mode" in r.json()["error"]["message"]
+
+
+def test_sessions_expire_after_ttl(
+    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+) -> None:
+    p = start_proxy(fake.url, config={"session_ttl": 1, "purge_interval": 0.2})
+    post(p, [{"role": "user", "content": "x"}], x_skillstate_session="old")
+    assert p.get("/state", params={"session": "old"}).status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if p.get("/state", params={"session": "old"}).status_code == 404:
+            break
+        time.sleep(0.1)
+    assert p.get("/state", params={"session": "old"}).status_code == 404
+
+
+def test_base_url_is_never_doubled() -> None:
+    assert base_url("http://h:1") == "http://h:1/v1"
+    assert base_url("http://h:1/") == "http://h:1/v1"
+    assert base_url("https://api.openai.com/v1") == "https://api.openai.com/v1"
+    assert base_url("https://x/v1beta/openai") == "https://x/v1beta/openai"
+
+
+def test_upstream_without_v1_gets_it(
+    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+) -> None:
+    p = start_proxy(fake.url)  # no /v1 in the configured URL
+    assert post(p, [{"role": "user", "content": "x"}]).status_code == 200
+    assert fake.last.path == "/v1/chat/completions"
