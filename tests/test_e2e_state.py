@@ -219,3 +219,20 @@ def test_state_endpoint_crud(fake: FakeProvider, proxy: ProxyProcess) -> None:
     assert proxy.get("/state", params={"session": "missing"}).status_code == 404
     assert httpx.delete(proxy.url + "/state", params={"session": "crud"}).status_code == 204
     assert proxy.get("/state", params={"session": "crud"}).status_code == 404
+
+
+def test_failed_rollback_retry_still_answers_with_the_last_reply(
+    fake: FakeProvider, start_proxy
+) -> None:  # type: ignore[no-untyped-def]
+    p = start_proxy(fake.url, config={"retry_max_attempts": 1})
+    fake.enqueue(Reply(text="no envelope at all"), Reply(status=500, error_body="down"))
+    r = httpx.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-skillstate-session": "rf"},
+        timeout=10,
+    )
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "no envelope at all"
+    assert r.headers["x-skillstate-transition"] == "invalid"
+    assert p.state("rf")["step"] == 1 and p.state("rf")["state"] == {}

@@ -243,8 +243,16 @@ class Pipeline:
         turn = meta.turn
         rows: list[LedgerRow] = []
         retries = 0
+        # The last model reply, kept so that a rollback-retry that fails upstream still
+        # answers the client with that reply (an invalid turn) instead of an error.
+        previous: tuple[Exchange, bytes, Outcome] | None = None
         while True:
-            ex = await self._dispatch(out, meta)
+            try:
+                ex = await self._dispatch(out, meta)
+            except ProxyError:
+                if previous is None:
+                    raise
+                break
             rows += [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
             try:
                 raw = await ex.read()
@@ -253,7 +261,10 @@ class Pipeline:
                 raise
             ex.release()
             if not ex.ok:
-                return await self._relay_error(ex, meta, rows, raw)
+                if previous is None:
+                    return await self._relay_error(ex, meta, rows, raw)
+                rows.append(self._failure_row(meta, ex.upstream.name, ex.status))
+                break
             try:
                 resp = orjson.loads(raw)
             except orjson.JSONDecodeError:
@@ -274,6 +285,7 @@ class Pipeline:
                 return self._reply(ex, meta, raw, None, None, rows, retries)
             text, tools = reply_text(turn.dialect, resp)
             outcome = self.judge(text, tools, meta.state, meta.schema)
+            previous = (ex, raw, outcome)
             if outcome.status != "invalid" or retries >= self.settings.max_retries:
                 break
             # Discarded answer: a rollback-retry row (zero baseline). The attempt whose answer
@@ -284,6 +296,8 @@ class Pipeline:
                 turn, context.add_correction(turn.dialect, out.body, text, outcome.errors),
                 meta.schema,
             )  # fmt: skip
+        assert previous is not None
+        ex, raw, outcome = previous
         step = await self._commit(meta, outcome, rows)
         return self._reply(ex, meta, raw, outcome, step, rows, retries)
 
