@@ -447,6 +447,7 @@ def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRu
                 "upstreams": [Upstream(name="bench", url=upstream_url, api_key=key)],
                 "schema": list(workload.schema_keys),
                 "initial_state": workload.initial_state,
+                "state_schema": getattr(workload, "state_schema", None),
                 "data_dir": Path(tmp),
                 "mode": cfg.mode,
                 "constrain": cfg.constrain,
@@ -567,6 +568,9 @@ def add_bench_parsers(subparsers: Any) -> None:
     )
     _common(tools)
     tools.set_defaults(bench_workload="tools")
+    from skillstate.bench.bfcl import add_bfcl_parser  # BFCL v4 replay (bfcl-eval optional)
+
+    add_bfcl_parser(subparsers)
 
 
 def _parse_injection(value: str | None) -> tuple[str, int] | None:
@@ -639,6 +643,10 @@ def make_console(stderr: bool = False) -> Any:
 
 def run_bench(args: argparse.Namespace) -> int:
     """``skillstate bench conversation|tools``: 0 = valid run, 1 = INVALID run, 2 = bad usage."""
+    if getattr(args, "bench_workload", None) == "bfcl":
+        from skillstate.bench.bfcl import run_bfcl_bench
+
+        return run_bfcl_bench(args)
     from skillstate.bench import report as rep
 
     console = make_console(stderr=bool(getattr(args, "json", False)))

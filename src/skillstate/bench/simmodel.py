@@ -45,6 +45,11 @@ from skillstate.tokens import estimate_text_tokens, estimate_tokens
 SIM_MODEL_ID = "skillstate-sim"
 SIM_HEADER = "x-skillstate-simulated"
 
+
+class SimError(Exception):
+    """A request the simulated model refuses to answer: the server replies HTTP 400."""
+
+
 _RECORD = re.compile(r"^RECORD ([A-Za-z_][\w]*)=(\S+)\s*$", re.M)
 _RECALL = re.compile(r"^RECALL ([A-Za-z_][\w]*)\?\s*$", re.M)
 _BATCH = re.compile(r"^BATCH (\d+)\s*$", re.M)
@@ -410,6 +415,11 @@ class SimModel:
         with self._lock:
             self._fail.extend([status] * count)
 
+    def reply(self, body: dict[str, Any]) -> SimReply:
+        """The reply to one request body; subclasses replace the policy (raise SimError to
+        refuse with HTTP 400)."""
+        return sim_reply(body)
+
     def reset_cache(self) -> None:
         """Forget the simulated prefix cache (between benchmark arms)."""
         with self._lock:
@@ -496,7 +506,13 @@ class SimModel:
                 self.requests.append(rec)
             return _error(fail, "simulated failure (injected)")
 
-        reply = sim_reply(body)
+        try:
+            reply = self.reply(body)
+        except SimError as e:
+            rec.status = 400
+            with self._lock:
+                self.requests.append(rec)
+            return _error(400, str(e))
         rec.completion_tokens = completion_tokens_of(reply)
         rec.cached_tokens = self._cached(body, rec.prompt_tokens)
         with self._lock:
