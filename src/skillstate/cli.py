@@ -76,7 +76,7 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     cost.add_argument("--session", default=None)
     cost.add_argument("--by", choices=["model", "upstream", "session", "day"], default=None)
     cost.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools")
+    bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools, bfcl")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     if with_benches:  # their modules are only imported when a bench is asked for
         _add_benches(bench_sub)
