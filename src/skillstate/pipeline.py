@@ -41,6 +41,7 @@ from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool, passthrough_response_headers
 
 MODES = ("state", "passthrough", "auto")
+CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
 
 
 @dataclass
@@ -155,8 +156,15 @@ class Pipeline:
     def _outbound(self, turn: Turn, body: dict[str, Any], schema: list[str]) -> Outbound:
         openai_extra: dict[str, Any] = {}
         if turn.constrain and constrain.should_constrain(body):
+            # No "reasoning" field and a short action: under a grammar, small models (the reason
+            # to constrain) run a free-text field to its maxLength, and the envelope then gets
+            # cut off at max_tokens. Measured with SmolLM2-135M: docs/benchmarks.md.
             schema_doc = constrain.envelope_schema(
-                schema, self.settings.initial_state, self.settings.state_schema
+                schema,
+                self.settings.initial_state,
+                self.settings.state_schema,
+                CONSTRAINED_ACTION_MAX_LENGTH,
+                reasoning="off",
             )
             # strict=False: OpenAI rejects strict schemas with optional keys; llama.cpp ignores it.
             fmt = constrain.response_format_for(schema_doc, strict=False)

@@ -160,6 +160,21 @@ class ConversationWorkload:
         return {"step": 0, "facts": {}}
 
     @property
+    def state_schema(self) -> dict[str, Any]:
+        """The state's value types: validation, and the grammar under constrained decoding
+        (without it a small model nests objects in ``facts`` until max_tokens)."""
+        return {
+            "type": "object",
+            "properties": {
+                "step": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+                "facts": {
+                    "type": "object",
+                    "additionalProperties": {"type": "string", "maxLength": 24},
+                },
+            },
+        }
+
+    @property
     def system(self) -> str:
         return SYSTEM_PROMPT
 
