@@ -22,8 +22,13 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest tests
 
+# The real tier: the proxy in front of llama.cpp + SmolLM2-135M (scripts/real-upstream builds
+# and caches it in ~/.cache/skillstate/llama; SKILLSTATE_REAL_UPSTREAM=URL uses a running one).
+# norecursedirs is overridden only to drop "real" from the main run's exclusions.
 test-real: $(STAMP)
-	$(BIN)/pytest -c pyproject.toml tests/real -o norecursedirs= -m real
+	[ -n "$$SKILLSTATE_REAL_UPSTREAM" ] || $(BIN)/python scripts/real-upstream build >/dev/null
+	$(BIN)/pytest -c pyproject.toml tests/real -o "norecursedirs=.* *.egg-info build dist .venv" \
+		-m real --durations=5
 
 demo: $(STAMP)
 	$(BIN)/skillstate demo
