@@ -71,6 +71,7 @@ from skillstate.bench.runner import (
     _get_json,
     _parse_injection,
     _unwrap_state,
+    emit_report,
     make_console,
     progress_bar,
 )
@@ -1408,7 +1409,6 @@ def config_from_args(args: argparse.Namespace) -> BfclConfig:
 
 def run_bfcl_bench(args: argparse.Namespace, suite: Suite | None = None) -> int:
     """``skillstate bench bfcl``: 0 = valid run, 1 = INVALID run, 2 = usage or setup error."""
-    from skillstate.bench import report as rep
 
     console = make_console(stderr=bool(getattr(args, "json", False)))
     try:
@@ -1420,21 +1420,7 @@ def run_bfcl_bench(args: argparse.Namespace, suite: Suite | None = None) -> int:
         return 2
     report = build_bfcl_report(run, runs)
     render_bfcl_console(report, console)
-    if getattr(args, "out", None):
-        rep.write_json(report, Path(args.out))
-        console.print(f"report: {args.out}")
-    if getattr(args, "chart", None):
-        from skillstate.bench.chart import write_chart
-
-        try:
-            write_chart(report, Path(args.chart))
-        except RuntimeError as e:
-            print(f"skillstate bench bfcl: {e}", file=sys.stderr)
-            return 2
-        console.print(f"chart: {args.chart}")
-    if getattr(args, "json", False):
-        sys.stdout.write(rep.dumps(report) + "\n")
-    return 1 if report["verdict"].startswith("INVALID") else 0
+    return emit_report(report, args, console, "skillstate bench bfcl")
 
 
 __all__ = [

@@ -659,6 +659,13 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     report = rep.build_report(run)
     rep.render_console(report, console)
+    return emit_report(report, args, console, "skillstate bench")
+
+
+def emit_report(report: dict[str, Any], args: argparse.Namespace, console: Any, prog: str) -> int:
+    """Write --out / --chart / --json for a finished report; the exit code of a bench."""
+    from skillstate.bench import report as rep
+
     if getattr(args, "out", None):
         rep.write_json(report, Path(args.out))
         console.print(f"report: {args.out}")
@@ -668,7 +675,7 @@ def run_bench(args: argparse.Namespace) -> int:
         try:
             write_chart(report, Path(args.chart))
         except RuntimeError as e:
-            print(f"skillstate bench: {e}", file=sys.stderr)
+            print(f"{prog}: {e}", file=sys.stderr)
             return 2
         console.print(f"chart: {args.chart}")
     if getattr(args, "json", False):
