@@ -4,11 +4,17 @@ from typing import Any
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skillstate.constrain import (
+    BOUNDED_ARRAY_GROWTH,
+    BOUNDED_STRING_MAX_LENGTH,
     ENVELOPE_SCHEMA_NAME,
+    bound_to_state,
     envelope_schema,
     infer_schema,
+    merge_patch_schema,
     nullable,
     response_format_for,
     should_constrain,
@@ -191,6 +197,130 @@ def test_invalid_patches_fail(patch: dict[str, Any]) -> None:
 )
 def test_invalid_envelopes_fail(envelope: dict[str, Any]) -> None:
     assert not is_valid(envelope_schema(KEYS, INITIAL), envelope)
+
+
+# --------------------------------------------------------------------------- bounded re-ask
+
+
+def is_finite(schema: Any) -> bool:
+    """True when no instance of ``schema`` can grow without bound (no open map, no array
+    without maxItems, no string without maxLength/pattern, no untyped value)."""
+    if not isinstance(schema, dict):
+        return True
+    if "anyOf" in schema or "oneOf" in schema:
+        return all(is_finite(a) for a in schema.get("anyOf", schema.get("oneOf")))
+    if "const" in schema or "enum" in schema:
+        return True
+    kind = schema.get("type")
+    if kind == "object":
+        return schema.get("additionalProperties") is False and all(
+            is_finite(v) for v in schema.get("properties", {}).values()
+        )
+    if kind == "array":
+        return "maxItems" in schema and is_finite(schema.get("items"))
+    if kind == "string":
+        return "maxLength" in schema or "pattern" in schema
+    return kind in ("integer", "number", "boolean", "null")
+
+
+# the conversation bench's state: an open map of short strings
+FACTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "step": {"type": "integer"},
+        "facts": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 24}},
+    },
+}
+
+
+def test_open_map_is_closed_to_its_current_keys() -> None:
+    state = {"step": 2, "facts": {"region": "eu-1"}}
+    s = envelope_schema(["step", "facts"], state, FACTS_SCHEMA, 32, bound_to=state)
+    assert is_finite(s["properties"]["state_patch"])
+
+    def ok(patch: dict[str, Any]) -> bool:
+        return is_valid(s, {"reasoning": "", "state_patch": patch, "action": "x"})
+
+    assert ok({"step": 3, "facts": {"region": "us-2"}})
+    assert ok({"facts": {"region": None}})  # deletion still allowed
+    assert ok({"facts": None})
+    assert not ok({"facts": {"bucket": "b"}})  # no new key: the map cannot grow
+    assert not ok({"facts": {"region": "x" * 25}})  # the declared maxLength stays
+    # without bound_to the same map is open (the first attempt may add keys)
+    free = envelope_schema(["step", "facts"], state, FACTS_SCHEMA, 32)
+    assert is_valid(free, {"reasoning": "", "state_patch": {"facts": {"b": "c"}}, "action": "x"})
+
+
+def test_declared_objects_become_merge_patches() -> None:
+    schema = {
+        "type": "object",
+        "required": ["a"],
+        "properties": {
+            "a": {"type": "object", "required": ["x"], "properties": {"x": {"type": "integer"}}},
+            "m": {"additionalProperties": {"type": "string"}},
+            "l": {"type": "array", "items": {"type": "integer"}},
+        },
+    }
+    patch = merge_patch_schema(schema)
+    assert is_valid(patch, {})  # nothing required
+    assert is_valid(patch, {"a": {"x": None}, "m": {"k": None}, "l": None})  # nulls delete
+    assert is_valid(patch, {"a": {}, "m": {"k": "v"}, "l": [1]})
+    assert not is_valid(patch, {"a": {"x": "1"}})  # types stay
+    assert not is_valid(patch, {"l": [None]})  # arrays are replaced whole: items keep their type
+    # and in the envelope: the bench's open map accepts a deletion
+    env = envelope_schema(["facts"], {}, {"properties": {"facts": schema["properties"]["m"]}})
+    assert is_valid(env, {"reasoning": "", "state_patch": {"facts": {"k": None}}, "action": "x"})
+
+
+def test_bounded_arrays_strings_and_untyped_values() -> None:
+    assert bound_to_state({"type": "array", "items": {"type": "string"}}, ["a", "b"]) == {
+        "type": "array",
+        "items": {"type": "string", "maxLength": BOUNDED_STRING_MAX_LENGTH},
+        "maxItems": 2 + BOUNDED_ARRAY_GROWTH,
+    }
+    assert bound_to_state({"type": "array", "maxItems": 1}, [])["maxItems"] == 1
+    assert bound_to_state({"type": "string", "maxLength": 5}, "abc") == {
+        "type": "string",
+        "maxLength": 5,
+    }
+    untyped = bound_to_state({}, 7)
+    assert is_finite(untyped) and is_valid(untyped, 7) and is_valid(untyped, None)
+    assert not is_valid(untyped, {"a": 1}) and not is_valid(untyped, "x" * 201)
+    nested = bound_to_state({}, {"a": {"b": [1]}})
+    assert is_finite(nested)
+    assert is_valid(nested, {"a": {"b": [1, 2]}}) and not is_valid(nested, {"c": 1})
+    assert bound_to_state({"type": ["string", "null"]}, None) == {
+        "anyOf": [{"type": "string", "maxLength": BOUNDED_STRING_MAX_LENGTH}, {"type": "null"}]
+    }
+    ref = {"$ref": "#/$defs/Item"}
+    assert bound_to_state(ref, None) == ref  # left as is
+
+
+def test_free_form_state_patch_is_bounded_too() -> None:
+    state = {"goal": "g", "files": ["a"]}
+    s = envelope_schema([], state, None, 32, bound_to=state)
+    patch_schema = s["properties"]["state_patch"]
+    assert is_finite(patch_schema)
+    assert set(patch_schema["properties"]) == {"goal", "files"}
+
+
+json_leaf = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+json_value = st.recursive(
+    json_leaf,
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4), kids, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.dictionaries(st.text(min_size=1, max_size=4), json_value, max_size=4))
+def test_bounded_schema_is_finite_and_admits_the_current_state(state: dict[str, Any]) -> None:
+    s = envelope_schema(list(state), {}, None, 32, bound_to=state)
+    assert is_finite(s["properties"]["state_patch"])
+    # re-sending the current values (strings here are short) is always a valid patch
+    assert is_valid(s, {"reasoning": "", "state_patch": state, "action": "x"})
 
 
 # --------------------------------------------------------------------------- helpers

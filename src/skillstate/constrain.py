@@ -39,8 +39,10 @@ from typing import Any, Literal
 __all__ = [
     "ENVELOPE_SCHEMA_NAME",
     "REASONING_MAX_LENGTH",
+    "bound_to_state",
     "envelope_schema",
     "infer_schema",
+    "merge_patch_schema",
     "nullable",
     "response_format_for",
     "should_constrain",
@@ -48,6 +50,16 @@ __all__ = [
 
 ENVELOPE_SCHEMA_NAME = "skillstate_envelope"
 REASONING_MAX_LENGTH = 400
+BOUNDED_STRING_MAX_LENGTH = 200  # an unbounded string under bound_to_state
+BOUNDED_ARRAY_GROWTH = 4  # items an array may gain under bound_to_state
+_BOUNDED_SCALAR: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "maxLength": BOUNDED_STRING_MAX_LENGTH},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+    ]
+}
 
 ReasoningMode = Literal["first", "optional", "off"]
 
@@ -118,14 +130,17 @@ def envelope_schema(
     *,
     reasoning: ReasoningMode = "first",
     reasoning_max_length: int = REASONING_MAX_LENGTH,
+    bound_to: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """JSON schema for the reply envelope ``{reasoning?, state_patch, action}``.
 
     ``state_patch`` is restricted to ``allowed_keys`` (``additionalProperties: false``),
     none of them required, each nullable (merge-patch deletion). A key's type comes from
     ``state_schema["properties"][key]`` when present, otherwise it is inferred from
-    ``initial_state[key]``; a key found in neither accepts any value. With no
-    ``allowed_keys`` ``state_patch`` is a free-form object.
+    ``initial_state[key]``; a key found in neither accepts any value. Declared objects
+    become merge patches of themselves (:func:`merge_patch_schema`: nested members
+    optional and nullable too). With no ``allowed_keys`` ``state_patch`` is a free-form
+    object.
 
     ``reasoning``:
       * ``"first"`` (default): a ``reasoning`` string (``maxLength`` ``reasoning_max_length``,
@@ -134,6 +149,9 @@ def envelope_schema(
       * ``"optional"``: listed first but not required. Validators accept envelopes
         without it, but llama.cpp's grammar will place it *after* the required keys.
       * ``"off"``: no ``reasoning`` property.
+
+    ``bound_to`` (the current state) makes every key's value schema finite with
+    :func:`bound_to_state`, for a re-ask after a reply that ran away.
 
     ``$defs``/``definitions`` of ``state_schema`` are copied to the root so that local
     ``$ref``s like ``#/$defs/Item`` inside its properties still resolve.
@@ -151,7 +169,9 @@ def envelope_schema(
 
     state_patch: dict[str, Any] = {"type": "object"}
     keys = list(dict.fromkeys(allowed_keys))  # dedupe, keep order
-    if keys:
+    if not keys and bound_to is not None:
+        state_patch = bound_to_state(state_patch, bound_to)
+    elif keys:
         properties: dict[str, Any] = {}
         for key in keys:
             if key in declared:
@@ -160,6 +180,9 @@ def envelope_schema(
                 value_schema = infer_schema(initial_state[key])
             else:
                 value_schema = {}
+            value_schema = merge_patch_schema(value_schema)
+            if bound_to is not None:
+                value_schema = bound_to_state(value_schema, bound_to.get(key))
             properties[key] = nullable(value_schema)
         state_patch["properties"] = properties
         state_patch["additionalProperties"] = False
@@ -184,6 +207,122 @@ def envelope_schema(
         for defs_key in ("$defs", "definitions"):
             if defs_key in state_schema:
                 schema[defs_key] = copy.deepcopy(state_schema[defs_key])
+    return schema
+
+
+def _is_object(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    return kind == "object" or (
+        kind is None and ("properties" in schema or "additionalProperties" in schema)
+    )
+
+
+def merge_patch_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema of an RFC 7386 merge patch of instances of ``schema``.
+
+    A patch of an object names only what changes, and ``null`` deletes a member, so at
+    every object level no member is required and each may be ``null``. Arrays are
+    replaced whole, so their items keep their schema.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(schema))
+    for key in ("anyOf", "oneOf"):
+        alts = out.get(key)
+        if isinstance(alts, list):
+            out[key] = [merge_patch_schema(a) if isinstance(a, Mapping) else a for a in alts]
+    if _is_object(out):
+        out.pop("required", None)
+        out.pop("minProperties", None)
+        props = out.get("properties")
+        if isinstance(props, Mapping):
+            out["properties"] = {k: nullable(merge_patch_schema(v)) for k, v in props.items()}
+        extra = out.get("additionalProperties")
+        if isinstance(extra, Mapping) and extra:
+            out["additionalProperties"] = nullable(merge_patch_schema(extra))
+    return out
+
+
+def bound_to_state(schema: Mapping[str, Any], current: Any) -> dict[str, Any]:
+    """A version of ``schema`` whose every instance is finite, given the ``current`` value.
+
+    Grammar engines bound strings (``maxLength``) and arrays (``maxItems``) but not the
+    number of keys of a map (llama.cpp has no ``maxProperties``), so a small model can add
+    keys to an open map until ``max_tokens`` cuts the envelope off. The bounded schema:
+
+    * open maps (``additionalProperties``, or a free-form object) accept only the keys
+      they have in ``current`` (and the declared ``properties``): they can be updated or
+      deleted (``null``), not extended;
+    * arrays get ``maxItems`` of their current length + ``BOUNDED_ARRAY_GROWTH``;
+    * strings without ``maxLength`` get ``BOUNDED_STRING_MAX_LENGTH``;
+    * an untyped value (``{}``) follows ``current``'s shape, or becomes a bounded scalar.
+
+    ``anyOf``/``oneOf`` alternatives are bounded one by one; a ``$ref`` is left as is.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(schema))
+    for key in ("anyOf", "oneOf"):
+        alts = out.get(key)
+        if isinstance(alts, list):
+            out[key] = [bound_to_state(a, current) if isinstance(a, Mapping) else a for a in alts]
+            return out
+    if "$ref" in out or "const" in out or "enum" in out:
+        return out
+    kind = "object" if _is_object(out) else out.get("type")
+    if isinstance(kind, list):
+        alts = [bound_to_state({**out, "type": t}, current) for t in kind]
+        return {"anyOf": alts}
+    if kind is None:
+        # untyped: the structural keywords decide (as in llama.cpp), then the current value
+        if "items" in out:
+            kind = "array"
+        elif {"maxLength", "minLength", "pattern"} & out.keys():
+            kind = "string"
+        elif isinstance(current, Mapping):
+            kind = out["type"] = "object"
+        elif isinstance(current, list):
+            kind = out["type"] = "array"
+        else:
+            return copy.deepcopy(_BOUNDED_SCALAR)
+    if kind == "object":
+        return _bounded_object(out, current if isinstance(current, Mapping) else {})
+    if kind == "array":
+        have = len(current) if isinstance(current, list) else 0
+        limit = have + BOUNDED_ARRAY_GROWTH
+        out["maxItems"] = min(out.get("maxItems", limit), limit)
+        items = out.get("items")
+        if isinstance(items, Mapping) and items:
+            out["items"] = bound_to_state(items, None)
+        elif not isinstance(items, list):  # a tuple (list of schemas) is finite already
+            out["items"] = _bounded_untyped_items(current if isinstance(current, list) else [])
+        return out
+    if kind == "string" and "maxLength" not in out and "pattern" not in out:
+        out["maxLength"] = BOUNDED_STRING_MAX_LENGTH
+    return out
+
+
+def _bounded_untyped_items(current: list[Any]) -> dict[str, Any]:
+    """Untyped array items: a bounded scalar, or the shape of a current object/array item."""
+    alts = [copy.deepcopy(_BOUNDED_SCALAR)]
+    for item in current:
+        if isinstance(item, (Mapping, list)):
+            alt = bound_to_state({}, item)
+            if alt not in alts:
+                alts.append(alt)
+    return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+
+def _bounded_object(schema: dict[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    declared = schema.get("properties")
+    declared = declared if isinstance(declared, Mapping) else {}
+    extra = schema.get("additionalProperties", True)
+    properties: dict[str, Any] = {
+        name: bound_to_state(sub, current.get(name)) for name, sub in declared.items()
+    }
+    if extra is not False:
+        extra_schema = extra if isinstance(extra, Mapping) else {}
+        for name, value in current.items():
+            if name not in properties:
+                properties[name] = nullable(bound_to_state(extra_schema, value))
+    schema["properties"] = properties
+    schema["additionalProperties"] = False
     return schema
 
 

@@ -24,7 +24,7 @@ from . import constrain, context
 from .config import Settings
 from .dialects import sse
 from .dialects.relay import StreamRelay, make_relay
-from .dialects.replies import error_message, reply_model, reply_text, reply_usage
+from .dialects.replies import error_message, reply_cut_off, reply_model, reply_text, reply_usage
 from .dialects.translate import (
     anthropic_request_to_openai,
     anthropic_response_to_openai,
@@ -42,6 +42,7 @@ from .upstream.client import Exchange, Outbound, UpstreamPool, passthrough_respo
 
 MODES = ("state", "passthrough", "auto")
 CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
+CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-ask
 
 
 @dataclass
@@ -153,18 +154,27 @@ class Pipeline:
             return Outcome("tool-noop", errors=errors if env is not None else [])
         return Outcome("invalid", errors=errors or ["no valid state envelope"])
 
-    def _outbound(self, turn: Turn, body: dict[str, Any], schema: list[str]) -> Outbound:
+    def _outbound(
+        self,
+        turn: Turn,
+        body: dict[str, Any],
+        schema: list[str],
+        bound_to: dict[str, Any] | None = None,
+    ) -> Outbound:
         openai_extra: dict[str, Any] = {}
         if turn.constrain and constrain.should_constrain(body):
             # No "reasoning" field and a short action: under a grammar, small models (the reason
             # to constrain) run a free-text field to its maxLength, and the envelope then gets
             # cut off at max_tokens. Measured with SmolLM2-135M: docs/benchmarks.md.
+            # A re-ask passes bound_to (the current state): its grammar is finite, so the
+            # model cannot run away again by adding keys to an open map.
             schema_doc = constrain.envelope_schema(
                 schema,
                 self.settings.initial_state,
                 self.settings.state_schema,
                 CONSTRAINED_ACTION_MAX_LENGTH,
                 reasoning="off",
+                bound_to=bound_to,
             )
             # strict=False: OpenAI rejects strict schemas with optional keys; llama.cpp ignores it.
             fmt = constrain.response_format_for(schema_doc, strict=False)
@@ -300,9 +310,15 @@ class Pipeline:
             # reaches the client is the turn's one "generation" row (see skillstate.ledger).
             rows[-1] = self._row(meta, ex, usage, "rollback-retry", ex.status, model, out)
             retries += 1
+            errors = outcome.errors
+            if reply_cut_off(turn.dialect, resp):
+                # Echoing a reply that ran to max_tokens costs those tokens again on the re-ask
+                # and shows the model its own loop; its opening is enough to say what went wrong.
+                text = text[:CUT_OFF_ECHO_CHARS] + " …"
+                errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
             out = self._outbound(
-                turn, context.add_correction(turn.dialect, out.body, text, outcome.errors),
-                meta.schema,
+                turn, context.add_correction(turn.dialect, out.body, text, errors),
+                meta.schema, meta.state,
             )  # fmt: skip
         assert previous is not None
         ex, raw, outcome = previous

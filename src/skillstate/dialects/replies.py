@@ -26,6 +26,14 @@ def reply_text(dialect: str, resp: dict[str, Any]) -> tuple[str, bool]:
     return (content or ""), bool(msg.get("tool_calls") or msg.get("function_call"))
 
 
+def reply_cut_off(dialect: str, resp: dict[str, Any]) -> bool:
+    """Whether the reply stopped at the token limit (``max_tokens``)."""
+    if dialect == "anthropic":
+        return resp.get("stop_reason") == "max_tokens"
+    choices = resp.get("choices") or [{}]
+    return (choices[0] or {}).get("finish_reason") == "length"
+
+
 def reply_usage(dialect: str, resp: dict[str, Any]) -> Usage | None:
     u = resp.get("usage")
     return usage_from_anthropic(u) if dialect == "anthropic" else usage_from_openai(u)
