@@ -84,6 +84,7 @@ class CallRecord:
     injected_tokens: int | None = None  # offline: tokens of the proxy's contract/state text
     context: str | None = None  # the proxy's x-skillstate-context (compact | full)
     transition: str | None = None  # the proxy's x-skillstate-transition (valid | invalid | ...)
+    validation: str | None = None  # the proxy's x-skillstate-validation (why it was invalid)
     model: str | None = None  # the model the response names
     cost_usd: float | None = None
 
@@ -278,6 +279,7 @@ class _Arm:
             rec.retries = _header_int(headers, "x-skillstate-retries")
             rec.context = headers.get("x-skillstate-context")
             rec.transition = headers.get("x-skillstate-transition")
+            rec.validation = headers.get("x-skillstate-validation")
         except openai.APIStatusError as e:
             detail = e.body.get("message") if isinstance(e.body, dict) else None
             rec.status, rec.error = "error", f"HTTP {e.status_code}: {_short(detail or e.message)}"
@@ -398,73 +400,113 @@ def _unwrap_state(data: Any) -> Any:
     return data
 
 
-def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRun:
-    """Run both arms; returns the raw results (``report.build_report`` makes the report)."""
+@dataclass
+class Target:
+    """Where the arms send their calls: a live upstream or the simulated model."""
+
+    url: str
+    model: str
+    key: str
+    sim: SimModel | None = None
+
+
+def open_target(cfg: BenchConfig, stack: contextlib.ExitStack) -> Target:
+    """The upstream of a run; the simulated model is started (and stopped with ``stack``)."""
+    if cfg.offline:
+        sim = stack.enter_context(SimModel())
+        return Target(sim.url, SIM_MODEL_ID, "sim-needs-no-key", sim)
+    assert cfg.upstream is not None
+    if not cfg.model:
+        raise BenchError("--upstream needs --model")
+    key = cfg.api_key or next((os.environ[k] for k in _KEY_ENVS if k in os.environ), None)
+    if not key:
+        raise BenchError("live runs need a key in SKILLSTATE_API_KEY or OPENAI_API_KEY")
+    return Target(cfg.upstream.rstrip("/"), cfg.model, key)
+
+
+def run_baseline_arm(
+    cfg: BenchConfig,
+    workload: ConversationWorkload | ToolsWorkload,
+    target: Target,
+    progress: Progress | None = None,
+) -> ArmResult:
+    """The client's full, growing transcript straight to the upstream."""
+    from skillstate.upstream.client import base_url as openai_base
+
+    result = ArmResult("baseline")
+    arm = _Arm("baseline", cfg, openai_base(target.url), target.key, target.model, {}, target.sim)
+    try:
+        t0 = time.perf_counter()
+        _run_workload(arm, workload, result, progress)
+        result.seconds = round(time.perf_counter() - t0, 3)
+    finally:
+        arm.close()
+    return result
+
+
+def run_state_arm(
+    cfg: BenchConfig,
+    workload: ConversationWorkload | ToolsWorkload,
+    target: Target,
+    progress: Progress | None = None,
+    *,
+    name: str = "state",
+    constrain: str | None = None,
+) -> ArmResult:
+    """The same client loop through a fresh in-process proxy (its own store, one session).
+
+    ``constrain`` overrides ``cfg.constrain`` (``bench validity`` runs both settings)."""
     from skillstate.config import Settings, Upstream
     from skillstate.server import ProxyServer
     from skillstate.session import SESSION_HEADER
-    from skillstate.upstream.client import base_url as openai_base
 
-    if cfg.mode not in ("state", "auto"):
-        raise BenchError(f"--mode must be state or auto, got {cfg.mode!r}")
-    if cfg.inject_failure is not None and not cfg.offline:
-        raise BenchError("--inject-failure needs the simulated model (--offline)")
-    workload = make_workload(cfg)
-    arms: dict[str, ArmResult] = {}
+    if target.sim is not None:
+        target.sim.reset_cache()
     with contextlib.ExitStack() as stack:
-        sim: SimModel | None = None
-        if cfg.offline:
-            sim = stack.enter_context(SimModel())
-            upstream_url, model, key = sim.url, SIM_MODEL_ID, "sim-needs-no-key"
-        else:
-            assert cfg.upstream is not None
-            if not cfg.model:
-                raise BenchError("--upstream needs --model")
-            key_opt = cfg.api_key or next(
-                (os.environ[k] for k in _KEY_ENVS if k in os.environ), None
-            )
-            if not key_opt:
-                raise BenchError("live runs need a key in SKILLSTATE_API_KEY or OPENAI_API_KEY")
-            upstream_url, model, key = cfg.upstream.rstrip("/"), cfg.model, key_opt
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="skillstate-bench-"))
-
-        # baseline: straight to the upstream
-        base = ArmResult("baseline")
-        arm = _Arm("baseline", cfg, openai_base(upstream_url), key, model, {}, sim)
-        stack.callback(arm.close)
-        t0 = time.perf_counter()
-        _run_workload(arm, workload, base, progress)
-        base.seconds = round(time.perf_counter() - t0, 3)
-        arms["baseline"] = base
-
-        # state: the same client loop through the proxy
-        if sim is not None:
-            sim.reset_cache()
         settings = Settings.model_validate(
             {
                 "host": "127.0.0.1",
                 "port": 0,
-                "upstreams": [Upstream(name="bench", url=upstream_url, api_key=key)],
+                "upstreams": [Upstream(name="bench", url=target.url, api_key=target.key)],
                 "schema": list(workload.schema_keys),
                 "initial_state": workload.initial_state,
                 "state_schema": getattr(workload, "state_schema", None),
                 "data_dir": Path(tmp),
                 "mode": cfg.mode,
-                "constrain": cfg.constrain,
+                "constrain": constrain or cfg.constrain,
             }
         )
         proxy = stack.enter_context(ProxyServer(settings))
         session = f"bench-{workload.name}-{uuid.uuid4().hex[:12]}"
-        st = ArmResult("state", session=session)
-        arm = _Arm("state", cfg, proxy.url + "/v1", key, model, {SESSION_HEADER: session}, sim)
+        result = ArmResult(name, session=session)
+        arm = _Arm(
+            name, cfg, proxy.url + "/v1", target.key, target.model,
+            {SESSION_HEADER: session}, target.sim,
+        )  # fmt: skip
         stack.callback(arm.close)
         t0 = time.perf_counter()
-        _run_workload(arm, workload, st, progress)
-        st.seconds = round(time.perf_counter() - t0, 3)
-        st.final_state = _unwrap_state(_get_json(f"{proxy.url}/state?session={session}"))
-        st.ledger = _get_json(f"{proxy.url}/cost?session={session}")
-        arms["state"] = st
-    return BenchRun(cfg, workload, model, arms)
+        _run_workload(arm, workload, result, progress)
+        result.seconds = round(time.perf_counter() - t0, 3)
+        result.final_state = _unwrap_state(_get_json(f"{proxy.url}/state?session={session}"))
+        result.ledger = _get_json(f"{proxy.url}/cost?session={session}")
+    return result
+
+
+def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRun:
+    """Run both arms; returns the raw results (``report.build_report`` makes the report)."""
+    if cfg.mode not in ("state", "auto"):
+        raise BenchError(f"--mode must be state or auto, got {cfg.mode!r}")
+    if cfg.inject_failure is not None and not cfg.offline:
+        raise BenchError("--inject-failure needs the simulated model (--offline)")
+    workload = make_workload(cfg)
+    with contextlib.ExitStack() as stack:
+        target = open_target(cfg, stack)
+        arms = {
+            "baseline": run_baseline_arm(cfg, workload, target, progress),
+            "state": run_state_arm(cfg, workload, target, progress),
+        }
+    return BenchRun(cfg, workload, target.model, arms)
 
 
 def _run_workload(
@@ -486,7 +528,8 @@ def call_rows(result: ArmResult) -> list[dict[str, Any]]:
 # -- command line ----------------------------------------------------------------------------
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def upstream_args(p: argparse.ArgumentParser) -> None:
+    """--offline / --upstream / --model."""
     src = p.add_argument_group("upstream")
     src.add_argument(
         "--offline",
@@ -501,6 +544,24 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="a live OpenAI-compatible upstream",
     )
     src.add_argument("--model", metavar="M", help="model name for --upstream")
+
+
+def workload_args(p: argparse.ArgumentParser) -> None:
+    """--seed / --distractor-bytes / --max-tokens."""
+    p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
+    p.add_argument(
+        "--distractor-bytes",
+        type=int,
+        default=1500,
+        metavar="N",
+        help="size of each observation's filler (log lines, issue descriptions)",
+    )
+    p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="per call (512)")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    upstream_args(p)
+    workload_args(p)
     p.add_argument(
         "--mode",
         choices=("state", "auto"),
@@ -515,16 +576,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="the state arm's proxy asks the upstream for a JSON-schema-constrained state "
         "envelope (response_format; small local models) (default off)",
     )
-    p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
-    p.add_argument(
-        "--distractor-bytes",
-        type=int,
-        default=1500,
-        metavar="N",
-        help="size of each observation's filler (log lines, issue descriptions)",
-    )
     p.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
-    p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="per call (512)")
     p.add_argument(
         "--price-as",
         metavar="MODEL",
@@ -569,8 +621,10 @@ def add_bench_parsers(subparsers: Any) -> None:
     _common(tools)
     tools.set_defaults(bench_workload="tools")
     from skillstate.bench.bfcl import add_bfcl_parser  # BFCL v4 replay (bfcl-eval optional)
+    from skillstate.bench.validity import add_validity_parser
 
     add_bfcl_parser(subparsers)
+    add_validity_parser(subparsers)
 
 
 def _parse_injection(value: str | None) -> tuple[str, int] | None:
@@ -647,6 +701,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from skillstate.bench.bfcl import run_bfcl_bench
 
         return run_bfcl_bench(args)
+    if getattr(args, "bench_workload", None) == "validity":
+        from skillstate.bench.validity import run_validity_bench
+
+        return run_validity_bench(args)
     from skillstate.bench import report as rep
 
     console = make_console(stderr=bool(getattr(args, "json", False)))
