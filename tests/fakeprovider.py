@@ -252,6 +252,7 @@ class FakeProvider:
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/messages", self._handle)
+        app.router.add_post("/v1/messages/count_tokens", self._handle)
         app.router.add_get("/v1/models", self._handle)
         app.router.add_post("/_fake/enqueue", self._ctl_enqueue)
         app.router.add_get("/_fake/requests", self._ctl_requests)
@@ -292,7 +293,7 @@ class FakeProvider:
             body=body,
             stream=isinstance(parsed, dict) and parsed.get("stream") is True,
         )
-        anthropic = request.path == "/v1/messages" or (
+        anthropic = request.path.startswith("/v1/messages") or (
             request.path == "/v1/models" and "anthropic-version" in rec.headers
         )
         rec.dialect = "anthropic" if anthropic else "openai"
@@ -306,6 +307,8 @@ class FakeProvider:
                 return await self._send(request, rec, Reply(), e.status, _error(anthropic, e))
             if request.path == "/v1/models":
                 return await self._send(request, rec, Reply(), 200, self._models(anthropic))
+            if request.path == "/v1/messages/count_tokens":
+                return await self._send(request, rec, Reply(), 200, self._count(rec.json))
             rec.reply = reply = self._next_reply(rec)
             if reply.status >= 400:
                 eb = reply.error_body
@@ -412,10 +415,18 @@ class FakeProvider:
                 else "We could not parse the JSON body of your request. (HINT: This likely "
                 "means you aren't using your HTTP library correctly.)",
             )
-        if self.validate:
+        if rec.path == "/v1/messages/count_tokens":
+            _check_count_tokens(body)
+        elif self.validate:
             (_check_anthropic if anthropic else _check_openai)(body)
 
     # ---- response builders ------------------------------------------------------------
+    @staticmethod
+    def _count(req: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "input_tokens": estimate_tokens([req.get("system"), req["messages"], req.get("tools")])
+        }
+
     def _models(self, anthropic: bool) -> dict[str, Any]:
         if anthropic:
             data = [
@@ -702,6 +713,27 @@ def _openai_unanswered(pending: dict[str, int]) -> None:
             + ", ".join(sorted(pending)),
             f"messages.[{i}].role",
         )
+
+
+# What Anthropic's count_tokens accepts; anything else is "Extra inputs are not permitted".
+_COUNT_TOKENS_FIELDS = {
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+}
+
+
+def _check_count_tokens(body: dict[str, Any]) -> None:
+    for key in ("model", "messages"):
+        if key not in body:
+            raise _Rejected(400, f"{key}: Field required")
+    for key in body:
+        if key not in _COUNT_TOKENS_FIELDS:
+            raise _Rejected(400, f"{key}: Extra inputs are not permitted")
 
 
 def _check_anthropic(body: dict[str, Any]) -> None:

@@ -243,3 +243,62 @@ def test_openai_client_against_anthropic_upstream(
     )  # fmt: skip
     assert chunks[-1].usage is not None
     assert p.state("x1")["state"] == {"notes": "streamed"}
+
+
+def test_count_tokens_counts_what_would_be_sent(
+    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
+) -> None:
+    c = client(aproxy)
+    hdr = {"x-skillstate-session": "count"}
+    long_transcript: list[Any] = [{"role": "user", "content": "TASK: watch the logs."}]
+    for i in range(12):
+        long_transcript += [
+            {"role": "assistant", "content": f"noted {i}"},
+            {"role": "user", "content": f"Observation {i}: " + "log line " * 40},
+        ]
+    fake.enqueue(Reply(text=envelope({"notes": "n"})))
+    c.messages.create(model="m", max_tokens=64, messages=long_transcript, extra_headers=hdr)
+    n_before = len(fake.requests)
+
+    raw = c.messages.with_raw_response.count_tokens(
+        model="m", messages=long_transcript, extra_headers=hdr
+    )
+    compact = raw.parse().input_tokens
+    full = c.messages.count_tokens(
+        model="m",
+        messages=long_transcript,
+        extra_headers={**hdr, "x-skillstate-mode": "passthrough"},
+    ).input_tokens
+    assert 0 < compact < full / 3  # state mode counts the compact context, not the transcript
+    assert raw.headers["x-skillstate-session"] == "count"
+    if upstream_kind == "anthropic":
+        # counted by the upstream's own endpoint, with only the fields it accepts
+        counted = [r for r in fake.requests[n_before:] if r.path == "/v1/messages/count_tokens"]
+        assert len(counted) == 2
+        assert "[skillstate] STATE" in json.dumps(counted[0].json["messages"])
+        assert raw.headers["x-skillstate-upstream"] == "up"
+        assert "x-skillstate-token-count" not in raw.headers
+    else:
+        assert len(fake.requests) == n_before  # estimated locally; nothing sent
+        assert raw.headers["x-skillstate-token-count"] == "estimate"
+    assert aproxy.state("count")["step"] == 1  # counting commits nothing
+
+
+def test_count_tokens_bad_requests_are_anthropic_errors(aproxy: ProxyProcess) -> None:
+    c = client(aproxy)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.count_tokens(model="m", messages=[])
+    assert e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    r = httpx.post(aproxy.url + "/v1/messages/count_tokens", content=b"{nope")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_constrain_header_is_a_400(aproxy: ProxyProcess) -> None:
+    with pytest.raises(anthropic.BadRequestError, match="x-skillstate-constrain"):
+        client(aproxy).messages.create(
+            model="m",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"x-skillstate-constrain": "bogus"},
+        )

@@ -18,7 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .config import Settings
-from .dialects.translate import validate_anthropic_request
+from .counting import count_tokens
+from .dialects.translate import validate_anthropic_request, validate_count_tokens_request
 from .dialects.validate import validate_openai_request
 from .errors import Dialect, ProxyError
 from .http import (
@@ -29,7 +30,7 @@ from .http import (
     unless_disconnected,
 )
 from .ledger import parse_since, summarize
-from .pipeline import MODES, Pipeline, Reply, Turn
+from .pipeline import CONSTRAIN_VALUES, MODES, Pipeline, Reply, Turn
 from .pricing import PriceBook, PriceOverride
 from .session import SESSION_HEADER, is_valid_session_id, resolve_session_id
 from .store import Store, StoreError, TransitionRecord
@@ -91,6 +92,32 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             await rt.pool.close()
             await rt.store.close()
 
+    def header_choice(request: Request, name: str, default: str, allowed: tuple[str, ...]) -> str:
+        value = request.headers.get(name, default).strip().lower()
+        if value not in allowed:
+            raise ProxyError(
+                "invalid_request", f"{name} must be one of {', '.join(allowed)}", param=name
+            )
+        return value
+
+    async def parse_turn(
+        request: Request, dialect: Dialect, validate: Callable[[Any], None], session: str
+    ) -> Turn:
+        body = await read_json_object(request, settings.max_body_bytes)
+        validate(body)
+        mode = header_choice(request, "x-skillstate-mode", settings.mode, MODES)
+        constrain = header_choice(
+            request, "x-skillstate-constrain", settings.constrain, CONSTRAIN_VALUES
+        )
+        return Turn(
+            dialect=dialect,
+            body=body,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            session=session,
+            mode=mode,
+            constrain=constrain != "off",
+        )
+
     def turn_route(dialect: Dialect) -> Callable[[Request], Any]:
         validate = validate_anthropic_request if dialect == "anthropic" else validate_openai_request
 
@@ -99,24 +126,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             try:
                 session = resolve_session_id(request.headers.get(SESSION_HEADER))
                 session_hdr = {SESSION_HEADER: session}
-                body = await read_json_object(request, settings.max_body_bytes)
-                validate(body)
-                mode = request.headers.get("x-skillstate-mode", settings.mode).strip().lower()
-                if mode not in MODES:
-                    raise ProxyError(
-                        "invalid_request",
-                        f"x-skillstate-mode must be one of {', '.join(MODES)}",
-                        param="x-skillstate-mode",
-                    )
-                constrain = request.headers.get("x-skillstate-constrain", settings.constrain)
-                turn = Turn(
-                    dialect=dialect,
-                    body=body,
-                    headers={k.lower(): v for k, v in request.headers.items()},
-                    session=session,
-                    mode=mode,
-                    constrain=constrain.strip().lower() in ("json_schema", "on", "1", "true"),
-                )
+                turn = await parse_turn(request, dialect, validate, session)
                 result = await unless_disconnected(request, rt.pipeline.run(turn))
             except ProxyError as e:
                 return error_response(e, dialect, session_hdr)
@@ -127,6 +137,17 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             return StreamingProxyResponse(result.chunks, result.headers, result.abort)
 
         return handle
+
+    async def messages_count_tokens(request: Request) -> Response:
+        session_hdr: dict[str, str] = {}
+        try:
+            session = resolve_session_id(request.headers.get(SESSION_HEADER))
+            session_hdr = {SESSION_HEADER: session}
+            turn = await parse_turn(request, "anthropic", validate_count_tokens_request, session)
+            result = await count_tokens(rt.pipeline, rt.pool, turn)
+        except ProxyError as e:
+            return error_response(e, "anthropic", session_hdr)
+        return Response(result.body, status_code=result.status, headers=result.headers)
 
     async def models(request: Request) -> Response:
         try:
@@ -263,6 +284,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_count_tokens, methods=["POST"]),
+        Route("/messages/count_tokens", messages_count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

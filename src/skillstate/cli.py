@@ -14,6 +14,7 @@ from .config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings
 ENDPOINTS = """endpoints:
   POST /v1/chat/completions   OpenAI chat completions (JSON and SSE, tools)
   POST /v1/messages           Anthropic Messages (JSON and SSE, tools)
+  POST /v1/messages/count_tokens   tokens the turn would send upstream
   GET  /v1/models             the upstream's model list
   GET  /health                upstream circuits, limits, store
   GET  /state[?session=ID[&history=1]]   list sessions, or one session's state

@@ -41,6 +41,7 @@ from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool, passthrough_response_headers
 
 MODES = ("state", "passthrough", "auto")
+CONSTRAIN_VALUES = ("off", "json_schema")
 CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
 CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-ask
 
@@ -210,6 +211,16 @@ class Pipeline:
             return compact, "compact"
         full = context.build_full(turn.dialect, turn.body, schema)
         return (compact, "compact") if _est(compact) < _est(full) else (full, "full")
+
+    async def preview(self, turn: Turn) -> dict[str, Any]:
+        """The body this turn would send upstream now (in the client's dialect): nothing is
+        sent or committed and no lock is taken (e.g. for ``/v1/messages/count_tokens``)."""
+        if turn.mode == "passthrough":
+            return turn.body
+        record = await self.store.load(turn.session)
+        state = record.state if record else self.settings.initial_state
+        schema = record.schema if record else self.settings.allowed_keys
+        return self.build_context(turn, state, schema)[0]
 
     # -- the turn ----------------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ __all__ = [
     "openai_usage_to_anthropic",
     "parse_tool_arguments",
     "validate_anthropic_request",
+    "validate_count_tokens_request",
 ]
 
 JSON = dict[str, Any]
@@ -602,7 +603,13 @@ def _synth_tool_id(message_id: str, position: int) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def validate_anthropic_request(body: Any) -> None:
+def validate_count_tokens_request(body: Any) -> None:
+    """As :func:`validate_anthropic_request` for ``/v1/messages/count_tokens`` (no
+    ``max_tokens``)."""
+    validate_anthropic_request(body, count_tokens=True)
+
+
+def validate_anthropic_request(body: Any, *, count_tokens: bool = False) -> None:
     """Raise ``ProxyError("invalid_request", ...)`` naming the first problem in an Anthropic
     Messages request body. Only structure is checked, not values an upstream may refuse."""
     if not isinstance(body, dict):
@@ -610,9 +617,9 @@ def validate_anthropic_request(body: Any) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model: required, a non-empty string", "model")
-    if "max_tokens" not in body:
+    if "max_tokens" not in body and not count_tokens:
         raise _bad("max_tokens: required", "max_tokens")
-    max_tokens = body["max_tokens"]
+    max_tokens = body.get("max_tokens", 0)
     if not _is_int(max_tokens) or max_tokens < 0:
         raise _bad("max_tokens: must be a non-negative integer", "max_tokens")
     messages = body.get("messages")

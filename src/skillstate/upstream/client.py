@@ -219,19 +219,32 @@ class UpstreamPool:
     def candidates(self, model: str | None) -> list[UpstreamRuntime]:
         return [up for up in self.upstreams if up.serves(model)]
 
-    async def get(self, path: str, client_headers: Mapping[str, str]) -> Exchange:
-        """A simple GET (e.g. /models): the first usable upstream that answers without a
-        server error; otherwise the last server error, or ProxyError if none answered."""
+    async def get(
+        self,
+        path: str,
+        client_headers: Mapping[str, str],
+        *,
+        post: bytes | None = None,
+        upstreams: list[UpstreamRuntime] | None = None,
+    ) -> Exchange:
+        """A simple request (GET /models; with ``post``, a POST of that JSON): the first
+        usable upstream (of ``upstreams``, default all) that answers without a server error;
+        otherwise the last server error, or ProxyError if none answered. No retries and no
+        rate limits: these are cheap, unmetered calls."""
         failures: list[AttemptRecord] = []
         last_error: Exchange | None = None
-        for up in self.upstreams:
+        for up in self.upstreams if upstreams is None else upstreams:
             probe = up.breaker.state == "half_open"
             if not up.breaker.try_acquire():
                 failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
                 continue
             assert up.session is not None
             try:
-                resp = await up.session.get(up.base + path, headers=up.headers(client_headers))
+                headers = up.headers(client_headers)
+                if post is None:
+                    resp = await up.session.get(up.base + path, headers=headers)
+                else:
+                    resp = await up.session.post(up.base + path, data=post, headers=headers)
                 try:
                     await resp.read()
                 except BaseException:
