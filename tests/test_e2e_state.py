@@ -236,3 +236,6 @@ def test_failed_rollback_retry_still_answers_with_the_last_reply(
     assert r.json()["choices"][0]["message"]["content"] == "no envelope at all"
     assert r.headers["x-skillstate-transition"] == "invalid"
     assert p.state("rf")["step"] == 1 and p.state("rf")["state"] == {}
+    # the reply that reached the client is the turn's generation, not a discarded re-ask
+    attempts = p.get("/cost", params={"session": "rf"}).json()["totals"]["attempts"]
+    assert (attempts["generation"], attempts["rollback-retry"]) == (1, 0), attempts

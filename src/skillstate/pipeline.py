@@ -275,12 +275,17 @@ class Pipeline:
         # The last model reply, kept so that a rollback-retry that fails upstream still
         # answers the client with that reply (an invalid turn) instead of an error.
         previous: tuple[Exchange, bytes, Outcome] | None = None
+        # That reply's ledger row as a "generation", and where it is: it was relabelled
+        # "rollback-retry" when the re-ask went out, and is restored if the re-ask fails.
+        answered: tuple[int, LedgerRow] | None = None
         while True:
             try:
                 ex = await self._dispatch(out, meta)
             except ProxyError:
                 if previous is None:
                     raise
+                assert answered is not None  # a loop after a reply is a re-ask
+                rows[answered[0]] = answered[1]
                 break
             rows += [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
             try:
@@ -292,6 +297,8 @@ class Pipeline:
             if not ex.ok:
                 if previous is None:
                     return await self._relay_error(ex, meta, rows, raw)
+                assert answered is not None
+                rows[answered[0]] = answered[1]
                 rows.append(self._failure_row(meta, ex.upstream.name, ex.status))
                 break
             try:
@@ -319,6 +326,7 @@ class Pipeline:
                 break
             # Discarded answer: a rollback-retry row (zero baseline). The attempt whose answer
             # reaches the client is the turn's one "generation" row (see skillstate.ledger).
+            answered = (len(rows) - 1, rows[-1])
             rows[-1] = self._row(meta, ex, usage, "rollback-retry", ex.status, model, out)
             retries += 1
             errors = outcome.errors
