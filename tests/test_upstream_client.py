@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -311,6 +312,34 @@ async def test_only_connection_errors_is_502_and_timeouts_504(
     await fake.wait_for_async(lambda r: r[-1].disconnected)  # the timeout cancelled the call
 
 
+async def test_total_timeout_is_one_deadline_across_retries_and_failover(
+    fake: FakeProvider, make_pool: PoolFactory
+) -> None:
+    s = settings(
+        up("a", fake.url), up("b", fake.url, priority=1),
+        retry_max_attempts=3, total_timeout=1.0, first_byte_timeout=5.0,
+    )  # fmt: skip
+    pool = make_pool(s, time.monotonic)  # the deadline runs on the real clock here
+    await pool.open()
+    # 0.6 s per 500: the second attempt gets the 0.4 s left and is cut off; nothing after it
+    fake.enqueue(*[Reply(status=500, delay=0.6, error_body="busy") for _ in range(6)])
+    ex = await pool.dispatch(outbound())
+    assert ex.status == 500  # the last answer that arrived in time is relayed
+    ex.release()
+    await fake.wait_for_async(lambda r: len(r) == 2 and r[-1].disconnected)
+    assert [r.path for r in fake.requests] == ["/v1/chat/completions"] * 2  # not 6
+
+    fake.reset()
+    s = settings(up("a", fake.url), up("b", fake.url), retry_max_attempts=3, total_timeout=0.5)
+    pool = make_pool(s, time.monotonic)
+    await pool.open()
+    fake.enqueue(*[Reply(delay=5) for _ in range(6)])
+    err = await fails(pool)
+    assert (err.status, err.kind) == (504, "timeout")
+    assert "total_timeout" in str(err)
+    assert len(fake.requests) == 1
+
+
 async def test_connect_timeout_is_504_and_counts_as_a_failure(make_pool: PoolFactory) -> None:
     # A listener whose accept queue is full: the kernel drops further SYNs, so connecting
     # hangs (no network needed).
@@ -454,7 +483,7 @@ async def test_cancelled_probe_frees_the_half_open_slot(
 async def test_cancel_while_sleeping_between_retries_sends_nothing_more(
     fake: FakeProvider, make_pool: PoolFactory
 ) -> None:
-    pool = make_pool(settings(up("a", fake.url)), FakeClock())
+    pool = make_pool(settings(up("a", fake.url), total_timeout=60.0), FakeClock())
     await pool.open()
     fake.enqueue(Reply(status=503, retry_after=20))
     task = asyncio.ensure_future(pool.dispatch(outbound()))

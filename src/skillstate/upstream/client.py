@@ -295,9 +295,19 @@ class UpstreamPool:
         last_error: Exchange | None = None  # the last HTTP error answer, body already read
         last_record: AttemptRecord | None = None
         waits: list[float] = []  # local-limit waits of the upstreams that could not admit
+        # total_timeout bounds the whole request, retries and failover included: each attempt
+        # gets what is left of it, and no attempt or backoff starts after it has passed.
+        deadline = self._now() + self.settings.total_timeout
+        expired = False
         try:
             for up in candidates:
+                if expired:
+                    break
                 for attempt in range(self.settings.retry_max_attempts):
+                    remaining = deadline - self._now()
+                    if remaining <= 0:
+                        expired = True
+                        break
                     # Only a half-open breaker hands out a slot that must be given back.
                     probe = up.breaker.state == "half_open"
                     if not up.breaker.try_acquire():
@@ -312,7 +322,7 @@ class UpstreamPool:
                         break
                     delay: float | None
                     try:
-                        ex = await self._send(up, out, ticket)
+                        ex = await self._send(up, out, ticket, remaining)
                     except _TRANSPORT_ERRORS as e:
                         up.breaker.record_failure()
                         failures.append(AttemptRecord(up.name, 0, _describe(e)))
@@ -348,6 +358,9 @@ class UpstreamPool:
                         delay = self.backoff.delay(attempt, retry_after_from_headers(ex.headers()))
                     if delay is None or attempt + 1 >= self.settings.retry_max_attempts:
                         break  # None: Retry-After beyond the cap, fail over instead
+                    if delay >= deadline - self._now():
+                        expired = True  # the next attempt could only start too late
+                        break
                     await asyncio.sleep(delay)
         except BaseException:
             if last_error is not None:
@@ -375,18 +388,32 @@ class UpstreamPool:
                     "tpm limit of every upstream that serves it; it can never fit by waiting",
                     code="tpm_exceeded",
                 )
+        if expired:
+            raise ProxyError(
+                "timeout",
+                f"no upstream answered within total_timeout ({self.settings.total_timeout:g} s, "
+                f"{len(real)} attempts)",
+            )
         raise _all_failed(failures)
 
-    async def _send(self, up: UpstreamRuntime, out: Outbound, ticket: Ticket) -> Exchange:
+    async def _send(
+        self, up: UpstreamRuntime, out: Outbound, ticket: Ticket, remaining: float
+    ) -> Exchange:
         """One attempt. Returns once everything needed before the client sees a byte has
         arrived: the whole body, or for a 2xx stream its first chunk. Anything that fails
         before then (the body read included) is a retryable transport error; the response
         is closed on any failure or cancellation so the upstream sees the request end."""
         assert up.session is not None
         url = up.base + PATHS[up.kind]
-        resp = await up.session.post(
-            url, data=out.payload_for(up.kind), headers=up.headers(out.client_headers)
+        timeout = aiohttp.ClientTimeout(
+            total=min(remaining, self.settings.total_timeout),
+            sock_connect=self.settings.connect_timeout,
+            sock_read=self.settings.first_byte_timeout,
         )
+        resp = await up.session.post(
+            url, data=out.payload_for(up.kind), headers=up.headers(out.client_headers),
+            timeout=timeout,
+        )  # fmt: skip
         ex = Exchange(up, resp, ticket)
         try:
             if out.stream and ex.ok:
