@@ -1,0 +1,148 @@
+"""Command-line arguments of ``skillstate bench overhead``, and their checks."""
+
+from __future__ import annotations
+
+import argparse
+from urllib.parse import urlsplit
+
+DESCRIPTION = (
+    "Added-latency benchmark: direct calls to a fast local upstream vs the same calls "
+    "through the proxy, interleaved, from a separate client process."
+)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to measure")
+    g.add_argument(
+        "--mode",
+        choices=("forward", "state"),
+        default="forward",
+        help="forward: x-skillstate-mode: passthrough (default); state: sessions commit a "
+        "state patch every turn",
+    )
+    g.add_argument("--stream", action="store_true", help="stream: true (time to last byte)")
+    g.add_argument(
+        "--target",
+        metavar="URL",
+        help="measure this OpenAI-compatible gateway instead of starting skillstate "
+        "(it must forward to the same upstream as the direct path)",
+    )
+    g.add_argument(
+        "--target-pid",
+        type=int,
+        metavar="PID",
+        help="with --target: its process id, for --turn-profile CPU time",
+    )
+    g.add_argument(
+        "--direct",
+        metavar="URL",
+        help="use this existing upstream instead of starting the fast one",
+    )
+    g.add_argument(
+        "--upstream-port",
+        type=int,
+        default=0,
+        metavar="N",
+        help="port for the fast upstream (default 0: a free one), e.g. to point a --target "
+        "gateway at it",
+    )
+    g.add_argument("--api-key", default="sk-bench", help="bearer key sent on both paths")
+    g.add_argument("--model", default="bench-model")
+    g.add_argument(
+        "--proxy-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the skillstate proxy (repeatable; use --proxy-arg=--flag)",
+    )
+
+    g.add_argument(
+        "--proxy-module",
+        default="skillstate",
+        metavar="MOD",
+        help="start `python -m MOD` with the same flags instead of skillstate (e.g. a "
+        "profiling or experiment wrapper that must be importable)",
+    )
+
+    g = p.add_argument_group("sequential (one keep-alive connection per path)")
+    g.add_argument(
+        "--warmup", type=int, default=15, metavar="N", help="warm-up requests per path (15)"
+    )
+    g.add_argument(
+        "--rounds", type=int, default=7, metavar="N", help="interleaved rounds, 0 skips (7)"
+    )
+    g.add_argument(
+        "--requests", type=int, default=25, metavar="N", help="requests per round per path (25)"
+    )
+
+    g = p.add_argument_group("concurrency")
+    g.add_argument("--concurrency", type=int, default=64, metavar="N", help="connections (64)")
+    g.add_argument(
+        "--duration",
+        type=float,
+        default=5.0,
+        help="seconds per path, 0 skips (5); run as alternating segments",
+    )
+    g.add_argument(
+        "--segments",
+        type=int,
+        default=2,
+        help="segments per path, alternating direct/proxied (2: D P P D)",
+    )
+
+    g = p.add_argument_group("state mode")
+    g.add_argument(
+        "--sessions",
+        type=int,
+        default=256,
+        help="distinct session ids (256), each seeded with one turn before measuring",
+    )
+    g.add_argument(
+        "--state-kib", type=float, default=4.0, help="initial state size in KiB (4; 2-8 is real)"
+    )
+    g.add_argument(
+        "--turn-profile",
+        action="store_true",
+        help="also run one state session for --turns turns and compare the proxy's CPU "
+        "time per turn early vs late",
+    )
+    g.add_argument(
+        "--turns", type=int, default=1000, metavar="N", help="turns for --turn-profile (1000)"
+    )
+    g.add_argument(
+        "--turn-batch",
+        type=int,
+        default=25,
+        help="turns per CPU-measurement window in --turn-profile (25)",
+    )
+
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="FILE", help="write the numbers and machine info here")
+    g.add_argument("--quiet", action="store_true", help="no progress lines")
+    g.add_argument(
+        "--start-timeout", type=float, default=30.0, help="seconds to wait for servers (30)"
+    )
+
+
+def build_parser(prog: str = "python -m skillstate.bench.overhead") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_args(p)
+    return p
+
+
+def validate(a: argparse.Namespace) -> str | None:
+    if a.warmup < 0 or a.rounds < 0 or a.requests < 1:
+        return "--warmup and --rounds must be >= 0, --requests >= 1"
+    if a.concurrency < 1 or a.duration < 0 or a.segments < 1:
+        return "--concurrency and --segments must be >= 1, --duration >= 0"
+    if a.sessions < 1 or a.state_kib <= 0:
+        return "--sessions must be >= 1 and --state-kib > 0"
+    if a.turn_profile and (a.turn_batch < 1 or a.turns < 2 * a.turn_batch):
+        return "--turn-profile needs --turn-batch >= 1 and --turns >= 2 * --turn-batch"
+    for flag in ("target", "direct"):
+        url = getattr(a, flag)
+        if url and urlsplit(url).scheme != "http":
+            return f"--{flag}: only http:// URLs are supported, got {url!r}"
+    if a.target_pid and not a.target:
+        return "--target-pid only makes sense with --target"
+    return None
