@@ -11,11 +11,10 @@ from skillstate.constrain import (
     BOUNDED_ARRAY_GROWTH,
     BOUNDED_STRING_MAX_LENGTH,
     ENVELOPE_SCHEMA_NAME,
-    bound_to_state,
     envelope_schema,
     infer_schema,
-    merge_patch_schema,
     nullable,
+    patch_schema,
     response_format_for,
     should_constrain,
 )
@@ -235,7 +234,7 @@ FACTS_SCHEMA: dict[str, Any] = {
 
 def test_open_map_is_closed_to_its_current_keys() -> None:
     state = {"step": 2, "facts": {"region": "eu-1"}}
-    s = envelope_schema(["step", "facts"], state, FACTS_SCHEMA, 32, bound_to=state)
+    s = envelope_schema(["step", "facts"], {}, FACTS_SCHEMA, 32, state=state, bounded=True)
     assert is_finite(s["properties"]["state_patch"])
 
     def ok(patch: dict[str, Any]) -> bool:
@@ -246,9 +245,15 @@ def test_open_map_is_closed_to_its_current_keys() -> None:
     assert ok({"facts": None})
     assert not ok({"facts": {"bucket": "b"}})  # no new key: the map cannot grow
     assert not ok({"facts": {"region": "x" * 25}})  # the declared maxLength stays
-    # without bound_to the same map is open (the first attempt may add keys)
-    free = envelope_schema(["step", "facts"], state, FACTS_SCHEMA, 32)
-    assert is_valid(free, {"reasoning": "", "state_patch": {"facts": {"b": "c"}}, "action": "x"})
+    # unbounded (a first attempt) the same map is open: new keys need a value, existing
+    # ones may be deleted
+    free = envelope_schema(["step", "facts"], {}, FACTS_SCHEMA, 32, state=state)
+
+    def first(patch: dict[str, Any]) -> bool:
+        return is_valid(free, {"reasoning": "", "state_patch": patch, "action": "x"})
+
+    assert first({"facts": {"b": "c"}}) and first({"facts": {"region": None}})
+    assert not first({"facts": {"b": None}})  # deleting an absent key: no null filler
 
 
 def test_declared_objects_become_merge_patches() -> None:
@@ -261,44 +266,51 @@ def test_declared_objects_become_merge_patches() -> None:
             "l": {"type": "array", "items": {"type": "integer"}},
         },
     }
-    patch = merge_patch_schema(schema)
+    patch = patch_schema(schema, {"a": {"x": 1}, "m": {"k": "v"}, "l": [1]})
     assert is_valid(patch, {})  # nothing required
     assert is_valid(patch, {"a": {"x": None}, "m": {"k": None}, "l": None})  # nulls delete
     assert is_valid(patch, {"a": {}, "m": {"k": "v"}, "l": [1]})
     assert not is_valid(patch, {"a": {"x": "1"}})  # types stay
     assert not is_valid(patch, {"l": [None]})  # arrays are replaced whole: items keep their type
-    # and in the envelope: the bench's open map accepts a deletion
-    env = envelope_schema(["facts"], {}, {"properties": {"facts": schema["properties"]["m"]}})
+    assert not is_valid(patch, {"m": {"new": None}})  # only existing map keys can be deleted
+    # and in the envelope: the bench's open map accepts a deletion of a key it has
+    env = envelope_schema(
+        ["facts"], {"facts": {"k": "v"}}, {"properties": {"facts": schema["properties"]["m"]}}
+    )
     assert is_valid(env, {"reasoning": "", "state_patch": {"facts": {"k": None}}, "action": "x"})
 
 
+def bounded(schema: dict[str, Any], current: Any) -> dict[str, Any]:
+    return patch_schema(schema, current, bounded=True)
+
+
 def test_bounded_arrays_strings_and_untyped_values() -> None:
-    assert bound_to_state({"type": "array", "items": {"type": "string"}}, ["a", "b"]) == {
+    assert bounded({"type": "array", "items": {"type": "string"}}, ["a", "b"]) == {
         "type": "array",
         "items": {"type": "string", "maxLength": BOUNDED_STRING_MAX_LENGTH},
         "maxItems": 2 + BOUNDED_ARRAY_GROWTH,
     }
-    assert bound_to_state({"type": "array", "maxItems": 1}, [])["maxItems"] == 1
-    assert bound_to_state({"type": "string", "maxLength": 5}, "abc") == {
+    assert bounded({"type": "array", "maxItems": 1}, [])["maxItems"] == 1
+    assert bounded({"type": "string", "maxLength": 5}, "abc") == {
         "type": "string",
         "maxLength": 5,
     }
-    untyped = bound_to_state({}, 7)
+    untyped = bounded({}, 7)
     assert is_finite(untyped) and is_valid(untyped, 7) and is_valid(untyped, None)
     assert not is_valid(untyped, {"a": 1}) and not is_valid(untyped, "x" * 201)
-    nested = bound_to_state({}, {"a": {"b": [1]}})
+    nested = bounded({}, {"a": {"b": [1]}})
     assert is_finite(nested)
     assert is_valid(nested, {"a": {"b": [1, 2]}}) and not is_valid(nested, {"c": 1})
-    assert bound_to_state({"type": ["string", "null"]}, None) == {
+    assert bounded({"type": ["string", "null"]}, None) == {
         "anyOf": [{"type": "string", "maxLength": BOUNDED_STRING_MAX_LENGTH}, {"type": "null"}]
     }
     ref = {"$ref": "#/$defs/Item"}
-    assert bound_to_state(ref, None) == ref  # left as is
+    assert bounded(ref, None) == ref  # left as is
 
 
 def test_free_form_state_patch_is_bounded_too() -> None:
     state = {"goal": "g", "files": ["a"]}
-    s = envelope_schema([], state, None, 32, bound_to=state)
+    s = envelope_schema([], state, None, 32, bounded=True)
     patch_schema = s["properties"]["state_patch"]
     assert is_finite(patch_schema)
     assert set(patch_schema["properties"]) == {"goal", "files"}
@@ -317,7 +329,7 @@ json_value = st.recursive(
 @settings(deadline=None, max_examples=60)
 @given(st.dictionaries(st.text(min_size=1, max_size=4), json_value, max_size=4))
 def test_bounded_schema_is_finite_and_admits_the_current_state(state: dict[str, Any]) -> None:
-    s = envelope_schema(list(state), {}, None, 32, bound_to=state)
+    s = envelope_schema(list(state), {}, None, 32, state=state, bounded=True)
     assert is_finite(s["properties"]["state_patch"])
     # re-sending the current values (strings here are short) is always a valid patch
     assert is_valid(s, {"reasoning": "", "state_patch": state, "action": "x"})

@@ -39,19 +39,18 @@ from typing import Any, Literal
 __all__ = [
     "ENVELOPE_SCHEMA_NAME",
     "REASONING_MAX_LENGTH",
-    "bound_to_state",
     "envelope_schema",
     "infer_schema",
-    "merge_patch_schema",
     "nullable",
+    "patch_schema",
     "response_format_for",
     "should_constrain",
 ]
 
 ENVELOPE_SCHEMA_NAME = "skillstate_envelope"
 REASONING_MAX_LENGTH = 400
-BOUNDED_STRING_MAX_LENGTH = 200  # an unbounded string under bound_to_state
-BOUNDED_ARRAY_GROWTH = 4  # items an array may gain under bound_to_state
+BOUNDED_STRING_MAX_LENGTH = 200  # an unbounded string in a bounded patch schema
+BOUNDED_ARRAY_GROWTH = 4  # items an array may gain in a bounded patch schema
 _BOUNDED_SCALAR: dict[str, Any] = {
     "anyOf": [
         {"type": "string", "maxLength": BOUNDED_STRING_MAX_LENGTH},
@@ -130,17 +129,17 @@ def envelope_schema(
     *,
     reasoning: ReasoningMode = "first",
     reasoning_max_length: int = REASONING_MAX_LENGTH,
-    bound_to: Mapping[str, Any] | None = None,
+    state: Mapping[str, Any] | None = None,
+    bounded: bool = False,
 ) -> dict[str, Any]:
     """JSON schema for the reply envelope ``{reasoning?, state_patch, action}``.
 
     ``state_patch`` is restricted to ``allowed_keys`` (``additionalProperties: false``),
     none of them required, each nullable (merge-patch deletion). A key's type comes from
     ``state_schema["properties"][key]`` when present, otherwise it is inferred from
-    ``initial_state[key]``; a key found in neither accepts any value. Declared objects
-    become merge patches of themselves (:func:`merge_patch_schema`: nested members
-    optional and nullable too). With no ``allowed_keys`` ``state_patch`` is a free-form
-    object.
+    ``initial_state[key]``; a key found in neither accepts any value. Objects become merge
+    patches (:func:`patch_schema`: nested members optional, existing ones nullable). With no
+    ``allowed_keys`` ``state_patch`` is a free-form object.
 
     ``reasoning``:
       * ``"first"`` (default): a ``reasoning`` string (``maxLength`` ``reasoning_max_length``,
@@ -150,8 +149,9 @@ def envelope_schema(
         without it, but llama.cpp's grammar will place it *after* the required keys.
       * ``"off"``: no ``reasoning`` property.
 
-    ``bound_to`` (the current state) makes every key's value schema finite with
-    :func:`bound_to_state`, for a re-ask after a reply that ran away.
+    ``state`` is the current state (default ``initial_state``): each key's schema is that of
+    a merge patch of its current value (:func:`patch_schema`); ``bounded`` makes it finite,
+    for a re-ask after a reply that ran away.
 
     ``$defs``/``definitions`` of ``state_schema`` are copied to the root so that local
     ``$ref``s like ``#/$defs/Item`` inside its properties still resolve.
@@ -169,9 +169,11 @@ def envelope_schema(
 
     state_patch: dict[str, Any] = {"type": "object"}
     keys = list(dict.fromkeys(allowed_keys))  # dedupe, keep order
-    if not keys and bound_to is not None:
-        state_patch = bound_to_state(state_patch, bound_to)
-    elif keys:
+    current = initial_state if state is None else state
+    if not keys:
+        if bounded:
+            state_patch = patch_schema(state_patch, current, bounded=True)
+    else:
         properties: dict[str, Any] = {}
         for key in keys:
             if key in declared:
@@ -180,9 +182,7 @@ def envelope_schema(
                 value_schema = infer_schema(initial_state[key])
             else:
                 value_schema = {}
-            value_schema = merge_patch_schema(value_schema)
-            if bound_to is not None:
-                value_schema = bound_to_state(value_schema, bound_to.get(key))
+            value_schema = patch_schema(value_schema, current.get(key), bounded=bounded)
             properties[key] = nullable(value_schema)
         state_patch["properties"] = properties
         state_patch["additionalProperties"] = False
@@ -217,59 +217,48 @@ def _is_object(schema: Mapping[str, Any]) -> bool:
     )
 
 
-def merge_patch_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """The schema of an RFC 7386 merge patch of instances of ``schema``.
+def patch_schema(
+    schema: Mapping[str, Any], current: Any, *, bounded: bool = False
+) -> dict[str, Any]:
+    """The schema of an RFC 7386 merge patch, for a value of ``schema`` now at ``current``.
 
-    A patch of an object names only what changes, and ``null`` deletes a member, so at
-    every object level no member is required and each may be ``null``. Arrays are
-    replaced whole, so their items keep their schema.
-    """
-    out: dict[str, Any] = copy.deepcopy(dict(schema))
-    for key in ("anyOf", "oneOf"):
-        alts = out.get(key)
-        if isinstance(alts, list):
-            out[key] = [merge_patch_schema(a) if isinstance(a, Mapping) else a for a in alts]
-    if _is_object(out):
-        out.pop("required", None)
-        out.pop("minProperties", None)
-        props = out.get("properties")
-        if isinstance(props, Mapping):
-            out["properties"] = {k: nullable(merge_patch_schema(v)) for k, v in props.items()}
-        extra = out.get("additionalProperties")
-        if isinstance(extra, Mapping) and extra:
-            out["additionalProperties"] = nullable(merge_patch_schema(extra))
-    return out
+    A patch of an object names only what changes and ``null`` deletes a member, so at every
+    object level nothing is required, declared members may be ``null``, and so may the keys
+    ``current`` has in an open map; a *new* map key needs a value (deleting an absent key
+    would be a no-op, and offering ``null`` there gives a small model a filler to loop on).
+    Arrays are replaced whole: their items keep their schema.
 
-
-def bound_to_state(schema: Mapping[str, Any], current: Any) -> dict[str, Any]:
-    """A version of ``schema`` whose every instance is finite, given the ``current`` value.
-
+    ``bounded`` makes every instance finite, for a re-ask after a reply that ran away.
     Grammar engines bound strings (``maxLength``) and arrays (``maxItems``) but not the
     number of keys of a map (llama.cpp has no ``maxProperties``), so a small model can add
-    keys to an open map until ``max_tokens`` cuts the envelope off. The bounded schema:
+    keys until ``max_tokens`` cuts the envelope off. Bounded:
 
-    * open maps (``additionalProperties``, or a free-form object) accept only the keys
-      they have in ``current`` (and the declared ``properties``): they can be updated or
-      deleted (``null``), not extended;
+    * open maps accept only the keys ``current`` has (and declared ``properties``): they
+      can be updated or deleted, not extended;
     * arrays get ``maxItems`` of their current length + ``BOUNDED_ARRAY_GROWTH``;
     * strings without ``maxLength`` get ``BOUNDED_STRING_MAX_LENGTH``;
     * an untyped value (``{}``) follows ``current``'s shape, or becomes a bounded scalar.
 
-    ``anyOf``/``oneOf`` alternatives are bounded one by one; a ``$ref`` is left as is.
+    ``anyOf``/``oneOf`` alternatives are handled one by one; a ``$ref``, ``const`` or
+    ``enum`` is left as is.
     """
     out: dict[str, Any] = copy.deepcopy(dict(schema))
     for key in ("anyOf", "oneOf"):
         alts = out.get(key)
         if isinstance(alts, list):
-            out[key] = [bound_to_state(a, current) if isinstance(a, Mapping) else a for a in alts]
+            out[key] = [
+                patch_schema(a, current, bounded=bounded) if isinstance(a, Mapping) else a
+                for a in alts
+            ]
             return out
     if "$ref" in out or "const" in out or "enum" in out:
         return out
     kind = "object" if _is_object(out) else out.get("type")
     if isinstance(kind, list):
-        alts = [bound_to_state({**out, "type": t}, current) for t in kind]
-        return {"anyOf": alts}
-    if kind is None:
+        if not bounded and "object" not in kind:
+            return out
+        return {"anyOf": [patch_schema({**out, "type": t}, current, bounded=bounded) for t in kind]}
+    if kind is None and bounded:
         # untyped: the structural keywords decide (as in llama.cpp), then the current value
         if "items" in out:
             kind = "array"
@@ -282,14 +271,16 @@ def bound_to_state(schema: Mapping[str, Any], current: Any) -> dict[str, Any]:
         else:
             return copy.deepcopy(_BOUNDED_SCALAR)
     if kind == "object":
-        return _bounded_object(out, current if isinstance(current, Mapping) else {})
+        return _object_patch(out, current if isinstance(current, Mapping) else {}, bounded)
+    if not bounded:
+        return out
     if kind == "array":
         have = len(current) if isinstance(current, list) else 0
         limit = have + BOUNDED_ARRAY_GROWTH
         out["maxItems"] = min(out.get("maxItems", limit), limit)
         items = out.get("items")
         if isinstance(items, Mapping) and items:
-            out["items"] = bound_to_state(items, None)
+            out["items"] = patch_schema(items, None, bounded=True)
         elif not isinstance(items, list):  # a tuple (list of schemas) is finite already
             out["items"] = _bounded_untyped_items(current if isinstance(current, list) else [])
         return out
@@ -298,32 +289,45 @@ def bound_to_state(schema: Mapping[str, Any], current: Any) -> dict[str, Any]:
     return out
 
 
+def _object_patch(
+    schema: dict[str, Any], current: Mapping[str, Any], bounded: bool
+) -> dict[str, Any]:
+    schema.pop("required", None)
+    schema.pop("minProperties", None)
+    declared = schema.get("properties")
+    declared = declared if isinstance(declared, Mapping) else {}
+    # JSON Schema: a missing "additionalProperties" allows any; llama.cpp closes an object
+    # that lists properties, so that reading is kept for the grammar (it is the stricter).
+    explicit = "additionalProperties" in schema
+    extra = schema.get("additionalProperties", True)
+    properties: dict[str, Any] = {
+        name: nullable(patch_schema(sub, current.get(name), bounded=bounded))
+        for name, sub in declared.items()
+    }
+    extra_schema = extra if isinstance(extra, Mapping) else {}
+    # an untyped map value already accepts null: its existing keys need no listing
+    if extra is not False and (bounded or not _accepts_null(extra_schema)):
+        for name, value in current.items():
+            if name not in properties:
+                properties[name] = nullable(patch_schema(extra_schema, value, bounded=bounded))
+        if bounded:
+            schema["additionalProperties"] = False
+        elif explicit or not declared:  # an open map stays open; new keys need a value
+            schema["additionalProperties"] = patch_schema(extra_schema, None) or True
+    if properties or bounded:
+        schema["properties"] = properties
+    return schema
+
+
 def _bounded_untyped_items(current: list[Any]) -> dict[str, Any]:
     """Untyped array items: a bounded scalar, or the shape of a current object/array item."""
     alts = [copy.deepcopy(_BOUNDED_SCALAR)]
     for item in current:
         if isinstance(item, (Mapping, list)):
-            alt = bound_to_state({}, item)
+            alt = patch_schema({}, item, bounded=True)
             if alt not in alts:
                 alts.append(alt)
     return alts[0] if len(alts) == 1 else {"anyOf": alts}
-
-
-def _bounded_object(schema: dict[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-    declared = schema.get("properties")
-    declared = declared if isinstance(declared, Mapping) else {}
-    extra = schema.get("additionalProperties", True)
-    properties: dict[str, Any] = {
-        name: bound_to_state(sub, current.get(name)) for name, sub in declared.items()
-    }
-    if extra is not False:
-        extra_schema = extra if isinstance(extra, Mapping) else {}
-        for name, value in current.items():
-            if name not in properties:
-                properties[name] = nullable(bound_to_state(extra_schema, value))
-    schema["properties"] = properties
-    schema["additionalProperties"] = False
-    return schema
 
 
 def response_format_for(

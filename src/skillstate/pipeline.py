@@ -160,22 +160,25 @@ class Pipeline:
         turn: Turn,
         body: dict[str, Any],
         schema: list[str],
-        bound_to: dict[str, Any] | None = None,
+        state: dict[str, Any],
+        *,
+        bounded: bool = False,
     ) -> Outbound:
         openai_extra: dict[str, Any] = {}
         if turn.constrain and constrain.should_constrain(body):
             # No "reasoning" field and a short action: under a grammar, small models (the reason
             # to constrain) run a free-text field to its maxLength, and the envelope then gets
             # cut off at max_tokens. Measured with SmolLM2-135M: docs/benchmarks.md.
-            # A re-ask passes bound_to (the current state): its grammar is finite, so the
-            # model cannot run away again by adding keys to an open map.
+            # A re-ask is bounded: its grammar is finite, so the model cannot run away again
+            # by adding keys to an open map.
             schema_doc = constrain.envelope_schema(
                 schema,
                 self.settings.initial_state,
                 self.settings.state_schema,
                 CONSTRAINED_ACTION_MAX_LENGTH,
                 reasoning="off",
-                bound_to=bound_to,
+                state=state,
+                bounded=bounded,
             )
             # strict=False: OpenAI rejects strict schemas with optional keys; llama.cpp ignores it.
             fmt = constrain.response_format_for(schema_doc, strict=False)
@@ -239,7 +242,7 @@ class Pipeline:
             sent, shape = self.build_context(turn, state, schema)
             est_client = _est(turn.body) if turn.mode != "passthrough" else None
             meta = _TurnMeta(turn, state, step, schema, record is None, shape, est_client)
-            out = self._outbound(turn, sent, schema)
+            out = self._outbound(turn, sent, schema, state)
             if turn.stream:
                 ex = await self._dispatch(out, meta)
                 if not ex.ok:
@@ -337,7 +340,7 @@ class Pipeline:
                 errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
             out = self._outbound(
                 turn, context.add_correction(turn.dialect, out.body, text, errors),
-                meta.schema, meta.state,
+                meta.schema, meta.state, bounded=True,
             )  # fmt: skip
         assert previous is not None
         ex, raw, outcome = previous
