@@ -510,7 +510,7 @@ async def test_models_get_skips_a_failing_upstream(make_pool: PoolFactory) -> No
     with FakeProvider() as fb:
         pool = make_pool(settings(up("a", dead), up("b", fb.url, priority=1)), FakeClock())
         await pool.open()
-        ex = await pool.get("/models", {})
+        ex = await pool.fetch("/models", {})
         assert ex.upstream.name == "b" and ex.status == 200
         assert b"gpt-4o" in await ex.read()
         ex.release()

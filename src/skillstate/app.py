@@ -151,7 +151,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
 
     async def models(request: Request) -> Response:
         try:
-            ex = await rt.pool.get("/models", {k.lower(): v for k, v in request.headers.items()})
+            ex = await rt.pool.fetch("/models", {k.lower(): v for k, v in request.headers.items()})
         except ProxyError as e:
             return error_response(e, "openai")
         raw = await ex.read()

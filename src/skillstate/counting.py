@@ -36,7 +36,7 @@ async def count_tokens(pipeline: Pipeline, pool: UpstreamPool, turn: Turn) -> Re
     ]
     if native:
         payload = orjson.dumps({k: v for k, v in body.items() if k in COUNT_FIELDS})
-        ex = await pool.get(COUNT_PATH, turn.headers, post=payload, upstreams=native)
+        ex = await pool.fetch(COUNT_PATH, turn.headers, post=payload, upstreams=native)
         raw = await ex.read()
         ex.release()
         headers.update(passthrough_response_headers(ex.headers()))

@@ -219,7 +219,7 @@ class UpstreamPool:
     def candidates(self, model: str | None) -> list[UpstreamRuntime]:
         return [up for up in self.upstreams if up.serves(model)]
 
-    async def get(
+    async def fetch(
         self,
         path: str,
         client_headers: Mapping[str, str],
