@@ -17,9 +17,9 @@ import pytest
 from skillstate.bench import report as rep
 from skillstate.bench.chart import nice_ticks, render_svg, write_chart
 from skillstate.bench.runner import (
+    Arm,
     BenchConfig,
     BenchError,
-    _Arm,
     add_bench_parsers,
     config_from_args,
     main,
@@ -159,7 +159,7 @@ def test_streaming_arms() -> None:
 
 def test_missing_usage_fails_the_step() -> None:
     with SimModel(usage=False) as sim:
-        arm = _Arm("baseline", BenchConfig(), sim.base_url, "k", SIM_MODEL_ID, {}, sim)
+        arm = Arm("baseline", BenchConfig(), sim.base_url, "k", SIM_MODEL_ID, {}, sim)
         try:
             msg, rec = arm.call(1, [{"role": "user", "content": "hi"}], None)
         finally:

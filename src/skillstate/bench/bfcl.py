@@ -61,19 +61,19 @@ from typing import Any, Protocol, cast
 import orjson
 
 from skillstate.bench.runner import (
-    _EPILOG,
+    EPILOG,
+    Arm,
     ArmResult,
     BenchConfig,
     BenchError,
     BenchRun,
     Progress,
-    _Arm,
-    _get_json,
-    _parse_injection,
-    _unwrap_state,
     emit_report,
+    get_json,
     make_console,
+    parse_injection,
     progress_bar,
+    unwrap_state,
 )
 from skillstate.bench.simmodel import (
     SIM_MODEL_ID,
@@ -927,7 +927,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def _run_task(
-    arm: _Arm,
+    arm: Arm,
     suite: Suite,
     task: Task,
     truth: _Truth,
@@ -1049,7 +1049,7 @@ def run_bfcl(
                 return update
 
             base = ArmResult("baseline")
-            arm = _Arm("baseline", bc, openai_base(upstream_url), key, model, {}, replay)
+            arm = Arm("baseline", bc, openai_base(upstream_url), key, model, {}, replay)
             stack.callback(arm.close)
             t0 = time.perf_counter()
             for task in tasks:
@@ -1093,7 +1093,7 @@ def run_bfcl(
                     replay.script = workload.scripts[task.id]
                 session = f"{prefix}-{re.sub(r'[^A-Za-z0-9_-]', '_', task.id)}"[:128]
                 headers = {SESSION_HEADER: session}
-                task_arm = _Arm("state", bc, proxy.url + "/v1", key, model, headers, replay)
+                task_arm = Arm("state", bc, proxy.url + "/v1", key, model, headers, replay)
                 try:
                     run = TaskRun(task)
                     _run_task(
@@ -1108,12 +1108,12 @@ def run_bfcl(
                     )
                 finally:
                     task_arm.close()
-                run.proxy_state = _unwrap_state(_get_json(f"{proxy.url}/state?session={session}"))
+                run.proxy_state = unwrap_state(get_json(f"{proxy.url}/state?session={session}"))
                 runs["state"].append(run)
             st.seconds = round(time.perf_counter() - t0, 3)
             last = runs["state"][-1]
             st.final_state = {"task": last.task.id, "state": last.proxy_state}
-            st.ledger = _get_json(f"{proxy.url}/cost")
+            st.ledger = get_json(f"{proxy.url}/cost")
             arms["state"] = st
         workload.steps = len(arms["baseline"].calls)
         steps = [s for r in runs["baseline"] for s in r.steps]
@@ -1343,7 +1343,7 @@ def add_bfcl_parser(subparsers: Any) -> None:
         description="Baseline (full transcript) vs state (through the proxy) on BFCL v4 "
         "multi-turn tasks. Offline the model replays the ground-truth calls; the calls run "
         f"against BFCL's Python backends. Needs bfcl-eval: {INSTALL_HINT}.",
-        epilog=_EPILOG,
+        epilog=EPILOG,
     )
     p.add_argument("--tasks", type=int, default=20, metavar="N", help="the first N tasks (20)")
     p.add_argument(
@@ -1395,7 +1395,7 @@ def config_from_args(args: argparse.Namespace) -> BfclConfig:
         stream=bool(getattr(args, "stream", False)),
         max_tokens=getattr(args, "max_tokens", 512),
         price_as=getattr(args, "price_as", None),
-        inject_failure=_parse_injection(getattr(args, "inject_failure", None)),
+        inject_failure=parse_injection(getattr(args, "inject_failure", None)),
     )
     return BfclConfig(
         bench=bench,

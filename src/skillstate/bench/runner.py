@@ -195,7 +195,7 @@ def _message_dict(msg: Any) -> dict[str, Any]:
     return out
 
 
-class _Arm:
+class Arm:
     """One arm's openai client plus the bookkeeping around each call."""
 
     def __init__(
@@ -321,7 +321,7 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def _conversation(
-    arm: _Arm, w: ConversationWorkload, result: ArmResult, progress: Progress | None
+    arm: Arm, w: ConversationWorkload, result: ArmResult, progress: Progress | None
 ) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": w.system},
@@ -341,7 +341,7 @@ def _conversation(
     result.quality = w.score(answers)
 
 
-def _tools(arm: _Arm, w: ToolsWorkload, result: ArmResult, progress: Progress | None) -> None:
+def _tools(arm: Arm, w: ToolsWorkload, result: ArmResult, progress: Progress | None) -> None:
     env = w.tracker()
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": w.system},
@@ -378,7 +378,7 @@ def make_workload(cfg: BenchConfig) -> ConversationWorkload | ToolsWorkload:
     raise BenchError(f"unknown workload {cfg.workload!r}")
 
 
-def _get_json(url: str) -> Any:
+def get_json(url: str) -> Any:
     import httpx
 
     try:
@@ -394,7 +394,7 @@ def _get_json(url: str) -> Any:
     return data
 
 
-def _unwrap_state(data: Any) -> Any:
+def unwrap_state(data: Any) -> Any:
     if isinstance(data, dict) and isinstance(data.get("state"), dict):
         return data["state"]
     return data
@@ -434,7 +434,7 @@ def run_baseline_arm(
     from skillstate.upstream.client import base_url as openai_base
 
     result = ArmResult("baseline")
-    arm = _Arm("baseline", cfg, openai_base(target.url), target.key, target.model, {}, target.sim)
+    arm = Arm("baseline", cfg, openai_base(target.url), target.key, target.model, {}, target.sim)
     try:
         t0 = time.perf_counter()
         _run_workload(arm, workload, result, progress)
@@ -480,7 +480,7 @@ def run_state_arm(
         proxy = stack.enter_context(ProxyServer(settings))
         session = f"bench-{workload.name}-{uuid.uuid4().hex[:12]}"
         result = ArmResult(name, session=session)
-        arm = _Arm(
+        arm = Arm(
             name, cfg, proxy.url + "/v1", target.key, target.model,
             {SESSION_HEADER: session}, target.sim,
         )  # fmt: skip
@@ -488,8 +488,8 @@ def run_state_arm(
         t0 = time.perf_counter()
         _run_workload(arm, workload, result, progress)
         result.seconds = round(time.perf_counter() - t0, 3)
-        result.final_state = _unwrap_state(_get_json(f"{proxy.url}/state?session={session}"))
-        result.ledger = _get_json(f"{proxy.url}/cost?session={session}")
+        result.final_state = unwrap_state(get_json(f"{proxy.url}/state?session={session}"))
+        result.ledger = get_json(f"{proxy.url}/cost?session={session}")
     return result
 
 
@@ -510,7 +510,7 @@ def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRu
 
 
 def _run_workload(
-    arm: _Arm,
+    arm: Arm,
     workload: ConversationWorkload | ToolsWorkload,
     result: ArmResult,
     progress: Progress | None,
@@ -592,7 +592,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
-_EPILOG = (
+EPILOG = (
     "Live runs read the key from SKILLSTATE_API_KEY or OPENAI_API_KEY. Exit status: 0 valid "
     "run, 1 INVALID run (a call failed), 2 usage error."
 )
@@ -604,7 +604,7 @@ def add_bench_parsers(subparsers: Any) -> None:
         "conversation",
         help="long chat with facts to keep and recall probes",
         description="Baseline (full transcript) vs state (through the proxy): a long chat.",
-        epilog=_EPILOG,
+        epilog=EPILOG,
     )
     conv.add_argument("--turns", type=int, default=50, metavar="N", help="turns (default 50)")
     _common(conv)
@@ -613,7 +613,7 @@ def add_bench_parsers(subparsers: Any) -> None:
         "tools",
         help="multi-step tool loop over an in-memory issue tracker",
         description="Baseline vs state: a tool-calling loop that triages an issue tracker.",
-        epilog=_EPILOG,
+        epilog=EPILOG,
     )
     tools.add_argument(
         "--steps", type=int, default=20, metavar="N", help="about this many model calls (20)"
@@ -627,7 +627,7 @@ def add_bench_parsers(subparsers: Any) -> None:
     add_validity_parser(subparsers)
 
 
-def _parse_injection(value: str | None) -> tuple[str, int] | None:
+def parse_injection(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     arm, _, turn = value.partition(":")
@@ -656,7 +656,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         stream=bool(getattr(args, "stream", False)),
         max_tokens=getattr(args, "max_tokens", 512),
         price_as=getattr(args, "price_as", None),
-        inject_failure=_parse_injection(getattr(args, "inject_failure", None)),
+        inject_failure=parse_injection(getattr(args, "inject_failure", None)),
     )
 
 
