@@ -22,7 +22,9 @@ from tests.real.wire import check_commit, cost, history
 
 pytestmark = pytest.mark.real
 
-SEEDS = (1, 5, 4, 8)  # tried in order; the first two give a call on this build
+# Tried in order; 1 and 5 give a call on the build here. The rest cost a second each only if
+# another CPU's floating point makes those two answer in text.
+SEEDS = (1, 5, 4, 8, 2, 3, 6, 7, 9, 10, 11, 12)
 TOOLS = [
     {
         "type": "function",
