@@ -5,6 +5,8 @@ twice through a fresh proxy each time, first with ``constrain: off``, then with
 ``constrain: json_schema``. A turn is valid when the proxy committed a patch (its
 ``x-skillstate-transition`` header), after the proxy's own re-asks; "first attempt" counts
 the valid turns that needed none. No baseline arm: validity is a property of the state arm.
+Offline, the simulated model always writes a valid envelope and ignores the grammar, so both
+settings score 100 %: that only exercises the plumbing; the measurement needs a live model.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ def add_validity_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "validity",
         help="valid state transitions, constrained decoding off vs on, in one run",
-        description="The state arm twice through the proxy: constrain off, then json_schema.",
+        description="The state arm twice through the proxy: constrain off, then json_schema. "
+        "Meant for a live model (--upstream); the offline simulated model is always valid.",
         epilog="Exit status: 0 valid run, 1 INVALID run (a call failed), 2 usage error.",
     )
     p.add_argument("--turns", type=int, default=30, metavar="N", help="turns (default 30)")
