@@ -175,3 +175,27 @@ def test_messages_native_stream(real_proxy, tap: Tap, tee: Tee) -> None:  # type
     t = cost(p, "an-na-stream")
     assert t["input_tokens"] == total_in > 0
     assert t["output_tokens"] == out > 0
+
+
+def test_count_tokens_native(real_proxy, tap: Tap, tee: Tee) -> None:  # type: ignore[no-untyped-def]
+    p = real_proxy(kind="anthropic")
+    mark = tap.mark()
+    c = client(p, tee)
+    hdr = {"x-skillstate-session": "an-count"}
+    kw: dict[str, Any] = {"model": MODEL, "system": params("x")["system"], "messages": MESSAGES}
+    raw = c.messages.with_raw_response.count_tokens(**kw, extra_headers=hdr)
+    counted = raw.parse().input_tokens
+    full = c.messages.count_tokens(
+        **kw, extra_headers={**hdr, "x-skillstate-mode": "passthrough"}
+    ).input_tokens
+    state_ex, full_ex = [e for e in tap.since(mark) if e.path == "/v1/messages/count_tokens"]
+    assert state_ex.status == full_ex.status == 200
+    # llama.cpp's own counts, relayed; in state mode of the compact context, else of the transcript
+    assert json.loads(state_ex.body)["input_tokens"] == counted > 0
+    assert json.loads(full_ex.body)["input_tokens"] == full > 0
+    assert state_ex.request is not None and full_ex.request is not None
+    assert "Ready." not in json.dumps(state_ex.request["messages"])
+    assert full_ex.request["messages"] == MESSAGES
+    assert set(state_ex.request) <= {"model", "system", "messages", "tools", "tool_choice"}
+    assert raw.headers["x-skillstate-upstream"] == "llama"
+    assert "x-skillstate-token-count" not in raw.headers
