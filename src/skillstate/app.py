@@ -35,7 +35,7 @@ from .pricing import PriceBook, PriceOverride
 from .session import SESSION_HEADER, is_valid_session_id, resolve_session_id
 from .store import Store, StoreError, TransitionRecord
 from .store.sqlite import SQLiteStore
-from .upstream.client import UpstreamPool, passthrough_response_headers
+from .upstream.client import UpstreamPool
 
 log = logging.getLogger("skillstate")
 
@@ -156,8 +156,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             return error_response(e, "openai")
         raw = await ex.read()
         ex.release()
-        headers = passthrough_response_headers(ex.headers())
-        headers["x-skillstate-upstream"] = ex.upstream.name
+        headers = ex.relay_headers()
         return Response(raw, ex.status, headers, media_type="application/json")
 
     async def health(request: Request) -> Response:

@@ -16,7 +16,7 @@ import orjson
 from .pipeline import Pipeline, Reply, Turn
 from .session import SESSION_HEADER
 from .tokens import estimate_tokens
-from .upstream.client import UpstreamPool, passthrough_response_headers
+from .upstream.client import UpstreamPool
 
 COUNT_PATH = "/messages/count_tokens"
 # The fields Anthropic's count_tokens accepts; it rejects others (max_tokens, stream, ...).
@@ -39,8 +39,7 @@ async def count_tokens(pipeline: Pipeline, pool: UpstreamPool, turn: Turn) -> Re
         ex = await pool.fetch(COUNT_PATH, turn.headers, post=payload, upstreams=native)
         raw = await ex.read()
         ex.release()
-        headers.update(passthrough_response_headers(ex.headers()))
-        headers["x-skillstate-upstream"] = ex.upstream.name
+        headers.update(ex.relay_headers())
         headers["content-type"] = "application/json"
         return Reply(ex.status, raw, headers)
     parts: list[Any] = [body.get("system"), body.get("messages"), body.get("tools")]

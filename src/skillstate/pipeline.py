@@ -38,7 +38,7 @@ from .pricing import PriceBook
 from .session import SESSION_HEADER, SessionLocks
 from .store import Store, StoreError, TransitionRecord
 from .tokens import estimate_tokens
-from .upstream.client import Exchange, Outbound, UpstreamPool, passthrough_response_headers
+from .upstream.client import Exchange, Outbound, UpstreamPool
 
 MODES = ("state", "passthrough", "auto")
 CONSTRAIN_VALUES = ("off", "json_schema")
@@ -509,8 +509,7 @@ class Pipeline:
         if meta.shape != "passthrough":
             h["x-skillstate-context"] = meta.shape
         if ex is not None:
-            h.update(passthrough_response_headers(ex.headers()))
-            h["x-skillstate-upstream"] = ex.upstream.name
+            h.update(ex.relay_headers())
         return h
 
     def _reply(

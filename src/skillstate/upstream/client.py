@@ -137,6 +137,12 @@ class Exchange:
     def ok(self) -> bool:
         return 200 <= self.response.status < 300
 
+    def relay_headers(self) -> dict[str, str]:
+        """The response headers a client may see, plus which upstream answered."""
+        out = passthrough_response_headers(self.headers())
+        out["x-skillstate-upstream"] = self.upstream.name
+        return out
+
     def headers(self) -> Mapping[str, str]:
         return self.response.headers
 
