@@ -23,6 +23,7 @@ from skillstate.bench.runner import (
     BenchConfig,
     BenchError,
     config_from_args,
+    emit_report,
     make_console,
     make_workload,
     open_target,
@@ -142,8 +143,6 @@ def add_validity_parser(subparsers: Any) -> None:
 
 
 def run_validity_bench(args: argparse.Namespace) -> int:
-    from skillstate.bench import report as rep
-
     console = make_console(stderr=bool(getattr(args, "json", False)))
     try:
         cfg = config_from_args(args)
@@ -154,11 +153,4 @@ def run_validity_bench(args: argparse.Namespace) -> int:
         print(f"skillstate bench: {e}", file=sys.stderr)
         return 2
     render(report, console)
-    if getattr(args, "out", None):
-        from pathlib import Path
-
-        rep.write_json(report, Path(args.out))
-        console.print(f"report: {args.out}")
-    if getattr(args, "json", False):
-        sys.stdout.write(rep.dumps(report) + "\n")
-    return 1 if report["verdict"].startswith("INVALID") else 0
+    return emit_report(report, args, console, "skillstate bench")
