@@ -147,6 +147,9 @@ class Exchange:
     status: int = 0
     content_type: str = ""
     body: bytes = b""  # the exact response body bytes llama-server sent (de-chunked)
+    # Set once the response is fully forwarded. The client can see the last byte before the
+    # forwarding thread finishes its bookkeeping, so readers wait on this, not on the list.
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "te"}
@@ -173,7 +176,11 @@ class Tap(ThreadingHTTPServer):
 
     def since(self, mark: int) -> list[Exchange]:
         with self.lock:
-            return self.exchanges[mark:]
+            found = self.exchanges[mark:]
+        for ex in found:
+            if not ex.done.wait(60):
+                raise AssertionError(f"tap: {ex.method} {ex.path} never finished forwarding")
+        return found
 
     def mark(self) -> int:
         with self.lock:
@@ -205,6 +212,15 @@ class _TapHandler(BaseHTTPRequestHandler):
         except ValueError:
             parsed = None
         ex = Exchange(self.command, self.path.split("?")[0], parsed)
+        # Listed before anything is forwarded: once the proxy has its answer, the tap has it too.
+        with self.server.lock:
+            self.server.exchanges.append(ex)
+        try:
+            self._relay(raw, ex)
+        finally:
+            ex.done.set()
+
+    def _relay(self, raw: bytes, ex: Exchange) -> None:
         up = self.server.upstream
         conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port, timeout=600)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
@@ -237,8 +253,6 @@ class _TapHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
         conn.close()
         ex.body = bytes(body)
-        with self.server.lock:
-            self.server.exchanges.append(ex)
 
 
 @pytest.fixture(scope="session")
