@@ -90,6 +90,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             with contextlib.suppress(asyncio.CancelledError):
                 await purge
             await rt.pool.close()
+            await rt.pipeline.settle()
             await rt.store.close()
 
     def header_choice(request: Request, name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -254,6 +255,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             session = q.get("session")
             if session is not None and not is_valid_session_id(session):
                 raise ValueError("invalid session id")
+            await rt.pipeline.settle()
             rows = await rt.store.ledger_rows(since, until, session)
             summary = summarize(rows, q.get("group_by"))
         except ValueError as e:

@@ -465,6 +465,15 @@ class Pipeline:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def settle(self) -> None:
+        """Wait for the ledger writes already started off the critical path.
+
+        `/cost` settles first, so a client that asks for its cost right after a reply sees
+        that reply; shutdown settles before the store closes, so no row is dropped.
+        """
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
     def _row(
         self,
         meta: _TurnMeta,

@@ -1,0 +1,58 @@
+"""The app in-process, with a store that is slow to write ledger rows: passthrough turns meter
+off the critical path, yet `/cost` right after a reply counts it and shutdown drops no row."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+from skillstate.app import create_app
+from skillstate.config import Settings, Upstream
+from skillstate.ledger import LedgerRow
+from skillstate.store.sqlite import SQLiteStore
+from tests.fakeprovider import FakeProvider
+
+SLOW_WRITE = 0.3  # seconds; the reply returns long before the row is written
+
+
+class SlowLedgerStore(SQLiteStore):
+    async def add_ledger_rows(self, rows: list[LedgerRow]) -> None:
+        await asyncio.sleep(SLOW_WRITE)
+        await super().add_ledger_rows(rows)
+
+
+def passthrough(c: TestClient, session: str) -> None:
+    r = c.post(
+        "/v1/chat/completions",
+        json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-skillstate-mode": "passthrough", "x-skillstate-session": session},
+    )
+    assert r.status_code == 200, r.text
+
+
+def settings(fake: FakeProvider, tmp_path: Path) -> Settings:
+    return Settings(
+        upstreams=[Upstream(name="fake", url=fake.url + "/v1", api_key="k")], data_dir=tmp_path
+    )
+
+
+def test_cost_counts_a_passthrough_reply_whose_row_is_still_being_written(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    s = settings(fake, tmp_path)
+    with TestClient(create_app(s, SlowLedgerStore(s.db_path))) as c:
+        passthrough(c, "pt")
+        totals = c.get("/cost", params={"session": "pt"}).json()["totals"]
+    assert totals["requests"] == 1 and totals["input_tokens"] > 0
+
+
+def test_shutdown_writes_pending_ledger_rows(fake: FakeProvider, tmp_path: Path) -> None:
+    s = settings(fake, tmp_path)
+    with TestClient(create_app(s, SlowLedgerStore(s.db_path))) as c:
+        passthrough(c, "pt")
+    # A new process on the same store sees the row the old one was writing when it stopped.
+    with TestClient(create_app(s)) as c:
+        totals = c.get("/cost", params={"session": "pt"}).json()["totals"]
+    assert totals["requests"] == 1
