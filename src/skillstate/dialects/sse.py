@@ -31,11 +31,17 @@ class SSEParser:
 
     def __init__(self) -> None:
         self._buf = b""
+        self._cr = False  # the last read ended in \r; its \n may open the next read
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._cr:
+            chunk, self._cr = b"\r" + chunk, False
+        if b"\r" in chunk:
+            if chunk.endswith(b"\r"):
+                # A \r\n split across two reads must stay one line break, not two.
+                chunk, self._cr = chunk[:-1], True
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         self._buf += chunk
-        if b"\r" in self._buf:
-            self._buf = self._buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events: list[SSEEvent] = []
         while True:
             end = self._buf.find(b"\n\n")
@@ -47,7 +53,8 @@ class SSEParser:
 
     def flush(self) -> list[SSEEvent]:
         """A final event that the upstream did not terminate with a blank line."""
-        raw, self._buf = self._buf, b""
+        raw, self._buf = self._buf + (b"\n" if self._cr else b""), b""
+        self._cr = False
         if not raw.strip():
             return []
         return [_parse_block(raw + b"\n\n" if not raw.endswith(b"\n") else raw + b"\n")]
