@@ -104,6 +104,8 @@ class OpenAIRelay(_Capture):
             self.usage = usage_from_openai(usage)
         choices = chunk.get("choices") or []
         for choice in choices:
+            if choice.get("index", 0) != 0:
+                continue  # with n > 1 the state follows choice 0, as for a JSON reply
             delta = choice.get("delta") or {}
             content = delta.get("content")
             if isinstance(content, str):
