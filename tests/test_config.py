@@ -90,6 +90,24 @@ def test_upstream_list_entries(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "field", "sent"),
+    [
+        ("https://api.openai.com/v1", "auto", "max_completion_tokens"),
+        ("https://team.openai.azure.com/openai/v1", "auto", "max_completion_tokens"),
+        ("http://127.0.0.1:11434/v1", "auto", "max_tokens"),
+        ("http://127.0.0.1:11434/v1", "max_completion_tokens", "max_completion_tokens"),
+        ("https://api.openai.com/v1", "max_tokens", "max_tokens"),
+    ],
+)
+def test_max_tokens_field_for_translated_requests(
+    tmp_path: Path, url: str, field: str, sent: str
+) -> None:
+    cfg = write(tmp_path, {"upstreams": [{"name": "u", "url": url, "max_tokens_field": field}]})
+    u = load_settings({"config": str(cfg)}, env={}, cwd=tmp_path).upstreams[0]
+    assert u.openai_max_tokens_field == sent
+
+
+@pytest.mark.parametrize(
     ("cli", "env", "file", "needle"),
     [
         ({"port": 70000}, {}, None, "port"),

@@ -216,6 +216,17 @@ def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: ProxyProcess) -
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_max_tokens_field_is_the_upstreams_choice(
+    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+) -> None:
+    up = {"name": "o", "url": fake.url + "/v1", "max_tokens_field": "max_completion_tokens"}
+    p = start_proxy(None, config={"upstreams": [up]})
+    c = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+    fake.enqueue(Reply(text=envelope({"notes": "n"})))
+    c.messages.create(model="gpt-5", max_tokens=77, messages=[{"role": "user", "content": "go"}])
+    assert fake.last.json["max_completion_tokens"] == 77 and "max_tokens" not in fake.last.json
+
+
 def test_openai_client_against_anthropic_upstream(
     fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
 ) -> None:

@@ -47,7 +47,7 @@ def outbound(est_tokens: int = 10, *, stream: bool = False, model: str = "m") ->
         stream=stream,
         est_tokens=est_tokens,
         client_headers={},
-        translate=lambda kind, body: body,
+        translate=lambda kind, body, max_tokens_field: body,
     )
 
 

@@ -48,6 +48,18 @@ class Upstream(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     anthropic_version: str = "2023-06-01"
     prices: PriceOverride | None = None
+    # The field a translated Anthropic request's max_tokens becomes on an OpenAI-kind upstream.
+    # "auto": max_completion_tokens for OpenAI's own API (its reasoning models refuse
+    # max_tokens), max_tokens elsewhere (Ollama, LM Studio and others ignore the newer name).
+    max_tokens_field: Literal["auto", "max_tokens", "max_completion_tokens"] = "auto"
+
+    @property
+    def openai_max_tokens_field(self) -> str:
+        if self.max_tokens_field != "auto":
+            return self.max_tokens_field
+        host = (urlsplit(self.url).hostname or "").lower()
+        openai_host = host == "api.openai.com" or host.endswith(".openai.azure.com")
+        return "max_completion_tokens" if openai_host else "max_tokens"
 
     @field_validator("url")
     @classmethod

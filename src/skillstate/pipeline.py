@@ -189,9 +189,9 @@ class Pipeline:
                 "include_usage": True,
             }
 
-        def translate(kind: str, b: dict[str, Any]) -> dict[str, Any]:
+        def translate(kind: str, b: dict[str, Any], max_tokens_field: str) -> dict[str, Any]:
             if kind == "openai":
-                return anthropic_request_to_openai(b)
+                return anthropic_request_to_openai(b, max_tokens_field=max_tokens_field)
             return openai_request_to_anthropic(b)
 
         return Outbound(

@@ -771,7 +771,7 @@ def _validate_tools(tools: Any) -> None:
                 raise _bad(f"{path}.description: must be a string", f"{path}.description")
 
 
-def anthropic_request_to_openai(body: JSON) -> JSON:
+def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_tokens") -> JSON:
     """An Anthropic Messages request -> an OpenAI chat-completions request.
 
     Validates first (:func:`validate_anthropic_request`). Dropped: ``metadata``, ``top_k``,
@@ -796,7 +796,9 @@ def anthropic_request_to_openai(body: JSON) -> JSON:
             text = content if isinstance(content, str) else "".join(b["text"] for b in content)
             messages.append({"role": "system", "content": text})
 
-    out: JSON = {"model": body["model"], "messages": messages, "max_tokens": body["max_tokens"]}
+    # max_tokens_field: OpenAI's reasoning models refuse "max_tokens"; servers such as Ollama
+    # ignore "max_completion_tokens". The upstream's config picks (config.Upstream).
+    out: JSON = {"model": body["model"], "messages": messages, max_tokens_field: body["max_tokens"]}
     for key in ("temperature", "top_p"):
         if body.get(key) is not None:
             out[key] = body[key]

@@ -64,6 +64,7 @@ class UpstreamRuntime:
         self.cfg = cfg
         self.name = cfg.name
         self.kind = cfg.kind
+        self.max_tokens_field = cfg.openai_max_tokens_field
         self.base = base_url(cfg.url)
         self.breaker = CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now)
         self.limits = UpstreamLimits(cfg.rpm, cfg.tpm, now)
@@ -167,22 +168,28 @@ class Outbound:
     stream: bool
     est_tokens: int
     client_headers: Mapping[str, str]
-    translate: Callable[[str, dict[str, Any]], dict[str, Any]]
+    translate: Callable[
+        [str, dict[str, Any], str], dict[str, Any]
+    ]  # (kind, body, max_tokens_field)
     openai_extra: dict[str, Any] = field(default_factory=dict)  # e.g. response_format
-    _cache: dict[str, bytes] = field(default_factory=dict)
+    _cache: dict[tuple[str, str], bytes] = field(default_factory=dict)
 
     @property
     def model(self) -> str | None:
         m = self.body.get("model")
         return m if isinstance(m, str) else None
 
-    def payload_for(self, kind: str) -> bytes:
-        if kind not in self._cache:
-            body = self.body if kind == self.client_dialect else self.translate(kind, self.body)
+    def payload_for(self, kind: str, max_tokens_field: str = "max_tokens") -> bytes:
+        key = (kind, max_tokens_field)
+        if key not in self._cache:
+            if kind == self.client_dialect:
+                body = self.body
+            else:
+                body = self.translate(kind, self.body, max_tokens_field)
             if kind == "openai" and self.openai_extra:
                 body = {**body, **self.openai_extra}
-            self._cache[kind] = orjson.dumps(body)
-        return self._cache[kind]
+            self._cache[key] = orjson.dumps(body)
+        return self._cache[key]
 
 
 class UpstreamPool:
@@ -417,7 +424,8 @@ class UpstreamPool:
             sock_read=self.settings.first_byte_timeout,
         )
         resp = await up.session.post(
-            url, data=out.payload_for(up.kind), headers=up.headers(out.client_headers),
+            url, data=out.payload_for(up.kind, up.max_tokens_field),
+            headers=up.headers(out.client_headers),
             timeout=timeout,
         )  # fmt: skip
         ex = Exchange(up, resp, ticket)
