@@ -130,6 +130,7 @@ class RecordedRequest:
     json: Any  # parsed body, None if absent or unparseable
     body: bytes = field(default=b"", repr=False)
     dialect: str = "openai"  # or "anthropic"
+    query: str = ""  # the raw query string
     stream: bool = False
     reply: Reply | None = None  # the scripted reply used (None: rejected or /v1/models)
     status: int | None = None  # HTTP status sent, None if no headers were sent
@@ -254,6 +255,7 @@ class FakeProvider:
         app.router.add_post("/v1/messages", self._handle)
         app.router.add_post("/v1/messages/count_tokens", self._handle)
         app.router.add_get("/v1/models", self._handle)
+        app.router.add_get("/v1/models/{model_id}", self._handle)
         app.router.add_post("/_fake/enqueue", self._ctl_enqueue)
         app.router.add_get("/_fake/requests", self._ctl_requests)
         app.router.add_post("/_fake/reset", self._ctl_reset)
@@ -292,9 +294,10 @@ class FakeProvider:
             json=parsed,
             body=body,
             stream=isinstance(parsed, dict) and parsed.get("stream") is True,
+            query=request.query_string,
         )
         anthropic = request.path.startswith("/v1/messages") or (
-            request.path == "/v1/models" and "anthropic-version" in rec.headers
+            request.path.startswith("/v1/models") and "anthropic-version" in rec.headers
         )
         rec.dialect = "anthropic" if anthropic else "openai"
         with self._cond:
@@ -307,6 +310,13 @@ class FakeProvider:
                 return await self._send(request, rec, Reply(), e.status, _error(anthropic, e))
             if request.path == "/v1/models":
                 return await self._send(request, rec, Reply(), 200, self._models(anthropic))
+            if request.path.startswith("/v1/models/"):
+                listed = self._models(anthropic)["data"]
+                found = [m for m in listed if m["id"] == request.match_info["model_id"]]
+                if not found:
+                    err = _Rejected(404, f"model {request.match_info['model_id']} not found")
+                    return await self._send(request, rec, Reply(), 404, _error(anthropic, err))
+                return await self._send(request, rec, Reply(), 200, found[0])
             if request.path == "/v1/messages/count_tokens":
                 return await self._send(request, rec, Reply(), 200, self._count(rec.json))
             rec.reply = reply = self._next_reply(rec)

@@ -497,6 +497,20 @@ def test_total_timeout_covers_the_whole_stream(f1: FakeProvider, timeouts: Proxy
 # --- circuit breaker (its own proxy) -------------------------------------------------------------
 
 
+def test_an_anthropic_upstreams_529_reaches_an_openai_client_as_503(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    cfg = config(upstream("a", fake.url, kind="anthropic"), retry_max_attempts=1)
+    proxy = start_proxy(config=cfg)
+    fake.enqueue(Reply(status=529, error_body="Overloaded"))
+    r = chat(proxy, "o1")
+    assert r.status_code == 503  # OpenAI clients know 503; 529 is Anthropic's own
+    assert r.json()["error"]["message"] == "Overloaded"
+    assert r.json()["error"]["type"] == "overloaded_error"
+    fake.enqueue(Reply(status=529, error_body="Overloaded"))
+    assert messages(proxy, "o2").status_code == 529  # native: untouched
+
+
 def test_breaker_opens_stays_open_probes_once_and_closes(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
+from .catalog import catalog_dialect, fetch_models
 from .config import Settings
 from .counting import count_tokens
 from .dialects.translate import validate_anthropic_request, validate_count_tokens_request
@@ -71,8 +72,12 @@ class Runtime:
             await asyncio.sleep(s.purge_interval)
 
 
-def _dialect_of(path: str) -> Dialect:
-    return "anthropic" if path.rstrip("/").endswith("/messages") else "openai"
+def _dialect_of(request: Request) -> Dialect:
+    """The dialect of an error outside the turn routes: by path, else by the Anthropic SDK's
+    own header."""
+    if request.url.path.rstrip("/").endswith(("/messages", "/messages/count_tokens")):
+        return "anthropic"
+    return catalog_dialect(request.headers)
 
 
 def create_app(settings: Settings, store: Store | None = None) -> Starlette:
@@ -151,14 +156,15 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         return Response(result.body, status_code=result.status, headers=result.headers)
 
     async def models(request: Request) -> Response:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        dialect = catalog_dialect(headers)
         try:
-            ex = await rt.pool.fetch("/models", {k.lower(): v for k, v in request.headers.items()})
+            r = await fetch_models(
+                rt.pool, headers, dialect, request.path_params.get("model_id"), request.url.query
+            )
         except ProxyError as e:
-            return error_response(e, "openai")
-        raw = await ex.read()
-        ex.release()
-        headers = ex.relay_headers()
-        return Response(raw, ex.status, headers, media_type="application/json")
+            return error_response(e, dialect)
+        return Response(r.body, r.status, r.headers)
 
     async def health(request: Request) -> Response:
         store_ok = await rt.store.ping()
@@ -271,12 +277,12 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
             if status == 404
             else f"method {request.method} not allowed on {request.url.path}"
         )
-        return error_response(ProxyError(kind, msg, status=status), _dialect_of(request.url.path))
+        return error_response(ProxyError(kind, msg, status=status), _dialect_of(request))
 
     async def crashed(request: Request, exc: Exception) -> Response:
         log.exception("internal error on %s %s", request.method, request.url.path)
         err = ProxyError("api_error", f"internal proxy error ({type(exc).__name__})")
-        return error_response(err, _dialect_of(request.url.path))
+        return error_response(err, _dialect_of(request))
 
     chat = turn_route("openai")
     messages = turn_route("anthropic")
@@ -289,6 +295,8 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         Route("/messages/count_tokens", messages_count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", models, methods=["GET"]),
+        Route("/models/{model_id:path}", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/state", state, methods=["GET", "DELETE", "PATCH"]),
         Route("/cost", cost, methods=["GET"]),

@@ -15,7 +15,7 @@ ENDPOINTS = """endpoints:
   POST /v1/chat/completions   OpenAI chat completions (JSON and SSE, tools)
   POST /v1/messages           Anthropic Messages (JSON and SSE, tools)
   POST /v1/messages/count_tokens   tokens the turn would send upstream
-  GET  /v1/models             the upstream's model list
+  GET  /v1/models[/ID]        the upstream's models, in the client's format
   GET  /health                upstream circuits, limits, store
   GET  /state[?session=ID[&history=1]]   list sessions, or one session's state
   PATCH /state?session=ID     operator correction (body: a JSON merge patch)

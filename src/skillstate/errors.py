@@ -46,6 +46,11 @@ class ProxyError(Exception):
         self.param = param
         self.attempts: list[Any] = []  # upstream attempts that led here (for the ledger)
 
+    def status_for(self, dialect: Dialect) -> int:
+        """The HTTP status for a client of ``dialect``: 529 is Anthropic's "overloaded";
+        OpenAI clients know 503."""
+        return 503 if self.kind == "overloaded" and dialect == "openai" else self.status
+
     def body(self, dialect: Dialect) -> dict[str, Any]:
         _, openai_type, anthropic_type = _KINDS[self.kind]
         if dialect == "anthropic":

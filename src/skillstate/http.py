@@ -28,11 +28,10 @@ class JSONResponse(Response):
 def error_response(
     err: ProxyError, dialect: Dialect, headers: Mapping[str, str] | None = None
 ) -> Response:
-    status = err.status
-    if err.kind == "overloaded" and dialect == "openai":
-        status = 503  # 529 is Anthropic's; OpenAI clients know 503
     return JSONResponse(
-        err.body(dialect), status_code=status, headers={**(headers or {}), **err.headers()}
+        err.body(dialect),
+        status_code=err.status_for(dialect),
+        headers={**(headers or {}), **err.headers()},
     )
 
 

@@ -31,7 +31,7 @@ from .dialects.translate import (
     openai_request_to_anthropic,
     openai_response_to_anthropic,
 )
-from .errors import ProxyError, kind_for_status
+from .errors import Dialect, ProxyError, kind_for_status
 from .ledger import Kind, LedgerRow, Usage, make_row
 from .patch import PatchPolicy, extract_envelope, infer_key_types, validate_and_merge
 from .pricing import PriceBook
@@ -553,14 +553,14 @@ class Pipeline:
         ex.release()
         rows = [*rows, self._failure_row(meta, ex.upstream.name, ex.status, "generation")]
         await self._write_ledger(rows)
+        status = ex.status
         if ex.upstream.kind != meta.turn.dialect:
+            dialect: Dialect = "anthropic" if meta.turn.dialect == "anthropic" else "openai"
             err = ProxyError(kind_for_status(ex.status), error_message(raw), status=ex.status)
-            raw = orjson.dumps(
-                err.body("anthropic" if meta.turn.dialect == "anthropic" else "openai")
-            )
+            raw, status = orjson.dumps(err.body(dialect)), err.status_for(dialect)
         h = self._base_headers(meta, ex)
         h["content-type"] = "application/json"
-        return Reply(ex.status, raw, h)
+        return Reply(status, raw, h)
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: the upstream's model catalog, answered in the
+client's dialect.
+
+The two SDKs share these paths, so the dialect comes from the request: the Anthropic SDK
+always sends ``anthropic-version``, an OpenAI client never does. An upstream of the other kind
+has its list (or model object, or error) translated; the same kind is relayed untouched,
+query string (Anthropic's ``limit``/``after_id`` paging) included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import quote
+
+import orjson
+
+from .dialects.models import translate_models
+from .dialects.replies import error_message
+from .errors import Dialect, ProxyError, kind_for_status
+from .pipeline import Reply
+from .upstream.client import UpstreamPool
+
+
+def catalog_dialect(headers: Mapping[str, str]) -> Dialect:
+    return "anthropic" if "anthropic-version" in headers else "openai"
+
+
+async def fetch_models(
+    pool: UpstreamPool,
+    headers: Mapping[str, str],
+    dialect: Dialect,
+    model_id: str | None = None,
+    query: str = "",
+) -> Reply:
+    """Raises ProxyError when no upstream answered."""
+    path = "/models" if model_id is None else "/models/" + quote(model_id, safe="")
+    native = [up for up in pool.upstreams if up.kind == dialect]
+    if query and native:
+        # Paging parameters mean something only to an upstream of the client's own kind.
+        ex = await pool.fetch(f"{path}?{query}", headers, upstreams=native)
+    else:
+        ex = await pool.fetch(path, headers)
+    raw = await ex.read()
+    ex.release()
+    out_headers = ex.relay_headers()
+    out_headers["content-type"] = "application/json"
+    if ex.upstream.kind == dialect:
+        return Reply(ex.status, raw, out_headers)
+    if ex.status >= 400:
+        err = ProxyError(kind_for_status(ex.status), error_message(raw), status=ex.status)
+        return Reply(err.status_for(dialect), orjson.dumps(err.body(dialect)), out_headers)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        name = ex.upstream.name
+        raise ProxyError("upstream_unreachable", f"upstream {name} returned a non-JSON model list")
+    translated = translate_models(body, dialect, single=model_id is not None)
+    return Reply(ex.status, orjson.dumps(translated), out_headers)

@@ -1,0 +1,68 @@
+"""The model list and model objects (`GET /v1/models`, `GET /v1/models/{id}`) in either dialect.
+
+OpenAI: ``{"object": "list", "data": [{"id", "object": "model", "created", "owned_by"}]}``.
+Anthropic: ``{"data": [{"type": "model", "id", "display_name", "created_at"}], "has_more",
+"first_id", "last_id"}``. Only what both sides know is carried over; the rest is derived.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+JSON = dict[str, Any]
+
+
+def _created_to_iso(created: Any) -> str:
+    ts = created if isinstance(created, int | float) and not isinstance(created, bool) else 0
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _iso_to_created(created_at: Any) -> int:
+    if isinstance(created_at, str):
+        try:
+            return int(datetime.fromisoformat(created_at.replace("Z", "+00:00")).timestamp())
+        except ValueError:
+            pass
+    return 0
+
+
+def model_to_anthropic(m: JSON) -> JSON:
+    mid = str(m.get("id", ""))
+    return {
+        "type": "model",
+        "id": mid,
+        "display_name": mid,
+        "created_at": _created_to_iso(m.get("created")),
+    }
+
+
+def model_to_openai(m: JSON) -> JSON:
+    return {
+        "id": str(m.get("id", "")),
+        "object": "model",
+        "created": _iso_to_created(m.get("created_at")),
+        "owned_by": "anthropic",
+    }
+
+
+def _entries(body: JSON) -> list[JSON]:
+    data = body.get("data")
+    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+
+def models_to_anthropic(body: JSON) -> JSON:
+    data = [model_to_anthropic(m) for m in _entries(body)]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"data": data, "has_more": False, "first_id": first, "last_id": last}
+
+
+def models_to_openai(body: JSON) -> JSON:
+    return {"object": "list", "data": [model_to_openai(m) for m in _entries(body)]}
+
+
+def translate_models(body: JSON, to: str, *, single: bool) -> JSON:
+    """A list (or with ``single``, one model object) in dialect ``to``."""
+    if single:
+        return model_to_anthropic(body) if to == "anthropic" else model_to_openai(body)
+    return models_to_anthropic(body) if to == "anthropic" else models_to_openai(body)

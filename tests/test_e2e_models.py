@@ -1,0 +1,66 @@
+"""`/v1/models` and `/v1/models/{id}` through the real proxy, in each SDK's own dialect,
+whatever kind of upstream answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anthropic
+import openai
+import pytest
+
+from tests.conftest import ProxyProcess
+from tests.fakeprovider import FakeProvider
+
+
+@pytest.fixture(params=["openai", "anthropic"])
+def mproxy(
+    request: pytest.FixtureRequest, fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+) -> ProxyProcess:
+    up = {"name": "up", "url": fake.url, "kind": request.param, "api_key": "k"}
+    return start_proxy(None, config={"upstreams": [up]})
+
+
+def test_openai_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: ProxyProcess) -> None:
+    c = openai.OpenAI(base_url=mproxy.v1, api_key="k", max_retries=0)
+    listed = c.models.list()
+    assert [m.id for m in listed.data] == fake.models
+    assert all(m.object == "model" and isinstance(m.created, int) for m in listed.data)
+    m = c.models.retrieve("gpt-4o")
+    assert (m.id, m.object) == ("gpt-4o", "model")
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("no-such-model")
+    assert "no-such-model" in e.value.message
+    # The SDK found OpenAI's {"error": {...}} and unwrapped it.
+    assert isinstance(e.value.body, dict) and {"message", "type"} <= set(e.value.body)
+
+
+def test_anthropic_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: ProxyProcess) -> None:
+    c = anthropic.Anthropic(base_url=mproxy.url, api_key="k", max_retries=0)
+    page = c.models.list()
+    assert [m.id for m in page.data] == fake.models
+    assert all(m.type == "model" and m.created_at.year >= 1970 for m in page.data)
+    assert page.has_more is False
+    m = c.models.retrieve("claude-sonnet-4-5")
+    assert (m.id, m.type) == ("claude-sonnet-4-5", "model")
+    with pytest.raises(anthropic.NotFoundError) as e:
+        c.models.retrieve("no-such-model")
+    assert e.value.body["type"] == "error"  # type: ignore[index]
+    assert e.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+def test_paging_reaches_an_upstream_of_the_clients_kind(
+    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+) -> None:
+    up = {"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "k"}
+    p = start_proxy(None, config={"upstreams": [up]})
+    anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0).models.list(limit=2)
+    assert fake.last.path == "/v1/models" and fake.last.query == "limit=2"
+
+
+def test_unknown_route_errors_follow_the_anthropic_sdk(proxy: ProxyProcess) -> None:
+    c = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as e:
+        c.get("/v1/nowhere", cast_to=object)
+    assert e.value.body["type"] == "error"  # type: ignore[index]
+    assert e.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
