@@ -98,6 +98,23 @@ def test_port_in_use_is_one_line(tmp_path: Path, fake: FakeProvider) -> None:
     assert "port" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_second_proxy_on_the_same_data_dir_is_one_line(
+    tmp_path: Path, fake: FakeProvider, start_proxy
+) -> None:  # type: ignore[no-untyped-def]
+    first = start_proxy(fake.url + "/v1")
+    data = tmp_path / "data"  # start_proxy's data dir
+    r = run(
+        str(BIN / "skillstate"), "--port", "0", "--upstream", fake.url, "--data-dir", str(data),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "in use by another skillstate proxy" in r.stderr
+    assert f"pid {first.proc.pid}" in r.stderr
+    first.stop()
+    assert start_proxy(fake.url + "/v1").get("/health").status_code == 200  # free again
+
+
 def test_sigterm_finishes_in_flight_then_exits(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
     from tests.fakeprovider import Reply
 

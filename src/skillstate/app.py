@@ -46,7 +46,7 @@ class Runtime:
 
     def __init__(self, settings: Settings, store: Store | None = None) -> None:
         self.settings = settings
-        self.store: Store = store or SQLiteStore(settings.db_path)
+        self.store: Store = store or SQLiteStore(settings.db_path, exclusive=True)
         self.pool = UpstreamPool(settings)
         prices = PriceBook(
             overrides_by_upstream={

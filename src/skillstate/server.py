@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sqlite3
 import sys
@@ -16,7 +17,8 @@ import uvicorn
 from . import __version__
 from .app import create_app
 from .config import ConfigError, Settings
-from .store.sqlite import prepare_path
+from .store import StoreError
+from .store.sqlite import lock_data_dir, prepare_path
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -39,7 +41,10 @@ def preflight_store(settings: Settings) -> None:
     path = settings.db_path
     try:
         prepare_path(path)
+        os.close(lock_data_dir(path))  # another proxy on it: say so before binding
         sqlite3.connect(path).close()
+    except StoreError as e:
+        raise ConfigError(f"data_dir: {e}") from None
     except (OSError, sqlite3.Error) as e:
         raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
 

@@ -9,6 +9,7 @@ power loss can lose the last transactions. Set `synchronous=FULL` to cover that 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import sqlite3
 from collections import OrderedDict
@@ -77,6 +78,26 @@ def prepare_path(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
+def lock_data_dir(path: Path) -> int:
+    """An exclusive lock on ``<db>.lock``, held by the returned descriptor until it is closed
+    (or the process dies). The proxy's session cache assumes it is the only writer, so a
+    second proxy on the same data dir must not start; readers (``skillstate cost``) need no lock.
+    """
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StoreError(
+            f"{path.parent} is in use by another skillstate proxy (pid {holder});"
+            " give each proxy its own data_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 _LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
 
 
@@ -93,9 +114,16 @@ _LEDGER_INSERT = (
 
 class SQLiteStore:
     def __init__(
-        self, path: Path, *, synchronous: str = "NORMAL", cache_sessions: int = 4096
+        self,
+        path: Path,
+        *,
+        synchronous: str = "NORMAL",
+        cache_sessions: int = 4096,
+        exclusive: bool = False,
     ) -> None:
         self.path = path
+        self._exclusive = exclusive  # hold the data dir's lock while open (see lock_data_dir)
+        self._lock_fd: int | None = None
         self._synchronous = synchronous
         # Write-through cache of hot sessions: a turn's load needs no thread hop. The store
         # assumes it is the only writer of its database (one proxy per data dir).
@@ -183,6 +211,8 @@ class SQLiteStore:
 
     def _open_sync(self) -> None:
         prepare_path(self.path)
+        if self._exclusive and self._lock_fd is None:
+            self._lock_fd = lock_data_dir(self.path)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={self._synchronous}")
@@ -206,6 +236,9 @@ class SQLiteStore:
         if self._db is not None:
             await self._run(close)
         self._exec.shutdown(wait=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     async def ping(self) -> bool:
         try:
@@ -296,7 +329,12 @@ class SQLiteStore:
                 db.executemany(_LEDGER_INSERT, ledger_values)
             return step
 
-        step = await self._write(commit)
+        try:
+            step = await self._write(commit)
+        except StoreError:
+            # The cached copy may be what is stale (the database moved on): reload next time.
+            self._cache.pop(session, None)
+            raise
         prev = self._cache.get(session)
         if prev is not None:
             self._remember(
