@@ -100,7 +100,7 @@ class Reply:
     usage: dict[str, int] = field(default_factory=dict)  # keys: USAGE_KEYS
     model: str | None = None  # default: echo the request's model
     status: int = 200
-    error_body: dict[str, Any] | str | None = None  # dict sent as-is; str = message
+    error_body: dict[str, Any] | str | bytes | None = None  # dict as-is; str = message; bytes raw
     retry_after: str | float | None = None
     delay: float = 0.0
     chunk_delay: float = 0.0
@@ -323,7 +323,7 @@ class FakeProvider:
             if reply.status >= 400:
                 eb = reply.error_body
                 err = _Rejected(reply.status, eb if isinstance(eb, str) else "")
-                payload = eb if isinstance(eb, dict) else _error(anthropic, err)
+                payload = eb if isinstance(eb, dict | bytes) else _error(anthropic, err)
                 return await self._send(request, rec, reply, reply.status, payload)
             build = self._anthropic if anthropic else self._openai
             return await self._send(request, rec, reply, 200, build(rec.json, reply, rec.stream))
@@ -359,6 +359,9 @@ class FakeProvider:
             resp.content_type, resp.charset = "text/event-stream", "utf-8"
             resp.headers["cache-control"] = "no-cache"
             chunks: list[bytes] = payload
+        elif isinstance(payload, bytes):  # a raw error page, as a load balancer sends one
+            resp.content_type, resp.content_length = "text/html", len(payload)
+            chunks = [payload]
         else:
             data = _dumps(payload)
             resp.content_type, resp.content_length = "application/json", len(data)

@@ -511,6 +511,29 @@ def test_an_anthropic_upstreams_529_reaches_an_openai_client_as_503(
     assert messages(proxy, "o2").status_code == 529  # native: untouched
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_html_error_page_reaches_each_client_as_its_own_error_object(
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+) -> None:
+    page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+    proxy = start_proxy(config=config(upstream("a", fake.url + "/v1"), retry_max_attempts=1))
+    fake.enqueue(Reply(status=502, error_body=page))
+    r = chat(proxy, "h1", stream=stream)
+    assert r.status_code == 502 and r.headers["content-type"] == "application/json"
+    assert "502 Bad Gateway" in r.json()["error"]["message"]
+    fake.enqueue(Reply(status=502, error_body=page))
+    r = messages(proxy, "h2", stream=stream)
+    assert r.status_code == 502
+    body = r.json()
+    assert body["type"] == "error" and "502 Bad Gateway" in body["error"]["message"]
+    fake.enqueue(Reply(status=400, error_body="context too long"))
+    r = chat(proxy, "h3")  # an error object of the client's own dialect stays untouched
+    assert r.json()["error"] == {
+        "message": "context too long", "type": "invalid_request_error", "param": None,
+        "code": None,
+    }  # fmt: skip
+
+
 def test_breaker_opens_stays_open_probes_once_and_closes(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:

@@ -15,8 +15,8 @@ from urllib.parse import quote
 import orjson
 
 from .dialects.models import translate_models
-from .dialects.replies import error_message
-from .errors import Dialect, ProxyError, kind_for_status
+from .dialects.replies import error_reply
+from .errors import Dialect, ProxyError
 from .pipeline import Reply
 from .upstream.client import UpstreamPool
 
@@ -44,11 +44,10 @@ async def fetch_models(
     ex.release()
     out_headers = ex.relay_headers()
     out_headers["content-type"] = "application/json"
+    if ex.status >= 400:
+        return Reply(*error_reply(raw, ex.status, ex.upstream.kind, dialect), out_headers)
     if ex.upstream.kind == dialect:
         return Reply(ex.status, raw, out_headers)
-    if ex.status >= 400:
-        err = ProxyError(kind_for_status(ex.status), error_message(raw), status=ex.status)
-        return Reply(err.status_for(dialect), orjson.dumps(err.body(dialect)), out_headers)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from .dialects.replies import error_reply
 from .pipeline import Pipeline, Reply, Turn
 from .session import SESSION_HEADER
 from .tokens import estimate_tokens
@@ -41,6 +42,8 @@ async def count_tokens(pipeline: Pipeline, pool: UpstreamPool, turn: Turn) -> Re
         ex.release()
         headers.update(ex.relay_headers())
         headers["content-type"] = "application/json"
+        if ex.status >= 400:
+            return Reply(*error_reply(raw, ex.status, "anthropic", "anthropic"), headers)
         return Reply(ex.status, raw, headers)
     parts: list[Any] = [body.get("system"), body.get("messages"), body.get("tools")]
     headers["x-skillstate-token-count"] = "estimate"

@@ -24,14 +24,14 @@ from . import constrain, context
 from .config import Settings
 from .dialects import sse
 from .dialects.relay import StreamRelay, make_relay
-from .dialects.replies import error_message, reply_cut_off, reply_model, reply_text, reply_usage
+from .dialects.replies import error_reply, reply_cut_off, reply_model, reply_text, reply_usage
 from .dialects.translate import (
     anthropic_request_to_openai,
     anthropic_response_to_openai,
     openai_request_to_anthropic,
     openai_response_to_anthropic,
 )
-from .errors import Dialect, ProxyError, kind_for_status
+from .errors import Dialect, ProxyError
 from .ledger import Kind, LedgerRow, Usage, make_row
 from .patch import PatchPolicy, extract_envelope, infer_key_types, validate_and_merge
 from .pricing import PriceBook
@@ -553,11 +553,8 @@ class Pipeline:
         ex.release()
         rows = [*rows, self._failure_row(meta, ex.upstream.name, ex.status, "generation")]
         await self._write_ledger(rows)
-        status = ex.status
-        if ex.upstream.kind != meta.turn.dialect:
-            dialect: Dialect = "anthropic" if meta.turn.dialect == "anthropic" else "openai"
-            err = ProxyError(kind_for_status(ex.status), error_message(raw), status=ex.status)
-            raw, status = orjson.dumps(err.body(dialect)), err.status_for(dialect)
+        dialect: Dialect = "anthropic" if meta.turn.dialect == "anthropic" else "openai"
+        status, raw = error_reply(raw, ex.status, ex.upstream.kind, dialect)
         h = self._base_headers(meta, ex)
         h["content-type"] = "application/json"
         return Reply(status, raw, h)

@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from ..errors import Dialect, ProxyError, kind_for_status
 from ..ledger import Usage, usage_from_anthropic, usage_from_openai
 
 
@@ -59,3 +60,23 @@ def error_message(raw: bytes) -> str:
         if body.get("message"):
             return str(body["message"])
     return raw.decode("utf-8", errors="replace")[:500]
+
+
+def _is_error_object(raw: bytes, dialect: str) -> bool:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+        return False
+    return body.get("type") == "error" if dialect == "anthropic" else True
+
+
+def error_reply(raw: bytes, status: int, upstream_kind: str, dialect: Dialect) -> tuple[int, bytes]:
+    """An upstream's error answer as the client sees it: untouched when it already is an error
+    object of the client's dialect; otherwise (the other dialect, an HTML page from a load
+    balancer, plain text, another server's JSON) rewritten into one, keeping its message."""
+    if upstream_kind == dialect and _is_error_object(raw, dialect):
+        return status, raw
+    err = ProxyError(kind_for_status(status), error_message(raw), status=status)
+    return err.status_for(dialect), orjson.dumps(err.body(dialect))
