@@ -96,3 +96,11 @@ def test_full_mode_adds_only_the_contract() -> None:
     assert out[2:] == body["messages"][1:]
     a = build_full("anthropic", {"system": [{"type": "text", "text": "S"}], "messages": []}, [])
     assert a["system"][-1]["text"] == contract_text([])
+
+
+def test_own_format_turns_ask_for_no_envelope() -> None:
+    none = contract_text(["k"], "none")
+    assert "state_patch" not in none and "```" not in none
+    assert "response format you were given" in none
+    sent = build_compact("openai", {"messages": [TASK]}, ["k"], {"k": 1}, "none")["messages"]
+    assert sent[0]["content"] == none + "\n\n" + STATE_MARK + '\n{"k":1}'

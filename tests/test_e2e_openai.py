@@ -7,8 +7,10 @@ import json
 
 import httpx
 import openai
+import pydantic
 import pytest
 
+from skillstate.context import CONTRACT_MARK
 from tests.conftest import ProxyProcess
 from tests.fakeprovider import FakeProvider, Reply
 
@@ -130,6 +132,52 @@ def test_tool_calls_pass_through_and_are_tool_noop(fake: FakeProvider, proxy: Pr
     ]
     assert raw.headers["x-skillstate-transition"] == "tool-noop"
     assert fake.last.json["tools"][0]["function"]["name"] == "read"
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+def test_structured_output_is_answered_once_and_changes_no_state(
+    fake: FakeProvider, proxy: ProxyProcess
+) -> None:
+    c = client(proxy)
+    fake.enqueue(Reply(text=envelope({"notes": "before"})))
+    c.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "start"}], extra_headers=SESSION
+    )
+    # The client's own format: the reply is its object, with no room for an envelope.
+    fake.enqueue(Reply(text='{"name": "Ann", "age": 31}'))
+    before = len(fake.requests)
+    msgs = [{"role": "user", "content": "start"}, {"role": "user", "content": "who is it?"}]
+    raw = c.chat.completions.with_raw_response.parse(
+        model="m", messages=msgs, response_format=Person, extra_headers=SESSION
+    )
+    assert raw.parse().choices[0].message.parsed == Person(name="Ann", age=31)
+    assert len(fake.requests) == before + 1  # no re-ask for an envelope it could not write
+    assert raw.headers["x-skillstate-transition"] == "format-noop"
+    assert raw.headers["x-skillstate-step"] == "2"
+    assert proxy.state("sess_1")["state"] == {"notes": "before"}
+    sent = fake.last.json
+    assert sent["response_format"]["json_schema"]["name"] == "Person"
+    [contract] = [m["content"] for m in sent["messages"] if CONTRACT_MARK in m["content"]]
+    assert "response format you were given" in contract and "```" not in contract
+    assert '{"notes":"before"}' in contract  # the state is still the model's memory
+
+
+def test_streamed_json_mode_turn_is_format_noop(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    fake.enqueue(Reply(text='{"answer": 42}'))
+    with client(proxy).chat.completions.with_streaming_response.create(
+        model="m",
+        messages=[{"role": "user", "content": "answer in JSON"}],
+        response_format={"type": "json_object"},
+        stream=True,
+        extra_headers=SESSION,
+    ) as r:
+        body = b"".join(r.iter_bytes())
+    assert b": skillstate transition=format-noop step=1" in body
+    assert len(fake.requests) == 1
 
 
 def test_models_passthrough(fake: FakeProvider, proxy: ProxyProcess) -> None:

@@ -349,18 +349,14 @@ _OWN_FORMAT_FIELDS = ("response_format", "json_schema", "grammar", "output_forma
 _TOOL_FIELDS = ("tools", "functions")
 
 
-def should_constrain(body: Mapping[str, Any]) -> bool:
-    """True only when the request carries no tools and no output format of its own.
+def has_own_format(body: Mapping[str, Any]) -> bool:
+    """Whether the request constrains its own output.
 
-    "Tools" are a non-empty ``tools`` (or legacy ``functions``) list. An own format is any
-    non-null ``response_format`` other than ``{"type": "text"}`` (the default, which
-    constrains nothing), or llama.cpp's native ``json_schema``/``grammar`` fields (which
-    llama.cpp refuses to combine with a ``response_format``), or Anthropic's
+    An own format is any non-null ``response_format`` other than ``{"type": "text"}`` (the
+    default, which constrains nothing), or llama.cpp's native ``json_schema``/``grammar``
+    fields (which llama.cpp refuses to combine with a ``response_format``), or Anthropic's
     ``output_format`` / ``output_config.format``.
     """
-    for field in _TOOL_FIELDS:
-        if body.get(field):
-            return False
     for field in _OWN_FORMAT_FIELDS:
         value = body.get(field)
         if value is None or value == "":
@@ -372,6 +368,12 @@ def should_constrain(body: Mapping[str, Any]) -> bool:
             and len(value) <= 1
         ):
             continue
-        return False
+        return True
     output_config = body.get("output_config")
-    return not (isinstance(output_config, Mapping) and output_config.get("format"))
+    return isinstance(output_config, Mapping) and bool(output_config.get("format"))
+
+
+def should_constrain(body: Mapping[str, Any]) -> bool:
+    """True only when the request carries no tools (a non-empty ``tools`` or legacy
+    ``functions`` list) and no output format of its own (:func:`has_own_format`)."""
+    return not any(body.get(field) for field in _TOOL_FIELDS) and not has_own_format(body)

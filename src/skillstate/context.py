@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -19,15 +19,32 @@ STATE_MARK = "[skillstate] CURRENT STATE (JSON):"
 CORRECTION_MARK = "[skillstate] CORRECTION"
 
 
-def contract_text(allowed_keys: Sequence[str]) -> str:
-    """Short, stable instructions. Byte-identical for a given schema (prompt caching)."""
+# How this turn's reply carries the envelope:
+#   "block": the reply ends with a ```json block. Also under constrained decoding, where the
+#            grammar only lets the bare object out: asking for the bare object instead was
+#            measured worse with SmolLM2-135M (1/30 valid first attempts against 23/30,
+#            docs/benchmarks.md);
+#   "none": the request brought its own output format, which the reply must follow, so it
+#           cannot carry an envelope: the state is context only and this turn changes nothing.
+EnvelopeForm = Literal["block", "none"]
+
+_ENVELOPE = '{"state_patch": {...}, "action": "..."}'
+
+
+def contract_text(allowed_keys: Sequence[str], form: EnvelopeForm = "block") -> str:
+    """Short, stable instructions. Byte-identical for a given schema and form (prompt caching)."""
+    memory = "Earlier turns are not shown. The CURRENT STATE below is your memory"
+    if form == "none":
+        return (
+            f"{CONTRACT_MARK}\n{memory} of them. Answer in the response format you were given; "
+            "this reply does not change the state."
+        )
     keys = ", ".join(allowed_keys) if allowed_keys else "any"
     return (
         f"{CONTRACT_MARK}\n"
-        "Earlier turns are not shown. The CURRENT STATE below is your memory: keep in it "
-        "everything you will need later.\n"
+        f"{memory}: keep in it everything you will need later.\n"
         "Finish every reply with exactly one ```json block:\n"
-        '{"state_patch": {...}, "action": "..."}\n'
+        f"{_ENVELOPE}\n"
         "- state_patch: a JSON object merged into the state (RFC 7386): null deletes a key; "
         "arrays are replaced whole, so resend the full array.\n"
         "- action: a short string naming what you do next.\n"
@@ -40,11 +57,12 @@ def state_text(state: dict[str, Any]) -> str:
 
 
 def correction_text(errors: Sequence[str]) -> str:
+    """The re-ask after an invalid envelope (a "none" turn has none to get wrong)."""
     listed = "; ".join(errors) if errors else "no valid state envelope"
     return (
         f"{CORRECTION_MARK}: your last reply had no valid state envelope ({listed}). "
-        "Reply again and end with exactly one ```json block: "
-        '{"state_patch": {...}, "action": "..."} using only the allowed keys.'
+        f"Reply again and end with exactly one ```json block: {_ENVELOPE} using only the "
+        "allowed keys."
     )
 
 
@@ -221,15 +239,21 @@ DIALECT_CONTEXTS: dict[str, DialectContext] = {
 
 
 def build_compact(
-    dialect: str, body: dict[str, Any], allowed_keys: Sequence[str], state: dict[str, Any]
+    dialect: str,
+    body: dict[str, Any],
+    allowed_keys: Sequence[str],
+    state: dict[str, Any],
+    form: EnvelopeForm = "block",
 ) -> dict[str, Any]:
     d = DIALECT_CONTEXTS[dialect]
     split = split_transcript(body["messages"], d)
-    return d.compact(body, split, contract_text(allowed_keys), state)
+    return d.compact(body, split, contract_text(allowed_keys, form), state)
 
 
-def build_full(dialect: str, body: dict[str, Any], allowed_keys: Sequence[str]) -> dict[str, Any]:
-    return DIALECT_CONTEXTS[dialect].full(body, contract_text(allowed_keys))
+def build_full(
+    dialect: str, body: dict[str, Any], allowed_keys: Sequence[str], form: EnvelopeForm = "block"
+) -> dict[str, Any]:
+    return DIALECT_CONTEXTS[dialect].full(body, contract_text(allowed_keys, form))
 
 
 def add_correction(

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import aiohttp
@@ -22,6 +22,7 @@ import orjson
 
 from . import constrain, context
 from .config import Settings
+from .context import EnvelopeForm
 from .dialects import sse
 from .dialects.relay import StreamRelay, make_relay
 from .dialects.replies import error_reply, reply_cut_off, reply_model, reply_text, reply_usage
@@ -66,6 +67,11 @@ class Turn:
         m = self.body.get("model")
         return m if isinstance(m, str) else ""
 
+    @cached_property
+    def envelope_form(self) -> EnvelopeForm:
+        """How the reply carries the envelope (see skillstate.context.EnvelopeForm)."""
+        return "none" if constrain.has_own_format(self.body) else "block"
+
 
 @dataclass
 class Reply:
@@ -87,7 +93,7 @@ class StreamReply:
 class Outcome:
     """The verdict on one model reply."""
 
-    status: str  # valid | invalid | tool-noop
+    status: str  # valid | invalid | tool-noop | format-noop
     state: dict[str, Any] | None = None  # the new state, when it changed
     patch: dict[str, Any] | None = None
     action: str | None = None
@@ -141,8 +147,17 @@ class Pipeline:
         return validate_and_merge(state, patch, self.policy(tuple(schema)))
 
     def judge(
-        self, text: str, has_tool_calls: bool, state: dict[str, Any], schema: list[str]
+        self,
+        text: str,
+        has_tool_calls: bool,
+        state: dict[str, Any],
+        schema: list[str],
+        form: EnvelopeForm = "block",
     ) -> Outcome:
+        if form == "none":
+            # The reply follows the client's own format, so it has no envelope to read and
+            # nothing to re-ask: the state stays as it is.
+            return Outcome("tool-noop" if has_tool_calls else "format-noop")
         extraction = extract_envelope(text)
         env = extraction.envelope
         errors = list(extraction.errors)
@@ -209,10 +224,11 @@ class Pipeline:
     ) -> tuple[dict[str, Any], str]:
         if turn.mode == "passthrough":
             return turn.body, "passthrough"
-        compact = context.build_compact(turn.dialect, turn.body, schema, state)
+        form = turn.envelope_form
+        compact = context.build_compact(turn.dialect, turn.body, schema, state, form)
         if turn.mode == "state":
             return compact, "compact"
-        full = context.build_full(turn.dialect, turn.body, schema)
+        full = context.build_full(turn.dialect, turn.body, schema, form)
         return (compact, "compact") if _est(compact) < _est(full) else (full, "full")
 
     async def preview(self, turn: Turn) -> dict[str, Any]:
@@ -323,7 +339,7 @@ class Pipeline:
                 self._spawn(self._write_ledger(rows))  # off the critical path
                 return self._reply(ex, meta, raw, None, None, rows, retries)
             text, tools = reply_text(turn.dialect, resp)
-            outcome = self.judge(text, tools, meta.state, meta.schema)
+            outcome = self.judge(text, tools, meta.state, meta.schema, turn.envelope_form)
             previous = (ex, raw, outcome)
             if outcome.status != "invalid" or retries >= self.settings.max_retries:
                 break
@@ -338,10 +354,8 @@ class Pipeline:
                 # and shows the model its own loop; its opening is enough to say what went wrong.
                 text = text[:CUT_OFF_ECHO_CHARS] + " …"
                 errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
-            out = self._outbound(
-                turn, context.add_correction(turn.dialect, out.body, text, errors),
-                meta.schema, meta.state, bounded=True,
-            )  # fmt: skip
+            asked = context.add_correction(turn.dialect, out.body, text, errors)
+            out = self._outbound(turn, asked, meta.schema, meta.state, bounded=True)
         assert previous is not None
         ex, raw, outcome = previous
         step = await self._commit(meta, outcome, rows)
@@ -406,7 +420,9 @@ class Pipeline:
             else:
                 # Commit before the terminal event: a client that reads /state right after
                 # the stream ends sees the new state.
-                outcome = self.judge(relay.text, relay.has_tool_calls, meta.state, meta.schema)
+                outcome = self.judge(
+                    relay.text, relay.has_tool_calls, meta.state, meta.schema, turn.envelope_form
+                )
                 step = await self._commit(meta, outcome, rows)
                 # Headers are long gone: the cost travels in the same comment.
                 costs = ledger_headers(rows).items()

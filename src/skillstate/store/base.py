@@ -26,7 +26,7 @@ class SessionRecord:
 @dataclass(frozen=True, slots=True)
 class TransitionRecord:
     step: int
-    status: str  # valid | invalid | tool-noop | operator
+    status: str  # valid | invalid | tool-noop | format-noop | operator
     patch: Any
     action: str | None
     errors: list[str]
