@@ -120,6 +120,9 @@ def test_max_tokens_field_for_translated_requests(
         ({}, {}, {"max_retries": "many"}, "max_retries"),
         ({}, {}, {"upstreams": [{"name": "u"}]}, "upstreams.0.url"),
         ({}, {"SKILLSTATE_VERBOSE": "maybe"}, None, "SKILLSTATE_VERBOSE"),
+        ({}, {}, {"state_schema": {"type": "bogus"}}, "state_schema: not a valid JSON Schema"),
+        ({"upstream": "http://127.0.0.1:99999/v1"}, {}, None, "bad port"),
+        ({"upstream": "http://a b/v1"}, {}, None, "bad host"),
     ],
 )
 def test_bad_config_is_one_clear_line(

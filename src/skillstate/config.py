@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import jsonschema
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -65,8 +66,14 @@ class Upstream(BaseModel):
     @classmethod
     def _http_url(cls, v: str) -> str:
         parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"must be an http(s) URL, got {v!r}")
+        try:
+            parts.port  # noqa: B018 - raises on a port outside 0-65535 or not a number
+        except ValueError:
+            raise ValueError(f"bad port in {v!r}") from None
+        if any(c.isspace() or c in '<>"{}|\\^`' for c in parts.netloc):
+            raise ValueError(f"bad host in {v!r}")
         return v.rstrip("/")
 
 
@@ -111,6 +118,17 @@ class Settings(BaseModel):
     @classmethod
     def _keys(cls, v: list[str]) -> list[str]:
         return [k for k in (s.strip() for s in v) if k]
+
+    @field_validator("state_schema")
+    @classmethod
+    def _valid_json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                jsonschema.validators.validator_for(v).check_schema(v)
+            except jsonschema.SchemaError as e:
+                where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+                raise ValueError(f"not a valid JSON Schema at {where}: {e.message}") from None
+        return v
 
     @model_validator(mode="after")
     def _unique_upstream_names(self) -> Settings:
@@ -271,7 +289,7 @@ def _one_line(e: ValidationError) -> str:
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     if loc == "schema_keys":
         loc = "schema"
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")  # our validators' own words
     if err["type"] == "extra_forbidden":
         msg = "unknown setting"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
