@@ -203,6 +203,19 @@ def test_malformed_requests_get_anthropic_400(
     assert needle in err["error"]["message"]
 
 
+def test_a_stray_stream_options_is_ignored_on_messages(
+    fake: FakeProvider, aproxy: ProxyProcess
+) -> None:
+    fake.enqueue(Reply(text=envelope({"notes": "n"})))
+    body = {"model": "m", "max_tokens": 9, "stream": True, "stream_options": "yes"}
+    r = httpx.post(
+        aproxy.v1 + "/messages",
+        json={**body, "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-api-key": "k"},
+    )
+    assert r.status_code == 200 and b"event: message_stop" in r.content
+
+
 def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: ProxyProcess) -> None:
     fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))
     fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))

@@ -211,6 +211,14 @@ def test_langchain_openai(fake: FakeProvider, proxy: ProxyProcess) -> None:
         (b"[1,2]", 400, "JSON object"),
         (b'{"model": "m", "messages": []}', 400, "messages"),
         (b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
+        (b'{"model": "m", "messages": [{"role": {"a": 1}, "content": "x"}]}', 400, "role"),
+        (b'{"model": "m", "messages": [{"role": ["user"], "content": "x"}]}', 400, "role"),
+        (
+            b'{"model": "m", "stream": true, "stream_options": "yes",'
+            b' "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "stream_options",
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(

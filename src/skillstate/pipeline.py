@@ -200,7 +200,7 @@ class Pipeline:
             openai_extra["response_format"] = fmt
         if turn.stream:
             openai_extra["stream_options"] = {
-                **(body.get("stream_options") or {}),
+                **_stream_options(body),
                 "include_usage": True,
             }
 
@@ -378,7 +378,7 @@ class Pipeline:
             turn.dialect,
             ex.upstream.kind,
             request_model=turn.model,
-            client_wants_usage=bool((turn.body.get("stream_options") or {}).get("include_usage")),
+            client_wants_usage=bool(_stream_options(turn.body).get("include_usage")),
             capture_limit=self.settings.capture_limit_bytes,
         )
         rows = [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
@@ -621,3 +621,9 @@ async def _shielded(coro: Any) -> None:
         await asyncio.shield(task)
     if not task.done():
         await task
+
+
+def _stream_options(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    # OpenAI's field; an Anthropic body may carry anything under that name (it is dropped).
+    options = body.get("stream_options")
+    return options if isinstance(options, dict) else {}

@@ -23,7 +23,7 @@ def validate_openai_request(body: dict[str, Any]) -> None:
         if not isinstance(m, dict):
             raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad(
                 f"messages[{i}].role must be one of {', '.join(sorted(_ROLES))}; got {role!r}",
                 f"messages[{i}].role",
@@ -32,3 +32,6 @@ def validate_openai_request(body: dict[str, Any]) -> None:
             raise bad(f"messages[{i}]: a tool message needs tool_call_id", f"messages[{i}]")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise bad("'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad("'stream_options' must be an object", "stream_options")
