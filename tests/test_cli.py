@@ -115,6 +115,18 @@ def test_a_second_proxy_on_the_same_data_dir_is_one_line(
     assert start_proxy(fake.url + "/v1").get("/health").status_code == 200  # free again
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["demo", "--turns", "0"], ["bench", "conversation", "--turns", "0"],
+     ["bench", "tools", "--steps", "0"]],
+)  # fmt: skip
+def test_zero_turns_is_an_error_not_the_default(tmp_path: Path, args: list[str]) -> None:
+    r = run(str(BIN / "skillstate"), *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.strip().endswith(("at least 3 turns", "at least 3 steps"))
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_sigterm_finishes_in_flight_then_exits(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
     from tests.fakeprovider import Reply
 

@@ -18,6 +18,7 @@ from skillstate.bench.runner import (
     BenchConfig,
     BenchError,
     make_console,
+    make_workload,
     progress_bar,
     run_benchmark,
 )
@@ -26,8 +27,15 @@ DEFAULT_DIR = "skillstate-demo"
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    turns = int(getattr(args, "turns", None) or 30)
+    given = getattr(args, "turns", None)
+    turns = 30 if given is None else int(given)  # --turns 0 is an error, not the default
     out_dir = Path(getattr(args, "out_dir", None) or DEFAULT_DIR)
+    cfg = BenchConfig(workload="conversation", turns=turns)
+    try:
+        make_workload(cfg)  # a bad --turns is one line before anything else is printed
+    except ValueError as e:
+        print(f"skillstate demo: {e}", file=sys.stderr)
+        return 2
     console = make_console()
     console.print(
         "[bold]skillstate demo[/bold]: a "
@@ -38,7 +46,6 @@ def run_demo(args: argparse.Namespace) -> int:
         "[yellow]The model is SIMULATED[/yellow] (deterministic, on loopback: no key, no "
         "network); token counts are the proxy's estimator, the same for both arms."
     )
-    cfg = BenchConfig(workload="conversation", turns=turns)
     try:
         with progress_bar(console, console.is_terminal) as progress:
             run = run_benchmark(cfg, progress)

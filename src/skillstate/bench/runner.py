@@ -645,8 +645,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         raise BenchError("--offline and --upstream exclude each other")
     return BenchConfig(
         workload=workload,
-        turns=getattr(args, "turns", None) or 50,
-        steps=getattr(args, "steps", None) or 20,
+        turns=_given(getattr(args, "turns", None), 50),  # --turns 0 is an error, not the default
+        steps=_given(getattr(args, "steps", None), 20),
         seed=getattr(args, "seed", 7),
         distractor_bytes=getattr(args, "distractor_bytes", 1500),
         mode=getattr(args, "mode", "state") or "state",
@@ -751,3 +751,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
