@@ -1,18 +1,22 @@
-"""The app in-process, with a store that is slow to write ledger rows: passthrough turns meter
-off the critical path, yet `/cost` right after a reply counts it and shutdown drops no row."""
+"""The app in-process, with stores that misbehave on purpose: slow ledger writes (passthrough
+turns meter off the critical path, yet `/cost` right after a reply counts it and shutdown drops
+no row) and failing commits (a stream says so in-band)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
+import pytest
 from starlette.testclient import TestClient
 
 from skillstate.app import create_app
 from skillstate.config import Settings, Upstream
 from skillstate.ledger import LedgerRow
+from skillstate.store import StoreError
 from skillstate.store.sqlite import SQLiteStore
-from tests.fakeprovider import FakeProvider
+from tests.fakeprovider import FakeProvider, Reply
 
 SLOW_WRITE = 0.3  # seconds; the reply returns long before the row is written
 
@@ -56,3 +60,27 @@ def test_shutdown_writes_pending_ledger_rows(fake: FakeProvider, tmp_path: Path)
     with TestClient(create_app(s)) as c:
         totals = c.get("/cost", params={"session": "pt"}).json()["totals"]
     assert totals["requests"] == 1
+
+
+class FailingCommitStore(SQLiteStore):
+    async def commit(self, session: str, **kw: Any) -> int:
+        raise StoreError("disk full")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_stream_whose_commit_fails_ends_with_an_error_event(
+    fake: FakeProvider, tmp_path: Path, path: str
+) -> None:
+    s = settings(fake, tmp_path)
+    fake.enqueue(Reply(text='```json\n{"state_patch": {}, "action": "a"}\n```'))
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    if path == "/v1/messages":
+        body["max_tokens"] = 16
+    app = create_app(s, FailingCommitStore(s.db_path))
+    with TestClient(app) as c, c.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        events = b"".join(r.iter_bytes())
+    *_, last = [e for e in events.split(b"\n\n") if e.strip()]
+    assert b"could not commit the turn: disk full" in last
+    assert (b"event: error" in last) == (path == "/v1/messages")  # each dialect's error event
+    assert b"[DONE]" not in events and b"message_stop" not in events

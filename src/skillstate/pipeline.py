@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -40,6 +41,8 @@ from .session import SESSION_HEADER, SessionLocks
 from .store import Store, StoreError, TransitionRecord
 from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool
+
+log = logging.getLogger("skillstate")
 
 MODES = ("state", "passthrough", "auto")
 CONSTRAIN_VALUES = ("off", "json_schema")
@@ -420,10 +423,22 @@ class Pipeline:
             else:
                 # Commit before the terminal event: a client that reads /state right after
                 # the stream ends sees the new state.
-                outcome = self.judge(
-                    relay.text, relay.has_tool_calls, meta.state, meta.schema, turn.envelope_form
-                )
-                step = await self._commit(meta, outcome, rows)
+                form = turn.envelope_form
+                try:
+                    outcome = self.judge(
+                        relay.text, relay.has_tool_calls, meta.state, meta.schema, form
+                    )
+                    step = await self._commit(meta, outcome, rows)
+                except Exception as e:
+                    # The reply is out but not committed: say so in-band, as an upstream error
+                    # would be, rather than by cutting the connection.
+                    if not isinstance(e, ProxyError):
+                        log.exception("turn %s: judging or committing a stream", turn.session)
+                    self._spawn(self._write_ledger(rows))
+                    internal = f"internal proxy error ({type(e).__name__})"
+                    yield relay.error(str(e) if isinstance(e, ProxyError) else internal)
+                    clean = True
+                    return
                 # Headers are long gone: the cost travels in the same comment.
                 costs = ledger_headers(rows).items()
                 extra = "".join(f" {k.removeprefix('x-skillstate-')}={v}" for k, v in costs)
