@@ -101,6 +101,7 @@ class Reply:
     model: str | None = None  # default: echo the request's model
     status: int = 200
     error_body: dict[str, Any] | str | bytes | None = None  # dict as-is; str = message; bytes raw
+    raw_body: bytes | None = None  # sent as-is with `status`, instead of a well-formed reply
     retry_after: str | float | None = None
     delay: float = 0.0
     chunk_delay: float = 0.0
@@ -320,6 +321,8 @@ class FakeProvider:
             if request.path == "/v1/messages/count_tokens":
                 return await self._send(request, rec, Reply(), 200, self._count(rec.json))
             rec.reply = reply = self._next_reply(rec)
+            if reply.raw_body is not None:
+                return await self._send(request, rec, reply, reply.status, reply.raw_body)
             if reply.status >= 400:
                 eb = reply.error_body
                 err = _Rejected(reply.status, eb if isinstance(eb, str) else "")
@@ -359,8 +362,9 @@ class FakeProvider:
             resp.content_type, resp.charset = "text/event-stream", "utf-8"
             resp.headers["cache-control"] = "no-cache"
             chunks: list[bytes] = payload
-        elif isinstance(payload, bytes):  # a raw error page, as a load balancer sends one
-            resp.content_type, resp.content_length = "text/html", len(payload)
+        elif isinstance(payload, bytes):  # raw: an error page, a malformed reply
+            kind = "application/json" if payload[:1] in (b"{", b"[", b"n") else "text/html"
+            resp.content_type, resp.content_length = kind, len(payload)
             chunks = [payload]
         else:
             data = _dumps(payload)

@@ -583,3 +583,41 @@ def test_breaker_opens_stays_open_probes_once_and_closes(
     a = health_of(proxy, "a")
     assert (a["circuit"], a["consecutive_failures"], a["next_probe_at"]) == ("closed", 0, None)
     assert chat(proxy, "after").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"[1, 2]", "not a JSON object"),
+        (b"null", "not a JSON object"),
+        (b"<html>ok</html>", "not a JSON object"),
+    ],
+)
+def test_a_2xx_body_that_is_no_reply_object_is_a_502(
+    fake: FakeProvider, start_proxy: StartProxy, raw: bytes, needle: str
+) -> None:
+    proxy = start_proxy(config=config(upstream("a", fake.url + "/v1"), retry_max_attempts=1))
+    fake.enqueue(Reply(raw_body=raw))
+    r = chat(proxy, "w1")
+    assert r.status_code == 502 and needle in r.json()["error"]["message"]
+    assert step(proxy, "w1") is None
+
+
+def test_odd_but_json_replies_do_not_crash_the_turn(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    cfg = config(upstream("a", fake.url + "/v1"), retry_max_attempts=1, max_retries=0)
+    proxy = start_proxy(config=cfg)
+    odd = {
+        "id": "c", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": 5}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1e300, "total_tokens": 4},
+    }  # fmt: skip
+    fake.enqueue(Reply(raw_body=json.dumps(odd).encode()))
+    r = chat(proxy, "w2")  # OpenAI client: relayed as is; no envelope in a number
+    assert r.status_code == 200 and r.headers["x-skillstate-transition"] == "invalid"
+    assert r.headers["x-skillstate-pricing"] == "usage-unavailable"
+    fake.enqueue(Reply(raw_body=json.dumps(odd).encode()))
+    r = messages(proxy, "w3")  # Anthropic client: translated, with a sane usage
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 0

@@ -121,13 +121,17 @@ class Usage:
         return self.input_tokens - self.cache_read_tokens - self.cache_write_tokens
 
 
+# Far beyond any real count, and safe everywhere a count goes (SQLite INTEGER, JSON, floats).
+MAX_TOKEN_COUNT = 2**53
+
+
 def _count(v: Any) -> int | None:
     """A non-negative token count, or None for anything else (bools, strings, NaN, -1...)."""
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return v if v >= 0 else None
-    if isinstance(v, float) and v.is_integer() and v >= 0:
+        return v if 0 <= v <= MAX_TOKEN_COUNT else None
+    if isinstance(v, float) and v.is_integer() and 0 <= v <= MAX_TOKEN_COUNT:
         return int(v)
     return None
 

@@ -326,10 +326,12 @@ class Pipeline:
             try:
                 resp = orjson.loads(raw)
             except orjson.JSONDecodeError:
+                resp = None
+            if not isinstance(resp, dict):
                 raise ProxyError(
                     "upstream_unreachable",
-                    f"upstream {ex.upstream.name} returned a non-JSON body",
-                ) from None
+                    f"upstream {ex.upstream.name} returned a body that is not a JSON object",
+                )
             up_kind = ex.upstream.kind
             usage = reply_usage(up_kind, resp)
             self._reconcile(ex, usage, out)

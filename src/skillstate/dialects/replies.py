@@ -24,7 +24,8 @@ def reply_text(dialect: str, resp: dict[str, Any]) -> tuple[str, bool]:
     content = msg.get("content")
     if isinstance(content, list):
         content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    return (content or ""), bool(msg.get("tool_calls") or msg.get("function_call"))
+    text = content if isinstance(content, str) else ""
+    return text, bool(msg.get("tool_calls") or msg.get("function_call"))
 
 
 def reply_cut_off(dialect: str, resp: dict[str, Any]) -> bool:

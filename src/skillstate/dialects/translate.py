@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import time
 import uuid
@@ -52,6 +53,7 @@ from typing import Any, TypeGuard
 
 from skillstate.dialects import sse
 from skillstate.errors import ProxyError
+from skillstate.ledger import MAX_TOKEN_COUNT
 
 __all__ = [
     "AnthropicStreamToOpenAI",
@@ -154,10 +156,11 @@ def _joined(parts: list[str]) -> str:
 
 
 def _as_int(value: Any) -> int:
-    if _is_int(value):
-        return int(value)
-    if isinstance(value, float) and value == value:
-        return int(value)
+    """A token count for the other dialect: 0 for anything that is not a sane count (a
+    1e300 from a broken server must not crash the JSON encoder)."""
+    if _is_int(value) or (isinstance(value, float) and math.isfinite(value)):
+        n = int(value)
+        return n if 0 <= n <= MAX_TOKEN_COUNT else 0
     return 0
 
 
