@@ -636,6 +636,10 @@ def parse_injection(value: str | None) -> tuple[str, int] | None:
     return arm, int(turn)
 
 
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     workload = str(
         getattr(args, "bench_workload", None) or getattr(args, "workload", None) or "conversation"
@@ -751,7 +755,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _given(value: int | None, default: int) -> int:
-    return default if value is None else value

@@ -15,7 +15,11 @@ JSON = dict[str, Any]
 
 def _created_to_iso(created: Any) -> str:
     ts = created if isinstance(created, int | float) and not isinstance(created, bool) else 0
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        when = datetime.fromtimestamp(ts, timezone.utc)
+    except (OverflowError, OSError, ValueError):  # a nonsense timestamp: the epoch
+        when = datetime.fromtimestamp(0, timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _iso_to_created(created_at: Any) -> int:

@@ -1,0 +1,35 @@
+"""Model lists and model objects between the OpenAI and Anthropic shapes."""
+
+from __future__ import annotations
+
+from skillstate.dialects.models import translate_models
+
+OPENAI_LIST = {
+    "object": "list",
+    "data": [
+        {"id": "gpt-4o", "object": "model", "created": 1700000000, "owned_by": "openai"},
+        {"id": "odd", "object": "model", "created": 10**20, "owned_by": "x"},  # nonsense time
+    ],
+}
+
+
+def test_openai_list_to_anthropic_and_back() -> None:
+    a = translate_models(OPENAI_LIST, "anthropic", single=False)
+    assert a["has_more"] is False and (a["first_id"], a["last_id"]) == ("gpt-4o", "odd")
+    assert a["data"][0] == {
+        "type": "model", "id": "gpt-4o", "display_name": "gpt-4o",
+        "created_at": "2023-11-14T22:13:20Z",
+    }  # fmt: skip
+    assert a["data"][1]["created_at"] == "1970-01-01T00:00:00Z"
+    back = translate_models(a, "openai", single=False)
+    assert back["object"] == "list"
+    assert [(m["id"], m["created"]) for m in back["data"]] == [("gpt-4o", 1700000000), ("odd", 0)]
+
+
+def test_one_model_and_an_empty_list() -> None:
+    one = translate_models({"type": "model", "id": "claude", "created_at": "bad"}, "openai",
+                           single=True)  # fmt: skip
+    assert one == {"id": "claude", "object": "model", "created": 0, "owned_by": "anthropic"}
+    assert translate_models({"data": "nope"}, "anthropic", single=False) == {
+        "data": [], "has_more": False, "first_id": None, "last_id": None,
+    }  # fmt: skip
