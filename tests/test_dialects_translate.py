@@ -1913,3 +1913,37 @@ def test_roundtrip_openai_anthropic_openai_keeps_tools(body: dict) -> None:
             follow = msgs[i + 1 : i + 1 + len(ids)]
             assert [f["role"] for f in follow] == ["tool"] * len(ids)
             assert [f["tool_call_id"] for f in follow] == ids
+
+
+# ----------------------------------------------------------------------------------------
+# structured outputs: response_format json_schema <-> output_config.format
+# ----------------------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def test_openai_json_schema_becomes_output_config_format() -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": SCHEMA, "strict": True}}
+    out = openai_request_to_anthropic(oa_request([{"role": "user", "content": "x"}],
+                                                 response_format=fmt))  # fmt: skip
+    assert out["output_config"] == {"format": {"type": "json_schema", "schema": SCHEMA}}
+    # JSON mode has no Anthropic equivalent; text is the default anyway.
+    for other in ({"type": "json_object"}, {"type": "text"}):
+        out = openai_request_to_anthropic(oa_request([{"role": "user", "content": "x"}],
+                                                     response_format=other))  # fmt: skip
+        assert "output_config" not in out
+    with pytest.raises(ProxyError, match=r"json_schema\.schema"):
+        openai_request_to_anthropic(
+            oa_request([{"role": "user", "content": "x"}],
+                       response_format={"type": "json_schema", "json_schema": {"name": "A"}})
+        )  # fmt: skip
+
+
+def test_anthropic_output_config_becomes_a_json_schema_response_format() -> None:
+    fmt = {"type": "json_schema", "schema": SCHEMA}
+    expected = {"type": "json_schema", "json_schema": {"name": "output", "schema": SCHEMA}}
+    out = anthropic_request_to_openai(base_request(output_config={"format": fmt}))
+    assert out["response_format"] == expected
+    out = anthropic_request_to_openai(base_request(output_format=fmt))  # the beta name
+    assert out["response_format"] == expected
+    assert "response_format" not in anthropic_request_to_openai(base_request())

@@ -240,6 +240,49 @@ def test_max_tokens_field_is_the_upstreams_choice(
     assert fake.last.json["max_completion_tokens"] == 77 and "max_tokens" not in fake.last.json
 
 
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_cross_dialects(
+    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+) -> None:
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+    up = {"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "k"}
+    p = start_proxy(None, config={"upstreams": [up]})
+    fake.enqueue(Reply(text='{"name": "Ann", "age": 31}'))
+    c = openai.OpenAI(base_url=p.v1, api_key="x", max_retries=0)
+    r = c.chat.completions.parse(
+        model="claude-x", messages=[{"role": "user", "content": "who?"}], response_format=Person
+    )
+    assert r.choices[0].message.parsed == Person(name="Ann", age=31)
+    fmt = fake.last.json["output_config"]["format"]
+    assert fmt["type"] == "json_schema" and fmt["schema"]["properties"].keys() == {"name", "age"}
+
+    p.stop()  # one proxy per data dir
+    up = {"name": "o", "url": fake.url + "/v1", "kind": "openai", "api_key": "k"}
+    p = start_proxy(None, config={"upstreams": [up]})
+    fake.enqueue(Reply(text='{"name": "Bo", "age": 2}'))
+    a = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+    m = a.messages.create(
+        model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "who?"}],
+        output_config={"format": {"type": "json_schema", "schema": PERSON_SCHEMA}},
+    )  # fmt: skip
+    assert json.loads(m.content[0].text) == {"name": "Bo", "age": 2}  # type: ignore[union-attr]
+    assert fake.last.json["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "output", "schema": PERSON_SCHEMA},
+    }  # fmt: skip
+
+
 def test_openai_client_against_anthropic_upstream(
     fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
 ) -> None:

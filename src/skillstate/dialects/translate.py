@@ -777,7 +777,9 @@ def _validate_tools(tools: Any) -> None:
 def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_tokens") -> JSON:
     """An Anthropic Messages request -> an OpenAI chat-completions request.
 
-    Validates first (:func:`validate_anthropic_request`). Dropped: ``metadata``, ``top_k``,
+    Validates first (:func:`validate_anthropic_request`). Structured outputs
+    (``output_config.format``) become a ``json_schema`` ``response_format``. Dropped:
+    ``metadata``, ``top_k``,
     ``thinking``, ``cache_control`` markers, ``thinking``/``redacted_thinking`` blocks and
     any other top-level field OpenAI has no equivalent for. Raises ProxyError 400 for
     content an OpenAI upstream cannot take (server tools, file/unknown image sources, ...).
@@ -827,7 +829,37 @@ def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_toke
                 out["tool_choice"] = {"type": "function", "function": {"name": tc["name"]}}
             if tc.get("disable_parallel_tool_use") and ttype != "none":
                 out["parallel_tool_calls"] = False
+    schema = _anthropic_output_schema(body)
+    if schema is not None:
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema},
+        }
     return out
+
+
+def _anthropic_output_schema(body: JSON) -> JSON | None:
+    """The JSON schema of Anthropic structured outputs (``output_config.format``, or the
+    beta ``output_format``), if the request asks for one."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else body.get("output_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = fmt.get("schema")
+        if isinstance(schema, dict):
+            return schema
+    return None
+
+
+def _openai_output_format(response_format: Any) -> JSON | None:
+    """OpenAI ``response_format`` -> Anthropic ``output_config.format``. Only a JSON schema
+    has an equivalent; ``json_object`` (JSON mode) has none and is left to the prompt."""
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise _bad("response_format.json_schema.schema: must be an object", "response_format")
+    return {"type": "json_schema", "schema": schema}
 
 
 def _tool_to_openai(tool: JSON, path: str) -> JSON:
@@ -1494,8 +1526,10 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
     ``system``/``developer`` messages (wherever they are) are joined into ``system``;
     ``tool`` messages become ``tool_result`` blocks in a user message; consecutive messages
     of the same resulting role are merged. ``temperature`` is clamped to Anthropic's [0, 1].
-    Dropped: ``stream_options`` (see :class:`AnthropicStreamToOpenAI`), ``response_format``,
-    ``seed``, penalties, ``logit_bias``, ``logprobs``, ``reasoning_effort`` and the like.
+    A ``json_schema`` ``response_format`` becomes ``output_config.format`` (structured
+    outputs). Dropped: ``stream_options`` (see :class:`AnthropicStreamToOpenAI`), a
+    ``json_object`` ``response_format`` (no equivalent), ``seed``, penalties, ``logit_bias``,
+    ``logprobs``, ``reasoning_effort`` and the like.
     Raises ProxyError 400 for malformed input and for things Anthropic cannot take
     (``n`` > 1, legacy ``functions``, audio, non-function tools).
     """
@@ -1635,6 +1669,9 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
                 choice["disable_parallel_tool_use"] = True
         if choice is not None:
             out["tool_choice"] = choice
+    output_format = _openai_output_format(body.get("response_format"))
+    if output_format is not None:
+        out["output_config"] = {"format": output_format}
     return out
 
 
