@@ -1947,3 +1947,27 @@ def test_anthropic_output_config_becomes_a_json_schema_response_format() -> None
     out = anthropic_request_to_openai(base_request(output_format=fmt))  # the beta name
     assert out["response_format"] == expected
     assert "response_format" not in anthropic_request_to_openai(base_request())
+
+
+def test_strict_only_when_openai_strict_mode_accepts_the_schema() -> None:
+    closed = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "array", "items": {"$ref": "#/$defs/B"}},
+        },
+        "required": ["a", "b"],
+        "additionalProperties": False,
+        "$defs": {
+            "B": {"type": "object", "properties": {"c": {"type": "string"}},
+                  "required": ["c"], "additionalProperties": False},
+        },
+    }  # fmt: skip
+    open_def = copy.deepcopy(closed)
+    open_def["$defs"]["B"]["required"] = []  # an optional member deep down
+    for schema, strict in ((closed, True), (open_def, False), (SCHEMA, False)):
+        fmt = {"type": "json_schema", "schema": schema}
+        spec = anthropic_request_to_openai(base_request(output_config={"format": fmt}))[
+            "response_format"
+        ]["json_schema"]
+        assert spec.get("strict", False) is strict

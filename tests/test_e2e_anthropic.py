@@ -278,9 +278,11 @@ def test_structured_outputs_cross_dialects(
         output_config={"format": {"type": "json_schema", "schema": PERSON_SCHEMA}},
     )  # fmt: skip
     assert json.loads(m.content[0].text) == {"name": "Bo", "age": 2}  # type: ignore[union-attr]
+    # A closed schema with every member required: OpenAI can guarantee it too (strict).
     assert fake.last.json["response_format"] == {
-        "type": "json_schema", "json_schema": {"name": "output", "schema": PERSON_SCHEMA},
-    }  # fmt: skip
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": PERSON_SCHEMA, "strict": True},
+    }
 
 
 def test_openai_client_against_anthropic_upstream(

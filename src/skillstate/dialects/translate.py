@@ -831,11 +831,35 @@ def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_toke
                 out["parallel_tool_calls"] = False
     schema = _anthropic_output_schema(body)
     if schema is not None:
-        out["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": schema},
-        }
+        # Anthropic guarantees the schema; OpenAI does only in strict mode, which refuses
+        # schemas with optional or open-ended members. Strict whenever the schema allows it.
+        spec: JSON = {"name": "output", "schema": schema}
+        if _strict_compatible(schema):
+            spec["strict"] = True
+        out["response_format"] = {"type": "json_schema", "json_schema": spec}
     return out
+
+
+def _strict_compatible(schema: Any) -> bool:
+    """Whether OpenAI's strict mode accepts the schema: every object closed
+    (``additionalProperties: false``) with all its properties required."""
+    if not isinstance(schema, dict):
+        return True
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    if schema.get("type") == "object" or props:
+        if schema.get("additionalProperties") is not False:
+            return False
+        if set(schema.get("required") or ()) != set(props):
+            return False
+    children = list(props.values())
+    for key in ("items", "anyOf", "oneOf", "allOf", "prefixItems"):
+        sub = schema.get(key)
+        children.extend(sub if isinstance(sub, list) else [] if sub is None else [sub])
+    for key in ("$defs", "definitions"):
+        defs = schema.get(key)
+        children.extend(defs.values() if isinstance(defs, dict) else ())
+    return all(_strict_compatible(c) for c in children)
 
 
 def _anthropic_output_schema(body: JSON) -> JSON | None:
