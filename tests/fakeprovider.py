@@ -156,6 +156,7 @@ class FakeProvider:
         self.validate = validate  # the 400 checks on message structure
         self.models = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "claude-haiku-4-5"]
         self.responder: Callable[[RecordedRequest], Reply | str | None] | None = None
+        self.models_body: bytes | None = None  # a raw /v1/models answer instead of the list
         self.requests: list[RecordedRequest] = []
         self.url = ""
         self._queue: collections.deque[Reply] = collections.deque()
@@ -310,7 +311,8 @@ class FakeProvider:
             except _Rejected as e:
                 return await self._send(request, rec, Reply(), e.status, _error(anthropic, e))
             if request.path == "/v1/models":
-                return await self._send(request, rec, Reply(), 200, self._models(anthropic))
+                listed = self.models_body or self._models(anthropic)
+                return await self._send(request, rec, Reply(), 200, listed)
             if request.path.startswith("/v1/models/"):
                 listed = self._models(anthropic)["data"]
                 found = [m for m in listed if m["id"] == request.match_info["model_id"]]

@@ -64,3 +64,11 @@ def test_unknown_route_errors_follow_the_anthropic_sdk(proxy: ProxyProcess) -> N
         c.get("/v1/nowhere", cast_to=object)
     assert e.value.body["type"] == "error"  # type: ignore[index]
     assert e.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+def test_a_model_list_that_is_not_json_is_a_502(fake: FakeProvider, mproxy: ProxyProcess) -> None:
+    fake.models_body = b"<html>maintenance</html>"
+    c = openai.OpenAI(base_url=mproxy.v1, api_key="k", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as e:
+        c.models.list()
+    assert e.value.status_code == 502 and "non-JSON model list" in e.value.message

@@ -511,6 +511,15 @@ def test_an_anthropic_upstreams_529_reaches_an_openai_client_as_503(
     assert messages(proxy, "o2").status_code == 529  # native: untouched
 
 
+def test_a_529_from_an_openai_format_gateway_is_a_503_for_openai_clients(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    proxy = start_proxy(config=config(upstream("a", fake.url + "/v1"), retry_max_attempts=1))
+    fake.enqueue(Reply(status=529, error_body="Overloaded"))
+    r = chat(proxy, "g1")
+    assert r.status_code == 503 and r.json()["error"]["message"] == "Overloaded"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_html_error_page_reaches_each_client_as_its_own_error_object(
     fake: FakeProvider, start_proxy: StartProxy, stream: bool

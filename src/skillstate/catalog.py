@@ -46,8 +46,6 @@ async def fetch_models(
     out_headers["content-type"] = "application/json"
     if ex.status >= 400:
         return Reply(*error_reply(raw, ex.status, ex.upstream.kind, dialect), out_headers)
-    if ex.upstream.kind == dialect:
-        return Reply(ex.status, raw, out_headers)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -55,5 +53,7 @@ async def fetch_models(
     if not isinstance(body, dict):
         name = ex.upstream.name
         raise ProxyError("upstream_unreachable", f"upstream {name} returned a non-JSON model list")
+    if ex.upstream.kind == dialect:
+        return Reply(ex.status, raw, out_headers)
     translated = translate_models(body, dialect, single=model_id is not None)
     return Reply(ex.status, orjson.dumps(translated), out_headers)

@@ -78,6 +78,8 @@ def error_reply(raw: bytes, status: int, upstream_kind: str, dialect: Dialect) -
     object of the client's dialect; otherwise (the other dialect, an HTML page from a load
     balancer, plain text, another server's JSON) rewritten into one, keeping its message."""
     if upstream_kind == dialect and _is_error_object(raw, dialect):
-        return status, raw
+        # 529 is Anthropic's "overloaded", also behind OpenAI-format gateways; OpenAI clients
+        # know 503.
+        return (503 if dialect == "openai" and status == 529 else status), raw
     err = ProxyError(kind_for_status(status), error_message(raw), status=status)
     return err.status_for(dialect), orjson.dumps(err.body(dialect))
