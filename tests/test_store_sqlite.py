@@ -3,13 +3,15 @@ the database has moved past."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from skillstate.store import StoreError, TransitionRecord
-from skillstate.store.sqlite import SQLiteStore
+from skillstate.store.sqlite import SQLiteStore, lock_data_dir, unlock_data_dir
 
 
 def transition(step: int) -> TransitionRecord:
@@ -23,22 +25,48 @@ async def commit(store: SQLiteStore, expected: int, state: dict[str, Any]) -> in
     )  # fmt: skip
 
 
-async def test_a_second_exclusive_store_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
+HOLD = """
+import sys, time
+from pathlib import Path
+from skillstate.store.sqlite import lock_data_dir
+lock_data_dir(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+async def test_a_data_dir_held_by_another_process_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "skillstate.db"
-    first = SQLiteStore(db, exclusive=True)
-    await first.open()
+    other = subprocess.Popen([sys.executable, "-c", HOLD, str(db)], stdout=subprocess.PIPE)
     try:
-        with pytest.raises(StoreError, match="in use by another skillstate proxy"):
+        assert other.stdout is not None and other.stdout.readline() == b"held\n"
+        with pytest.raises(
+            StoreError, match=f"in use by another skillstate proxy .pid {other.pid}"
+        ):
             await SQLiteStore(db, exclusive=True).open()
         reader = SQLiteStore(db)  # `skillstate cost` reads while the proxy runs
         await reader.open()
         assert await reader.ping()
         await reader.close()
     finally:
-        await first.close()
-    again = SQLiteStore(db, exclusive=True)  # released on close
+        other.kill()
+        other.wait()
+    again = SQLiteStore(db, exclusive=True)  # the holder died: free again
     await again.open()
     await again.close()
+
+
+def test_the_lock_is_reentrant_within_a_process(tmp_path: Path) -> None:
+    # The CLI's pre-flight check keeps its hold while the store takes its own.
+    db = tmp_path / "skillstate.db"
+    lock_data_dir(db)
+    lock_data_dir(db)
+    unlock_data_dir(db)
+    probe = subprocess.run([sys.executable, "-c", HOLD, str(db)], capture_output=True, timeout=30)
+    assert b"in use by another skillstate proxy" in probe.stderr  # one hold remains
+    unlock_data_dir(db)
+    lock_data_dir(db)  # and it can be taken again
+    unlock_data_dir(db)
 
 
 async def test_a_commit_conflict_drops_the_stale_cached_session(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import sqlite3
 import sys
@@ -41,7 +40,9 @@ def preflight_store(settings: Settings) -> None:
     path = settings.db_path
     try:
         prepare_path(path)
-        os.close(lock_data_dir(path))  # another proxy on it: say so before binding
+        # Another proxy on it: say so before binding. The hold lasts until this process
+        # exits, so no other proxy slips in before the store takes its own.
+        lock_data_dir(path)
         sqlite3.connect(path).close()
     except StoreError as e:
         raise ConfigError(f"data_dir: {e}") from None

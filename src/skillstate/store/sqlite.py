@@ -78,12 +78,21 @@ def prepare_path(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
-def lock_data_dir(path: Path) -> int:
-    """An exclusive lock on ``<db>.lock``, held by the returned descriptor until it is closed
-    (or the process dies). The proxy's session cache assumes it is the only writer, so a
-    second proxy on the same data dir must not start; readers (``skillstate cost``) need no lock.
+# Data-dir locks this process holds: lock file -> [descriptor, holds]. Re-entrant, so the
+# CLI's pre-flight check can keep its hold until exit while the store takes its own.
+_held: dict[str, list[int]] = {}
+
+
+def lock_data_dir(path: Path) -> None:
+    """Take an exclusive lock on ``<db>.lock`` (released by :func:`unlock_data_dir` or when
+    the process dies). The proxy's session cache assumes it is the only writer, so a second
+    proxy on the same data dir must not start; readers (``skillstate cost``) need no lock.
     """
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    name = os.path.realpath(f"{path}.lock")
+    if name in _held:
+        _held[name][1] += 1
+        return
+    fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -95,7 +104,18 @@ def lock_data_dir(path: Path) -> int:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
+    _held[name] = [fd, 1]
+
+
+def unlock_data_dir(path: Path) -> None:
+    name = os.path.realpath(f"{path}.lock")
+    hold = _held.get(name)
+    if hold is None:
+        return
+    hold[1] -= 1
+    if hold[1] == 0:
+        del _held[name]
+        os.close(hold[0])
 
 
 _LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
@@ -123,7 +143,7 @@ class SQLiteStore:
     ) -> None:
         self.path = path
         self._exclusive = exclusive  # hold the data dir's lock while open (see lock_data_dir)
-        self._lock_fd: int | None = None
+        self._locked = False
         self._synchronous = synchronous
         # Write-through cache of hot sessions: a turn's load needs no thread hop. The store
         # assumes it is the only writer of its database (one proxy per data dir).
@@ -211,8 +231,9 @@ class SQLiteStore:
 
     def _open_sync(self) -> None:
         prepare_path(self.path)
-        if self._exclusive and self._lock_fd is None:
-            self._lock_fd = lock_data_dir(self.path)
+        if self._exclusive and not self._locked:
+            lock_data_dir(self.path)
+            self._locked = True
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={self._synchronous}")
@@ -236,9 +257,9 @@ class SQLiteStore:
         if self._db is not None:
             await self._run(close)
         self._exec.shutdown(wait=True)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._locked:
+            unlock_data_dir(self.path)
+            self._locked = False
 
     async def ping(self) -> bool:
         try:
