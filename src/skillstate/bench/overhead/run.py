@@ -20,6 +20,9 @@ from .report import build_report, print_report
 from .servers import base_of, start_proxy
 from .workload import Endpoint, chat_body, initial_state
 
+# Measurement parameters passed to the client process and echoed in the report's config.
+RUN_PARAMS = ("warmup", "rounds", "requests", "concurrency", "duration", "segments")
+
 
 def _say(quiet: bool, msg: str) -> None:
     if not quiet:
@@ -69,6 +72,8 @@ def run_overhead(args: argparse.Namespace) -> int:
         mode_header = "passthrough" if args.mode == "forward" else "state"
         proxied_headers = [auth, ("x-skillstate-mode", mode_header)]
         d_ep, p_ep = Endpoint.from_base(direct_url), Endpoint.from_base(proxied_url)
+        # What the client process runs, and what the report says it ran: the same values.
+        run_params = {k: getattr(args, k) for k in RUN_PARAMS}
         spec = {
             "mode": args.mode,
             "direct_ep": [d_ep.host, d_ep.port, d_ep.path, d_ep.netloc],
@@ -76,12 +81,7 @@ def run_overhead(args: argparse.Namespace) -> int:
             "body": chat_body(args.model, args.stream),
             "direct_headers": direct_headers,
             "proxied_headers": proxied_headers,
-            "warmup": args.warmup,
-            "rounds": args.rounds,
-            "requests": args.requests,
-            "concurrency": args.concurrency,
-            "duration": args.duration,
-            "segments": args.segments,
+            **run_params,
             "sessions": args.sessions,
             "turn_profile": args.turn_profile,
             "turns": args.turns,
@@ -95,12 +95,7 @@ def run_overhead(args: argparse.Namespace) -> int:
             "direct": direct_url,
             "proxied": proxied_url,
             "mode_header": mode_header,
-            "warmup": args.warmup,
-            "rounds": args.rounds,
-            "requests": args.requests,
-            "concurrency": args.concurrency,
-            "duration": args.duration,
-            "segments": args.segments,
+            **run_params,
             "sessions": args.sessions if args.mode == "state" else None,
             "state_bytes": len(orjson.dumps(state)) if not args.target else None,
             "request_body_bytes": len(spec["body"]),
