@@ -18,6 +18,17 @@ from .stats import percentile, round3
 from .workload import Endpoint, build_request, session_ids
 
 
+def _timed(c: SyncConn, data: bytes) -> float:
+    """One request on a fresh-read connection, in ms; anything but a 200 is an error."""
+    c.fresh()
+    t0 = time.perf_counter_ns()
+    status, body = c.request(data)
+    t1 = time.perf_counter_ns()
+    if status != 200:
+        raise ResponseError(status, body)
+    return (t1 - t0) / 1e6
+
+
 def _sequential(
     spec: dict[str, Any],
     d: SyncConn,
@@ -28,7 +39,6 @@ def _sequential(
 ) -> dict[str, Any]:
     rounds, per, pid = spec["rounds"], spec["requests"], spec.get("proxy_pid")
     cpu_s = 0.0
-    pc = time.perf_counter_ns
     lat: dict[str, list[float]] = {"direct": [], "proxied": []}
     per_round: list[dict[str, Any]] = []
     cursor = {"direct": 0, "proxied": 0}
@@ -40,14 +50,9 @@ def _sequential(
         for _ in range(n):
             data = rs[cursor[path] % len(rs)]
             cursor[path] += 1
-            c.fresh()
-            t0 = pc()
-            status, body = c.request(data)
-            t1 = pc()
-            if status != 200:
-                raise ResponseError(status, body)
+            ms = _timed(c, data)
             if out is not None:
-                out.append((t1 - t0) / 1e6)
+                out.append(ms)
 
     for path in ("direct", "proxied"):
         run(path, spec["warmup"], None)
@@ -92,7 +97,6 @@ def _turn_profile(
         s = max(s, windows[-1][1] + 1) if windows else s
         if s + batch - 1 <= turns:
             windows.append((s, s + batch - 1))
-    pc = time.perf_counter_ns
     wall: list[float] = []
     cpu_at: dict[int, float] = {}
     clock = None
@@ -100,13 +104,7 @@ def _turn_profile(
     if pid and 0 in edges:
         cpu_at[0], clock = proc_cpu_seconds(pid)
     for turn in range(1, turns + 1):
-        p.fresh()
-        t0 = pc()
-        status, body = p.request(data)
-        t1 = pc()
-        if status != 200:
-            raise ResponseError(status, body)
-        wall.append((t1 - t0) / 1e6)
+        wall.append(_timed(p, data))
         if pid and turn in edges:
             cpu_at[turn], clock = proc_cpu_seconds(pid)
         if turn % 100 == 0:
