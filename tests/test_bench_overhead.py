@@ -182,3 +182,25 @@ def test_against_real_proxy(tmp_path: Path, mode: str) -> None:
         seeded = rep["state_check"]["seeded"]
         assert seeded["step"] >= 1, seeded  # the envelope committed
         assert seeded["state_bytes"] >= 2048
+
+
+@pytest.mark.skipif(not _HAS_PROXY, reason="the skillstate proxy is not there")
+def test_floor_arm_is_measured_in_the_same_run(tmp_path: Path) -> None:
+    rep = _run(tmp_path, "--floor", *TINY)
+    _check_common(rep)
+    seq, conc = rep["sequential"], rep["concurrency"]
+    _check_stats(seq["floor"])
+    assert seq["floor"]["n"] == seq["proxied"]["n"] == 4
+    assert len(seq["floor_added"]["p50_ms_per_round"]) == 2
+    assert seq["floor_cpu_ms_per_request"] > 0 and seq["proxy_cpu_ms_per_request"] > 0
+    assert seq["vs_floor"]["cpu_ratio"] == round(
+        seq["proxy_cpu_ms_per_request"] / seq["floor_cpu_ms_per_request"], 3
+    )
+    _check_stats(conc["floor"])
+    assert conc["floor"]["rps"] > 0 and conc["floor"]["errors"] == 0
+    assert conc["vs_floor"]["rps_ratio"] == round(conc["proxied"]["rps"] / conc["floor"]["rps"], 3)
+    for key in ("cpu_vs_floor", "rps_vs_floor"):
+        assert rep["targets"][key]["value"] is not None
+    # the floor relays the upstream's answer: a chat completion with the envelope text
+    sample = orjson.loads(rep["samples"]["floor"])
+    assert sample["object"] == "chat.completion" and "state_patch" in str(sample["choices"])

@@ -34,6 +34,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="with --target: its process id, for --turn-profile CPU time",
     )
     g.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure a minimal aiohttp + uvloop forwarder in the same interleaved run, "
+        "and state the proxy's cost as a ratio to it",
+    )
+    g.add_argument(
         "--direct",
         metavar="URL",
         help="use this existing upstream instead of starting the fast one",

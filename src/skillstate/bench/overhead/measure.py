@@ -29,21 +29,25 @@ def _timed(c: SyncConn, data: bytes) -> float:
     return (t1 - t0) / 1e6
 
 
+def _rotation(paths: Sequence[str], i: int) -> list[str]:
+    """Round ``i``'s order: each path leads in turn, so a noisy machine hits all alike."""
+    k = i % len(paths)
+    return [*paths[k:], *paths[:k]]
+
+
 def _sequential(
     spec: dict[str, Any],
-    d: SyncConn,
-    p: SyncConn,
-    d_reqs: list[bytes],
-    p_reqs: list[bytes],
+    conns: dict[str, SyncConn],
+    reqs: dict[str, list[bytes]],
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    rounds, per, pid = spec["rounds"], spec["requests"], spec.get("proxy_pid")
-    cpu_s = 0.0
-    lat: dict[str, list[float]] = {"direct": [], "proxied": []}
+    rounds, per = spec["rounds"], spec["requests"]
+    pids: dict[str, int] = spec["pids"]
+    paths = list(conns)
+    cpu_s = dict.fromkeys(pids, 0.0)
+    lat: dict[str, list[float]] = {p: [] for p in paths}
     per_round: list[dict[str, Any]] = []
-    cursor = {"direct": 0, "proxied": 0}
-    conns = {"direct": d, "proxied": p}
-    reqs = {"direct": d_reqs, "proxied": p_reqs}
+    cursor = dict.fromkeys(paths, 0)
 
     def run(path: str, n: int, out: list[float] | None) -> None:
         c, rs = conns[path], reqs[path]
@@ -54,36 +58,32 @@ def _sequential(
             if out is not None:
                 out.append(ms)
 
-    for path in ("direct", "proxied"):
+    for path in paths:
         run(path, spec["warmup"], None)
     for i in range(rounds):
         progress(f"sequential round {i + 1}/{rounds}")
-        order = ("direct", "proxied") if i % 2 == 0 else ("proxied", "direct")
-        this: dict[str, list[float]] = {"direct": [], "proxied": []}
+        order = _rotation(paths, i)
+        this: dict[str, list[float]] = {p: [] for p in paths}
         for path in order:
-            if path == "proxied" and pid:
-                c0 = proc_cpu_seconds(pid)[0]
-                run(path, per, this[path])
-                cpu_s += proc_cpu_seconds(pid)[0] - c0
-            else:
-                run(path, per, this[path])
+            pid = pids.get(path)
+            c0 = proc_cpu_seconds(pid)[0] if pid else 0.0
+            run(path, per, this[path])
+            if pid:
+                cpu_s[path] += proc_cpu_seconds(pid)[0] - c0
         for path in order:
             lat[path] += this[path]
         per_round.append(
-            {
-                "order": "direct-first" if i % 2 == 0 else "proxied-first",
-                "direct_p50_ms": percentile(sorted(this["direct"]), 50),
-                "proxied_p50_ms": percentile(sorted(this["proxied"]), 50),
-            }
+            {"order": "-".join(order)}
+            | {f"{p}_p50_ms": percentile(sorted(this[p]), 50) for p in paths}
         )
-    cpu = cpu_s * 1000 / (rounds * per) if pid and rounds else None
-    return {"lat": lat, "per_round": per_round, "proxy_cpu_ms_per_request": cpu}
+    cpu = {p: cpu_s[p] * 1000 / (rounds * per) if rounds else None for p in pids}
+    return {"lat": lat, "per_round": per_round, "cpu_ms_per_request": cpu}
 
 
 def _turn_profile(
     spec: dict[str, Any], p: SyncConn, ep: Endpoint, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    turns, batch, pid = spec["turns"], spec["turn_batch"], spec.get("proxy_pid")
+    turns, batch, pid = spec["turns"], spec["turn_batch"], spec["pids"].get("proxied")
     sid = f"bench-turnprof-{secrets.token_hex(4)}"
     headers = [h for h in spec["proxied_headers"] if h[0] != "x-skillstate-mode"]
     headers += [("x-skillstate-mode", "state"), ("x-skillstate-session", sid)]
@@ -143,28 +143,31 @@ async def _concurrency(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     n = spec["concurrency"]
+    paths = list(eps)
+    pids: dict[str, int] = spec["pids"]
     conns = {path: [await open_conn(ep) for _ in range(n)] for path, ep in eps.items()}
-    for path in ("direct", "proxied"):
+    for path in paths:
         progress(f"concurrency warm-up ({path})")
         await conc_segment(eps[path], conns[path], reqs[path], min(1.0, spec["duration"] / 4))
     segs = spec["segments"]
     seconds = spec["duration"] / segs
     order: list[str] = []
     for i in range(segs):
-        order += ["direct", "proxied"] if i % 2 == 0 else ["proxied", "direct"]
+        # D P P D for two paths; with the floor each path leads and trails in turn
+        o = _rotation(paths, i)
+        order += o if i % 2 == 0 else o[::-1]
     agg: dict[str, dict[str, Any]] = {
-        p: {"lat": [], "errors": 0, "elapsed": 0.0, "first_error": [], "proxy_cpu_s": 0.0}
-        for p in eps
+        p: {"lat": [], "errors": 0, "elapsed": 0.0, "first_error": [], "cpu_s": 0.0} for p in eps
     }
-    pid = spec.get("proxy_pid")
     for i, path in enumerate(order):
         progress(f"concurrency segment {i + 1}/{len(order)} ({path}, {seconds:g} s)")
         gc.collect()
-        c0 = proc_cpu_seconds(pid)[0] if pid and path == "proxied" else 0.0
+        pid = pids.get(path)
+        c0 = proc_cpu_seconds(pid)[0] if pid else 0.0
         r = await conc_segment(eps[path], conns[path], reqs[path], seconds)
         a = agg[path]
-        if pid and path == "proxied":
-            a["proxy_cpu_s"] += proc_cpu_seconds(pid)[0] - c0
+        if pid:
+            a["cpu_s"] += proc_cpu_seconds(pid)[0] - c0
         a["lat"] += r["lat"]
         a["errors"] += r["errors"]
         a["elapsed"] += r["elapsed"]
@@ -202,20 +205,25 @@ def _state_check(ep: Endpoint, headers: Sequence[tuple[str, str]], sid: str) -> 
 
 def client_run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
     eps = {"direct": Endpoint(*spec["direct_ep"]), "proxied": Endpoint(*spec["proxied_ep"])}
+    if spec.get("floor_ep"):
+        eps["floor"] = Endpoint(*spec["floor_ep"])
     body: bytes = spec["body"]
     dh = [tuple(h) for h in spec["direct_headers"]]
     ph = [tuple(h) for h in spec["proxied_headers"]]
+    # the floor forwards what the direct path sends: it has no modes and no sessions
+    hs = {"direct": dh, "proxied": ph, "floor": dh}
     state = spec["mode"] == "state"
     out: dict[str, Any] = {}
 
-    d, p = SyncConn(eps["direct"]), SyncConn(eps["proxied"])
-    # probe both paths once, so a misconfiguration fails fast with the server's words
-    for name, c, hs in (("direct", d, dh), ("proxied", p, ph)):
-        status, rbody = c.request(build_request(eps[name], body, hs))
+    conns = {name: SyncConn(ep) for name, ep in eps.items()}
+    # probe every path once, so a misconfiguration fails fast with the server's words
+    for name, c in conns.items():
+        status, rbody = c.request(build_request(eps[name], body, hs[name]))
         if status != 200:
             raise RuntimeError(f"{name} path: HTTP {status}: {rbody[:500]!r}")
         out[f"{name}_sample"] = rbody[:2000].decode("utf-8", "replace")
 
+    p = conns["proxied"]
     sids = session_ids(spec["sessions"], secrets.token_hex(3)) if state else []
     if state:
         p_reqs = [
@@ -229,20 +237,21 @@ def client_run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[st
                 progress(f"seeded {i + 1}/{len(p_reqs)} sessions")
     else:
         p_reqs = [build_request(eps["proxied"], body, ph)]
-    d_reqs = [build_request(eps["direct"], body, dh)]
+    reqs = {name: [build_request(ep, body, hs[name])] for name, ep in eps.items()}
+    reqs["proxied"] = p_reqs
 
     gc.collect()
     gc.freeze()
     gc.disable()
     try:
         if spec["rounds"] > 0:
-            out["sequential"] = _sequential(spec, d, p, d_reqs, p_reqs, progress)
+            out["sequential"] = _sequential(spec, conns, reqs, progress)
         if spec["turn_profile"]:
             out["turn_profile"] = _turn_profile(spec, p, eps["proxied"], progress)
     finally:
         gc.enable()
-    d.close()
-    p.close()
+    for c in conns.values():
+        c.close()
 
     if state:
         out["state_check"] = {"seeded": _state_check(eps["proxied"], ph, sids[0])}
@@ -252,12 +261,10 @@ def client_run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[st
 
     if spec["duration"] > 0:
         n = spec["concurrency"]
-        conc_reqs: dict[str, list[list[bytes]]] = {"direct": [d_reqs] * n}
+        conc_reqs: dict[str, list[list[bytes]]] = {name: [r] * n for name, r in reqs.items()}
         if state:
             # connection i owns sessions i, i+n, i+2n, ... so no two in-flight turns share one
             conc_reqs["proxied"] = [p_reqs[i::n] or [p_reqs[i % len(p_reqs)]] for i in range(n)]
-        else:
-            conc_reqs["proxied"] = [p_reqs] * n
         try:
             import uvloop
         except ImportError:  # pragma: no cover

@@ -12,12 +12,85 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 TARGETS = {
-    # (metric, limit): forward mode sequential added p50; state mode p50 and throughput.
-    "forward": {"added_p50_ms_max": 1.0},
-    "state": {"added_p50_ms_max": 2.0, "proxied_rps_min": 1000.0},
+    # Absolute: forward mode sequential added p50; state mode p50 and throughput.
+    # Relative to the floor (a minimal aiohttp + uvloop forwarder in the same run, --floor):
+    # CPU per request and req/s for forward, added p50 for state and for streams.
+    "forward": {"added_p50_ms_max": 1.0, "cpu_vs_floor_max": 2.0, "rps_vs_floor_min": 0.5},
+    "state": {"added_p50_ms_max": 2.0, "proxied_rps_min": 1500.0, "added_p50_vs_floor_max": 2.5},
+    "stream": {"added_p50_vs_floor_max": 1.3},
 }
+PATHS = ("direct", "proxied", "floor")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _sequential(seq: dict[str, Any]) -> dict[str, Any]:
+    paths = [p for p in PATHS if p in seq["lat"]]
+    out: dict[str, Any] = {p: summarize(seq["lat"][p]) for p in paths}
+    d = out["direct"]
+    for p, key in (("proxied", "added"), ("floor", "floor_added")):
+        if p not in out:
+            continue
+        x = out[p]
+        rounds = [r[f"{p}_p50_ms"] - r["direct_p50_ms"] for r in seq["per_round"]]
+        out[key] = {
+            "p50_ms": round_diff(x["p50_ms"], d["p50_ms"]),
+            "p99_ms": round_diff(x["p99_ms"], d["p99_ms"]),
+            "mean_ms": round_diff(x["mean_ms"], d["mean_ms"]),
+            "p50_ms_median_of_rounds": round3(percentile(sorted(rounds), 50)),
+            "p50_ms_per_round": [round3(r) for r in rounds],
+        }
+    cpu = seq["cpu_ms_per_request"]
+    out["proxy_cpu_ms_per_request"] = round3(cpu["proxied"]) if cpu.get("proxied") else None
+    if "floor" in out:
+        out["floor_cpu_ms_per_request"] = round3(cpu["floor"]) if cpu.get("floor") else None
+        out["vs_floor"] = {
+            "added_p50_ratio": _ratio(
+                out["added"]["p50_ms_median_of_rounds"],
+                out["floor_added"]["p50_ms_median_of_rounds"],
+            ),
+            "cpu_ratio": _ratio(out["proxy_cpu_ms_per_request"], out["floor_cpu_ms_per_request"]),
+        }
+    return out
+
+
+def _concurrency(conc: dict[str, Any], connections: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"connections": connections}
+    for path in (p for p in PATHS if p in conc):
+        c = conc[path]
+        s = summarize(c["lat"])
+        s["rps"] = round(len(c["lat"]) / c["elapsed"], 1) if c["elapsed"] else None
+        s["errors"] = c["errors"]
+        s["seconds"] = round(c["elapsed"], 3)
+        if c["first_error"]:
+            s["first_error"] = c["first_error"][0]
+        n = len(c["lat"])
+        s["cpu_ms_per_request"] = round3(c["cpu_s"] * 1000 / n) if c["cpu_s"] and n else None
+        out[path] = s
+    cpu_ms = out["proxied"]["cpu_ms_per_request"]
+    out["proxy_cpu_ms_per_request"] = cpu_ms
+    # the GIL keeps the proxy on about one core: this is its throughput on an idle core
+    out["proxy_cpu_bound_rps"] = round(1000 / cpu_ms) if cpu_ms else None
+    d, p = out["direct"], out["proxied"]
+    out["added"] = {
+        "p50_ms": round_diff(p["p50_ms"], d["p50_ms"]),
+        "p99_ms": round_diff(p["p99_ms"], d["p99_ms"]),
+        "rps_ratio": _ratio(p["rps"], d["rps"]),
+    }
+    if "floor" in out:
+        f = out["floor"]
+        out["vs_floor"] = {
+            "rps_ratio": _ratio(p["rps"], f["rps"]),
+            "cpu_ratio": _ratio(cpu_ms, f["cpu_ms_per_request"]),
+            "added_p50_ratio": _ratio(
+                round_diff(p["p50_ms"], d["p50_ms"]), round_diff(f["p50_ms"], d["p50_ms"])
+            ),
+        }
+    return out
 
 
 def build_report(
@@ -28,51 +101,12 @@ def build_report(
         "schema": SCHEMA_VERSION,
         "config": info["config"],
         "machine": info["machine"],
-        "samples": {k: raw.get(f"{k}_sample") for k in ("direct", "proxied")},
+        "samples": {k: raw.get(f"{k}_sample") for k in PATHS if f"{k}_sample" in raw},
     }
-    seq = raw.get("sequential")
-    if seq:
-        d, p = summarize(seq["lat"]["direct"]), summarize(seq["lat"]["proxied"])
-        rounds = [r["proxied_p50_ms"] - r["direct_p50_ms"] for r in seq["per_round"]]
-        rep["sequential"] = {
-            "direct": d,
-            "proxied": p,
-            "added": {
-                "p50_ms": round_diff(p["p50_ms"], d["p50_ms"]),
-                "p99_ms": round_diff(p["p99_ms"], d["p99_ms"]),
-                "mean_ms": round_diff(p["mean_ms"], d["mean_ms"]),
-                "p50_ms_median_of_rounds": round3(percentile(sorted(rounds), 50)),
-                "p50_ms_per_round": [round3(x) for x in rounds],
-            },
-            "proxy_cpu_ms_per_request": round3(seq["proxy_cpu_ms_per_request"])
-            if seq["proxy_cpu_ms_per_request"] is not None
-            else None,
-        }
-    conc = raw.get("concurrency")
-    if conc:
-        out: dict[str, Any] = {"connections": a.concurrency}
-        for path in ("direct", "proxied"):
-            c = conc[path]
-            s = summarize(c["lat"])
-            s["rps"] = round(len(c["lat"]) / c["elapsed"], 1) if c["elapsed"] else None
-            s["errors"] = c["errors"]
-            s["seconds"] = round(c["elapsed"], 3)
-            if c["first_error"]:
-                s["first_error"] = c["first_error"][0]
-            out[path] = s
-        pc_s = conc["proxied"]["proxy_cpu_s"]
-        n_p = len(conc["proxied"]["lat"])
-        cpu_ms = pc_s * 1000 / n_p if pc_s and n_p else None
-        out["proxy_cpu_ms_per_request"] = round3(cpu_ms) if cpu_ms else None
-        # the GIL keeps the proxy on about one core: this is its throughput on an idle core
-        out["proxy_cpu_bound_rps"] = round(1000 / cpu_ms) if cpu_ms else None
-        d, p = out["direct"], out["proxied"]
-        out["added"] = {
-            "p50_ms": round_diff(p["p50_ms"], d["p50_ms"]),
-            "p99_ms": round_diff(p["p99_ms"], d["p99_ms"]),
-            "rps_ratio": round(p["rps"] / d["rps"], 3) if d["rps"] and p["rps"] else None,
-        }
-        rep["concurrency"] = out
+    if raw.get("sequential"):
+        rep["sequential"] = _sequential(raw["sequential"])
+    if raw.get("concurrency"):
+        rep["concurrency"] = _concurrency(raw["concurrency"], a.concurrency)
     if raw.get("state_check"):
         rep["state_check"] = raw["state_check"]
     if raw.get("turn_profile"):
@@ -81,25 +115,30 @@ def build_report(
     return rep
 
 
+def _target(value: float | None, bound: float, upper: bool) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    key = "max" if upper else "min"
+    return {"value": value, key: bound, "met": value <= bound if upper else value >= bound}
+
+
 def _targets(a: argparse.Namespace, rep: dict[str, Any]) -> dict[str, Any]:
-    t = TARGETS[a.mode]
+    t = {**TARGETS[a.mode], **(TARGETS["stream"] if a.stream else {})}
     res: dict[str, Any] = {"applies_to": "skillstate" if not a.target else "target gateway"}
-    seq = rep.get("sequential")
-    if seq and seq["added"]["p50_ms"] is not None:
-        v = seq["added"]["p50_ms"]
-        res["added_p50_ms"] = {
-            "value": v,
-            "max": t["added_p50_ms_max"],
-            "met": v <= t["added_p50_ms_max"],
-        }
-    conc = rep.get("concurrency")
-    if "proxied_rps_min" in t and conc and conc["proxied"]["rps"] is not None:
-        v = conc["proxied"]["rps"]
-        res["proxied_rps"] = {
-            "value": v,
-            "min": t["proxied_rps_min"],
-            "met": v >= t["proxied_rps_min"],
-        }
+    seq, conc = rep.get("sequential") or {}, rep.get("concurrency") or {}
+    seq_floor, conc_floor = seq.get("vs_floor") or {}, conc.get("vs_floor") or {}
+    checks = {
+        "added_p50_ms": (seq.get("added", {}).get("p50_ms"), "added_p50_ms_max", True),
+        "proxied_rps": (conc.get("proxied", {}).get("rps"), "proxied_rps_min", False),
+        "cpu_vs_floor": (seq_floor.get("cpu_ratio"), "cpu_vs_floor_max", True),
+        "rps_vs_floor": (conc_floor.get("rps_ratio"), "rps_vs_floor_min", False),
+        "added_p50_vs_floor": (seq_floor.get("added_p50_ratio"), "added_p50_vs_floor_max", True),
+    }
+    for name, (value, key, upper) in checks.items():
+        if key in t:
+            got = _target(value, t[key], upper)
+            if got is not None:
+                res[name] = got
     return res
 
 
@@ -126,8 +165,9 @@ def _table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Table:
 def _path_rows(
     section: dict[str, Any], cells: Callable[[dict[str, Any]], list[str]], added: list[str]
 ) -> list[list[str]]:
-    """A row per path (direct, proxied) from ``cells(section[path])``, then the "added" row."""
-    rows = [[path, *cells(section[path])] for path in ("direct", "proxied")]
+    """A row per path (direct, proxied, floor) from ``cells(section[path])``, then the
+    "added" row (proxied minus direct)."""
+    rows = [[path, *cells(section[path])] for path in PATHS if path in section]
     return [*rows, ["[bold]added[/bold]", *added]]
 
 
@@ -181,11 +221,18 @@ def print_report(rep: dict[str, Any]) -> None:
                 f"  proxy CPU per request: {_f(seq['proxy_cpu_ms_per_request'])} ms "
                 "(less sensitive to a busy machine than wall time)"
             )
+        if seq.get("vs_floor"):
+            fa, vf = seq["floor_added"], seq["vs_floor"]
+            con.print(
+                f"  floor: added p50 {_f(fa['p50_ms_median_of_rounds'])} ms (median of rounds), "
+                f"CPU {_f(seq['floor_cpu_ms_per_request'])} ms per request; proxy vs floor: "
+                f"added p50 x{_f(vf['added_p50_ratio'])}, CPU x{_f(vf['cpu_ratio'])}"
+            )
     conc = rep.get("concurrency")
     if conc:
         con.print(
             f"[bold]concurrency[/bold]: {conc['connections']} connections, {cfg['duration']:g} s "
-            f"per path in {cfg['segments'] * 2} alternating segments (ms)"
+            f"per path in {cfg['segments']} alternating segments each (ms)"
         )
         ad = conc["added"]
         rows = _path_rows(
@@ -211,7 +258,13 @@ def print_report(rep: dict[str, Any]) -> None:
                 f"  proxy CPU per request: {_f(conc['proxy_cpu_ms_per_request'])} ms, so about "
                 f"{conc['proxy_cpu_bound_rps']:,} req/s if the proxy had one core to itself"
             )
-        for path in ("direct", "proxied"):
+        if conc.get("vs_floor"):
+            vf = conc["vs_floor"]
+            con.print(
+                f"  proxy vs floor: req/s x{_f(vf['rps_ratio'])}, CPU x{_f(vf['cpu_ratio'])}, "
+                f"added p50 x{_f(vf['added_p50_ratio'])}"
+            )
+        for path in (p for p in PATHS if p in conc):
             if conc[path].get("first_error"):
                 con.print(f"  [red]{path} first error:[/red] {conc[path]['first_error']}")
     tp = rep.get("turn_profile")
@@ -245,11 +298,18 @@ def print_report(rep: dict[str, Any]) -> None:
             else:
                 con.print(f"  [yellow]state check ({label}) failed:[/yellow] {c}")
     tg = rep["targets"]
+    labels = {
+        "added_p50_ms": "added p50",
+        "proxied_rps": "proxied req/s",
+        "cpu_vs_floor": "CPU vs floor",
+        "rps_vs_floor": "req/s vs floor",
+        "added_p50_vs_floor": "added p50 vs floor",
+    }
     parts = []
-    for key, label in (("added_p50_ms", "added p50"), ("proxied_rps", "proxied req/s")):
+    for key, label in labels.items():
         if key in tg:
             x = tg[key]
-            bound = f"<= {x['max']}" if "max" in x else f">= {x['min']:,.0f}"
+            bound = f"<= {x['max']}" if "max" in x else f">= {x['min']:,}"
             mark = "[green]met[/green]" if x["met"] else "[red]missed[/red]"
             val = _f(x["value"], 0 if key == "proxied_rps" else 3)
             parts.append(f"{label} {val} ({bound}): {mark}")

@@ -17,7 +17,7 @@ from .arguments import validate
 from .client_process import run_client
 from .machine import machine_info
 from .report import build_report, print_report
-from .servers import base_of, start_proxy
+from .servers import base_of, start_floor, start_proxy
 from .workload import Endpoint, chat_body, initial_state
 
 # Measurement parameters passed to the client process and echoed in the report's config.
@@ -37,7 +37,7 @@ def run_overhead(args: argparse.Namespace) -> int:
         return 2
     q = args.quiet
     info: dict[str, Any] = {"machine": machine_info()}
-    upstream = proxy = None
+    upstream = proxy = floor = None
     tmp = tempfile.TemporaryDirectory(prefix="skillstate-bench-")
     state = initial_state(args.state_kib)
     try:
@@ -67,6 +67,15 @@ def run_overhead(args: argparse.Namespace) -> int:
             proxy_name = "skillstate" if args.proxy_module == "skillstate" else args.proxy_module
             _say(q, f"skillstate proxy: {proxied_url} (pid {proxy_pid})")
 
+        pids = {"proxied": proxy_pid} if proxy_pid else {}
+        floor_ep = None
+        if args.floor:
+            floor, floor_url = start_floor(base_of(direct_url), args.start_timeout)
+            pids["floor"] = floor.proc.pid
+            f_ep = Endpoint.from_base(floor_url)
+            floor_ep = [f_ep.host, f_ep.port, f_ep.path, f_ep.netloc]
+            _say(q, f"floor forwarder: {floor_url} (pid {floor.proc.pid})")
+
         auth = ("authorization", f"Bearer {args.api_key}")
         direct_headers = [auth]
         mode_header = "passthrough" if args.mode == "forward" else "state"
@@ -86,12 +95,16 @@ def run_overhead(args: argparse.Namespace) -> int:
             "turn_profile": args.turn_profile,
             "turns": args.turns,
             "turn_batch": args.turn_batch,
-            "proxy_pid": proxy_pid,
+            "pids": pids,
+            "floor_ep": floor_ep,
         }
         info["config"] = {
             "mode": args.mode,
             "stream": args.stream,
             "proxy": proxy_name,
+            "floor": "aiohttp + uvloop minimal forwarder (bench/overhead/floor.py)"
+            if args.floor
+            else None,
             "direct": direct_url,
             "proxied": proxied_url,
             "mode_header": mode_header,
@@ -109,8 +122,9 @@ def run_overhead(args: argparse.Namespace) -> int:
         print(f"skillstate bench overhead: {e}", file=sys.stderr)
         return 1
     finally:
-        if proxy is not None:
-            proxy.stop()
+        for child in (proxy, floor):
+            if child is not None:
+                child.stop()
         if upstream is not None:
             upstream.stop()
         tmp.cleanup()

@@ -145,3 +145,21 @@ def start_proxy(
     url = proc.wait_url(timeout, {up_port})
     _wait_health(url, timeout, proc)
     return proc, base_of(url)
+
+
+def start_floor(upstream: str, timeout: float) -> tuple[_Proc, str]:
+    """Start the minimal forwarder (:mod:`.floor`) in front of ``upstream``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "skillstate.bench.overhead.floor", "--upstream", upstream]
+    popen = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    proc = _Proc("floor forwarder", popen)
+    url = proc.wait_url(timeout, {urlsplit(upstream).port or 80})
+    _wait_health(url, timeout, proc)
+    return proc, base_of(url)
