@@ -610,6 +610,26 @@ def test_a_2xx_body_that_is_no_reply_object_is_a_502(
     r = chat(proxy, "w1")
     assert r.status_code == 502 and needle in r.json()["error"]["message"]
     assert step(proxy, "w1") is None
+    # The call reached the upstream and may be billed: it is metered, as the turn's answer.
+    totals = proxy.get("/cost", params={"session": "w1", "since": "all"}).json()["totals"]
+    assert totals["requests"] == 1 and totals["attempts"]["generation"] == 1
+    assert totals["usage_unavailable_rows"] == 1
+
+
+def test_a_non_json_2xx_reply_to_a_re_ask_keeps_the_first_answer_and_meters_both(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    cfg = config(upstream("a", fake.url + "/v1"), retry_max_attempts=1, max_retries=1)
+    proxy = start_proxy(config=cfg)
+    fake.enqueue(Reply(text="no envelope here"), Reply(raw_body=b"<html>ok</html>"))
+    r = chat(proxy, "w4")
+    assert r.status_code == 200 and r.headers["x-skillstate-transition"] == "invalid"
+    assert r.json()["choices"][0]["message"]["content"] == "no envelope here"
+    assert step(proxy, "w4") == 1 and len(fake.requests) == 2
+    totals = proxy.get("/cost", params={"session": "w4", "since": "all"}).json()["totals"]
+    assert totals["requests"] == 1
+    assert totals["attempts"]["generation"] == 1
+    assert totals["attempts"]["rollback-retry"] + totals["attempts"]["transport-retry"] == 1
 
 
 def test_odd_but_json_replies_do_not_crash_the_turn(

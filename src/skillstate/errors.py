@@ -13,6 +13,8 @@ _KINDS: dict[str, tuple[int, str, str]] = {
     "authentication": (401, "authentication_error", "authentication_error"),
     "permission": (403, "permission_error", "permission_error"),
     "not_found": (404, "not_found_error", "not_found_error"),
+    # Anthropic has no conflict type; 409 with invalid_request_error is what its API sends.
+    "conflict": (409, "invalid_request_error", "invalid_request_error"),
     "request_too_large": (413, "invalid_request_error", "request_too_large"),
     "rate_limit": (429, "rate_limit_error", "rate_limit_error"),
     "api_error": (500, "api_error", "api_error"),

@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -34,15 +34,17 @@ from .dialects.translate import (
     openai_response_to_anthropic,
 )
 from .errors import Dialect, ProxyError
-from .ledger import Kind, LedgerRow, Usage, make_row
+from .ledger import LedgerRow, Usage
+from .meter import MeterContext, TurnMeter
 from .patch import PatchPolicy, extract_envelope, infer_key_types, validate_and_merge
 from .pricing import PriceBook
 from .session import SESSION_HEADER, SessionLocks
-from .store import Store, StoreError, TransitionRecord
+from .store import StepConflict, Store, StoreError, TransitionRecord
 from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool
 
 log = logging.getLogger("skillstate")
+T = TypeVar("T")
 
 MODES = ("state", "passthrough", "auto")
 CONSTRAIN_VALUES = ("off", "json_schema")
@@ -247,8 +249,11 @@ class Pipeline:
     # -- the turn ----------------------------------------------------------------------------
 
     async def run(self, turn: Turn) -> Reply | StreamReply:
+        """Run one client turn: hold the session, build the context, call upstream, judge
+        and commit. Every upstream attempt is metered, whichever way the turn ends."""
         stack = AsyncExitStack()
         handed_over = False
+        meter: TurnMeter | None = None
         try:
             if turn.mode != "passthrough":
                 await stack.enter_async_context(self.locks.hold(turn.session))
@@ -260,125 +265,151 @@ class Pipeline:
             schema = record.schema if record else self.settings.allowed_keys
             sent, shape = self.build_context(turn, state, schema)
             est_client = _est(turn.body) if turn.mode != "passthrough" else None
-            meta = _TurnMeta(turn, state, step, schema, record is None, shape, est_client)
+            ctx = MeterContext(turn.session, turn.mode, turn.model or None, est_client)
+            meter = TurnMeter(self.prices, ctx)
+            meta = _TurnMeta(turn, state, step, schema, record is None, shape, meter)
             out = self._outbound(turn, sent, schema, state)
-            if turn.stream:
-                ex = await self._dispatch(out, meta)
-                if not ex.ok:
-                    failed = [
-                        self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts
-                    ]
-                    return await self._relay_error(ex, meta, failed)
-                handed_over = True
+            if not turn.stream:
+                return await self._complete(out, meta)
+            ex = await self._dispatch(out, meta)
+            meter.failed_attempts(ex.failed_attempts)
+            if not ex.ok:
+                return await self._relay_error(ex, meta)
+            handed_over = True
 
-                async def abort() -> None:
-                    ex.close()
-                    await stack.aclose()
+            async def abort() -> None:
+                ex.close()
+                await stack.aclose()
 
-                chunks = self._stream(ex, out, meta, stack)
-                return StreamReply(self._base_headers(meta, ex), chunks, abort)
-            return await self._complete(out, meta)
+            chunks = self._stream(ex, out, meta, stack)
+            return StreamReply(self._base_headers(meta, ex), chunks, abort)
         finally:
             if not handed_over:
+                if meter is not None:
+                    # Whatever the commit did not take (failures, passthrough, errors):
+                    # off the critical path, and not cancelled with the turn.
+                    self._spawn(meter.flush(self.store))
                 await stack.aclose()
 
     async def _dispatch(self, out: Outbound, meta: _TurnMeta) -> Exchange:
+        """Send upstream (the pool retries and fails over); failed attempts are metered."""
         try:
             return await self.pool.dispatch(out)
         except ProxyError as e:
-            rows = [self._failure_row(meta, a.upstream, a.status) for a in e.attempts]
-            await self._write_ledger(rows)
+            meta.meter.failed_attempts(e.attempts)
             raise
 
     async def _complete(self, out: Outbound, meta: _TurnMeta) -> Reply:
+        """A non-streamed turn: call, judge, re-ask while the answer is invalid (up to
+        ``max_retries``), then commit the last answer and reply with it."""
         turn = meta.turn
-        rows: list[LedgerRow] = []
         retries = 0
-        # The last model reply, kept so that a rollback-retry that fails upstream still
-        # answers the client with that reply (an invalid turn) instead of an error.
-        previous: tuple[Exchange, bytes, Outcome] | None = None
-        # That reply's ledger row as a "generation", and where it is: it was relabelled
-        # "rollback-retry" when the re-ask went out, and is restored if the re-ask fails.
-        answered: tuple[int, LedgerRow] | None = None
+        # The last model answer: a re-ask that fails upstream still answers the client with
+        # it (an invalid turn) instead of an error.
+        previous: _Answer | None = None
         while True:
-            try:
-                ex = await self._dispatch(out, meta)
-            except ProxyError:
-                if previous is None:
-                    raise
-                assert answered is not None  # a loop after a reply is a re-ask
-                rows[answered[0]] = answered[1]
+            answer = await self._attempt(out, meta, reasking=previous is not None)
+            if isinstance(answer, Reply):
+                return answer  # an upstream error, relayed
+            if answer is None:  # the re-ask failed: the previous answer stands
+                meta.meter.restore()
                 break
-            rows += [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
-            try:
-                raw = await ex.read()
-            except BaseException:
-                ex.close()  # cancelled or failed mid-body: the upstream sees it go away
-                raise
-            ex.release()
-            if not ex.ok:
-                if previous is None:
-                    return await self._relay_error(ex, meta, rows, raw)
-                assert answered is not None
-                rows[answered[0]] = answered[1]
-                rows.append(self._failure_row(meta, ex.upstream.name, ex.status))
-                break
-            try:
-                resp = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                resp = None
-            if not isinstance(resp, dict):
-                raise ProxyError(
-                    "upstream_unreachable",
-                    f"upstream {ex.upstream.name} returned a body that is not a JSON object",
-                )
-            up_kind = ex.upstream.kind
-            usage = reply_usage(up_kind, resp)
-            self._reconcile(ex, usage, out)
-            model = reply_model(resp)
-            rows.append(self._row(meta, ex, usage, "generation", ex.status, model, out))
-            if up_kind != turn.dialect:
-                resp = self._translate_reply(up_kind, resp, turn)
-                raw = orjson.dumps(resp)
             if turn.mode == "passthrough":
-                self._spawn(self._write_ledger(rows))  # off the critical path
-                return self._reply(ex, meta, raw, None, None, rows, retries)
-            text, tools = reply_text(turn.dialect, resp)
-            outcome = self.judge(text, tools, meta.state, meta.schema, turn.envelope_form)
-            previous = (ex, raw, outcome)
-            if outcome.status != "invalid" or retries >= self.settings.max_retries:
+                return self._reply(answer, meta, None, None, retries)
+            text, tools = reply_text(turn.dialect, answer.resp)
+            answer.outcome = self.judge(text, tools, meta.state, meta.schema, turn.envelope_form)
+            previous = answer
+            if answer.outcome.status != "invalid" or retries >= self.settings.max_retries:
                 break
-            # Discarded answer: a rollback-retry row (zero baseline). The attempt whose answer
-            # reaches the client is the turn's one "generation" row (see skillstate.ledger).
-            answered = (len(rows) - 1, rows[-1])
-            rows[-1] = self._row(meta, ex, usage, "rollback-retry", ex.status, model, out)
+            # The discarded answer becomes a rollback-retry row (zero baseline): the attempt
+            # whose answer reaches the client is the turn's one "generation" row.
+            meta.meter.discard_last()
             retries += 1
-            errors = outcome.errors
-            if reply_cut_off(turn.dialect, resp):
-                # Echoing a reply that ran to max_tokens costs those tokens again on the re-ask
-                # and shows the model its own loop; its opening is enough to say what went wrong.
-                text = text[:CUT_OFF_ECHO_CHARS] + " …"
-                errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
-            asked = context.add_correction(turn.dialect, out.body, text, errors)
-            out = self._outbound(turn, asked, meta.schema, meta.state, bounded=True)
-        assert previous is not None
-        ex, raw, outcome = previous
-        step = await self._commit(meta, outcome, rows)
-        return self._reply(ex, meta, raw, outcome, step, rows, retries)
+            out = self._reask(out, meta, answer, text)
+        assert previous is not None and previous.outcome is not None
+        step = await self._commit(meta, previous.outcome)
+        return self._reply(previous, meta, previous.outcome, step, retries)
+
+    async def _attempt(
+        self, out: Outbound, meta: _TurnMeta, *, reasking: bool
+    ) -> _Answer | Reply | None:
+        """One upstream call, metered. A first call that fails gives the error reply (or
+        raises ProxyError); a re-ask that fails gives None, so the turn keeps its answer."""
+        meter = meta.meter
+        try:
+            ex = await self._dispatch(out, meta)
+        except ProxyError:
+            if not reasking:
+                raise
+            return None
+        meter.failed_attempts(ex.failed_attempts)
+        try:
+            raw = await ex.read()
+        except BaseException:
+            ex.close()  # cancelled or failed mid-body: the upstream sees it go away
+            raise
+        ex.release()
+        if not ex.ok:
+            if not reasking:
+                return await self._relay_error(ex, meta, raw)
+            meter.failed(ex.upstream.name, ex.status)
+            return None
+        resp = _json_object(raw)
+        if resp is None:
+            # The upstream answered (and may bill the call) with something that is no reply.
+            meter.failed(ex.upstream.name, 502, "transport-retry" if reasking else "generation")
+            if reasking:
+                return None
+            raise ProxyError(
+                "upstream_unreachable",
+                f"upstream {ex.upstream.name} returned a body that is not a JSON object",
+            )
+        up_kind = ex.upstream.kind
+        usage = reply_usage(up_kind, resp)
+        self._reconcile(ex, usage)
+        meter.answered(
+            upstream=ex.upstream.name,
+            provider_hint=ex.upstream.cfg.url,
+            usage=usage,
+            status=ex.status,
+            model=reply_model(resp),
+            est_sent=out.est_tokens,
+        )
+        if up_kind != meta.turn.dialect:
+            resp = self._translate_reply(up_kind, resp, meta.turn)
+            raw = orjson.dumps(resp)
+        return _Answer(ex, raw, resp)
+
+    def _reask(self, out: Outbound, meta: _TurnMeta, answer: _Answer, text: str) -> Outbound:
+        """The request again, with the invalid answer and what was wrong with it."""
+        turn = meta.turn
+        assert answer.outcome is not None
+        errors = answer.outcome.errors
+        if reply_cut_off(turn.dialect, answer.resp):
+            # Echoing a reply that ran to max_tokens costs those tokens again on the re-ask
+            # and shows the model its own loop; its opening is enough to say what went wrong.
+            text = text[:CUT_OFF_ECHO_CHARS] + " …"
+            errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
+        asked = context.add_correction(turn.dialect, out.body, text, errors)
+        return self._outbound(turn, asked, meta.schema, meta.state, bounded=True)
 
     def _translate_reply(self, up_kind: str, resp: dict[str, Any], turn: Turn) -> dict[str, Any]:
         if up_kind == "openai":
             return openai_response_to_anthropic(resp, request_model=turn.model)
         return anthropic_response_to_openai(resp)
 
-    def _reconcile(self, ex: Exchange, usage: Usage | None, out: Outbound) -> None:
+    def _reconcile(self, ex: Exchange, usage: Usage | None) -> None:
+        """Correct the upstream's token-per-minute window with the real usage."""
         if ex.ticket is not None and usage is not None:
             ex.upstream.limits.reconcile(ex.ticket, usage.input_tokens + usage.output_tokens)
 
     async def _stream(
         self, ex: Exchange, out: Outbound, meta: _TurnMeta, stack: AsyncExitStack
     ) -> AsyncIterator[bytes]:
+        """Relay a 2xx stream in the client's dialect, then judge and commit before the
+        terminal event. Metered whichever way it ends (a cut is a 499 row)."""
         turn = meta.turn
+        meter = meta.meter
         relay: StreamRelay = make_relay(
             turn.dialect,
             ex.upstream.kind,
@@ -386,66 +417,41 @@ class Pipeline:
             client_wants_usage=bool(_stream_options(turn.body).get("include_usage")),
             capture_limit=self.settings.capture_limit_bytes,
         )
-        rows = [self._failure_row(meta, a.upstream, a.status) for a in ex.failed_attempts]
-        parser = sse.SSEParser()
         clean = False
-        problem: str | None
+
+        def answered(status: int) -> None:
+            meter.answered(
+                upstream=ex.upstream.name,
+                provider_hint=ex.upstream.cfg.url,
+                usage=relay.usage,
+                status=status,
+                model=relay.model,
+                est_sent=out.est_tokens,
+                kind="stream",
+            )
+
         try:
-            try:
-                chunk = ex.first_chunk
-                content = ex.response.content
-                while chunk:
-                    # One write per upstream read, however many events it carried.
-                    ready = [b for event in parser.feed(chunk) for b in relay.feed(event)]
-                    if ready:
-                        yield b"".join(ready)
-                    chunk = await content.readany()
-                ready = [b for event in parser.flush() for b in relay.feed(event)]
-                if ready:
-                    yield b"".join(ready)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                problem = "upstream timed out" if isinstance(e, asyncio.TimeoutError) else (
-                    f"upstream connection failed mid-stream ({type(e).__name__})"
-                )  # fmt: skip
-            else:
-                problem = relay.upstream_error or (
-                    None if relay.complete else "upstream closed the stream before it finished"
-                )
-            self._reconcile(ex, relay.usage, out)
-            status = ex.status if problem is None else 502
-            rows.append(self._row(meta, ex, relay.usage, "stream", status, relay.model, out))
+            problem = None
+            async with contextlib.aclosing(_relay_events(ex, relay)) as events:
+                async for ready in events:
+                    if isinstance(ready, bytes):
+                        yield ready
+                    else:
+                        problem = ready.problem
+            self._reconcile(ex, relay.usage)
+            answered(ex.status if problem is None else 502)
             if problem is not None:
-                await self._write_ledger(rows)
                 if not relay.error_forwarded:
                     yield relay.error(problem)
                 return
             tail = relay.finish()
-            if turn.mode == "passthrough":
-                self._spawn(self._write_ledger(rows))  # off the stream's critical path
-            else:
-                # Commit before the terminal event: a client that reads /state right after
-                # the stream ends sees the new state.
-                form = turn.envelope_form
-                try:
-                    outcome = self.judge(
-                        relay.text, relay.has_tool_calls, meta.state, meta.schema, form
-                    )
-                    step = await self._commit(meta, outcome, rows)
-                except Exception as e:
-                    # The reply is out but not committed: say so in-band, as an upstream error
-                    # would be, rather than by cutting the connection.
-                    if not isinstance(e, ProxyError):
-                        log.exception("turn %s: judging or committing a stream", turn.session)
-                    self._spawn(self._write_ledger(rows))
-                    internal = f"internal proxy error ({type(e).__name__})"
-                    yield relay.error(str(e) if isinstance(e, ProxyError) else internal)
+            if turn.mode != "passthrough":
+                note = await self._commit_stream(meta, relay)
+                if isinstance(note, bytes):
+                    yield note  # the error event: the reply is out but not committed
                     clean = True
                     return
-                # Headers are long gone: the cost travels in the same comment.
-                costs = ledger_headers(rows).items()
-                extra = "".join(f" {k.removeprefix('x-skillstate-')}={v}" for k, v in costs)
-                note = f"skillstate transition={outcome.status} step={step}{extra}"
-                tail.insert(0, sse.comment(note))
+                tail.insert(0, note.comment)
             yield b"".join(tail)
             clean = True
         finally:
@@ -453,14 +459,38 @@ class Pipeline:
                 ex.release()
             else:
                 ex.close()  # the upstream sees the request cancelled
-                if not rows or rows[-1].kind != "stream":
-                    rows.append(self._row(meta, ex, relay.usage, "stream", 499, relay.model, out))
-                    self._spawn(self._write_ledger(rows))
+                if not meter.answered_yet:
+                    answered(499)
+            self._spawn(meter.flush(self.store))
             await _shielded(stack.aclose())
+
+    async def _commit_stream(self, meta: _TurnMeta, relay: StreamRelay) -> _StreamNote | bytes:
+        """Judge and commit a finished stream. Returns the SSE comment carrying the verdict
+        and cost (headers are long gone), or the error event when that failed."""
+        turn = meta.turn
+        try:
+            outcome = self.judge(
+                relay.text, relay.has_tool_calls, meta.state, meta.schema, turn.envelope_form
+            )
+            # Commit before the terminal event: a client that reads /state right after the
+            # stream ends sees the new state.
+            step = await self._commit(meta, outcome)
+        except Exception as e:
+            # Say so in-band, as an upstream error would be, rather than by cutting the
+            # connection.
+            if not isinstance(e, ProxyError):
+                log.exception("turn %s: judging or committing a stream", turn.session)
+            internal = f"internal proxy error ({type(e).__name__})"
+            return relay.error(str(e) if isinstance(e, ProxyError) else internal)
+        costs = meta.meter.headers().items()
+        extra = "".join(f" {k.removeprefix('x-skillstate-')}={v}" for k, v in costs)
+        note = f"skillstate transition={outcome.status} step={step}{extra}"
+        return _StreamNote(sse.comment(note))
 
     # -- commit, ledger and replies -----------------------------------------------------------
 
-    async def _commit(self, meta: _TurnMeta, outcome: Outcome, rows: list[LedgerRow]) -> int:
+    async def _commit(self, meta: _TurnMeta, outcome: Outcome) -> int:
+        """Commit the judged turn with its ledger rows (see ``commit_transition``)."""
         new_state = outcome.state
         if new_state is None and meta.is_new:
             new_state = meta.state  # create the session with its initial state
@@ -472,26 +502,47 @@ class Pipeline:
             errors=outcome.errors,
             ts=time.time(),
         )
-        try:
-            step = await self.store.commit(
-                meta.turn.session,
-                expected_step=meta.step,
-                state=new_state,
-                schema=meta.schema,
+        rows = meta.meter.unwritten()
+        step = await self.commit_transition(
+            meta.turn.session, meta.step, new_state, meta.schema, transition, rows
+        )
+        meta.meter.mark_written()
+        return step
+
+    async def commit_transition(
+        self,
+        session: str,
+        expected_step: int,
+        state: dict[str, Any] | None,
+        schema: list[str],
+        transition: TransitionRecord,
+        rows: list[LedgerRow] | None = None,
+    ) -> int:
+        """Commit one transition of a session whose lock the caller holds.
+
+        The store's commit and its cache update are one unit that cancellation cannot split:
+        a client that goes away while it runs does not release the session (the caller's
+        lock stays held until it is done), so the next turn never sees the cache behind the
+        database. Once started, the commit finishes; the cancellation is re-raised after.
+        A step conflict (another writer of the same database) is a 409, never a 500.
+        """
+        work = asyncio.ensure_future(
+            self.store.commit(
+                session,
+                expected_step=expected_step,
+                state=state,
+                schema=schema,
                 transition=transition,
                 now=transition.ts,
                 ledger=rows,
             )
+        )
+        try:
+            return await _uncancellable(work)
+        except StepConflict as e:
+            raise ProxyError("conflict", f"the turn was not committed: {e}; retry it") from e
         except StoreError as e:
             raise ProxyError("api_error", f"could not commit the turn: {e}") from e
-        meta.outcome = outcome
-        return step
-
-    async def _write_ledger(self, rows: list[LedgerRow]) -> None:
-        if rows:
-            # The ledger is best effort: a turn never fails because of it.
-            with contextlib.suppress(StoreError):
-                await self.store.add_ledger_rows(rows)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -507,45 +558,6 @@ class Pipeline:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
-    def _row(
-        self,
-        meta: _TurnMeta,
-        ex: Exchange,
-        usage: Usage | None,
-        kind: Kind,
-        status: int,
-        model: str | None,
-        out: Outbound,
-    ) -> LedgerRow:
-        compare = meta.est_client is not None and kind in ("generation", "stream")
-        return make_row(
-            book=self.prices,
-            usage=usage,
-            kind=kind,
-            status=status,
-            mode=meta.turn.mode,
-            session=meta.turn.session,
-            upstream=ex.upstream.name,
-            model=model or meta.turn.model or None,
-            est_transcript=meta.est_client if compare else None,
-            est_sent=out.est_tokens if compare else None,
-            provider_hint=ex.upstream.cfg.url,
-        )
-
-    def _failure_row(
-        self, meta: _TurnMeta, upstream: str, status: int, kind: Kind = "transport-retry"
-    ) -> LedgerRow:
-        return make_row(
-            book=self.prices,
-            usage=None,
-            kind=kind,
-            status=status,
-            mode=meta.turn.mode,
-            session=meta.turn.session,
-            upstream=upstream,
-            model=meta.turn.model or None,
-        )
-
     def _base_headers(self, meta: _TurnMeta, ex: Exchange | None) -> dict[str, str]:
         h = {SESSION_HEADER: meta.turn.session, "x-skillstate-mode": meta.turn.mode}
         if meta.shape != "passthrough":
@@ -556,15 +568,14 @@ class Pipeline:
 
     def _reply(
         self,
-        ex: Exchange,
+        answer: _Answer,
         meta: _TurnMeta,
-        raw: bytes,
         outcome: Outcome | None,
         step: int | None,
-        rows: list[LedgerRow],
         retries: int,
     ) -> Reply:
-        h = self._base_headers(meta, ex)
+        """The client's reply: the answer's body, with the turn's verdict and cost headers."""
+        h = self._base_headers(meta, answer.ex)
         h["content-type"] = "application/json"
         h["x-skillstate-retries"] = str(retries)
         if outcome is not None and step is not None:
@@ -574,18 +585,15 @@ class Pipeline:
                 h["x-skillstate-validation"] = header_safe("; ".join(outcome.errors), 500)
             if outcome.action:
                 h["x-skillstate-action"] = header_safe(outcome.action)
-        h.update(ledger_headers(rows))
-        return Reply(ex.status, raw, h)
+        h.update(meta.meter.headers())
+        return Reply(answer.ex.status, answer.raw, h)
 
-    async def _relay_error(
-        self, ex: Exchange, meta: _TurnMeta, rows: list[LedgerRow], raw: bytes | None = None
-    ) -> Reply:
+    async def _relay_error(self, ex: Exchange, meta: _TurnMeta, raw: bytes | None = None) -> Reply:
         """An upstream error answer, relayed with its status in the client's dialect."""
         if raw is None:
             raw = await ex.read()
         ex.release()
-        rows = [*rows, self._failure_row(meta, ex.upstream.name, ex.status, "generation")]
-        await self._write_ledger(rows)
+        meta.meter.failed(ex.upstream.name, ex.status, "generation")
         dialect: Dialect = "anthropic" if meta.turn.dialect == "anthropic" else "openai"
         status, raw = error_reply(raw, ex.status, ex.upstream.kind, dialect)
         h = self._base_headers(meta, ex)
@@ -595,40 +603,93 @@ class Pipeline:
 
 @dataclass
 class _TurnMeta:
+    """What the stages of one turn share: the request, the session as loaded, the context
+    shape sent and the turn's meter."""
+
     turn: Turn
     state: dict[str, Any]
     step: int
     schema: list[str]
     is_new: bool
     shape: str
-    est_client: int | None
+    meter: TurnMeter
+
+
+@dataclass
+class _Answer:
+    """One upstream answer (already in the client's dialect) and, once judged, its verdict."""
+
+    ex: Exchange
+    raw: bytes
+    resp: dict[str, Any]
     outcome: Outcome | None = None
 
 
-def ledger_headers(rows: list[LedgerRow]) -> dict[str, str]:
-    if not rows:
-        return {}
-    h: dict[str, str] = {}
-    statuses = {r.pricing for r in rows if r.pricing != "usage-unavailable" or r is rows[-1]}
-    if rows[-1].pricing == "usage-unavailable":
-        h["x-skillstate-pricing"] = "usage-unavailable"
-    elif "unknown" in statuses:
-        h["x-skillstate-pricing"] = "unknown"
-    else:
-        h["x-skillstate-pricing"] = rows[-1].pricing
-    costs = [r.cost_usd for r in rows if r.cost_usd is not None]
-    if costs and h["x-skillstate-pricing"] in ("known", "override"):
-        h["x-skillstate-cost-usd"] = f"{sum(costs):.8f}"
-    # Over all the turn's attempts (retries have a zero baseline), so the headers of a
-    # session's turns add up to its /cost saved_input_tokens.
-    saved = [
-        r.baseline_input_tokens - r.input_tokens
-        for r in rows
-        if r.baseline_input_tokens is not None and r.input_tokens is not None
-    ]
-    if saved:
-        h["x-skillstate-saved-tokens"] = str(sum(saved))
-    return h
+@dataclass
+class _StreamNote:
+    comment: bytes
+
+
+@dataclass
+class _StreamProblem:
+    problem: str
+
+
+async def _relay_events(
+    ex: Exchange, relay: StreamRelay
+) -> AsyncGenerator[bytes | _StreamProblem, None]:
+    """The upstream stream through the relay: client bytes, one write per upstream read,
+    then a ``_StreamProblem`` if the stream did not finish properly."""
+    parser = sse.SSEParser()
+    try:
+        chunk = ex.first_chunk
+        content = ex.response.content
+        while chunk:
+            ready = [b for event in parser.feed(chunk) for b in relay.feed(event)]
+            if ready:
+                yield b"".join(ready)
+            chunk = await content.readany()
+        ready = [b for event in parser.flush() for b in relay.feed(event)]
+        if ready:
+            yield b"".join(ready)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        problem = "upstream timed out" if isinstance(e, asyncio.TimeoutError) else (
+            f"upstream connection failed mid-stream ({type(e).__name__})"
+        )  # fmt: skip
+        yield _StreamProblem(problem)
+        return
+    problem_ = relay.upstream_error or (
+        None if relay.complete else "upstream closed the stream before it finished"
+    )
+    if problem_ is not None:
+        yield _StreamProblem(problem_)
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None when it is not one."""
+    try:
+        resp = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return resp if isinstance(resp, dict) else None
+
+
+async def _uncancellable(work: asyncio.Future[T]) -> T:
+    """Await ``work`` to its end even if the caller is cancelled meanwhile; a cancellation
+    that arrived is re-raised once ``work`` is done."""
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if work.cancelled():
+                raise
+            cancelled = True
+        except Exception:
+            break  # work's own failure: work.result() raises it below
+    if cancelled:
+        raise asyncio.CancelledError
+    return work.result()
 
 
 async def _shielded(coro: Any) -> None:

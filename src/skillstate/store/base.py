@@ -12,6 +12,11 @@ class StoreError(Exception):
     """The store could not do what was asked (I/O, corruption, a conflicting commit)."""
 
 
+class StepConflict(StoreError):
+    """A commit expected a step the session is no longer at: another writer committed
+    first. Nothing was written."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
     session: str

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import orjson
 
 from ..ledger import LedgerRow
-from .base import SessionRecord, StoreError, TransitionRecord
+from .base import SessionRecord, StepConflict, StoreError, TransitionRecord
 
 T = TypeVar("T")
 
@@ -323,7 +323,8 @@ class SQLiteStore:
             row = db.execute("SELECT step FROM sessions WHERE id = ?", (session,)).fetchone()
             current = row[0] if row else 0
             if current != expected_step:
-                raise StoreError(f"session {session} moved from step {expected_step} to {current}")
+                moved = f"session {session} moved from step {expected_step} to {current}"
+                raise StepConflict(moved)
             step = current + 1
             if row is None:
                 db.execute(
