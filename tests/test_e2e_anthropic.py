@@ -225,7 +225,11 @@ def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: ProxyProcess) -
             model="m", max_tokens=10, messages=[{"role": "user", "content": "x"}]
         )
     assert "slow down" in str(e.value)
-    r = httpx.post(aproxy.v1 + "/messages", content=b"{oops", headers={"x-api-key": "k"})
+    r = httpx.post(
+        aproxy.v1 + "/messages",
+        content=b"{oops",
+        headers={"x-api-key": "k", "content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -359,7 +363,11 @@ def test_count_tokens_bad_requests_are_anthropic_errors(aproxy: ProxyProcess) ->
         c.messages.count_tokens(model="m", messages=[])
     assert e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "invalid_request_error"
-    r = httpx.post(aproxy.url + "/v1/messages/count_tokens", content=b"{nope")
+    r = httpx.post(
+        aproxy.url + "/v1/messages/count_tokens",
+        content=b"{nope",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 

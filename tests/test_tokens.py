@@ -102,3 +102,27 @@ def test_100kb_messages_list_is_fast() -> None:
     per_call = (time.perf_counter() - t0) / n
     # ~55 µs on the dev box; a generous bound so slow CI machines do not flake.
     assert per_call < 0.005, f"estimate_tokens took {per_call * 1e6:.0f} µs for {size} bytes"
+
+
+def _nested_lists(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_nesting_deeper_than_any_encoder_is_still_counted() -> None:
+    # orjson refuses more than 255 levels and a recursive encoder fails near 1,000: the
+    # estimate must still be the compact JSON length of the value, with no RecursionError.
+    for depth in (300, 5000):
+        body = {"messages": [{"role": "user", "content": _nested_lists(depth)}]}
+        compact = len('{"messages":[{"role":"user","content":}]}') + 2 * depth
+        assert estimate_tokens(body) == _ceil4(compact) + MESSAGE_OVERHEAD_TOKENS
+
+
+def test_the_iterative_fallback_agrees_with_orjson() -> None:
+    # A >64-bit int sends the whole value down the fallback; everything else must measure
+    # exactly as orjson would have serialised it.
+    value = {"a": [1, {"b": None, "c": "é漢"}, [], {}], "n": 2**70, 3: [True, 1.5]}
+    expected = orjson.dumps({**value, "n": 0}, option=orjson.OPT_NON_STR_KEYS)
+    assert estimate_tokens(value) == _ceil4(len(expected) - 1 + len(str(2**70)))

@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from .errors import Dialect, ProxyError
+from .jsondepth import MAX_JSON_DEPTH, nesting_exceeds
 
 T = TypeVar("T")
 
@@ -36,18 +37,33 @@ def error_response(
 
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request body as a JSON object; 413 as soon as it is known to be too big
-    (without buffering the rest), 400 for anything that is not a JSON object."""
+    """The request body as a JSON object; 415 unless it is declared as JSON, 413 as soon as it
+    is known to be too big (without buffering the rest), 400 for anything that is not a JSON
+    object or nests deeper than ``MAX_JSON_DEPTH``."""
+    if not is_json_media_type(request.headers.get("content-type", "")):
+        # text/plain and form bodies are CORS "simple" requests: any web page could send them.
+        raise ProxyError(
+            "invalid_request",
+            "content-type must be application/json",
+            status=415,
+            code="unsupported_media_type",
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        parts.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise _too_large(max_bytes)
+            parts.append(chunk)
+    except ClientDisconnect:
+        # Nobody reads the answer; this only ends the request without an internal error.
+        raise ProxyError(
+            "invalid_request", "the client left before sending the whole body"
+        ) from None
     raw = b"".join(parts)
     if not raw:
         raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
@@ -57,7 +73,19 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         raise ProxyError("invalid_request", f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ProxyError("invalid_request", "request body must be a JSON object")
+    if nesting_exceeds(body, MAX_JSON_DEPTH, raw):
+        raise ProxyError(
+            "invalid_request", f"request body nests JSON more than {MAX_JSON_DEPTH} levels deep"
+        )
     return body
+
+
+def is_json_media_type(content_type: str) -> bool:
+    """``application/json`` or an ``application/*+json`` type, parameters ignored."""
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
 def _too_large(max_bytes: int) -> ProxyError:

@@ -17,8 +17,9 @@ input tokens into a baseline (see ``skillstate.ledger.baseline_input_tokens``). 
 sides go through the same function, the bias of the estimate largely cancels in that ratio.
 
 Anything orjson cannot serialise (non-string keys are allowed; other objects fall back to
-``str()``; integers beyond 64 bits or lone surrogates fall back to the stdlib ``json``) is still
-counted, so the estimator never raises for a JSON-like body.
+``str()``; integers beyond 64 bits, lone surrogates and nesting past orjson's 255 levels are
+measured by an iterative walk) is still counted, so the estimator never raises for a JSON-like
+value, however deep.
 
 Cost: one orjson dump plus a pass over the message list; about 55 µs for a 100 KB messages
 list (186 messages) on the dev box, i.e. negligible next to an upstream call.
@@ -65,9 +66,35 @@ def _dumps_len(obj: Any) -> int:
     try:  # non-string keys: the option makes every dump ~40% slower, so only on demand
         return len(orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS))
     except orjson.JSONEncodeError:
-        # >64-bit ints, lone surrogates, default() recursion: rare, slower, still O(size).
-        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
-        return _utf8_len(text)
+        # >64-bit ints, lone surrogates, nesting past 255: rare, slower, still O(size).
+        return _walk_len(obj)
+
+
+def _walk_len(obj: Any) -> int:
+    """The length of ``obj`` as compact JSON, by an explicit stack instead of recursion (a
+    recursive encoder fails near 1,000 levels, and orjson refuses more than 255)."""
+    total = 0
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            total += 1 + max(len(value), 1)  # braces and the commas between members
+            for key, item in value.items():
+                total += _scalar_len(key if isinstance(key, str) else str(key)) + 1  # colon
+                stack.append(item)
+        elif isinstance(value, (list, tuple)):
+            total += 1 + max(len(value), 1)  # brackets and the commas between items
+            stack.extend(value)
+        else:
+            total += _scalar_len(value)
+    return total
+
+
+def _scalar_len(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value, default=str))
+    except orjson.JSONEncodeError:  # >64-bit int or lone surrogate
+        return _utf8_len(json.dumps(value, ensure_ascii=False, default=str))
 
 
 def _count_dicts(seq: Any) -> int:

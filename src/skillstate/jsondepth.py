@@ -1,0 +1,45 @@
+"""How deeply JSON may nest: one limit for every JSON object a client sends.
+
+orjson parses up to 1,024 levels but serialises only 255, and recursive Python code stops
+near 1,000. So a body nested deeper than the proxy's own stages can handle is refused at
+parse time (400). ``MAX_JSON_DEPTH`` is far below 255 so that what passes still serialises
+after the proxy wraps it (dialect translation and state injection add a few levels), and far
+above what real requests use (a long agent transcript with tool schemas nests about 10 deep).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MAX_JSON_DEPTH", "nesting_exceeds"]
+
+MAX_JSON_DEPTH = 128
+
+
+def nesting_exceeds(value: Any, limit: int = MAX_JSON_DEPTH, raw: bytes | None = None) -> bool:
+    """True when containers in ``value`` nest more than ``limit`` deep (``[]`` and ``{}`` are
+    depth 1, a scalar 0).
+
+    ``raw``, the JSON text ``value`` was parsed from, lets most bodies skip the walk: each
+    level needs its own ``[`` or ``{``, so fewer of them than ``limit`` settles it at C speed.
+    The walk is iterative (a hostile value cannot exhaust the stack) and level by level, so it
+    stops as soon as the limit is passed; it visits each container once.
+    """
+    if raw is not None and raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner: list[Any] = []
+        add = inner.append
+        for container in level:
+            # type() is, not isinstance: ~2x faster per item, and orjson yields exact types.
+            for item in container.values() if type(container) is dict else container:
+                kind = type(item)
+                if kind is dict or kind is list:
+                    add(item)
+        level = inner
+    return False

@@ -1,0 +1,158 @@
+"""Hostile clients at the HTTP edge, through the real proxy process: JSON nested too deep,
+bodies not declared as JSON (what a web page can send without CORS), foreign Host and Origin
+headers (DNS rebinding, cross-site requests), and headers that pick what the operator's key
+bills. Every refusal is an error object in the client's own dialect."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from skillstate.jsondepth import MAX_JSON_DEPTH
+from tests.conftest import ProxyProcess
+from tests.fakeprovider import FakeProvider
+
+CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+TURN_PATHS = [CHAT, MESSAGES]
+
+
+def turn_body(path: str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    if path == MESSAGES:
+        body["max_tokens"] = 16
+    return {**body, **extra}
+
+
+def post(
+    proxy: ProxyProcess, path: str, body: bytes | dict[str, Any], **headers: str
+) -> httpx.Response:
+    # The stdlib encoder: orjson refuses to write more than 255 levels.
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    hdrs = {"content-type": "application/json"}
+    hdrs.update({k.replace("_", "-"): v for k, v in headers.items()})
+    return httpx.post(proxy.url + path, content=raw, headers=hdrs, timeout=30)
+
+
+def assert_dialect_error(r: httpx.Response, path: str, status: int, words: str) -> None:
+    """The refusal is ``status`` with the error object of ``path``'s dialect, naming ``words``."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    if path.endswith("/messages"):
+        assert body["type"] == "error" and isinstance(body["error"]["type"], str), body
+    else:
+        assert set(body["error"]) >= {"message", "type", "param", "code"}, body
+    assert words in body["error"]["message"], body
+
+
+def nested_lists(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    return 0
+
+
+def deep_schema(levels: int) -> dict[str, Any]:
+    """A JSON schema whose containers nest exactly ``levels`` deep."""
+    if levels <= 2:
+        return {"type": "string", "enum": ["a"]} if levels == 2 else {"type": "string"}
+    return {"type": "object", "properties": {"x": deep_schema(levels - 2)}}
+
+
+def with_deep_tool(path: str, total_depth: int) -> dict[str, Any]:
+    """A turn body whose deepest point, ``total_depth`` levels down, is in a tool's schema."""
+    above = depth(turn_body(path, tools=[tool(path, {})]))  # levels down to the schema itself
+    body = turn_body(path, tools=[tool(path, deep_schema(total_depth - above + 1))])
+    assert depth(body) == total_depth
+    return body
+
+
+def tool(path: str, schema: dict[str, Any]) -> dict[str, Any]:
+    if path == MESSAGES:
+        return {"name": "f", "description": "d", "input_schema": schema}
+    return {"type": "function", "function": {"name": "f", "parameters": schema}}
+
+
+# ---- item 4: one nesting limit, enforced at parse time -------------------------------------
+
+
+@pytest.mark.parametrize("path", TURN_PATHS)
+@pytest.mark.parametrize("mode", ["state", "passthrough"])
+def test_json_nested_past_the_limit_is_a_400_in_the_dialect(
+    fake: FakeProvider, proxy: ProxyProcess, path: str, mode: str
+) -> None:
+    # 300 nested arrays used to be a 500 with a traceback (orjson serialises only 255 levels).
+    content = [{"type": "text", "text": "x", "extra": nested_lists(300)}]
+    deep_content = turn_body(path, messages=[{"role": "user", "content": content}])
+    # Deep in the tools' schemas; exactly what a passing body may reach still works.
+    deep_tool = with_deep_tool(path, MAX_JSON_DEPTH + 1)
+    within = with_deep_tool(path, MAX_JSON_DEPTH)
+
+    for body in (deep_content, deep_tool):
+        r = post(proxy, path, body, x_skillstate_mode=mode)
+        assert_dialect_error(r, path, 400, f"more than {MAX_JSON_DEPTH} levels deep")
+    assert fake.requests == []
+    r = post(proxy, path, within, x_skillstate_mode=mode)
+    assert r.status_code == 200, r.text
+    assert proxy.get("/health").json()["ok"] is True
+
+
+def test_operator_patch_nested_past_the_limit_is_a_400(
+    fake: FakeProvider, proxy: ProxyProcess
+) -> None:
+    r = post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s")
+    assert r.status_code == 200, r.text
+    before = proxy.state("s")
+    r = httpx.patch(
+        proxy.url + "/state",
+        params={"session": "s"},
+        content=json.dumps({"facts": nested_lists(400)}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert_dialect_error(r, CHAT, 400, "levels deep")
+    assert proxy.state("s") == before
+
+
+# ---- item 7: bodies must be declared as JSON ------------------------------------------------
+
+
+@pytest.mark.parametrize("path", TURN_PATHS)
+def test_a_body_not_declared_as_json_is_a_415(
+    fake: FakeProvider, proxy: ProxyProcess, path: str
+) -> None:
+    raw = orjson.dumps(turn_body(path))
+    # What a web page may send cross-site without a CORS preflight, and no type at all.
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""):
+        r = httpx.post(proxy.url + path, content=raw, headers={"content-type": ctype})
+        assert_dialect_error(r, path, 415, "application/json")
+    assert fake.requests == []
+    for ctype in ("application/json; charset=utf-8", "Application/JSON", "application/x+json"):
+        r = httpx.post(proxy.url + path, content=raw, headers={"content-type": ctype})
+        assert r.status_code == 200, (ctype, r.text)
+
+
+def test_a_state_patch_not_declared_as_json_is_a_415(
+    fake: FakeProvider, proxy: ProxyProcess
+) -> None:
+    assert post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s").status_code == 200
+    before = proxy.state("s")
+    r = httpx.patch(
+        proxy.url + "/state",
+        params={"session": "s"},
+        content=b'{"facts": "from a web page"}',
+        headers={"content-type": "text/plain"},
+    )
+    assert_dialect_error(r, CHAT, 415, "application/json")
+    assert proxy.state("s") == before
