@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-real lint install demo bench clean
+.PHONY: test test-real test-ui docs lint install demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,19 @@ test-real: $(STAMP)
 	[ -n "$$SKILLSTATE_REAL_UPSTREAM" ] || $(BIN)/python scripts/real-upstream build >/dev/null
 	$(BIN)/pytest -c pyproject.toml tests/real -o "norecursedirs=.* *.egg-info build dist .venv" \
 		-m real --durations=5
+
+# The browser tier: the dashboard (/ui) and the docs site in Debian's chromium via Playwright
+# (apt-get install chromium; Playwright's own browser download is never used). Screenshots go to
+# each test's tmp dir, and to $$SKILLSTATE_UI_SHOTS when set.
+test-ui: $(STAMP)
+	$(BIN)/pip install -q -e '.[ui-test,docs]'
+	$(BIN)/pytest -c pyproject.toml tests/ui -o "norecursedirs=.* *.egg-info build dist .venv" \
+		--durations=5
+
+# The documentation site (MkDocs Material), built with --strict into ./site.
+docs: $(STAMP)
+	$(BIN)/pip install -q -e '.[docs]'
+	$(BIN)/mkdocs build --strict
 
 demo: $(STAMP)
 	$(BIN)/skillstate demo

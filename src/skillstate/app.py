@@ -36,6 +36,7 @@ from .pricing import PriceBook, PriceOverride
 from .session import SESSION_HEADER, is_valid_session_id, resolve_session_id
 from .store import Store, StoreError, TransitionRecord
 from .store.sqlite import SQLiteStore
+from .ui import ui_routes
 from .upstream.client import UpstreamPool
 
 log = logging.getLogger("skillstate")
@@ -300,6 +301,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/state", state, methods=["GET", "DELETE", "PATCH"]),
         Route("/cost", cost, methods=["GET"]),
+        *ui_routes(),
     ]
     app = Starlette(
         routes=routes,

@@ -1,0 +1,75 @@
+// Sessions: a searchable, paginated list.
+import { listSessions } from "../api.js";
+import { fmt, h, put } from "../dom.js";
+
+const PAGE = 25;
+
+export async function render(main) {
+  let cursors = [null]; // server cursors of the pages seen so far (server-side pagination)
+  let pageNo = 0;
+  let all = null; // the whole list, when the proxy does not paginate
+  let query = "";
+  let last = null;
+
+  const search = h("input", {
+    type: "search", placeholder: "Search session ids", "aria-label": "Search sessions",
+    oninput: () => {
+      query = search.value.trim().toLowerCase();
+      pageNo = all ? 0 : pageNo;
+      draw();
+    },
+  });
+  const count = h("span", { class: "muted small" });
+  const table = h("div", { class: "table-wrap" });
+  const pager = h("div", { class: "pager" });
+
+  async function load() {
+    last = await listSessions({ limit: PAGE, cursor: cursors[pageNo] });
+    all = last.all;
+    if (!all && last.next) cursors[pageNo + 1] = last.next;
+  }
+
+  function visible() {
+    const rows = (all || last.sessions).filter((r) => !query || r.session.toLowerCase().includes(query));
+    if (!all) return { rows, total: null, hasNext: Boolean(last.next) };
+    const start = pageNo * PAGE;
+    return { rows: rows.slice(start, start + PAGE), total: rows.length, hasNext: start + PAGE < rows.length };
+  }
+
+  function draw() {
+    const { rows, total, hasNext } = visible();
+    count.textContent = total === null ? "" : `${fmt.int(total)} session${total === 1 ? "" : "s"}`;
+    put(table, rows.length ? h("table", { class: "sessions" },
+      h("thead", {}, h("tr", {}, ["Session", "Step", "Updated", "State size"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows.map((r) => h("tr", {},
+        h("td", { class: "id-cell" }, h("a", { href: `#/session/${encodeURIComponent(r.session)}` }, r.session)),
+        h("td", { class: "num" }, fmt.int(r.step)),
+        h("td", { title: fmt.time(r.updated) }, fmt.ago(r.updated)),
+        h("td", { class: "num" }, fmt.bytes(r.state_bytes))))))
+      : h("p", { class: "muted empty" }, query ? "No session matches." : "No sessions yet. Send a turn with an x-skillstate-session header."));
+    const pages = total === null ? null : Math.max(1, Math.ceil(total / PAGE));
+    put(pager, 
+      h("button", { type: "button", disabled: pageNo === 0, onclick: () => go(pageNo - 1) }, "← Newer"),
+      h("span", { class: "muted small" }, pages ? `Page ${pageNo + 1} of ${pages}` : `Page ${pageNo + 1}`),
+      h("button", { type: "button", disabled: !hasNext, onclick: () => go(pageNo + 1) }, "Older →"));
+  }
+
+  async function go(n) {
+    pageNo = n;
+    if (!all) await load();
+    draw();
+  }
+
+  await load();
+  draw();
+  put(main, h("div", { class: "page" },
+    h("div", { class: "page-head" }, h("h1", {}, "Sessions"), count),
+    h("section", { class: "card" }, h("div", { class: "toolbar" }, search), table, pager)));
+  return {
+    every: 10000,
+    refresh: async () => {
+      await load();
+      draw();
+    },
+  };
+}
