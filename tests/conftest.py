@@ -1,5 +1,35 @@
-"""Shared fixtures: the fake provider (in-process thread) and the real `skillstate` proxy
-started as a separate process on loopback, exactly as a user would run it."""
+"""Shared fixtures: the fake provider and the real proxy, in-process or as a process.
+
+How to write an end-to-end test
+-------------------------------
+Use the in-process proxy unless the test is about the process itself::
+
+    def test_something(fake: FakeProvider, start_proxy: StartProxy) -> None:
+        p = start_proxy(fake.url + "/v1", "--schema", "facts", config={"session_ttl": 5})
+        fake.enqueue(Reply(text="..."))
+        client = openai.OpenAI(base_url=p.v1, api_key="sk-client")
+        ...
+        assert p.state("my-session")["state"] == {...}
+
+- ``fake`` is the wire-faithful fake provider (``tests/fakeprovider.py``): aiohttp on
+  127.0.0.1, a free port, its own event loop in a thread, new for every test.
+- ``start_proxy(upstream_url, *cli_flags, config=dict, env=dict)`` starts the real proxy: the
+  flags, config file (written to ``tmp_path/skillstate.json``) and environment are read by
+  the CLI's own parser and ``load_settings``, and the app is ``create_app`` under the same
+  uvicorn config as ``skillstate serve`` (uvloop, httptools, lifespan, graceful shutdown) in
+  a thread of the test process, on 127.0.0.1 and a free port, with the test's own data dir
+  ``tmp_path/data``. Starting one costs milliseconds, so give each test its own. ``proxy``
+  is one with the default schema ``facts,notes,step`` in front of ``fake``.
+- What you get has ``.url``, ``.v1``, ``.get(path)``, ``.state(session)``, ``.stop()``
+  and ``.start()`` (again, on the same data dir: a restart). Every test has its own data
+  dir, so sessions, ledger rows and breakers never leak between tests; a proxy shared by a
+  module (``launch_in_process`` in a module-scoped fixture, see test_e2e_resilience.py) is
+  only for tests that each use their own sessions and models.
+- ``start_proxy_process`` has the same signature and starts ``python -m skillstate`` as a
+  separate process, exactly as a user would. Use it only when the process is what is tested:
+  the CLI and its output, start-up errors, signals (SIGTERM), kill -9, stderr logging,
+  file permissions. It costs about a second per start.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +40,63 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from skillstate.cli import _cli_layer, build_parser
+from skillstate.config import Settings, load_settings
+from skillstate.server import ProxyServer
 from tests.fakeprovider import FakeProvider
 
 _URL = re.compile(r"http://127\.0\.0\.1:(\d+)")
 
 
-class ProxyProcess:
+class Proxy:
+    """What every test sees of a running proxy, in-process or not."""
+
+    url = ""
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10, **kw)
+
+    def state(self, session: str) -> dict[str, Any]:
+        r = self.get("/state", params={"session": session})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def settings_from_cli(argv: list[str], env: Mapping[str, str], cwd: Path) -> Settings:
+    """The settings `skillstate <argv>` would run with: the CLI's parser and layering."""
+    return load_settings(_cli_layer(build_parser(with_benches=False).parse_args(argv)), env, cwd)
+
+
+class InProcessProxy(Proxy):
+    """The real app under the CLI's uvicorn config in a thread of the test process."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.settings = settings_from_cli(args, env, cwd)
+        self._server: ProxyServer | None = None
+        self.start()
+
+    def start(self) -> None:
+        self._server = ProxyServer(self.settings).start()
+        self.url = self._server.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+class ProxyProcess(Proxy):
     """A running `python -m skillstate` process."""
 
     def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
@@ -30,7 +104,6 @@ class ProxyProcess:
         self.env = env
         self.cwd = cwd
         self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
         self.start()
 
     def start(self) -> None:
@@ -60,18 +133,6 @@ class ProxyProcess:
             time.sleep(0.05)
         raise RuntimeError("proxy /health never answered")
 
-    @property
-    def v1(self) -> str:
-        return self.url + "/v1"
-
-    def get(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10, **kw)
-
-    def state(self, session: str) -> dict[str, Any]:
-        r = self.get("/state", params={"session": session})
-        assert r.status_code == 200, r.text
-        return r.json()
-
     def stop(self, sig: int = signal.SIGTERM) -> str:
         """Stop the process; returns what it wrote to stderr."""
         assert self.proc is not None
@@ -89,6 +150,14 @@ class ProxyProcess:
         self.proc.kill()
         self.proc.communicate()
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+StartProxy = Callable[..., InProcessProxy]
+StartProxyProcess = Callable[..., ProxyProcess]
+
 
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
@@ -105,9 +174,55 @@ def proxy_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def proxy_argv(
+    tmp: Path, upstream: str | None, args: tuple[str, ...], config: dict[str, Any] | None
+) -> list[str]:
+    """Flags for a proxy on a free port with its data in `tmp/data` (config in `tmp`)."""
+    argv = ["--port", "0", "--data-dir", str(tmp / "data")]
+    if upstream:
+        argv += ["--upstream", upstream]
+    if config is not None:
+        cfg = tmp / "skillstate.json"
+        cfg.write_text(json.dumps(config))
+        argv += ["--config", str(cfg)]
+    return argv + list(args)
+
+
+def launch_in_process(
+    tmp: Path,
+    upstream: str | None = None,
+    *args: str,
+    config: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> InProcessProxy:
+    """An in-process proxy with its data dir under `tmp`; the caller stops it."""
+    argv = proxy_argv(tmp, upstream, args, config)
+    return InProcessProxy(argv, proxy_env(SKILLSTATE_API_KEY="sk-upstream", **(env or {})), tmp)
+
+
 @pytest.fixture
-def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyProcess]]:
-    """start_proxy(upstream_url, *extra_args, config=dict|None, env=dict|None)."""
+def start_proxy(tmp_path: Path) -> Iterator[StartProxy]:
+    """start_proxy(upstream_url, *extra_args, config=dict|None, env=dict|None), in-process."""
+    started: list[InProcessProxy] = []
+
+    def start(
+        upstream: str | None = None,
+        *args: str,
+        config: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> InProcessProxy:
+        p = launch_in_process(tmp_path, upstream, *args, config=config, env=env)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+@pytest.fixture
+def start_proxy_process(tmp_path: Path) -> Iterator[StartProxyProcess]:
+    """Like start_proxy, as a separate `python -m skillstate` process."""
     started: list[ProxyProcess] = []
 
     def start(
@@ -116,24 +231,18 @@ def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyProcess]]:
         config: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
     ) -> ProxyProcess:
-        argv = ["--port", "0", "--data-dir", str(tmp_path / "data")]
-        if upstream:
-            argv += ["--upstream", upstream]
-        if config is not None:
-            cfg = tmp_path / "skillstate.json"
-            cfg.write_text(json.dumps(config))
-            argv += ["--config", str(cfg)]
-        argv += list(args)
-        p = ProxyProcess(argv, proxy_env(SKILLSTATE_API_KEY="sk-upstream", **(env or {})), tmp_path)
+        argv = proxy_argv(tmp_path, upstream, args, config)
+        env = proxy_env(SKILLSTATE_API_KEY="sk-upstream", **(env or {}))
+        p = ProxyProcess(argv, env, tmp_path)
         started.append(p)
         return p
 
     yield start
     for p in started:
-        if p.proc is not None and p.proc.poll() is None:
+        if p.running:
             p.stop()
 
 
 @pytest.fixture
-def proxy(fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]) -> ProxyProcess:
+def proxy(fake: FakeProvider, start_proxy: StartProxy) -> InProcessProxy:
     return start_proxy(fake.url + "/v1", "--schema", "facts,notes,step")

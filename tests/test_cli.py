@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ProxyProcess, proxy_env
+from tests.conftest import StartProxyProcess, proxy_env
 from tests.fakeprovider import FakeProvider
 
 BIN = Path(sys.executable).parent
@@ -99,10 +99,10 @@ def test_port_in_use_is_one_line(tmp_path: Path, fake: FakeProvider) -> None:
 
 
 def test_a_second_proxy_on_the_same_data_dir_is_one_line(
-    tmp_path: Path, fake: FakeProvider, start_proxy
-) -> None:  # type: ignore[no-untyped-def]
-    first = start_proxy(fake.url + "/v1")
-    data = tmp_path / "data"  # start_proxy's data dir
+    tmp_path: Path, fake: FakeProvider, start_proxy_process: StartProxyProcess
+) -> None:
+    first = start_proxy_process(fake.url + "/v1")
+    data = tmp_path / "data"  # start_proxy_process's data dir
     r = run(
         str(BIN / "skillstate"), "--port", "0", "--upstream", fake.url, "--data-dir", str(data),
         cwd=tmp_path,
@@ -112,7 +112,7 @@ def test_a_second_proxy_on_the_same_data_dir_is_one_line(
     assert "in use by another skillstate proxy" in r.stderr
     assert f"pid {first.proc.pid}" in r.stderr
     first.stop()
-    assert start_proxy(fake.url + "/v1").get("/health").status_code == 200  # free again
+    assert start_proxy_process(fake.url + "/v1").get("/health").status_code == 200  # free again
 
 
 @pytest.mark.parametrize(
@@ -127,10 +127,12 @@ def test_zero_turns_is_an_error_not_the_default(tmp_path: Path, args: list[str])
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_sigterm_finishes_in_flight_then_exits(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_finishes_in_flight_then_exits(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess
+) -> None:
     from tests.fakeprovider import Reply
 
-    p: ProxyProcess = start_proxy(fake.url)
+    p = start_proxy_process(fake.url)
     fake.enqueue(Reply(text='```json\n{"state_patch": {}, "action": "a"}\n```', delay=1.0))
     with httpx.Client(timeout=30) as c:
         import threading
@@ -155,8 +157,10 @@ def test_sigterm_finishes_in_flight_then_exits(fake: FakeProvider, start_proxy) 
     assert "Traceback" not in err
 
 
-def test_verbose_logs_one_line_per_request_without_secrets(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
-    p: ProxyProcess = start_proxy(fake.url, "--verbose")
+def test_verbose_logs_one_line_per_request_without_secrets(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess
+) -> None:
+    p = start_proxy_process(fake.url, "--verbose")
     httpx.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "TOPSECRET-BODY"}]},
@@ -172,8 +176,10 @@ def test_verbose_logs_one_line_per_request_without_secrets(fake: FakeProvider, s
     assert "TOPSECRET" not in err and "sk-client-secret" not in err and "sk-upstream" not in err
 
 
-def test_data_dir_permissions(fake: FakeProvider, start_proxy, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    p: ProxyProcess = start_proxy(fake.url)
+def test_data_dir_permissions(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path
+) -> None:
+    p = start_proxy_process(fake.url)
     httpx.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},

@@ -1,10 +1,9 @@
-"""Issue 4: /v1/messages through the real proxy with the real anthropic SDK, against the
-fake provider in OpenAI mode (translated) and in Anthropic mode (native)."""
+"""The Anthropic Messages API (/v1/messages) through the real proxy with the real anthropic
+SDK, against the fake provider in OpenAI mode (translated) and in Anthropic mode (native)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -12,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
 
 TOOLS = [
@@ -31,9 +30,7 @@ def upstream_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def aproxy(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess], upstream_kind: str
-) -> ProxyProcess:
+def aproxy(fake: FakeProvider, start_proxy: StartProxy, upstream_kind: str) -> Proxy:
     cfg = {
         "schema": ["facts", "notes"],
         "upstreams": [
@@ -43,7 +40,7 @@ def aproxy(
     return start_proxy(None, config=cfg)
 
 
-def client(p: ProxyProcess) -> anthropic.Anthropic:
+def client(p: Proxy) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
 
 
@@ -54,7 +51,7 @@ def comparable(msg: Any) -> dict[str, Any]:
 
 
 def test_stream_final_message_equals_non_streamed(
-    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
+    fake: FakeProvider, aproxy: Proxy, upstream_kind: str
 ) -> None:
     reply = Reply(
         text="Checking both.",
@@ -88,7 +85,7 @@ def test_stream_final_message_equals_non_streamed(
 
 
 def test_three_parallel_tool_calls_stream_and_pair_next_turn(
-    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
+    fake: FakeProvider, aproxy: Proxy, upstream_kind: str
 ) -> None:
     c = client(aproxy)
     hdr = {"x-skillstate-session": "par"}
@@ -131,9 +128,7 @@ def test_three_parallel_tool_calls_stream_and_pair_next_turn(
     assert aproxy.state("par")["state"] == {"notes": "three done"}
 
 
-def test_state_updates_visible_like_chat_completions(
-    fake: FakeProvider, aproxy: ProxyProcess
-) -> None:
+def test_state_updates_visible_like_chat_completions(fake: FakeProvider, aproxy: Proxy) -> None:
     fake.enqueue(Reply(text=envelope({"facts": {"x": 1}})))
     raw = client(aproxy).messages.with_raw_response.create(
         model="m",
@@ -154,9 +149,7 @@ def test_state_updates_visible_like_chat_completions(
     assert aproxy.state("vis")["state"] == {"facts": {"x": 1}, "notes": "s"}
 
 
-def test_client_key_never_forwarded(
-    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
-) -> None:
+def test_client_key_never_forwarded(fake: FakeProvider, aproxy: Proxy, upstream_kind: str) -> None:
     client(aproxy).messages.create(
         model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
     )
@@ -194,7 +187,7 @@ def test_client_key_never_forwarded(
     ],
 )
 def test_malformed_requests_get_anthropic_400(
-    aproxy: ProxyProcess, body: dict[str, Any], needle: str
+    aproxy: Proxy, body: dict[str, Any], needle: str
 ) -> None:
     r = httpx.post(aproxy.v1 + "/messages", json=body, headers={"x-api-key": "k"})
     assert r.status_code == 400
@@ -203,9 +196,7 @@ def test_malformed_requests_get_anthropic_400(
     assert needle in err["error"]["message"]
 
 
-def test_a_stray_stream_options_is_ignored_on_messages(
-    fake: FakeProvider, aproxy: ProxyProcess
-) -> None:
+def test_a_stray_stream_options_is_ignored_on_messages(fake: FakeProvider, aproxy: Proxy) -> None:
     fake.enqueue(Reply(text=envelope({"notes": "n"})))
     body = {"model": "m", "max_tokens": 9, "stream": True, "stream_options": "yes"}
     r = httpx.post(
@@ -216,7 +207,7 @@ def test_a_stray_stream_options_is_ignored_on_messages(
     assert r.status_code == 200 and b"event: message_stop" in r.content
 
 
-def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: ProxyProcess) -> None:
+def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: Proxy) -> None:
     fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))
     fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))
     fake.enqueue(Reply(status=429, error_body="slow down", retry_after="0"))
@@ -234,7 +225,7 @@ def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: ProxyProcess) -
 
 
 def test_max_tokens_field_is_the_upstreams_choice(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+    fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     up = {"name": "o", "url": fake.url + "/v1", "max_tokens_field": "max_completion_tokens"}
     p = start_proxy(None, config={"upstreams": [up]})
@@ -252,9 +243,7 @@ PERSON_SCHEMA = {
 }
 
 
-def test_structured_outputs_cross_dialects(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
-) -> None:
+def test_structured_outputs_cross_dialects(fake: FakeProvider, start_proxy: StartProxy) -> None:
     import pydantic
 
     class Person(pydantic.BaseModel):
@@ -290,7 +279,7 @@ def test_structured_outputs_cross_dialects(
 
 
 def test_openai_client_against_anthropic_upstream(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+    fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start_proxy(
         None,
@@ -319,7 +308,7 @@ def test_openai_client_against_anthropic_upstream(
 
 
 def test_count_tokens_counts_what_would_be_sent(
-    fake: FakeProvider, aproxy: ProxyProcess, upstream_kind: str
+    fake: FakeProvider, aproxy: Proxy, upstream_kind: str
 ) -> None:
     c = client(aproxy)
     hdr = {"x-skillstate-session": "count"}
@@ -357,7 +346,7 @@ def test_count_tokens_counts_what_would_be_sent(
     assert aproxy.state("count")["step"] == 1  # counting commits nothing
 
 
-def test_count_tokens_bad_requests_are_anthropic_errors(aproxy: ProxyProcess) -> None:
+def test_count_tokens_bad_requests_are_anthropic_errors(aproxy: Proxy) -> None:
     c = client(aproxy)
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.count_tokens(model="m", messages=[])
@@ -371,7 +360,7 @@ def test_count_tokens_bad_requests_are_anthropic_errors(aproxy: ProxyProcess) ->
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_unknown_constrain_header_is_a_400(aproxy: ProxyProcess) -> None:
+def test_unknown_constrain_header_is_a_400(aproxy: Proxy) -> None:
     with pytest.raises(anthropic.BadRequestError, match="x-skillstate-constrain"):
         client(aproxy).messages.create(
             model="m",

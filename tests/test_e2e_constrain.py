@@ -1,9 +1,8 @@
-"""Constrained decoding (`constrain: json_schema`) through the real proxy process."""
+"""Constrained decoding (`constrain: json_schema`) through the real proxy."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -11,7 +10,7 @@ import jsonschema
 import openai
 
 from skillstate.context import CONTRACT_MARK, CORRECTION_MARK
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
 
 STATE_SCHEMA = {
@@ -47,9 +46,7 @@ def valid(schema: dict[str, Any], patch: dict[str, Any]) -> bool:
     return jsonschema.Draft202012Validator(schema).is_valid({"state_patch": patch, "action": "a"})
 
 
-def start(
-    start_proxy: Callable[..., ProxyProcess], fake: FakeProvider, **config: Any
-) -> ProxyProcess:
+def start(start_proxy: StartProxy, fake: FakeProvider, **config: Any) -> Proxy:
     return start_proxy(
         fake.url + "/v1",
         "--schema",
@@ -58,16 +55,14 @@ def start(
     )
 
 
-def chat(p: ProxyProcess, text: str = "observe", **kw: Any) -> Any:
+def chat(p: Proxy, text: str = "observe", **kw: Any) -> Any:
     c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
     return c.chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": text}], **kw
     )
 
 
-def test_header_turns_the_envelope_grammar_on(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
-) -> None:
+def test_header_turns_the_envelope_grammar_on(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start(start_proxy, fake)
     fake.enqueue(Reply(text=bare({"step": 1})), Reply(text=bare({"step": 2})))
     chat(p, extra_headers=SESSION)  # config default: off
@@ -87,7 +82,7 @@ def test_header_turns_the_envelope_grammar_on(
 
 
 def test_reask_after_a_runaway_reply_is_bounded_to_the_current_state(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+    fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start(start_proxy, fake, constrain="json_schema")
     fake.enqueue(Reply(text=bare({"step": 1, "facts": {"region": "eu-1"}})))
@@ -117,7 +112,7 @@ def test_reask_after_a_runaway_reply_is_bounded_to_the_current_state(
 
 
 def test_requests_with_their_own_format_or_tools_are_not_constrained(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+    fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start(start_proxy, fake, constrain="json_schema")
     own = {"type": "json_object"}
@@ -132,7 +127,7 @@ def test_requests_with_their_own_format_or_tools_are_not_constrained(
 
 
 def test_constraint_survives_translation_from_anthropic_messages(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+    fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start(start_proxy, fake, constrain="json_schema")
     fake.enqueue(Reply(text=bare({"step": 1, "facts": {"k": "v"}})))

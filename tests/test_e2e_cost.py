@@ -1,4 +1,4 @@
-"""Issue 6 acceptance: the usage, cost and savings ledger through the real proxy process,
+"""The usage, cost and savings ledger end to end: through the real proxy (in-process),
 driven by the real openai SDK (and plain HTTP for native /v1/messages) against the fake
 provider, and the `skillstate cost` command run as a separate process.
 
@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +23,9 @@ import openai
 import pytest
 
 from skillstate.tokens import estimate_tokens
-from tests.conftest import ProxyProcess, proxy_env
+from tests.conftest import InProcessProxy, Proxy, StartProxy, launch_in_process, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
 from tests.fakeprovider import estimate_tokens as fake_prompt_tokens
-
-StartProxy = Callable[..., ProxyProcess]
 
 # Prices of our own (USD per million tokens), so every number below is ours.
 MY_PRICES = {
@@ -42,11 +40,11 @@ def envelope(patch: dict[str, Any], action: str = "next") -> str:
     return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
-def oai(p: ProxyProcess) -> openai.OpenAI:
+def oai(p: Proxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
 
 
-def cost_of(p: ProxyProcess, **params: Any) -> dict[str, Any]:
+def cost_of(p: Proxy, **params: Any) -> dict[str, Any]:
     r = p.get("/cost", params=params)
     assert r.status_code == 200, r.text
     return r.json()
@@ -62,7 +60,7 @@ class Shared:
     """One fake provider and one proxy for the tests that only need distinct sessions."""
 
     fake: FakeProvider
-    proxy: ProxyProcess
+    proxy: InProcessProxy
     data_dir: Path
 
 
@@ -91,16 +89,7 @@ def shared_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
         "retry_max_delay": 0,
         "purge_interval": 0.2,  # ledger_retention stays at its default of 90 days
     }
-    (tmp / "skillstate.json").write_text(json.dumps(config))
-    args = [
-        "--port",
-        "0",
-        "--data-dir",
-        str(tmp / "data"),
-        "--config",
-        str(tmp / "skillstate.json"),
-    ]
-    proxy = ProxyProcess(args, proxy_env(), tmp)
+    proxy = launch_in_process(tmp, config=config)
     try:
         yield Shared(fp, proxy, tmp / "data")
     finally:
@@ -126,7 +115,7 @@ def run_cli(data_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProces
 
 
 def ask(
-    p: ProxyProcess,
+    p: Proxy,
     client_kind: str,
     model: str,
     msgs: list[dict[str, Any]],

@@ -3,25 +3,21 @@ whatever kind of upstream answers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import anthropic
 import openai
 import pytest
 
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider
 
 
 @pytest.fixture(params=["openai", "anthropic"])
-def mproxy(
-    request: pytest.FixtureRequest, fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
-) -> ProxyProcess:
+def mproxy(request: pytest.FixtureRequest, fake: FakeProvider, start_proxy: StartProxy) -> Proxy:
     up = {"name": "up", "url": fake.url, "kind": request.param, "api_key": "k"}
     return start_proxy(None, config={"upstreams": [up]})
 
 
-def test_openai_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: ProxyProcess) -> None:
+def test_openai_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: Proxy) -> None:
     c = openai.OpenAI(base_url=mproxy.v1, api_key="k", max_retries=0)
     listed = c.models.list()
     assert [m.id for m in listed.data] == fake.models
@@ -35,7 +31,7 @@ def test_openai_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: ProxyProcess
     assert isinstance(e.value.body, dict) and {"message", "type"} <= set(e.value.body)
 
 
-def test_anthropic_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: ProxyProcess) -> None:
+def test_anthropic_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: Proxy) -> None:
     c = anthropic.Anthropic(base_url=mproxy.url, api_key="k", max_retries=0)
     page = c.models.list()
     assert [m.id for m in page.data] == fake.models
@@ -50,7 +46,7 @@ def test_anthropic_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: ProxyProc
 
 
 def test_paging_reaches_an_upstream_of_the_clients_kind(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
+    fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     up = {"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "k"}
     p = start_proxy(None, config={"upstreams": [up]})
@@ -58,7 +54,7 @@ def test_paging_reaches_an_upstream_of_the_clients_kind(
     assert fake.last.path == "/v1/models" and fake.last.query == "limit=2"
 
 
-def test_unknown_route_errors_follow_the_anthropic_sdk(proxy: ProxyProcess) -> None:
+def test_unknown_route_errors_follow_the_anthropic_sdk(proxy: Proxy) -> None:
     c = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
     with pytest.raises(anthropic.NotFoundError) as e:
         c.get("/v1/nowhere", cast_to=object)
@@ -66,7 +62,7 @@ def test_unknown_route_errors_follow_the_anthropic_sdk(proxy: ProxyProcess) -> N
     assert e.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
 
 
-def test_a_model_list_that_is_not_json_is_a_502(fake: FakeProvider, mproxy: ProxyProcess) -> None:
+def test_a_model_list_that_is_not_json_is_a_502(fake: FakeProvider, mproxy: Proxy) -> None:
     fake.models_body = b"<html>maintenance</html>"
     c = openai.OpenAI(base_url=mproxy.v1, api_key="k", max_retries=0)
     with pytest.raises(openai.APIStatusError) as e:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 
 import httpx
 
 from skillstate.upstream.client import base_url
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
 
 
@@ -17,7 +16,7 @@ def envelope(patch: dict) -> str:
     return "```json\n" + json.dumps({"state_patch": patch, "action": "a"}) + "\n```"
 
 
-def post(p: ProxyProcess, messages: list, **headers: str) -> httpx.Response:
+def post(p: Proxy, messages: list, **headers: str) -> httpx.Response:
     return httpx.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": messages},
@@ -37,7 +36,7 @@ def long_transcript(turns: int) -> list[dict]:
 
 
 def test_passthrough_forwards_untouched_and_keeps_no_state(
-    fake: FakeProvider, proxy: ProxyProcess
+    fake: FakeProvider, proxy: Proxy
 ) -> None:
     msgs = long_transcript(3)
     r = post(proxy, msgs, x_skillstate_mode="passthrough", x_skillstate_session="pt")
@@ -51,7 +50,7 @@ def test_passthrough_forwards_untouched_and_keeps_no_state(
     assert cost["totals"]["requests"] == 1 and cost["totals"]["input_tokens"] > 0
 
 
-def test_auto_mode_picks_the_smaller_context(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_auto_mode_picks_the_smaller_context(fake: FakeProvider, proxy: Proxy) -> None:
     fake.responder = lambda _req: Reply(text=envelope({"notes": "n"}))
     short = [{"role": "user", "content": "hi"}]
     r = post(proxy, short, x_skillstate_mode="auto", x_skillstate_session="au")
@@ -65,14 +64,12 @@ def test_auto_mode_picks_the_smaller_context(fake: FakeProvider, proxy: ProxyPro
     assert proxy.state("au")["step"] == 2 and proxy.state("au")["state"] == {"notes": "n"}
 
 
-def test_bad_mode_header_is_400(proxy: ProxyProcess) -> None:
+def test_bad_mode_header_is_400(proxy: Proxy) -> None:
     r = post(proxy, [{"role": "user", "content": "x"}], x_skillstate_mode="turbo")
     assert r.status_code == 400 and "x-skillstate-mode" in r.json()["error"]["message"]
 
 
-def test_sessions_expire_after_ttl(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
-) -> None:
+def test_sessions_expire_after_ttl(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start_proxy(fake.url, config={"session_ttl": 1, "purge_interval": 0.2})
     post(p, [{"role": "user", "content": "x"}], x_skillstate_session="old")
     assert p.get("/state", params={"session": "old"}).status_code == 200
@@ -91,9 +88,7 @@ def test_base_url_is_never_doubled() -> None:
     assert base_url("https://x/v1beta/openai") == "https://x/v1beta/openai"
 
 
-def test_upstream_without_v1_gets_it(
-    fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
-) -> None:
+def test_upstream_without_v1_gets_it(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start_proxy(fake.url)  # no /v1 in the configured URL
     assert post(p, [{"role": "user", "content": "x"}]).status_code == 200
     assert fake.last.path == "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""The real proxy process, driven by the real openai SDK, against the fake provider."""
+"""The real proxy, driven by the real openai SDK, against the fake provider."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pydantic
 import pytest
 
 from skillstate.context import CONTRACT_MARK
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
 
 SESSION = {"x-skillstate-session": "sess_1"}
@@ -21,11 +21,11 @@ def envelope(patch: dict, action: str = "next", prefix: str = "Thinking.") -> st
     return f"{prefix}\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
-def client(proxy: ProxyProcess, **kw: object) -> openai.OpenAI:
+def client(proxy: Proxy, **kw: object) -> openai.OpenAI:
     return openai.OpenAI(base_url=proxy.v1, api_key="sk-client", max_retries=0, **kw)
 
 
-def test_non_streaming_turn_commits_state(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_non_streaming_turn_commits_state(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text=envelope({"facts": {"city": "Lyon"}}, "remember city")))
     raw = client(proxy).chat.completions.with_raw_response.create(
         model="gpt-test",
@@ -45,7 +45,7 @@ def test_non_streaming_turn_commits_state(fake: FakeProvider, proxy: ProxyProces
     assert not any(k.startswith("x-skillstate") for k in sent.headers)
 
 
-def test_missing_session_header_creates_one(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_missing_session_header_creates_one(fake: FakeProvider, proxy: Proxy) -> None:
     raw = client(proxy).chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "hi"}]
     )
@@ -53,9 +53,7 @@ def test_missing_session_header_creates_one(fake: FakeProvider, proxy: ProxyProc
     assert sid and proxy.state(sid)["step"] == 1
 
 
-def test_streaming_is_incremental_and_commits_before_done(
-    fake: FakeProvider, proxy: ProxyProcess
-) -> None:
+def test_streaming_is_incremental_and_commits_before_done(fake: FakeProvider, proxy: Proxy) -> None:
     text = envelope({"notes": "streamed"}, prefix="word " * 40)
     fake.enqueue(Reply(text=text, chunk_delay=0.01))
     seen_state_before_done = None
@@ -84,7 +82,7 @@ def test_streaming_is_incremental_and_commits_before_done(
     assert fake.last.json["stream_options"] == {"include_usage": True}
 
 
-def test_streaming_with_sdk_and_usage(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_streaming_with_sdk_and_usage(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text=envelope({"step": 1}), usage={"prompt_tokens": 123}))
     stream = client(proxy).chat.completions.create(
         model="m",
@@ -100,7 +98,7 @@ def test_streaming_with_sdk_and_usage(fake: FakeProvider, proxy: ProxyProcess) -
     assert proxy.state("sess_1")["state"] == {"step": 1}
 
 
-async def test_async_client_streaming_and_not(fake: FakeProvider, proxy: ProxyProcess) -> None:
+async def test_async_client_streaming_and_not(fake: FakeProvider, proxy: Proxy) -> None:
     c = openai.AsyncOpenAI(base_url=proxy.v1, api_key="k", max_retries=0)
     fake.enqueue(Reply(text=envelope({"step": 1})), Reply(text=envelope({"step": 2})))
     r = await c.chat.completions.create(
@@ -115,7 +113,7 @@ async def test_async_client_streaming_and_not(fake: FakeProvider, proxy: ProxyPr
     await c.close()
 
 
-def test_tool_calls_pass_through_and_are_tool_noop(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_tool_calls_pass_through_and_are_tool_noop(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(tool_calls=[("read", {"path": "a"}), ("read", {"path": "b"})]))
     raw = client(proxy).chat.completions.with_raw_response.create(
         model="m",
@@ -140,7 +138,7 @@ class Person(pydantic.BaseModel):
 
 
 def test_structured_output_is_answered_once_and_changes_no_state(
-    fake: FakeProvider, proxy: ProxyProcess
+    fake: FakeProvider, proxy: Proxy
 ) -> None:
     c = client(proxy)
     fake.enqueue(Reply(text=envelope({"notes": "before"})))
@@ -166,7 +164,7 @@ def test_structured_output_is_answered_once_and_changes_no_state(
     assert '{"notes":"before"}' in contract  # the state is still the model's memory
 
 
-def test_streamed_json_mode_turn_is_format_noop(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_streamed_json_mode_turn_is_format_noop(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text='{"answer": 42}'))
     with client(proxy).chat.completions.with_streaming_response.create(
         model="m",
@@ -180,12 +178,12 @@ def test_streamed_json_mode_turn_is_format_noop(fake: FakeProvider, proxy: Proxy
     assert len(fake.requests) == 1
 
 
-def test_models_passthrough(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_models_passthrough(fake: FakeProvider, proxy: Proxy) -> None:
     models = client(proxy).models.list()
     assert models.data
 
 
-def test_langchain_openai(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_langchain_openai(fake: FakeProvider, proxy: Proxy) -> None:
     from langchain_openai import ChatOpenAI
 
     fake.enqueue(Reply(text=envelope({"notes": "lc"})))
@@ -222,7 +220,7 @@ def test_langchain_openai(fake: FakeProvider, proxy: ProxyProcess) -> None:
     ],
 )
 def test_bad_requests_get_openai_errors(
-    proxy: ProxyProcess, body: bytes, status: int, needle: str
+    proxy: Proxy, body: bytes, status: int, needle: str
 ) -> None:
     r = httpx.post(
         proxy.v1 + "/chat/completions",
@@ -234,7 +232,7 @@ def test_bad_requests_get_openai_errors(
     assert needle in err["message"] and err["type"] == "invalid_request_error"
 
 
-def test_bad_session_id_is_400(proxy: ProxyProcess) -> None:
+def test_bad_session_id_is_400(proxy: Proxy) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client(proxy).chat.completions.create(
             model="m",
@@ -246,7 +244,7 @@ def test_bad_session_id_is_400(proxy: ProxyProcess) -> None:
     assert r.status_code == 400
 
 
-def test_oversize_body_is_413(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
+def test_oversize_body_is_413(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start_proxy(fake.url, config={"max_body_bytes": 4096})
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10000}]}
     r = httpx.post(p.v1 + "/chat/completions", json=big)
@@ -255,12 +253,12 @@ def test_oversize_body_is_413(fake: FakeProvider, start_proxy) -> None:  # type:
     assert fake.requests == []
 
 
-def test_unknown_path_404(proxy: ProxyProcess) -> None:
+def test_unknown_path_404(proxy: Proxy) -> None:
     r = proxy.get("/v1/nope")
     assert r.status_code == 404 and "error" in r.json()
 
 
-def test_upstream_errors_pass_through(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_upstream_errors_pass_through(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(status=400, error_body="model says no"))
     with pytest.raises(openai.BadRequestError) as e:
         client(proxy).chat.completions.create(
@@ -271,20 +269,20 @@ def test_upstream_errors_pass_through(fake: FakeProvider, proxy: ProxyProcess) -
     assert proxy.get("/state", params={"session": "sess_1"}).status_code == 404
 
 
-def test_unreachable_upstream_is_502(start_proxy) -> None:  # type: ignore[no-untyped-def]
+def test_unreachable_upstream_is_502(start_proxy: StartProxy) -> None:
     p = start_proxy("http://127.0.0.1:9/v1")
     with pytest.raises(openai.APIStatusError) as e:
         client(p).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert e.value.status_code == 502
 
 
-def test_health(proxy: ProxyProcess) -> None:
+def test_health(proxy: Proxy) -> None:
     h = proxy.get("/health").json()
     assert h["ok"] is True and h["store"] == "ok"
     assert h["upstreams"][0]["name"] == "default" and h["upstreams"][0]["circuit"] == "closed"
 
 
-def test_client_disconnect_cancels_upstream(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_client_disconnect_cancels_upstream(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text="slow", delay=30))
 
     async def go() -> None:

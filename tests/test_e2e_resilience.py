@@ -1,5 +1,6 @@
-"""Issue 5 acceptance: upstream resilience and local limits, through the real proxy process
-against fake providers with injected faults.
+"""Upstream resilience and local limits: retries, Retry-After, failover, breakers, rate
+windows, timeouts and client disconnects, through the real proxy against fake providers with
+injected faults.
 
 Timing: config values are small (retry_base_delay 0.01, cooldowns of a second or two) and
 nothing asserts that something was fast. The only time comparisons are lower bounds that
@@ -13,16 +14,14 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from email.utils import formatdate, parsedate_to_datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import ProxyProcess, proxy_env
+from tests.conftest import InProcessProxy, StartProxy, launch_in_process
 from tests.fakeprovider import FakeProvider, Reply
 
-StartProxy = Callable[..., ProxyProcess]
 # Event-loop timers (uvloop/libuv) have millisecond granularity and may fire up to about a
 # millisecond early; this is the only slack allowed in the Retry-After lower bounds.
 TIMER_SLACK = 0.005
@@ -47,9 +46,9 @@ def config(*upstreams: dict[str, Any], **kw: Any) -> dict[str, Any]:
     }
 
 
-# Starting a proxy process is the slow part of these tests, so most of them share one of two
-# module-scoped proxies. Upstreams are told apart by model (`models` patterns); every test
-# uses its own sessions and models, so the breakers and windows it touches are its own.
+# Most tests share one of two module-scoped in-process proxies (one per config). Upstreams
+# are told apart by model (`models` patterns); every test uses its own sessions and models,
+# so the breakers and windows it touches are its own.
 class FaultyProvider(FakeProvider):
     """The fake provider, plus one fault it lacks: an OpenAI stream that sends
     `error_after` events and then an in-band error event instead of the rest."""
@@ -84,17 +83,10 @@ def f2(f1: FakeProvider, fakes: tuple[FaultyProvider, FakeProvider]) -> FakeProv
     return fakes[1]
 
 
-def launch(tmp: Path, cfg: dict[str, Any]) -> ProxyProcess:
-    path = tmp / "skillstate.json"
-    path.write_text(json.dumps(cfg))
-    args = ["--port", "0", "--data-dir", str(tmp / "data"), "--config", str(path)]
-    return ProxyProcess(args, proxy_env(), tmp)
-
-
 @pytest.fixture(scope="module")
 def main(
     fakes: tuple[FaultyProvider, FakeProvider], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ProxyProcess]:
+) -> Iterator[InProcessProxy]:
     a, b = fakes[0].url, fakes[1].url
     cfg = config(
         upstream("a", a, models=["m"]),
@@ -110,7 +102,7 @@ def main(
         first_byte_timeout=5,
         failure_threshold=1000,  # breakers are tested on their own proxy
     )
-    p = launch(tmp_path_factory.mktemp("main"), cfg)
+    p = launch_in_process(tmp_path_factory.mktemp("main"), config=cfg)
     yield p
     p.stop()
 
@@ -118,7 +110,7 @@ def main(
 @pytest.fixture(scope="module")
 def timeouts(
     fakes: tuple[FaultyProvider, FakeProvider], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ProxyProcess]:
+) -> Iterator[InProcessProxy]:
     a = fakes[0].url
     cfg = config(
         upstream("a", a, models=["m"]),
@@ -128,13 +120,13 @@ def timeouts(
         total_timeout=1.5,
         failure_threshold=1000,
     )
-    p = launch(tmp_path_factory.mktemp("timeouts"), cfg)
+    p = launch_in_process(tmp_path_factory.mktemp("timeouts"), config=cfg)
     yield p
     p.stop()
 
 
 def chat(
-    proxy: ProxyProcess,
+    proxy: InProcessProxy,
     session: str,
     content: str = "go",
     timeout: float = 20,
@@ -150,7 +142,7 @@ def chat(
     )
 
 
-def messages(proxy: ProxyProcess, session: str, model: str = "m", **kw: Any) -> httpx.Response:
+def messages(proxy: InProcessProxy, session: str, model: str = "m", **kw: Any) -> httpx.Response:
     body = {"model": model, "max_tokens": 256, "messages": [{"role": "user", "content": "go"}]}
     return httpx.post(
         proxy.v1 + "/messages",
@@ -160,7 +152,7 @@ def messages(proxy: ProxyProcess, session: str, model: str = "m", **kw: Any) -> 
     )
 
 
-def stream_lines(proxy: ProxyProcess, path: str, body: dict[str, Any], session: str) -> list[str]:
+def stream_lines(proxy: InProcessProxy, path: str, body: dict[str, Any], session: str) -> list[str]:
     with httpx.stream(
         "POST",
         proxy.v1 + path,
@@ -179,16 +171,16 @@ def data_events(lines: list[str]) -> list[Any]:
     return [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
 
 
-def step(proxy: ProxyProcess, session: str) -> int | None:
+def step(proxy: InProcessProxy, session: str) -> int | None:
     r = proxy.get("/state", params={"session": session})
     return r.json()["step"] if r.status_code == 200 else None
 
 
-def health_of(proxy: ProxyProcess, name: str) -> dict[str, Any]:
+def health_of(proxy: InProcessProxy, name: str) -> dict[str, Any]:
     return next(u for u in proxy.get("/health").json()["upstreams"] if u["name"] == name)
 
 
-def commit_one_turn(fake: FakeProvider, proxy: ProxyProcess, session: str) -> None:
+def commit_one_turn(fake: FakeProvider, proxy: InProcessProxy, session: str) -> None:
     fake.enqueue(Reply(text=envelope({"notes": "first"})))
     assert chat(proxy, session).status_code == 200
     assert step(proxy, session) == 1
@@ -205,7 +197,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
 # --- retries (main proxy) ---------------------------------------------------------------------
 
 
-def test_5xx_then_success_commits_once(f1: FakeProvider, main: ProxyProcess) -> None:
+def test_5xx_then_success_commits_once(f1: FakeProvider, main: InProcessProxy) -> None:
     f1.enqueue(Reply(status=500), Reply(status=503), Reply(text=envelope({"notes": "n"})))
     r = chat(main, "r5xx")
     assert r.status_code == 200, r.text
@@ -216,14 +208,14 @@ def test_5xx_then_success_commits_once(f1: FakeProvider, main: ProxyProcess) -> 
     assert health_of(main, "a")["consecutive_failures"] == 0
 
 
-def test_429_retry_after_seconds_is_honoured(f1: FakeProvider, main: ProxyProcess) -> None:
+def test_429_retry_after_seconds_is_honoured(f1: FakeProvider, main: InProcessProxy) -> None:
     f1.enqueue(Reply(status=429, retry_after=1), Reply())
     assert chat(main, "r429s").status_code == 200
     first, second = f1.requests
     assert second.started_at - first.started_at >= 1.0 - TIMER_SLACK
 
 
-def test_429_retry_after_http_date_is_honoured(f1: FakeProvider, main: ProxyProcess) -> None:
+def test_429_retry_after_http_date_is_honoured(f1: FakeProvider, main: InProcessProxy) -> None:
     date = formatdate(time.time() + 2, usegmt=True)  # whole seconds: 1 to 2 s from now
     not_before = parsedate_to_datetime(date).timestamp()
     f1.enqueue(Reply(status=429, retry_after=date), Reply())
@@ -233,7 +225,7 @@ def test_429_retry_after_http_date_is_honoured(f1: FakeProvider, main: ProxyProc
 
 
 def test_retry_after_beyond_the_cap_is_relayed_not_waited(
-    f1: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, main: InProcessProxy
 ) -> None:
     f1.enqueue(Reply(status=429, retry_after=120, error_body="slow down"))  # cap is 3 s
     r = chat(main, "rcap")
@@ -245,7 +237,7 @@ def test_retry_after_beyond_the_cap_is_relayed_not_waited(
     assert step(main, "rcap") is None  # nothing committed
 
 
-def test_dropped_connections_are_retried(f1: FakeProvider, main: ProxyProcess) -> None:
+def test_dropped_connections_are_retried(f1: FakeProvider, main: InProcessProxy) -> None:
     # No response at all; then headers and a few bytes of the JSON body; then a real answer.
     f1.enqueue(Reply(drop=True), Reply(drop_after=15), Reply(text=envelope({"step": 1})))
     r = chat(main, "rdrop")
@@ -255,7 +247,7 @@ def test_dropped_connections_are_retried(f1: FakeProvider, main: ProxyProcess) -
 
 
 def test_stream_dropped_before_its_first_event_is_retried(
-    f1: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, main: InProcessProxy
 ) -> None:
     f1.enqueue(Reply(drop_after=0), Reply(text=envelope({"notes": "s"})))
     lines = stream_lines(main, "/chat/completions", CHAT, "rsdrop")
@@ -266,7 +258,7 @@ def test_stream_dropped_before_its_first_event_is_retried(
 
 
 def test_all_connections_dropping_is_502_in_each_dialect(
-    f1: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, main: InProcessProxy
 ) -> None:
     f1.enqueue(*[Reply(drop=True) for _ in range(6)])
     r = chat(main, "rall")
@@ -279,7 +271,9 @@ def test_all_connections_dropping_is_502_in_each_dialect(
     assert step(main, "rall") is None
 
 
-def test_connection_lost_mid_stream_is_an_error_event(f1: FakeProvider, main: ProxyProcess) -> None:
+def test_connection_lost_mid_stream_is_an_error_event(
+    f1: FakeProvider, main: InProcessProxy
+) -> None:
     commit_one_turn(f1, main, "rmid")
     f1.enqueue(Reply(text=envelope({"notes": "never"}), drop_after=4))
     lines = stream_lines(main, "/chat/completions", CHAT, "rmid")
@@ -290,7 +284,7 @@ def test_connection_lost_mid_stream_is_an_error_event(f1: FakeProvider, main: Pr
 
 
 def test_upstream_error_event_mid_stream_ends_the_stream_and_commits_nothing(
-    f1: FaultyProvider, main: ProxyProcess
+    f1: FaultyProvider, main: InProcessProxy
 ) -> None:
     commit_one_turn(f1, main, "rerr")
     f1.error_after = 3
@@ -308,7 +302,7 @@ def test_upstream_error_event_mid_stream_ends_the_stream_and_commits_nothing(
 
 
 def test_401_fails_over_to_the_next_upstream_each_with_its_own_key(
-    f1: FakeProvider, f2: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, f2: FakeProvider, main: InProcessProxy
 ) -> None:
     f1.enqueue(Reply(status=401, error_body="invalid key"))
     f2.enqueue(Reply(text=envelope({"notes": "from k2"})))
@@ -322,7 +316,7 @@ def test_401_fails_over_to_the_next_upstream_each_with_its_own_key(
 
 
 def test_when_everything_fails_the_last_status_comes_back_in_the_clients_dialect(
-    f1: FakeProvider, f2: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, f2: FakeProvider, main: InProcessProxy
 ) -> None:
     f1.responder = lambda req: Reply(status=503, error_body="f1 is down")
     f2.responder = lambda req: Reply(status=500, error_body="f2 broke")
@@ -339,7 +333,7 @@ def test_when_everything_fails_the_last_status_comes_back_in_the_clients_dialect
 
 
 def test_connection_errors_count_and_the_next_upstream_serves(
-    f1: FakeProvider, f2: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, f2: FakeProvider, main: InProcessProxy
 ) -> None:
     before = health_of(main, "dead")["consecutive_failures"]
     r = chat(main, "fdead", model="dead-m")
@@ -351,7 +345,7 @@ def test_connection_errors_count_and_the_next_upstream_serves(
 # --- local limits (main proxy) ------------------------------------------------------------------
 
 
-def test_rpm_4th_request_gets_429_with_retry_after(f1: FakeProvider, main: ProxyProcess) -> None:
+def test_rpm_4th_request_gets_429_with_retry_after(f1: FakeProvider, main: InProcessProxy) -> None:
     for i in range(3):
         assert chat(main, f"lrpm{i}", model="rpm-m").status_code == 200
     r = chat(main, "lrpm3", model="rpm-m")
@@ -367,7 +361,7 @@ def test_rpm_4th_request_gets_429_with_retry_after(f1: FakeProvider, main: Proxy
 
 
 def test_request_that_can_never_fit_tpm_is_413_without_retry_after(
-    f1: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, main: InProcessProxy
 ) -> None:
     r = chat(main, "ltpm", content="x" * 4000, model="tpm-m")
     assert r.status_code == 413
@@ -384,7 +378,7 @@ def test_request_that_can_never_fit_tpm_is_413_without_retry_after(
 
 
 def test_client_disconnect_mid_stream_cancels_upstream_and_commits_nothing(
-    f1: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, main: InProcessProxy
 ) -> None:
     commit_one_turn(f1, main, "cmid")
     before = main.state("cmid")
@@ -405,7 +399,7 @@ def test_client_disconnect_mid_stream_cancels_upstream_and_commits_nothing(
 
 
 def test_client_disconnect_while_waiting_for_headers_commits_nothing(
-    f1: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, main: InProcessProxy
 ) -> None:
     commit_one_turn(f1, main, "chdr")
     f1.enqueue(Reply(text=envelope({"notes": "never"}), delay=30))
@@ -419,7 +413,7 @@ def test_client_disconnect_while_waiting_for_headers_commits_nothing(
 
 
 def test_client_disconnect_while_sleeping_between_retries_stops_retrying(
-    f1: FakeProvider, main: ProxyProcess
+    f1: FakeProvider, main: InProcessProxy
 ) -> None:
     f1.enqueue(Reply(status=503, retry_after=1), Reply(text=envelope({"notes": "never"})))
     with pytest.raises(httpx.ReadTimeout):
@@ -433,7 +427,7 @@ def test_client_disconnect_while_sleeping_between_retries_stops_retrying(
 
 
 def test_slow_first_byte_is_504_and_cancels_the_upstream(
-    f1: FakeProvider, timeouts: ProxyProcess
+    f1: FakeProvider, timeouts: InProcessProxy
 ) -> None:
     commit_one_turn(f1, timeouts, "tslow")
     f1.enqueue(Reply(text=envelope({"notes": "late"}), delay=30))
@@ -453,7 +447,7 @@ def test_slow_first_byte_is_504_and_cancels_the_upstream(
 
 
 def test_stall_mid_stream_ends_with_an_openai_error_event_and_commits_nothing(
-    f1: FakeProvider, timeouts: ProxyProcess
+    f1: FakeProvider, timeouts: InProcessProxy
 ) -> None:
     commit_one_turn(f1, timeouts, "tstall")
     before = timeouts.state("tstall")
@@ -469,7 +463,7 @@ def test_stall_mid_stream_ends_with_an_openai_error_event_and_commits_nothing(
 
 
 def test_stall_mid_stream_ends_with_an_anthropic_error_event(
-    f1: FakeProvider, timeouts: ProxyProcess
+    f1: FakeProvider, timeouts: InProcessProxy
 ) -> None:
     f1.enqueue(Reply(text=envelope({"notes": "never"}), stall_after=3))
     body = {"model": "claude-x", "max_tokens": 256, "messages": [{"role": "user", "content": "go"}]}
@@ -484,7 +478,7 @@ def test_stall_mid_stream_ends_with_an_anthropic_error_event(
     assert step(timeouts, "tstall2") is None
 
 
-def test_total_timeout_covers_the_whole_stream(f1: FakeProvider, timeouts: ProxyProcess) -> None:
+def test_total_timeout_covers_the_whole_stream(f1: FakeProvider, timeouts: InProcessProxy) -> None:
     # Every gap (0.1 s) is well below first_byte_timeout; the whole stream is not.
     f1.enqueue(Reply(text="word " * 80 + envelope({"notes": "late"}), chunk_delay=0.1))
     lines = stream_lines(timeouts, "/chat/completions", CHAT, "ttotal")

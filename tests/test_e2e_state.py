@@ -1,4 +1,6 @@
-"""Issue 3 acceptance: the state engine through the real proxy process."""
+"""The state engine end to end: flat context over long conversations and tool loops, invalid
+transitions rejected byte for byte, rollback and re-ask, merge semantics, concurrent sessions,
+durability across kill -9 (a real process) and the /state endpoint."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import threading
 import httpx
 import openai
 
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
 
 
@@ -16,7 +18,7 @@ def envelope(patch: dict, action: str = "next") -> str:
     return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
-def oai(proxy: ProxyProcess) -> openai.OpenAI:
+def oai(proxy: Proxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=proxy.v1, api_key="k", max_retries=0)
 
 
@@ -24,7 +26,7 @@ def sent_text(req: RecordedRequest) -> str:
     return json.dumps(req.json["messages"])
 
 
-def test_100_turn_conversation_stays_flat(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_100_turn_conversation_stays_flat(fake: FakeProvider, proxy: Proxy) -> None:
     c = oai(proxy)
     hdr = {"x-skillstate-session": "long"}
     transcript = [
@@ -57,7 +59,7 @@ def test_100_turn_conversation_stays_flat(fake: FakeProvider, proxy: ProxyProces
     assert proxy.state("long")["step"] == 100
 
 
-def test_tool_loop_60_cycles_keeps_native_pairs(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_tool_loop_60_cycles_keeps_native_pairs(fake: FakeProvider, proxy: Proxy) -> None:
     c = oai(proxy)
     hdr = {"x-skillstate-session": "tools"}
     tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
@@ -85,7 +87,7 @@ def test_tool_loop_60_cycles_keeps_native_pairs(fake: FakeProvider, proxy: Proxy
     assert proxy.state("tools")["state"]["notes"] == "cycle 59"
 
 
-def _try(proxy: ProxyProcess, fake: FakeProvider, text: str, session: str) -> httpx.Response:
+def _try(proxy: Proxy, fake: FakeProvider, text: str, session: str) -> httpx.Response:
     fake.responder = lambda _req: Reply(text=text)
     return httpx.post(
         proxy.v1 + "/chat/completions",
@@ -95,7 +97,9 @@ def _try(proxy: ProxyProcess, fake: FakeProvider, text: str, session: str) -> ht
     )
 
 
-def test_invalid_transitions_leave_state_byte_identical(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_transitions_leave_state_byte_identical(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
     p = start_proxy(
         fake.url,
         env={"SKILLSTATE_INITIAL_STATE": '{"facts": {}, "notes": "", "step": 0}'},
@@ -120,7 +124,7 @@ def test_invalid_transitions_leave_state_byte_identical(fake: FakeProvider, star
     assert "[skillstate] CORRECTION" in json.dumps(fake.last.json["messages"])
 
 
-def test_rollback_retry_recovers(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_rollback_retry_recovers(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text="no envelope here"), Reply(text=envelope({"notes": "fixed"})))
     r = httpx.post(
         proxy.v1 + "/chat/completions",
@@ -133,7 +137,7 @@ def test_rollback_retry_recovers(fake: FakeProvider, proxy: ProxyProcess) -> Non
     assert proxy.state("rr")["state"] == {"notes": "fixed"}
 
 
-def test_merge_semantics(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_merge_semantics(fake: FakeProvider, proxy: Proxy) -> None:
     c = oai(proxy)
     hdr = {"x-skillstate-session": "merge"}
     for patch in (
@@ -147,7 +151,7 @@ def test_merge_semantics(fake: FakeProvider, proxy: ProxyProcess) -> None:
     assert proxy.state("merge")["state"] == {"facts": {"a": 1, "b": {"c": 2, "d": 3}, "list": [9]}}
 
 
-def test_concurrent_sessions_no_cross_talk(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_concurrent_sessions_no_cross_talk(fake: FakeProvider, proxy: Proxy) -> None:
     def responder(req: RecordedRequest) -> Reply:
         text = json.dumps(req.json["messages"])
         sid = text.split("SESSION-")[1].split("-END")[0]
@@ -184,8 +188,8 @@ def test_concurrent_sessions_no_cross_talk(fake: FakeProvider, proxy: ProxyProce
         assert [h["step"] for h in hist] == [1, 2, 3, 4, 5]
 
 
-def test_state_survives_kill9(fake: FakeProvider, start_proxy) -> None:  # type: ignore[no-untyped-def]
-    p = start_proxy(fake.url, "--schema", "facts")
+def test_state_survives_kill9(fake: FakeProvider, start_proxy_process: StartProxyProcess) -> None:
+    p = start_proxy_process(fake.url, "--schema", "facts")
     fake.enqueue(Reply(text=envelope({"facts": {"k": "durable"}})))
     oai(p).chat.completions.create(
         model="m",
@@ -197,7 +201,7 @@ def test_state_survives_kill9(fake: FakeProvider, start_proxy) -> None:  # type:
     assert p.state("dur")["state"] == {"facts": {"k": "durable"}}
 
 
-def test_state_endpoint_crud(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_state_endpoint_crud(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text=envelope({"notes": "n1"})))
     oai(proxy).chat.completions.create(
         model="m",
@@ -222,8 +226,8 @@ def test_state_endpoint_crud(fake: FakeProvider, proxy: ProxyProcess) -> None:
 
 
 def test_failed_rollback_retry_still_answers_with_the_last_reply(
-    fake: FakeProvider, start_proxy
-) -> None:  # type: ignore[no-untyped-def]
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
     p = start_proxy(fake.url, config={"retry_max_attempts": 1})
     fake.enqueue(Reply(text="no envelope at all"), Reply(status=500, error_body="down"))
     r = httpx.post(
