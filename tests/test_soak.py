@@ -1,4 +1,5 @@
-"""Soaks: many turns through the real proxy process under upstream faults and kill -9.
+"""Soaks: many turns through the real proxy under upstream faults, and through the real
+proxy process under kill -9.
 
 Each soak is bounded in count, talks only to loopback, and asserts correctness properties
 (every acknowledged transition is durable, steps are contiguous, no error is the proxy's
@@ -12,15 +13,13 @@ import json
 import random
 import re
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from tests.conftest import ProxyProcess
+from tests.conftest import StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, Reply
 
-StartProxy = Callable[..., ProxyProcess]
 STEP_COMMENT = re.compile(rb": skillstate transition=(\S+) step=(\d+)")
 # What a 5xx caused by the proxy itself says (an internal error, a lost commit); an upstream
 # fault relayed after the retries ran out names the upstream instead.
@@ -124,13 +123,13 @@ def test_fault_soak_gives_no_proxy_caused_5xx(fake: FakeProvider, start_proxy: S
 
 
 def test_kill9_soak_loses_no_acknowledged_transition(
-    fake: FakeProvider, start_proxy: StartProxy
+    fake: FakeProvider, start_proxy_process: StartProxyProcess
 ) -> None:
     """Four sessions send turns back to back while the proxy is killed with SIGKILL five
     times at random moments and restarted on the same data dir. Every transition whose
     reply reached the client is in the history afterwards, and sessions continue."""
     rng = random.Random(1302)
-    p = start_proxy(fake.url + "/v1", "--schema", "facts,notes,step")
+    p = start_proxy_process(fake.url + "/v1", "--schema", "facts,notes,step")
     sessions = [f"k9-{i}" for i in range(4)]
     acked: dict[str, set[int]] = {s: set() for s in sessions}
     lock = threading.Lock()

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "real-upstream"
@@ -285,10 +285,10 @@ def proxy_config(tap: Tap, *, kind: str = "openai", **extra: Any) -> dict[str, A
 
 
 @pytest.fixture
-def real_proxy(tap: Tap, start_proxy: Callable[..., ProxyProcess]) -> Callable[..., ProxyProcess]:
+def real_proxy(tap: Tap, start_proxy: Callable[..., Proxy]) -> Callable[..., Proxy]:
     """real_proxy(kind="openai"|"anthropic", **config overrides) -> a started proxy process."""
 
-    def start(kind: str = "openai", **extra: Any) -> ProxyProcess:
+    def start(kind: str = "openai", **extra: Any) -> Proxy:
         return start_proxy(None, config=proxy_config(tap, kind=kind, **extra))
 
     return start

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from skillstate.patch import extract_envelope, merge_patch
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy
 from tests.real.conftest import INITIAL_STATE
 
 TRANSITIONS = ("valid", "invalid", "tool-noop")
@@ -97,20 +97,20 @@ def anthropic_input_of_stream(events: list[bytes]) -> tuple[int, int]:
     return total_in, delta["usage"]["output_tokens"]
 
 
-def cost(p: ProxyProcess, session: str) -> dict[str, Any]:
+def cost(p: Proxy, session: str) -> dict[str, Any]:
     r = p.get("/cost", params={"session": session, "since": "all"})
     assert r.status_code == 200, r.text
     return r.json()["totals"]
 
 
-def history(p: ProxyProcess, session: str) -> dict[str, Any]:
+def history(p: Proxy, session: str) -> dict[str, Any]:
     r = p.get("/state", params={"session": session, "history": "1"})
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def check_commit(
-    p: ProxyProcess,
+    p: Proxy,
     session: str,
     transition: str,
     step: int,
