@@ -9,22 +9,19 @@ import argparse
 import importlib.util
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from skillstate.bench import report as rep
+from skillstate.bench.arm import Arm, BenchConfig, BenchError
 from skillstate.bench.chart import nice_ticks, render_svg, write_chart
-from skillstate.bench.runner import (
-    Arm,
-    BenchConfig,
-    BenchError,
-    add_bench_parsers,
-    config_from_args,
-    main,
-    run_benchmark,
-)
+from skillstate.bench.commands import add_bench_parsers, main
+from skillstate.bench.options import config_from_args
+from skillstate.bench.runner import run_benchmark
 from skillstate.bench.simmodel import SIM_MODEL_ID, SimModel, sim_reply
 from skillstate.bench.workloads import ConversationWorkload, ToolsWorkload
 from skillstate.context import build_compact
@@ -318,3 +315,42 @@ def test_demo_writes_report_and_chart(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["simulated"] is True and report["params"]["turns"] == 4
     assert (tmp_path / "chart.html").read_text().startswith("<!doctype html>")
+
+
+# -- what needs the bench extra --------------------------------------------------------------
+
+
+def test_demo_runs_without_the_openai_sdk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skillstate.demo import run_demo
+
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if not installed (plain pip install)
+    assert run_demo(argparse.Namespace(turns=3, out_dir=str(tmp_path))) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["arms"]["state"]["quality"]["recall_pct"] == 100.0
+    assert all(p > 0 for p in _prompts(report, "state"))
+
+
+@pytest.mark.parametrize("bench", ["conversation", "tools", "validity", "bfcl"])
+def test_a_bench_without_the_extra_says_in_one_line_how_to_install_it(
+    bench: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from skillstate.cli import main as cli_main
+
+    monkeypatch.setitem(sys.modules, "openai", None)
+    assert cli_main(["bench", bench, "--offline"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert "pip install 'skillstate-proxy[bench]'" in captured.err
+
+
+def test_the_proxy_imports_no_benchmark_code() -> None:
+    code = (
+        "import sys; import skillstate.cli, skillstate.server, skillstate.app; "
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('skillstate.bench', 'skillstate.demo', 'openai', 'httpx', 'pydantic_settings'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"

@@ -22,6 +22,7 @@ import pytest
 
 from skillstate.bench import bfcl
 from skillstate.bench import report as rep
+from skillstate.bench.arm import BenchConfig, BenchError
 from skillstate.bench.bfcl import (
     ADDED_FUNCTIONS_PROMPT,
     BfclConfig,
@@ -41,7 +42,6 @@ from skillstate.bench.bfcl import (
     run_bfcl,
     run_bfcl_bench,
 )
-from skillstate.bench.runner import BenchConfig, BenchError
 from skillstate.bench.simmodel import SIM_MODEL_ID, SimError
 from skillstate.context import CONTRACT_MARK, STATE_MARK, build_compact
 from skillstate.patch import extract_envelope

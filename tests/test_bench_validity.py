@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from skillstate.bench.runner import BenchConfig, main
+from skillstate.bench.arm import BenchConfig
+from skillstate.bench.commands import main
 from skillstate.bench.validity import run_validity
 from tests.fakeprovider import FakeProvider, Reply
 

@@ -85,11 +85,9 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
 
 
 def _add_benches(bench_sub: Any) -> None:
-    from .bench.overhead import add_overhead_parser
-    from .bench.runner import add_bench_parsers
+    from .bench.commands import add_bench_parsers
 
-    add_overhead_parser(bench_sub)
-    add_bench_parsers(bench_sub)
+    add_bench_parsers(bench_sub, overhead=True)
 
 
 def _port(value: str) -> int:
@@ -126,12 +124,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .demo import run_demo
 
         return run_demo(args)
-    if command == "bench":
-        if args.bench == "overhead":
-            from .bench.overhead import run_overhead
-
-            return run_overhead(args)
-        from .bench.runner import run_bench
+    if command == "bench":  # the benches that need the bench extra say so in one line
+        from .bench.commands import run_bench
 
         return run_bench(args)
     settings = load_settings(_cli_layer(args))

@@ -32,7 +32,7 @@ from skillstate.bench.simmodel import SIM_MODEL_ID
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from skillstate.bench.runner import ArmResult, BenchRun, CallRecord
+    from skillstate.bench.arm import ArmResult, BenchRun, CallRecord
 
 REPORT_KEYS = (
     "version",

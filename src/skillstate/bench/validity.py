@@ -18,20 +18,10 @@ import time
 from typing import Any
 
 from skillstate import __version__
-from skillstate.bench.runner import (
-    ArmResult,
-    BenchConfig,
-    BenchError,
-    config_from_args,
-    emit_report,
-    make_console,
-    make_workload,
-    open_target,
-    progress_bar,
-    run_state_arm,
-    upstream_args,
-    workload_args,
-)
+from skillstate.bench.arm import ArmResult, BenchConfig, BenchError
+from skillstate.bench.console import emit_report, make_console, progress_bar
+from skillstate.bench.options import config_from_args, upstream_args, workload_args
+from skillstate.bench.runner import make_workload, open_target, run_state_arm
 
 SETTINGS = ("off", "json_schema")
 

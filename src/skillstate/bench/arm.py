@@ -1,0 +1,232 @@
+"""One benchmark arm: its configuration, its client and the record of each call.
+
+``Arm.call`` sends one chat-completions request (through the client ``BenchConfig.client``
+names, see :mod:`skillstate.bench.wire`) and turns the reply into a ``CallRecord``: tokens as
+reported to the client, latency, HTTP requests, the proxy's ``x-skillstate-*`` headers and,
+offline, what the simulated model saw. A call whose response has no usage FAILS (we refuse a
+silent 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from skillstate.bench.wire import (
+    ChatCallError,
+    ChatClient,
+    ChatReply,
+    PlainChatClient,
+    SdkChatClient,
+)
+
+if TYPE_CHECKING:
+    from skillstate.bench.simmodel import SimModel
+    from skillstate.bench.workloads import ConversationWorkload, ToolsWorkload
+
+Progress = Callable[[str, int, int], None]  # (arm, calls done, calls expected)
+
+ARMS = ("baseline", "state")
+CLIENTS = ("openai", "plain")  # the openai SDK (the benches) | http.client (the demo)
+
+
+class BenchError(Exception):
+    """A usage or setup problem, reported as one line."""
+
+
+@dataclass
+class BenchConfig:
+    workload: str = "conversation"  # conversation | tools
+    turns: int = 50  # conversation turns
+    steps: int = 20  # tools: expected model calls
+    seed: int = 7
+    distractor_bytes: int = 1500
+    mode: str = "state"  # the proxy mode of the state arm: state | auto
+    constrain: str = "off"  # the proxy's `constrain` setting for the state arm: off | json_schema
+    upstream: str | None = None  # None = offline (simulated model)
+    model: str | None = None
+    api_key: str | None = None
+    stream: bool = False
+    max_tokens: int = 512
+    temperature: float = 0.0
+    price_as: str | None = None  # price the token counts as this model (offline: hypothetical)
+    inject_failure: tuple[str, int] | None = None  # (arm, turn): that call fails (offline)
+    timeout: float = 120.0
+    client: str = "openai"  # one of CLIENTS
+
+    @property
+    def offline(self) -> bool:
+        return self.upstream is None
+
+
+@dataclass
+class CallRecord:
+    turn: int
+    status: str = "ok"  # ok | error
+    error: str | None = None
+    prompt_tokens: int | None = None  # as reported to the client
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    latency_ms: float = 0.0
+    retries: int | None = None  # proxy re-asks (x-skillstate-retries), None when not reported
+    http_requests: int = 0  # requests the client sent (the openai client's own retries included)
+    upstream_requests: int | None = None  # offline: requests the simulated model answered
+    upstream_prompt_tokens: int | None = None  # offline: prompt tokens of all those requests
+    injected_tokens: int | None = None  # offline: tokens of the proxy's contract/state text
+    context: str | None = None  # the proxy's x-skillstate-context (compact | full)
+    transition: str | None = None  # the proxy's x-skillstate-transition (valid | invalid | ...)
+    validation: str | None = None  # the proxy's x-skillstate-validation (why it was invalid)
+    model: str | None = None  # the model the response names
+    cost_usd: float | None = None
+
+
+@dataclass
+class ArmResult:
+    name: str
+    calls: list[CallRecord] = field(default_factory=list)
+    quality: dict[str, Any] = field(default_factory=dict)
+    final_state: Any = None
+    ledger: Any = None  # the proxy's /cost summary for the session (state arm)
+    session: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class BenchRun:
+    config: BenchConfig
+    workload: ConversationWorkload | ToolsWorkload
+    model: str
+    arms: dict[str, ArmResult]
+
+
+# -- pricing ---------------------------------------------------------------------------------
+
+
+def _price(cfg: BenchConfig, rec: CallRecord) -> float | None:
+    model = cfg.price_as or (None if cfg.offline else cfg.model)
+    if model is None or rec.prompt_tokens is None or rec.completion_tokens is None:
+        return None
+    from skillstate.ledger import Usage
+
+    cached = min(rec.cached_tokens or 0, rec.prompt_tokens)
+    usage = Usage(rec.prompt_tokens, rec.completion_tokens, cached, 0)
+    hint = None if cfg.offline else cfg.upstream
+    priced = _price_book().price(usage, model=model, upstream=None, provider_hint=hint)
+    return priced.cost_usd
+
+
+_BOOK: Any = None
+
+
+def _price_book() -> Any:
+    global _BOOK
+    if _BOOK is None:
+        from skillstate.pricing import PriceBook
+
+        _BOOK = PriceBook()
+    return _BOOK
+
+
+# -- one call --------------------------------------------------------------------------------
+
+
+def _header_int(headers: Any, name: str) -> int | None:
+    value = headers.get(name) if headers is not None else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def open_client(
+    cfg: BenchConfig, base_url: str, api_key: str, headers: dict[str, str]
+) -> ChatClient:
+    if cfg.client == "plain":
+        return PlainChatClient(base_url, api_key, headers, cfg.timeout)
+    if cfg.client != "openai":
+        raise BenchError(f"unknown client {cfg.client!r} (one of {', '.join(CLIENTS)})")
+    return SdkChatClient(base_url, api_key, headers, cfg.timeout)
+
+
+class Arm:
+    """One arm's client plus the bookkeeping around each call."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: BenchConfig,
+        base_url: str,
+        api_key: str,
+        model: str,
+        headers: dict[str, str],
+        sim: SimModel | None,
+    ) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.model = model
+        self.sim = sim
+        self.client = open_client(cfg, base_url, api_key, headers)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def call(
+        self, turn: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[dict[str, Any] | None, CallRecord]:
+        cfg = self.cfg
+        rec = CallRecord(turn=turn)
+        if cfg.inject_failure == (self.name, turn):
+            if self.sim is None:
+                raise BenchError("--inject-failure needs the simulated model (--offline)")
+            self.sim.fail_next(1, status=400)
+        log_start = len(self.sim.requests) if self.sim is not None else 0
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": cfg.temperature,
+            "max_tokens": cfg.max_tokens,
+        }
+        if tools:
+            kwargs["tools"] = tools
+        if cfg.stream:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+        t0 = time.perf_counter()
+        reply: ChatReply | None = None
+        try:
+            reply = self.client.complete(kwargs)
+        except ChatCallError as e:
+            rec.status, rec.error = "error", str(e)
+        rec.latency_ms = round((time.perf_counter() - t0) * 1000, 1)
+        rec.http_requests = self.client.requests
+        if reply is not None:
+            _record_reply(rec, reply)
+        if self.sim is not None:
+            seen = self.sim.requests[log_start:]
+            rec.upstream_requests = len(seen)
+            rec.upstream_prompt_tokens = sum(r.prompt_tokens for r in seen if r.status == 200)
+            rec.injected_tokens = sum(r.injected_tokens for r in seen if r.status == 200)
+        rec.cost_usd = _price(cfg, rec) if rec.status == "ok" else None
+        return (reply.message if reply is not None else None), rec
+
+
+def _record_reply(rec: CallRecord, reply: ChatReply) -> None:
+    rec.model = reply.model
+    if reply.message is None:
+        rec.status, rec.error = "error", "the response has no choices"
+    headers = reply.headers
+    rec.retries = _header_int(headers, "x-skillstate-retries")
+    rec.context = headers.get("x-skillstate-context")
+    rec.transition = headers.get("x-skillstate-transition")
+    rec.validation = headers.get("x-skillstate-validation")
+    if rec.status != "ok":
+        return
+    if reply.prompt_tokens is None:
+        rec.status = "error"
+        rec.error = "the response carries no usage (refusing silent 0)"
+    else:
+        rec.prompt_tokens = reply.prompt_tokens
+        rec.completion_tokens = reply.completion_tokens
+        rec.cached_tokens = reply.cached_tokens

@@ -1,0 +1,114 @@
+"""The benchmarks' command-line options and the ``BenchConfig`` they make."""
+
+from __future__ import annotations
+
+import argparse
+
+from skillstate.bench.arm import ARMS, BenchConfig, BenchError
+
+EPILOG = (
+    "Live runs read the key from SKILLSTATE_API_KEY or OPENAI_API_KEY. Exit status: 0 valid "
+    "run, 1 INVALID run (a call failed), 2 usage error."
+)
+
+
+def upstream_args(p: argparse.ArgumentParser) -> None:
+    """--offline / --upstream / --model."""
+    src = p.add_argument_group("upstream")
+    src.add_argument(
+        "--offline",
+        action="store_true",
+        help="use the built-in simulated model (the default when --upstream is not given)",
+    )
+    # SUPPRESS: `skillstate --upstream URL bench ...` (the top-level flag) keeps working.
+    src.add_argument(
+        "--upstream",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="a live OpenAI-compatible upstream",
+    )
+    src.add_argument("--model", metavar="M", help="model name for --upstream")
+
+
+def workload_args(p: argparse.ArgumentParser) -> None:
+    """--seed / --distractor-bytes / --max-tokens."""
+    p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
+    p.add_argument(
+        "--distractor-bytes",
+        type=int,
+        default=1500,
+        metavar="N",
+        help="size of each observation's filler (log lines, issue descriptions)",
+    )
+    p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="per call (512)")
+
+
+def common_args(p: argparse.ArgumentParser) -> None:
+    """The options of the two-arm benches (conversation, tools)."""
+    upstream_args(p)
+    workload_args(p)
+    p.add_argument(
+        "--mode",
+        choices=("state", "auto"),
+        default=argparse.SUPPRESS,
+        help="proxy mode of the state arm: state = always compact; auto = compact only when "
+        "smaller than the full transcript (default state)",
+    )
+    p.add_argument(
+        "--constrain",
+        choices=("off", "json_schema"),
+        default="off",
+        help="the state arm's proxy asks the upstream for a JSON-schema-constrained state "
+        "envelope (response_format; small local models) (default off)",
+    )
+    p.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
+    p.add_argument(
+        "--price-as",
+        metavar="MODEL",
+        help="price the token counts as this model (bundled prices; hypothetical offline)",
+    )
+    p.add_argument("--out", metavar="FILE", help="write the JSON report here")
+    p.add_argument("--chart", metavar="FILE", help="write a chart (.svg, .html, or .png)")
+    p.add_argument("--json", action="store_true", help="print the JSON report to stdout")
+    p.add_argument(
+        "--inject-failure",
+        metavar="ARM:TURN",
+        help="make that call of that arm fail (offline), to see the INVALID verdict",
+    )
+
+
+def parse_injection(value: str | None) -> tuple[str, int] | None:
+    if not value:
+        return None
+    arm, _, turn = value.partition(":")
+    if arm not in ARMS or not turn.isdigit() or int(turn) < 1:
+        raise BenchError(f"--inject-failure: expected baseline:N or state:N, got {value!r}")
+    return arm, int(turn)
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    workload = str(
+        getattr(args, "bench_workload", None) or getattr(args, "workload", None) or "conversation"
+    )
+    upstream = getattr(args, "upstream", None)
+    if getattr(args, "offline", False) and upstream:
+        raise BenchError("--offline and --upstream exclude each other")
+    return BenchConfig(
+        workload=workload,
+        turns=_given(getattr(args, "turns", None), 50),  # --turns 0 is an error, not the default
+        steps=_given(getattr(args, "steps", None), 20),
+        seed=getattr(args, "seed", 7),
+        distractor_bytes=getattr(args, "distractor_bytes", 1500),
+        mode=getattr(args, "mode", "state") or "state",
+        constrain=getattr(args, "constrain", "off") or "off",
+        upstream=upstream,
+        model=getattr(args, "model", None),
+        stream=bool(getattr(args, "stream", False)),
+        max_tokens=getattr(args, "max_tokens", 512),
+        price_as=getattr(args, "price_as", None),
+        inject_failure=parse_injection(getattr(args, "inject_failure", None)),
+    )
