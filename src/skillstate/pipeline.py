@@ -151,6 +151,37 @@ class Pipeline:
         """Validate an operator's patch exactly like a model's."""
         return validate_and_merge(state, patch, self.policy(tuple(schema)))
 
+    # -- the operator's changes ---------------------------------------------------------------
+
+    @property
+    def active_sessions(self) -> int:
+        """Sessions with a turn running or waiting (for /health)."""
+        return len(self.locks)
+
+    async def operator_patch(self, session: str, patch: dict[str, Any]) -> OperatorChange:
+        """Apply an operator's patch (``PATCH /state``) as one more transition of the
+        session: validated like a model's patch, committed like a turn, under its lock."""
+        async with self.locks.hold(session):
+            record = await self.store.load(session)
+            if record is None:
+                raise ProxyError("not_found", f"unknown session {session}")
+            tr = self.check_patch(record.state, patch, record.schema)
+            if not tr.ok or tr.new_state is None:
+                raise ProxyError("invalid_request", "; ".join(tr.errors) or "invalid patch")
+            transition = TransitionRecord(
+                record.step + 1, "operator", tr.applied_patch, "operator", tr.warnings, time.time()
+            )
+            step = await self.commit_transition(
+                session, record.step, tr.new_state, record.schema, transition
+            )
+        return OperatorChange(step, tr.new_state, tr.warnings)
+
+    async def delete_session(self, session: str) -> bool:
+        """Forget a session (``DELETE /state``), after any turn of it in flight. False when
+        there was no such session."""
+        async with self.locks.hold(session):
+            return await self.store.delete(session)
+
     def judge(
         self,
         text: str,
@@ -599,6 +630,15 @@ class Pipeline:
         h = self._base_headers(meta, ex)
         h["content-type"] = "application/json"
         return Reply(status, raw, h)
+
+
+@dataclass(frozen=True)
+class OperatorChange:
+    """The result of an operator's patch: the new step and state, and what was dropped."""
+
+    step: int
+    state: dict[str, Any]
+    warnings: list[str]
 
 
 @dataclass

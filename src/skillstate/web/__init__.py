@@ -1,0 +1,29 @@
+"""The HTTP face of the proxy: module-level handlers that find the shared ``Runtime`` on
+``request.app.state``, a route table, and ``create_app`` that puts them together."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+
+from ..config import Settings
+from ..store import Store
+from .failures import crashed, not_found
+from .requestlog import RequestLog
+from .routes import ROUTES
+from .runtime import Runtime, lifespan
+
+__all__ = ["RequestLog", "Runtime", "create_app"]
+
+
+def create_app(settings: Settings, store: Store | None = None) -> Starlette:
+    """The ASGI app for ``settings`` (``store`` defaults to the SQLite store in the data dir)."""
+    app = Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: not_found, Exception: crashed},
+    )
+    app.state.runtime = Runtime(settings, store)
+    if settings.verbose:
+        app.add_middleware(RequestLog)
+    return app

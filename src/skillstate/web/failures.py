@@ -1,0 +1,42 @@
+"""What the app answers when no handler does: unknown routes and methods, and crashes,
+each as an error object in the dialect the caller most likely speaks."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..catalog import catalog_dialect
+from ..errors import Dialect, ProxyError
+from ..http import error_response
+
+log = logging.getLogger("skillstate")
+
+
+def dialect_of(request: Request) -> Dialect:
+    """The dialect of an error outside the turn routes: by path, else by the Anthropic SDK's
+    own header."""
+    if request.url.path.rstrip("/").endswith(("/messages", "/messages/count_tokens")):
+        return "anthropic"
+    return catalog_dialect(request.headers)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """404 for an unknown route, 405 for a known route with another method."""
+    status = getattr(exc, "status_code", 404)
+    kind = "not_found" if status == 404 else "invalid_request"
+    msg = (
+        f"no route {request.method} {request.url.path}"
+        if status == 404
+        else f"method {request.method} not allowed on {request.url.path}"
+    )
+    return error_response(ProxyError(kind, msg, status=status), dialect_of(request))
+
+
+async def crashed(request: Request, exc: Exception) -> Response:
+    """A bug: logged with its traceback, answered as a 500 without one."""
+    log.exception("internal error on %s %s", request.method, request.url.path)
+    err = ProxyError("api_error", f"internal proxy error ({type(exc).__name__})")
+    return error_response(err, dialect_of(request))

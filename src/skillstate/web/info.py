@@ -1,0 +1,65 @@
+"""The routes around the turns: ``/v1/models``, ``/health`` and ``/cost``."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .. import __version__
+from ..catalog import catalog_dialect, fetch_models
+from ..errors import ProxyError
+from ..http import JSONResponse, error_response
+from ..ledger import parse_since, summarize
+from ..session import is_valid_session_id
+from .runtime import runtime
+
+
+async def models(request: Request) -> Response:
+    """The upstreams' model list (or one model), in the caller's dialect."""
+    rt = runtime(request)
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    dialect = catalog_dialect(headers)
+    try:
+        r = await fetch_models(
+            rt.pool, headers, dialect, request.path_params.get("model_id"), request.url.query
+        )
+    except ProxyError as e:
+        return error_response(e, dialect)
+    return Response(r.body, r.status, r.headers)
+
+
+async def health(request: Request) -> Response:
+    """Liveness plus the store's and each upstream's condition."""
+    rt = runtime(request)
+    store_ok = await rt.store.ping()
+    return JSONResponse(
+        {
+            "ok": store_ok and rt.pool.usable(),
+            "version": __version__,
+            "upstreams": rt.pool.health(),
+            "store": "ok" if store_ok else "error",
+            "active_sessions": rt.pipeline.active_sessions,
+        }
+    )
+
+
+async def cost(request: Request) -> Response:
+    """The ledger summary for a time window (and optionally one session or a grouping)."""
+    rt = runtime(request)
+    q = request.query_params
+    now = time.time()
+    try:
+        since = parse_since(q.get("since"), now, name="since")
+        until = parse_since(q.get("until"), now, name="until") if q.get("until") else now
+        session = q.get("session")
+        if session is not None and not is_valid_session_id(session):
+            raise ValueError("invalid session id")
+        await rt.pipeline.settle()
+        rows = await rt.store.ledger_rows(since, until, session)
+        summary = summarize(rows, q.get("group_by"))
+    except ValueError as e:
+        return error_response(ProxyError("invalid_request", str(e)), "openai")
+    summary.update({"since": since, "until": until, "session": session})
+    return JSONResponse(summary)

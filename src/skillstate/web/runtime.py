@@ -1,0 +1,66 @@
+"""The runtime the routes share: settings, store, upstream pool and pipeline, created by
+``create_app`` and opened/closed by its lifespan. Handlers find it on ``request.app.state``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+
+from ..config import Settings
+from ..pipeline import Pipeline
+from ..pricing import PriceBook
+from ..store import Store, StoreError
+from ..store.sqlite import SQLiteStore
+from ..upstream.client import UpstreamPool
+
+
+class Runtime:
+    """Everything the routes share, created and closed by the app's lifespan."""
+
+    def __init__(self, settings: Settings, store: Store | None = None) -> None:
+        self.settings = settings
+        self.store: Store = store or SQLiteStore(settings.db_path, exclusive=True)
+        self.pool = UpstreamPool(settings)
+        prices = PriceBook.from_config(settings.prices, settings.upstreams)
+        self.pipeline = Pipeline(settings, self.store, self.pool, prices)
+
+    async def purge_forever(self) -> None:
+        """Drop expired sessions and old ledger rows, every ``purge_interval`` seconds."""
+        s = self.settings
+        while True:
+            now = time.time()
+            with contextlib.suppress(StoreError):
+                if s.session_ttl > 0:
+                    await self.store.purge_sessions(now - s.session_ttl)
+                if s.ledger_retention > 0:
+                    await self.store.purge_ledger(now - s.ledger_retention)
+            await asyncio.sleep(s.purge_interval)
+
+
+def runtime(request: Request) -> Runtime:
+    """The runtime of the app serving ``request``."""
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    """Open the store and the pool; on shutdown, let pending ledger writes land first."""
+    rt: Runtime = app.state.runtime
+    await rt.store.open()
+    await rt.pool.open()
+    purge = asyncio.ensure_future(rt.purge_forever())
+    try:
+        yield
+    finally:
+        purge.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await purge
+        await rt.pool.close()
+        await rt.pipeline.settle()
+        await rt.store.close()

@@ -1,0 +1,96 @@
+"""The turn routes (``/v1/chat/completions``, ``/v1/messages``) and ``count_tokens``:
+parse the request into a ``Turn``, hand it to the pipeline, render what comes back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..config import Settings
+from ..counting import count_tokens
+from ..dialects.translate import validate_anthropic_request, validate_count_tokens_request
+from ..dialects.validate import validate_openai_request
+from ..errors import Dialect, ProxyError
+from ..http import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
+from ..pipeline import CONSTRAIN_VALUES, MODES, Reply, Turn
+from ..session import SESSION_HEADER, resolve_session_id
+from .runtime import runtime
+
+
+def _header_choice(request: Request, name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = request.headers.get(name, default).strip().lower()
+    if value not in allowed:
+        raise ProxyError(
+            "invalid_request", f"{name} must be one of {', '.join(allowed)}", param=name
+        )
+    return value
+
+
+async def parse_turn(
+    request: Request,
+    settings: Settings,
+    dialect: Dialect,
+    validate: Callable[[Any], None],
+    session: str,
+) -> Turn:
+    """The request as a ``Turn``: a validated body plus the per-request mode headers."""
+    body = await read_json_object(request, settings.max_body_bytes)
+    validate(body)
+    mode = _header_choice(request, "x-skillstate-mode", settings.mode, MODES)
+    constrain = _header_choice(
+        request, "x-skillstate-constrain", settings.constrain, CONSTRAIN_VALUES
+    )
+    return Turn(
+        dialect=dialect,
+        body=body,
+        headers={k.lower(): v for k, v in request.headers.items()},
+        session=session,
+        mode=mode,
+        constrain=constrain != "off",
+    )
+
+
+async def _turn(request: Request, dialect: Dialect, validate: Callable[[Any], None]) -> Response:
+    rt = runtime(request)
+    session_hdr: dict[str, str] = {}
+    try:
+        session = resolve_session_id(request.headers.get(SESSION_HEADER))
+        session_hdr = {SESSION_HEADER: session}
+        turn = await parse_turn(request, rt.settings, dialect, validate, session)
+        result = await unless_disconnected(request, rt.pipeline.run(turn))
+    except ProxyError as e:
+        return error_response(e, dialect, session_hdr)
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    if isinstance(result, Reply):
+        return Response(result.body, status_code=result.status, headers=result.headers)
+    return StreamingProxyResponse(result.chunks, result.headers, result.abort)
+
+
+async def chat_completions(request: Request) -> Response:
+    """An OpenAI chat completion turn."""
+    return await _turn(request, "openai", validate_openai_request)
+
+
+async def messages(request: Request) -> Response:
+    """An Anthropic Messages turn."""
+    return await _turn(request, "anthropic", validate_anthropic_request)
+
+
+async def messages_count_tokens(request: Request) -> Response:
+    """Anthropic's count_tokens, for the body this turn would send upstream."""
+    rt = runtime(request)
+    session_hdr: dict[str, str] = {}
+    try:
+        session = resolve_session_id(request.headers.get(SESSION_HEADER))
+        session_hdr = {SESSION_HEADER: session}
+        turn = await parse_turn(
+            request, rt.settings, "anthropic", validate_count_tokens_request, session
+        )
+        result = await count_tokens(rt.pipeline, rt.pool, turn)
+    except ProxyError as e:
+        return error_response(e, "anthropic", session_hdr)
+    return Response(result.body, status_code=result.status, headers=result.headers)
