@@ -279,3 +279,26 @@ def test_offline_bundled_data_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert update_prices._shared_updater.thread is None
     assert "genai_prices:update" not in {t.name for t in threading.enumerate()} - threads_before
     assert pricing._snapshot().from_auto_update is False
+
+
+@pytest.mark.parametrize(
+    ("model", "hint", "expected"),
+    [
+        # list prices per million tokens: input, output, cache read, cache write
+        ("gpt-4o", "openai", Prices(2.5, 10.0, 1.25, 2.5)),  # no write price: plain input
+        ("claude-sonnet-4-5", "anthropic", Prices(3.0, 15.0, 0.3, 3.75)),
+    ],
+)
+def test_rates_carry_genai_prices_cache_read_and_write_prices(
+    model: str, hint: str, expected: Prices
+) -> None:
+    assert PriceBook().rates(model=model, upstream=None, provider_hint=hint) == expected
+
+
+def test_rates_honour_overrides_and_say_unknown() -> None:
+    book = PriceBook(overrides_by_model={"claude-sonnet-4-5": {"cache_read_per_mtok": 0.1}})
+    rates = book.rates(model="claude-sonnet-4-5", upstream=None, provider_hint="anthropic")
+    assert rates == Prices(3.0, 15.0, 0.1, 3.75)
+    assert PriceBook().rates(model="no-such-model-xyz", upstream=None) is None
+    local = PriceBook(overrides_by_upstream={"local": {"local_zero": True}})
+    assert local.rates(model="anything", upstream="local") == Prices(0.0, 0.0, 0.0, 0.0)

@@ -322,6 +322,24 @@ class PriceBook:
                 return key, ov
         return None
 
+    def rates(
+        self,
+        *,
+        model: str | None,
+        upstream: str | None,
+        provider_hint: str | None = None,
+        at: datetime | None = None,
+    ) -> Prices | None:
+        """The flat rates (input, output, cache read, cache write) that :meth:`price` would
+        use for a small call, without a call to price: for estimating what a call WOULD cost
+        (the cache-aware baseline, the cost-aware ``auto``). None when unknown."""
+        from skillstate.ledger import Usage
+
+        probe = Usage(input_tokens=0, output_tokens=0)
+        return self.price(
+            probe, model=model, upstream=upstream, provider_hint=provider_hint, at=at
+        ).prices
+
     def price(
         self,
         usage: Usage | None,

@@ -1,0 +1,304 @@
+"""Tests for skillstate.baseline: the cache-aware, envelope-free baseline of a turn.
+
+Expected costs are computed by hand in the comments, at list prices per million tokens:
+gpt-4o input 2.50, cache read 1.25, output 10.00 (OpenAI bills no cache writes);
+claude-sonnet-4-5 input 3.00, cache read 0.30, cache write 3.75, output 15.00.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from skillstate.baseline import (
+    MAX_WRITTEN,
+    Baseline,
+    CacheRegime,
+    CacheSplit,
+    PrefixCache,
+    PrefixPoint,
+    baseline_output_tokens,
+    envelope_output_share,
+    prefix_points,
+    price_baseline,
+    saving,
+)
+from skillstate.ledger import Usage
+from skillstate.pricing import Prices, cost_from_prices
+
+GPT_4O = Prices(2.5, 10.0, 1.25, 2.5)
+SONNET = Prices(3.0, 15.0, 0.3, 3.75)
+OPENAI = CacheRegime("openai")
+ANTHROPIC = CacheRegime("anthropic")
+
+
+def points(*sizes: int, breakpoints: tuple[int, ...] = (), tag: str = "") -> list[PrefixPoint]:
+    """Boundaries with these cumulative estimated sizes; digest i is shared by every
+    request whose first i+1 pieces are the same (same ``tag`` for the first ones)."""
+    return [
+        PrefixPoint(f"{tag}{k}".encode(), size, k in breakpoints) for k, size in enumerate(sizes)
+    ]
+
+
+# --- openai regime ---------------------------------------------------------------------------
+
+
+def test_openai_reads_the_prefix_shared_with_the_previous_request() -> None:
+    cache = PrefixCache()
+    first = cache.charge(points(1000, 2000, 3000), 3000, now=0.0, regime=OPENAI)
+    assert first == CacheSplit(3000, 0, 0)  # nothing cached yet
+    second = cache.charge(points(1000, 2000, 3000, 4000), 4000, now=100.0, regime=OPENAI)
+    assert second == CacheSplit(4000, 3000, 0)
+    baseline = price_baseline(second, 200, GPT_4O)
+    # plain input (4000 - 3000) * 2.50 = 2500; cache read 3000 * 1.25 = 3750;
+    # output 200 * 10.00 = 2000; total 8250 / 1e6
+    assert baseline == Baseline(4000, 3000, 0, 200, pytest.approx(0.00825))
+
+
+def test_openai_cache_expires_after_the_ttl() -> None:
+    cache = PrefixCache()
+    cache.charge(points(1000, 2000), 2000, now=0.0, regime=OPENAI)
+    assert (
+        cache.charge(points(1000, 2000, 3000), 3000, now=301.0, regime=OPENAI).cache_read_tokens
+        == 0
+    )
+    # ... measured from the previous request, which was just sent
+    assert (
+        cache.charge(points(1000, 2000, 3000, 4000), 4000, 400.0, OPENAI).cache_read_tokens == 3000
+    )
+
+
+def test_openai_prefix_below_the_minimum_is_not_cached() -> None:
+    cache = PrefixCache()
+    cache.charge(points(600, 1000), 1000, now=0.0, regime=OPENAI)
+    assert cache.charge(points(600, 1000, 1500), 1500, 1.0, OPENAI).cache_read_tokens == 0
+    small = CacheRegime("openai", min_tokens=512)
+    cache = PrefixCache()
+    cache.charge(points(600, 1000), 1000, now=0.0, regime=small)
+    assert cache.charge(points(600, 1000, 1500), 1500, 1.0, small).cache_read_tokens == 1000
+
+
+def test_openai_a_changed_early_message_breaks_the_prefix() -> None:
+    cache = PrefixCache()
+    cache.charge(points(2000, 3000, 4000), 4000, now=0.0, regime=OPENAI)
+    changed = [points(2000)[0], *points(3000, 4000, 5000, tag="x")]
+    assert cache.charge(changed, 5000, 1.0, OPENAI).cache_read_tokens == 2000
+
+
+def test_tokens_are_allocated_in_proportion_to_the_estimates() -> None:
+    # the estimates say 3000 of 4000, the provider counted 2000 input: 3/4 of it is cached
+    cache = PrefixCache()
+    cache.charge(points(1500, 3000), 3000, now=0.0, regime=OPENAI)
+    assert cache.charge(points(1500, 3000, 4000), 2000, 1.0, OPENAI) == CacheSplit(2000, 1500)
+
+
+# --- anthropic regime ------------------------------------------------------------------------
+
+
+def test_anthropic_reads_what_an_earlier_breakpoint_wrote_and_writes_the_new_part() -> None:
+    cache = PrefixCache()
+    # system (2000, breakpoint), m1, m2 (breakpoint): everything up to m2 is written
+    first = cache.charge(points(2000, 2500, 3000, breakpoints=(0, 2)), 3000, 0.0, ANTHROPIC)
+    assert first == CacheSplit(3000, 0, 3000)
+    # cache write 3000 * 3.75 = 11250; output 100 * 15 = 1500 -> 12750 / 1e6
+    assert price_baseline(first, 100, SONNET).cost_usd == pytest.approx(0.01275)
+    # next turn: breakpoints at the system and the new last message
+    split = cache.charge(
+        points(2000, 2500, 3000, 3500, 4000, breakpoints=(0, 4)), 4000, 60.0, ANTHROPIC
+    )
+    assert split == CacheSplit(4000, 3000, 1000)
+    # cache read 3000 * 0.30 = 900; cache write 1000 * 3.75 = 3750; output 200 * 15 = 3000
+    assert price_baseline(split, 200, SONNET).cost_usd == pytest.approx(0.00765)
+
+
+def test_anthropic_without_breakpoints_pays_full_input() -> None:
+    cache = PrefixCache()
+    cache.charge(points(2000, 3000), 3000, 0.0, ANTHROPIC)
+    split = cache.charge(points(2000, 3000, 4000), 4000, 1.0, ANTHROPIC)
+    assert split == CacheSplit(4000, 0, 0)
+    # 4000 * 3.00 = 12000 -> $0.012 (what the same prefix costs OpenAI-style is irrelevant)
+    assert price_baseline(split, 0, SONNET).cost_usd == pytest.approx(0.012)
+
+
+def test_anthropic_reads_only_what_was_written_not_what_was_sent() -> None:
+    cache = PrefixCache()
+    # the first request marks only the system; m1, m2 are sent but never written
+    cache.charge(points(2000, 2500, 3000, breakpoints=(0,)), 3000, 0.0, ANTHROPIC)
+    split = cache.charge(points(2000, 2500, 3000, 3500, breakpoints=(0, 3)), 3500, 1.0, ANTHROPIC)
+    assert split == CacheSplit(3500, 2000, 1500)
+
+
+def test_anthropic_reads_no_further_than_the_last_breakpoint() -> None:
+    cache = PrefixCache()
+    cache.charge(points(2000, 3000, breakpoints=(1,)), 3000, 0.0, ANTHROPIC)
+    # written at 3000, but this request marks only the system: it reads nothing beyond it
+    split = cache.charge(points(2000, 3000, 4000, breakpoints=(0,)), 4000, 1.0, ANTHROPIC)
+    assert split == CacheSplit(4000, 0, 2000)
+
+
+def test_anthropic_entries_expire_and_reads_refresh_them() -> None:
+    cache = PrefixCache()
+    cache.charge(points(2000, breakpoints=(0,)), 2000, 0.0, ANTHROPIC)
+    assert (
+        cache.charge(points(2000, breakpoints=(0,)), 2000, 250.0, ANTHROPIC).cache_read_tokens
+        == 2000
+    )
+    # 500 s after the write, but 250 s after the read that refreshed it
+    assert (
+        cache.charge(points(2000, breakpoints=(0,)), 2000, 500.0, ANTHROPIC).cache_read_tokens
+        == 2000
+    )
+    assert (
+        cache.charge(points(2000, breakpoints=(0,)), 2000, 801.0, ANTHROPIC).cache_read_tokens == 0
+    )
+
+
+def test_anthropic_breakpoint_below_the_minimum_writes_nothing() -> None:
+    cache = PrefixCache()
+    assert cache.charge(points(500, 900, breakpoints=(1,)), 900, 0.0, ANTHROPIC) == CacheSplit(900)
+    assert cache.charge(points(500, 900, breakpoints=(1,)), 900, 1.0, ANTHROPIC) == CacheSplit(900)
+
+
+def test_anthropic_memory_is_bounded() -> None:
+    cache = PrefixCache()
+    for k in range(3 * MAX_WRITTEN):
+        cache.charge(points(2000, breakpoints=(0,), tag=f"s{k}-"), 2000, float(k), ANTHROPIC)
+    assert len(cache._written) == MAX_WRITTEN
+
+
+def test_no_caching_regime() -> None:
+    cache = PrefixCache()
+    none = CacheRegime("none")
+    cache.charge(points(2000, 3000), 3000, 0.0, none)
+    assert cache.charge(points(2000, 3000, 4000), 4000, 1.0, none) == CacheSplit(4000)
+
+
+def test_regime_is_checked() -> None:
+    with pytest.raises(ValueError, match="cache pricing"):
+        CacheRegime("gemini")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ttl"):
+        CacheRegime("openai", ttl_s=-1)
+
+
+# --- prefix hashing --------------------------------------------------------------------------
+
+
+def _anthropic_body(marked: bool) -> dict[str, object]:
+    mark = {"cache_control": {"type": "ephemeral"}} if marked else {}
+    return {
+        "model": "claude-sonnet-4-5",
+        "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+        "system": [{"type": "text", "text": "You are an agent.", **mark}],
+        "messages": [
+            {"role": "user", "content": "Book a flight"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Which day?", **mark}]},
+            {"role": "user", "content": "Monday"},
+        ],
+    }
+
+
+def test_prefix_hashes_ignore_cache_control_markers() -> None:
+    plain, marked = prefix_points(_anthropic_body(False)), prefix_points(_anthropic_body(True))
+    assert [p.digest for p in plain] == [p.digest for p in marked]
+    assert [p.est_tokens for p in plain] == [p.est_tokens for p in marked]
+    assert [p.breakpoint for p in plain] == [False] * 5
+    assert [p.breakpoint for p in marked] == [False, True, False, True, False]
+
+
+def test_prefix_hashes_are_cumulative() -> None:
+    body = _anthropic_body(False)
+    longer = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Ok"}]}  # type: ignore[list-item]
+    a, b = prefix_points(body), prefix_points(longer)
+    assert [p.digest for p in b[:5]] == [p.digest for p in a]
+    assert b[5].est_tokens > a[4].est_tokens
+    changed = {**body, "system": "Another system prompt"}
+    c = prefix_points(changed)
+    assert c[0].digest == a[0].digest  # the tools are the same
+    assert all(x.digest != y.digest for x, y in zip(a[1:], c[1:], strict=True))
+
+
+def test_top_level_cache_control_is_a_breakpoint_at_the_end() -> None:
+    body = {"cache_control": {"type": "ephemeral"}, "messages": [{"role": "user", "content": "hi"}]}
+    assert [p.breakpoint for p in prefix_points(body)] == [True]
+
+
+def test_openai_chat_body_and_no_mutation() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+            },
+        ]
+    }
+    before = repr(body)
+    pts = prefix_points(body)
+    assert repr(body) == before
+    assert [p.breakpoint for p in pts] == [False, True]
+    assert prefix_points({"messages": []}) == []
+
+
+# --- output, cost and saving -----------------------------------------------------------------
+
+
+def test_envelope_share_counts_text_and_tool_calls() -> None:
+    # reply of 300 characters, 100 of them the envelope, plus one tool call: "lookup" (6)
+    # and arguments of 94 characters -> 100 / 400
+    share = envelope_output_share("x" * 300, 100, [("lookup", "a" * 94)])
+    assert share == Fraction(1, 4)
+    assert baseline_output_tokens(400, share) == 300
+    assert envelope_output_share("", 0) == 0
+    assert envelope_output_share("abc", 10) == 1
+
+
+def test_negative_saving_is_reported_negative() -> None:
+    # The proxy's turn (anthropic pricing): 2500 plain input (its compact prefix changed),
+    # 400 output (the envelope doubled it): 2500 * 3 + 400 * 15 = 13500 -> $0.0135.
+    actual = cost_from_prices(Usage(2500, 400), SONNET)
+    assert actual == pytest.approx(0.0135)
+    # The baseline: 4000 input of which 3000 read and 1000 written, 200 output:
+    # 3000 * 0.30 + 1000 * 3.75 + 200 * 15 = 900 + 3750 + 3000 = 7650 -> $0.00765.
+    baseline = price_baseline(CacheSplit(4000, 3000, 1000), 200, SONNET)
+    saved, pct = saving(baseline.cost_usd, actual)
+    assert saved == pytest.approx(-0.00585)
+    assert pct == pytest.approx(-76.47)  # -0.00585 / 0.00765
+
+
+def test_positive_saving_and_unknown_costs() -> None:
+    assert saving(0.02, 0.005) == (pytest.approx(0.015), 75.0)
+    assert saving(None, 0.01) == (None, None)
+    assert saving(0.01, None) == (None, None)
+    assert saving(0.0, 0.0) == (0.0, None)
+    assert price_baseline(CacheSplit(10), 5, None).cost_usd is None
+
+
+def test_end_to_end_openai_session_with_hand_computed_cost() -> None:
+    """Two turns of a real chat body, priced like gpt-4o (min_tokens lowered so that a
+    small body is cacheable)."""
+    regime = CacheRegime("openai", min_tokens=10)
+    cache = PrefixCache()
+    turn1 = {
+        "messages": [
+            {"role": "user", "content": "s" * 400},
+            {"role": "user", "content": "u" * 400},
+        ]
+    }
+    p1 = prefix_points(turn1)
+    cache.charge(p1, 1000, 0.0, regime)
+    turn2 = {
+        "messages": [
+            *turn1["messages"],
+            {"role": "user", "content": "a" * 400},
+            {"role": "user", "content": "v" * 400},
+        ]
+    }
+    p2 = prefix_points(turn2)
+    assert [p.digest for p in p2[:2]] == [p.digest for p in p1]
+    split = cache.charge(p2, 2000, 10.0, regime)
+    # the four messages estimate the same (same size and keys): half the input is cached
+    assert p2[1].est_tokens * 2 == p2[3].est_tokens
+    assert split == CacheSplit(2000, 1000, 0)
+    # 1000 * 2.50 + 1000 * 1.25 + 50 * 10.00 = 2500 + 1250 + 500 = 4250 -> $0.00425
+    assert price_baseline(split, 50, GPT_4O).cost_usd == pytest.approx(0.00425)
