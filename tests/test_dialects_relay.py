@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
+
+import pytest
 
 from skillstate.dialects import sse
 from skillstate.dialects.relay import make_relay
@@ -35,3 +38,65 @@ def test_with_n_choices_the_captured_text_is_choice_zero() -> None:
     assert b"".join([*forwarded, *relay.finish()]) == stream  # the client gets every choice
     assert json.loads(relay.text) == {"state_patch": {"x": 1}, "action": "a"}
     assert not relay.has_tool_calls  # choice 1's call is not choice 0's
+
+
+def _openai_text_stream(pieces: int, piece: str) -> bytes:
+    return b"".join(chunk(0, content=piece) for _ in range(pieces)) + b"data: [DONE]\n\n"
+
+
+def _anthropic_text_stream(pieces: int, piece: str) -> bytes:
+    head = [
+        sse.encode(
+            {"type": "message_start", "message": {"id": "m", "model": "m", "usage": {}}},
+            event="message_start",
+        ),
+        sse.encode(
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            event="content_block_start",
+        ),
+    ]
+    delta = sse.encode(
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}},
+        event="content_block_delta",
+    )
+    tail = sse.encode({"type": "message_stop"}, event="message_stop")
+    return b"".join([*head, *([delta] * pieces), tail])
+
+
+@pytest.mark.parametrize(
+    ("client", "upstream", "stream_of"),
+    [
+        ("anthropic", "openai", _openai_text_stream),
+        ("openai", "anthropic", _anthropic_text_stream),
+        ("openai", "openai", _openai_text_stream),
+        ("anthropic", "anthropic", _anthropic_text_stream),
+    ],
+)
+def test_a_long_stream_holds_no_more_text_than_the_capture_limit(
+    client: str, upstream: str, stream_of: Any
+) -> None:
+    # Issue 13 item 11: across dialects the whole reply text was kept (and re-joined on every
+    # chunk) whatever capture_limit said. 4 MiB of text through a 64 KiB capture: what the
+    # relay holds must stay near the limit, not grow with the reply.
+    limit, piece, pieces = 64 << 10, "x" * 1024, 4096
+    stream = stream_of(pieces, piece)
+    events = sse.SSEParser().feed(stream)
+    relay = make_relay(
+        client, upstream, request_model="m", client_wants_usage=False, capture_limit=limit
+    )
+    tracemalloc.start()
+    try:
+        for e in events:
+            relay.feed(e)  # what the client is sent is dropped at once, as a socket would
+        relay.finish()
+        text = relay.text
+        held = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert relay.complete
+    assert text == piece * (limit // len(piece))  # a prefix of the reply, no holes
+    assert held < 1 << 20, f"{held} bytes held for a {limit}-character capture"

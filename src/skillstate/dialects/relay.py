@@ -14,6 +14,7 @@ import orjson
 
 from ..ledger import Usage, usage_from_anthropic, usage_from_openai
 from . import sse
+from .capture import TextCapture
 from .translate import AnthropicStreamToOpenAI, OpenAIStreamToAnthropic
 
 
@@ -37,10 +38,7 @@ class _Capture:
     """Bounded text capture shared by all relays."""
 
     def __init__(self, limit: int) -> None:
-        self._parts: list[str] = []
-        self._size = 0
-        self._limit = limit
-        self.truncated = False
+        self._text = TextCapture(limit)
         self.has_tool_calls = False
         self.usage: Usage | None = None
         self.model: str | None = None
@@ -49,17 +47,15 @@ class _Capture:
         self.error_forwarded = False  # the upstream's own error event reached the client
 
     def add_text(self, s: str) -> None:
-        if self._size + len(s) > self._limit:
-            self.truncated = True
-            return
-        self._parts.append(s)
-        self._size += len(s)
+        self._text.add(s)
 
     @property
     def text(self) -> str:
-        if len(self._parts) > 1:
-            self._parts = ["".join(self._parts)]
-        return self._parts[0] if self._parts else ""
+        return self._text.text
+
+    @property
+    def truncated(self) -> bool:
+        return self._text.truncated
 
 
 def openai_error_event(message: str) -> bytes:
@@ -181,7 +177,8 @@ class OpenAIToAnthropicRelay(_Capture):
 
     def __init__(self, *, request_model: str, capture_limit: int) -> None:
         super().__init__(capture_limit)
-        self._t = OpenAIStreamToAnthropic(request_model)
+        # The translator captures the text it delivers; the relay reads that capture.
+        self._t = OpenAIStreamToAnthropic(request_model, capture_limit=capture_limit)
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
         if event.data == "[DONE]":
@@ -202,11 +199,17 @@ class OpenAIToAnthropicRelay(_Capture):
         self.model = chunk.get("model") or self.model
         if chunk.get("usage"):
             self.usage = usage_from_openai(chunk["usage"])
-        before = len(self._t.text)
         out = self._t.feed(chunk)
-        self.add_text(self._t.text[before:])
-        self.has_tool_calls = bool(self._t.tool_calls)
+        self.has_tool_calls = self._t.has_tool_calls
         return out
+
+    @property
+    def text(self) -> str:
+        return self._t.text
+
+    @property
+    def truncated(self) -> bool:
+        return self._t.text_truncated
 
     def finish(self) -> list[bytes]:
         return self._t.finish()
@@ -220,7 +223,8 @@ class AnthropicToOpenAIRelay(_Capture):
 
     def __init__(self, *, model: str, include_usage: bool, capture_limit: int) -> None:
         super().__init__(capture_limit)
-        self._t = AnthropicStreamToOpenAI(model, include_usage)
+        # The translator captures the text it delivers; the relay reads that capture.
+        self._t = AnthropicStreamToOpenAI(model, include_usage, capture_limit=capture_limit)
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
         name = event.event
@@ -236,15 +240,21 @@ class AnthropicToOpenAIRelay(_Capture):
             err = (data.get("error") or {}) if isinstance(data, dict) else {}
             self.upstream_error = str(err.get("message") or "upstream error")
             return []
-        before = len(self._t.text)
         out = self._t.feed(name, data)
-        self.add_text(self._t.text[before:])
-        self.has_tool_calls = bool(self._t.tool_calls)
+        self.has_tool_calls = self._t.has_tool_calls
         if self._t.usage is not None:
             self.usage = usage_from_anthropic(self._t.usage)
         if isinstance(data, dict) and name == "message_start":
             self.model = (data.get("message") or {}).get("model") or self.model
         return out
+
+    @property
+    def text(self) -> str:
+        return self._t.text
+
+    @property
+    def truncated(self) -> bool:
+        return self._t.text_truncated
 
     def finish(self) -> list[bytes]:
         return self._t.finish()

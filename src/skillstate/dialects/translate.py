@@ -52,6 +52,7 @@ import uuid
 from typing import Any, TypeGuard
 
 from skillstate.dialects import sse
+from skillstate.dialects.capture import TextCapture
 from skillstate.errors import ProxyError
 from skillstate.ledger import MAX_TOKEN_COUNT
 
@@ -1166,7 +1167,13 @@ class OpenAIStreamToAnthropic:
     can no longer be delivered).
     """
 
-    def __init__(self, request_model: str, message_id: str | None = None) -> None:
+    def __init__(
+        self,
+        request_model: str,
+        message_id: str | None = None,
+        *,
+        capture_limit: int | None = None,
+    ) -> None:
         self.request_model = request_model
         self.message_id = message_id
         self._started = False
@@ -1176,7 +1183,7 @@ class OpenAIStreamToAnthropic:
         self._open_call: _Call | None = None
         self._calls: dict[int, _Call] = {}
         self._order: list[_Call] = []  # calls in first-seen order
-        self._text: list[str] = []
+        self._text = TextCapture(capture_limit)
         self._finish_reason: str | None = None
         self._matched_stop: str | None = None
         self._raw_usage: JSON | None = None
@@ -1187,8 +1194,18 @@ class OpenAIStreamToAnthropic:
 
     @property
     def text(self) -> str:
-        """All text delivered to the client so far."""
-        return _joined(self._text)
+        """The text delivered to the client so far (up to ``capture_limit`` characters)."""
+        return self._text.text
+
+    @property
+    def text_truncated(self) -> bool:
+        """More text was delivered than ``capture_limit`` let ``text`` keep."""
+        return self._text.truncated
+
+    @property
+    def has_tool_calls(self) -> bool:
+        """Whether the reply calls tools (O(1), unlike ``tool_calls``)."""
+        return bool(self._order)
 
     @property
     def tool_calls(self) -> list[tuple[str, str, str]]:
@@ -1383,7 +1400,7 @@ class OpenAIStreamToAnthropic:
                     },
                 )
             )
-        self._text.append(text)
+        self._text.add(text)
         out.append(
             self._event(
                 "content_block_delta",
@@ -1843,6 +1860,7 @@ class AnthropicStreamToOpenAI:
         *,
         completion_id: str | None = None,
         created: int | None = None,
+        capture_limit: int | None = None,
     ) -> None:
         self.model = model
         self.include_usage = include_usage
@@ -1850,7 +1868,8 @@ class AnthropicStreamToOpenAI:
         self.created = int(time.time()) if created is None else created
         self._started = False
         self._done = False
-        self._text: list[str] = []
+        self._text = TextCapture(capture_limit)
+        self._sent_text = False
         self._tools: dict[int, list[Any]] = {}  # block index -> [tool index, id, name, args, start]
         self._tool_order: list[list[Any]] = []
         self._usage: JSON = {}
@@ -1860,8 +1879,18 @@ class AnthropicStreamToOpenAI:
 
     @property
     def text(self) -> str:
-        """All text delivered to the client so far."""
-        return _joined(self._text)
+        """The text delivered to the client so far (up to ``capture_limit`` characters)."""
+        return self._text.text
+
+    @property
+    def text_truncated(self) -> bool:
+        """More text was delivered than ``capture_limit`` let ``text`` keep."""
+        return self._text.truncated
+
+    @property
+    def has_tool_calls(self) -> bool:
+        """Whether the reply calls tools (O(1), unlike ``tool_calls``)."""
+        return bool(self._tool_order)
 
     @property
     def tool_calls(self) -> list[tuple[str, str, str]]:
@@ -1973,8 +2002,7 @@ class AnthropicStreamToOpenAI:
         if block.get("type") == "text":
             text = block.get("text")
             if isinstance(text, str) and text:
-                self._text.append(text)
-                return [self._chunk({"content": text})]
+                return [self._text_chunk(text)]
         elif block.get("type") == "tool_use":
             start = block.get("input")
             tool = [len(self._tool_order), str(block.get("id") or ""), str(block.get("name") or "")]
@@ -1997,6 +2025,11 @@ class AnthropicStreamToOpenAI:
             ]
         return []
 
+    def _text_chunk(self, text: str) -> bytes:
+        self._text.add(text)
+        self._sent_text = True
+        return self._chunk({"content": text})
+
     def _args_chunk(self, tool: list[Any], text: str) -> bytes:
         tool[3].append(text)
         return self._chunk({"tool_calls": [{"index": tool[0], "function": {"arguments": text}}]})
@@ -2008,8 +2041,7 @@ class AnthropicStreamToOpenAI:
         if delta.get("type") == "text_delta":
             text = delta.get("text")
             if isinstance(text, str) and text:
-                self._text.append(text)
-                return [self._chunk({"content": text})]
+                return [self._text_chunk(text)]
         elif delta.get("type") == "input_json_delta":
             index = data.get("index")
             tool = self._tools.get(index) if _is_int(index) else None
@@ -2042,7 +2074,7 @@ class AnthropicStreamToOpenAI:
             out.extend(self._on_block_stop({"index": index}))
         self._done = True
         reason = openai_finish_reason(self._stop_reason, has_tool_calls=bool(self._tool_order))
-        empty = not self._text and not self._tool_order
+        empty = not self._sent_text and not self._tool_order
         out.append(self._chunk({"content": ""} if empty else {}, reason))
         if self.include_usage:
             out.append(

@@ -1,0 +1,39 @@
+"""The bounded text capture of a streamed reply: what the state engine reads once the stream
+ends. Appends cost O(piece); the text is joined when it is read, so a stream builds it once
+and holds at most ``limit`` characters however long the reply runs."""
+
+from __future__ import annotations
+
+
+class TextCapture:
+    """Text pieces up to ``limit`` characters (None: no limit); later pieces are dropped and
+    ``truncated`` says so."""
+
+    __slots__ = ("_limit", "_parts", "_size", "truncated")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._parts: list[str] = []
+        self._size = 0
+        self._limit = limit
+        self.truncated = False
+
+    def add(self, piece: str) -> None:
+        if not piece:
+            return
+        if self.truncated:
+            return  # the capture is a prefix of the reply, never one with holes
+        if self._limit is not None and self._size + len(piece) > self._limit:
+            self.truncated = True
+            return
+        self._parts.append(piece)
+        self._size += len(piece)
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    @property
+    def text(self) -> str:
+        # Collapsed on read, so reading again without appending does not join again.
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
