@@ -44,6 +44,7 @@ from skillstate.bench.bfcl import (
 )
 from skillstate.bench.simmodel import SIM_MODEL_ID, SimError
 from skillstate.context import CONTRACT_MARK, STATE_MARK, build_compact
+from skillstate.dialects.openai import OPENAI
 from skillstate.patch import extract_envelope
 
 # -- a tiny backend in BFCL's style ----------------------------------------------------------
@@ -328,14 +329,14 @@ def test_replay_reads_its_position_from_the_state_and_writes_valid_envelopes() -
     script = make_script(task, "same-name")
     state = dict(bfcl.INITIAL_STATE)
     transcript = task.turn_messages(0)
-    body = build_compact("openai", {"messages": transcript}, list(bfcl.SCHEMA_KEYS), state)
+    body = build_compact(OPENAI.context, {"messages": transcript}, list(bfcl.SCHEMA_KEYS), state)
     first = replay_reply(body["messages"], script)
     env = extract_envelope(first.content).envelope
     assert env is not None and env.state_patch["turn"] == 1
     assert env.state_patch["calls_done"] == 2
     state.update(env.state_patch)
     transcript += _tool_msgs(first, ['{"name": "apple", "count": 2}', "{}"])
-    body = build_compact("openai", {"messages": transcript}, list(bfcl.SCHEMA_KEYS), state)
+    body = build_compact(OPENAI.context, {"messages": transcript}, list(bfcl.SCHEMA_KEYS), state)
     assert CONTRACT_MARK in json.dumps(body) and STATE_MARK in json.dumps(body)
     assert "Put two apples" in body["messages"][0]["content"]  # the task stays in the prefix
     second = replay_reply(body["messages"], script)
@@ -345,7 +346,7 @@ def test_replay_reads_its_position_from_the_state_and_writes_valid_envelopes() -
     assert patch["results"][0].startswith("add_item(name='apple',count=2) -> ")
     # a state that says something else than the context: refused
     state.update(patch, turn=2)
-    body = build_compact("openai", {"messages": transcript}, list(bfcl.SCHEMA_KEYS), state)
+    body = build_compact(OPENAI.context, {"messages": transcript}, list(bfcl.SCHEMA_KEYS), state)
     with pytest.raises(SimError, match="expects the user message"):
         replay_reply(body["messages"], script)
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from skillstate.dialects.models import translate_models
+from skillstate.dialects.registry import get_dialect
+
+
+def translate_models(body: dict, to: str, *, single: bool) -> dict:
+    return get_dialect(to).model_list(body, single=single)
+
 
 OPENAI_LIST = {
     "object": "list",

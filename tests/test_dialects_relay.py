@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from skillstate.dialects import sse
-from skillstate.dialects.relay import make_relay
+from skillstate.dialects.registry import make_relay
 
 
 def chunk(index: int, **delta: Any) -> bytes:

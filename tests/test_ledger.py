@@ -7,6 +7,8 @@ import orjson
 import pytest
 from rich.console import Console
 
+from skillstate.dialects.anthropic import usage_from_anthropic
+from skillstate.dialects.openai import usage_from_openai
 from skillstate.ledger import (
     NOTE,
     LedgerRow,
@@ -17,8 +19,6 @@ from skillstate.ledger import (
     parse_since,
     render_table,
     summarize,
-    usage_from_anthropic,
-    usage_from_openai,
 )
 from skillstate.pricing import PriceBook, PriceOverride, Prices
 

@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skillstate import pricing
-from skillstate.ledger import Usage, usage_from_anthropic, usage_from_openai
+from skillstate.dialects.anthropic import usage_from_anthropic
+from skillstate.dialects.openai import usage_from_openai
+from skillstate.ledger import Usage
 from skillstate.pricing import PriceBook, Priced, PriceOverride, Prices, cost_from_prices
 
 # Our own numbers, so the arithmetic below is ours and not the price data's.

@@ -47,7 +47,6 @@ def outbound(est_tokens: int = 10, *, stream: bool = False, model: str = "m") ->
         stream=stream,
         est_tokens=est_tokens,
         client_headers={},
-        translate=lambda kind, body, max_tokens_field: body,
     )
 
 

@@ -14,8 +14,7 @@ from urllib.parse import quote
 
 import orjson
 
-from .dialects.models import translate_models
-from .dialects.replies import error_reply
+from .dialects.registry import error_reply, get_dialect
 from .errors import Dialect, ProxyError
 from .pipeline import Reply
 from .upstream.client import UpstreamPool
@@ -55,5 +54,5 @@ async def fetch_models(
         raise ProxyError("upstream_unreachable", f"upstream {name} returned a non-JSON model list")
     if ex.upstream.kind == dialect:
         return Reply(ex.status, raw, out_headers)
-    translated = translate_models(body, dialect, single=model_id is not None)
+    translated = get_dialect(dialect).model_list(body, single=model_id is not None)
     return Reply(ex.status, orjson.dumps(translated), out_headers)

@@ -2,8 +2,9 @@
 
 State mode sends A_t = (P, Σ_t, O_t): a stable prefix (the client's system messages, the task =
 the first user message, the state contract), then the current state, then the latest
-observation. The algorithm is shared; two small adapters know where each dialect keeps
-system text and tool results. Everything here is a pure function of (request body, state).
+observation. The algorithm is shared; each dialect's adapter (``Dialect.context``, in
+``skillstate.dialects``) knows where its format keeps system text and tool results.
+Everything here is a pure function of (request body, state).
 """
 
 from __future__ import annotations
@@ -119,144 +120,31 @@ def split_transcript(messages: list[dict[str, Any]], d: DialectContext) -> Split
     return Split(system_end, task, start)
 
 
-# -- OpenAI chat completions ----------------------------------------------------------------
-
-
-class OpenAIContext:
-    def is_system(self, msg: dict[str, Any]) -> bool:
-        return msg.get("role") in ("system", "developer")
-
-    def is_user_turn(self, msg: dict[str, Any]) -> bool:
-        return msg.get("role") in ("user", "tool", "function")
-
-    def is_tool_result(self, msg: dict[str, Any]) -> bool:
-        return msg.get("role") in ("tool", "function")
-
-    def has_tool_calls(self, msg: dict[str, Any]) -> bool:
-        return msg.get("role") == "assistant" and bool(
-            msg.get("tool_calls") or msg.get("function_call")
-        )
-
-    def compact(
-        self, body: dict[str, Any], split: Split, contract: str, state: dict[str, Any]
-    ) -> dict[str, Any]:
-        msgs = body["messages"]
-        out = list(msgs[: split.system_end])
-        if split.task is not None and split.task < split.observation:
-            out.append(msgs[split.task])
-        out.append({"role": "user", "content": contract + "\n\n" + state_text(state)})
-        out.extend(msgs[split.observation :])
-        return {**body, "messages": out}
-
-    def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:
-        msgs = body["messages"]
-        end = split_transcript(msgs, self).system_end
-        out = [*msgs[:end], {"role": "system", "content": contract}, *msgs[end:]]
-        return {**body, "messages": out}
-
-    def correction(
-        self, body: dict[str, Any], reply_text: str, errors: Sequence[str]
-    ) -> dict[str, Any]:
-        extra = [
-            {"role": "assistant", "content": reply_text},
-            {"role": "user", "content": correction_text(errors)},
-        ]
-        return {**body, "messages": [*body["messages"], *extra]}
-
-
-# -- Anthropic Messages ---------------------------------------------------------------------
-
-
-def _blocks(content: Any) -> list[Any]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    return list(content) if isinstance(content, list) else []
-
-
-class AnthropicContext:
-    # Anthropic keeps system text in a top-level field, so no message is a system message.
-    def is_system(self, msg: dict[str, Any]) -> bool:
-        return False
-
-    def is_user_turn(self, msg: dict[str, Any]) -> bool:
-        return msg.get("role") == "user"
-
-    def is_tool_result(self, msg: dict[str, Any]) -> bool:
-        content = msg.get("content")
-        return isinstance(content, list) and any(
-            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-        )
-
-    def has_tool_calls(self, msg: dict[str, Any]) -> bool:
-        content = msg.get("content")
-        return (
-            msg.get("role") == "assistant"
-            and isinstance(content, list)
-            and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
-        )
-
-    def compact(
-        self, body: dict[str, Any], split: Split, contract: str, state: dict[str, Any]
-    ) -> dict[str, Any]:
-        msgs = body["messages"]
-        head: list[Any] = []
-        if split.task is not None and split.task < split.observation:
-            head.extend(_blocks(msgs[split.task].get("content")))
-        head.append({"type": "text", "text": contract})
-        head.append({"type": "text", "text": state_text(state)})
-        obs = list(msgs[split.observation :])
-        # Keep user/assistant alternation: the observation's leading user turn joins the
-        # prefix turn instead of following it as a second user message.
-        if obs and obs[0].get("role") == "user":
-            first = obs.pop(0)
-            head.extend(_blocks(first.get("content")))
-        return {**body, "messages": [{"role": "user", "content": head}, *obs]}
-
-    def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:
-        system = body.get("system")
-        if system is None or system == "":
-            new_system: Any = contract
-        elif isinstance(system, str):
-            new_system = system + "\n\n" + contract
-        else:
-            new_system = [*system, {"type": "text", "text": contract}]
-        return {**body, "system": new_system}
-
-    def correction(
-        self, body: dict[str, Any], reply_text: str, errors: Sequence[str]
-    ) -> dict[str, Any]:
-        extra = [
-            {"role": "assistant", "content": reply_text or "(no text)"},
-            {"role": "user", "content": correction_text(errors)},
-        ]
-        return {**body, "messages": [*body["messages"], *extra]}
-
-
-DIALECT_CONTEXTS: dict[str, DialectContext] = {
-    "openai": OpenAIContext(),
-    "anthropic": AnthropicContext(),
-}
-
-
 def build_compact(
-    dialect: str,
+    d: DialectContext,
     body: dict[str, Any],
     allowed_keys: Sequence[str],
     state: dict[str, Any],
     form: EnvelopeForm = "block",
 ) -> dict[str, Any]:
-    d = DIALECT_CONTEXTS[dialect]
+    """The compact context (prefix, state, latest observation) of a transcript in the
+    format whose adapter is ``d`` (a dialect's ``context``)."""
     split = split_transcript(body["messages"], d)
     return d.compact(body, split, contract_text(allowed_keys, form), state)
 
 
 def build_full(
-    dialect: str, body: dict[str, Any], allowed_keys: Sequence[str], form: EnvelopeForm = "block"
+    d: DialectContext,
+    body: dict[str, Any],
+    allowed_keys: Sequence[str],
+    form: EnvelopeForm = "block",
 ) -> dict[str, Any]:
-    return DIALECT_CONTEXTS[dialect].full(body, contract_text(allowed_keys, form))
+    """The whole transcript with the state contract added to its system text."""
+    return d.full(body, contract_text(allowed_keys, form))
 
 
 def add_correction(
-    dialect: str, body: dict[str, Any], reply_text: str, errors: Sequence[str]
+    d: DialectContext, body: dict[str, Any], reply_text: str, errors: Sequence[str]
 ) -> dict[str, Any]:
-    return DIALECT_CONTEXTS[dialect].correction(body, reply_text, errors)
+    """The re-ask after an invalid envelope: the reply and a correction appended."""
+    return d.correction(body, reply_text, errors)

@@ -13,13 +13,12 @@ from typing import Any
 
 import orjson
 
-from .dialects.replies import error_reply
+from .dialects.registry import error_reply
 from .pipeline import Pipeline, Reply, Turn
 from .session import SESSION_HEADER
 from .tokens import estimate_tokens
 from .upstream.client import UpstreamPool
 
-COUNT_PATH = "/messages/count_tokens"
 # The fields Anthropic's count_tokens accepts; it rejects others (max_tokens, stream, ...).
 COUNT_FIELDS = frozenset(
     {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"}
@@ -30,20 +29,23 @@ async def count_tokens(pipeline: Pipeline, pool: UpstreamPool, turn: Turn) -> Re
     body = await pipeline.preview(turn)
     headers = {SESSION_HEADER: turn.session}
     model = body.get("model")
+    # Upstreams of the client's own kind whose format has a counting endpoint count natively.
     native = [
         up
         for up in pool.candidates(model if isinstance(model, str) else None)
-        if up.kind == "anthropic"
+        if up.kind == turn.dialect and up.dialect.count_tokens_path is not None
     ]
     if native:
+        path = native[0].dialect.count_tokens_path
+        assert path is not None
         payload = orjson.dumps({k: v for k, v in body.items() if k in COUNT_FIELDS})
-        ex = await pool.fetch(COUNT_PATH, turn.headers, post=payload, upstreams=native)
+        ex = await pool.fetch(path, turn.headers, post=payload, upstreams=native)
         raw = await ex.read()
         ex.release()
         headers.update(ex.relay_headers())
         headers["content-type"] = "application/json"
         if ex.status >= 400:
-            return Reply(*error_reply(raw, ex.status, "anthropic", "anthropic"), headers)
+            return Reply(*error_reply(raw, ex.status, ex.upstream.kind, turn.dialect), headers)
         return Reply(ex.status, raw, headers)
     parts: list[Any] = [body.get("system"), body.get("messages"), body.get("tools")]
     headers["x-skillstate-token-count"] = "estimate"

@@ -4,8 +4,9 @@ Token semantics
 ---------------
 ``Usage.input_tokens`` is ALL input tokens of a call, *including* cache reads and cache
 writes; ``cache_read_tokens`` and ``cache_write_tokens`` are the parts of it that were read
-from / written to the provider's prompt cache. ``usage_from_openai`` and
-``usage_from_anthropic`` normalise the two providers' different conventions to this.
+from / written to the provider's prompt cache. Each dialect's usage parser
+(``skillstate.dialects.openai.usage_from_openai``, ``...anthropic.usage_from_anthropic``)
+normalises its provider's convention to this.
 
 Rows
 ----
@@ -86,8 +87,6 @@ __all__ = [
     "parse_since",
     "render_table",
     "summarize",
-    "usage_from_anthropic",
-    "usage_from_openai",
 ]
 
 Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
@@ -123,68 +122,6 @@ class Usage:
 
 # Far beyond any real count, and safe everywhere a count goes (SQLite INTEGER, JSON, floats).
 MAX_TOKEN_COUNT = 2**53
-
-
-def _count(v: Any) -> int | None:
-    """A non-negative token count, or None for anything else (bools, strings, NaN, -1...)."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v if 0 <= v <= MAX_TOKEN_COUNT else None
-    if isinstance(v, float) and v.is_integer() and 0 <= v <= MAX_TOKEN_COUNT:
-        return int(v)
-    return None
-
-
-def _optional_count(u: Mapping[str, Any], key: str) -> int | None:
-    """0 when absent/null, the count when valid, None (= garbage) otherwise."""
-    v = u.get(key)
-    return 0 if v is None else _count(v)
-
-
-def usage_from_openai(u: Mapping[str, Any] | None) -> Usage | None:
-    """OpenAI-style usage -> ``Usage``; None when missing or malformed.
-
-    Chat completions: ``prompt_tokens`` already INCLUDES ``prompt_tokens_details.cached_tokens``
-    so input = prompt_tokens, cache_read = cached_tokens. Also accepted: the Responses API
-    (``input_tokens``/``output_tokens``/``input_tokens_details.cached_tokens``, same inclusive
-    semantics) and DeepSeek's ``prompt_cache_hit_tokens``. OpenAI reports no cache writes (0).
-    """
-    if not isinstance(u, Mapping):
-        return None
-    if "prompt_tokens" in u or "completion_tokens" in u:
-        inp, out = _count(u.get("prompt_tokens")), _count(u.get("completion_tokens"))
-        details = u.get("prompt_tokens_details")
-    else:
-        inp, out = _count(u.get("input_tokens")), _count(u.get("output_tokens"))
-        details = u.get("input_tokens_details")
-    if inp is None or out is None:
-        return None
-    cached: int | None = 0
-    if isinstance(details, Mapping) and details.get("cached_tokens") is not None:
-        cached = _count(details.get("cached_tokens"))
-    elif u.get("prompt_cache_hit_tokens") is not None:
-        cached = _count(u.get("prompt_cache_hit_tokens"))
-    if cached is None or cached > inp:
-        return None
-    return Usage(inp, out, cached, 0)
-
-
-def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
-    """Anthropic usage -> ``Usage``; None when missing or malformed.
-
-    Anthropic's ``input_tokens`` EXCLUDES ``cache_read_input_tokens`` and
-    ``cache_creation_input_tokens``, so total input = the sum of the three. (Cache writes are
-    not split by TTL here; they are all priced at the model's cache-write price.)
-    """
-    if not isinstance(u, Mapping):
-        return None
-    inp, out = _count(u.get("input_tokens")), _count(u.get("output_tokens"))
-    read = _optional_count(u, "cache_read_input_tokens")
-    write = _optional_count(u, "cache_creation_input_tokens")
-    if inp is None or out is None or read is None or write is None:
-        return None
-    return Usage(inp + read + write, out, read, write)
 
 
 # --- rows ---------------------------------------------------------------------------------

@@ -25,15 +25,9 @@ from . import constrain, context
 from .config import Settings
 from .context import EnvelopeForm
 from .dialects import sse
-from .dialects.relay import StreamRelay, make_relay
-from .dialects.replies import error_reply, reply_cut_off, reply_model, reply_text, reply_usage
-from .dialects.translate import (
-    anthropic_request_to_openai,
-    anthropic_response_to_openai,
-    openai_request_to_anthropic,
-    openai_response_to_anthropic,
-)
-from .errors import Dialect, ProxyError
+from .dialects.base import StreamRelay
+from .dialects.registry import error_reply, get_dialect, make_relay, reply_for
+from .errors import ProxyError
 from .ledger import LedgerRow, Usage
 from .meter import MeterContext, TurnMeter
 from .patch import PatchPolicy, extract_envelope, infer_key_types, validate_and_merge
@@ -215,7 +209,7 @@ class Pipeline:
         *,
         bounded: bool = False,
     ) -> Outbound:
-        openai_extra: dict[str, Any] = {}
+        grammar: dict[str, Any] | None = None
         if turn.constrain and constrain.should_constrain(body):
             # No "reasoning" field and a short action: under a grammar, small models (the reason
             # to constrain) run a free-text field to its maxLength, and the envelope then gets
@@ -232,27 +226,14 @@ class Pipeline:
                 bounded=bounded,
             )
             # strict=False: OpenAI rejects strict schemas with optional keys; llama.cpp ignores it.
-            fmt = constrain.response_format_for(schema_doc, strict=False)
-            openai_extra["response_format"] = fmt
-        if turn.stream:
-            openai_extra["stream_options"] = {
-                **_stream_options(body),
-                "include_usage": True,
-            }
-
-        def translate(kind: str, b: dict[str, Any], max_tokens_field: str) -> dict[str, Any]:
-            if kind == "openai":
-                return anthropic_request_to_openai(b, max_tokens_field=max_tokens_field)
-            return openai_request_to_anthropic(b)
-
+            grammar = constrain.response_format_for(schema_doc, strict=False)
         return Outbound(
             client_dialect=turn.dialect,
             body=body,
             stream=turn.stream,
             est_tokens=_est(body),
             client_headers=turn.headers,
-            translate=translate,
-            openai_extra=openai_extra,
+            grammar=grammar,
         )
 
     def build_context(
@@ -261,10 +242,11 @@ class Pipeline:
         if turn.mode == "passthrough":
             return turn.body, "passthrough"
         form = turn.envelope_form
-        compact = context.build_compact(turn.dialect, turn.body, schema, state, form)
+        adapter = get_dialect(turn.dialect).context
+        compact = context.build_compact(adapter, turn.body, schema, state, form)
         if turn.mode == "state":
             return compact, "compact"
-        full = context.build_full(turn.dialect, turn.body, schema, form)
+        full = context.build_full(adapter, turn.body, schema, form)
         return (compact, "compact") if _est(compact) < _est(full) else (full, "full")
 
     async def preview(self, turn: Turn) -> dict[str, Any]:
@@ -347,7 +329,7 @@ class Pipeline:
                 break
             if turn.mode == "passthrough":
                 return self._reply(answer, meta, None, None, retries)
-            text, tools = reply_text(turn.dialect, answer.resp)
+            text, tools = get_dialect(turn.dialect).reply_text(answer.resp)
             answer.outcome = self.judge(text, tools, meta.state, meta.schema, turn.envelope_form)
             previous = answer
             if answer.outcome.status != "invalid" or retries >= self.settings.max_retries:
@@ -396,18 +378,18 @@ class Pipeline:
                 f"upstream {ex.upstream.name} returned a body that is not a JSON object",
             )
         up_kind = ex.upstream.kind
-        usage = reply_usage(up_kind, resp)
+        usage = ex.upstream.dialect.usage(resp.get("usage"))
         self._reconcile(ex, usage)
         meter.answered(
             upstream=ex.upstream.name,
             provider_hint=ex.upstream.cfg.url,
             usage=usage,
             status=ex.status,
-            model=reply_model(resp),
+            model=resp.get("model") if isinstance(resp.get("model"), str) else None,
             est_sent=out.est_tokens,
         )
         if up_kind != meta.turn.dialect:
-            resp = self._translate_reply(up_kind, resp, meta.turn)
+            resp = reply_for(meta.turn.dialect, up_kind, resp, meta.turn.model)
             raw = orjson.dumps(resp)
         return _Answer(ex, raw, resp)
 
@@ -416,18 +398,13 @@ class Pipeline:
         turn = meta.turn
         assert answer.outcome is not None
         errors = answer.outcome.errors
-        if reply_cut_off(turn.dialect, answer.resp):
+        if get_dialect(turn.dialect).reply_cut_off(answer.resp):
             # Echoing a reply that ran to max_tokens costs those tokens again on the re-ask
             # and shows the model its own loop; its opening is enough to say what went wrong.
             text = text[:CUT_OFF_ECHO_CHARS] + " …"
             errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
-        asked = context.add_correction(turn.dialect, out.body, text, errors)
+        asked = context.add_correction(get_dialect(turn.dialect).context, out.body, text, errors)
         return self._outbound(turn, asked, meta.schema, meta.state, bounded=True)
-
-    def _translate_reply(self, up_kind: str, resp: dict[str, Any], turn: Turn) -> dict[str, Any]:
-        if up_kind == "openai":
-            return openai_response_to_anthropic(resp, request_model=turn.model)
-        return anthropic_response_to_openai(resp)
 
     def _reconcile(self, ex: Exchange, usage: Usage | None) -> None:
         """Correct the upstream's token-per-minute window with the real usage."""
@@ -445,7 +422,7 @@ class Pipeline:
             turn.dialect,
             ex.upstream.kind,
             request_model=turn.model,
-            client_wants_usage=bool(_stream_options(turn.body).get("include_usage")),
+            client_wants_usage=get_dialect(turn.dialect).stream_usage_requested(turn.body),
             capture_limit=self.settings.capture_limit_bytes,
         )
         clean = False
@@ -625,8 +602,7 @@ class Pipeline:
             raw = await ex.read()
         ex.release()
         meta.meter.failed(ex.upstream.name, ex.status, "generation")
-        dialect: Dialect = "anthropic" if meta.turn.dialect == "anthropic" else "openai"
-        status, raw = error_reply(raw, ex.status, ex.upstream.kind, dialect)
+        status, raw = error_reply(raw, ex.status, ex.upstream.kind, meta.turn.dialect)
         h = self._base_headers(meta, ex)
         h["content-type"] = "application/json"
         return Reply(status, raw, h)
@@ -739,9 +715,3 @@ async def _shielded(coro: Any) -> None:
         await asyncio.shield(task)
     if not task.done():
         await task
-
-
-def _stream_options(body: Mapping[str, Any]) -> Mapping[str, Any]:
-    # OpenAI's field; an Anthropic body may carry anything under that name (it is dropped).
-    options = body.get("stream_options")
-    return options if isinstance(options, dict) else {}

@@ -4,6 +4,8 @@ and holds at most ``limit`` characters however long the reply runs."""
 
 from __future__ import annotations
 
+from ..ledger import Usage
+
 
 class TextCapture:
     """Text pieces up to ``limit`` characters (None: no limit); later pieces are dropped and
@@ -37,3 +39,27 @@ class TextCapture:
         if len(self._parts) > 1:
             self._parts = ["".join(self._parts)]
         return self._parts[0] if self._parts else ""
+
+
+class RelayCapture:
+    """What every stream relay records for the state engine and the ledger."""
+
+    def __init__(self, limit: int) -> None:
+        self._text = TextCapture(limit)
+        self.has_tool_calls = False
+        self.usage: Usage | None = None
+        self.model: str | None = None
+        self.complete = False
+        self.upstream_error: str | None = None
+        self.error_forwarded = False  # the upstream's own error event reached the client
+
+    def add_text(self, s: str) -> None:
+        self._text.add(s)
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    @property
+    def truncated(self) -> bool:
+        return self._text.truncated

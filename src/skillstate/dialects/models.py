@@ -63,10 +63,3 @@ def models_to_anthropic(body: JSON) -> JSON:
 
 def models_to_openai(body: JSON) -> JSON:
     return {"object": "list", "data": [model_to_openai(m) for m in _entries(body)]}
-
-
-def translate_models(body: JSON, to: str, *, single: bool) -> JSON:
-    """A list (or with ``single``, one model object) in dialect ``to``."""
-    if single:
-        return model_to_anthropic(body) if to == "anthropic" else model_to_openai(body)
-    return models_to_anthropic(body) if to == "anthropic" else models_to_openai(body)

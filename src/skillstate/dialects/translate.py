@@ -2,13 +2,14 @@
 
 Two directions, each with a request mapping, a full-response mapping and a stream translator:
 
-* Anthropic client -> OpenAI-format upstream: :func:`validate_anthropic_request`,
-  :func:`anthropic_request_to_openai`, :func:`openai_response_to_anthropic`,
-  :class:`OpenAIStreamToAnthropic`.
+* Anthropic client -> OpenAI-format upstream: :func:`anthropic_request_to_openai`,
+  :func:`openai_response_to_anthropic`, :class:`OpenAIStreamToAnthropic`.
 * OpenAI client -> Anthropic upstream: :func:`openai_request_to_anthropic`,
   :func:`anthropic_response_to_openai`, :class:`AnthropicStreamToOpenAI`.
 
-Nothing here does I/O. Input dicts are never mutated.
+Nothing here does I/O. Input dicts are never mutated. Requests come validated by their
+dialect (``skillstate.dialects.openai`` / ``.anthropic``, ``Dialect.validate``), so the
+request mappings check only what the other side cannot take.
 
 Decisions worth knowing (each is also stated where it is implemented):
 
@@ -69,8 +70,6 @@ __all__ = [
     "openai_response_to_anthropic",
     "openai_usage_to_anthropic",
     "parse_tool_arguments",
-    "validate_anthropic_request",
-    "validate_count_tokens_request",
 ]
 
 JSON = dict[str, Any]
@@ -79,44 +78,6 @@ TOOL_ERROR_PREFIX = "[tool error] "
 SYSTEM_JOIN = "\n\n"
 ASSISTANT_TEXT_JOIN = ""
 TOOL_RESULT_TEXT_JOIN = "\n"
-
-# Every content-block type the Anthropic Messages API (including its beta surface, per the
-# anthropic SDK's *BlockParam types) accepts in a request. Anything else is "unknown".
-ANTHROPIC_BLOCK_TYPES = frozenset(
-    {
-        "text",
-        "image",
-        "document",
-        "search_result",
-        "thinking",
-        "redacted_thinking",
-        "tool_use",
-        "tool_result",
-        "server_tool_use",
-        "web_search_tool_result",
-        "web_fetch_tool_result",
-        "code_execution_tool_result",
-        "bash_code_execution_tool_result",
-        "text_editor_code_execution_tool_result",
-        "tool_search_tool_result",
-        "container_upload",
-        "mcp_tool_use",
-        "mcp_tool_result",
-        "compaction",
-        "advisor_tool_result",
-        "tool_reference",
-        "browser_state",
-        "tool_addition",
-        "tool_removal",
-        "fallback",
-    }
-)
-_TOOL_RESULT_CONTENT_TYPES = frozenset(
-    {"text", "image", "document", "search_result", "tool_reference", "browser_state"}
-)
-_ASSISTANT_ONLY = frozenset({"tool_use", "thinking", "redacted_thinking"})
-_TOOL_CHOICE_TYPES = frozenset({"auto", "any", "tool", "none"})
-
 
 # --------------------------------------------------------------------------------------
 # small helpers
@@ -607,185 +568,16 @@ def _synth_tool_id(message_id: str, position: int) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def validate_count_tokens_request(body: Any) -> None:
-    """As :func:`validate_anthropic_request` for ``/v1/messages/count_tokens`` (no
-    ``max_tokens``)."""
-    validate_anthropic_request(body, count_tokens=True)
-
-
-def validate_anthropic_request(body: Any, *, count_tokens: bool = False) -> None:
-    """Raise ``ProxyError("invalid_request", ...)`` naming the first problem in an Anthropic
-    Messages request body. Only structure is checked, not values an upstream may refuse."""
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model: required, a non-empty string", "model")
-    if "max_tokens" not in body and not count_tokens:
-        raise _bad("max_tokens: required", "max_tokens")
-    max_tokens = body.get("max_tokens", 0)
-    if not _is_int(max_tokens) or max_tokens < 0:
-        raise _bad("max_tokens: must be a non-negative integer", "max_tokens")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages: required, a non-empty array", "messages")
-    _validate_system(body.get("system"))
-    for i, msg in enumerate(messages):
-        _validate_message(msg, f"messages[{i}]")
-    if "tools" in body and body["tools"] is not None:
-        _validate_tools(body["tools"])
-    if "tool_choice" in body and body["tool_choice"] is not None:
-        tc = body["tool_choice"]
-        if not isinstance(tc, dict) or tc.get("type") not in _TOOL_CHOICE_TYPES:
-            raise _bad(
-                'tool_choice: must be an object with type "auto", "any", "tool" or "none"',
-                "tool_choice",
-            )
-        if tc["type"] == "tool" and (not isinstance(tc.get("name"), str) or not tc["name"]):
-            raise _bad('tool_choice: type "tool" requires a string name', "tool_choice.name")
-        dptu = tc.get("disable_parallel_tool_use")
-        if dptu is not None and not isinstance(dptu, bool):
-            raise _bad(
-                "tool_choice.disable_parallel_tool_use: must be a boolean",
-                "tool_choice.disable_parallel_tool_use",
-            )
-    stops = body.get("stop_sequences")
-    if stops is not None and (
-        not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)
-    ):
-        raise _bad("stop_sequences: must be an array of strings", "stop_sequences")
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None and not _is_number(body[key]):
-            raise _bad(f"{key}: must be a number", key)
-    if body.get("top_k") is not None and not _is_int(body["top_k"]):
-        raise _bad("top_k: must be an integer", "top_k")
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise _bad("stream: must be a boolean", "stream")
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise _bad("metadata: must be an object", "metadata")
-
-
-def _validate_system(system: Any) -> None:
-    if system is None or isinstance(system, str):
-        return
-    if not isinstance(system, list):
-        raise _bad("system: must be a string or an array of text blocks", "system")
-    for j, block in enumerate(system):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise _bad(f"system[{j}]: must be a text block", f"system[{j}]")
-        if not isinstance(block.get("text"), str):
-            raise _bad(f"system[{j}].text: must be a string", f"system[{j}].text")
-
-
-def _validate_message(msg: Any, path: str) -> None:
-    if not isinstance(msg, dict):
-        raise _bad(f"{path}: must be an object", path)
-    role = msg.get("role")
-    if role not in ("user", "assistant", "system"):
-        raise _bad(f'{path}.role: must be "user" or "assistant", got {role!r}', f"{path}.role")
-    if "content" not in msg:
-        raise _bad(f"{path}.content: required", f"{path}.content")
-    content = msg["content"]
-    if isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        raise _bad(
-            f"{path}.content: must be a string or an array of content blocks, "
-            f"got {type(content).__name__}",
-            f"{path}.content",
-        )
-    for j, block in enumerate(content):
-        bpath = f"{path}.content[{j}]"
-        btype = _validate_block(block, bpath)
-        if role == "system" and btype != "text":
-            raise _bad(f"{bpath}: a system message may only contain text blocks", bpath)
-        if role == "user" and btype in _ASSISTANT_ONLY:
-            raise _bad(f"{bpath}: {btype} blocks are only allowed in assistant messages", bpath)
-        if role == "assistant" and btype == "tool_result":
-            raise _bad(f"{bpath}: tool_result blocks are only allowed in user messages", bpath)
-
-
-def _validate_block(block: Any, path: str, allowed: frozenset[str] = ANTHROPIC_BLOCK_TYPES) -> str:
-    if not isinstance(block, dict):
-        raise _bad(f"{path}: a content block must be an object", path)
-    btype = block.get("type")
-    if not isinstance(btype, str):
-        raise _bad(f"{path}.type: required", f"{path}.type")
-    if btype not in allowed:
-        raise _bad(f"{path}: unknown content block type {btype!r}", f"{path}.type")
-    if btype == "text":
-        if not isinstance(block.get("text"), str):
-            raise _bad(f"{path}.text: must be a string", f"{path}.text")
-    elif btype in ("image", "document"):
-        source = block.get("source")
-        if not isinstance(source, dict) or not isinstance(source.get("type"), str):
-            raise _bad(f"{path}.source: must be an object with a type", f"{path}.source")
-        stype = source["type"]
-        if stype == "base64" and not (
-            isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str)
-        ):
-            raise _bad(
-                f"{path}.source: base64 sources need string media_type and data", f"{path}.source"
-            )
-        if stype == "url" and not isinstance(source.get("url"), str):
-            raise _bad(f"{path}.source.url: must be a string", f"{path}.source.url")
-    elif btype == "tool_use":
-        for key in ("id", "name"):
-            if not isinstance(block.get(key), str) or not block[key]:
-                raise _bad(f"{path}.{key}: tool_use requires a non-empty string", f"{path}.{key}")
-        if not isinstance(block.get("input"), dict):
-            raise _bad(f"{path}.input: tool_use input must be an object", f"{path}.input")
-    elif btype == "tool_result":
-        tid = block.get("tool_use_id")
-        if not isinstance(tid, str) or not tid:
-            raise _bad(
-                f"{path}.tool_use_id: tool_result requires a non-empty string tool_use_id",
-                f"{path}.tool_use_id",
-            )
-        content = block.get("content")
-        if isinstance(content, list):
-            for k, inner in enumerate(content):
-                _validate_block(inner, f"{path}.content[{k}]", _TOOL_RESULT_CONTENT_TYPES)
-        elif content is not None and not isinstance(content, str):
-            raise _bad(f"{path}.content: must be a string or an array of blocks", f"{path}.content")
-        if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
-            raise _bad(f"{path}.is_error: must be a boolean", f"{path}.is_error")
-    elif btype == "thinking" and not isinstance(block.get("thinking"), str):
-        raise _bad(f"{path}.thinking: must be a string", f"{path}.thinking")
-    return btype
-
-
-def _validate_tools(tools: Any) -> None:
-    if not isinstance(tools, list):
-        raise _bad("tools: must be an array", "tools")
-    for i, tool in enumerate(tools):
-        path = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise _bad(f"{path}: must be an object", path)
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise _bad(f"{path}.name: required, a non-empty string", f"{path}.name")
-        if tool.get("type") in (None, "custom"):
-            schema = tool.get("input_schema")
-            if not isinstance(schema, dict) or schema.get("type") != "object":
-                raise _bad(
-                    f'{path}.input_schema: must be a JSON Schema object with "type": "object"',
-                    f"{path}.input_schema",
-                )
-            if tool.get("description") is not None and not isinstance(tool["description"], str):
-                raise _bad(f"{path}.description: must be a string", f"{path}.description")
-
-
 def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_tokens") -> JSON:
     """An Anthropic Messages request -> an OpenAI chat-completions request.
 
-    Validates first (:func:`validate_anthropic_request`). Structured outputs
+    ``body`` has passed ``validate_anthropic_request``. Structured outputs
     (``output_config.format``) become a ``json_schema`` ``response_format``. Dropped:
     ``metadata``, ``top_k``,
     ``thinking``, ``cache_control`` markers, ``thinking``/``redacted_thinking`` blocks and
     any other top-level field OpenAI has no equivalent for. Raises ProxyError 400 for
     content an OpenAI upstream cannot take (server tools, file/unknown image sources, ...).
     """
-    validate_anthropic_request(body)
     messages: list[JSON] = []
     system = body.get("system")
     if system:
@@ -1571,17 +1363,11 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
     outputs). Dropped: ``stream_options`` (see :class:`AnthropicStreamToOpenAI`), a
     ``json_object`` ``response_format`` (no equivalent), ``seed``, penalties, ``logit_bias``,
     ``logprobs``, ``reasoning_effort`` and the like.
-    Raises ProxyError 400 for malformed input and for things Anthropic cannot take
-    (``n`` > 1, legacy ``functions``, audio, non-function tools).
+    ``body`` has passed ``validate_openai_request``; raises ProxyError 400 for what Anthropic
+    cannot take (``n`` > 1, legacy ``functions``, audio, non-function tools).
     """
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model: required, a non-empty string", "model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages: required, a non-empty array", "messages")
+    model = body["model"]
+    messages = body["messages"]
     if body.get("functions") or body.get("function_call"):
         raise _bad("functions/function_call are deprecated and not supported; use tools")
     n = body.get("n")
@@ -1601,8 +1387,6 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
 
     for i, msg in enumerate(messages):
         path = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise _bad(f"{path}: must be an object", path)
         role = msg.get("role")
         content = msg.get("content")
         if role in ("system", "developer"):
@@ -1627,18 +1411,11 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
                 text = refusal
             blocks = [{"type": "text", "text": text}] if text else []
             calls = msg.get("tool_calls")
-            if calls is not None and not isinstance(calls, list):
-                raise _bad(f"{path}.tool_calls: must be an array", f"{path}.tool_calls")
             for k, call in enumerate(calls or []):
                 blocks.append(_tool_call_to_block(call, f"{path}.tool_calls[{k}]"))
             add("assistant", blocks)
         elif role == "tool":
-            tid = msg.get("tool_call_id")
-            if not isinstance(tid, str) or not tid:
-                raise _bad(
-                    f"{path}.tool_call_id: required, a non-empty string", f"{path}.tool_call_id"
-                )
-            result: JSON = {"type": "tool_result", "tool_use_id": tid}
+            result: JSON = {"type": "tool_result", "tool_use_id": msg["tool_call_id"]}
             if isinstance(content, list):
                 _openai_text_of(content, f"{path}.content")  # validates: text parts only
                 result["content"] = [
@@ -1649,10 +1426,8 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
             else:
                 result["content"] = _openai_text_of(content, f"{path}.content")
             add("user", [result])
-        elif role == "function":
+        else:  # "function", the one role left after validation
             raise _bad(f"{path}: legacy function messages are not supported; use tools", path)
-        else:
-            raise _bad(f"{path}.role: unknown role {role!r}", f"{path}.role")
 
     if not out_msgs:
         raise _bad("messages: at least one non-system message is required", "messages")
@@ -1666,33 +1441,22 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
         max_tokens = body.get("max_tokens")
     if max_tokens is None:
         max_tokens = default_max_tokens
-    if not _is_int(max_tokens) or max_tokens < 0:
-        raise _bad("max_tokens: must be a non-negative integer", "max_tokens")
 
     out: JSON = {"model": model, "messages": out_msgs, "max_tokens": max_tokens}
     if system_parts:
         out["system"] = SYSTEM_JOIN.join(system_parts)
     temperature = body.get("temperature")
     if temperature is not None:
-        if not _is_number(temperature):
-            raise _bad("temperature: must be a number", "temperature")
         out["temperature"] = min(max(float(temperature), 0.0), 1.0)
-    top_p = body.get("top_p")
-    if top_p is not None:
-        if not _is_number(top_p):
-            raise _bad("top_p: must be a number", "top_p")
-        out["top_p"] = top_p
+    if body.get("top_p") is not None:
+        out["top_p"] = body["top_p"]
     if _is_int(body.get("top_k")):
         out["top_k"] = body["top_k"]
     stop = body.get("stop")
     if isinstance(stop, str):
         out["stop_sequences"] = [stop]
-    elif isinstance(stop, list) and stop:
-        if not all(isinstance(s, str) for s in stop):
-            raise _bad("stop: must be a string or an array of strings", "stop")
+    elif stop:
         out["stop_sequences"] = list(stop)
-    elif stop is not None and not isinstance(stop, list):
-        raise _bad("stop: must be a string or an array of strings", "stop")
     if body.get("stream") is not None:
         out["stream"] = bool(body["stream"])
     if isinstance(body.get("user"), str) and body["user"]:
@@ -1700,8 +1464,6 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
 
     tools = body.get("tools")
     if tools:
-        if not isinstance(tools, list):
-            raise _bad("tools: must be an array", "tools")
         out["tools"] = [_openai_tool_to_anthropic(t, f"tools[{i}]") for i, t in enumerate(tools)]
         choice = _openai_tool_choice(body.get("tool_choice"))
         if body.get("parallel_tool_calls") is False:
@@ -1716,33 +1478,27 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
     return out
 
 
-def _tool_call_to_block(call: Any, path: str) -> JSON:
-    if not isinstance(call, dict):
-        raise _bad(f"{path}: must be an object", path)
+def _tool_call_to_block(call: JSON, path: str) -> JSON:
     if call.get("type", "function") != "function":
         raise _bad(f"{path}.type: only function tool calls are supported", f"{path}.type")
-    cid = call.get("id")
-    if not isinstance(cid, str) or not cid:
-        raise _bad(f"{path}.id: required, a non-empty string", f"{path}.id")
-    fn = call.get("function")
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise _bad(f"{path}.function.name: required, a non-empty string", f"{path}.function")
+    fn = call["function"]
     args = fn.get("arguments")
-    if args is not None and not isinstance(args, str):
-        raise _bad(f"{path}.function.arguments: must be a string", f"{path}.function.arguments")
-    return {"type": "tool_use", "id": cid, "name": fn["name"], "input": parse_tool_arguments(args)}
+    return {
+        "type": "tool_use",
+        "id": call["id"],
+        "name": fn["name"],
+        "input": parse_tool_arguments(args),
+    }
 
 
-def _openai_tool_to_anthropic(tool: Any, path: str) -> JSON:
-    if not isinstance(tool, dict) or tool.get("type") != "function":
+def _openai_tool_to_anthropic(tool: JSON, path: str) -> JSON:
+    if tool["type"] != "function":
         raise _bad(f'{path}: only {{"type": "function"}} tools are supported', path)
-    fn = tool.get("function")
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise _bad(f"{path}.function.name: required, a non-empty string", f"{path}.function")
+    fn = tool["function"]
     params = fn.get("parameters")
     if params is None:
         schema: JSON = {"type": "object", "properties": {}}
-    elif isinstance(params, dict):
+    else:
         schema = copy.deepcopy(params)
         if "type" not in schema:
             schema = {"type": "object", **schema}
@@ -1752,8 +1508,6 @@ def _openai_tool_to_anthropic(tool: Any, path: str) -> JSON:
                 f'{path}.function.parameters: must be a JSON Schema with "type": "object"',
                 f"{path}.function.parameters",
             )
-    else:
-        raise _bad(f"{path}.function.parameters: must be an object", f"{path}.function.parameters")
     out: JSON = {"name": fn["name"]}
     if isinstance(fn.get("description"), str) and fn["description"]:
         out["description"] = fn["description"]
@@ -1772,13 +1526,10 @@ def _openai_tool_choice(choice: Any) -> JSON | None:
         return {"type": "none"}
     if choice == "required":
         return {"type": "any"}
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        fn = choice.get("function")
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
-            return {"type": "tool", "name": fn["name"]}
+    if choice.get("type") == "function":
+        return {"type": "tool", "name": choice["function"]["name"]}
     raise _bad(
-        'tool_choice: must be "auto", "none", "required" or '
-        '{"type": "function", "function": {"name": ...}}',
+        f"tool_choice: type {choice.get('type')!r} cannot be sent to an Anthropic upstream",
         "tool_choice",
     )
 

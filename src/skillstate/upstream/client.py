@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 
 from ..config import Settings, Upstream
+from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
 from ..limits import Ticket, UpstreamLimits
 from .breaker import CircuitBreaker
@@ -37,8 +38,6 @@ _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
 # Upstream response headers worth passing to clients (SDKs read request ids and limits).
 _PASS_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "openai-", "x-request-id")
 _PASS_RESPONSE_HEADERS = frozenset({"request-id", "retry-after", "retry-after-ms"})
-
-PATHS = {"openai": "/chat/completions", "anthropic": "/messages"}
 
 
 def base_url(url: str) -> str:
@@ -64,6 +63,7 @@ class UpstreamRuntime:
         self.cfg = cfg
         self.name = cfg.name
         self.kind = cfg.kind
+        self.dialect = get_dialect(cfg.kind)
         self.max_tokens_field = cfg.openai_max_tokens_field
         self.base = base_url(cfg.url)
         self.breaker = CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now)
@@ -82,15 +82,10 @@ class UpstreamRuntime:
             if k not in _DROP_REQUEST_HEADERS
             and not k.startswith("x-skillstate-")
             and k not in _CREDENTIAL_HEADERS
-            and not (self.kind == "openai" and k.startswith("anthropic-"))
+            and self.dialect.forwards_header(k)
         }
         key = self.cfg.api_key or _client_key(client_headers)
-        if self.kind == "anthropic":
-            out["anthropic-version"] = self.cfg.anthropic_version
-            if key:
-                out["x-api-key"] = key
-        elif key:
-            out["authorization"] = f"Bearer {key}"
+        out.update(self.dialect.upstream_headers(key, self.cfg.anthropic_version))
         out.update({k.lower(): v for k, v in self.cfg.headers.items()})
         out["content-type"] = "application/json"
         return out
@@ -160,18 +155,15 @@ class Exchange:
 
 @dataclass
 class Outbound:
-    """What to send. The body is in the client's dialect; `body_for` translates it lazily
-    (once per upstream kind) for upstreams of the other kind."""
+    """What to send. The body is in the client's dialect; `payload_for` puts it in an
+    upstream kind's format (through the dialects' bridges), once per kind."""
 
     client_dialect: str
     body: dict[str, Any]
     stream: bool
     est_tokens: int
     client_headers: Mapping[str, str]
-    translate: Callable[
-        [str, dict[str, Any], str], dict[str, Any]
-    ]  # (kind, body, max_tokens_field)
-    openai_extra: dict[str, Any] = field(default_factory=dict)  # e.g. response_format
+    grammar: dict[str, Any] | None = None  # the envelope's constrained-decoding format
     _cache: dict[tuple[str, str], bytes] = field(default_factory=dict)
 
     @property
@@ -182,12 +174,14 @@ class Outbound:
     def payload_for(self, kind: str, max_tokens_field: str = "max_tokens") -> bytes:
         key = (kind, max_tokens_field)
         if key not in self._cache:
-            if kind == self.client_dialect:
-                body = self.body
-            else:
-                body = self.translate(kind, self.body, max_tokens_field)
-            if kind == "openai" and self.openai_extra:
-                body = {**body, **self.openai_extra}
+            body = request_for(
+                self.client_dialect,
+                kind,
+                self.body,
+                max_tokens_field=max_tokens_field,
+                stream=self.stream,
+                grammar=self.grammar,
+            )
             self._cache[key] = orjson.dumps(body)
         return self._cache[key]
 
@@ -417,7 +411,7 @@ class UpstreamPool:
         before then (the body read included) is a retryable transport error; the response
         is closed on any failure or cancellation so the upstream sees the request end."""
         assert up.session is not None
-        url = up.base + PATHS[up.kind]
+        url = up.base + up.dialect.upstream_path
         timeout = aiohttp.ClientTimeout(
             total=min(remaining, self.settings.total_timeout),
             sock_connect=self.settings.connect_timeout,

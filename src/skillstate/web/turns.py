@@ -11,8 +11,8 @@ from starlette.responses import Response
 
 from ..config import Settings
 from ..counting import count_tokens
-from ..dialects.translate import validate_anthropic_request, validate_count_tokens_request
-from ..dialects.validate import validate_openai_request
+from ..dialects.anthropic import validate_count_tokens_request
+from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..http import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
 from ..pipeline import CONSTRAIN_VALUES, MODES, Reply, Turn
@@ -72,12 +72,12 @@ async def _turn(request: Request, dialect: Dialect, validate: Callable[[Any], No
 
 async def chat_completions(request: Request) -> Response:
     """An OpenAI chat completion turn."""
-    return await _turn(request, "openai", validate_openai_request)
+    return await _turn(request, "openai", get_dialect("openai").validate)
 
 
 async def messages(request: Request) -> Response:
     """An Anthropic Messages turn."""
-    return await _turn(request, "anthropic", validate_anthropic_request)
+    return await _turn(request, "anthropic", get_dialect("anthropic").validate)
 
 
 async def messages_count_tokens(request: Request) -> Response:

@@ -1,0 +1,479 @@
+"""Anthropic Messages as a dialect: request checks, transcript layout, replies, usage, errors,
+the upstream endpoint and the native stream relay."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TypeGuard
+
+import orjson
+
+from ..context import DialectContext, Split, correction_text, state_text
+from ..errors import ProxyError
+from ..ledger import Usage
+from . import models, sse
+from .base import JSON, StreamRelay, json_error_object
+from .capture import RelayCapture
+from .usage import optional_token_count, token_count
+
+NAME: Final = "anthropic"
+
+
+# -- request checks ----------------------------------------------------------------------
+
+
+def _bad(message: str, param: str | None = None) -> ProxyError:
+    return ProxyError("invalid_request", message, param=param)
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Every content-block type the Anthropic Messages API (including its beta surface, per the
+# anthropic SDK's *BlockParam types) accepts in a request. Anything else is "unknown".
+ANTHROPIC_BLOCK_TYPES = frozenset(
+    {
+        "text",
+        "image",
+        "document",
+        "search_result",
+        "thinking",
+        "redacted_thinking",
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "container_upload",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "compaction",
+        "advisor_tool_result",
+        "tool_reference",
+        "browser_state",
+        "tool_addition",
+        "tool_removal",
+        "fallback",
+    }
+)
+_TOOL_RESULT_CONTENT_TYPES = frozenset(
+    {"text", "image", "document", "search_result", "tool_reference", "browser_state"}
+)
+_ASSISTANT_ONLY = frozenset({"tool_use", "thinking", "redacted_thinking"})
+_TOOL_CHOICE_TYPES = frozenset({"auto", "any", "tool", "none"})
+
+
+def validate_count_tokens_request(body: Any) -> None:
+    """As :func:`validate_anthropic_request` for ``/v1/messages/count_tokens`` (no
+    ``max_tokens``)."""
+    validate_anthropic_request(body, count_tokens=True)
+
+
+def validate_anthropic_request(body: Any, *, count_tokens: bool = False) -> None:
+    """Raise ``ProxyError("invalid_request", ...)`` naming the first problem in an Anthropic
+    Messages request body. Only structure is checked, not values an upstream may refuse."""
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model: required, a non-empty string", "model")
+    if "max_tokens" not in body and not count_tokens:
+        raise _bad("max_tokens: required", "max_tokens")
+    max_tokens = body.get("max_tokens", 0)
+    if not _is_int(max_tokens) or max_tokens < 0:
+        raise _bad("max_tokens: must be a non-negative integer", "max_tokens")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages: required, a non-empty array", "messages")
+    _validate_system(body.get("system"))
+    for i, msg in enumerate(messages):
+        _validate_message(msg, f"messages[{i}]")
+    if "tools" in body and body["tools"] is not None:
+        _validate_tools(body["tools"])
+    _validate_output_config(body)
+    if "tool_choice" in body and body["tool_choice"] is not None:
+        tc = body["tool_choice"]
+        if not isinstance(tc, dict) or tc.get("type") not in _TOOL_CHOICE_TYPES:
+            raise _bad(
+                'tool_choice: must be an object with type "auto", "any", "tool" or "none"',
+                "tool_choice",
+            )
+        if tc["type"] == "tool" and (not isinstance(tc.get("name"), str) or not tc["name"]):
+            raise _bad('tool_choice: type "tool" requires a string name', "tool_choice.name")
+        dptu = tc.get("disable_parallel_tool_use")
+        if dptu is not None and not isinstance(dptu, bool):
+            raise _bad(
+                "tool_choice.disable_parallel_tool_use: must be a boolean",
+                "tool_choice.disable_parallel_tool_use",
+            )
+    stops = body.get("stop_sequences")
+    if stops is not None and (
+        not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)
+    ):
+        raise _bad("stop_sequences: must be an array of strings", "stop_sequences")
+    for key in ("temperature", "top_p"):
+        if body.get(key) is not None and not _is_number(body[key]):
+            raise _bad(f"{key}: must be a number", key)
+    if body.get("top_k") is not None and not _is_int(body["top_k"]):
+        raise _bad("top_k: must be an integer", "top_k")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise _bad("stream: must be a boolean", "stream")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise _bad("metadata: must be an object", "metadata")
+
+
+def _validate_system(system: Any) -> None:
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list):
+        raise _bad("system: must be a string or an array of text blocks", "system")
+    for j, block in enumerate(system):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise _bad(f"system[{j}]: must be a text block", f"system[{j}]")
+        if not isinstance(block.get("text"), str):
+            raise _bad(f"system[{j}].text: must be a string", f"system[{j}].text")
+
+
+def _validate_message(msg: Any, path: str) -> None:
+    if not isinstance(msg, dict):
+        raise _bad(f"{path}: must be an object", path)
+    role = msg.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise _bad(f'{path}.role: must be "user" or "assistant", got {role!r}', f"{path}.role")
+    if "content" not in msg:
+        raise _bad(f"{path}.content: required", f"{path}.content")
+    content = msg["content"]
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _bad(
+            f"{path}.content: must be a string or an array of content blocks, "
+            f"got {type(content).__name__}",
+            f"{path}.content",
+        )
+    for j, block in enumerate(content):
+        bpath = f"{path}.content[{j}]"
+        btype = _validate_block(block, bpath)
+        if role == "system" and btype != "text":
+            raise _bad(f"{bpath}: a system message may only contain text blocks", bpath)
+        if role == "user" and btype in _ASSISTANT_ONLY:
+            raise _bad(f"{bpath}: {btype} blocks are only allowed in assistant messages", bpath)
+        if role == "assistant" and btype == "tool_result":
+            raise _bad(f"{bpath}: tool_result blocks are only allowed in user messages", bpath)
+
+
+def _validate_block(block: Any, path: str, allowed: frozenset[str] = ANTHROPIC_BLOCK_TYPES) -> str:
+    if not isinstance(block, dict):
+        raise _bad(f"{path}: a content block must be an object", path)
+    btype = block.get("type")
+    if not isinstance(btype, str):
+        raise _bad(f"{path}.type: required", f"{path}.type")
+    if btype not in allowed:
+        raise _bad(f"{path}: unknown content block type {btype!r}", f"{path}.type")
+    if btype == "text":
+        if not isinstance(block.get("text"), str):
+            raise _bad(f"{path}.text: must be a string", f"{path}.text")
+    elif btype in ("image", "document"):
+        source = block.get("source")
+        if not isinstance(source, dict) or not isinstance(source.get("type"), str):
+            raise _bad(f"{path}.source: must be an object with a type", f"{path}.source")
+        stype = source["type"]
+        if stype == "base64" and not (
+            isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str)
+        ):
+            raise _bad(
+                f"{path}.source: base64 sources need string media_type and data", f"{path}.source"
+            )
+        if stype == "url" and not isinstance(source.get("url"), str):
+            raise _bad(f"{path}.source.url: must be a string", f"{path}.source.url")
+    elif btype == "tool_use":
+        for key in ("id", "name"):
+            if not isinstance(block.get(key), str) or not block[key]:
+                raise _bad(f"{path}.{key}: tool_use requires a non-empty string", f"{path}.{key}")
+        if not isinstance(block.get("input"), dict):
+            raise _bad(f"{path}.input: tool_use input must be an object", f"{path}.input")
+    elif btype == "tool_result":
+        tid = block.get("tool_use_id")
+        if not isinstance(tid, str) or not tid:
+            raise _bad(
+                f"{path}.tool_use_id: tool_result requires a non-empty string tool_use_id",
+                f"{path}.tool_use_id",
+            )
+        content = block.get("content")
+        if isinstance(content, list):
+            for k, inner in enumerate(content):
+                _validate_block(inner, f"{path}.content[{k}]", _TOOL_RESULT_CONTENT_TYPES)
+        elif content is not None and not isinstance(content, str):
+            raise _bad(f"{path}.content: must be a string or an array of blocks", f"{path}.content")
+        if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
+            raise _bad(f"{path}.is_error: must be a boolean", f"{path}.is_error")
+    elif btype == "thinking" and not isinstance(block.get("thinking"), str):
+        raise _bad(f"{path}.thinking: must be a string", f"{path}.thinking")
+    return btype
+
+
+def _validate_tools(tools: Any) -> None:
+    if not isinstance(tools, list):
+        raise _bad("tools: must be an array", "tools")
+    for i, tool in enumerate(tools):
+        path = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise _bad(f"{path}: must be an object", path)
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise _bad(f"{path}.name: required, a non-empty string", f"{path}.name")
+        if tool.get("type") in (None, "custom"):
+            schema = tool.get("input_schema")
+            if not isinstance(schema, dict) or schema.get("type") != "object":
+                raise _bad(
+                    f'{path}.input_schema: must be a JSON Schema object with "type": "object"',
+                    f"{path}.input_schema",
+                )
+            if tool.get("description") is not None and not isinstance(tool["description"], str):
+                raise _bad(f"{path}.description: must be a string", f"{path}.description")
+
+
+def _validate_output_config(body: JSON) -> None:
+    """Structured outputs: ``output_config`` (and the beta ``output_format``) shapes."""
+    config = body.get("output_config")
+    if config is None:
+        fmt = body.get("output_format")
+        param = "output_format"
+    elif not isinstance(config, dict):
+        raise _bad("output_config: must be an object", "output_config")
+    else:
+        fmt = config.get("format")
+        param = "output_config.format"
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad(f'{param}: must be an object with type "json_schema"', param)
+    if not isinstance(fmt.get("schema"), dict):
+        raise _bad(f"{param}.schema: must be a JSON Schema object", f"{param}.schema")
+
+
+# -- transcript layout ---------------------------------------------------------------------
+
+
+def _blocks(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content) if isinstance(content, list) else []
+
+
+class AnthropicContext:
+    """System text is the top-level ``system`` field; tool results are blocks in user turns."""
+
+    # Anthropic keeps system text in a top-level field, so no message is a system message.
+    def is_system(self, msg: dict[str, Any]) -> bool:
+        return False
+
+    def is_user_turn(self, msg: dict[str, Any]) -> bool:
+        return msg.get("role") == "user"
+
+    def is_tool_result(self, msg: dict[str, Any]) -> bool:
+        content = msg.get("content")
+        return isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        )
+
+    def has_tool_calls(self, msg: dict[str, Any]) -> bool:
+        content = msg.get("content")
+        return (
+            msg.get("role") == "assistant"
+            and isinstance(content, list)
+            and any(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
+        )
+
+    def compact(
+        self, body: dict[str, Any], split: Split, contract: str, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        msgs = body["messages"]
+        head: list[Any] = []
+        if split.task is not None and split.task < split.observation:
+            head.extend(_blocks(msgs[split.task].get("content")))
+        head.append({"type": "text", "text": contract})
+        head.append({"type": "text", "text": state_text(state)})
+        obs = list(msgs[split.observation :])
+        # Keep user/assistant alternation: the observation's leading user turn joins the
+        # prefix turn instead of following it as a second user message.
+        if obs and obs[0].get("role") == "user":
+            first = obs.pop(0)
+            head.extend(_blocks(first.get("content")))
+        return {**body, "messages": [{"role": "user", "content": head}, *obs]}
+
+    def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:
+        system = body.get("system")
+        if system is None or system == "":
+            new_system: Any = contract
+        elif isinstance(system, str):
+            new_system = system + "\n\n" + contract
+        else:
+            new_system = [*system, {"type": "text", "text": contract}]
+        return {**body, "system": new_system}
+
+    def correction(
+        self, body: dict[str, Any], reply_text: str, errors: Sequence[str]
+    ) -> dict[str, Any]:
+        extra = [
+            {"role": "assistant", "content": reply_text or "(no text)"},
+            {"role": "user", "content": correction_text(errors)},
+        ]
+        return {**body, "messages": [*body["messages"], *extra]}
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+
+def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
+    """Anthropic usage -> ``Usage``; None when missing or malformed.
+
+    Anthropic's ``input_tokens`` EXCLUDES ``cache_read_input_tokens`` and
+    ``cache_creation_input_tokens``, so total input = the sum of the three. (Cache writes are
+    not split by TTL here; they are all priced at the model's cache-write price.)
+    """
+    if not isinstance(u, Mapping):
+        return None
+    inp, out = token_count(u.get("input_tokens")), token_count(u.get("output_tokens"))
+    read = optional_token_count(u, "cache_read_input_tokens")
+    write = optional_token_count(u, "cache_creation_input_tokens")
+    if inp is None or out is None or read is None or write is None:
+        return None
+    return Usage(inp + read + write, out, read, write)
+
+
+# -- the native stream relay ------------------------------------------------------------------
+
+
+def anthropic_error_event(message: str) -> bytes:
+    """An in-band stream error in Anthropic's shape."""
+    return sse.encode(
+        {"type": "error", "error": {"type": "api_error", "message": message}}, event="error"
+    )
+
+
+class AnthropicRelay(RelayCapture):
+    """Anthropic upstream -> Anthropic client: each event's bytes untouched; ``message_stop``
+    held back until the turn is committed."""
+
+    def __init__(self, *, capture_limit: int) -> None:
+        super().__init__(capture_limit)
+        self._held: list[bytes] = []
+        self._usage_raw: dict[str, Any] = {}
+
+    def feed(self, event: sse.SSEEvent) -> list[bytes]:
+        name = event.event
+        if name == "message_stop":
+            self.complete = True
+            self._held.append(event.raw)
+            return []
+        if name in (None, "ping") or not event.data:
+            return [event.raw]
+        try:
+            data = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            return [event.raw]
+        if not isinstance(data, dict):
+            return [event.raw]
+        if name == "message_start":
+            msg = data.get("message") or {}
+            self.model = msg.get("model") or self.model
+            self._merge_usage(msg.get("usage"))
+        elif name == "content_block_start":
+            if (data.get("content_block") or {}).get("type") in ("tool_use", "server_tool_use"):
+                self.has_tool_calls = True
+        elif name == "content_block_delta":
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                self.add_text(delta.get("text") or "")
+        elif name == "message_delta":
+            self._merge_usage(data.get("usage"))
+        elif name == "error":
+            err = data.get("error") or {}
+            self.upstream_error = str(err.get("message") or "upstream error")
+            self.error_forwarded = True
+        return [event.raw]
+
+    def _merge_usage(self, u: Any) -> None:
+        if isinstance(u, dict):
+            self._usage_raw.update({k: v for k, v in u.items() if v is not None})
+            self.usage = usage_from_anthropic(self._usage_raw)
+
+    def finish(self) -> list[bytes]:
+        return self._held or [sse.encode({"type": "message_stop"}, event="message_stop")]
+
+    def error(self, message: str) -> bytes:
+        return anthropic_error_event(message)
+
+
+# -- the dialect ------------------------------------------------------------------------------
+
+
+class AnthropicDialect:
+    """Anthropic Messages (``POST /v1/messages``)."""
+
+    name = NAME
+    upstream_path = "/messages"
+    count_tokens_path: str | None = "/messages/count_tokens"
+    context: DialectContext = AnthropicContext()
+
+    def validate(self, body: JSON) -> None:
+        validate_anthropic_request(body)
+
+    def stream_usage_requested(self, body: JSON) -> bool:
+        return True  # Anthropic streams always carry usage
+
+    def reply_text(self, resp: JSON) -> tuple[str, bool]:
+        blocks = resp.get("content") or []
+        text = "".join(
+            b.get("text") or "" for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+        )
+        tools = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks)
+        return text, tools
+
+    def reply_cut_off(self, resp: JSON) -> bool:
+        return resp.get("stop_reason") == "max_tokens"
+
+    def usage(self, raw: Any) -> Usage | None:
+        return usage_from_anthropic(raw)
+
+    def error_body(self, err: ProxyError) -> JSON:
+        return err.body(NAME)
+
+    def error_status(self, err: ProxyError) -> int:
+        return err.status_for(NAME)
+
+    def relayed_error(self, raw: bytes, status: int) -> tuple[int, bytes] | None:
+        body = json_error_object(raw)
+        return (status, raw) if body is not None and body.get("type") == "error" else None
+
+    def upstream_headers(self, key: str | None, version: str) -> dict[str, str]:
+        out = {"anthropic-version": version}
+        if key:
+            out["x-api-key"] = key
+        return out
+
+    def forwards_header(self, name: str) -> bool:
+        return True
+
+    def upstream_body(self, body: JSON, *, stream: bool, grammar: JSON | None) -> JSON:
+        return body  # usage is always streamed; the envelope grammar is OpenAI-format only
+
+    def relay(
+        self, *, request_model: str, client_wants_usage: bool, capture_limit: int
+    ) -> StreamRelay:
+        return AnthropicRelay(capture_limit=capture_limit)
+
+    def model_list(self, body: JSON, *, single: bool) -> JSON:
+        return models.model_to_anthropic(body) if single else models.models_to_anthropic(body)
+
+
+ANTHROPIC = AnthropicDialect()

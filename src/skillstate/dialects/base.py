@@ -1,0 +1,156 @@
+"""The wire-format protocol: one object per dialect, and the bridges between two of them.
+
+Everything the proxy does differently for OpenAI chat completions and Anthropic Messages is
+asked of a :class:`Dialect` object (its request checks, where it keeps system text and tool
+results, how its replies carry text, tool calls and usage, its error bodies, its upstream
+path and auth header, its stream relay), and everything that converts between two of them is
+a :class:`Bridge`. The objects live in one module per wire format and are listed in
+:mod:`skillstate.dialects.registry`, so a further wire format is one module plus a registry
+line; nothing else branches on a dialect's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+from ..errors import ProxyError
+from ..ledger import Usage
+from . import sse
+
+if TYPE_CHECKING:
+    from ..context import DialectContext
+
+JSON = dict[str, Any]
+
+
+class StreamRelay(Protocol):
+    """Reads an upstream stream's events, hands the client its own dialect's bytes and
+    captures what the state engine needs (text, tool calls, usage) on the way."""
+
+    @property
+    def text(self) -> str: ...
+
+    has_tool_calls: bool
+    usage: Usage | None
+    model: str | None
+    complete: bool  # the upstream sent its terminal event
+    upstream_error: str | None  # the upstream sent an error event
+    error_forwarded: bool  # ... and it was passed to the client as is
+
+    def feed(self, event: sse.SSEEvent) -> list[bytes]: ...
+    def finish(self) -> list[bytes]: ...
+    def error(self, message: str) -> bytes: ...
+
+
+class Dialect(Protocol):
+    """One wire format, both as what a client speaks and as an upstream's ``kind``."""
+
+    name: str  # the registry key, the config's upstream ``kind`` and the stored label
+    upstream_path: str  # where a turn is POSTed, under the upstream's base URL
+    count_tokens_path: str | None  # a native token-counting endpoint, if the format has one
+    context: DialectContext  # where a transcript keeps system text and tool results
+
+    def validate(self, body: JSON) -> None:
+        """Raise ProxyError 400 naming the first structural problem of a client request.
+        Runs once per request; every later stage (context, bridges) trusts its result."""
+        ...
+
+    def stream_usage_requested(self, body: JSON) -> bool:
+        """Whether a streaming client asked to be sent usage."""
+        ...
+
+    def reply_text(self, resp: JSON) -> tuple[str, bool]:
+        """(all text content, whether the reply calls tools) of a non-streamed reply."""
+        ...
+
+    def reply_cut_off(self, resp: JSON) -> bool:
+        """Whether a non-streamed reply stopped at its token limit."""
+        ...
+
+    def usage(self, raw: Any) -> Usage | None:
+        """A reply's usage object normalised (None when missing or malformed)."""
+        ...
+
+    def error_body(self, err: ProxyError) -> JSON:
+        """``err`` as this format's error object."""
+        ...
+
+    def error_status(self, err: ProxyError) -> int:
+        """The HTTP status a client of this format expects for ``err``."""
+        ...
+
+    def relayed_error(self, raw: bytes, status: int) -> tuple[int, bytes] | None:
+        """An upstream of this kind answered a client of this kind with an error: the
+        (status, body) to relay as is, or None when the body is not this format's error
+        object and must be rewritten."""
+        ...
+
+    def upstream_headers(self, key: str | None, version: str) -> dict[str, str]:
+        """The auth (and protocol version) headers an upstream of this kind needs."""
+        ...
+
+    def forwards_header(self, name: str) -> bool:
+        """Whether a client header (lower-case name) may travel to an upstream of this kind."""
+        ...
+
+    def upstream_body(self, body: JSON, *, stream: bool, grammar: JSON | None) -> JSON:
+        """The last touches a request in this format gets before it goes to an upstream of
+        this kind: usage in streams, and ``grammar`` (the envelope's JSON schema) as
+        constrained decoding where the format has it."""
+        ...
+
+    def relay(
+        self, *, request_model: str, client_wants_usage: bool, capture_limit: int
+    ) -> StreamRelay:
+        """The relay for an upstream stream of this kind to a client of this kind."""
+        ...
+
+    def model_list(self, body: JSON, *, single: bool) -> JSON:
+        """Another format's model list (or, with ``single``, model object) in this format."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Bridge:
+    """Translation between a client's format and an upstream's of another kind."""
+
+    client: str
+    upstream: str
+    # (client request, upstream's max_tokens field) -> upstream request
+    request: Callable[[JSON, str], JSON]
+    # (upstream reply, the client's requested model) -> client reply
+    response: Callable[[JSON, str], JSON]
+    # (request_model, client_wants_usage, capture_limit) -> relay of upstream to client bytes
+    relay: Callable[[str, bool, int], StreamRelay]
+
+
+def json_error_object(raw: bytes) -> JSON | None:
+    """The body when it is a JSON object with an ``error`` object in it, else None."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+        return None
+    return body
+
+
+def error_message(raw: bytes) -> str:
+    """The human message inside an upstream error body of any dialect (or the raw text)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", errors="replace")[:500] or "upstream error"
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("message"):
+            return str(body["message"])
+    return raw.decode("utf-8", errors="replace")[:500]

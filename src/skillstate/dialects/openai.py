@@ -1,0 +1,395 @@
+"""OpenAI chat completions as a dialect: request checks, transcript layout, replies, usage,
+errors, the upstream endpoint and the native stream relay."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+
+from ..context import DialectContext, Split, correction_text, split_transcript, state_text
+from ..errors import ProxyError
+from ..ledger import Usage
+from . import models, sse
+from .base import JSON, StreamRelay, json_error_object
+from .capture import RelayCapture
+from .usage import optional_token_count, token_count
+
+NAME: Final = "openai"
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
+_RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+
+
+# -- request checks ----------------------------------------------------------------------
+
+
+def _bad(message: str, param: str) -> ProxyError:
+    return ProxyError("invalid_request", message, param=param)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def validate_openai_request(body: JSON) -> None:
+    """Raise ProxyError 400 naming the first structural problem of a chat-completions body.
+
+    Structure only (types and required members), not values an upstream may refuse: after
+    this, the transcript adapter and the bridges read the body without checking again."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise _bad("'model' is required and must be a non-empty string", "model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        _validate_message(m, f"messages[{i}]")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object", "stream_options")
+    if body.get("tools") is not None:
+        _validate_tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        _validate_tool_choice(body["tool_choice"])
+    if body.get("response_format") is not None:
+        _validate_response_format(body["response_format"])
+    if body.get("parallel_tool_calls") is not None and not isinstance(
+        body["parallel_tool_calls"], bool
+    ):
+        raise _bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    for key in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(key)
+        if value is not None and (not _is_int(value) or value < 0):
+            raise _bad(f"'{key}' must be a non-negative integer", key)
+    for key in ("temperature", "top_p"):
+        if body.get(key) is not None and not _is_number(body[key]):
+            raise _bad(f"'{key}' must be a number", key)
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise _bad("'stop' must be a string or an array of strings", "stop")
+
+
+def _validate_message(m: Any, path: str) -> None:
+    if not isinstance(m, dict):
+        raise _bad(f"{path} must be an object", path)
+    role = m.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise _bad(
+            f"{path}.role must be one of {', '.join(sorted(_ROLES))}; got {role!r}",
+            f"{path}.role",
+        )
+    if role == "tool" and (not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]):
+        raise _bad(f"{path}: a tool message needs tool_call_id", f"{path}.tool_call_id")
+    content = m.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise _bad(f"{path}.content must be a string or an array of parts", f"{path}.content")
+    for k, part in enumerate(content if isinstance(content, list) else ()):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise _bad(f"{path}.content[{k}] must be an object with a type", f"{path}.content")
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if role != "assistant" or not isinstance(calls, list):
+        raise _bad(f"{path}.tool_calls must be an array on an assistant message", path)
+    for k, call in enumerate(calls):
+        cpath = f"{path}.tool_calls[{k}]"
+        if not isinstance(call, dict):
+            raise _bad(f"{cpath} must be an object", cpath)
+        if not isinstance(call.get("id"), str) or not call["id"]:
+            raise _bad(f"{cpath}.id: required, a non-empty string", f"{cpath}.id")
+        fn = call.get("function")
+        if call.get("type", "function") == "function":
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise _bad(f"{cpath}.function.name: required, a non-empty string", cpath)
+            args = fn.get("arguments")
+            if args is not None and not isinstance(args, str):
+                raise _bad(f"{cpath}.function.arguments: must be a string", cpath)
+
+
+def _validate_tools(tools: Any) -> None:
+    if not isinstance(tools, list):
+        raise _bad("'tools' must be an array of tool objects", "tools")
+    for i, tool in enumerate(tools):
+        path = f"tools[{i}]"
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise _bad(f"{path} must be an object with a string 'type'", path)
+        ttype = tool["type"]
+        if ttype not in ("function", "custom"):
+            continue  # other kinds are for the upstream to accept or refuse
+        spec = tool.get(ttype)
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise _bad(f"{path}.{ttype}.name: required, a non-empty string", f"{path}.{ttype}")
+        if ttype == "function":
+            params = spec.get("parameters")
+            if params is not None and not isinstance(params, dict):
+                raise _bad(f"{path}.function.parameters must be an object", path)
+            desc = spec.get("description")
+            if desc is not None and not isinstance(desc, str):
+                raise _bad(f"{path}.function.description must be a string", path)
+
+
+def _validate_tool_choice(choice: Any) -> None:
+    if isinstance(choice, str) and choice in _TOOL_CHOICE_MODES:
+        return
+    if isinstance(choice, dict) and isinstance(choice.get("type"), str):
+        ctype = choice["type"]
+        if ctype not in ("function", "custom"):
+            return  # e.g. allowed_tools: the upstream's to judge
+        spec = choice.get(ctype)
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str) and spec["name"]:
+            return
+    raise _bad(
+        'tool_choice: must be "none", "auto", "required" or '
+        '{"type": "function", "function": {"name": ...}}',
+        "tool_choice",
+    )
+
+
+def _validate_response_format(fmt: Any) -> None:
+    if not isinstance(fmt, dict) or fmt.get("type") not in _RESPONSE_FORMATS:
+        raise _bad(
+            'response_format: must be an object with type "text", "json_object" or "json_schema"',
+            "response_format",
+        )
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise _bad("response_format.json_schema: must be an object", "response_format")
+        if spec.get("schema") is not None and not isinstance(spec["schema"], dict):
+            raise _bad("response_format.json_schema.schema: must be an object", "response_format")
+
+
+# -- transcript layout ---------------------------------------------------------------------
+
+
+class OpenAIContext:
+    """System text is in leading system/developer messages; tool results are tool messages."""
+
+    def is_system(self, msg: dict[str, Any]) -> bool:
+        return msg.get("role") in ("system", "developer")
+
+    def is_user_turn(self, msg: dict[str, Any]) -> bool:
+        return msg.get("role") in ("user", "tool", "function")
+
+    def is_tool_result(self, msg: dict[str, Any]) -> bool:
+        return msg.get("role") in ("tool", "function")
+
+    def has_tool_calls(self, msg: dict[str, Any]) -> bool:
+        return msg.get("role") == "assistant" and bool(
+            msg.get("tool_calls") or msg.get("function_call")
+        )
+
+    def compact(
+        self, body: dict[str, Any], split: Split, contract: str, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        msgs = body["messages"]
+        out = list(msgs[: split.system_end])
+        if split.task is not None and split.task < split.observation:
+            out.append(msgs[split.task])
+        out.append({"role": "user", "content": contract + "\n\n" + state_text(state)})
+        out.extend(msgs[split.observation :])
+        return {**body, "messages": out}
+
+    def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:
+        msgs = body["messages"]
+        end = split_transcript(msgs, self).system_end
+        out = [*msgs[:end], {"role": "system", "content": contract}, *msgs[end:]]
+        return {**body, "messages": out}
+
+    def correction(
+        self, body: dict[str, Any], reply_text: str, errors: Sequence[str]
+    ) -> dict[str, Any]:
+        extra = [
+            {"role": "assistant", "content": reply_text},
+            {"role": "user", "content": correction_text(errors)},
+        ]
+        return {**body, "messages": [*body["messages"], *extra]}
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+
+def usage_from_openai(u: Mapping[str, Any] | None) -> Usage | None:
+    """OpenAI-style usage -> ``Usage``; None when missing or malformed.
+
+    Chat completions: ``prompt_tokens`` already INCLUDES ``prompt_tokens_details.cached_tokens``
+    so input = prompt_tokens, cache_read = cached_tokens. Also accepted: the Responses API
+    (``input_tokens``/``output_tokens``/``input_tokens_details.cached_tokens``, same inclusive
+    semantics) and DeepSeek's ``prompt_cache_hit_tokens``. OpenAI reports no cache writes (0).
+    """
+    if not isinstance(u, Mapping):
+        return None
+    if "prompt_tokens" in u or "completion_tokens" in u:
+        inp, out = token_count(u.get("prompt_tokens")), token_count(u.get("completion_tokens"))
+        details = u.get("prompt_tokens_details")
+    else:
+        inp, out = token_count(u.get("input_tokens")), token_count(u.get("output_tokens"))
+        details = u.get("input_tokens_details")
+    if inp is None or out is None:
+        return None
+    cached: int | None = 0
+    if isinstance(details, Mapping) and details.get("cached_tokens") is not None:
+        cached = optional_token_count(details, "cached_tokens")
+    elif u.get("prompt_cache_hit_tokens") is not None:
+        cached = optional_token_count(u, "prompt_cache_hit_tokens")
+    if cached is None or cached > inp:
+        return None
+    return Usage(inp, out, cached, 0)
+
+
+# -- the native stream relay ------------------------------------------------------------------
+
+
+def openai_error_event(message: str) -> bytes:
+    """An in-band stream error in OpenAI's shape."""
+    return sse.encode({"error": {"message": message, "type": "api_error", "code": "stream_error"}})
+
+
+class OpenAIRelay(RelayCapture):
+    """OpenAI upstream -> OpenAI client: each event's bytes untouched; ``[DONE]`` held back
+    until the turn is committed."""
+
+    def __init__(self, *, client_wants_usage: bool, capture_limit: int) -> None:
+        super().__init__(capture_limit)
+        self._wants_usage = client_wants_usage
+        self._held: list[bytes] = []
+
+    def feed(self, event: sse.SSEEvent) -> list[bytes]:
+        if event.data == "[DONE]":
+            self.complete = True
+            self._held.append(event.raw)
+            return []
+        if not event.data:
+            return [event.raw]
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            return [event.raw]
+        if not isinstance(chunk, dict):
+            return [event.raw]
+        if "error" in chunk:
+            err = chunk["error"]
+            self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
+            self.error_forwarded = True
+            return [event.raw]
+        self.model = chunk.get("model") or self.model
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage_from_openai(usage)
+        choices = chunk.get("choices") or []
+        for choice in choices:
+            if choice.get("index", 0) != 0:
+                continue  # with n > 1 the state follows choice 0, as for a JSON reply
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if isinstance(content, str):
+                self.add_text(content)
+            if delta.get("tool_calls") or delta.get("function_call"):
+                self.has_tool_calls = True
+        if usage and not choices and not self._wants_usage:
+            return []  # the usage-only chunk we asked for on the client's behalf
+        return [event.raw]
+
+    def finish(self) -> list[bytes]:
+        return self._held or [b"data: [DONE]\n\n"]
+
+    def error(self, message: str) -> bytes:
+        return openai_error_event(message)
+
+
+# -- the dialect ------------------------------------------------------------------------------
+
+
+class OpenAIDialect:
+    """OpenAI chat completions (``POST /v1/chat/completions``)."""
+
+    name = NAME
+    upstream_path = "/chat/completions"
+    count_tokens_path: str | None = None
+    context: DialectContext = OpenAIContext()
+
+    def validate(self, body: JSON) -> None:
+        validate_openai_request(body)
+
+    def stream_usage_requested(self, body: JSON) -> bool:
+        options = body.get("stream_options")
+        return isinstance(options, dict) and bool(options.get("include_usage"))
+
+    def reply_text(self, resp: JSON) -> tuple[str, bool]:
+        msg = _first_message(resp)
+        content = msg.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+        text = content if isinstance(content, str) else ""
+        return text, bool(msg.get("tool_calls") or msg.get("function_call"))
+
+    def reply_cut_off(self, resp: JSON) -> bool:
+        return _first_choice(resp).get("finish_reason") == "length"
+
+    def usage(self, raw: Any) -> Usage | None:
+        return usage_from_openai(raw)
+
+    def error_body(self, err: ProxyError) -> JSON:
+        return err.body(NAME)
+
+    def error_status(self, err: ProxyError) -> int:
+        return err.status_for(NAME)
+
+    def relayed_error(self, raw: bytes, status: int) -> tuple[int, bytes] | None:
+        if json_error_object(raw) is None:
+            return None
+        # 529 is Anthropic's "overloaded", also behind OpenAI-format gateways; OpenAI clients
+        # know 503.
+        return (503 if status == 529 else status), raw
+
+    def upstream_headers(self, key: str | None, version: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+    def forwards_header(self, name: str) -> bool:
+        return not name.startswith("anthropic-")
+
+    def upstream_body(self, body: JSON, *, stream: bool, grammar: JSON | None) -> JSON:
+        extra: JSON = {}
+        if grammar is not None:
+            extra["response_format"] = grammar
+        if stream:
+            # Usage in the stream's last chunk, for the ledger (dropped again for a client
+            # that did not ask for it: OpenAIRelay).
+            options = body.get("stream_options")
+            extra["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+        return {**body, **extra} if extra else body
+
+    def relay(
+        self, *, request_model: str, client_wants_usage: bool, capture_limit: int
+    ) -> StreamRelay:
+        return OpenAIRelay(client_wants_usage=client_wants_usage, capture_limit=capture_limit)
+
+    def model_list(self, body: JSON, *, single: bool) -> JSON:
+        return models.model_to_openai(body) if single else models.models_to_openai(body)
+
+
+def _first_choice(resp: JSON) -> Mapping[str, Any]:
+    choices = resp.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    return first if isinstance(first, dict) else {}
+
+
+def _first_message(resp: JSON) -> Mapping[str, Any]:
+    msg = _first_choice(resp).get("message")
+    return msg if isinstance(msg, dict) else {}
+
+
+OPENAI = OpenAIDialect()

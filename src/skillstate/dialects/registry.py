@@ -1,0 +1,116 @@
+"""Every dialect and every bridge the proxy knows, by name; and the three operations that pick
+between "same format" and "bridge" (request, reply, stream), so callers never branch on a
+dialect's name. A new wire format adds its module's objects here and nothing elsewhere."""
+
+from __future__ import annotations
+
+import orjson
+
+from ..errors import ProxyError, kind_for_status
+from .anthropic import ANTHROPIC
+from .base import JSON, Bridge, Dialect, StreamRelay, error_message
+from .openai import OPENAI
+from .relay import AnthropicToOpenAIRelay, OpenAIToAnthropicRelay
+from .translate import (
+    anthropic_request_to_openai,
+    anthropic_response_to_openai,
+    openai_request_to_anthropic,
+    openai_response_to_anthropic,
+)
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (OPENAI, ANTHROPIC)}
+
+_BRIDGES = (
+    Bridge(
+        client="anthropic",
+        upstream="openai",
+        request=lambda body, max_tokens_field: anthropic_request_to_openai(
+            body, max_tokens_field=max_tokens_field
+        ),
+        response=lambda resp, model: openai_response_to_anthropic(resp, request_model=model),
+        relay=lambda model, wants_usage, limit: OpenAIToAnthropicRelay(
+            request_model=model, capture_limit=limit
+        ),
+    ),
+    Bridge(
+        client="openai",
+        upstream="anthropic",
+        request=lambda body, max_tokens_field: openai_request_to_anthropic(body),
+        response=lambda resp, model: anthropic_response_to_openai(resp),
+        relay=lambda model, wants_usage, limit: AnthropicToOpenAIRelay(
+            model=model, include_usage=wants_usage, capture_limit=limit
+        ),
+    ),
+)
+BRIDGES: dict[tuple[str, str], Bridge] = {(b.client, b.upstream): b for b in _BRIDGES}
+
+
+def get_dialect(name: str) -> Dialect:
+    """The dialect called ``name`` (a client route's format or an upstream's ``kind``)."""
+    return DIALECTS[name]
+
+
+def bridge(client: str, upstream: str) -> Bridge:
+    """The translation from a client's format to an upstream kind's (two different names)."""
+    try:
+        return BRIDGES[(client, upstream)]
+    except KeyError:
+        raise ProxyError(
+            "invalid_request",
+            f"a {client} request cannot be sent to a {upstream} upstream",
+            code="unsupported_upstream",
+        ) from None
+
+
+def request_for(
+    client: str,
+    upstream: str,
+    body: JSON,
+    *,
+    max_tokens_field: str = "max_tokens",
+    stream: bool = False,
+    grammar: JSON | None = None,
+) -> JSON:
+    """A validated client request as an upstream of kind ``upstream`` takes it.
+    ``max_tokens_field``: the name that upstream reads the token limit under."""
+    if client != upstream:
+        body = bridge(client, upstream).request(body, max_tokens_field)
+    return DIALECTS[upstream].upstream_body(body, stream=stream, grammar=grammar)
+
+
+def reply_for(client: str, upstream: str, resp: JSON, request_model: str) -> JSON:
+    """An upstream's non-streamed reply in the client's format."""
+    if client == upstream:
+        return resp
+    return bridge(client, upstream).response(resp, request_model)
+
+
+def make_relay(
+    client: str,
+    upstream: str,
+    *,
+    request_model: str,
+    client_wants_usage: bool,
+    capture_limit: int,
+) -> StreamRelay:
+    """The relay for an upstream stream of kind ``upstream`` to a ``client`` client."""
+    if client == upstream:
+        return DIALECTS[client].relay(
+            request_model=request_model,
+            client_wants_usage=client_wants_usage,
+            capture_limit=capture_limit,
+        )
+    return bridge(client, upstream).relay(request_model, client_wants_usage, capture_limit)
+
+
+def error_reply(raw: bytes, status: int, upstream_kind: str, client: str) -> tuple[int, bytes]:
+    """An upstream's error answer as the client sees it: untouched when it already is an error
+    object of the client's dialect; otherwise (the other dialect, an HTML page from a load
+    balancer, plain text, another server's JSON) rewritten into one, keeping its message."""
+    d = DIALECTS[client]
+    if upstream_kind == client:
+        relayed = d.relayed_error(raw, status)
+        if relayed is not None:
+            return relayed
+    err = ProxyError(kind_for_status(status), error_message(raw), status=status)
+    return d.error_status(err), orjson.dumps(d.error_body(err))
