@@ -26,7 +26,8 @@ from typing import Any
 
 import orjson
 
-from .context import DIALECT_CONTEXTS, DialectContext
+from .context import DialectContext
+from .dialects.registry import get_dialect
 
 __all__ = [
     "DEFAULT_MASK_KEEP",
@@ -128,7 +129,7 @@ def mask_transcript(
     a new body; unchanged messages are the same objects and nothing is mutated.
     O(size of the transcript).
     """
-    d = DIALECT_CONTEXTS[dialect]
+    d = get_dialect(dialect).context
     mask = _mask_anthropic if dialect == "anthropic" else _mask_openai
     messages = body.get("messages")
     if not isinstance(messages, list):
