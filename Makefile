@@ -41,7 +41,7 @@ test-ui: $(STAMP)
 # The documentation site (MkDocs Material), built with --strict into ./site.
 docs: $(STAMP)
 	$(BIN)/pip install -q -e '.[docs]'
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 demo: $(STAMP)
 	$(BIN)/skillstate demo

@@ -1,0 +1,188 @@
+"""The configuration reference page, generated from the config model (skillstate.config).
+
+Used by the docs build (docs/hooks.py replaces a marker in docs/configuration.md with
+``render()``) and by tests/test_config_reference.py, which fails when a setting of the model has
+no description here, or a description names a setting the model no longer has. Run it
+directly to print the page's table: ``python scripts/config_reference.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from skillstate.config import ENV_VARS, PriceOverride, Settings, Upstream
+
+# One line per setting: what it does and why one would change it (the model holds the rest:
+# type, default and bounds).
+DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
+    Settings: {
+        "host": "Listen address. Keep the loopback default unless the proxy sits behind "
+        "something that authenticates callers.",
+        "port": "Listen port; 0 picks a free one (the chosen URL is printed at start-up).",
+        "upstreams": "The providers, tried by `priority` (lower first) with failover; see "
+        "*Upstream entries* below. `--upstream URL` is a shorthand for one entry named "
+        "`default`.",
+        "schema_keys": "The allowed top-level state keys. Empty: the keys of `initial_state`.",
+        "initial_state": "The state a new session starts from; its values also type the keys "
+        "(a key that starts as a list must stay a list).",
+        "state_schema": "A JSON Schema every new state must satisfy (checked after the merge).",
+        "data_dir": "Where the SQLite store lives. One proxy per data dir.",
+        "verbose": "One log line per request (never bodies or keys).",
+        "mode": "Default mode: `state` (compact context), `passthrough` (untouched transcript), "
+        "`auto` (whichever is smaller per turn). Per request: `x-skillstate-mode`.",
+        "constrain": "`json_schema` asks the upstream for a grammar-constrained envelope "
+        "(small local models). Per request: `x-skillstate-constrain`.",
+        "schema_violation": "What a patch key outside the allowed keys does: `reject` the whole "
+        "transition (the model is re-asked), or `drop` the key with a warning.",
+        "max_body_bytes": "Largest request body accepted (413 above).",
+        "max_patch_bytes": "Largest `state_patch` accepted from a model.",
+        "max_state_bytes": "Largest state after a merge; a patch that grows it past this is "
+        "rejected.",
+        "max_retries": "Re-asks (rollback-retries) after an invalid patch, per turn.",
+        "capture_limit_bytes": "How much of a streamed reply is kept to find the envelope in.",
+        "session_ttl": "Seconds after the last update before a session is purged (0 = never).",
+        "ledger_retention": "Seconds the cost ledger keeps rows (0 = forever).",
+        "purge_interval": "Seconds between purges of expired sessions and ledger rows.",
+        "retry_max_attempts": "Attempts per upstream request (transport errors, 5xx, 429).",
+        "retry_base_delay": "Backoff base in seconds: full jitter, uniform in "
+        "[0, min(retry_max_delay, base × 2^attempt)].",
+        "retry_max_delay": "Upper bound of a backoff delay in seconds.",
+        "retry_after_cap": "Longest `Retry-After` the proxy honours before failing over.",
+        "failure_threshold": "Consecutive failures that open an upstream's circuit breaker.",
+        "open_cooldown": "Seconds an open breaker waits before one probe request.",
+        "connect_timeout": "Seconds to connect to an upstream.",
+        "first_byte_timeout": "The longest wait, in seconds, for any read from an upstream.",
+        "total_timeout": "One deadline, in seconds, for a whole request: retries, failover "
+        "and the reading of a stream included.",
+        "prices": "Per-model price overrides (USD per million tokens), keyed by model name; "
+        "see *Price overrides* below.",
+    },
+    Upstream: {
+        "name": "Unique name; shown in `x-skillstate-upstream`, `/health` and `/cost`.",
+        "url": "Base URL (`https://api.openai.com/v1`, `https://api.anthropic.com`, "
+        "`http://127.0.0.1:8080/v1`, ...).",
+        "api_key": "The proxy's key for this upstream. Unset: the client's own key is "
+        "forwarded; `SKILLSTATE_API_KEY` fills in keys the file leaves out.",
+        "priority": "Lower is tried first.",
+        "kind": "Wire format: `openai` (chat completions) or `anthropic` (Messages).",
+        "models": "fnmatch patterns of the models this upstream serves; empty = every model.",
+        "rpm": "Local requests-per-minute limit, checked before each attempt.",
+        "tpm": "Local tokens-per-minute limit.",
+        "headers": "Extra headers sent to this upstream.",
+        "anthropic_version": "The `anthropic-version` header for an `anthropic` upstream.",
+        "prices": "Price overrides for every model of this upstream.",
+        "max_tokens_field": "The field an Anthropic client's `max_tokens` becomes on an "
+        "`openai` upstream; `auto` = `max_completion_tokens` for OpenAI and Azure OpenAI, "
+        "`max_tokens` elsewhere.",
+    },
+    PriceOverride: {
+        "input_per_mtok": "USD per million plain input tokens.",
+        "output_per_mtok": "USD per million output tokens.",
+        "cache_read_per_mtok": "USD per million input tokens read from the prompt cache.",
+        "cache_write_per_mtok": "USD per million input tokens written to the prompt cache.",
+        "local_zero": "A local model: every token costs 0 (priced, not `unknown`).",
+    },
+}
+
+SECTIONS: list[tuple[str, type[BaseModel]]] = [
+    ("Settings", Settings),
+    ("Upstream entries (`upstreams: [...]`)", Upstream),
+    ("Price overrides (`prices`, and `prices` of an upstream)", PriceOverride),
+]
+
+
+def config_key(name: str, info: FieldInfo) -> str:
+    """The key as written in skillstate.json (the alias when the model has one)."""
+    return info.alias or name
+
+
+def env_vars() -> dict[str, str]:
+    """Config key -> the environment variable that sets it (by the SKILLSTATE_<KEY> rule)."""
+    out = {}
+    for var in ENV_VARS:
+        key = var.removeprefix("SKILLSTATE_").lower()
+        fields = {config_key(n, i): n for n, i in Settings.model_fields.items()}
+        if key in fields:
+            out[key] = var
+    return out
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        value: Any = info.default_factory()  # type: ignore[call-arg]
+    elif info.default is PydanticUndefined:
+        return "required"
+    else:
+        value = info.default
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    text = json.dumps(value, default=str)
+    return f"`{text}`"
+
+
+def _type_text(ann: Any) -> str:
+    args = get_args(ann)
+    origin = get_origin(ann)
+    if origin is Literal:
+        return " or ".join(f"`{json.dumps(a)}`" for a in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join("`null`" if a is type(None) else _type_text(a) for a in args)
+    if not args:
+        return f"`{getattr(ann, '__name__', str(ann))}`"
+    inner = ", ".join(_type_text(a).strip("`") for a in args)
+    return f"`{getattr(origin, '__name__', str(origin))}[{inner}]`".replace("typing.", "")
+
+
+def _type(info: FieldInfo) -> str:
+    return _type_text(info.annotation)
+
+
+def _bounds(info: FieldInfo) -> str:
+    parts = []
+    for m in info.metadata:
+        for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                parts.append(f"{sym} {v}")
+        if getattr(m, "min_length", None):
+            parts.append(f"length ≥ {m.min_length}")
+    return ", ".join(parts)
+
+
+def missing_descriptions() -> list[str]:
+    """Settings of the model with no description, and descriptions of settings that are gone."""
+    problems = []
+    for model, texts in DESCRIPTIONS.items():
+        fields = set(model.model_fields)
+        problems += [f"{model.__name__}.{n}: no description" for n in sorted(fields - set(texts))]
+        problems += [f"{model.__name__}.{n}: not a setting" for n in sorted(set(texts) - fields)]
+    return problems
+
+
+def render() -> str:
+    """The reference as Markdown: one table per model, every field of the model in order."""
+    problems = missing_descriptions()
+    if problems:
+        raise ValueError("configuration reference out of date: " + "; ".join(problems))
+    env = env_vars()
+    out = []
+    for title, model in SECTIONS:
+        out += [f"## {title}", "", "| key | default | |", "| --- | --- | --- |"]
+        for name, info in model.model_fields.items():
+            key = config_key(name, info)
+            bounds = _bounds(info)
+            var = f" · env `{env[key]}`" if model is Settings and key in env else ""
+            meta = f"<small>{_type(info)}{f' ({bounds})' if bounds else ''}{var}</small>"
+            out.append(f"| `{key}` | {_default(info)} | {DESCRIPTIONS[model][name]}<br>{meta} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render())

@@ -1,0 +1,47 @@
+"""MkDocs hooks: pages that are generated from the code at build time, so they cannot drift.
+
+``<!-- config-reference -->`` becomes the configuration reference (scripts/config_reference.py,
+from the pydantic config model); ``<!-- cli-help -->`` becomes ``skillstate --help`` and each
+command's ``--help``, as the installed CLI prints them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).parent
+_COMMANDS = ([], ["serve"], ["demo"], ["cost"], ["bench"])
+
+
+def _config_reference() -> str:
+    spec = importlib.util.spec_from_file_location("config_reference", _HERE / "config_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.render())
+
+
+def _cli_help() -> str:
+    env = {**os.environ, "COLUMNS": "100"}
+    out = []
+    for argv in _COMMANDS:
+        text = subprocess.run(
+            [sys.executable, "-m", "skillstate", *argv, "--help"],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        title = " ".join(["skillstate", *argv])
+        out += [f"### `{title} --help`", "", "```text", text.rstrip(), "```", ""]
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    if "<!-- config-reference -->" in markdown:
+        markdown = markdown.replace("<!-- config-reference -->", _config_reference())
+    if "<!-- cli-help -->" in markdown:
+        markdown = markdown.replace("<!-- cli-help -->", _cli_help())
+    return markdown
