@@ -60,6 +60,9 @@ async def _turn(request: Request, dialect: Dialect, validate: Callable[[Any], No
         session = resolve_session_id(request.headers.get(SESSION_HEADER))
         session_hdr = {SESSION_HEADER: session}
         turn = await parse_turn(request, rt.settings, dialect, validate, session)
+        # A disconnect cancels the turn. Decided: the turn is committed iff the proxy had the
+        # model's whole answer before that (the commit then finishes: Pipeline.commit_transition);
+        # earlier, the upstream call is cancelled and nothing is committed. See README.
         result = await unless_disconnected(request, rt.pipeline.run(turn))
     except ProxyError as e:
         return error_response(e, dialect, session_hdr)
