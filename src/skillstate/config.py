@@ -99,6 +99,10 @@ class Settings(BaseModel):
     capture_limit_bytes: int = Field(default=1 * MiB, ge=1024)  # stream content kept for extraction
 
     session_ttl: float = Field(default=7 * DAY, ge=0)  # seconds; 0 = never expire
+    max_sessions: int = Field(default=10_000, ge=0)  # sessions kept; more is a 507; 0 = no cap
+    session_cache_bytes: int = Field(default=64 * MiB, ge=0)  # in-memory session cache
+    store_busy_timeout: float = Field(default=1.0, ge=0)  # wait for another process's lock
+    health_timeout: float = Field(default=1.0, gt=0)  # /health's wait for the store
     ledger_retention: float = Field(default=90 * DAY, ge=0)
     purge_interval: float = Field(default=3600.0, gt=0)
 

@@ -271,6 +271,8 @@ class Pipeline:
             if turn.mode != "passthrough":
                 await stack.enter_async_context(self.locks.hold(turn.session))
                 record = await self.store.load(turn.session)
+                if record is None:
+                    self._ensure_room()
             else:
                 record = None
             state = record.state if record else self.settings.initial_state
@@ -497,6 +499,13 @@ class Pipeline:
 
     # -- commit, ledger and replies -----------------------------------------------------------
 
+    def _ensure_room(self) -> None:
+        """A new session beyond ``max_sessions`` is refused before it spends tokens."""
+        try:
+            self.store.ensure_room_for_session()
+        except StoreError as e:
+            raise e.for_client("cannot start a new session") from e
+
     async def _commit(self, meta: _TurnMeta, outcome: Outcome) -> int:
         """Commit the judged turn with its ledger rows (see ``commit_transition``)."""
         new_state = outcome.state
@@ -550,7 +559,7 @@ class Pipeline:
         except StepConflict as e:
             raise ProxyError("conflict", f"the turn was not committed: {e}; retry it") from e
         except StoreError as e:
-            raise ProxyError("api_error", f"could not commit the turn: {e}") from e
+            raise e.for_client("could not commit the turn") from e
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

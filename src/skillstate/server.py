@@ -16,8 +16,9 @@ import uvicorn
 from . import __version__
 from .app import create_app
 from .config import ConfigError, Settings
-from .store import StoreError
-from .store.sqlite import lock_data_dir, prepare_path
+from .store import StoreError, StoreUnavailable
+from .store.datadir import lock_data_dir, prepare_path
+from .store.sqlite import as_store_error, connect
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -36,17 +37,23 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def preflight_store(settings: Settings) -> None:
-    """Open the store once synchronously so an unusable data dir fails before binding."""
+    """Open the store once synchronously, exactly as the proxy will, so that an unusable
+    data dir (unsafe permissions, links, a corrupt or locked database) is one line before
+    binding rather than a traceback after "listening"."""
     path = settings.db_path
     try:
         prepare_path(path)
         # Another proxy on it: say so before binding. The hold lasts until this process
         # exits, so no other proxy slips in before the store takes its own.
         lock_data_dir(path)
-        sqlite3.connect(path).close()
+        connect(path, busy_timeout=settings.store_busy_timeout).close()
     except StoreError as e:
         raise ConfigError(f"data_dir: {e}") from None
-    except (OSError, sqlite3.Error) as e:
+    except sqlite3.Error as e:
+        if isinstance(as_store_error(e), StoreUnavailable):  # locked, read-only, disk full
+            raise ConfigError(f"data_dir: cannot use {path}: {as_store_error(e)}") from None
+        raise ConfigError(f"data_dir: {path} is not a usable SQLite database ({e})") from None
+    except OSError as e:
         raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
 
 

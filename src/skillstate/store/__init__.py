@@ -1,6 +1,22 @@
 """Persistence behind one narrow interface, so backends (SQLite now, Redis later) are
 interchangeable without touching the pipeline."""
 
-from .base import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
+from .base import (
+    SessionRecord,
+    StepConflict,
+    Store,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+    TransitionRecord,
+)
 
-__all__ = ["SessionRecord", "StepConflict", "Store", "StoreError", "TransitionRecord"]
+__all__ = [
+    "SessionRecord",
+    "StepConflict",
+    "Store",
+    "StoreError",
+    "StoreFull",
+    "StoreUnavailable",
+    "TransitionRecord",
+]

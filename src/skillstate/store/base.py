@@ -5,11 +5,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import ProxyError
 from ..ledger import LedgerRow
 
 
 class StoreError(Exception):
-    """The store could not do what was asked (I/O, corruption, a conflicting commit)."""
+    """The store could not do what was asked (I/O, corruption, a conflicting commit).
+
+    ``status`` is the HTTP status a client sees for it; ``retry_after`` is set when trying
+    again later can succeed."""
+
+    status = 500
+    retry_after: float | None = None
+
+    def for_client(self, doing: str) -> ProxyError:
+        """This failure as the error a client gets, e.g. doing="could not commit the turn"."""
+        kind = "overloaded" if self.status == 503 else "api_error"
+        code = {503: "store_unavailable", 507: "store_full"}.get(self.status)
+        return ProxyError(
+            kind, f"{doing}: {self}", status=self.status, code=code, retry_after=self.retry_after
+        )
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot write right now (locked by another process, disk full, read-only,
+    unresponsive): nothing was written, and a retry later may succeed."""
+
+    status = 503
+    retry_after = 1.0
+
+
+class StoreFull(StoreError):
+    """Writing would exceed a configured capacity (the ``max_sessions`` setting)."""
+
+    status = 507
 
 
 class StepConflict(StoreError):
@@ -41,7 +70,14 @@ class TransitionRecord:
 class Store(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
-    async def ping(self) -> bool: ...
+    async def check(self, timeout: float) -> str | None:
+        """None when the store can write now, else why not; waits at most ``timeout``."""
+        ...
+
+    def ensure_room_for_session(self) -> None:
+        """Raise StoreFull when a new session would exceed the store's capacity
+        (``max_sessions``): checked before a new session's turn spends upstream tokens."""
+        ...
 
     async def load(self, session: str) -> SessionRecord | None: ...
     async def commit(

@@ -9,23 +9,33 @@ power loss can lose the last transactions. Set `synchronous=FULL` to cover that 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
+import contextlib
+import logging
 import sqlite3
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
 from ..ledger import LedgerRow
-from .base import SessionRecord, StepConflict, StoreError, TransitionRecord
+from .base import (
+    SessionRecord,
+    StepConflict,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+    TransitionRecord,
+)
+from .datadir import lock_data_dir, prepare_path, unlock_data_dir
 
 T = TypeVar("T")
+log = logging.getLogger("skillstate")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -69,61 +79,59 @@ CREATE INDEX IF NOT EXISTS ledger_session ON ledger(session, ts);
 """
 
 
-def prepare_path(path: Path) -> None:
-    """A private directory (0700, when we create it) and a private file (0600). State may
-    be sensitive; SQLite's WAL and SHM files inherit the database file's mode."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    os.close(fd)
-    os.chmod(path, 0o600)
-
-
-# Data-dir locks this process holds: lock file -> [descriptor, holds]. Re-entrant, so the
-# CLI's pre-flight check can keep its hold until exit while the store takes its own.
-_held: dict[str, list[int]] = {}
-
-
-def lock_data_dir(path: Path) -> None:
-    """Take an exclusive lock on ``<db>.lock`` (released by :func:`unlock_data_dir` or when
-    the process dies). The proxy's session cache assumes it is the only writer, so a second
-    proxy on the same data dir must not start; readers (``skillstate cost``) need no lock.
-    """
-    name = os.path.realpath(f"{path}.lock")
-    if name in _held:
-        _held[name][1] += 1
-        return
-    fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise StoreError(
-            f"{path.parent} is in use by another skillstate proxy (pid {holder});"
-            " give each proxy its own data_dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _held[name] = [fd, 1]
-
-
-def unlock_data_dir(path: Path) -> None:
-    name = os.path.realpath(f"{path}.lock")
-    hold = _held.get(name)
-    if hold is None:
-        return
-    hold[1] -= 1
-    if hold[1] == 0:
-        del _held[name]
-        os.close(hold[0])
-
-
 _LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
+
+
+# Sane ranges for what goes into the store, whatever an upstream reported: SQLite integers
+# stop at 2^63 (OverflowError beyond), and nothing real comes near these ceilings.
+MAX_COUNT = 2**53  # tokens and steps: still exact as a double and in JavaScript
+MAX_USD = 1e12
+MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z
+MAX_LABEL_CHARS = 256  # model, upstream and other names in a ledger row
+
+
+def clamp_count(value: Any, ceiling: int = MAX_COUNT) -> int | None:
+    """An int in [0, ceiling], or None for no number (None, NaN, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return int(min(max(value, 0), ceiling))
+
+
+def clamp_amount(value: Any, ceiling: float = MAX_USD) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(min(max(value, 0.0), ceiling))
+
+
+def clamp_time(value: Any) -> float:
+    return clamp_amount(value, MAX_TIME) or 0.0
+
+
+def _label(value: Any) -> str | None:
+    return None if value is None else str(value)[:MAX_LABEL_CHARS]
+
+
+def _status(value: Any) -> int:
+    return clamp_count(value, 999) or 0
+
+
+_COLUMN_CLAMPS: dict[str, Callable[[Any], Any]] = {
+    "ts": clamp_time,
+    "status": _status,
+    "input_tokens": clamp_count,
+    "output_tokens": clamp_count,
+    "cache_read_tokens": clamp_count,
+    "cache_write_tokens": clamp_count,
+    "cost_usd": clamp_amount,
+    "baseline_input_tokens": clamp_count,
+    "baseline_cost_usd": clamp_amount,
+}
+_LEDGER_CLAMPS = [(name, _COLUMN_CLAMPS.get(name, _label)) for name in _LEDGER_COLUMNS]
 
 
 def _ledger_tuple(row: LedgerRow) -> tuple[Any, ...]:
     # Much cheaper than dataclasses.astuple (no deep copy); this runs on every turn.
-    return tuple(getattr(row, name) for name in _LEDGER_COLUMNS)
+    return tuple(clamp(getattr(row, name)) for name, clamp in _LEDGER_CLAMPS)
 
 
 _LEDGER_INSERT = (
@@ -132,41 +140,129 @@ _LEDGER_INSERT = (
 )
 
 
+Batch = list[tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]]
+Results = list[tuple["asyncio.Future[Any]", Any, BaseException | None]]
+
+# SQLite primary result codes (sqlite.org/rescode.html) for "cannot write now, nothing
+# written": a retry later may work.
+_BUSY, _LOCKED = 5, 6
+_UNAVAILABLE_CODES = {_BUSY, _LOCKED, 8, 10, 13, 14}  # + READONLY, IOERR, FULL, CANTOPEN
+
+
+def as_store_error(e: BaseException) -> StoreError:
+    """Any exception from the store thread as the StoreError the caller gets."""
+    if isinstance(e, StoreError):
+        return e
+    if isinstance(e, sqlite3.Error):
+        code = getattr(e, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF in _UNAVAILABLE_CODES:
+            if code & 0xFF in (_BUSY, _LOCKED):
+                return StoreUnavailable(f"the database is locked by another process ({e})")
+            return StoreUnavailable(f"the database cannot be written ({e})")
+        return StoreError(f"sqlite: {e}")
+    # A bug or a value SQLite refuses (e.g. OverflowError): the write fails, the store lives.
+    log.error("store: unexpected %s in a write", type(e).__name__, exc_info=e)
+    return StoreError(f"unexpected {type(e).__name__} while writing: {e}")
+
+
+def connect(
+    path: Path, *, synchronous: str = "NORMAL", busy_timeout: float = 1.0
+) -> sqlite3.Connection:
+    """A connection in WAL mode with our schema, after checking that the file is a usable
+    database (a corrupt one raises sqlite3.DatabaseError here, not on the first turn)."""
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        db.execute("PRAGMA schema_version").fetchone()  # reads the header: "not a database"
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={synchronous}")
+        db.executescript(_SCHEMA)
+        for table in ("sessions", "transitions", "ledger"):
+            db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()  # reads its root page
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    """A cached session as its stored bytes: what it costs in memory is exactly known
+    (a parsed state can take 20x its JSON size), and each load gets its own copy."""
+
+    state: bytes
+    schema: list[str]
+    step: int
+    created: float
+    updated: float
+
+    @property
+    def cost(self) -> int:
+        return len(self.state) + sum(len(k) for k in self.schema) + 200  # + entry overhead
+
+    def record(self, session: str) -> SessionRecord:
+        return SessionRecord(
+            session, orjson.loads(self.state), self.schema, self.step, self.created,
+            self.updated, len(self.state),
+        )  # fmt: skip
+
+
 class SQLiteStore:
+    """Sessions, transitions and the ledger in one SQLite file, on one thread.
+
+    ``cache_bytes`` bounds the write-through session cache; ``max_sessions`` (0 = no
+    limit) is how many sessions the store keeps before refusing new ones (StoreFull);
+    ``busy_timeout`` is how long a write waits for another process's lock before it fails
+    with StoreUnavailable; ``close_timeout`` bounds how long close() waits for writes."""
+
     def __init__(
         self,
         path: Path,
         *,
         synchronous: str = "NORMAL",
         cache_sessions: int = 4096,
+        cache_bytes: int = 64 * 1024 * 1024,
+        max_sessions: int = 0,
+        busy_timeout: float = 1.0,
+        close_timeout: float = 10.0,
         exclusive: bool = False,
     ) -> None:
         self.path = path
         self._exclusive = exclusive  # hold the data dir's lock while open (see lock_data_dir)
         self._locked = False
         self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._close_timeout = close_timeout
         # Write-through cache of hot sessions: a turn's load needs no thread hop. The store
         # assumes it is the only writer of its database (one proxy per data dir).
-        self._cache: OrderedDict[str, SessionRecord] = OrderedDict()
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
         self._cache_max = cache_sessions
+        self._cache_bytes_max = cache_bytes
+        self._cache_bytes = 0
+        self._max_sessions = max_sessions
+        self._sessions = 0  # sessions in the database; only the store thread writes it
+        self._batch_new = 0  # sessions the running batch created
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillstate-sqlite")
         self._db: sqlite3.Connection | None = None
         # Group commit: writes that arrive while a batch is being written go together in
         # the next transaction (one thread hop for all of them). Each still gets its own
         # savepoint, so one failed write does not undo the others.
-        self._queue: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._queue: Batch = []
         self._writing = False
+        self._batch_started = 0.0  # monotonic time the running batch was handed over
+        self._write_failure: StoreError | None = None  # why the last batch failed, if it did
+        self._probe: asyncio.Future[None] | None = None
 
     # -- plumbing -------------------------------------------------------------------------
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
             if self._db is None:
-                raise StoreError("store is closed")
+                raise StoreUnavailable("store is closed")
             try:
                 return fn(self._db)
-            except sqlite3.Error as e:
-                raise StoreError(f"sqlite: {e}") from e
+            except Exception as e:
+                raise as_store_error(e) from e
 
         return await asyncio.get_running_loop().run_in_executor(self._exec, call)
 
@@ -182,42 +278,63 @@ class SQLiteStore:
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         batch, self._queue = self._queue, []
         self._writing = True
-        self._exec.submit(self._write_batch, batch, loop)
-
-    def _write_batch(
-        self,
-        batch: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]],
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        db = self._db
+        self._batch_started = time.monotonic()
         try:
-            if db is None:
-                raise StoreError("store is closed")
-            db.execute("BEGIN IMMEDIATE")
+            self._exec.submit(self._write_batch, batch, loop)
+        except RuntimeError as e:  # the executor is shut down (close() gave up waiting)
+            self._settle(
+                [(fut, None, StoreUnavailable(f"store is closed ({e})")) for _, fut in batch], loop
+            )
+
+    def _write_batch(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
+        """On the store thread. Whatever happens, every waiter of the batch is answered
+        and the next batch can start: an exception fails writes, never the store."""
+        results: Results | None = None
+        try:
+            results = self._commit_batch(batch)
+            self._write_failure = None
+        except Exception as e:
+            err = as_store_error(e)
+            self._write_failure = err
+            results = [(fut, None, err) for _, fut in batch]
+        finally:
+            if results is None:  # only a BaseException gets here
+                results = [(fut, None, StoreError("store thread interrupted")) for _, fut in batch]
+            # RuntimeError: the event loop is closed, so nobody waits any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._settle, results, loop)
+
+    def _commit_batch(self, batch: Batch) -> Results:
+        db = self._db
+        if db is None:
+            raise StoreUnavailable("store is closed")
+        results: Results = []
+        self._batch_new = 0
+        db.execute("BEGIN IMMEDIATE")
+        try:
             for fn, fut in batch:
                 db.execute("SAVEPOINT w")
                 try:
-                    results.append((fut, fn(db), None))
-                    db.execute("RELEASE w")
-                except (StoreError, sqlite3.Error) as e:
+                    value = fn(db)
+                except Exception as e:
                     db.execute("ROLLBACK TO w")
                     db.execute("RELEASE w")
-                    err = e if isinstance(e, StoreError) else StoreError(f"sqlite: {e}")
-                    results.append((fut, None, err))
+                    results.append((fut, None, as_store_error(e)))
+                else:
+                    db.execute("RELEASE w")
+                    results.append((fut, value, None))
             db.execute("COMMIT")
-        except (StoreError, sqlite3.Error) as e:
-            if db is not None and db.in_transaction:
-                db.execute("ROLLBACK")
-            err = e if isinstance(e, StoreError) else StoreError(f"sqlite: {e}")
-            results = [(fut, None, err) for _, fut in batch]
-        loop.call_soon_threadsafe(self._settle, results, loop)
+        except BaseException:
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("store: rollback failed")
+            raise
+        self._sessions += self._batch_new
+        return results
 
-    def _settle(
-        self,
-        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
+    def _settle(self, results: Results, loop: asyncio.AbstractEventLoop) -> None:
         for fut, value, err in results:
             if fut.done():
                 continue  # the waiter was cancelled; the write happened all the same
@@ -234,11 +351,8 @@ class SQLiteStore:
         if self._exclusive and not self._locked:
             lock_data_dir(self.path)
             self._locked = True
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={self._synchronous}")
-        db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(_SCHEMA)
+        db = connect(self.path, synchronous=self._synchronous, busy_timeout=self._busy_timeout)
+        self._sessions = db.execute("SELECT count(*) FROM sessions").fetchone()[0]
         self._db = db
 
     async def open(self) -> None:
@@ -248,46 +362,96 @@ class SQLiteStore:
             raise StoreError(f"cannot open store {self.path}: {e}") from e
 
     async def close(self) -> None:
+        """Close after the queued writes landed, or after ``close_timeout`` at most: a
+        store that cannot write never holds up shutdown (the waiting writes fail)."""
+
         def close(db: sqlite3.Connection) -> None:
             db.close()
             self._db = None
 
-        while self._writing or self._queue:  # let queued writes land first
+        deadline = time.monotonic() + self._close_timeout
+        while (self._writing or self._queue) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+        for _, fut in self._queue:
+            if not fut.done():
+                fut.set_exception(StoreUnavailable("the store closed before this write"))
+        self._queue = []
         if self._db is not None:
-            await self._run(close)
-        self._exec.shutdown(wait=True)
+            with contextlib.suppress(StoreError, TimeoutError):
+                await asyncio.wait_for(self._run(close), max(deadline - time.monotonic(), 0.1))
+        self._exec.shutdown(wait=False)
         if self._locked:
             unlock_data_dir(self.path)
             self._locked = False
 
-    async def ping(self) -> bool:
+    async def check(self, timeout: float) -> str | None:
+        """None when the store can write now, else why not. Waits at most ``timeout``: the
+        probe takes and releases the write lock without waiting for another process."""
+        if self._db is None:
+            return "closed"
+        if self._writing and time.monotonic() - self._batch_started > timeout:
+            waited = time.monotonic() - self._batch_started
+            return f"a write has been waiting {waited:.1f}s (database locked?)"
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._run(self._probe_write))
         try:
-            return await self._run(lambda db: db.execute("SELECT 1").fetchone() == (1,))
-        except StoreError:
-            return False
+            await asyncio.wait_for(asyncio.shield(self._probe), timeout)
+        except TimeoutError:
+            return f"the store did not answer within {timeout:g}s"
+        except StoreError as e:
+            return str(e)
+        return None
+
+    def _probe_write(self, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA busy_timeout=0")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ROLLBACK")
+        finally:
+            db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+
+    def ensure_room_for_session(self) -> None:
+        if self._max_sessions and self._sessions >= self._max_sessions:
+            raise StoreFull(_full_message(self._max_sessions))
 
     # -- sessions -------------------------------------------------------------------------
 
-    def _remember(self, rec: SessionRecord) -> None:
-        self._cache[rec.session] = rec
-        self._cache.move_to_end(rec.session)
-        if len(self._cache) > self._cache_max:
-            self._cache.popitem(last=False)
+    def _remember(self, session: str, entry: _Cached) -> None:
+        old = self._cache.pop(session, None)
+        if old is not None:
+            self._cache_bytes -= old.cost
+        if entry.cost > self._cache_bytes_max:
+            return  # bigger than the whole cache: loads read it from the database
+        self._cache[session] = entry
+        self._cache_bytes += entry.cost
+        while len(self._cache) > self._cache_max or self._cache_bytes > self._cache_bytes_max:
+            _, evicted = self._cache.popitem(last=False)
+            self._cache_bytes -= evicted.cost
+
+    def _forget(self, session: str) -> None:
+        old = self._cache.pop(session, None)
+        if old is not None:
+            self._cache_bytes -= old.cost
+
+    @property
+    def cache_bytes(self) -> int:
+        """What the session cache holds now (bounded by ``cache_bytes``)."""
+        return self._cache_bytes
 
     async def load(self, session: str) -> SessionRecord | None:
         cached = self._cache.get(session)
         if cached is not None:
             self._cache.move_to_end(session)
-            return cached
-        rec = await self._run(self._load_sync(session))
-        if rec is not None:
-            self._remember(rec)
-        return rec
+            return cached.record(session)
+        entry = await self._run(self._load_sync(session))
+        if entry is None:
+            return None
+        self._remember(session, entry)
+        return entry.record(session)
 
     @staticmethod
-    def _load_sync(session: str) -> Callable[[sqlite3.Connection], SessionRecord | None]:
-        def load(db: sqlite3.Connection) -> SessionRecord | None:
+    def _load_sync(session: str) -> Callable[[sqlite3.Connection], _Cached | None]:
+        def load(db: sqlite3.Connection) -> _Cached | None:
             row = db.execute(
                 "SELECT state, schema, step, created, updated FROM sessions WHERE id = ?",
                 (session,),
@@ -295,10 +459,7 @@ class SQLiteStore:
             if row is None:
                 return None
             state, schema, step, created, updated = row
-            return SessionRecord(
-                session, orjson.loads(state), orjson.loads(schema), step, created, updated,
-                len(state),
-            )  # fmt: skip
+            return _Cached(state, orjson.loads(schema), step, created, updated)
 
         return load
 
@@ -313,10 +474,15 @@ class SQLiteStore:
         now: float,
         ledger: list[LedgerRow] | None = None,
     ) -> int:
-        ledger_values = [_ledger_tuple(r) for r in ledger or []]
-        state_blob = orjson.dumps(state) if state is not None else None
-        patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
-        errors = orjson.dumps(transition.errors).decode()
+        now = clamp_time(now)
+        try:
+            ledger_values = [_ledger_tuple(r) for r in ledger or []]
+            state_blob = orjson.dumps(state) if state is not None else None
+            patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
+            errors = orjson.dumps(transition.errors).decode()
+            schema_blob = orjson.dumps(schema)
+        except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
+            raise StoreError(f"cannot store the turn: {e}") from e
 
         def commit(db: sqlite3.Connection) -> int:
             # Runs inside the group-commit transaction (see _write).
@@ -327,10 +493,12 @@ class SQLiteStore:
                 raise StepConflict(moved)
             step = current + 1
             if row is None:
+                if self._max_sessions and self._sessions + self._batch_new >= self._max_sessions:
+                    raise StoreFull(_full_message(self._max_sessions))
                 db.execute(
                     "INSERT INTO sessions (id, state, schema, step, created, updated)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
-                    (session, state_blob or b"{}", orjson.dumps(schema), step, now, now),
+                    (session, state_blob or b"{}", schema_blob, step, now, now),
                 )
             elif state_blob is not None:
                 db.execute(
@@ -349,29 +517,22 @@ class SQLiteStore:
             )
             if ledger_values:
                 db.executemany(_LEDGER_INSERT, ledger_values)
+            if row is None:
+                self._batch_new += 1  # last: a write that failed above created nothing
             return step
 
         try:
             step = await self._write(commit)
         except StoreError:
             # The cached copy may be what is stale (the database moved on): reload next time.
-            self._cache.pop(session, None)
+            self._forget(session)
             raise
         prev = self._cache.get(session)
         if prev is not None:
-            self._remember(
-                SessionRecord(
-                    session,
-                    state if state is not None else prev.state,
-                    schema,
-                    step,
-                    prev.created,
-                    now,
-                    len(state_blob) if state_blob is not None else prev.state_bytes,
-                )
-            )
-        elif state is not None and state_blob is not None:
-            self._remember(SessionRecord(session, state, schema, step, now, now, len(state_blob)))
+            blob = state_blob if state_blob is not None else prev.state
+            self._remember(session, _Cached(blob, schema, step, prev.created, now))
+        elif state_blob is not None:
+            self._remember(session, _Cached(state_blob, schema, step, now, now))
         return step
 
     async def list_sessions(self) -> list[dict[str, Any]]:
@@ -411,9 +572,10 @@ class SQLiteStore:
             with _transaction(db):
                 cur = db.execute("DELETE FROM sessions WHERE id = ?", (session,))
                 db.execute("DELETE FROM transitions WHERE session = ?", (session,))
+            self._sessions -= cur.rowcount
             return cur.rowcount > 0
 
-        self._cache.pop(session, None)
+        self._forget(session)
         return await self._run(delete)
 
     async def purge_sessions(self, older_than: float) -> int:
@@ -425,11 +587,12 @@ class SQLiteStore:
                 ]
                 db.executemany("DELETE FROM transitions WHERE session = ?", [(i,) for i in ids])
                 db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
+            self._sessions -= len(ids)
             return ids
 
         ids = await self._run(purge)
         for i in ids:
-            self._cache.pop(i, None)
+            self._forget(i)
         return len(ids)
 
     # -- ledger ---------------------------------------------------------------------------
@@ -465,6 +628,13 @@ class SQLiteStore:
                 return db.execute("DELETE FROM ledger WHERE ts < ?", (older_than,)).rowcount
 
         return await self._run(purge)
+
+
+def _full_message(limit: int) -> str:
+    return (
+        f"the store holds its maximum of {limit} sessions (max_sessions); delete some"
+        " (DELETE /state?session=ID), wait for session_ttl to expire them, or raise max_sessions"
+    )
 
 
 @contextmanager

@@ -31,17 +31,19 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """Liveness plus the store's and each upstream's condition."""
+    """Liveness plus the store's and each upstream's condition: 503 when the store cannot
+    write, found out within ``health_timeout`` (a wedged or locked store is not waited on)."""
     rt = runtime(request)
-    store_ok = await rt.store.ping()
+    store_problem = await rt.store.check(rt.settings.health_timeout)
     return JSONResponse(
         {
-            "ok": store_ok and rt.pool.usable(),
+            "ok": store_problem is None and rt.pool.usable(),
             "version": __version__,
             "upstreams": rt.pool.health(),
-            "store": "ok" if store_ok else "error",
+            "store": "ok" if store_problem is None else f"error: {store_problem}",
             "active_sessions": rt.pipeline.active_sessions,
-        }
+        },
+        status_code=200 if store_problem is None else 503,
     )
 
 

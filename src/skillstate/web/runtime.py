@@ -24,7 +24,13 @@ class Runtime:
 
     def __init__(self, settings: Settings, store: Store | None = None) -> None:
         self.settings = settings
-        self.store: Store = store or SQLiteStore(settings.db_path, exclusive=True)
+        self.store: Store = store or SQLiteStore(
+            settings.db_path,
+            exclusive=True,
+            cache_bytes=settings.session_cache_bytes,
+            max_sessions=settings.max_sessions,
+            busy_timeout=settings.store_busy_timeout,
+        )
         self.pool = UpstreamPool(settings)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices)

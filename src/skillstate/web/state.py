@@ -23,7 +23,7 @@ async def state(request: Request) -> Response:
     except ProxyError as e:
         return error_response(e, "openai")
     except StoreError as e:
-        return error_response(ProxyError("api_error", str(e)), "openai")
+        return error_response(e.for_client("the store failed"), "openai")
 
 
 async def _state(request: Request, rt: Runtime) -> Response:
