@@ -134,3 +134,18 @@ def test_bad_config_is_one_clear_line(
         load_settings(cli, env=env, cwd=tmp_path)
     msg = str(e.value)
     assert needle in msg and "\n" not in msg
+
+
+def test_store_limits_defaults_and_an_initial_state_within_the_state_bounds(
+    tmp_path: Path,
+) -> None:
+    s = load_settings({}, env={}, cwd=tmp_path)
+    assert (s.max_sessions, s.session_cache_bytes) == (10_000, 64 << 20)
+    assert (s.store_busy_timeout, s.health_timeout) == (1.0, 1.0)
+    # Every new session stores initial_state: it gets the bounds of any other state.
+    big = json.dumps({"a": "x" * 70_000})
+    with pytest.raises(ConfigError, match=r"initial_state: 70008 bytes, over max_state_bytes"):
+        load_settings({}, env={"SKILLSTATE_INITIAL_STATE": big}, cwd=tmp_path)
+    deep = '{"a": ' + "[" * 300 + "]" * 300 + "}"
+    with pytest.raises(ConfigError, match="initial_state: cannot be stored as JSON"):
+        load_settings({}, env={"SKILLSTATE_INITIAL_STATE": deep}, cwd=tmp_path)

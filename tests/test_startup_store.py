@@ -47,8 +47,10 @@ def data(tmp_path: Path) -> Path:
 
 def real_db(path: Path) -> None:
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, state BLOB NOT NULL, schema TEXT"
-               " NOT NULL, step INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL)")  # fmt: skip
+    db.execute(
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, state BLOB NOT NULL, schema TEXT NOT NULL,"
+        " step INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL)"
+    )
     db.executemany(
         "INSERT INTO sessions VALUES (?, ?, '[]', 1, 0, 0)",
         [(f"s{i}", b"{}" + b" " * 3000) for i in range(50)],

@@ -135,6 +135,19 @@ class Settings(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _initial_state_within_limits(self) -> Settings:
+        # Every new session stores it: the same bounds as any state a patch can make.
+        try:
+            size = len(orjson.dumps(self.initial_state))
+        except orjson.JSONEncodeError as e:
+            raise ValueError(f"initial_state: cannot be stored as JSON ({e})") from None
+        if size > self.max_state_bytes:
+            raise ValueError(
+                f"initial_state: {size} bytes, over max_state_bytes ({self.max_state_bytes})"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_upstream_names(self) -> Settings:
         names = [u.name for u in self.upstreams]
         dup = {n for n in names if names.count(n) > 1}

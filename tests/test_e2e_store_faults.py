@@ -1,0 +1,129 @@
+"""A real proxy whose store cannot write, or is full (issue 13 items 5 and 10): the client
+gets a prompt, clear error in its own dialect, /health tells the truth, and nothing is
+committed twice."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import ProxyProcess
+from tests.fakeprovider import FakeProvider, Reply
+
+LOCK_DB = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+def envelope(patch: dict) -> str:
+    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': 'next'})}\n```"
+
+
+def chat(p: ProxyProcess, session: str) -> httpx.Response:
+    return httpx.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-skillstate-session": session},
+        timeout=30,
+    )
+
+
+def messages(p: ProxyProcess, session: str) -> httpx.Response:
+    return httpx.post(
+        p.v1 + "/messages",
+        json={"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-skillstate-session": session, "anthropic-version": "2023-06-01"},
+        timeout=30,
+    )
+
+
+def test_a_database_locked_by_another_process_is_a_503_and_health_says_so(
+    fake: FakeProvider, start_proxy, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    p: ProxyProcess = start_proxy(fake.url + "/v1", "--schema", "notes")
+    fake.enqueue(Reply(text=envelope({"notes": "one"})))
+    assert chat(p, "lk").status_code == 200
+    locker = subprocess.Popen(
+        [sys.executable, "-c", LOCK_DB, str(tmp_path / "data" / "skillstate.db")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert locker.stdout is not None and locker.stdout.readline() == b"locked\n"
+        health = p.get("/health")
+        assert health.status_code == 503, health.text
+        assert health.json()["ok"] is False
+        assert "locked by another process" in health.json()["store"]
+
+        fake.enqueue(Reply(text=envelope({"notes": "lost"})))
+        r = chat(p, "lk")
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert "could not commit the turn" in err["message"]
+        assert "locked by another process" in err["message"]
+        assert err["code"] == "store_unavailable" and r.headers["retry-after"]
+
+        fake.enqueue(Reply(text=envelope({"notes": "lost too"})))
+        r = messages(p, "lk")
+        assert r.status_code == 503, r.text
+        assert r.json()["type"] == "error" and "locked" in r.json()["error"]["message"]
+    finally:
+        locker.communicate(b"\n", timeout=30)
+    assert p.get("/health").status_code == 200
+    fake.enqueue(Reply(text=envelope({"notes": "two"})))
+    assert chat(p, "lk").status_code == 200
+    hist = p.get("/state", params={"session": "lk", "history": "1"}).json()
+    assert hist["state"] == {"notes": "two"}
+    assert [h["step"] for h in hist["history"]] == [1, 2]  # the refused turns left nothing
+
+
+def test_max_sessions_refuses_a_new_session_before_calling_upstream(
+    fake: FakeProvider, start_proxy
+) -> None:  # type: ignore[no-untyped-def]
+    p: ProxyProcess = start_proxy(fake.url + "/v1", "--schema", "notes",
+                                  config={"max_sessions": 1})  # fmt: skip
+    fake.enqueue(Reply(text=envelope({"notes": "a"})))
+    assert chat(p, "a").status_code == 200
+    calls = len(fake.requests)
+
+    r = chat(p, "b")
+    assert r.status_code == 507, r.text
+    assert r.json()["error"]["code"] == "store_full"
+    assert "max_sessions" in r.json()["error"]["message"]
+    r = messages(p, "c")
+    assert r.status_code == 507, r.text
+    assert r.json()["type"] == "error" and "max_sessions" in r.json()["error"]["message"]
+    assert len(fake.requests) == calls  # refused before spending tokens
+
+    fake.enqueue(Reply(text=envelope({"notes": "a2"})))
+    assert chat(p, "a").status_code == 200  # an existing session goes on
+    assert httpx.delete(p.url + "/state", params={"session": "a"}).status_code == 204
+    fake.enqueue(Reply(text=envelope({"notes": "b"})))
+    assert chat(p, "b").status_code == 200  # room again
+    assert p.get("/health").status_code == 200
+
+
+def test_patch_state_is_bounded_in_size_and_depth(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    fake.enqueue(Reply(text=envelope({"notes": "kept"})))
+    assert chat(proxy, "op").status_code == 200
+    before = proxy.state("op")
+
+    def patch(body: dict) -> httpx.Response:
+        return httpx.patch(proxy.url + "/state", params={"session": "op"}, json=body, timeout=30)
+
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    r = patch({"facts": deep})
+    assert r.status_code == 400 and "nested deeper" in r.json()["error"]["message"]
+    r = patch({"facts": [[] for _ in range(20_000)]})  # 60 KB of JSON, ~1.5 MB parsed
+    assert r.status_code == 400 and "limit" in r.json()["error"]["message"]
+    assert proxy.state("op") == before
