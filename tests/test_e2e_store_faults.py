@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
 
 LOCK_DB = """
@@ -28,7 +28,7 @@ def envelope(patch: dict) -> str:
     return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': 'next'})}\n```"
 
 
-def chat(p: ProxyProcess, session: str) -> httpx.Response:
+def chat(p: Proxy, session: str) -> httpx.Response:
     return httpx.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
@@ -37,7 +37,7 @@ def chat(p: ProxyProcess, session: str) -> httpx.Response:
     )
 
 
-def messages(p: ProxyProcess, session: str) -> httpx.Response:
+def messages(p: Proxy, session: str) -> httpx.Response:
     return httpx.post(
         p.v1 + "/messages",
         json={"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]},
@@ -47,9 +47,9 @@ def messages(p: ProxyProcess, session: str) -> httpx.Response:
 
 
 def test_a_database_locked_by_another_process_is_a_503_and_health_says_so(
-    fake: FakeProvider, start_proxy, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
-    p: ProxyProcess = start_proxy(fake.url + "/v1", "--schema", "notes")
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    p = start_proxy(fake.url + "/v1", "--schema", "notes")
     fake.enqueue(Reply(text=envelope({"notes": "one"})))
     assert chat(p, "lk").status_code == 200
     locker = subprocess.Popen(
@@ -86,9 +86,9 @@ def test_a_database_locked_by_another_process_is_a_503_and_health_says_so(
 
 
 def test_max_sessions_refuses_a_new_session_before_calling_upstream(
-    fake: FakeProvider, start_proxy
-) -> None:  # type: ignore[no-untyped-def]
-    p: ProxyProcess = start_proxy(fake.url + "/v1", "--schema", "notes",
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start_proxy(fake.url + "/v1", "--schema", "notes",
                                   config={"max_sessions": 1})  # fmt: skip
     fake.enqueue(Reply(text=envelope({"notes": "a"})))
     assert chat(p, "a").status_code == 200
@@ -111,7 +111,7 @@ def test_max_sessions_refuses_a_new_session_before_calling_upstream(
     assert p.get("/health").status_code == 200
 
 
-def test_patch_state_is_bounded_in_size_and_depth(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_patch_state_is_bounded_in_size_and_depth(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text=envelope({"notes": "kept"})))
     assert chat(proxy, "op").status_code == 200
     before = proxy.state("op")
