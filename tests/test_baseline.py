@@ -18,11 +18,14 @@ from skillstate.baseline import (
     CacheSplit,
     PrefixCache,
     PrefixPoint,
+    SessionPrefixCaches,
     baseline_output_tokens,
+    baseline_turn,
     envelope_output_share,
     prefix_points,
     price_baseline,
     saving,
+    tool_call_chars,
 )
 from skillstate.ledger import Usage
 from skillstate.pricing import Prices, cost_from_prices
@@ -37,7 +40,8 @@ def points(*sizes: int, breakpoints: tuple[int, ...] = (), tag: str = "") -> lis
     """Boundaries with these cumulative estimated sizes; digest i is shared by every
     request whose first i+1 pieces are the same (same ``tag`` for the first ones)."""
     return [
-        PrefixPoint(f"{tag}{k}".encode(), size, k in breakpoints) for k, size in enumerate(sizes)
+        PrefixPoint(f"{tag}{k}".encode().ljust(16, b"."), size, k in breakpoints)
+        for k, size in enumerate(sizes)
     ]
 
 
@@ -243,10 +247,42 @@ def test_openai_chat_body_and_no_mutation() -> None:
 # --- output, cost and saving -----------------------------------------------------------------
 
 
+OPENAI_TOOL_REPLY = {
+    "choices": [
+        {
+            "message": {
+                "role": "assistant",
+                "content": "x" * 300,
+                "tool_calls": [
+                    {
+                        "id": "c",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": "a" * 94},
+                    }
+                ],
+            }
+        }
+    ]
+}
+
+
+def test_tool_call_chars_of_both_dialects() -> None:
+    assert tool_call_chars("openai", OPENAI_TOOL_REPLY) == 100
+    anthropic = {
+        "content": [
+            {"type": "text", "text": "hi"},
+            {"type": "tool_use", "id": "t", "name": "lookup", "input": {"q": "paris"}},
+        ]
+    }
+    assert tool_call_chars("anthropic", anthropic) == len("lookup") + len('{"q":"paris"}')
+    assert tool_call_chars("openai", {"choices": []}) == 0
+    assert tool_call_chars("openai", {"choices": [{"message": {"content": "x"}}]}) == 0
+
+
 def test_envelope_share_counts_text_and_tool_calls() -> None:
     # reply of 300 characters, 100 of them the envelope, plus one tool call: "lookup" (6)
     # and arguments of 94 characters -> 100 / 400
-    share = envelope_output_share("x" * 300, 100, [("lookup", "a" * 94)])
+    share = envelope_output_share("x" * 300, 100, tool_call_chars("openai", OPENAI_TOOL_REPLY))
     assert share == Fraction(1, 4)
     assert baseline_output_tokens(400, share) == 300
     assert envelope_output_share("", 0) == 0
@@ -302,3 +338,53 @@ def test_end_to_end_openai_session_with_hand_computed_cost() -> None:
     assert split == CacheSplit(2000, 1000, 0)
     # 1000 * 2.50 + 1000 * 1.25 + 50 * 10.00 = 2500 + 1250 + 500 = 4250 -> $0.00425
     assert price_baseline(split, 50, GPT_4O).cost_usd == pytest.approx(0.00425)
+
+
+def test_session_caches_are_per_session_and_bounded() -> None:
+    caches = SessionPrefixCaches(max_sessions=2)
+    a = caches.get("a")
+    assert caches.get("a") is a
+    caches.get("b")
+    caches.get("a")  # a is now the most recently used
+    caches.get("c")  # ... so b goes
+    assert len(caches) == 2
+    assert caches.get("a") is a
+    with pytest.raises(ValueError):
+        SessionPrefixCaches(0)
+
+
+def test_baseline_turn_anthropic_session_with_a_negative_saving() -> None:
+    """Two turns of an Anthropic client that marks its system and last message, priced
+    like claude-sonnet-4-5, against a proxy turn that cost $0.0135."""
+    regime = CacheRegime("anthropic", min_tokens=10)
+    cache = PrefixCache()
+    mark = {"cache_control": {"type": "ephemeral"}}
+
+    def body(n: int) -> dict[str, object]:
+        roles = ["user" if k % 2 == 0 else "assistant" for k in range(n)]
+        messages = [  # every message the same size: "assistant" is 5 longer than "user"
+            {
+                "role": role,
+                "content": [{"type": "text", "text": f"{k:03d}" + "m" * (401 - len(role))}],
+            }
+            for k, role in enumerate(roles)
+        ]
+        messages[-1] = {**messages[-1], "content": [{**messages[-1]["content"][0], **mark}]}  # type: ignore[dict-item]
+        return {"messages": messages}
+
+    first = baseline_turn(
+        cache=cache, regime=regime, client_body=body(3), baseline_input=3000, output_tokens=100,
+        envelope_share=Fraction(0), prices=SONNET, cost_usd=0.0135, now=0.0,
+    )  # fmt: skip
+    # all 3000 written: 3000 * 3.75 + 100 * 15 = 11250 + 1500 = 12750 -> $0.01275
+    assert first.baseline == Baseline(3000, 0, 3000, 100, pytest.approx(0.01275))
+    assert first.saved_cost_usd == pytest.approx(0.01275 - 0.0135)
+    second = baseline_turn(
+        cache=cache, regime=regime, client_body=body(5), baseline_input=5000, output_tokens=400,
+        envelope_share=Fraction(1, 2), prices=SONNET, cost_usd=0.0135, now=30.0,
+    )  # fmt: skip
+    # the 5 messages estimate the same: 3/5 of 5000 = 3000 read, 2000 written; output 200:
+    # 3000 * 0.30 + 2000 * 3.75 + 200 * 15 = 900 + 7500 + 3000 = 11400 -> $0.0114
+    assert second.baseline == Baseline(5000, 3000, 2000, 200, pytest.approx(0.0114))
+    assert second.saved_cost_usd == pytest.approx(-0.0021)
+    assert second.saved_cost_pct == pytest.approx(-18.42)  # -0.0021 / 0.0114

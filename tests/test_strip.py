@@ -8,7 +8,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from skillstate.patch import extract_envelope
-from skillstate.strip import EnvelopeStripper, strip_envelope, strip_texts, strip_transcript
+from skillstate.strip import (
+    EnvelopeStripper,
+    strip_envelope,
+    strip_reply,
+    strip_texts,
+    strip_transcript,
+)
 
 ENV = '{"state_patch": {"step": 2}, "action": "ask the user"}'
 
@@ -262,3 +268,44 @@ def test_strip_transcript_anthropic_messages() -> None:
     ]
     assert out[3]["content"] == [{"type": "text", "text": "ask the user"}]
     assert out[0] is messages[0] and out[2] is messages[2] and out[4] is messages[4]
+
+
+# -- replies -----------------------------------------------------------------------------
+
+
+def test_strip_reply_openai_every_choice() -> None:
+    resp = {
+        "id": "x",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": f"Booked.\n{BLOCK}"}},
+            {"index": 1, "message": {"role": "assistant", "content": ENV}},
+        ],
+        "usage": {"prompt_tokens": 1},
+    }
+    before = orjson.dumps(resp)
+    out, removed = strip_reply("openai", resp)
+    assert orjson.dumps(resp) == before
+    assert [c["message"]["content"] for c in out["choices"]] == ["Booked.", "ask the user"]
+    assert out["usage"] == resp["usage"] and out["id"] == "x"
+    assert removed.envelope is not None and removed.removed_chars == len(BLOCK)
+    plain = {"choices": [{"message": {"role": "assistant", "content": "Hi"}}]}
+    assert strip_reply("openai", plain)[0] is plain
+    calls = {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": []}}]}
+    assert strip_reply("openai", calls)[0] is calls
+
+
+def test_strip_reply_anthropic_text_blocks() -> None:
+    tool_use = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+    resp = {
+        "type": "message",
+        "content": [{"type": "text", "text": f"Calling f.\n\n{BLOCK}"}, tool_use],
+        "stop_reason": "tool_use",
+    }
+    out, removed = strip_reply("anthropic", resp)
+    assert out["content"] == [{"type": "text", "text": "Calling f."}, tool_use]
+    assert removed.envelope is not None
+    only = {"type": "message", "content": [{"type": "text", "text": BLOCK}, tool_use]}
+    assert strip_reply("anthropic", only)[0]["content"] == [
+        {"type": "text", "text": "ask the user"},
+        tool_use,
+    ]

@@ -41,6 +41,7 @@ actual cost, and is NEGATIVE when the proxy cost more: it is never clamped.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -59,11 +60,15 @@ __all__ = [
     "CacheSplit",
     "PrefixCache",
     "PrefixPoint",
+    "SessionPrefixCaches",
+    "TurnBaseline",
     "baseline_output_tokens",
+    "baseline_turn",
     "envelope_output_share",
     "prefix_points",
     "price_baseline",
     "saving",
+    "tool_call_chars",
 ]
 
 CachePricing = Literal["none", "openai", "anthropic"]
@@ -191,7 +196,7 @@ class PrefixCache:
     __slots__ = ("_previous", "_previous_at", "_written")
 
     def __init__(self) -> None:
-        self._previous: frozenset[bytes] = frozenset()
+        self._previous = b""  # the previous request's boundary digests, concatenated
         self._previous_at = float("-inf")
         self._written: dict[bytes, float] = {}  # digest -> last written or read
 
@@ -212,12 +217,14 @@ class PrefixCache:
         read = 0
         if now - self._previous_at <= regime.ttl_s:
             tokens = _allocator(points, input_tokens)
+            blob = self._previous
+            previous = {blob[i : i + _DIGEST_SIZE] for i in range(0, len(blob), _DIGEST_SIZE)}
             for k in range(len(points) - 1, -1, -1):
-                if points[k].digest in self._previous:
+                if points[k].digest in previous:
                     at = tokens(k)
                     read = at if at >= regime.min_tokens else 0
                     break
-        self._previous = frozenset(p.digest for p in points)
+        self._previous = b"".join(p.digest for p in points)
         self._previous_at = now
         return CacheSplit(input_tokens, read, 0)
 
@@ -247,6 +254,29 @@ class PrefixCache:
         return CacheSplit(input_tokens, read, write)
 
 
+class SessionPrefixCaches:
+    """One :class:`PrefixCache` per session, the least recently used dropped beyond
+    ``max_sessions`` (a dropped session's next turn is priced as if its cache were cold)."""
+
+    def __init__(self, max_sessions: int = 10_000) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be positive, not {max_sessions!r}")
+        self._max = max_sessions
+        self._caches: OrderedDict[str, PrefixCache] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._caches)
+
+    def get(self, session: str) -> PrefixCache:
+        cache = self._caches.pop(session, None)
+        if cache is None:
+            cache = PrefixCache()
+            while len(self._caches) >= self._max:
+                self._caches.popitem(last=False)
+        self._caches[session] = cache
+        return cache
+
+
 def _allocator(points: Sequence[PrefixPoint], input_tokens: int) -> Any:
     """tokens(k): the part of ``input_tokens`` that the prefix up to point k holds, in
     proportion to its estimated size (exact rationals, rounded half to even)."""
@@ -264,14 +294,39 @@ def _allocator(points: Sequence[PrefixPoint], input_tokens: int) -> Any:
 
 
 def envelope_output_share(
-    reply_text: str, envelope_chars: int, tool_calls: Iterable[tuple[str, str]] = ()
+    reply_text: str, envelope_chars: int, tool_call_chars: int = 0
 ) -> Fraction:
-    """The envelope's share of a reply: its characters against the reply text plus each
-    tool call's name and arguments. 0 for an empty reply; at most 1."""
-    whole = len(reply_text) + sum(len(name) + len(arguments) for name, arguments in tool_calls)
+    """The envelope's share of a reply: its characters against the reply text plus the
+    reply's tool calls (name and arguments, :func:`tool_call_chars`). 0 for an empty
+    reply; at most 1."""
+    whole = len(reply_text) + max(tool_call_chars, 0)
     if whole <= 0 or envelope_chars <= 0:
         return Fraction(0)
     return min(Fraction(envelope_chars, whole), Fraction(1))
+
+
+def tool_call_chars(dialect: str, resp: Mapping[str, Any]) -> int:
+    """Characters of the tool calls in a non-streamed reply (each name plus its arguments:
+    OpenAI's arguments string, Anthropic's input as compact JSON)."""
+    total = 0
+    if dialect == "anthropic":
+        for block in resp.get("content") or ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                arguments = orjson.dumps(block.get("input"), default=str).decode()
+                total += len(str(block.get("name") or "")) + len(arguments)
+        return total
+    choices = resp.get("choices") or ()
+    message = (
+        (choices[0] or {}).get("message") if choices and isinstance(choices[0], dict) else None
+    )
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            total += len(str(function.get("name") or "")) + len(
+                str(function.get("arguments") or "")
+            )
+    return total
 
 
 def baseline_output_tokens(output_tokens: int, envelope_share: Fraction) -> int:
@@ -305,3 +360,39 @@ def saving(baseline_cost: float | None, cost: float | None) -> tuple[float | Non
     saved = baseline_cost - cost
     pct = round(100 * saved / baseline_cost, 2) if baseline_cost else None
     return round(saved, 9), pct
+
+
+@dataclass(frozen=True, slots=True)
+class TurnBaseline:
+    """The baseline of one turn and the saving against what the turn cost."""
+
+    baseline: Baseline
+    saved_cost_usd: float | None  # negative when the proxy cost more
+    saved_cost_pct: float | None
+
+
+def baseline_turn(
+    *,
+    cache: PrefixCache,
+    regime: CacheRegime,
+    client_body: Mapping[str, Any],
+    baseline_input: int,
+    output_tokens: int,
+    envelope_share: Fraction,
+    prices: Prices | None,
+    cost_usd: float | None,
+    now: float,
+) -> TurnBaseline:
+    """Everything of the module for one answered turn, in one call.
+
+    ``client_body``: the client's request with the proxy's envelopes removed
+    (``strip.strip_transcript`` on its messages). ``baseline_input``: the reported input
+    scaled by the estimated size of that body against what was sent
+    (``ledger.baseline_input_tokens``). ``output_tokens``/``cost_usd``: what the sent turn
+    used and cost. ``envelope_share``: :func:`envelope_output_share` of the reply. Updates
+    ``cache`` (call once per turn, in turn order).
+    """
+    split = cache.charge(prefix_points(client_body), baseline_input, now, regime)
+    baseline = price_baseline(split, baseline_output_tokens(output_tokens, envelope_share), prices)
+    saved, pct = saving(baseline.cost_usd, cost_usd)
+    return TurnBaseline(baseline, saved, pct)

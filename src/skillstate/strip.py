@@ -45,7 +45,14 @@ from .patch import (
     _loads_prefix,
 )
 
-__all__ = ["EnvelopeStripper", "Stripped", "strip_envelope", "strip_texts", "strip_transcript"]
+__all__ = [
+    "EnvelopeStripper",
+    "Stripped",
+    "strip_envelope",
+    "strip_reply",
+    "strip_texts",
+    "strip_transcript",
+]
 
 _FENCE_CHARS = "`~"
 _LINE_BLANKS = frozenset(" \t\r\f\v")  # patch._BLANK: what may precede a fence on its line
@@ -454,14 +461,17 @@ def strip_texts(texts: Sequence[str]) -> tuple[list[str], Stripped]:
     return parts, Stripped("".join(parts), envelope, sum(r.removed_chars for r in results))
 
 
-def _strip_content(content: Any) -> Any:
-    """An assistant message's content without envelopes: a string, or a list of parts /
-    blocks whose ``text`` parts are stripped (others untouched). Same object if unchanged."""
+_NOTHING = Stripped("", None, 0)
+
+
+def _strip_content(content: Any) -> tuple[Any, Stripped]:
+    """A message's content without envelopes: a string, or a list of parts / blocks whose
+    ``text`` parts are stripped (others untouched). The same object if nothing changed."""
     if isinstance(content, str):
         result = strip_envelope(content)
-        return content if result.envelope is None else result.text
+        return (content if result.envelope is None else result.text), result
     if not isinstance(content, list):
-        return content
+        return content, _NOTHING
     at = [
         k
         for k, part in enumerate(content)
@@ -471,7 +481,7 @@ def _strip_content(content: Any) -> Any:
     ]
     parts, summary = strip_texts([content[k]["text"] for k in at])
     if summary.envelope is None:
-        return content
+        return content, summary
     out = list(content)
     emptied = set()
     for k, text in zip(at, parts, strict=True):
@@ -479,7 +489,36 @@ def _strip_content(content: Any) -> Any:
             out[k] = {**content[k], "text": text}
         elif content[k]["text"]:
             emptied.add(k)  # Anthropic refuses empty text blocks: the block goes
-    return [part for k, part in enumerate(out) if k not in emptied]
+    return [part for k, part in enumerate(out) if k not in emptied], summary
+
+
+def strip_reply(dialect: str, resp: dict[str, Any]) -> tuple[dict[str, Any], Stripped]:
+    """A non-streamed reply in the client's dialect without envelopes, and what was
+    removed from its first choice (the one the state engine reads).
+
+    OpenAI: every choice's ``message.content``; Anthropic: the ``text`` blocks of
+    ``content`` (a block left empty is dropped; ``tool_use`` blocks are untouched).
+    ``resp`` is not mutated; it is returned as is when it had no envelope.
+    """
+    if dialect == "anthropic":
+        content, summary = _strip_content(resp.get("content"))
+        return (resp if content is resp.get("content") else {**resp, "content": content}), summary
+    choices = resp.get("choices")
+    if not isinstance(choices, list):
+        return resp, _NOTHING
+    first = _NOTHING
+    out = list(choices)
+    for k, choice in enumerate(choices):
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content, summary = _strip_content(message.get("content"))
+        if k == 0:
+            first = summary
+        if content is not message.get("content"):
+            out[k] = {**choice, "message": {**message, "content": content}}
+    changed = any(a is not b for a, b in zip(out, choices, strict=True))
+    return ({**resp, "choices": out} if changed else resp), first
 
 
 def strip_transcript(messages: Sequence[Any]) -> list[Any]:
@@ -496,7 +535,7 @@ def strip_transcript(messages: Sequence[Any]) -> list[Any]:
     for k, msg in enumerate(messages):
         if isinstance(msg, dict) and msg.get("role") == "assistant":
             content = msg.get("content")
-            new = _strip_content(content)
+            new, _ = _strip_content(content)
             if new is not content:
                 out[k] = {**msg, "content": new}
     return out
