@@ -47,6 +47,14 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "max_retries": "Re-asks (rollback-retries) after an invalid patch, per turn.",
         "capture_limit_bytes": "How much of a streamed reply is kept to find the envelope in.",
         "session_ttl": "Seconds after the last update before a session is purged (0 = never).",
+        "max_sessions": "Sessions the store keeps; a turn that would start one more is refused "
+        "with 507 before it calls upstream (0 = no cap).",
+        "session_cache_bytes": "Bytes of session state kept in memory (the write-through "
+        "cache); states are held as their stored JSON, so this is the real bound.",
+        "store_busy_timeout": "Seconds a write waits for a lock held by another process "
+        "before the turn fails with 503 (nothing committed).",
+        "health_timeout": "Longest wait of `/health` for the store; a store that cannot "
+        "write is a 503, not a stall.",
         "ledger_retention": "Seconds the cost ledger keeps rows (0 = forever).",
         "purge_interval": "Seconds between purges of expired sessions and ledger rows.",
         "retry_max_attempts": "Attempts per upstream request (transport errors, 5xx, 429).",
