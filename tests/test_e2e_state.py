@@ -243,3 +243,34 @@ def test_failed_rollback_retry_still_answers_with_the_last_reply(
     # the reply that reached the client is the turn's generation, not a discarded re-ask
     attempts = p.get("/cost", params={"session": "rf"}).json()["totals"]["attempts"]
     assert (attempts["generation"], attempts["rollback-retry"]) == (1, 0), attempts
+
+
+VISIBLE_ASCII = {chr(c) for c in range(0x20, 0x7F)}
+
+
+def test_control_characters_from_the_model_reach_the_client_as_visible_ascii_headers(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    # uvicorn refuses such a header: the client got 0 bytes while the step was saved (and an
+    # SDK retrying the connection error applied and billed the turn twice).
+    p = start_proxy(fake.url, "--schema", "facts,notes,step", config={"max_retries": 0})
+    r = _try(p, fake, envelope({"notes": "n"}, action="run\u0000x\r\nX-Evil: 1 é"), "ctl1")
+    assert r.status_code == 200 and r.headers["x-skillstate-transition"] == "valid"
+    action = r.headers["x-skillstate-action"]
+    assert set(action) <= VISIBLE_ASCII and action.startswith("run%00x")
+    assert "x-evil" not in r.headers
+    r = _try(p, fake, envelope({"a\u0001b": 1, "c\u00e9": 2}), "ctl2")
+    assert r.status_code == 200 and r.headers["x-skillstate-transition"] == "invalid"
+    why = r.headers["x-skillstate-validation"]
+    assert set(why) <= VISIBLE_ASCII and "a%01b" in why
+    assert p.state("ctl2")["step"] == 1
+
+
+def test_a_huge_action_is_capped_in_the_header_and_in_the_store(
+    fake: FakeProvider, proxy: Proxy
+) -> None:
+    r = _try(proxy, fake, envelope({"notes": "n"}, action="go " * 35_000), "big")
+    assert r.status_code == 200 and r.headers["x-skillstate-transition"] == "valid"
+    assert len(r.headers["x-skillstate-action"]) <= 256
+    hist = proxy.get("/state", params={"session": "big", "history": "1"}).json()["history"]
+    assert hist[0]["action"].startswith("go go") and len(hist[0]["action"]) <= 1024

@@ -17,6 +17,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -44,6 +45,10 @@ MODES = ("state", "passthrough", "auto")
 CONSTRAIN_VALUES = ("off", "json_schema")
 CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
 CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-ask
+ACTION_MAX_CHARS = 1000  # of the model's "action", as stored and shown
+HEADER_TEXT_MAX_CHARS = 200  # of a header value made from model or client text
+# Visible ASCII that stays as it is in such a header (quote() keeps letters, digits, "_.-~").
+_HEADER_SAFE = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}"
 
 
 @dataclass
@@ -104,12 +109,20 @@ def _est(body: Mapping[str, Any]) -> int:
     return estimate_tokens([body.get("system"), body.get("messages"), body.get("tools")])
 
 
-def header_safe(text: str, limit: int = 200) -> str:
-    """Header values must be latin-1 and one line; keep them short and readable."""
-    flat = " ".join(text.split())
-    if len(flat) > limit:
-        flat = flat[: limit - 1] + "…"
-    return flat.encode("ascii", "backslashreplace").decode("ascii")
+def header_safe(text: str, limit: int = HEADER_TEXT_MAX_CHARS) -> str:
+    """A header value from model or client text: visible ASCII only, at most ``limit`` chars.
+
+    Whitespace runs become one space; every other byte outside 0x20-0x7E (control characters,
+    non-ASCII as UTF-8) and ``%`` itself are percent-encoded, so the value is readable and
+    reversible. A value the server would refuse (a NUL, a CR/LF) must never be built: the
+    client would get no reply for a turn that is already committed.
+    """
+    flat = quote(" ".join(text.split()), safe=_HEADER_SAFE)
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 3]
+    tail = cut.rfind("%", len(cut) - 2)  # never leave half a %XX escape
+    return (cut[:tail] if tail != -1 else cut) + "..."
 
 
 class Pipeline:
@@ -194,7 +207,8 @@ class Pipeline:
         if env is not None:
             tr = validate_and_merge(state, env.state_patch, self.policy(tuple(schema)))
             if tr.ok:
-                return Outcome("valid", tr.new_state, tr.applied_patch, env.action, tr.warnings)
+                action = _capped(env.action, ACTION_MAX_CHARS)
+                return Outcome("valid", tr.new_state, tr.applied_patch, action, tr.warnings)
             errors = tr.errors
         if has_tool_calls:
             return Outcome("tool-noop", errors=errors if env is not None else [])
@@ -688,6 +702,13 @@ async def _relay_events(
     )
     if problem_ is not None:
         yield _StreamProblem(problem_)
+
+
+def _capped(text: str | None, limit: int) -> str | None:
+    """``text`` cut to ``limit`` characters (marked with an ellipsis when cut)."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:
