@@ -18,7 +18,7 @@ Schema choices, checked against llama.cpp's converter (``common/json-schema.cpp`
   ``state_schema``, which a type list cannot.
 * llama.cpp's grammar emits **required properties first** (in schema order) and only then
   the optional ones. An optional ``reasoning`` would therefore be generated *after*
-  ``state_patch``/``action``, defeating "think first". With the default
+  ``state_patch``/``action``, defeating "think first". With
   ``reasoning="first"`` it is listed first in ``properties`` *and* in ``required``
   (an empty string is allowed), so the grammar forces it to come first.
 * Object key order is preserved by llama.cpp (it uses an ordered JSON type).
@@ -127,7 +127,7 @@ def envelope_schema(
     state_schema: Mapping[str, Any] | None = None,
     action_max_length: int = 200,
     *,
-    reasoning: ReasoningMode = "first",
+    reasoning: ReasoningMode = "off",
     reasoning_max_length: int = REASONING_MAX_LENGTH,
     state: Mapping[str, Any] | None = None,
     bounded: bool = False,
@@ -142,12 +142,13 @@ def envelope_schema(
     ``allowed_keys`` ``state_patch`` is a free-form object.
 
     ``reasoning``:
-      * ``"first"`` (default): a ``reasoning`` string (``maxLength`` ``reasoning_max_length``,
+      * ``"first"``: a ``reasoning`` string (``maxLength`` ``reasoning_max_length``,
         may be empty) listed first and *required*, so grammar engines that emit required
         keys first (llama.cpp) still generate it before ``state_patch``.
       * ``"optional"``: listed first but not required. Validators accept envelopes
         without it, but llama.cpp's grammar will place it *after* the required keys.
-      * ``"off"``: no ``reasoning`` property.
+      * ``"off"`` (default, and what the proxy constrains with: small models run a free-text
+        field to its ``maxLength`` under a grammar, docs/benchmarks.md): no ``reasoning``.
 
     ``state`` is the current state (default ``initial_state``): each key's schema is that of
     a merge patch of its current value (:func:`patch_schema`); ``bounded`` makes it finite,

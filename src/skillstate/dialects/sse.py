@@ -18,13 +18,6 @@ class SSEEvent:
     data: str
     raw: bytes  # the event exactly as received, including its terminating blank line
 
-    @property
-    def is_comment(self) -> bool:
-        return self.event is None and self.data == "" and self.raw.lstrip().startswith(b":")
-
-    def json(self) -> Any:
-        return orjson.loads(self.data)
-
 
 class SSEParser:
     """Feed bytes as they arrive; get back complete events. Accepts \\n, \\r\\n and \\r."""
