@@ -51,7 +51,7 @@ import orjson
 
 from .ledger import Usage
 from .pricing import Prices, cost_from_prices
-from .tokens import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
+from .tokens import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS
 
 __all__ = [
     "Baseline",
@@ -168,14 +168,19 @@ def prefix_points(body: Mapping[str, Any]) -> list[PrefixPoint]:
     breakpoint at the last piece. O(size of the body).
     """
     points: list[PrefixPoint] = []
-    digest = b""
+    running = hashlib.sha256()  # of the prefix so far: each boundary's digest is a snapshot
     total = 0
     for piece, is_message in _pieces(body):
-        clean, marked = _unmarked(piece)
-        digest = hashlib.blake2b(
-            digest + orjson.dumps(clean, default=str), digest_size=_DIGEST_SIZE
-        ).digest()
-        total += estimate_tokens(clean) + (MESSAGE_OVERHEAD_TOKENS if is_message else 0)
+        dumped = orjson.dumps(piece, default=str)
+        marked = False
+        if b'"cache_control"' in dumped:  # rare: only then rebuild the piece without markers
+            clean, marked = _unmarked(piece)
+            if marked:
+                dumped = orjson.dumps(clean, default=str)
+        running.update(dumped)
+        digest = running.copy().digest()[:_DIGEST_SIZE]
+        # skillstate.tokens' estimate of the piece, from the bytes already at hand
+        total += -(-len(dumped) // BYTES_PER_TOKEN) + (MESSAGE_OVERHEAD_TOKENS if is_message else 0)
         points.append(PrefixPoint(digest, total, marked))
     if points and body.get("cache_control"):
         last = points[-1]
