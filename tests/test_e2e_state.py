@@ -274,3 +274,56 @@ def test_a_huge_action_is_capped_in_the_header_and_in_the_store(
     assert len(r.headers["x-skillstate-action"]) <= 256
     hist = proxy.get("/state", params={"session": "big", "history": "1"}).json()["history"]
     assert hist[0]["action"].startswith("go go") and len(hist[0]["action"]) <= 1024
+
+
+def test_state_listings_are_paginated_with_limit_and_an_opaque_cursor(
+    fake: FakeProvider, proxy: Proxy
+) -> None:
+    for i in range(5):
+        assert _try(proxy, fake, envelope({"notes": f"n{i}"}), f"pg{i}").status_code == 200
+    for i in range(4):
+        assert _try(proxy, fake, envelope({"notes": f"m{i}"}), "pg0").status_code == 200
+
+    seen: list[str] = []
+    params: dict[str, str] = {"limit": "2"}
+    for _ in range(10):
+        page = proxy.get("/state", params=params).json()
+        assert len(page["sessions"]) <= 2
+        seen += [s["session"] for s in page["sessions"]]
+        if page["next_cursor"] is None:
+            break
+        params["cursor"] = page["next_cursor"]
+    assert seen == ["pg0", "pg4", "pg3", "pg2", "pg1"]  # most recently updated first
+    assert proxy.get("/state").json()["next_cursor"] is None
+
+    steps: list[int] = []
+    params = {"session": "pg0", "history": "1", "limit": "2"}
+    for _ in range(10):
+        doc = proxy.get("/state", params=params).json()
+        assert doc["step"] == 5 and len(doc["history"]) <= 2
+        steps += [t["step"] for t in doc["history"]]
+        if doc["next_cursor"] is None:
+            break
+        params["cursor"] = doc["next_cursor"]
+    assert steps == [1, 2, 3, 4, 5]
+
+    sessions_cursor = proxy.get("/state", params={"limit": "1"}).json()["next_cursor"]
+    history_cursor = proxy.get(
+        "/state", params={"session": "pg0", "history": "1", "limit": "1"}
+    ).json()["next_cursor"]
+    bad = [
+        {"limit": "0"},
+        {"limit": "1001"},
+        {"limit": "-1"},
+        {"limit": "two"},
+        {"cursor": "%%%"},
+        {"cursor": "bm90IGpzb24"},
+        {"cursor": history_cursor},
+        {"session": "pg0", "history": "1", "cursor": sessions_cursor},
+        {"session": "pg1", "history": "1", "cursor": history_cursor},
+        {"session": "pg0", "history": "1", "limit": "x"},
+    ]
+    for params in bad:
+        r = proxy.get("/state", params=params)
+        assert r.status_code == 400, (params, r.text)
+        assert r.json()["error"]["param"] in ("limit", "cursor"), params

@@ -98,6 +98,19 @@ class Store(Protocol):
 
     async def list_sessions(self) -> list[dict[str, Any]]: ...
     async def history(self, session: str) -> list[TransitionRecord]: ...
+    async def sessions_page(
+        self, limit: int, after: tuple[float, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` sessions, most recently updated first (ties by id), after the
+        ``(updated, id)`` of the previous page's last one."""
+        ...
+
+    async def history_page(
+        self, session: str, limit: int, after_step: int = 0
+    ) -> list[TransitionRecord]:
+        """Up to ``limit`` transitions of ``session`` after step ``after_step``, in order."""
+        ...
+
     async def delete(self, session: str) -> bool: ...
     async def purge_sessions(self, older_than: float) -> int: ...
 

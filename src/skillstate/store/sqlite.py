@@ -567,6 +567,53 @@ class SQLiteStore:
 
         return await self._run(history)
 
+    # -- pages (GET /state and ?history=1) ----------------------------------------------
+
+    async def sessions_page(
+        self, limit: int, after: tuple[float, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` sessions, most recently updated first (ties by id), starting
+        after the ``(updated, id)`` of the last one of the previous page."""
+        sql = "SELECT id, step, updated, length(state) FROM sessions"
+        args: tuple[Any, ...] = ()
+        if after is not None:
+            sql += " WHERE updated < ? OR (updated = ? AND id > ?)"
+            args = (after[0], after[0], after[1])
+        sql += " ORDER BY updated DESC, id LIMIT ?"
+
+        def page(db: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows = db.execute(sql, (*args, limit)).fetchall()
+            return [
+                {"session": r[0], "step": r[1], "updated": r[2], "state_bytes": r[3]} for r in rows
+            ]
+
+        return await self._run(page)
+
+    async def history_page(
+        self, session: str, limit: int, after_step: int = 0
+    ) -> list[TransitionRecord]:
+        """Up to ``limit`` transitions of ``session`` after step ``after_step``, in order."""
+
+        def page(db: sqlite3.Connection) -> list[TransitionRecord]:
+            rows = db.execute(
+                "SELECT step, status, patch, action, errors, ts FROM transitions"
+                " WHERE session = ? AND step > ? ORDER BY step LIMIT ?",
+                (session, after_step, limit),
+            ).fetchall()
+            return [
+                TransitionRecord(
+                    step=r[0],
+                    status=r[1],
+                    patch=orjson.loads(r[2]) if r[2] else None,
+                    action=r[3],
+                    errors=orjson.loads(r[4]),
+                    ts=r[5],
+                )
+                for r in rows
+            ]
+
+        return await self._run(page)
+
     async def delete(self, session: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
             with _transaction(db):

@@ -13,6 +13,7 @@ from ..errors import ProxyError
 from ..http import JSONResponse, error_response, read_json_object
 from ..session import is_valid_session_id
 from ..store import StoreError, TransitionRecord
+from .paging import HISTORY_PAGE, SESSIONS_PAGE, decode_cursor, encode_cursor, parse_limit
 from .runtime import Runtime, runtime
 
 
@@ -31,7 +32,7 @@ async def _state(request: Request, rt: Runtime) -> Response:
     if session is None:
         if request.method != "GET":
             raise ProxyError("invalid_request", "?session=ID is required", param="session")
-        return JSONResponse({"sessions": await rt.store.list_sessions()})
+        return await _list(request, rt)
     if not is_valid_session_id(session):
         raise ProxyError("invalid_request", "invalid session id: must match ^[A-Za-z0-9_-]{1,128}$")
     handler = _BY_METHOD[request.method]
@@ -51,8 +52,51 @@ async def _read(request: Request, rt: Runtime, session: str) -> Response:
         "updated": record.updated,
     }
     if request.query_params.get("history") in ("1", "true", "yes"):
-        out["history"] = [_transition(t) for t in await rt.store.history(session)]
+        history, out["next_cursor"] = await _history_page(request, rt, session)
+        out["history"] = [_transition(t) for t in history]
     return JSONResponse(out)
+
+
+async def _list(request: Request, rt: Runtime) -> Response:
+    """One page of sessions, most recently updated first; ``next_cursor`` is null on the
+    last page. A session updated during a walk moves to the front (a new walk sees it)."""
+    q = request.query_params
+    limit = parse_limit(q.get("limit"), SESSIONS_PAGE)
+    after: tuple[float, str] | None = None
+    if q.get("cursor") is not None:
+        position = decode_cursor(q["cursor"], "sessions")
+        if (
+            len(position) != 2
+            or not isinstance(position[0], (int, float))
+            or not isinstance(position[1], str)
+        ):
+            raise ProxyError("invalid_request", "invalid cursor for this listing", param="cursor")
+        after = (float(position[0]), position[1])
+    rows = await rt.store.sessions_page(limit + 1, after)
+    page, more = rows[:limit], len(rows) > limit
+    last = page[-1] if page else None
+    cursor = (
+        encode_cursor("sessions", [last["updated"], last["session"]]) if more and last else None
+    )
+    return JSONResponse({"sessions": page, "next_cursor": cursor})
+
+
+async def _history_page(
+    request: Request, rt: Runtime, session: str
+) -> tuple[list[TransitionRecord], str | None]:
+    """One page of a session's transitions in step order, and the cursor of the next."""
+    q = request.query_params
+    limit = parse_limit(q.get("limit"), HISTORY_PAGE)
+    after_step = 0
+    if q.get("cursor") is not None:
+        position = decode_cursor(q["cursor"], "history")
+        if len(position) != 2 or position[0] != session or type(position[1]) is not int:
+            raise ProxyError("invalid_request", "invalid cursor for this listing", param="cursor")
+        after_step = position[1]
+    rows = await rt.store.history_page(session, limit + 1, after_step)
+    page, more = rows[:limit], len(rows) > limit
+    cursor = encode_cursor("history", [session, page[-1].step]) if more and page else None
+    return page, cursor
 
 
 def _transition(t: TransitionRecord) -> dict[str, Any]:
