@@ -177,7 +177,10 @@ def render() -> str:
     """The reference as Markdown: one table per model, every field of the model in order."""
     problems = missing_descriptions()
     if problems:
-        raise ValueError("configuration reference out of date: " + "; ".join(problems))
+        raise ValueError(
+            "configuration reference out of date (edit DESCRIPTIONS in "
+            "scripts/config_reference.py): " + "; ".join(problems)
+        )
     env = env_vars()
     out = []
     for title, model in SECTIONS:

@@ -110,7 +110,7 @@ export async function render(main, id) {
         diffTable(states[i].before, states[i].after),
         t.errors && t.errors.length ? h("ul", { class: "t-errors" }, t.errors.map((e) => h("li", {}, e))) : null));
     }
-    put(timeline, h("div", { class: "card-head" }, h("h2", {}, "Timeline"), h("span", { class: "muted small" }, `${fmt.int(n)} transitions`)),
+    put(timeline, h("div", { class: "card-head" }, h("h2", {}, "Timeline"), h("span", { class: "muted small" }, `${fmt.int(n)} transition${n === 1 ? "" : "s"}`)),
       n ? h("ol", { class: "timeline" }, items) : h("p", { class: "muted" }, "No transitions recorded."),
       n > shown ? h("button", { type: "button", onclick: () => { shown += TIMELINE_PAGE; drawTimeline(); } }, `Show ${Math.min(TIMELINE_PAGE, n - shown)} older`) : null);
   }
