@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from jiter import from_json
 
 from skillstate.dialects import sse
-from skillstate.dialects.anthropic import validate_anthropic_request
+from skillstate.dialects.anthropic import ANTHROPIC, validate_anthropic_request
 from skillstate.dialects.openai import validate_openai_request
 from skillstate.dialects.translate import (
     AnthropicStreamToOpenAI,
@@ -669,7 +669,7 @@ def _without(key: str) -> dict[str, Any]:
 )
 def test_validation_rejects(body: Any, match: str) -> None:
     err = raises_invalid(validate_anthropic_request, body, match=match)
-    assert err.body("anthropic")["error"]["type"] == "invalid_request_error"
+    assert ANTHROPIC.error_body(err)["error"]["type"] == "invalid_request_error"
     # on the way to an OpenAI upstream the dialect validates once; the translator trusts it
     raises_invalid(validated_to_openai, body, match=match)
 

@@ -1,26 +1,26 @@
-"""Precise, dialect-neutral errors. Each one knows its HTTP status and how to render itself
-as an OpenAI or an Anthropic error object."""
+"""Precise, dialect-neutral errors: a kind, a message and an HTTP status. Each dialect
+renders them as its own error object (``Dialect.error_body`` / ``error_status`` in
+``skillstate.dialects``)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-Dialect = Literal["openai", "anthropic"]
+Dialect = str  # a dialect's registry name ("openai", "anthropic"): see skillstate.dialects
 
-# kind -> (default status, OpenAI error type, Anthropic error type)
-_KINDS: dict[str, tuple[int, str, str]] = {
-    "invalid_request": (400, "invalid_request_error", "invalid_request_error"),
-    "authentication": (401, "authentication_error", "authentication_error"),
-    "permission": (403, "permission_error", "permission_error"),
-    "not_found": (404, "not_found_error", "not_found_error"),
-    # Anthropic has no conflict type; 409 with invalid_request_error is what its API sends.
-    "conflict": (409, "invalid_request_error", "invalid_request_error"),
-    "request_too_large": (413, "invalid_request_error", "request_too_large"),
-    "rate_limit": (429, "rate_limit_error", "rate_limit_error"),
-    "api_error": (500, "api_error", "api_error"),
-    "upstream_unreachable": (502, "api_error", "api_error"),
-    "timeout": (504, "timeout_error", "timeout_error"),
-    "overloaded": (529, "overloaded_error", "overloaded_error"),
+# kind -> default status. Every dialect maps every kind to its own error type.
+KINDS: dict[str, int] = {
+    "invalid_request": 400,
+    "authentication": 401,
+    "permission": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "request_too_large": 413,
+    "rate_limit": 429,
+    "api_error": 500,
+    "upstream_unreachable": 502,
+    "timeout": 504,
+    "overloaded": 529,
 }
 
 
@@ -37,34 +37,16 @@ class ProxyError(Exception):
         retry_after: float | None = None,
         param: str | None = None,
     ) -> None:
-        if kind not in _KINDS:
+        if kind not in KINDS:
             raise ValueError(f"unknown error kind {kind!r}")
         super().__init__(message)
         self.kind = kind
         self.message = message
-        self.status = status if status is not None else _KINDS[kind][0]
+        self.status = status if status is not None else KINDS[kind]
         self.code = code or kind
         self.retry_after = retry_after
         self.param = param
         self.attempts: list[Any] = []  # upstream attempts that led here (for the ledger)
-
-    def status_for(self, dialect: Dialect) -> int:
-        """The HTTP status for a client of ``dialect``: 529 is Anthropic's "overloaded";
-        OpenAI clients know 503."""
-        return 503 if self.kind == "overloaded" and dialect == "openai" else self.status
-
-    def body(self, dialect: Dialect) -> dict[str, Any]:
-        _, openai_type, anthropic_type = _KINDS[self.kind]
-        if dialect == "anthropic":
-            return {"type": "error", "error": {"type": anthropic_type, "message": self.message}}
-        return {
-            "error": {
-                "message": self.message,
-                "type": openai_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
     def headers(self) -> dict[str, str]:
         if self.retry_after is None:

@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from .dialects.registry import get_dialect
 from .errors import Dialect, ProxyError
 from .jsondepth import MAX_JSON_DEPTH, nesting_exceeds
 
@@ -29,9 +30,11 @@ class JSONResponse(Response):
 def error_response(
     err: ProxyError, dialect: Dialect, headers: Mapping[str, str] | None = None
 ) -> Response:
+    """``err`` as the error object of ``dialect`` (a registry name), with its status."""
+    d = get_dialect(dialect)
     return JSONResponse(
-        err.body(dialect),
-        status_code=err.status_for(dialect),
+        d.error_body(err),
+        status_code=d.error_status(err),
         headers={**(headers or {}), **err.headers()},
     )
 

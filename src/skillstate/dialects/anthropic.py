@@ -17,6 +17,21 @@ from .capture import RelayCapture
 from .usage import optional_token_count, token_count
 
 NAME: Final = "anthropic"
+# ProxyError kind -> Anthropic error type
+_ERROR_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    # Anthropic has no conflict type; 409 with invalid_request_error is what its API sends.
+    "conflict": "invalid_request_error",
+    "request_too_large": "request_too_large",
+    "rate_limit": "rate_limit_error",
+    "api_error": "api_error",
+    "upstream_unreachable": "api_error",
+    "timeout": "timeout_error",
+    "overloaded": "overloaded_error",
+}
 
 
 # -- request checks ----------------------------------------------------------------------
@@ -446,10 +461,10 @@ class AnthropicDialect:
         return usage_from_anthropic(raw)
 
     def error_body(self, err: ProxyError) -> JSON:
-        return err.body(NAME)
+        return {"type": "error", "error": {"type": _ERROR_TYPES[err.kind], "message": err.message}}
 
     def error_status(self, err: ProxyError) -> int:
-        return err.status_for(NAME)
+        return err.status
 
     def relayed_error(self, raw: bytes, status: int) -> tuple[int, bytes] | None:
         body = json_error_object(raw)

@@ -21,6 +21,20 @@ NAME: Final = "openai"
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 _RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+# ProxyError kind -> OpenAI error type
+_ERROR_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "conflict": "invalid_request_error",
+    "request_too_large": "invalid_request_error",
+    "rate_limit": "rate_limit_error",
+    "api_error": "api_error",
+    "upstream_unreachable": "api_error",
+    "timeout": "timeout_error",
+    "overloaded": "overloaded_error",
+}
 
 
 # -- request checks ----------------------------------------------------------------------
@@ -340,10 +354,18 @@ class OpenAIDialect:
         return usage_from_openai(raw)
 
     def error_body(self, err: ProxyError) -> JSON:
-        return err.body(NAME)
+        return {
+            "error": {
+                "message": err.message,
+                "type": _ERROR_TYPES[err.kind],
+                "param": err.param,
+                "code": err.code,
+            }
+        }
 
     def error_status(self, err: ProxyError) -> int:
-        return err.status_for(NAME)
+        # 529 is Anthropic's "overloaded"; OpenAI clients know 503.
+        return 503 if err.kind == "overloaded" else err.status
 
     def relayed_error(self, raw: bytes, status: int) -> tuple[int, bytes] | None:
         if json_error_object(raw) is None:

@@ -6,6 +6,7 @@ import uuid
 
 from ...errors import ProxyError
 from .. import sse
+from ..anthropic import ANTHROPIC
 from ..capture import TextCapture
 from .common import (
     JSON,
@@ -198,7 +199,7 @@ class OpenAIStreamToAnthropic:
         """An Anthropic ``event: error``; the stream is over after it."""
         self._done = True
         if isinstance(message, ProxyError):
-            return sse.encode(message.body("anthropic"), event="error")
+            return sse.encode(ANTHROPIC.error_body(message), event="error")
         return sse.encode(
             {"type": "error", "error": {"type": error_type, "message": message}}, event="error"
         )

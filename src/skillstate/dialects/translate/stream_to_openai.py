@@ -9,6 +9,7 @@ from typing import Any
 from ...errors import ProxyError
 from .. import sse
 from ..capture import TextCapture
+from ..openai import OPENAI
 from .common import (
     JSON,
     _dumps,
@@ -272,7 +273,7 @@ class AnthropicStreamToOpenAI:
         """``data: {"error": {...}}`` in OpenAI's error shape; the stream is over after it."""
         self._done = True
         if isinstance(message, ProxyError):
-            return sse.encode(message.body("openai"))
+            return sse.encode(OPENAI.error_body(message))
         return sse.encode(
             {"error": {"message": message, "type": error_type, "param": None, "code": None}}
         )
