@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-real test-ui docs lint install demo bench clean
+.PHONY: test test-unit test-real test-ui docs lint install smoke demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,12 +15,27 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests scripts
-	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/ruff check src tests scripts scripts/wheel-smoke
+	$(BIN)/ruff format --check src tests scripts scripts/wheel-smoke
 	$(BIN)/mypy src
 
 test: lint
 	$(BIN)/pytest tests
+
+# The unit tier: every test module but the end-to-end (test_e2e_*), soak, CLI-process and
+# benchmark ones. .ci/run runs it on each CPython 3.10-3.13 under pyenv other than the one the
+# full suite ran on, each in its own venv: make test-unit PY=python3.X VENV=.venvs/3.X
+UNIT_TESTS = $(filter-out tests/test_e2e_% tests/test_soak.py tests/test_cli.py tests/test_bench%, \
+	$(wildcard tests/test_*.py))
+
+test-unit: $(STAMP)
+	$(BIN)/pytest $(UNIT_TESTS)
+
+# The packaged proxy: build the wheel and the sdist (offline), install the wheel into a clean
+# venv per interpreter in SMOKE_PYTHONS (default: this venv's) and smoke it: --version, the demo,
+# one proxied turn against tests/fakeprovider.py, no benchmark or test dependency installed.
+smoke: $(STAMP)
+	$(BIN)/python scripts/wheel-smoke $(foreach p,$(SMOKE_PYTHONS),--python $(p))
 
 # The real tier: the proxy in front of llama.cpp + SmolLM2-135M (scripts/real-upstream builds
 # and caches it in ~/.cache/skillstate/llama; SKILLSTATE_REAL_UPSTREAM=URL uses a running one).
@@ -52,4 +67,4 @@ bench: $(STAMP)
 	$(BIN)/skillstate bench overhead
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venvs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
