@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import Proxy, StartProxy
+from tests.conftest import Proxy, StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, Reply
 
 LOCK_DB = """
@@ -127,3 +127,33 @@ def test_patch_state_is_bounded_in_size_and_depth(fake: FakeProvider, proxy: Pro
     r = patch({"facts": [[] for _ in range(20_000)]})  # 60 KB of JSON, ~1.5 MB parsed
     assert r.status_code == 400 and "limit" in r.json()["error"]["message"]
     assert proxy.state("op") == before
+
+
+def test_an_absurd_usage_report_wedges_neither_the_store_nor_shutdown(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess
+) -> None:
+    # Issue 13 item 3's repro through the wire: prompt_tokens = 2^53 on a turn whose
+    # transcript is > 1,024x the compact context put baseline_input_tokens past SQLite's
+    # 2^63; the OverflowError on the store thread hung every later write and SIGTERM. Counts
+    # are now bounded where usage is parsed and again where rows are stored (the store's own
+    # unit tests check the second line of defence alone).
+    p = start_proxy_process(fake.url + "/v1", "--schema", "notes")
+    fake.enqueue(Reply(text=envelope({"notes": "big"}), usage={"prompt_tokens": 2**53}))
+    transcript = [{"role": "user", "content": "word " * 2000} for _ in range(400)]  # ~4 MB
+    r = httpx.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "messages": [*transcript, {"role": "user", "content": "x"}]},
+        headers={"x-skillstate-session": "big"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    fake.enqueue(Reply(text=envelope({"notes": "after"})))
+    assert chat(p, "big").status_code == 200  # the store still writes
+    assert p.state("big")["step"] == 2
+    assert p.get("/health").status_code == 200
+    cost = p.get("/cost", params={"session": "big"}).json()
+    assert cost["totals"]["input_tokens"] >= 2**53
+    assert cost["totals"]["baseline_input_tokens"] >= 2**53  # clamped, not lost
+    err = p.stop()
+    assert p.proc is not None and p.proc.returncode in (0, -15), err
+    assert "Traceback" not in err

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from skillstate.ledger import LedgerRow
+from skillstate.ledger import MAX_TOKEN_COUNT, LedgerRow
 from skillstate.store import StoreError, StoreFull, StoreUnavailable, TransitionRecord
 from skillstate.store.datadir import lock_data_dir, unlock_data_dir
-from skillstate.store.sqlite import MAX_COUNT, MAX_USD, SQLiteStore
+from skillstate.store.sqlite import MAX_USD, SQLiteStore
 
 
 def transition(step: int) -> TransitionRecord:
@@ -156,7 +156,7 @@ async def test_numbers_beyond_what_sqlite_holds_are_clamped(tmp_path: Path) -> N
         )  # fmt: skip
         assert step == 1
         (row,) = await store.ledger_rows(0, math.inf)
-        assert row.input_tokens == MAX_COUNT and row.baseline_input_tokens == MAX_COUNT
+        assert row.input_tokens == MAX_TOKEN_COUNT and row.baseline_input_tokens == MAX_TOKEN_COUNT
         assert row.output_tokens == 0 and row.status == 999
         assert row.cost_usd == MAX_USD and row.baseline_cost_usd is None
         assert row.model is not None and len(row.model) == 256

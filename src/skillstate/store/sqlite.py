@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ..ledger import LedgerRow
+from ..ledger import MAX_TOKEN_COUNT, LedgerRow
 from .base import (
     SessionRecord,
     StepConflict,
@@ -84,13 +84,12 @@ _LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
 
 # Sane ranges for what goes into the store, whatever an upstream reported: SQLite integers
 # stop at 2^63 (OverflowError beyond), and nothing real comes near these ceilings.
-MAX_COUNT = 2**53  # tokens and steps: still exact as a double and in JavaScript
 MAX_USD = 1e12
 MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z
 MAX_LABEL_CHARS = 256  # model, upstream and other names in a ledger row
 
 
-def clamp_count(value: Any, ceiling: int = MAX_COUNT) -> int | None:
+def clamp_count(value: Any, ceiling: int = MAX_TOKEN_COUNT) -> int | None:
     """An int in [0, ceiling], or None for no number (None, NaN, not a number)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return None
