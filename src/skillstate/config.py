@@ -18,6 +18,8 @@ import jsonschema
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .dialects.registry import DIALECTS
+
 DEFAULT_PORT = 8789
 MiB = 1024 * 1024
 DAY = 86400.0
@@ -42,7 +44,7 @@ class Upstream(BaseModel):
     url: str
     api_key: str | None = None
     priority: int = 0
-    kind: Literal["openai", "anthropic"] = "openai"
+    kind: str = "openai"  # a wire format in skillstate.dialects.registry.DIALECTS
     models: list[str] = Field(default_factory=list)  # fnmatch patterns; empty = every model
     rpm: int | None = Field(default=None, ge=0)
     tpm: int | None = Field(default=None, ge=0)
@@ -61,6 +63,13 @@ class Upstream(BaseModel):
         host = (urlsplit(self.url).hostname or "").lower()
         openai_host = host == "api.openai.com" or host.endswith(".openai.azure.com")
         return "max_completion_tokens" if openai_host else "max_tokens"
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in DIALECTS:
+            raise ValueError(f"must be one of {', '.join(sorted(DIALECTS))}, got {v!r}")
+        return v
 
     @field_validator("url")
     @classmethod
