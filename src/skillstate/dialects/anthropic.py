@@ -436,6 +436,7 @@ class AnthropicDialect:
     """Anthropic Messages (``POST /v1/messages``)."""
 
     name = NAME
+    client_path = "/messages"
     upstream_path = "/messages"
     count_tokens_path: str | None = "/messages/count_tokens"
     context: DialectContext = AnthropicContext()

@@ -50,6 +50,7 @@ class Dialect(Protocol):
     """One wire format, both as what a client speaks and as an upstream's ``kind``."""
 
     name: str  # the registry key, the config's upstream ``kind`` and the stored label
+    client_path: str  # where clients POST a turn (served with and without ``/v1``)
     upstream_path: str  # where a turn is POSTed, under the upstream's base URL
     count_tokens_path: str | None  # a native token-counting endpoint, if the format has one
     context: DialectContext  # where a transcript keeps system text and tool results

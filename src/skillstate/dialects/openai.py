@@ -328,6 +328,7 @@ class OpenAIDialect:
     """OpenAI chat completions (``POST /v1/chat/completions``)."""
 
     name = NAME
+    client_path = "/chat/completions"
     upstream_path = "/chat/completions"
     count_tokens_path: str | None = None
     context: DialectContext = OpenAIContext()

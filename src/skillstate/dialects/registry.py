@@ -50,6 +50,17 @@ def get_dialect(name: str) -> Dialect:
     return DIALECTS[name]
 
 
+def dialect_for_path(path: str) -> str | None:
+    """The dialect whose client routes serve ``path`` (its turn or token-counting path)."""
+    path = path.rstrip("/")
+    for d in DIALECTS.values():
+        if path.endswith(d.client_path) or (
+            d.count_tokens_path is not None and path.endswith(d.count_tokens_path)
+        ):
+            return d.name
+    return None
+
+
 def bridge(client: str, upstream: str) -> Bridge:
     """The translation from a client's format to an upstream kind's (two different names)."""
     try:

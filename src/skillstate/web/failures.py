@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..catalog import catalog_dialect
+from ..dialects.registry import dialect_for_path
 from ..errors import Dialect, ProxyError
 from ..http import error_response
 
@@ -18,9 +19,7 @@ log = logging.getLogger("skillstate")
 def dialect_of(request: Request) -> Dialect:
     """The dialect of an error outside the turn routes: by path, else by the Anthropic SDK's
     own header."""
-    if request.url.path.rstrip("/").endswith(("/messages", "/messages/count_tokens")):
-        return "anthropic"
-    return catalog_dialect(request.headers)
+    return dialect_for_path(request.url.path) or catalog_dialect(request.headers)
 
 
 async def not_found(request: Request, exc: Exception) -> Response:

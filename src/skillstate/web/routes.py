@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
+from ..dialects.registry import DIALECTS
 from ..ui import ui_routes
 from .info import cost, health, models
 from .state import state
-from .turns import chat_completions, messages, messages_count_tokens
+from .turns import messages_count_tokens, turn_endpoint
 
 ROUTES = [
-    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/chat/completions", chat_completions, methods=["POST"]),
-    Route("/v1/messages", messages, methods=["POST"]),
-    Route("/messages", messages, methods=["POST"]),
+    # One turn route per dialect in the registry (/v1/chat/completions, /v1/messages, ...).
+    *(
+        Route(prefix + d.client_path, turn_endpoint(d.name), methods=["POST"])
+        for d in DIALECTS.values()
+        for prefix in ("/v1", "")
+    ),
     Route("/v1/messages/count_tokens", messages_count_tokens, methods=["POST"]),
     Route("/messages/count_tokens", messages_count_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),

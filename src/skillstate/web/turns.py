@@ -3,7 +3,7 @@ parse the request into a ``Turn``, hand it to the pipeline, render what comes ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -73,14 +73,15 @@ async def _turn(request: Request, dialect: Dialect, validate: Callable[[Any], No
     return StreamingProxyResponse(result.chunks, result.headers, result.abort)
 
 
-async def chat_completions(request: Request) -> Response:
-    """An OpenAI chat completion turn."""
-    return await _turn(request, "openai", get_dialect("openai").validate)
+def turn_endpoint(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+    """The handler of one dialect's turn route (``Dialect.client_path``)."""
+    validate = get_dialect(dialect).validate
 
+    async def handle(request: Request) -> Response:
+        return await _turn(request, dialect, validate)
 
-async def messages(request: Request) -> Response:
-    """An Anthropic Messages turn."""
-    return await _turn(request, "anthropic", get_dialect("anthropic").validate)
+    handle.__name__ = handle.__qualname__ = f"{dialect}_turn"
+    return handle
 
 
 async def messages_count_tokens(request: Request) -> Response:
