@@ -76,6 +76,18 @@ export async function listSessions({ limit, cursor }) {
   return { sessions, next: null, all: sessions };
 }
 
+/** Every session (all pages), for a search across them; stops after `max` sessions. */
+export async function allSessions(max = 20000) {
+  let out = [];
+  let cursor = null;
+  do {
+    const data = await api("/state", { params: { limit: 1000, cursor } });
+    out = out.concat(data.sessions || []);
+    cursor = data.next_cursor || null;
+  } while (cursor && out.length < max);
+  return out;
+}
+
 /** /cost as of a window; since/until as unix seconds (sent as ISO with microseconds). */
 export function cost({ since, until, group_by, session } = {}) {
   return api("/cost", {

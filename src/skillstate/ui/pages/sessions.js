@@ -1,5 +1,5 @@
 // Sessions: a searchable, paginated list.
-import { listSessions } from "../api.js";
+import { allSessions, listSessions } from "../api.js";
 import { fmt, h, put } from "../dom.js";
 
 const PAGE = 25;
@@ -7,16 +7,20 @@ const PAGE = 25;
 export async function render(main) {
   let cursors = [null]; // server cursors of the pages seen so far (server-side pagination)
   let pageNo = 0;
-  let all = null; // the whole list, when the proxy does not paginate
+  let all = null; // the whole list: the proxy does not paginate, or a search needs every page
+  let paged = false; // the proxy paginates /state
   let query = "";
   let last = null;
+  let searching = 0;
 
   const search = h("input", {
     type: "search", placeholder: "Search session ids", "aria-label": "Search sessions",
-    oninput: () => {
+    oninput: async () => {
       query = search.value.trim().toLowerCase();
-      pageNo = all ? 0 : pageNo;
-      draw();
+      pageNo = 0;
+      const mine = ++searching;
+      await load();
+      if (mine === searching) draw();
     },
   });
   const count = h("span", { class: "muted small" });
@@ -24,7 +28,13 @@ export async function render(main) {
   const pager = h("div", { class: "pager" });
 
   async function load() {
+    if (paged && query) {
+      // The proxy pages by recency only: a search looks through every page.
+      all = await allSessions();
+      return;
+    }
     last = await listSessions({ limit: PAGE, cursor: cursors[pageNo] });
+    paged = !last.all;
     all = last.all;
     if (!all && last.next) cursors[pageNo + 1] = last.next;
   }
@@ -56,7 +66,7 @@ export async function render(main) {
 
   async function go(n) {
     pageNo = n;
-    if (!all) await load();
+    if (paged && !query) await load();
     draw();
   }
 
