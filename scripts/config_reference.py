@@ -8,6 +8,7 @@ directly to print the page's table: ``python scripts/config_reference.py``.
 
 from __future__ import annotations
 
+import enum
 import json
 import types
 from typing import Any, Literal, Union, get_args, get_origin
@@ -139,6 +140,8 @@ def _type_text(ann: Any) -> str:
     origin = get_origin(ann)
     if origin is Literal:
         return " or ".join(f"`{json.dumps(a)}`" for a in args)
+    if isinstance(ann, type) and issubclass(ann, enum.Enum):  # skillstate.choices
+        return " or ".join(f"`{json.dumps(m.value)}`" for m in ann)
     if origin in (Union, types.UnionType):
         return " or ".join("`null`" if a is type(None) else _type_text(a) for a in args)
     if not args:

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import __version__
+from .choices import Constrain, GroupBy, Mode
 from .config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings
 
-ENDPOINTS = """endpoints:
+ENDPOINTS = (
+    """endpoints:
   POST /v1/chat/completions   OpenAI chat completions (JSON and SSE, tools)
   POST /v1/messages           Anthropic Messages (JSON and SSE, tools)
   POST /v1/messages/count_tokens   tokens the turn would send upstream
@@ -20,14 +22,18 @@ ENDPOINTS = """endpoints:
   GET  /state[?session=ID[&history=1]]   list sessions, or one session's state
   PATCH /state?session=ID     operator correction (body: a JSON merge patch)
   DELETE /state?session=ID    forget a session
-  GET  /cost[?since=24h&session=ID&group_by=model|upstream|session|day]"""
+  GET  /cost[?since=24h&session=ID&group_by="""
+    + GroupBy.spelled("|")
+    + "]"
+)
 
-SESSION_HELP = """session header:
-  x-skillstate-session: ID    ([A-Za-z0-9_-]{1,128}) names the session whose state this turn
+SESSION_HELP = f"""session header:
+  x-skillstate-session: ID    ([A-Za-z0-9_-]{{1,128}}) names the session whose state this turn
                               reads and updates; without it a new session is created. The id in
                               use comes back in the same response header.
-  x-skillstate-mode: state|passthrough|auto   per-request mode (default from config)
-  x-skillstate-constrain: json_schema|off     constrained decoding of the state envelope"""
+  x-skillstate-mode: {Mode.spelled("|")}   per-request mode (default from config)
+  x-skillstate-constrain: {"|".join(reversed(Constrain.values()))}     constrained decoding of \
+the state envelope"""
 
 
 def _env_help() -> str:
@@ -61,7 +67,7 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen host (default 127.0.0.1)")
     p.add_argument("--schema", metavar="KEYS", help="comma-separated allowed state keys")
     p.add_argument("--data-dir", metavar="DIR", help="store directory (default ~/.skillstate)")
-    p.add_argument("--mode", choices=["state", "passthrough", "auto"], help="default mode")
+    p.add_argument("--mode", choices=Mode.values(), help="default mode")
     p.add_argument("--verbose", action="store_const", const=True, help="log one line per request")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", help="run the proxy (the default)")

@@ -18,6 +18,7 @@ import jsonschema
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .choices import Constrain, Mode
 from .dialects.registry import DIALECTS
 
 DEFAULT_PORT = 8789
@@ -97,8 +98,8 @@ class Settings(BaseModel):
     state_schema: dict[str, Any] | None = None
     data_dir: Path = Field(default_factory=lambda: Path("~/.skillstate"))
     verbose: bool = False
-    mode: Literal["state", "passthrough", "auto"] = "state"
-    constrain: Literal["off", "json_schema"] = "off"
+    mode: Mode = Mode.STATE
+    constrain: Constrain = Constrain.OFF
     schema_violation: Literal["reject", "drop"] = "reject"
 
     max_body_bytes: int = Field(default=16 * MiB, ge=1024)
@@ -216,7 +217,7 @@ ENV_VARS = {
     "SKILLSTATE_CONFIG": "path of the JSON config file",
     "SKILLSTATE_DATA_DIR": "where the SQLite store lives (default ~/.skillstate)",
     "SKILLSTATE_VERBOSE": "1 to log one line per request",
-    "SKILLSTATE_MODE": "state | passthrough | auto",
+    "SKILLSTATE_MODE": Mode.spelled(),
 }
 
 _TRUE = {"1", "true", "yes", "on"}

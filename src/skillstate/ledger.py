@@ -69,6 +69,7 @@ from datetime import datetime, timezone
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal
 
+from skillstate.choices import GroupBy
 from skillstate.pricing import PriceBook, Prices
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
 KINDS: tuple[Kind, ...] = ("generation", "stream", "rollback-retry", "transport-retry")
 TURN_KINDS: frozenset[str] = frozenset({"generation", "stream"})
 RETRY_KINDS: frozenset[str] = frozenset({"rollback-retry", "transport-retry"})
-GROUP_BY: tuple[str, ...] = ("model", "upstream", "session", "day")
+GROUP_BY: tuple[str, ...] = GroupBy.values()
 
 NOTE = (
     "Local estimate from upstream-reported token usage and bundled (genai-prices) or "

@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from . import constrain, context
+from .choices import ContextShape, Mode
 from .config import Settings
 from .context import EnvelopeForm
 from .dialects import sse
@@ -41,8 +42,6 @@ from .upstream.client import Exchange, Outbound, UpstreamPool
 log = logging.getLogger("skillstate")
 T = TypeVar("T")
 
-MODES = ("state", "passthrough", "auto")
-CONSTRAIN_VALUES = ("off", "json_schema")
 CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
 CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-ask
 ACTION_MAX_CHARS = 1000  # of the model's "action", as stored and shown
@@ -59,7 +58,7 @@ class Turn:
     body: dict[str, Any]
     headers: Mapping[str, str]  # lower-case names
     session: str
-    mode: str
+    mode: Mode
     constrain: bool = False
 
     @property
@@ -252,21 +251,24 @@ class Pipeline:
 
     def build_context(
         self, turn: Turn, state: dict[str, Any], schema: list[str]
-    ) -> tuple[dict[str, Any], str]:
-        if turn.mode == "passthrough":
-            return turn.body, "passthrough"
+    ) -> tuple[dict[str, Any], ContextShape]:
+        """The body to send upstream for this turn, and which shape it is."""
+        if turn.mode == Mode.PASSTHROUGH:
+            return turn.body, ContextShape.PASSTHROUGH
         form = turn.envelope_form
         adapter = get_dialect(turn.dialect).context
         compact = context.build_compact(adapter, turn.body, schema, state, form)
-        if turn.mode == "state":
-            return compact, "compact"
+        if turn.mode == Mode.STATE:
+            return compact, ContextShape.COMPACT
         full = context.build_full(adapter, turn.body, schema, form)
-        return (compact, "compact") if _est(compact) < _est(full) else (full, "full")
+        if _est(compact) < _est(full):
+            return compact, ContextShape.COMPACT
+        return full, ContextShape.FULL
 
     async def preview(self, turn: Turn) -> dict[str, Any]:
         """The body this turn would send upstream now (in the client's dialect): nothing is
         sent or committed and no lock is taken (e.g. for ``/v1/messages/count_tokens``)."""
-        if turn.mode == "passthrough":
+        if turn.mode == Mode.PASSTHROUGH:
             return turn.body
         record = await self.store.load(turn.session)
         state = record.state if record else self.settings.initial_state
@@ -282,7 +284,7 @@ class Pipeline:
         handed_over = False
         meter: TurnMeter | None = None
         try:
-            if turn.mode != "passthrough":
+            if turn.mode != Mode.PASSTHROUGH:
                 await stack.enter_async_context(self.locks.hold(turn.session))
                 record = await self.store.load(turn.session)
                 if record is None:
@@ -293,8 +295,8 @@ class Pipeline:
             step = record.step if record else 0
             schema = record.schema if record else self.settings.allowed_keys
             sent, shape = self.build_context(turn, state, schema)
-            est_client = _est(turn.body) if turn.mode != "passthrough" else None
-            ctx = MeterContext(turn.session, turn.mode, turn.model or None, est_client)
+            est_client = _est(turn.body) if turn.mode != Mode.PASSTHROUGH else None
+            ctx = MeterContext(turn.session, str(turn.mode), turn.model or None, est_client)
             meter = TurnMeter(self.prices, ctx)
             meta = _TurnMeta(turn, state, step, schema, record is None, shape, meter)
             out = self._outbound(turn, sent, schema, state)
@@ -343,7 +345,7 @@ class Pipeline:
             if answer is None:  # the re-ask failed: the previous answer stands
                 meta.meter.restore()
                 break
-            if turn.mode == "passthrough":
+            if turn.mode == Mode.PASSTHROUGH:
                 return self._reply(answer, meta, None, None, retries)
             text, tools = get_dialect(turn.dialect).reply_text(answer.resp)
             answer.outcome = self.judge(text, tools, meta.state, meta.schema, turn.envelope_form)
@@ -469,7 +471,7 @@ class Pipeline:
                     yield relay.error(problem)
                 return
             tail = relay.finish()
-            if turn.mode != "passthrough":
+            if turn.mode != Mode.PASSTHROUGH:
                 note = await self._commit_stream(meta, relay)
                 if isinstance(note, bytes):
                     yield note  # the error event: the reply is out but not committed
@@ -590,9 +592,9 @@ class Pipeline:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     def _base_headers(self, meta: _TurnMeta, ex: Exchange | None) -> dict[str, str]:
-        h = {SESSION_HEADER: meta.turn.session, "x-skillstate-mode": meta.turn.mode}
-        if meta.shape != "passthrough":
-            h["x-skillstate-context"] = meta.shape
+        h = {SESSION_HEADER: meta.turn.session, "x-skillstate-mode": str(meta.turn.mode)}
+        if meta.shape != ContextShape.PASSTHROUGH:
+            h["x-skillstate-context"] = str(meta.shape)
         if ex is not None:
             h.update(ex.relay_headers())
         return h
@@ -650,7 +652,7 @@ class _TurnMeta:
     step: int
     schema: list[str]
     is_new: bool
-    shape: str
+    shape: ContextShape
     meter: TurnMeter
 
 

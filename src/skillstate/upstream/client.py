@@ -24,7 +24,7 @@ from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
 from ..limits import Ticket, UpstreamLimits
 from .breaker import CircuitBreaker
-from .retry import Backoff, is_retryable_status, retry_after_from_headers
+from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
 # Never forwarded: hop-by-hop headers, our own, and what aiohttp sets itself.
 _DROP_REQUEST_HEADERS = frozenset(
@@ -346,7 +346,7 @@ class UpstreamPool:
                             return ex
                         # An error answer generated nothing: it costs no tokens.
                         up.limits.reconcile(ticket, 0)
-                        if not is_retryable_status(status) and status not in (401, 403):
+                        if not fails_over(status):
                             up.breaker.record_success()  # it answered; the request is wrong
                             ex.failed_attempts = _real(failures)
                             return ex
@@ -355,7 +355,7 @@ class UpstreamPool:
                         last_error = ex
                         last_record = AttemptRecord(up.name, status, f"HTTP {status}")
                         failures.append(last_record)
-                        if status in (401, 403):
+                        if is_key_rejected(status):
                             up.breaker.record_success()
                             break  # not retried on the same upstream: fail over
                         if status >= 500:

@@ -23,9 +23,16 @@ def is_retryable_status(status: int) -> bool:
     return status in RETRYABLE_STATUSES
 
 
+def is_key_rejected(status: int) -> bool:
+    """401/403: this upstream refuses the key. Not retried on it; the next upstream (with its
+    own key) may accept the request."""
+    return status in _AUTH_STATUSES
+
+
 def fails_over(status: int) -> bool:
-    """True: try the next upstream. False (other 4xx): return to the client immediately."""
-    return status in _AUTH_STATUSES or status in RETRYABLE_STATUSES
+    """True: try again or on the next upstream. False (other 4xx): the request itself is
+    wrong, so the answer goes back to the client at once."""
+    return is_key_rejected(status) or status in RETRYABLE_STATUSES
 
 
 def parse_retry_after(value: str | None, now_wall: float | None = None) -> float | None:

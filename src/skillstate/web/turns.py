@@ -4,29 +4,33 @@ parse the request into a ``Turn``, hand it to the pipeline, render what comes ba
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..choices import Choice, Constrain
 from ..config import Settings
 from ..counting import count_tokens
 from ..dialects.anthropic import validate_count_tokens_request
 from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..http import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
-from ..pipeline import CONSTRAIN_VALUES, MODES, Reply, Turn
+from ..pipeline import Reply, Turn
 from ..session import SESSION_HEADER, resolve_session_id
 from .runtime import runtime
 
+C = TypeVar("C", bound=Choice)
 
-def _header_choice(request: Request, name: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = request.headers.get(name, default).strip().lower()
-    if value not in allowed:
-        raise ProxyError(
-            "invalid_request", f"{name} must be one of {', '.join(allowed)}", param=name
-        )
-    return value
+
+def _header_choice(request: Request, name: str, default: C) -> C:
+    """The per-request override of a setting, one of its enum's values, else a 400."""
+    kind = type(default)
+    value = request.headers.get(name, default.value).strip().lower()
+    if value not in kind.values():
+        allowed = ", ".join(kind.values())
+        raise ProxyError("invalid_request", f"{name} must be one of {allowed}", param=name)
+    return kind(value)
 
 
 async def parse_turn(
@@ -39,17 +43,15 @@ async def parse_turn(
     """The request as a ``Turn``: a validated body plus the per-request mode headers."""
     body = await read_json_object(request, settings.max_body_bytes)
     validate(body)
-    mode = _header_choice(request, "x-skillstate-mode", settings.mode, MODES)
-    constrain = _header_choice(
-        request, "x-skillstate-constrain", settings.constrain, CONSTRAIN_VALUES
-    )
+    mode = _header_choice(request, "x-skillstate-mode", settings.mode)
+    constrain = _header_choice(request, "x-skillstate-constrain", settings.constrain)
     return Turn(
         dialect=dialect,
         body=body,
         headers={k.lower(): v for k, v in request.headers.items()},
         session=session,
         mode=mode,
-        constrain=constrain != "off",
+        constrain=constrain != Constrain.OFF,
     )
 
 
