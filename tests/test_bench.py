@@ -25,6 +25,7 @@ from skillstate.bench.runner import run_benchmark
 from skillstate.bench.simmodel import SIM_MODEL_ID, SimModel, sim_reply
 from skillstate.bench.workloads import ConversationWorkload, ToolsWorkload
 from skillstate.context import build_compact
+from skillstate.dialects.openai import OPENAI
 
 
 def _prompts(report: dict[str, Any], arm: str) -> list[int]:
@@ -190,7 +191,7 @@ def test_sim_answers_only_from_its_context() -> None:
 def test_sim_records_instructions_but_never_asides() -> None:
     w = ConversationWorkload(turns=3)  # turn 2 carries one RECORD and one aside
     body = build_compact(
-        "openai",
+        OPENAI.context,
         {
             "messages": [
                 {"role": "user", "content": w.task},

@@ -10,11 +10,10 @@ import orjson
 
 from ..context import DialectContext, Split, correction_text, state_text
 from ..errors import ProxyError
-from ..ledger import Usage
+from ..ledger import Usage, optional_token_count, token_count
 from . import models, sse
 from .base import JSON, StreamRelay, json_error_object
 from .capture import RelayCapture
-from .usage import optional_token_count, token_count
 
 NAME: Final = "anthropic"
 # ProxyError kind -> Anthropic error type
