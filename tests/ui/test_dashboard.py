@@ -96,7 +96,7 @@ def test_overview(proxy: ProxyProcess, tab: Callable[[str], Tab], viewport: str)
     stat = t.page.locator(".stat", has_text="Requests, last hour").locator(".stat-value")
     expect(stat).to_have_text("33")
     reasks = t.page.locator(".stat", has_text="Failed attempts").locator(".stat-note")
-    expect(reasks).to_have_text("1 re-asks")
+    expect(reasks).to_have_text("1 re-ask")
     assert t.page.locator("svg.chart rect.bar").count() == 36
     check_clean(t, f"overview-{viewport}")
 
@@ -149,7 +149,7 @@ def test_session_tree_timeline_and_history(
     expect(step_row.locator("ins")).to_have_text("6")
     expect(newest.locator(".t-cost")).to_contain_text("$")
     # Step 5 needed a re-ask: its cost window holds the retry.
-    expect(items.nth(1).locator(".t-cost .badge")).to_have_text("1 retries")
+    expect(items.nth(1).locator(".t-cost .badge")).to_have_text("1 retry")
     expect(items.nth(2).locator(".t-action")).to_have_text(HOSTILE)
     check_clean(t, f"session-{viewport}")
 

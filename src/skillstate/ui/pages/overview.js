@@ -60,7 +60,7 @@ export async function render(main) {
         h("span", { class: "muted small" }, `v${health.version} · store ${health.store} · ${fmt.int(health.active_sessions)} active sessions`)),
       h("section", { class: "grid4" },
         stat("Requests, last hour", fmt.int(reqs)),
-        stat("Failed attempts, last hour", fmt.int(failed), `${fmt.int(reasks)} re-asks`, failed ? "warn" : ""),
+        stat("Failed attempts, last hour", fmt.int(failed), `${fmt.int(reasks)} re-ask${reasks === 1 ? "" : "s"}`, failed ? "warn" : ""),
         stat("Spend, 24 h", fmt.usd(t.cost_usd), `baseline ${fmt.usd(t.baseline_cost_usd)}`),
         stat("Saved, 24 h", fmt.usd(t.saved_usd), t.saved_pct === null ? "no baseline yet" : `${fmt.pct(t.saved_pct)} of input tokens`, t.saved_usd < 0 ? "bad" : "good")),
       h("section", { class: "card" }, h("h2", {}, "Upstreams"), upstreamTable(health.upstreams || [])),

@@ -89,7 +89,8 @@ export async function render(main, id) {
     costOf(i).then((c) => {
       cell.textContent = c ? `${fmt.usd(c.cost_usd)} · ${fmt.int(c.input_tokens)} in / ${fmt.int(c.output_tokens)} out` : "—";
       if (c && c.attempts && (c.attempts["rollback-retry"] || c.attempts["transport-retry"])) {
-        cell.append(h("span", { class: "badge warn" }, `${(c.attempts["rollback-retry"] || 0) + (c.attempts["transport-retry"] || 0)} retries`));
+        const n = (c.attempts["rollback-retry"] || 0) + (c.attempts["transport-retry"] || 0);
+        cell.append(h("span", { class: "badge warn" }, `${n} ${n === 1 ? "retry" : "retries"}`));
       }
     });
     return cell;
