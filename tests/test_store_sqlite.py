@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from skillstate.ledger import MAX_TOKEN_COUNT, LedgerRow
+from skillstate.ledger import LedgerRow
 from skillstate.store import StoreError, StoreFull, StoreUnavailable, TransitionRecord
 from skillstate.store.datadir import lock_data_dir, unlock_data_dir
 from skillstate.store.sqlite import MAX_USD, SQLiteStore
+from skillstate.usage import MAX_TOKEN_COUNT
 
 
 def transition(step: int) -> TransitionRecord:

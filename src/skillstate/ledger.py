@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from skillstate.choices import GroupBy
 from skillstate.pricing import PriceBook, Prices
+from skillstate.usage import Usage
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -102,44 +103,6 @@ NOTE = (
     "estimated size of the client's full transcript vs. what was sent; retries count as extra "
     "spend with a zero baseline."
 )
-
-
-# --- usage normalisation ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token usage of one call. ``input_tokens`` INCLUDES cache reads and cache writes."""
-
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-
-    @property
-    def uncached_input_tokens(self) -> int:
-        return self.input_tokens - self.cache_read_tokens - self.cache_write_tokens
-
-
-# Far beyond any real count, and safe everywhere a count goes (SQLite INTEGER, JSON, floats).
-MAX_TOKEN_COUNT = 2**53
-
-
-def token_count(v: Any) -> int | None:
-    """A non-negative token count, or None for anything else (bools, strings, NaN, -1...)."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v if 0 <= v <= MAX_TOKEN_COUNT else None
-    if isinstance(v, float) and v.is_integer() and 0 <= v <= MAX_TOKEN_COUNT:
-        return int(v)
-    return None
-
-
-def optional_token_count(u: Mapping[str, Any], key: str) -> int | None:
-    """0 when absent/null, the count when valid, None (= garbage) otherwise."""
-    v = u.get(key)
-    return 0 if v is None else token_count(v)
 
 
 # --- rows ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Token semantics (ours and genai-prices' agree)
 ----------------------------------------------
-``Usage.input_tokens`` (``skillstate.ledger.Usage``) is ALL input tokens, cache reads and
+``Usage.input_tokens`` (``skillstate.usage.Usage``) is ALL input tokens, cache reads and
 cache writes included. genai-prices (checked against its source, v0.2.x: ``data_units.py`` and
 ``decompose.compute_leaf_values``) defines ``input_tokens`` the same way: ``cache_read_tokens``
 and ``cache_write_tokens`` are *descendant* units of ``input_tokens`` and are subtracted from it
@@ -68,10 +68,10 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
+from skillstate.usage import Usage
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    from skillstate.ledger import Usage
 
 __all__ = [
     "PriceBook",
@@ -333,8 +333,6 @@ class PriceBook:
         """The flat rates (input, output, cache read, cache write) that :meth:`price` would
         use for a small call, without a call to price: for estimating what a call WOULD cost
         (the cache-aware baseline, the cost-aware ``auto``). None when unknown."""
-        from skillstate.ledger import Usage
-
         probe = Usage(input_tokens=0, output_tokens=0)
         return self.price(
             probe, model=model, upstream=upstream, provider_hint=provider_hint, at=at

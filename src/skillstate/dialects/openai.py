@@ -10,7 +10,7 @@ import orjson
 
 from ..context import DialectContext, Split, correction_text, split_transcript, state_text
 from ..errors import ProxyError
-from ..ledger import Usage, optional_token_count, token_count
+from ..usage import Usage, optional_token_count, token_count
 from . import models, sse
 from .base import JSON, StreamRelay, json_error_object
 from .capture import RelayCapture

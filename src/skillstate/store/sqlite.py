@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ..ledger import MAX_TOKEN_COUNT, LedgerRow
+from ..ledger import LedgerRow
+from ..usage import MAX_TOKEN_COUNT
 from .base import (
     SessionRecord,
     StepConflict,

@@ -9,7 +9,7 @@ import re
 from typing import Any, TypeGuard
 
 from ...errors import ProxyError
-from ...ledger import MAX_TOKEN_COUNT
+from ...usage import MAX_TOKEN_COUNT
 
 JSON = dict[str, Any]
 
