@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ import orjson
 from ..config import Settings, Upstream
 from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
-from ..limits import Ticket, UpstreamLimits
+from ..limits import Admission, Ticket, UpstreamLimits
 from .breaker import CircuitBreaker
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
@@ -301,7 +300,7 @@ class UpstreamPool:
             )
         last_error: Exchange | None = None  # the last HTTP error answer, body already read
         last_record: AttemptRecord | None = None
-        waits: list[float] = []  # local-limit waits of the upstreams that could not admit
+        held: list[Admission] = []  # the local-limit verdicts of upstreams that could not admit
         # total_timeout bounds the whole request, retries and failover included: each attempt
         # gets what is left of it, and no attempt or backoff starts after it has passed.
         deadline = self._now() + self.settings.total_timeout
@@ -325,7 +324,7 @@ class UpstreamPool:
                     if ticket is None:
                         if probe:
                             up.breaker.release()
-                        waits.append(admission.retry_after)
+                        held.append(admission)
                         break
                     delay: float | None
                     try:
@@ -377,18 +376,18 @@ class UpstreamPool:
         if last_error is not None:
             last_error.failed_attempts = [f for f in real if f is not last_record]
             return last_error
-        if waits and not real:
+        if held and not real:
             # Nothing was attempted: every candidate was held back by a local limit (or an
             # open circuit).
-            finite = [w for w in waits if math.isfinite(w)]
-            if finite:
+            fitting = [a.retry_after for a in held if not a.never_fits]
+            if fitting:
                 raise ProxyError(
                     "rate_limit",
                     "local rate limit reached for every upstream; retry after the given time",
-                    retry_after=min(finite),
+                    retry_after=min(fitting),
                     code="local_rate_limit",
                 )
-            if len(waits) == len(candidates):
+            if len(held) == len(candidates):  # each said never_fits
                 raise ProxyError(
                     "request_too_large",
                     f"this request (~{out.est_tokens} tokens estimated) is larger than the "
