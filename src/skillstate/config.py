@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .choices import Constrain, Mode
 from .dialects.registry import DIALECTS
+from .pricing import PriceOverride
 
 DEFAULT_PORT = 8789
 MiB = 1024 * 1024
@@ -28,15 +29,6 @@ DAY = 86400.0
 
 class ConfigError(Exception):
     """A configuration problem, reported as one line naming the setting."""
-
-
-class PriceOverride(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    input_per_mtok: float | None = Field(default=None, ge=0)
-    output_per_mtok: float | None = Field(default=None, ge=0)
-    cache_read_per_mtok: float | None = Field(default=None, ge=0)
-    cache_write_per_mtok: float | None = Field(default=None, ge=0)
-    local_zero: bool = False
 
 
 class Upstream(BaseModel):

@@ -62,16 +62,15 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from skillstate.usage import Usage
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 __all__ = [
     "PriceBook",
@@ -105,35 +104,30 @@ class Prices:
     cache_write_per_mtok: float
 
 
-@dataclass(frozen=True)
-class PriceOverride:
+class PriceOverride(BaseModel):
     """User-declared prices; ``None`` = not declared here (fall through to the next layer).
 
     ``local_zero=True`` declares the calls free (e.g. a local llama-server): every price 0.
+    The one definition: the config's ``prices`` and ``upstreams[].prices`` are validated as
+    this model, so pricing needs no bridge from a config type.
     """
 
-    input_per_mtok: float | None = None
-    output_per_mtok: float | None = None
-    cache_read_per_mtok: float | None = None
-    cache_write_per_mtok: float | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    input_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    output_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cache_read_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cache_write_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     local_zero: bool = False
 
     @classmethod
     def coerce(cls, obj: Any) -> PriceOverride:
-        """Build from a ``PriceOverride``, a mapping, or any object with the same attributes
-        (e.g. ``skillstate.config.PriceOverride``, a pydantic model)."""
+        """Build from a ``PriceOverride``, a mapping, or any object with the same attributes;
+        a price that is not a finite number >= 0 is a ``ValueError`` naming the field."""
         if isinstance(obj, PriceOverride):
             return obj
-        get = obj.get if isinstance(obj, dict) else lambda k, d=None: getattr(obj, k, d)
-        vals: dict[str, Any] = {}
-        for name in _FIELDS:
-            v = get(name, None)
-            if v is not None:
-                v = float(v)
-                if not math.isfinite(v) or v < 0:
-                    raise ValueError(f"price {name} must be a finite number >= 0, got {v!r}")
-            vals[name] = v
-        return cls(**vals, local_zero=bool(get("local_zero", False)))
+        if isinstance(obj, Mapping):
+            return cls.model_validate(dict(obj))
+        return cls.model_validate(obj, from_attributes=True)
 
     def layer(self) -> dict[str, float]:
         """The fields this override declares (all four, as 0.0, for ``local_zero``)."""
