@@ -97,6 +97,8 @@ def _delay_until(now: float, deadline: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
+    """The local limits' verdict on one request to one upstream."""
+
     ok: bool
     retry_after: float  # 0.0 when ok; math.inf when never_fits
     never_fits: bool  # the request alone is bigger than the whole tpm window
@@ -124,6 +126,8 @@ class UpstreamLimits:
         self._tokens = RollingWindow(60.0, now) if self.tpm else None
 
     def check(self, tokens: int) -> Admission:
+        """Whether a request of ``tokens`` estimated tokens fits now, else how long until it
+        does (``never_fits`` when it is bigger than the whole tpm window)."""
         if tokens < 0:
             raise ValueError("tokens must be >= 0")
         if self.tpm is not None and tokens > self.tpm:

@@ -63,10 +63,12 @@ class Turn:
 
     @property
     def stream(self) -> bool:
+        """Whether the client asked for a streamed (SSE) reply."""
         return bool(self.body.get("stream"))
 
     @property
     def model(self) -> str:
+        """The model the client asked for ("" when the body names none)."""
         m = self.body.get("model")
         return m if isinstance(m, str) else ""
 
@@ -78,6 +80,8 @@ class Turn:
 
 @dataclass
 class Reply:
+    """A complete reply for the client: status, body in its dialect, and headers."""
+
     status: int
     body: bytes
     headers: dict[str, str]
@@ -85,6 +89,9 @@ class Reply:
 
 @dataclass
 class StreamReply:
+    """A streamed reply: headers now, body chunks as the upstream sends them (the turn is
+    judged and committed before the last chunk)."""
+
     headers: dict[str, str]
     chunks: AsyncIterator[bytes]
     # Idempotent: drops the upstream and releases the session. The response calls it when
@@ -125,6 +132,14 @@ def header_safe(text: str, limit: int = HEADER_TEXT_MAX_CHARS) -> str:
 
 
 class Pipeline:
+    """One client turn through the stages, and the operator's changes to a session.
+
+    It decides (context shape, re-ask, commit); the stages it calls do the work: context
+    building, the upstream pool, patch validation, the store, and a ``TurnMeter`` per turn
+    that counts every upstream attempt. Turns of one session run one at a time
+    (``SessionLocks``); turns of different sessions run concurrently.
+    """
+
     def __init__(
         self,
         settings: Settings,
@@ -143,6 +158,7 @@ class Pipeline:
 
     @lru_cache(maxsize=64)  # noqa: B019 - one pipeline per process; keys are small tuples
     def policy(self, schema: tuple[str, ...]) -> PatchPolicy:
+        """The patch rules for a session with this schema (cached: built once per schema)."""
         s = self.settings
         return PatchPolicy(
             allowed_keys=frozenset(schema),
@@ -196,6 +212,8 @@ class Pipeline:
         schema: list[str],
         form: EnvelopeForm = "block",
     ) -> Outcome:
+        """The verdict on one model reply: its envelope read, its patch validated and merged
+        into ``state``. Pure: nothing is committed here."""
         if form == "none":
             # The reply follows the client's own format, so it has no envelope to read and
             # nothing to re-ask: the state stays as it is.

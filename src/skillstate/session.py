@@ -15,6 +15,7 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def is_valid_session_id(value: str) -> bool:
+    """Session ids are short and header-, URL- and log-safe: ``[A-Za-z0-9_-]{1,128}``."""
     return _SESSION_ID.fullmatch(value) is not None
 
 
@@ -41,6 +42,7 @@ class SessionLocks:
 
     @asynccontextmanager
     async def hold(self, session: str) -> AsyncIterator[None]:
+        """Run the body alone for ``session`` (waiting for any turn of it in flight)."""
         lock, users = self._locks.get(session, (None, 0))
         if lock is None:
             lock = asyncio.Lock()

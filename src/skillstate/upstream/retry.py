@@ -20,6 +20,7 @@ _SECONDS = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def is_retryable_status(status: int) -> bool:
+    """408, 429 and 5xx: the upstream may answer differently if asked again."""
     return status in RETRYABLE_STATUSES
 
 
