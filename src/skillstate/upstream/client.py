@@ -12,7 +12,7 @@ import fnmatch
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -354,13 +354,9 @@ class UpstreamPool:
                         last_error = ex
                         last_record = AttemptRecord(up.name, status, f"HTTP {status}")
                         failures.append(last_record)
+                        _record_error_answer(up, status)
                         if is_key_rejected(status):
-                            up.breaker.record_success()
                             break  # not retried on the same upstream: fail over
-                        if status >= 500:
-                            up.breaker.record_failure()
-                        else:
-                            up.breaker.record_success()  # 408/429: alive, just busy
                         delay = self.backoff.delay(attempt, retry_after_from_headers(ex.headers()))
                     if delay is None or attempt + 1 >= self.settings.retry_max_attempts:
                         break  # None: Retry-After beyond the cap, fail over instead
@@ -376,6 +372,20 @@ class UpstreamPool:
         if last_error is not None:
             last_error.failed_attempts = [f for f in real if f is not last_record]
             return last_error
+        self._raise_unanswered(out, len(candidates), failures, held, expired)
+
+    def _raise_unanswered(
+        self,
+        out: Outbound,
+        n_candidates: int,
+        failures: list[AttemptRecord],
+        held: list[Admission],
+        expired: bool,
+    ) -> NoReturn:
+        """The error for a request that no upstream answered, most telling first: held back
+        by local limits (429, or 413 when it can never fit), out of time (504), or the
+        attempts' own failures."""
+        real = _real(failures)
         if held and not real:
             # Nothing was attempted: every candidate was held back by a local limit (or an
             # open circuit).
@@ -387,7 +397,7 @@ class UpstreamPool:
                     retry_after=min(fitting),
                     code="local_rate_limit",
                 )
-            if len(held) == len(candidates):  # each said never_fits
+            if len(held) == n_candidates:  # each said never_fits
                 raise ProxyError(
                     "request_too_large",
                     f"this request (~{out.est_tokens} tokens estimated) is larger than the "
@@ -444,6 +454,15 @@ CIRCUIT_OPEN = "circuit open"  # an upstream skipped without being called
 # Everything that means "this attempt got no usable answer"; aiohttp's timeouts are both
 # ClientError and TimeoutError, the total-timeout timer raises a bare TimeoutError.
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, _StreamStartError)
+
+
+def _record_error_answer(up: UpstreamRuntime, status: int) -> None:
+    """What an error answer that fails over says about the upstream's health: only a 5xx
+    counts against its breaker (401/403 is the key, 408/429 a busy but live upstream)."""
+    if status >= 500:
+        up.breaker.record_failure()
+    else:
+        up.breaker.record_success()
 
 
 def _real(failures: list[AttemptRecord]) -> list[AttemptRecord]:
