@@ -8,7 +8,7 @@ from urllib.parse import unquote
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skillstate.pipeline import header_safe
+from skillstate.headertext import header_safe
 
 
 @given(st.text(), st.integers(min_value=8, max_value=300))

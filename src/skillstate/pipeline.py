@@ -14,10 +14,9 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -30,24 +29,22 @@ from .dialects import sse
 from .dialects.base import StreamRelay
 from .dialects.registry import error_reply, get_dialect, make_relay, reply_for
 from .errors import ProxyError
-from .ledger import LedgerRow, Usage
+from .headertext import header_safe
+from .ledger import LedgerRow
 from .meter import MeterContext, TurnMeter
-from .patch import PatchPolicy, extract_envelope, infer_key_types, validate_and_merge
 from .pricing import PriceBook
 from .session import SESSION_HEADER, SessionLocks
 from .store import StepConflict, Store, StoreError, TransitionRecord
 from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool
+from .usage import Usage
+from .verdict import Outcome, Verdicts
 
 log = logging.getLogger("skillstate")
 T = TypeVar("T")
 
 CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
 CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-ask
-ACTION_MAX_CHARS = 1000  # of the model's "action", as stored and shown
-HEADER_TEXT_MAX_CHARS = 200  # of a header value made from model or client text
-# Visible ASCII that stays as it is in such a header (quote() keeps letters, digits, "_.-~").
-_HEADER_SAFE = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}"
 
 
 @dataclass
@@ -99,36 +96,9 @@ class StreamReply:
     abort: Callable[[], Awaitable[None]]
 
 
-@dataclass
-class Outcome:
-    """The verdict on one model reply."""
-
-    status: str  # valid | invalid | tool-noop | format-noop
-    state: dict[str, Any] | None = None  # the new state, when it changed
-    patch: dict[str, Any] | None = None
-    action: str | None = None
-    errors: list[str] = field(default_factory=list)
-
-
 def _est(body: Mapping[str, Any]) -> int:
     """Tokens of what an upstream would read: system, messages and tool definitions."""
     return estimate_tokens([body.get("system"), body.get("messages"), body.get("tools")])
-
-
-def header_safe(text: str, limit: int = HEADER_TEXT_MAX_CHARS) -> str:
-    """A header value from model or client text: visible ASCII only, at most ``limit`` chars.
-
-    Whitespace runs become one space; every other byte outside 0x20-0x7E (control characters,
-    non-ASCII as UTF-8) and ``%`` itself are percent-encoded, so the value is readable and
-    reversible. A value the server would refuse (a NUL, a CR/LF) must never be built: the
-    client would get no reply for a turn that is already committed.
-    """
-    flat = quote(" ".join(text.split()), safe=_HEADER_SAFE)
-    if len(flat) <= limit:
-        return flat
-    cut = flat[: limit - 3]
-    tail = cut.rfind("%", len(cut) - 2)  # never leave half a %XX escape
-    return (cut[:tail] if tail != -1 else cut) + "..."
 
 
 class Pipeline:
@@ -151,27 +121,11 @@ class Pipeline:
         self.store = store
         self.pool = pool
         self.prices = prices
+        self.verdicts = Verdicts(settings)
         self.locks = SessionLocks()
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- policy and context ----------------------------------------------------------------
-
-    @lru_cache(maxsize=64)  # noqa: B019 - one pipeline per process; keys are small tuples
-    def policy(self, schema: tuple[str, ...]) -> PatchPolicy:
-        """The patch rules for a session with this schema (cached: built once per schema)."""
-        s = self.settings
-        return PatchPolicy(
-            allowed_keys=frozenset(schema),
-            key_types=infer_key_types(s.initial_state),
-            schema_violation=s.schema_violation,
-            max_patch_bytes=s.max_patch_bytes,
-            max_state_bytes=s.max_state_bytes,
-            state_schema=s.state_schema,
-        )
-
-    def check_patch(self, state: dict[str, Any], patch: dict[str, Any], schema: list[str]) -> Any:
-        """Validate an operator's patch exactly like a model's."""
-        return validate_and_merge(state, patch, self.policy(tuple(schema)))
 
     # -- the operator's changes ---------------------------------------------------------------
 
@@ -187,7 +141,7 @@ class Pipeline:
             record = await self.store.load(session)
             if record is None:
                 raise ProxyError("not_found", f"unknown session {session}")
-            tr = self.check_patch(record.state, patch, record.schema)
+            tr = self.verdicts.check_patch(record.state, patch, record.schema)
             if not tr.ok or tr.new_state is None:
                 raise ProxyError("invalid_request", "; ".join(tr.errors) or "invalid patch")
             transition = TransitionRecord(
@@ -203,33 +157,6 @@ class Pipeline:
         there was no such session."""
         async with self.locks.hold(session):
             return await self.store.delete(session)
-
-    def judge(
-        self,
-        text: str,
-        has_tool_calls: bool,
-        state: dict[str, Any],
-        schema: list[str],
-        form: EnvelopeForm = "block",
-    ) -> Outcome:
-        """The verdict on one model reply: its envelope read, its patch validated and merged
-        into ``state``. Pure: nothing is committed here."""
-        if form == "none":
-            # The reply follows the client's own format, so it has no envelope to read and
-            # nothing to re-ask: the state stays as it is.
-            return Outcome("tool-noop" if has_tool_calls else "format-noop")
-        extraction = extract_envelope(text)
-        env = extraction.envelope
-        errors = list(extraction.errors)
-        if env is not None:
-            tr = validate_and_merge(state, env.state_patch, self.policy(tuple(schema)))
-            if tr.ok:
-                action = _capped(env.action, ACTION_MAX_CHARS)
-                return Outcome("valid", tr.new_state, tr.applied_patch, action, tr.warnings)
-            errors = tr.errors
-        if has_tool_calls:
-            return Outcome("tool-noop", errors=errors if env is not None else [])
-        return Outcome("invalid", errors=errors or ["no valid state envelope"])
 
     def _outbound(
         self,
@@ -366,7 +293,9 @@ class Pipeline:
             if turn.mode == Mode.PASSTHROUGH:
                 return self._reply(answer, meta, None, None, retries)
             text, tools = get_dialect(turn.dialect).reply_text(answer.resp)
-            answer.outcome = self.judge(text, tools, meta.state, meta.schema, turn.envelope_form)
+            answer.outcome = self.verdicts.judge(
+                text, tools, meta.state, meta.schema, turn.envelope_form
+            )
             previous = answer
             if answer.outcome.status != "invalid" or retries >= self.settings.max_retries:
                 break
@@ -513,7 +442,7 @@ class Pipeline:
         and cost (headers are long gone), or the error event when that failed."""
         turn = meta.turn
         try:
-            outcome = self.judge(
+            outcome = self.verdicts.judge(
                 relay.text, relay.has_tool_calls, meta.state, meta.schema, turn.envelope_form
             )
             # Commit before the terminal event: a client that reads /state right after the
@@ -722,13 +651,6 @@ async def _relay_events(
     )
     if problem_ is not None:
         yield _StreamProblem(problem_)
-
-
-def _capped(text: str | None, limit: int) -> str | None:
-    """``text`` cut to ``limit`` characters (marked with an ellipsis when cut)."""
-    if text is None or len(text) <= limit:
-        return text
-    return text[: limit - 1] + "…"
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:
