@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from skillstate.app import create_app
 from skillstate.config import Settings, Upstream
 from skillstate.ledger import LedgerRow
-from skillstate.store import StoreError
+from skillstate.store import StepConflict, StoreError
 from skillstate.store.sqlite import SQLiteStore
 from tests.fakeprovider import FakeProvider, Reply
 
@@ -84,3 +84,33 @@ def test_a_stream_whose_commit_fails_ends_with_an_error_event(
     assert b"could not commit the turn: disk full" in last
     assert (b"event: error" in last) == (path == "/v1/messages")  # each dialect's error event
     assert b"[DONE]" not in events and b"message_stop" not in events
+
+
+class ConcurrentWriterStore(SQLiteStore):
+    """Another process committed the session's next step first (scale-out)."""
+
+    async def commit(self, session: str, **kw: Any) -> int:
+        raise StepConflict(f"session {session} moved from step 0 to 1")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_step_conflict_is_a_409_in_the_clients_dialect(
+    fake: FakeProvider, tmp_path: Path, path: str
+) -> None:
+    s = settings(fake, tmp_path)
+    fake.enqueue(Reply(text='```json\n{"state_patch": {}, "action": "a"}\n```'))
+    body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(create_app(s, ConcurrentWriterStore(s.db_path))) as c:
+        r = c.post(path, json=body, headers={"x-skillstate-session": "sc"})
+        assert r.status_code == 409, r.text
+        doc = r.json()
+        if path == "/v1/messages":
+            assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
+            assert "moved from step 0 to 1" in doc["error"]["message"]
+        else:
+            assert doc["error"]["code"] == "conflict"
+            assert "moved from step 0 to 1" in doc["error"]["message"]
+        assert c.get("/state", params={"session": "sc"}).status_code == 404  # nothing committed
+        # The attempt is still metered, once.
+        attempts = c.get("/cost", params={"session": "sc"}).json()["totals"]["attempts"]
+        assert attempts["generation"] == 1
