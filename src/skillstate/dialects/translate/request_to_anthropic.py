@@ -93,85 +93,108 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
     ``body`` has passed ``validate_openai_request``; raises ProxyError 400 for what Anthropic
     cannot take (``n`` > 1, legacy ``functions``, audio, non-function tools).
     """
-    model = body["model"]
-    messages = body["messages"]
     if body.get("functions") or body.get("function_call"):
         raise _bad("functions/function_call are deprecated and not supported; use tools")
     n = body.get("n")
     if n is not None and n != 1:
         raise _bad("n: only 1 choice is supported with an Anthropic upstream", "n")
-
-    system_parts: list[str] = []
-    out_msgs: list[JSON] = []
-
-    def add(role: str, blocks: list[JSON]) -> None:
-        if not blocks:
-            return
-        if out_msgs and out_msgs[-1]["role"] == role:
-            out_msgs[-1]["content"].extend(blocks)
-        else:
-            out_msgs.append({"role": role, "content": blocks})
-
-    for i, msg in enumerate(messages):
-        path = f"messages[{i}]"
-        role = msg.get("role")
-        content = msg.get("content")
-        if role in ("system", "developer"):
-            text = _openai_text_of(content, f"{path}.content")
-            if text:
-                system_parts.append(text)
-        elif role == "user":
-            if isinstance(content, str):
-                blocks = [{"type": "text", "text": content}] if content else []
-            elif isinstance(content, list):
-                blocks = [
-                    _openai_part_to_block(p, f"{path}.content[{k}]") for k, p in enumerate(content)
-                ]
-                blocks = [b for b in blocks if not (b["type"] == "text" and not b["text"])]
-            else:
-                raise _bad(f"{path}.content: must be a string or an array", f"{path}.content")
-            add("user", blocks)
-        elif role == "assistant":
-            text = _openai_text_of(content, f"{path}.content")
-            refusal = msg.get("refusal")
-            if isinstance(refusal, str) and refusal and not text:
-                text = refusal
-            blocks = [{"type": "text", "text": text}] if text else []
-            calls = msg.get("tool_calls")
-            for k, call in enumerate(calls or []):
-                blocks.append(_tool_call_to_block(call, f"{path}.tool_calls[{k}]"))
-            add("assistant", blocks)
-        elif role == "tool":
-            result: JSON = {"type": "tool_result", "tool_use_id": msg["tool_call_id"]}
-            if isinstance(content, list):
-                _openai_text_of(content, f"{path}.content")  # validates: text parts only
-                result["content"] = [
-                    {"type": "text", "text": p.get("text") or p.get("refusal") or ""}
-                    for p in content
-                ]
-                result["content"] = [b for b in result["content"] if b["text"]] or ""
-            else:
-                result["content"] = _openai_text_of(content, f"{path}.content")
-            add("user", [result])
-        else:  # "function", the one role left after validation
-            raise _bad(f"{path}: legacy function messages are not supported; use tools", path)
-
-    if not out_msgs:
-        raise _bad("messages: at least one non-system message is required", "messages")
-    for msg in out_msgs:
-        blocks = msg["content"]
-        if len(blocks) == 1 and blocks[0]["type"] == "text":
-            msg["content"] = blocks[0]["text"]
-
+    system_parts, messages = _messages_to_anthropic(body["messages"])
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
     if max_tokens is None:
         max_tokens = default_max_tokens
-
-    out: JSON = {"model": model, "messages": out_msgs, "max_tokens": max_tokens}
+    out: JSON = {"model": body["model"], "messages": messages, "max_tokens": max_tokens}
     if system_parts:
         out["system"] = SYSTEM_JOIN.join(system_parts)
+    out.update(_sampling_to_anthropic(body))
+    tools = body.get("tools")
+    if tools:
+        out["tools"] = [_openai_tool_to_anthropic(t, f"tools[{i}]") for i, t in enumerate(tools)]
+        choice = _openai_tool_choice(body.get("tool_choice"))
+        if body.get("parallel_tool_calls") is False:
+            choice = choice or {"type": "auto"}
+            if choice["type"] != "none":
+                choice["disable_parallel_tool_use"] = True
+        if choice is not None:
+            out["tool_choice"] = choice
+    output_format = _openai_output_format(body.get("response_format"))
+    if output_format is not None:
+        out["output_config"] = {"format": output_format}
+    return out
+
+
+def _messages_to_anthropic(messages: list[JSON]) -> tuple[list[str], list[JSON]]:
+    """(system texts, Anthropic messages): same-role neighbours merged, and a message that
+    is one text block written as a plain string."""
+    system_parts: list[str] = []
+    out: list[JSON] = []
+    for i, msg in enumerate(messages):
+        path = f"messages[{i}]"
+        role = msg.get("role")
+        if role in ("system", "developer"):
+            text = _openai_text_of(msg.get("content"), f"{path}.content")
+            if text:
+                system_parts.append(text)
+            continue
+        if role == "user":
+            target, blocks = "user", _user_blocks(msg.get("content"), path)
+        elif role == "assistant":
+            target, blocks = "assistant", _assistant_blocks(msg, path)
+        elif role == "tool":
+            target, blocks = "user", [_tool_result_block(msg, path)]
+        else:  # "function", the one role left after validation
+            raise _bad(f"{path}: legacy function messages are not supported; use tools", path)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == target:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": target, "content": blocks})
+    if not out:
+        raise _bad("messages: at least one non-system message is required", "messages")
+    for m in out:
+        blocks = m["content"]
+        if len(blocks) == 1 and blocks[0]["type"] == "text":
+            m["content"] = blocks[0]["text"]
+    return system_parts, out
+
+
+def _user_blocks(content: Any, path: str) -> list[JSON]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        raise _bad(f"{path}.content: must be a string or an array", f"{path}.content")
+    blocks = [_openai_part_to_block(p, f"{path}.content[{k}]") for k, p in enumerate(content)]
+    return [b for b in blocks if not (b["type"] == "text" and not b["text"])]
+
+
+def _assistant_blocks(msg: JSON, path: str) -> list[JSON]:
+    text = _openai_text_of(msg.get("content"), f"{path}.content")
+    refusal = msg.get("refusal")
+    if isinstance(refusal, str) and refusal and not text:
+        text = refusal
+    blocks: list[JSON] = [{"type": "text", "text": text}] if text else []
+    for k, call in enumerate(msg.get("tool_calls") or []):
+        blocks.append(_tool_call_to_block(call, f"{path}.tool_calls[{k}]"))
+    return blocks
+
+
+def _tool_result_block(msg: JSON, path: str) -> JSON:
+    content = msg.get("content")
+    result: JSON = {"type": "tool_result", "tool_use_id": msg["tool_call_id"]}
+    if isinstance(content, list):
+        _openai_text_of(content, f"{path}.content")  # Anthropic takes text parts only
+        parts = [{"type": "text", "text": p.get("text") or p.get("refusal") or ""} for p in content]
+        result["content"] = [b for b in parts if b["text"]] or ""
+    else:
+        result["content"] = _openai_text_of(content, f"{path}.content")
+    return result
+
+
+def _sampling_to_anthropic(body: JSON) -> JSON:
+    """Sampling, stop, stream and user fields that have an Anthropic equivalent."""
+    out: JSON = {}
     temperature = body.get("temperature")
     if temperature is not None:
         out["temperature"] = min(max(float(temperature), 0.0), 1.0)
@@ -188,20 +211,6 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
         out["stream"] = bool(body["stream"])
     if isinstance(body.get("user"), str) and body["user"]:
         out["metadata"] = {"user_id": body["user"]}
-
-    tools = body.get("tools")
-    if tools:
-        out["tools"] = [_openai_tool_to_anthropic(t, f"tools[{i}]") for i, t in enumerate(tools)]
-        choice = _openai_tool_choice(body.get("tool_choice"))
-        if body.get("parallel_tool_calls") is False:
-            choice = choice or {"type": "auto"}
-            if choice["type"] != "none":
-                choice["disable_parallel_tool_use"] = True
-        if choice is not None:
-            out["tool_choice"] = choice
-    output_format = _openai_output_format(body.get("response_format"))
-    if output_format is not None:
-        out["output_config"] = {"format": output_format}
     return out
 
 
