@@ -198,99 +198,130 @@ class ToolArgsStream:
             self._top_items = True
 
     def _step(self, ch: str, out: list[str]) -> bool:
+        """Advance by one character; False once the text can no longer be a JSON object."""
         state = self._state
         if state == _STR:
-            if ch == '"':
-                out.append('"')
-                self._state = _COLON if self._is_key else _AFTER
-            elif ch == "\\":
-                self._pending = "\\"
-                self._state = _ESC
-            else:
-                code = ord(ch)
-                if 0xD800 <= code <= 0xDFFF:
-                    return False
-                out.append(_CTRL_ESCAPES.get(code, f"\\u{code:04x}") if code < 0x20 else ch)
-            return True
+            return self._in_string(ch, out)
         if state == _ESC:
-            if ch in _SIMPLE_ESCAPES:
-                out.append(self._pending + ch)
-                self._pending = ""
-                self._state = _STR
-            elif ch == "u":
-                self._pending += ch
-                self._hex = ""
-                self._state = _UHEX
-            else:
-                return False
-            return True
+            return self._in_escape(ch, out)
         if state == _UHEX:
-            if ch not in _HEX:
+            return self._in_unicode(ch, out)
+        if state in (_LOW1, _LOW2):
+            return self._in_low_surrogate(ch, out)
+        if state == _NUM:
+            return self._in_number(ch, out)
+        if state == _LIT:
+            return self._in_literal(ch, out)
+        if ch in _WS:
+            return True
+        return self._structural(ch, out)
+
+    def _in_string(self, ch: str, out: list[str]) -> bool:
+        """Inside a string: copy, escaping raw control characters."""
+        if ch == '"':
+            out.append('"')
+            self._state = _COLON if self._is_key else _AFTER
+        elif ch == "\\":
+            self._pending = "\\"
+            self._state = _ESC
+        else:
+            code = ord(ch)
+            if 0xD800 <= code <= 0xDFFF:
                 return False
-            self._pending += ch
-            self._hex += ch
-            if len(self._hex) < 4:
-                return True
-            code = int(self._hex, 16)
-            if self._high:
-                if not 0xDC00 <= code <= 0xDFFF:
-                    return False
-                self._high = False
-            elif 0xD800 <= code <= 0xDBFF:
-                self._high = True
-                self._state = _LOW1
-                return True
-            elif 0xDC00 <= code <= 0xDFFF:
-                return False
-            out.append(self._pending)
+            out.append(_CTRL_ESCAPES.get(code, f"\\u{code:04x}") if code < 0x20 else ch)
+        return True
+
+    def _in_escape(self, ch: str, out: list[str]) -> bool:
+        """After a backslash in a string."""
+        if ch in _SIMPLE_ESCAPES:
+            out.append(self._pending + ch)
             self._pending = ""
             self._state = _STR
-            return True
-        if state in (_LOW1, _LOW2):
-            if ch != ("\\" if state == _LOW1 else "u"):
-                return False
+        elif ch == "u":
             self._pending += ch
             self._hex = ""
-            self._state = _LOW2 if state == _LOW1 else _UHEX
+            self._state = _UHEX
+        else:
+            return False
+        return True
+
+    def _in_unicode(self, ch: str, out: list[str]) -> bool:
+        """The four hex digits of a \\u escape; surrogates must pair."""
+        if ch not in _HEX:
+            return False
+        self._pending += ch
+        self._hex += ch
+        if len(self._hex) < 4:
             return True
-        if state == _NUM:
-            num = self._num
-            nxt = -1
-            if ch in _DIGITS:
-                if num in (_N_MINUS, _N_INT):
-                    nxt = _N_ZERO if (num == _N_MINUS and ch == "0") else _N_INT
-                elif num in (_N_DOT, _N_FRAC):
-                    nxt = _N_FRAC
-                elif num in (_N_E, _N_ESIGN, _N_EXP):
-                    nxt = _N_EXP
-            elif ch == "." and num in (_N_ZERO, _N_INT):
-                nxt = _N_DOT
-            elif ch in "eE" and num in (_N_ZERO, _N_INT, _N_FRAC):
-                nxt = _N_E
-            elif ch in "+-" and num == _N_E:
-                nxt = _N_ESIGN
-            if nxt >= 0:
-                self._pending += ch
-                self._num = nxt
-                return True
-            if num not in _N_TERMINAL:
+        code = int(self._hex, 16)
+        if self._high:
+            if not 0xDC00 <= code <= 0xDFFF:
                 return False
+            self._high = False
+        elif 0xD800 <= code <= 0xDBFF:
+            self._high = True
+            self._state = _LOW1
+            return True
+        elif 0xDC00 <= code <= 0xDFFF:
+            return False
+        out.append(self._pending)
+        self._pending = ""
+        self._state = _STR
+        return True
+
+    def _in_low_surrogate(self, ch: str, out: list[str]) -> bool:
+        """After a high surrogate escape: the \\u of its low half."""
+        state = self._state
+        if ch != ("\\" if state == _LOW1 else "u"):
+            return False
+        self._pending += ch
+        self._hex = ""
+        self._state = _LOW2 if state == _LOW1 else _UHEX
+        return True
+
+    def _in_number(self, ch: str, out: list[str]) -> bool:
+        """Inside a number, held back until it is known to be complete."""
+        num = self._num
+        nxt = -1
+        if ch in _DIGITS:
+            if num in (_N_MINUS, _N_INT):
+                nxt = _N_ZERO if (num == _N_MINUS and ch == "0") else _N_INT
+            elif num in (_N_DOT, _N_FRAC):
+                nxt = _N_FRAC
+            elif num in (_N_E, _N_ESIGN, _N_EXP):
+                nxt = _N_EXP
+        elif ch == "." and num in (_N_ZERO, _N_INT):
+            nxt = _N_DOT
+        elif ch in "eE" and num in (_N_ZERO, _N_INT, _N_FRAC):
+            nxt = _N_E
+        elif ch in "+-" and num == _N_E:
+            nxt = _N_ESIGN
+        if nxt >= 0:
+            self._pending += ch
+            self._num = nxt
+            return True
+        if num not in _N_TERMINAL:
+            return False
+        out.append(self._pending)
+        self._pending = ""
+        self._state = _AFTER
+        return self._step(ch, out)
+
+    def _in_literal(self, ch: str, out: list[str]) -> bool:
+        """Inside true/false/null, held back until complete."""
+        if ch != self._lit[self._lit_pos]:
+            return False
+        self._pending += ch
+        self._lit_pos += 1
+        if self._lit_pos == len(self._lit):
             out.append(self._pending)
             self._pending = ""
             self._state = _AFTER
-            return self._step(ch, out)
-        if state == _LIT:
-            if ch != self._lit[self._lit_pos]:
-                return False
-            self._pending += ch
-            self._lit_pos += 1
-            if self._lit_pos == len(self._lit):
-                out.append(self._pending)
-                self._pending = ""
-                self._state = _AFTER
-            return True
-        if ch in _WS:
-            return True
+        return True
+
+    def _structural(self, ch: str, out: list[str]) -> bool:
+        """Outside strings, numbers and literals: brackets, colons and commas."""
+        state = self._state
         if state == _START:
             if ch != "{":
                 return False
