@@ -14,14 +14,15 @@ from urllib.parse import quote
 
 import orjson
 
-from .dialects.registry import error_reply, get_dialect
+from .dialects.registry import dialect_for_headers, error_reply, get_dialect
 from .errors import Dialect, ProxyError
 from .pipeline import Reply
 from .upstream.client import UpstreamPool
 
 
 def catalog_dialect(headers: Mapping[str, str]) -> Dialect:
-    return "anthropic" if "anthropic-version" in headers else "openai"
+    """The client's dialect on ``/v1/models``, which both SDKs use."""
+    return dialect_for_headers(headers)
 
 
 async def fetch_models(

@@ -438,6 +438,7 @@ class AnthropicDialect:
     client_path = "/messages"
     upstream_path = "/messages"
     count_tokens_path: str | None = "/messages/count_tokens"
+    marker_header: str | None = "anthropic-version"  # the Anthropic SDK always sends it
     context: DialectContext = AnthropicContext()
 
     def validate(self, body: JSON) -> None:

@@ -53,6 +53,9 @@ class Dialect(Protocol):
     client_path: str  # where clients POST a turn (served with and without ``/v1``)
     upstream_path: str  # where a turn is POSTed, under the upstream's base URL
     count_tokens_path: str | None  # a native token-counting endpoint, if the format has one
+    # A request header only this format's SDKs send, which tells its clients apart on the
+    # routes the formats share (GET /v1/models); None for the default format.
+    marker_header: str | None
     context: DialectContext  # where a transcript keeps system text and tool results
 
     def validate(self, body: JSON) -> None:

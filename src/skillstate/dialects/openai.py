@@ -330,6 +330,7 @@ class OpenAIDialect:
     client_path = "/chat/completions"
     upstream_path = "/chat/completions"
     count_tokens_path: str | None = None
+    marker_header: str | None = None  # the default on shared routes
     context: DialectContext = OpenAIContext()
 
     def validate(self, body: JSON) -> None:

@@ -4,6 +4,8 @@ dialect's name. A new wire format adds its module's objects here and nothing els
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import orjson
 
 from ..errors import ProxyError, kind_for_status
@@ -19,6 +21,7 @@ from .translate import (
 )
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (OPENAI, ANTHROPIC)}
+DEFAULT_DIALECT = OPENAI.name  # on shared routes, for a client that names no format
 
 _BRIDGES = (
     Bridge(
@@ -59,6 +62,14 @@ def dialect_for_path(path: str) -> str | None:
         ):
             return d.name
     return None
+
+
+def dialect_for_headers(headers: Mapping[str, str]) -> str:
+    """The client's dialect on a route the formats share, by the header its SDK sends."""
+    for d in DIALECTS.values():
+        if d.marker_header is not None and d.marker_header in headers:
+            return d.name
+    return DEFAULT_DIALECT
 
 
 def bridge(client: str, upstream: str) -> Bridge:
