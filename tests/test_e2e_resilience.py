@@ -644,3 +644,23 @@ def test_odd_but_json_replies_do_not_crash_the_turn(
     fake.enqueue(Reply(raw_body=json.dumps(odd).encode()))
     r = messages(proxy, "w3")  # Anthropic client: translated, with a sane usage
     assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 0
+
+
+def test_an_upstream_header_with_non_latin1_text_does_not_lose_the_committed_reply(
+    fake: FakeProvider, start_proxy: StartProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Starlette cannot encode "€" in a header: the step was saved and the client got a 500.
+    from aiohttp import web
+
+    real_init = web.StreamResponse.__init__
+
+    def hostile_init(self: web.StreamResponse, *a: Any, headers: Any = None, **kw: Any) -> None:
+        real_init(self, *a, headers={**(headers or {}), "x-request-id": "id-\u20ac"}, **kw)
+
+    monkeypatch.setattr(web.StreamResponse, "__init__", hostile_init)
+    proxy = start_proxy(config=config(upstream("a", fake.url + "/v1"), retry_max_attempts=1))
+    fake.enqueue(Reply(text=envelope({"notes": "n"})))
+    r = chat(proxy, "hh1")
+    assert r.status_code == 200 and r.headers["x-skillstate-transition"] == "valid"
+    assert r.headers["x-request-id"] == "id-%E2%82%AC"
+    assert step(proxy, "hh1") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 HEADER_TEXT_MAX_CHARS = 200  # of a header value made from model or client text
+RELAYED_HEADER_MAX_CHARS = 1024  # of an upstream response header relayed to the client
 # Visible ASCII that stays as it is in such a header (quote() keeps letters, digits, "_.-~").
 _HEADER_SAFE = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}"
 

@@ -21,6 +21,7 @@ import orjson
 from ..config import Settings, Upstream
 from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
+from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
 from ..limits import Admission, Ticket, UpstreamLimits
 from .breaker import CircuitBreaker
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
@@ -47,11 +48,14 @@ def base_url(url: str) -> str:
 
 
 def passthrough_response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The upstream response headers a client may see. Values are made header-safe: an
+    upstream's non-ASCII or control bytes would make the reply unsendable (after the
+    turn was committed)."""
     out: dict[str, str] = {}
     for k, v in headers.items():
         lk = k.lower()
         if lk in _PASS_RESPONSE_HEADERS or lk.startswith(_PASS_RESPONSE_PREFIXES):
-            out[lk] = v
+            out[lk] = header_safe(v, RELAYED_HEADER_MAX_CHARS)
     return out
 
 
