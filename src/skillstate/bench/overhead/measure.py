@@ -145,7 +145,9 @@ async def _concurrency(
     n = spec["concurrency"]
     paths = list(eps)
     pids: dict[str, int] = spec["pids"]
-    conns = {path: [await open_conn(ep) for _ in range(n)] for path, ep in eps.items()}
+    conns = {}
+    for path, ep in eps.items():  # a loop: Python 3.10 rejects await in a nested comprehension
+        conns[path] = [await open_conn(ep) for _ in range(n)]
     for path in paths:
         progress(f"concurrency warm-up ({path})")
         await conc_segment(eps[path], conns[path], reqs[path], min(1.0, spec["duration"] / 4))
