@@ -18,6 +18,7 @@ from skillstate.store import StepConflict, StoreError
 from skillstate.store.sqlite import SQLiteStore
 from tests.fakeprovider import FakeProvider, Reply
 
+LOCAL = "http://localhost"  # TestClient's default Host, "testserver", is not a loopback name
 SLOW_WRITE = 0.3  # seconds; the reply returns long before the row is written
 
 
@@ -46,7 +47,7 @@ def test_cost_counts_a_passthrough_reply_whose_row_is_still_being_written(
     fake: FakeProvider, tmp_path: Path
 ) -> None:
     s = settings(fake, tmp_path)
-    with TestClient(create_app(s, SlowLedgerStore(s.db_path))) as c:
+    with TestClient(create_app(s, SlowLedgerStore(s.db_path)), base_url=LOCAL) as c:
         passthrough(c, "pt")
         totals = c.get("/cost", params={"session": "pt"}).json()["totals"]
     assert totals["requests"] == 1 and totals["input_tokens"] > 0
@@ -54,10 +55,10 @@ def test_cost_counts_a_passthrough_reply_whose_row_is_still_being_written(
 
 def test_shutdown_writes_pending_ledger_rows(fake: FakeProvider, tmp_path: Path) -> None:
     s = settings(fake, tmp_path)
-    with TestClient(create_app(s, SlowLedgerStore(s.db_path))) as c:
+    with TestClient(create_app(s, SlowLedgerStore(s.db_path)), base_url=LOCAL) as c:
         passthrough(c, "pt")
     # A new process on the same store sees the row the old one was writing when it stopped.
-    with TestClient(create_app(s)) as c:
+    with TestClient(create_app(s), base_url=LOCAL) as c:
         totals = c.get("/cost", params={"session": "pt"}).json()["totals"]
     assert totals["requests"] == 1
 
@@ -77,7 +78,7 @@ def test_a_stream_whose_commit_fails_ends_with_an_error_event(
     if path == "/v1/messages":
         body["max_tokens"] = 16
     app = create_app(s, FailingCommitStore(s.db_path))
-    with TestClient(app) as c, c.stream("POST", path, json=body) as r:
+    with TestClient(app, base_url=LOCAL) as c, c.stream("POST", path, json=body) as r:
         assert r.status_code == 200
         events = b"".join(r.iter_bytes())
     *_, last = [e for e in events.split(b"\n\n") if e.strip()]

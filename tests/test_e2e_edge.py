@@ -6,6 +6,8 @@ bills. Every refusal is an error object in the client's own dialect."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +15,7 @@ import orjson
 import pytest
 
 from skillstate.jsondepth import MAX_JSON_DEPTH
-from tests.conftest import ProxyProcess
+from tests.conftest import ProxyProcess, proxy_env
 from tests.fakeprovider import FakeProvider
 
 CHAT = "/v1/chat/completions"
@@ -156,3 +158,115 @@ def test_a_state_patch_not_declared_as_json_is_a_415(
     )
     assert_dialect_error(r, CHAT, 415, "application/json")
     assert proxy.state("s") == before
+
+
+# ---- item 7: Host and Origin ----------------------------------------------------------------
+
+StartProxy = Callable[..., ProxyProcess]
+
+
+def test_a_foreign_host_is_refused_on_every_route(fake: FakeProvider, proxy: ProxyProcess) -> None:
+    # DNS rebinding: evil.example resolves to 127.0.0.1, the browser sends its own name.
+    assert post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s").status_code == 200
+    fake.reset()
+    for path in TURN_PATHS:
+        r = post(proxy, path, turn_body(path), host="evil.example")
+        assert_dialect_error(r, path, 403, "allowed_hosts")
+    for path in ("/state?session=s", "/state", "/cost", "/health", "/v1/models"):
+        r = httpx.get(proxy.url + path, headers={"host": "evil.example:8789"})
+        assert_dialect_error(r, CHAT, 403, "allowed_hosts")
+    assert fake.requests == []
+    port = proxy.url.rsplit(":", 1)[1]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", "LOCALHOST.", "[::1]"):
+        assert httpx.get(proxy.url + "/health", headers={"host": host}).status_code == 200, host
+
+
+def test_allowed_hosts_adds_names(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake.url + "/v1", config={"allowed_hosts": ["proxy.internal"]})
+    assert httpx.get(proxy.url + "/health", headers={"host": "proxy.internal:1"}).status_code == 200
+    assert httpx.get(proxy.url + "/health", headers={"host": "127.0.0.1"}).status_code == 200
+    r = httpx.get(proxy.url + "/health", headers={"host": "other.internal"})
+    assert_dialect_error(r, CHAT, 403, "allowed_hosts")
+
+
+def test_a_cross_origin_request_is_refused_on_every_route(
+    fake: FakeProvider, proxy: ProxyProcess
+) -> None:
+    for path in TURN_PATHS:
+        for origin in ("https://evil.example", "null", "http://localhost:1"):
+            r = post(proxy, path, turn_body(path), origin=origin)
+            assert_dialect_error(r, path, 403, "allowed_origins")
+    r = httpx.delete(
+        proxy.url + "/state", params={"session": "s"}, headers={"origin": "https://evil.example"}
+    )
+    assert_dialect_error(r, CHAT, 403, "allowed_origins")
+    r = httpx.get(proxy.url + "/v1/models", headers={"origin": "https://evil.example"})
+    assert_dialect_error(r, CHAT, 403, "allowed_origins")
+    assert fake.requests == []
+    # The proxy's own pages (same origin) may call it.
+    r = post(proxy, CHAT, turn_body(CHAT), origin=proxy.url)
+    assert r.status_code == 200, r.text
+
+
+def test_allowed_origins_lets_a_named_site_in(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    proxy = start_proxy(fake.url + "/v1", config={"allowed_origins": ["https://app.example"]})
+    r = post(proxy, MESSAGES, turn_body(MESSAGES), origin="https://app.example")
+    assert r.status_code == 200, r.text
+    r = post(proxy, MESSAGES, turn_body(MESSAGES), origin="https://app.example.evil")
+    assert_dialect_error(r, MESSAGES, 403, "allowed_origins")
+
+
+# ---- item 8: client headers that pick what the operator's key bills -------------------------
+
+SCOPING = {
+    "openai-organization": "org-client",
+    "openai-project": "proj-client",
+    "api-key": "azure-client-key",
+    "x-goog-api-key": "google-client-key",
+    "x-goog-user-project": "client-project",
+    "anthropic-organization-id": "client-org",
+    "ocp-apim-subscription-key": "apim-client-key",
+}
+
+
+@pytest.mark.parametrize("path", TURN_PATHS)
+def test_scoping_headers_are_dropped_when_the_proxy_has_its_own_key(
+    fake: FakeProvider, proxy: ProxyProcess, path: str
+) -> None:
+    r = post(proxy, path, turn_body(path), authorization="Bearer client-key", **SCOPING)
+    assert r.status_code == 200, r.text
+    sent = fake.last.headers
+    assert not set(SCOPING) & set(sent), sent
+    assert "client-key" not in str(sent)
+    assert sent.get("authorization") == "Bearer sk-upstream" or sent.get("x-api-key")
+
+
+def test_scoping_headers_on_the_allowlist_are_forwarded(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    proxy = start_proxy(
+        fake.url + "/v1", config={"forward_scoping_headers": ["OpenAI-Organization"]}
+    )
+    r = post(proxy, CHAT, turn_body(CHAT), **SCOPING)
+    assert r.status_code == 200, r.text
+    sent = fake.last.headers
+    assert sent["openai-organization"] == "org-client"
+    assert not (set(SCOPING) - {"openai-organization"}) & set(sent), sent
+
+
+def test_without_a_proxy_key_the_clients_own_scoping_headers_go_with_its_key(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    argv = ["--port", "0", "--data-dir", str(tmp_path), "--upstream", fake.url + "/v1"]
+    proxy = ProxyProcess(argv, proxy_env(), tmp_path)  # no SKILLSTATE_API_KEY
+    try:
+        r = post(proxy, CHAT, turn_body(CHAT), authorization="Bearer client-key", **SCOPING)
+    finally:
+        proxy.stop()
+    assert r.status_code == 200, r.text
+    sent = fake.last.headers
+    assert sent["authorization"] == "Bearer client-key"
+    # (anthropic-* headers never go to an OpenAI-kind upstream, with or without a key)
+    assert {k: sent.get(k) for k in SCOPING} == {
+        k: None if k.startswith("anthropic-") else v for k, v in SCOPING.items()
+    }

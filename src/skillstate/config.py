@@ -94,6 +94,14 @@ class Settings(BaseModel):
     constrain: Constrain = Constrain.OFF
     schema_violation: Literal["reject", "drop"] = "reject"
 
+    # Which Host and Origin headers are served besides loopback and the proxy's own pages
+    # (DNS rebinding and cross-site protection, see guards.py); "*" turns a check off.
+    allowed_hosts: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)
+    # Credential and billing-scoping client headers (openai-organization, ...) still forwarded
+    # to an upstream that has its own api_key; by default they are dropped.
+    forward_scoping_headers: list[str] = Field(default_factory=list)
+
     max_body_bytes: int = Field(default=16 * MiB, ge=1024)
     max_patch_bytes: int = Field(default=32 * 1024, ge=16)
     max_state_bytes: int = Field(default=64 * 1024, ge=16)

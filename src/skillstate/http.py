@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from .dialects.registry import get_dialect
+from .dialects.registry import dialect_for_path, get_dialect
 from .errors import Dialect, ProxyError
 from .jsondepth import MAX_JSON_DEPTH, nesting_exceeds
 
@@ -25,6 +25,12 @@ class JSONResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
+
+
+def dialect_for(path: str, anthropic_version: bool) -> Dialect:
+    """The dialect of an error answered outside the turn handlers: the one whose routes serve
+    ``path``, else by the header every Anthropic SDK request carries (``anthropic-version``)."""
+    return dialect_for_path(path) or ("anthropic" if anthropic_version else "openai")
 
 
 def error_response(

@@ -35,6 +35,19 @@ _DROP_REQUEST_HEADERS = frozenset(
     }
 )  # fmt: skip
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
+# Client headers that pick which account, organisation or project a key bills, or that carry
+# another provider's key. With the upstream's own api_key configured the operator pays, so
+# these are dropped unless listed in forward_scoping_headers; without one, the client's key is
+# forwarded and its scoping headers go with it.
+SCOPING_HEADERS = frozenset(
+    {
+        "openai-organization", "openai-project",  # OpenAI: org and project billed
+        "api-key",  # Azure OpenAI key
+        "x-goog-api-key", "x-goog-user-project",  # Google: key, project billed
+        "anthropic-organization-id", "anthropic-workspace-id",
+        "ocp-apim-subscription-key",  # Azure API Management key
+    }
+)  # fmt: skip
 # Upstream response headers worth passing to clients (SDKs read request ids and limits).
 _PASS_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "openai-", "x-request-id")
 _PASS_RESPONSE_HEADERS = frozenset({"request-id", "retry-after", "retry-after-ms"})
@@ -72,6 +85,8 @@ class UpstreamRuntime:
         self.breaker = CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now)
         self.limits = UpstreamLimits(cfg.rpm, cfg.tpm, now)
         self.session: aiohttp.ClientSession | None = None
+        allowed = {h.lower() for h in settings.forward_scoping_headers}
+        self.dropped_scoping = SCOPING_HEADERS - allowed if cfg.api_key else frozenset()
 
     def serves(self, model: str | None) -> bool:
         if not self.cfg.models or model is None:
@@ -85,6 +100,7 @@ class UpstreamRuntime:
             if k not in _DROP_REQUEST_HEADERS
             and not k.startswith("x-skillstate-")
             and k not in _CREDENTIAL_HEADERS
+            and k not in self.dropped_scoping
             and self.dialect.forwards_header(k)
         }
         key = self.cfg.api_key or _client_key(client_headers)

@@ -7,6 +7,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
 from ..config import Settings
+from ..guards import BrowserGuard
 from ..store import Store
 from .failures import crashed, not_found
 from .requestlog import RequestLog
@@ -24,6 +25,7 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
         exception_handlers={HTTPException: not_found, Exception: crashed},
     )
     app.state.runtime = Runtime(settings, store)
+    app.add_middleware(BrowserGuard, settings=settings)
     if settings.verbose:
         app.add_middleware(RequestLog)
     return app
