@@ -103,6 +103,11 @@ class Settings(BaseModel):
     forward_scoping_headers: list[str] = Field(default_factory=list)
 
     max_body_bytes: int = Field(default=16 * MiB, ge=1024)
+    # HTTP limits uvicorn does not enforce itself (httplimits.py).
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)  # request line + headers; 431
+    header_timeout: float = Field(default=10.0, gt=0)  # seconds to receive a request's head; 408
+    body_timeout: float = Field(default=60.0, gt=0)  # seconds to receive its body; 408
+    max_connections: int = Field(default=512, ge=1)  # open client connections; 503 beyond
     max_patch_bytes: int = Field(default=32 * 1024, ge=16)
     max_state_bytes: int = Field(default=64 * 1024, ge=16)
     max_retries: int = Field(default=2, ge=0, le=10)  # rollback-retries for an invalid patch

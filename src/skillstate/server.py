@@ -16,6 +16,7 @@ import uvicorn
 from . import __version__
 from .app import create_app
 from .config import ConfigError, Settings
+from .httplimits import HttpLimits, limited_protocol
 from .store import StoreError, StoreUnavailable
 from .store.datadir import lock_data_dir, prepare_path
 from .store.sqlite import as_store_error, connect
@@ -58,10 +59,18 @@ def preflight_store(settings: Settings) -> None:
 
 
 def _uvicorn_config(settings: Settings) -> uvicorn.Config:
+    limits = HttpLimits(
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout=settings.header_timeout,
+        body_timeout=settings.body_timeout,
+        max_connections=settings.max_connections,
+    )
     return uvicorn.Config(
         create_app(settings),
         loop="uvloop",
-        http="httptools",
+        http=limited_protocol(limits),
+        # Nothing reads the client address, so no X-Forwarded-For rewriting on every request.
+        proxy_headers=False,
         lifespan="on",
         access_log=False,
         log_level="warning",
