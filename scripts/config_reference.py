@@ -41,7 +41,23 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "(small local models). Per request: `x-skillstate-constrain`.",
         "schema_violation": "What a patch key outside the allowed keys does: `reject` the whole "
         "transition (the model is re-asked), or `drop` the key with a warning.",
+        "allowed_hosts": "Host names served besides loopback (`localhost`, `127.0.0.1`, "
+        "`[::1]`) and the listen host; any other `Host` is a 403 (DNS rebinding). `*` turns "
+        "the check off.",
+        "allowed_origins": "Browser origins (`https://app.example`) that may call the proxy; "
+        "any other `Origin` than the proxy's own is a 403. `*` turns the check off.",
+        "forward_scoping_headers": "Client headers that pick what a key bills "
+        "(`openai-organization`, `openai-project`, `api-key`, `x-goog-api-key`, ...) still "
+        "forwarded to an upstream with its own `api_key`; by default they are dropped.",
         "max_body_bytes": "Largest request body accepted (413 above).",
+        "max_header_bytes": "Largest request head (request line and headers) accepted; "
+        "431 above, refused before it is buffered.",
+        "header_timeout": "Seconds a connection has to send a request's head (also a new "
+        "connection that sends nothing); 408 and closed after.",
+        "body_timeout": "Seconds a request has to send its body after its head; 408 and "
+        "closed after.",
+        "max_connections": "Open client connections; one more is answered 503 (Anthropic "
+        "clients: 529) with `retry-after` and closed.",
         "max_patch_bytes": "Largest `state_patch` accepted from a model.",
         "max_state_bytes": "Largest state after a merge; a patch that grows it past this is "
         "rejected.",

@@ -108,6 +108,7 @@ class Settings(BaseModel):
     header_timeout: float = Field(default=10.0, gt=0)  # seconds to receive a request's head; 408
     body_timeout: float = Field(default=60.0, gt=0)  # seconds to receive its body; 408
     max_connections: int = Field(default=512, ge=1)  # open client connections; 503 beyond
+
     max_patch_bytes: int = Field(default=32 * 1024, ge=16)
     max_state_bytes: int = Field(default=64 * 1024, ge=16)
     max_retries: int = Field(default=2, ge=0, le=10)  # rollback-retries for an invalid patch
