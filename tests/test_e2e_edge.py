@@ -1,12 +1,11 @@
-"""Hostile clients at the HTTP edge, through the real proxy process: JSON nested too deep,
-bodies not declared as JSON (what a web page can send without CORS), foreign Host and Origin
-headers (DNS rebinding, cross-site requests), and headers that pick what the operator's key
-bills. Every refusal is an error object in the client's own dialect."""
+"""Hostile clients at the HTTP edge, through the real app under the CLI's uvicorn config: JSON
+nested too deep, bodies not declared as JSON (what a web page can send without CORS), foreign
+Host and Origin headers (DNS rebinding, cross-site requests), and headers that pick what the
+operator's key bills. Every refusal is an error object in the client's own dialect."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import orjson
 import pytest
 
 from skillstate.jsondepth import MAX_JSON_DEPTH
-from tests.conftest import ProxyProcess, proxy_env
+from tests.conftest import InProcessProxy, Proxy, StartProxy, proxy_env
 from tests.fakeprovider import FakeProvider
 
 CHAT = "/v1/chat/completions"
@@ -30,9 +29,7 @@ def turn_body(path: str, **extra: Any) -> dict[str, Any]:
     return {**body, **extra}
 
 
-def post(
-    proxy: ProxyProcess, path: str, body: bytes | dict[str, Any], **headers: str
-) -> httpx.Response:
+def post(proxy: Proxy, path: str, body: bytes | dict[str, Any], **headers: str) -> httpx.Response:
     # The stdlib encoder: orjson refuses to write more than 255 levels.
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     hdrs = {"content-type": "application/json"}
@@ -93,7 +90,7 @@ def tool(path: str, schema: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("path", TURN_PATHS)
 @pytest.mark.parametrize("mode", ["state", "passthrough"])
 def test_json_nested_past_the_limit_is_a_400_in_the_dialect(
-    fake: FakeProvider, proxy: ProxyProcess, path: str, mode: str
+    fake: FakeProvider, proxy: Proxy, path: str, mode: str
 ) -> None:
     # 300 nested arrays used to be a 500 with a traceback (orjson serialises only 255 levels).
     content = [{"type": "text", "text": "x", "extra": nested_lists(300)}]
@@ -111,9 +108,7 @@ def test_json_nested_past_the_limit_is_a_400_in_the_dialect(
     assert proxy.get("/health").json()["ok"] is True
 
 
-def test_operator_patch_nested_past_the_limit_is_a_400(
-    fake: FakeProvider, proxy: ProxyProcess
-) -> None:
+def test_operator_patch_nested_past_the_limit_is_a_400(fake: FakeProvider, proxy: Proxy) -> None:
     r = post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s")
     assert r.status_code == 200, r.text
     before = proxy.state("s")
@@ -131,9 +126,7 @@ def test_operator_patch_nested_past_the_limit_is_a_400(
 
 
 @pytest.mark.parametrize("path", TURN_PATHS)
-def test_a_body_not_declared_as_json_is_a_415(
-    fake: FakeProvider, proxy: ProxyProcess, path: str
-) -> None:
+def test_a_body_not_declared_as_json_is_a_415(fake: FakeProvider, proxy: Proxy, path: str) -> None:
     raw = orjson.dumps(turn_body(path))
     # What a web page may send cross-site without a CORS preflight, and no type at all.
     for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""):
@@ -145,9 +138,7 @@ def test_a_body_not_declared_as_json_is_a_415(
         assert r.status_code == 200, (ctype, r.text)
 
 
-def test_a_state_patch_not_declared_as_json_is_a_415(
-    fake: FakeProvider, proxy: ProxyProcess
-) -> None:
+def test_a_state_patch_not_declared_as_json_is_a_415(fake: FakeProvider, proxy: Proxy) -> None:
     assert post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s").status_code == 200
     before = proxy.state("s")
     r = httpx.patch(
@@ -162,10 +153,8 @@ def test_a_state_patch_not_declared_as_json_is_a_415(
 
 # ---- item 7: Host and Origin ----------------------------------------------------------------
 
-StartProxy = Callable[..., ProxyProcess]
 
-
-def test_a_foreign_host_is_refused_on_every_route(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_a_foreign_host_is_refused_on_every_route(fake: FakeProvider, proxy: Proxy) -> None:
     # DNS rebinding: evil.example resolves to 127.0.0.1, the browser sends its own name.
     assert post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s").status_code == 200
     fake.reset()
@@ -189,9 +178,7 @@ def test_allowed_hosts_adds_names(fake: FakeProvider, start_proxy: StartProxy) -
     assert_dialect_error(r, CHAT, 403, "allowed_hosts")
 
 
-def test_a_cross_origin_request_is_refused_on_every_route(
-    fake: FakeProvider, proxy: ProxyProcess
-) -> None:
+def test_a_cross_origin_request_is_refused_on_every_route(fake: FakeProvider, proxy: Proxy) -> None:
     for path in TURN_PATHS:
         for origin in ("https://evil.example", "null", "http://localhost:1"):
             r = post(proxy, path, turn_body(path), origin=origin)
@@ -231,7 +218,7 @@ SCOPING = {
 
 @pytest.mark.parametrize("path", TURN_PATHS)
 def test_scoping_headers_are_dropped_when_the_proxy_has_its_own_key(
-    fake: FakeProvider, proxy: ProxyProcess, path: str
+    fake: FakeProvider, proxy: Proxy, path: str
 ) -> None:
     r = post(proxy, path, turn_body(path), authorization="Bearer client-key", **SCOPING)
     assert r.status_code == 200, r.text
@@ -258,7 +245,7 @@ def test_without_a_proxy_key_the_clients_own_scoping_headers_go_with_its_key(
     fake: FakeProvider, tmp_path: Path
 ) -> None:
     argv = ["--port", "0", "--data-dir", str(tmp_path), "--upstream", fake.url + "/v1"]
-    proxy = ProxyProcess(argv, proxy_env(), tmp_path)  # no SKILLSTATE_API_KEY
+    proxy = InProcessProxy(argv, proxy_env(), tmp_path)  # no SKILLSTATE_API_KEY
     try:
         r = post(proxy, CHAT, turn_body(CHAT), authorization="Bearer client-key", **SCOPING)
     finally:

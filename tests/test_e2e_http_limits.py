@@ -10,15 +10,14 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import ProxyProcess
+from tests.conftest import ProxyProcess, StartProxyProcess
 from tests.fakeprovider import FakeProvider
 
-StartProxy = Callable[..., ProxyProcess]
 OUTER_BOUND = 30.0  # seconds a socket read may block before the test gives up
 PATHS = ["/v1/chat/completions", "/v1/messages"]
 
@@ -135,8 +134,10 @@ def test_a_megabyte_header_is_refused_without_reaching_the_upstream(
     assert fake.requests == []
 
 
-def test_max_header_bytes_is_configurable(fake: FakeProvider, start_proxy: StartProxy) -> None:
-    proxy = start_proxy(fake.url + "/v1", config={"max_header_bytes": 4096})
+def test_max_header_bytes_is_configurable(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess
+) -> None:
+    proxy = start_proxy_process(fake.url + "/v1", config={"max_header_bytes": 4096})
     path = PATHS[1]
     body = body_for(path)
     raw = exchange(proxy, head(path, body, "x-pad: " + "d" * 5000) + body)
@@ -153,8 +154,14 @@ def test_max_header_bytes_is_configurable(fake: FakeProvider, start_proxy: Start
 
 
 @pytest.fixture
-def short_timeouts(fake: FakeProvider, start_proxy: StartProxy) -> ProxyProcess:
-    return start_proxy(fake.url + "/v1", config={"header_timeout": 0.3, "body_timeout": 0.3})
+def proxy(fake: FakeProvider, start_proxy_process: StartProxyProcess) -> ProxyProcess:
+    return start_proxy_process(fake.url + "/v1")
+
+
+@pytest.fixture
+def short_timeouts(fake: FakeProvider, start_proxy_process: StartProxyProcess) -> ProxyProcess:
+    config = {"header_timeout": 0.3, "body_timeout": 0.3}
+    return start_proxy_process(fake.url + "/v1", config=config)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -219,9 +226,11 @@ def test_half_sent_requests_do_not_pile_up(
 
 
 def test_connections_past_max_connections_get_one_answer(
-    fake: FakeProvider, start_proxy: StartProxy
+    fake: FakeProvider, start_proxy_process: StartProxyProcess
 ) -> None:
-    proxy = start_proxy(fake.url + "/v1", config={"max_connections": 2, "header_timeout": 300})
+    proxy = start_proxy_process(
+        fake.url + "/v1", config={"max_connections": 2, "header_timeout": 300}
+    )
     health = b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
     with connect(proxy) as first, connect(proxy) as second:
         for sock in (first, second):  # both served, and kept open
