@@ -17,7 +17,7 @@ IMPORT = re.compile(r"""^import .* from "(\.[^"]+)";$""", re.MULTILINE)
 
 def test_ui_is_served_from_the_package(tmp_path: Path) -> None:
     s = Settings(data_dir=tmp_path)
-    with TestClient(create_app(s)) as c:
+    with TestClient(create_app(s), base_url="http://localhost") as c:  # a loopback Host
         r = c.get("/ui", follow_redirects=False)
         assert r.status_code == 308 and r.headers["location"].endswith("/ui/")
         index = c.get("/ui/")
