@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 
@@ -189,7 +188,7 @@ def test_client_key_never_forwarded(fake: FakeProvider, aproxy: Proxy, upstream_
 def test_malformed_requests_get_anthropic_400(
     aproxy: Proxy, body: dict[str, Any], needle: str
 ) -> None:
-    r = httpx.post(aproxy.v1 + "/messages", json=body, headers={"x-api-key": "k"})
+    r = aproxy.http.post(aproxy.v1 + "/messages", json=body, headers={"x-api-key": "k"})
     assert r.status_code == 400
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
@@ -199,7 +198,7 @@ def test_malformed_requests_get_anthropic_400(
 def test_a_stray_stream_options_is_ignored_on_messages(fake: FakeProvider, aproxy: Proxy) -> None:
     fake.enqueue(Reply(text=envelope({"notes": "n"})))
     body = {"model": "m", "max_tokens": 9, "stream": True, "stream_options": "yes"}
-    r = httpx.post(
+    r = aproxy.http.post(
         aproxy.v1 + "/messages",
         json={**body, "messages": [{"role": "user", "content": "x"}]},
         headers={"x-api-key": "k"},
@@ -216,7 +215,7 @@ def test_errors_are_anthropic_shaped(fake: FakeProvider, aproxy: Proxy) -> None:
             model="m", max_tokens=10, messages=[{"role": "user", "content": "x"}]
         )
     assert "slow down" in str(e.value)
-    r = httpx.post(
+    r = aproxy.http.post(
         aproxy.v1 + "/messages",
         content=b"{oops",
         headers={"x-api-key": "k", "content-type": "application/json"},
@@ -352,7 +351,7 @@ def test_count_tokens_bad_requests_are_anthropic_errors(aproxy: Proxy) -> None:
         c.messages.count_tokens(model="m", messages=[])
     assert e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "invalid_request_error"
-    r = httpx.post(
+    r = aproxy.http.post(
         aproxy.url + "/v1/messages/count_tokens",
         content=b"{nope",
         headers={"content-type": "application/json"},

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -149,11 +148,11 @@ def ask(
     headers = {"x-api-key": "sk-client", "anthropic-version": "2023-06-01", **hdr}
     url = p.url + "/v1/messages"
     if not streamed:
-        r = httpx.post(url, json=body, headers=headers, timeout=10)
+        r = p.http.post(url, json=body, headers=headers, timeout=10)
         assert r.status_code == 200, r.text
         return "".join(b.get("text", "") for b in r.json()["content"]), r.headers
     text = ""
-    with httpx.stream("POST", url, json=body, headers=headers, timeout=10) as r:
+    with p.http.stream("POST", url, json=body, headers=headers, timeout=10) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -452,7 +451,7 @@ def test_retries_are_separate_attempts_counted_against_savings(shared: Shared) -
         Reply(text="no envelope here", usage=u),
         Reply(text=envelope({"notes": "fine"}), usage=u),
     )
-    raw = httpx.post(
+    raw = p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "gpt-mine", "messages": [{"role": "user", "content": "x"}]},
         headers={"x-skillstate-session": "retry"},

@@ -34,7 +34,7 @@ def post(proxy: Proxy, path: str, body: bytes | dict[str, Any], **headers: str) 
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     hdrs = {"content-type": "application/json"}
     hdrs.update({k.replace("_", "-"): v for k, v in headers.items()})
-    return httpx.post(proxy.url + path, content=raw, headers=hdrs, timeout=30)
+    return proxy.http.post(proxy.url + path, content=raw, headers=hdrs, timeout=30)
 
 
 def assert_dialect_error(r: httpx.Response, path: str, status: int, words: str) -> None:
@@ -112,7 +112,7 @@ def test_operator_patch_nested_past_the_limit_is_a_400(fake: FakeProvider, proxy
     r = post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s")
     assert r.status_code == 200, r.text
     before = proxy.state("s")
-    r = httpx.patch(
+    r = proxy.http.patch(
         proxy.url + "/state",
         params={"session": "s"},
         content=json.dumps({"facts": nested_lists(400)}).encode(),
@@ -130,18 +130,18 @@ def test_a_body_not_declared_as_json_is_a_415(fake: FakeProvider, proxy: Proxy, 
     raw = orjson.dumps(turn_body(path))
     # What a web page may send cross-site without a CORS preflight, and no type at all.
     for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""):
-        r = httpx.post(proxy.url + path, content=raw, headers={"content-type": ctype})
+        r = proxy.http.post(proxy.url + path, content=raw, headers={"content-type": ctype})
         assert_dialect_error(r, path, 415, "application/json")
     assert fake.requests == []
     for ctype in ("application/json; charset=utf-8", "Application/JSON", "application/x+json"):
-        r = httpx.post(proxy.url + path, content=raw, headers={"content-type": ctype})
+        r = proxy.http.post(proxy.url + path, content=raw, headers={"content-type": ctype})
         assert r.status_code == 200, (ctype, r.text)
 
 
 def test_a_state_patch_not_declared_as_json_is_a_415(fake: FakeProvider, proxy: Proxy) -> None:
     assert post(proxy, CHAT, turn_body(CHAT), x_skillstate_session="s").status_code == 200
     before = proxy.state("s")
-    r = httpx.patch(
+    r = proxy.http.patch(
         proxy.url + "/state",
         params={"session": "s"},
         content=b'{"facts": "from a web page"}',

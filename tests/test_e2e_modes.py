@@ -17,7 +17,7 @@ def envelope(patch: dict) -> str:
 
 
 def post(p: Proxy, messages: list, **headers: str) -> httpx.Response:
-    return httpx.post(
+    return p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": messages},
         headers={k.replace("_", "-"): v for k, v in headers.items()},

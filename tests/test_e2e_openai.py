@@ -222,7 +222,7 @@ def test_langchain_openai(fake: FakeProvider, proxy: Proxy) -> None:
 def test_bad_requests_get_openai_errors(
     proxy: Proxy, body: bytes, status: int, needle: str
 ) -> None:
-    r = httpx.post(
+    r = proxy.http.post(
         proxy.v1 + "/chat/completions",
         content=body,
         headers={"content-type": "application/json"},
@@ -247,7 +247,7 @@ def test_bad_session_id_is_400(proxy: Proxy) -> None:
 def test_oversize_body_is_413(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start_proxy(fake.url, config={"max_body_bytes": 4096})
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10000}]}
-    r = httpx.post(p.v1 + "/chat/completions", json=big)
+    r = p.http.post(p.v1 + "/chat/completions", json=big)
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "request_too_large"
     assert fake.requests == []

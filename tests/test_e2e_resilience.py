@@ -134,7 +134,7 @@ def chat(
     **kw: Any,
 ) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": content}], **kw}
-    return httpx.post(
+    return proxy.http.post(
         proxy.v1 + "/chat/completions",
         json=body,
         headers={"x-skillstate-session": session},
@@ -144,7 +144,7 @@ def chat(
 
 def messages(proxy: InProcessProxy, session: str, model: str = "m", **kw: Any) -> httpx.Response:
     body = {"model": model, "max_tokens": 256, "messages": [{"role": "user", "content": "go"}]}
-    return httpx.post(
+    return proxy.http.post(
         proxy.v1 + "/messages",
         json={**body, **kw},
         headers={"x-skillstate-session": session},
@@ -153,7 +153,7 @@ def messages(proxy: InProcessProxy, session: str, model: str = "m", **kw: Any) -
 
 
 def stream_lines(proxy: InProcessProxy, path: str, body: dict[str, Any], session: str) -> list[str]:
-    with httpx.stream(
+    with proxy.http.stream(
         "POST",
         proxy.v1 + path,
         json={**body, "stream": True},

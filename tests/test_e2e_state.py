@@ -89,7 +89,7 @@ def test_tool_loop_60_cycles_keeps_native_pairs(fake: FakeProvider, proxy: Proxy
 
 def _try(proxy: Proxy, fake: FakeProvider, text: str, session: str) -> httpx.Response:
     fake.responder = lambda _req: Reply(text=text)
-    return httpx.post(
+    return proxy.http.post(
         proxy.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
         headers={"x-skillstate-session": session},
@@ -126,7 +126,7 @@ def test_invalid_transitions_leave_state_byte_identical(
 
 def test_rollback_retry_recovers(fake: FakeProvider, proxy: Proxy) -> None:
     fake.enqueue(Reply(text="no envelope here"), Reply(text=envelope({"notes": "fixed"})))
-    r = httpx.post(
+    r = proxy.http.post(
         proxy.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
         headers={"x-skillstate-session": "rr"},
@@ -213,15 +213,17 @@ def test_state_endpoint_crud(fake: FakeProvider, proxy: Proxy) -> None:
     got = proxy.state("crud")
     assert set(got) >= {"session", "step", "schema", "state", "created", "updated"}
     assert got["schema"] == ["facts", "notes", "step"]
-    r = httpx.patch(proxy.url + "/state", params={"session": "crud"}, json={"facts": {"op": True}})
+    r = proxy.http.patch(
+        proxy.url + "/state", params={"session": "crud"}, json={"facts": {"op": True}}
+    )
     assert r.status_code == 200, r.text
     assert proxy.state("crud")["state"] == {"notes": "n1", "facts": {"op": True}}
-    bad = httpx.patch(proxy.url + "/state", params={"session": "crud"}, json={"nope": 1})
+    bad = proxy.http.patch(proxy.url + "/state", params={"session": "crud"}, json={"nope": 1})
     assert bad.status_code == 400
     hist = proxy.get("/state", params={"session": "crud", "history": "1"}).json()["history"]
     assert [h["status"] for h in hist] == ["valid", "operator"]
     assert proxy.get("/state", params={"session": "missing"}).status_code == 404
-    assert httpx.delete(proxy.url + "/state", params={"session": "crud"}).status_code == 204
+    assert proxy.http.delete(proxy.url + "/state", params={"session": "crud"}).status_code == 204
     assert proxy.get("/state", params={"session": "crud"}).status_code == 404
 
 
@@ -230,7 +232,7 @@ def test_failed_rollback_retry_still_answers_with_the_last_reply(
 ) -> None:
     p = start_proxy(fake.url, config={"retry_max_attempts": 1})
     fake.enqueue(Reply(text="no envelope at all"), Reply(status=500, error_body="down"))
-    r = httpx.post(
+    r = p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
         headers={"x-skillstate-session": "rf"},

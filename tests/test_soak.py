@@ -174,7 +174,7 @@ def test_kill9_soak_loses_no_acknowledged_transition(
     # after the last restart every session continues at its last committed step
     for s in sessions:
         before = p.get("/state", params={"session": s}).json().get("step", 0)
-        r = httpx.post(
+        r = p.http.post(
             p.url + "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "after"}]},
             headers={"x-skillstate-session": s, "authorization": "Bearer k"},
