@@ -39,6 +39,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -217,8 +218,18 @@ def launch_in_process(
     return InProcessProxy(argv, proxy_env(SKILLSTATE_API_KEY="sk-upstream", **(env or {})), tmp)
 
 
+@pytest.fixture(scope="session")
+def _stopping() -> Iterator[list[threading.Thread]]:
+    """Proxies whose shutdown (uvicorn's, about 0.2 s of waiting) overlaps the next test."""
+    threads: list[threading.Thread] = []
+    yield threads
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "an in-process proxy did not stop"
+
+
 @pytest.fixture
-def start_proxy(tmp_path: Path) -> Iterator[StartProxy]:
+def start_proxy(tmp_path: Path, _stopping: list[threading.Thread]) -> Iterator[StartProxy]:
     """start_proxy(upstream_url, *extra_args, config=dict|None, env=dict|None), in-process."""
     started: list[InProcessProxy] = []
 
@@ -233,8 +244,11 @@ def start_proxy(tmp_path: Path) -> Iterator[StartProxy]:
         return p
 
     yield start
+    # Each test has its own data dir, so nothing the next test sees depends on this stop.
     for p in started:
-        p.stop()
+        t = threading.Thread(target=p.stop, name="stop-in-process-proxy")
+        t.start()
+        _stopping.append(t)
 
 
 @pytest.fixture
