@@ -4,13 +4,11 @@ Through the real proxy process, with raw HTTP so the SDKs' own typing cannot sto
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.conftest import ProxyProcess
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider
 
 MSGS = [{"role": "user", "content": "x"}]
@@ -36,9 +34,9 @@ FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "obje
     ],
 )
 def test_openai_shapes_are_a_400_and_nothing_is_sent_or_saved(
-    fake: FakeProvider, proxy: ProxyProcess, extra: dict[str, Any], needle: str
+    fake: FakeProvider, proxy: Proxy, extra: dict[str, Any], needle: str
 ) -> None:
-    r = httpx.post(
+    r = proxy.http.post(
         proxy.v1 + "/chat/completions",
         json={"model": "m", "messages": MSGS, **extra},
         headers={"x-skillstate-session": "shapes"},
@@ -51,7 +49,7 @@ def test_openai_shapes_are_a_400_and_nothing_is_sent_or_saved(
     assert proxy.get("/state", params={"session": "shapes"}).status_code == 404
 
 
-def test_openai_valid_shapes_still_pass(fake: FakeProvider, proxy: ProxyProcess) -> None:
+def test_openai_valid_shapes_still_pass(fake: FakeProvider, proxy: Proxy) -> None:
     body = {
         "model": "m",
         "messages": MSGS,
@@ -59,13 +57,13 @@ def test_openai_valid_shapes_still_pass(fake: FakeProvider, proxy: ProxyProcess)
         "tool_choice": {"type": "function", "function": {"name": "f"}},
         "response_format": {"type": "json_object"},
     }
-    r = httpx.post(proxy.v1 + "/chat/completions", json=body, timeout=10)
+    r = proxy.http.post(proxy.v1 + "/chat/completions", json=body, timeout=10)
     assert r.status_code == 200, r.text
     assert len(fake.requests) == 1
 
 
 @pytest.fixture
-def anthropic_proxy(fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]) -> ProxyProcess:
+def anthropic_proxy(fake: FakeProvider, start_proxy: StartProxy) -> Proxy:
     up = {"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "sk-configured"}
     return start_proxy(None, config={"schema": ["notes"], "upstreams": [up]})
 
@@ -84,9 +82,9 @@ def anthropic_proxy(fake: FakeProvider, start_proxy: Callable[..., ProxyProcess]
     ],
 )
 def test_anthropic_shapes_are_a_400_and_nothing_is_sent_or_saved(
-    fake: FakeProvider, anthropic_proxy: ProxyProcess, extra: dict[str, Any], needle: str
+    fake: FakeProvider, anthropic_proxy: Proxy, extra: dict[str, Any], needle: str
 ) -> None:
-    r = httpx.post(
+    r = anthropic_proxy.http.post(
         anthropic_proxy.v1 + "/messages",
         json={"model": "m", "max_tokens": 5, "messages": MSGS, **extra},
         headers={"x-api-key": "k", "x-skillstate-session": "shapes"},

@@ -29,7 +29,7 @@ def envelope(patch: dict) -> str:
 
 
 def chat(p: Proxy, session: str) -> httpx.Response:
-    return httpx.post(
+    return p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
         headers={"x-skillstate-session": session},
@@ -38,7 +38,7 @@ def chat(p: Proxy, session: str) -> httpx.Response:
 
 
 def messages(p: Proxy, session: str) -> httpx.Response:
-    return httpx.post(
+    return p.http.post(
         p.v1 + "/messages",
         json={"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]},
         headers={"x-skillstate-session": session, "anthropic-version": "2023-06-01"},
@@ -105,7 +105,7 @@ def test_max_sessions_refuses_a_new_session_before_calling_upstream(
 
     fake.enqueue(Reply(text=envelope({"notes": "a2"})))
     assert chat(p, "a").status_code == 200  # an existing session goes on
-    assert httpx.delete(p.url + "/state", params={"session": "a"}).status_code == 204
+    assert p.http.delete(p.url + "/state", params={"session": "a"}).status_code == 204
     fake.enqueue(Reply(text=envelope({"notes": "b"})))
     assert chat(p, "b").status_code == 200  # room again
     assert p.get("/health").status_code == 200
@@ -117,7 +117,9 @@ def test_patch_state_is_bounded_in_size_and_depth(fake: FakeProvider, proxy: Pro
     before = proxy.state("op")
 
     def patch(body: dict) -> httpx.Response:
-        return httpx.patch(proxy.url + "/state", params={"session": "op"}, json=body, timeout=30)
+        return proxy.http.patch(
+            proxy.url + "/state", params={"session": "op"}, json=body, timeout=30
+        )
 
     deep: list = []
     for _ in range(100):
@@ -140,7 +142,7 @@ def test_an_absurd_usage_report_wedges_neither_the_store_nor_shutdown(
     p = start_proxy_process(fake.url + "/v1", "--schema", "notes")
     fake.enqueue(Reply(text=envelope({"notes": "big"}), usage={"prompt_tokens": 2**53}))
     transcript = [{"role": "user", "content": "word " * 2000} for _ in range(400)]  # ~4 MB
-    r = httpx.post(
+    r = p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [*transcript, {"role": "user", "content": "x"}]},
         headers={"x-skillstate-session": "big"},
