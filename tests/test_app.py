@@ -101,7 +101,7 @@ def test_a_step_conflict_is_a_409_in_the_clients_dialect(
     s = settings(fake, tmp_path)
     fake.enqueue(Reply(text='```json\n{"state_patch": {}, "action": "a"}\n```'))
     body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-    with TestClient(create_app(s, ConcurrentWriterStore(s.db_path))) as c:
+    with TestClient(create_app(s, ConcurrentWriterStore(s.db_path)), base_url=LOCAL) as c:
         r = c.post(path, json=body, headers={"x-skillstate-session": "sc"})
         assert r.status_code == 409, r.text
         doc = r.json()
