@@ -288,3 +288,21 @@ async def test_max_sessions_refuses_a_new_session_but_not_old_ones(tmp_path: Pat
     assert await reopened.purge_sessions(older_than=1.5) == 1  # "c" (updated at 1.0)
     reopened.ensure_room_for_session()
     await reopened.close()
+
+
+async def test_health_check_answers_while_a_write_is_stuck(tmp_path: Path) -> None:
+    # /health must not queue behind a write that does not finish: it reports it instead.
+    store = SQLiteStore(tmp_path / "skillstate.db", close_timeout=0.2)
+    await store.open()
+    release = threading.Event()
+    stuck = asyncio.ensure_future(store._write(lambda db: release.wait(HANG)))
+    await asyncio.sleep(0)
+    try:
+        problem = await asyncio.wait_for(store.check(timeout=0.05), HANG)
+        assert problem is not None
+        assert "did not answer" in problem or "has been waiting" in problem
+    finally:
+        release.set()
+        await asyncio.wait_for(stuck, HANG)
+    assert await store.check(timeout=HANG) is None
+    await store.close()
