@@ -59,7 +59,13 @@ def test_report_has_exactly_the_documented_keys(name: str, request: pytest.Fixtu
     assert report["model"] == SIM_MODEL_ID
     assert isinstance(report["version"], str)
     assert report["revision"] is None or len(report["revision"]) == 40
-    assert set(report["savings"]) == {"prompt_tokens_pct", "per_call_pct", "break_even_turn"}
+    assert set(report["savings"]) == {
+        "prompt_tokens_pct",
+        "per_call_pct",
+        "break_even_turn",
+        "cost_pct",
+        "by_arm",
+    }
     for arm in ("baseline", "state"):
         a = report["arms"][arm]
         for key in (
@@ -137,6 +143,8 @@ def test_injected_failure_makes_the_run_invalid() -> None:
         "prompt_tokens_pct": None,
         "per_call_pct": None,
         "break_even_turn": None,
+        "cost_pct": None,
+        "by_arm": None,
     }
 
 

@@ -1,10 +1,17 @@
 """One benchmark arm: its configuration, its client and the record of each call.
 
 ``Arm.call`` sends one chat-completions request (through the client ``BenchConfig.client``
-names, see :mod:`skillstate.bench.wire`) and turns the reply into a ``CallRecord``: tokens as
+names, or as an Anthropic Messages request under the ``anthropic`` cache regime, see
+:mod:`skillstate.bench.wire`) and turns the reply into a ``CallRecord``: tokens as
 reported to the client, latency, HTTP requests, the proxy's ``x-skillstate-*`` headers and,
 offline, what the simulated model saw. A call whose response has no usage FAILS (we refuse a
 silent 0).
+
+Billing (:func:`regime_prices`): offline, a call is priced as ``--price-as MODEL`` (its input
+and output rates from the price book) under the cache regime's multipliers of the input rate
+(``REGIME_FACTORS``: cache reads 1.0/0.5/0.1, cache writes 1.0/1.0/1.25 for
+none/openai/anthropic), so every regime prices one model the same way but for its cache.
+Live, the model's own rates (cache prices included) apply.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from skillstate.bench.wire import (
+    AnthropicChatClient,
     ChatCallError,
     ChatClient,
     ChatReply,
@@ -25,11 +33,22 @@ from skillstate.bench.wire import (
 if TYPE_CHECKING:
     from skillstate.bench.simmodel import SimModel
     from skillstate.bench.workloads import ConversationWorkload, ToolsWorkload
+    from skillstate.pricing import Prices
 
 Progress = Callable[[str, int, int], None]  # (arm, calls done, calls expected)
 
-ARMS = ("baseline", "state")
+# baseline: the full transcript, no proxy; the others go through a proxy in that mode
+# (``state``: the bench's --mode, state by default).
+ARMS = ("baseline", "mask", "state", "auto")
+DEFAULT_ARMS = ("baseline", "state")
 CLIENTS = ("openai", "plain")  # the openai SDK (the benches) | http.client (the demo)
+CACHE_REGIMES = ("none", "openai", "anthropic")
+# regime -> (cache read, cache write) as multiples of the input rate
+REGIME_FACTORS: dict[str, tuple[float, float]] = {
+    "none": (1.0, 1.0),
+    "openai": (0.5, 1.0),
+    "anthropic": (0.1, 1.25),
+}
 
 
 class BenchError(Exception):
@@ -55,6 +74,8 @@ class BenchConfig:
     inject_failure: tuple[str, int] | None = None  # (arm, turn): that call fails (offline)
     timeout: float = 120.0
     client: str = "openai"  # one of CLIENTS
+    cache_regime: str = "openai"  # the simulated provider's prompt cache (one of CACHE_REGIMES)
+    arms: tuple[str, ...] = DEFAULT_ARMS
 
     @property
     def offline(self) -> bool:
@@ -68,7 +89,8 @@ class CallRecord:
     error: str | None = None
     prompt_tokens: int | None = None  # as reported to the client
     completion_tokens: int | None = None
-    cached_tokens: int | None = None
+    cached_tokens: int | None = None  # cache reads, included in prompt_tokens
+    cache_write_tokens: int | None = None  # cache writes, included in prompt_tokens
     latency_ms: float = 0.0
     retries: int | None = None  # proxy re-asks (x-skillstate-retries), None when not reported
     http_requests: int = 0  # requests the client sent (the openai client's own retries included)
@@ -104,16 +126,50 @@ class BenchRun:
 # -- pricing ---------------------------------------------------------------------------------
 
 
-def _price(cfg: BenchConfig, rec: CallRecord) -> float | None:
-    model = cfg.price_as or (None if cfg.offline else cfg.model)
-    if model is None or rec.prompt_tokens is None or rec.completion_tokens is None:
-        return None
-    from skillstate.ledger import Usage
+def regime_prices(model: str | None, regime: str) -> Prices | None:
+    """``model``'s input and output rates with the regime's cache multipliers (see the module
+    docstring); None when the model or its rates are unknown."""
+    from skillstate.pricing import Prices
 
-    cached = min(rec.cached_tokens or 0, rec.prompt_tokens)
-    usage = Usage(rec.prompt_tokens, rec.completion_tokens, cached, 0)
-    hint = None if cfg.offline else cfg.upstream
-    priced = _price_book().price(usage, model=model, upstream=None, provider_hint=hint)
+    if model is None:
+        return None
+    rates = _price_book().rates(model=model, upstream=None)
+    if rates is None:
+        return None
+    read, write = REGIME_FACTORS[regime]
+    base = rates.input_per_mtok
+    return Prices(base, rates.output_per_mtok, base * read, base * write)
+
+
+def bench_prices(cfg: BenchConfig) -> Prices | None:
+    """The rates a run's calls are billed at: offline, ``--price-as`` under the regime."""
+    if cfg.offline:
+        return regime_prices(cfg.price_as, cfg.cache_regime)
+    return None
+
+
+def call_usage(rec: CallRecord) -> Any:
+    """The call's ``Usage`` (None without a reported prompt count)."""
+    from skillstate.usage import Usage
+
+    if rec.prompt_tokens is None or rec.completion_tokens is None:
+        return None
+    read = min(rec.cached_tokens or 0, rec.prompt_tokens)
+    write = min(rec.cache_write_tokens or 0, rec.prompt_tokens - read)
+    return Usage(rec.prompt_tokens, rec.completion_tokens, read, write)
+
+
+def _price(cfg: BenchConfig, rec: CallRecord) -> float | None:
+    from skillstate.pricing import cost_from_prices
+
+    usage = call_usage(rec)
+    if usage is None:
+        return None
+    if cfg.offline:
+        prices = bench_prices(cfg)
+        return None if prices is None else cost_from_prices(usage, prices)
+    model = cfg.price_as or cfg.model
+    priced = _price_book().price(usage, model=model, upstream=None, provider_hint=cfg.upstream)
     return priced.cost_usd
 
 
@@ -143,6 +199,8 @@ def _header_int(headers: Any, name: str) -> int | None:
 def open_client(
     cfg: BenchConfig, base_url: str, api_key: str, headers: dict[str, str]
 ) -> ChatClient:
+    if cfg.cache_regime == "anthropic":
+        return AnthropicChatClient(base_url, api_key, headers, cfg.timeout)
     if cfg.client == "plain":
         return PlainChatClient(base_url, api_key, headers, cfg.timeout)
     if cfg.client != "openai":
@@ -230,3 +288,4 @@ def _record_reply(rec: CallRecord, reply: ChatReply) -> None:
         rec.prompt_tokens = reply.prompt_tokens
         rec.completion_tokens = reply.completion_tokens
         rec.cached_tokens = reply.cached_tokens
+        rec.cache_write_tokens = reply.cache_write_tokens

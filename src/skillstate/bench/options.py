@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from skillstate.bench.arm import ARMS, BenchConfig, BenchError
+from skillstate.bench.arm import ARMS, CACHE_REGIMES, DEFAULT_ARMS, BenchConfig, BenchError
 
 EPILOG = (
     "Live runs read the key from SKILLSTATE_API_KEY or OPENAI_API_KEY. Exit status: 0 valid "
@@ -62,11 +62,7 @@ def common_args(p: argparse.ArgumentParser) -> None:
         "envelope (response_format; small local models) (default off)",
     )
     p.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
-    p.add_argument(
-        "--price-as",
-        metavar="MODEL",
-        help="price the token counts as this model (bundled prices; hypothetical offline)",
-    )
+    cost_args(p)
     p.add_argument("--out", metavar="FILE", help="write the JSON report here")
     p.add_argument("--chart", metavar="FILE", help="write a chart (.svg, .html, or .png)")
     p.add_argument("--json", action="store_true", help="print the JSON report to stdout")
@@ -77,12 +73,53 @@ def common_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def cost_args(p: argparse.ArgumentParser) -> None:
+    """--price-as / --cache-regime / --arms (every bench that runs arms)."""
+    p.add_argument(
+        "--price-as",
+        metavar="MODEL",
+        help="price the token counts as this model (bundled prices; hypothetical offline)",
+    )
+    p.add_argument(
+        "--cache-regime",
+        choices=CACHE_REGIMES,
+        default="openai",
+        help="how the simulated provider caches and bills prompt prefixes: none; openai "
+        "(automatic prefix cache, reads at 0.5x input); anthropic (cache_control breakpoints, "
+        "reads 0.1x, writes 1.25x; the client speaks the Messages API and marks the end of "
+        "system and of the last message). TTL 300 s, minimum 1,024 tokens (default openai)",
+    )
+    p.add_argument(
+        "--arms",
+        metavar="A,B",
+        default=",".join(DEFAULT_ARMS),
+        help=f"which arms to run, of {', '.join(ARMS)} or 'all' (default "
+        f"{','.join(DEFAULT_ARMS)}); mask/state/auto run through the proxy in that mode",
+    )
+
+
+def parse_arms(value: str | None) -> tuple[str, ...]:
+    """``--arms``: 'all' or a comma list; baseline is always run, first."""
+    if not value or value == "all":
+        return ARMS if value == "all" else DEFAULT_ARMS
+    names = [a.strip() for a in value.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ARMS]
+    if unknown:
+        raise BenchError(f"--arms: unknown arm(s) {', '.join(unknown)} (of {', '.join(ARMS)})")
+    ordered = tuple(a for a in ARMS if a in names or a == "baseline")
+    if len(ordered) < 2:
+        raise BenchError("--arms: baseline and at least one of mask, state, auto")
+    return ordered
+
+
 def parse_injection(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     arm, _, turn = value.partition(":")
     if arm not in ARMS or not turn.isdigit() or int(turn) < 1:
-        raise BenchError(f"--inject-failure: expected baseline:N or state:N, got {value!r}")
+        raise BenchError(
+            f"--inject-failure: expected ARM:N (ARM one of {', '.join(ARMS)}), got {value!r}"
+        )
     return arm, int(turn)
 
 
@@ -111,4 +148,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_tokens=getattr(args, "max_tokens", 512),
         price_as=getattr(args, "price_as", None),
         inject_failure=parse_injection(getattr(args, "inject_failure", None)),
+        cache_regime=getattr(args, "cache_regime", "openai") or "openai",
+        arms=parse_arms(getattr(args, "arms", None)),
     )

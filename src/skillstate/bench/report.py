@@ -13,12 +13,27 @@ Counting rules
   only given when both arms made the same number of calls; ``per_call_pct`` compares the mean
   prompt tokens per call; ``break_even_turn`` is the first turn from which the state arm's
   cumulative prompt tokens never exceed the baseline's again.
-* The verdict refuses to claim savings ("INVALID RUN: ...") when either arm had a failed call
+* The verdict refuses to claim savings ("INVALID RUN: ...") when any arm had a failed call
   or no tokens were counted, and claims only the per-call figure when the call counts differ.
+  Its token sentence is about the ``state`` arm (the first proxied arm when there is none).
+
+Dollars
+-------
+With rates (offline: ``--price-as`` under ``--cache-regime``, see
+:func:`skillstate.bench.arm.regime_prices`), every arm's ``cost_usd`` is its billed cost, split
+into ``cost_breakdown`` (plain input, cache reads, cache writes, output; the counts are the
+simulated provider's own, ``cache_write_tokens`` among them). ``savings.by_arm[ARM]`` gives,
+for each proxied arm against the baseline: ``prompt_tokens_pct``, ``cost_pct`` (billed cost,
+negative when the arm cost more), ``saved_usd``, ``last10_cost_ratio`` (baseline cost over
+the arm's over the last 10 calls) and, when the proxy's ledger reports it,
+``ledger_saved_cost_usd`` (the proxy's /cost ``saved_cost_usd``) with ``ledger_vs_measured_pct``
+(its difference from the measured ``saved_usd``, in % of the baseline's cost).
+``savings.cost_pct`` is the ``state`` arm's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +48,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from skillstate.bench.arm import ArmResult, BenchRun, CallRecord
+    from skillstate.pricing import Prices
 
 REPORT_KEYS = (
     "version",
@@ -73,7 +89,32 @@ def _counted_prompt(c: CallRecord) -> int | None:
     return c.prompt_tokens
 
 
-def _arm_summary(arm: ArmResult) -> dict[str, Any]:
+def cost_breakdown(arm: Mapping[str, Any], prices: Prices) -> dict[str, float]:
+    """An arm's billed cost by part, USD: plain input, cache reads, cache writes, output."""
+    read, write = arm["cached_tokens"], arm["cache_write_tokens"]
+    plain = arm["prompt_tokens"] - read - write
+    parts = {
+        "input_usd": plain * prices.input_per_mtok,
+        "cache_read_usd": read * prices.cache_read_per_mtok,
+        "cache_write_usd": write * prices.cache_write_per_mtok,
+        "output_usd": arm["completion_tokens"] * prices.output_per_mtok,
+    }
+    return {k: round(v / 1e6, 9) for k, v in parts.items()}
+
+
+def _ledger_saved(ledger: Any) -> float | None:
+    """The proxy's /cost ``saved_cost_usd`` (older proxies: ``saved_usd``), or None."""
+    totals = ledger.get("totals") if isinstance(ledger, Mapping) else None
+    if not isinstance(totals, Mapping):
+        return None
+    for key in ("saved_cost_usd", "saved_usd"):
+        value = totals.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _arm_summary(arm: ArmResult, prices: Prices | None = None) -> dict[str, Any]:
     calls = arm.calls
     ok = [c for c in calls if c.status == "ok"]
     failed = [c for c in calls if c.status != "ok"]
@@ -95,6 +136,7 @@ def _arm_summary(arm: ArmResult) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "completion_tokens": sum(c.completion_tokens or 0 for c in ok),
         "cached_tokens": sum(c.cached_tokens or 0 for c in ok),
+        "cache_write_tokens": sum(c.cache_write_tokens or 0 for c in ok),
         "calls": len(calls),
         "failures": len(failed),
         "failed_calls": [{"turn": c.turn, "error": c.error} for c in failed],
@@ -110,7 +152,9 @@ def _arm_summary(arm: ArmResult) -> dict[str, Any]:
     }
     if any(c.upstream_requests is not None for c in calls):
         out["upstream_requests"] = sum(c.upstream_requests or 0 for c in calls)
-    if arm.name == "state":
+    if prices is not None and ok:
+        out["cost_breakdown"] = cost_breakdown(out, prices)
+    if arm.name != "baseline":
         injected = [c.injected_tokens for c in ok if c.injected_tokens is not None]
         out["injected_tokens_per_call"] = (
             round(sum(injected) / len(injected), 1) if injected else None
@@ -150,40 +194,47 @@ def _row(c: CallRecord | None) -> dict[str, Any] | None:
         row["context"] = c.context
     if c.transition:
         row["transition"] = c.transition
+    if c.cache_write_tokens:
+        row["cache_write_tokens"] = c.cache_write_tokens
     if c.cost_usd is not None:
         row["cost_usd"] = c.cost_usd
     return row
 
 
 def _per_turn(run: BenchRun) -> list[dict[str, Any]]:
-    b, s = run.arms["baseline"].calls, run.arms["state"].calls
+    """One row per call index: each arm's cell, cumulative prompt tokens (``cum_ARM``) and,
+    when priced, cumulative billed dollars (``cum_cost_ARM``)."""
+    names = list(run.arms)
+    calls = {n: run.arms[n].calls for n in names}
     rows: list[dict[str, Any]] = []
-    cum_b = cum_s = 0
-    for i in range(max(len(b), len(s))):
-        cb = b[i] if i < len(b) else None
-        cs = s[i] if i < len(s) else None
-        rb, rs = _row(cb), _row(cs)
-        cum_b += (rb or {}).get("prompt_tokens") or 0
-        cum_s += (rs or {}).get("prompt_tokens") or 0
-        rows.append(
-            {
-                "turn": i + 1,
-                "baseline": rb,
-                "state": rs,
-                "cum_baseline": cum_b,
-                "cum_state": cum_s,
-            }
-        )
+    cum = dict.fromkeys(names, 0)
+    cum_cost: dict[str, float | None] = dict.fromkeys(names, 0.0)
+    for i in range(max(len(c) for c in calls.values())):
+        row: dict[str, Any] = {"turn": i + 1}
+        for n in names:
+            cell = _row(calls[n][i] if i < len(calls[n]) else None)
+            row[n] = cell
+            cum[n] += (cell or {}).get("prompt_tokens") or 0
+            spent = cum_cost[n]
+            if cell is not None and spent is not None:
+                cost = cell.get("cost_usd")
+                cum_cost[n] = None if cost is None else round(spent + cost, 9)
+        for n in names:
+            row[f"cum_{n}"] = cum[n]
+        for n in names:
+            if cum_cost[n] is not None and any(c.cost_usd is not None for c in calls[n]):
+                row[f"cum_cost_{n}"] = cum_cost[n]
+        rows.append(row)
     return rows
 
 
-def break_even_turn(per_turn: list[dict[str, Any]]) -> int | None:
-    """First turn from which cum_state <= cum_baseline holds for every later turn."""
+def break_even_turn(per_turn: list[dict[str, Any]], arm: str = "state") -> int | None:
+    """First turn from which cum_ARM <= cum_baseline holds for every later turn."""
     turn: int | None = None
     for row in per_turn:
-        if row["baseline"] is None or row["state"] is None:
+        if row["baseline"] is None or row.get(arm) is None:
             break
-        if row["cum_state"] <= row["cum_baseline"]:
+        if row[f"cum_{arm}"] <= row["cum_baseline"]:
             if turn is None:
                 turn = row["turn"]
         else:
@@ -195,8 +246,15 @@ def _pct(new: float, old: float) -> float | None:
     return round(100.0 * (1.0 - new / old), 1) if old > 0 else None
 
 
+def primary_arm(arms: Mapping[str, Any]) -> str:
+    """The proxied arm the token sentences are about: ``state``, else the first proxied one."""
+    if "state" in arms:
+        return "state"
+    return next(n for n in arms if n != "baseline")
+
+
 def _quality_sentence(workload: str, arms: dict[str, Any]) -> str:
-    qb, qs = arms["baseline"]["quality"], arms["state"]["quality"]
+    qb, qs = arms["baseline"]["quality"], arms[primary_arm(arms)]["quality"]
     if workload == "tools":
 
         def yn(q: Mapping[str, Any]) -> str:
@@ -227,36 +285,52 @@ def _quality_sentence(workload: str, arms: dict[str, Any]) -> str:
     return text
 
 
+def _dollar_sentence(report_arms: Mapping[str, Any], savings: Mapping[str, Any]) -> str:
+    b = report_arms["baseline"]
+    if b.get("cost_usd") is None:
+        return ""
+    parts = [f"baseline ${b['cost_usd']:.4f}"]
+    for name, sv in (savings.get("by_arm") or {}).items():
+        cost = report_arms[name].get("cost_usd")
+        if cost is None:
+            continue
+        pct = sv.get("cost_pct")
+        parts.append(f"{name} ${cost:.4f} ({_signed(pct).replace(' fewer', ' cheaper')})")
+    return " Billed: " + ", ".join(parts) + "."
+
+
 def _verdict(
     report_arms: dict[str, Any], savings: dict[str, Any], workload: str, simulated: bool
 ) -> str:
-    b, s = report_arms["baseline"], report_arms["state"]
-    if b["failures"] or s["failures"]:
-        first = (b["failed_calls"] or s["failed_calls"])[0]
+    name = primary_arm(report_arms)
+    b, s = report_arms["baseline"], report_arms[name]
+    failed = [(n, a) for n, a in report_arms.items() if a["failures"]]
+    if failed:
+        first = failed[0][1]["failed_calls"][0]
+        counts = ", ".join(f"{a['failures']} in the {n} arm" for n, a in failed)
         return (
-            f"INVALID RUN: {b['failures']} failed call(s) in the baseline arm and "
-            f"{s['failures']} in the state arm (first: turn {first['turn']}: {first['error']}); "
-            "no savings are claimed."
+            f"INVALID RUN: failed call(s): {counts} (first: {failed[0][0]} turn "
+            f"{first['turn']}: {first['error']}); no savings are claimed."
         )
-    if not b["prompt_tokens"] or not s["prompt_tokens"]:
+    if not all(a["prompt_tokens"] for a in report_arms.values()):
         return (
             "INVALID RUN: no prompt tokens were counted in one of the arms; no savings are claimed."
         )
-    tail = " " + _quality_sentence(workload, report_arms)
+    tail = _dollar_sentence(report_arms, savings) + " " + _quality_sentence(workload, report_arms)
     if simulated:
         tail += " (Simulated model: token counts are estimates, not a provider's.)"
     if b["calls"] != s["calls"]:
         per = savings["per_call_pct"]
         return (
             f"PER-CALL ONLY: the arms made different numbers of calls ({b['calls']} vs "
-            f"{s['calls']}), so totals are not compared; per call the state arm sent "
+            f"{s['calls']}), so totals are not compared; per call the {name} arm sent "
             f"{_signed(per)} prompt tokens than the baseline." + tail
         )
     pct = savings["prompt_tokens_pct"]
     be = savings["break_even_turn"]
     be_text = f"break-even at turn {be}" if be is not None else "no break-even within the run"
     return (
-        f"VALID: the state arm sent {_signed(pct)} prompt tokens than the baseline "
+        f"VALID: the {name} arm sent {_signed(pct)} prompt tokens than the baseline "
         f"({s['prompt_tokens']:,} vs {b['prompt_tokens']:,} over {b['calls']} calls each); "
         f"{be_text}." + tail
     )
@@ -268,22 +342,69 @@ def _signed(pct: float | None) -> str:
     return f"{pct:g}% fewer" if pct >= 0 else f"{-pct:g}% MORE"
 
 
+def _last_cost(per_turn: list[dict[str, Any]], arm: str, n: int = 10) -> float | None:
+    cells = [row.get(arm) for row in per_turn[-n:]]
+    costs = [c.get("cost_usd") for c in cells if c is not None]
+    if not costs or None in costs:
+        return None
+    return float(sum(costs))
+
+
+def _arm_savings(
+    name: str, arms: Mapping[str, Any], per_turn: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One proxied arm against the baseline (see the module docstring)."""
+    b, a = arms["baseline"], arms[name]
+    same = b["calls"] == a["calls"]
+    out: dict[str, Any] = {
+        "prompt_tokens_pct": _pct(a["prompt_tokens"], b["prompt_tokens"]) if same else None,
+        "per_call_pct": _pct(a["prompt_tokens_per_call"] or 0, b["prompt_tokens_per_call"] or 0),
+        "saved_tokens": b["prompt_tokens"] - a["prompt_tokens"] if same else None,
+        "cost_pct": None,
+        "saved_usd": None,
+        "last10_cost_ratio": None,
+        "break_even_turn": break_even_turn(per_turn, name) if same else None,
+    }
+    if same and b.get("cost_usd") is not None and a.get("cost_usd") is not None:
+        out["saved_usd"] = round(b["cost_usd"] - a["cost_usd"], 9)
+        out["cost_pct"] = _pct(a["cost_usd"], b["cost_usd"])
+        lb, la = _last_cost(per_turn, "baseline"), _last_cost(per_turn, name)
+        if lb is not None and la:
+            out["last10_cost_ratio"] = round(lb / la, 2)
+    ledger = _ledger_saved(a.get("ledger"))
+    if ledger is not None:
+        out["ledger_saved_cost_usd"] = round(ledger, 9)
+        if out["saved_usd"] is not None and b["cost_usd"]:
+            out["ledger_vs_measured_pct"] = round(
+                100 * (ledger - out["saved_usd"]) / b["cost_usd"], 2
+            )
+    return out
+
+
 def build_report(run: BenchRun) -> dict[str, Any]:
+    from skillstate.bench.arm import bench_prices
+
     cfg = run.config
-    arms = {name: _arm_summary(run.arms[name]) for name in ("baseline", "state")}
+    prices = bench_prices(cfg)
+    arms = {name: _arm_summary(arm, prices) for name, arm in run.arms.items()}
     per_turn = _per_turn(run)
-    b, s = arms["baseline"], arms["state"]
-    valid = not b["failures"] and not s["failures"] and b["prompt_tokens"] and s["prompt_tokens"]
+    main_arm = primary_arm(arms)
+    b, s = arms["baseline"], arms[main_arm]
+    valid = all(not a["failures"] and a["prompt_tokens"] for a in arms.values())
     savings: dict[str, Any] = {
         "prompt_tokens_pct": None,
         "per_call_pct": None,
         "break_even_turn": None,
+        "cost_pct": None,
+        "by_arm": None,
     }
     if valid:
         savings["per_call_pct"] = _pct(s["prompt_tokens_per_call"], b["prompt_tokens_per_call"])
         if b["calls"] == s["calls"]:
             savings["prompt_tokens_pct"] = _pct(s["prompt_tokens"], b["prompt_tokens"])
-            savings["break_even_turn"] = break_even_turn(per_turn)
+            savings["break_even_turn"] = break_even_turn(per_turn, main_arm)
+        savings["by_arm"] = {n: _arm_savings(n, arms, per_turn) for n in arms if n != "baseline"}
+        savings["cost_pct"] = savings["by_arm"][main_arm]["cost_pct"]
     params = {
         **run.workload.params(),
         "mode": cfg.mode,
@@ -294,6 +415,9 @@ def build_report(run: BenchRun) -> dict[str, Any]:
         "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature,
         "price_as": cfg.price_as,
+        "cache_regime": cfg.cache_regime if cfg.offline else None,
+        "prices_per_mtok": None if prices is None else dataclasses.asdict(prices),
+        "arms": list(run.arms),
         "inject_failure": f"{cfg.inject_failure[0]}:{cfg.inject_failure[1]}"
         if cfg.inject_failure
         else None,
@@ -375,6 +499,9 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
     )
 
     rows = report["per_turn"]
+    arms = report["arms"]
+    names = list(arms)
+    main_arm = primary_arm(arms)
     shown = condensed_rows(len(rows))
     caption = f"{len(shown)} of {len(rows)} turns shown" if len(shown) < len(rows) else None
     table = Table(
@@ -384,38 +511,54 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
         caption_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    for col in ("turn", "baseline", "state", "state/baseline", "cum. baseline", "cum. state", ""):
+    cols = ["turn", *names, f"{main_arm}/baseline", "cum. baseline", f"cum. {main_arm}", ""]
+    for col in cols:
         table.add_column(col, justify="right" if col else "left")
     for idx in shown:
         r = rows[idx]
-        b, s = r["baseline"] or {}, r["state"] or {}
-        bp, sp = b.get("prompt_tokens"), s.get("prompt_tokens")
+        cells = {n: r.get(n) or {} for n in names}
+        bp, sp = cells["baseline"].get("prompt_tokens"), cells[main_arm].get("prompt_tokens")
         ratio = f"{100 * sp / bp:.0f}%" if bp and sp is not None else "—"
         notes = []
-        for arm, cell in (("baseline", b), ("state", s)):
+        for arm, cell in cells.items():
             if cell.get("status") == "error":
                 notes.append(f"[red]{arm} FAILED[/red]")
             if cell.get("retries"):
                 notes.append(f"{arm} re-asked {cell['retries']}x")
-        if s.get("context") and s["context"] != "compact":
-            notes.append(f"state sent {s['context']}")
+            if (
+                arm != "baseline"
+                and cell.get("context")
+                and cell["context"]
+                not in (
+                    "compact",
+                    arm,
+                )
+            ):
+                notes.append(f"{arm} sent {cell['context']}")
         table.add_row(
             str(r["turn"]),
-            _fmt(bp),
-            _fmt(sp),
+            *(_fmt(cells[n].get("prompt_tokens")) for n in names),
             ratio,
             _fmt(r["cum_baseline"]),
-            _fmt(r["cum_state"]),
+            _fmt(r[f"cum_{main_arm}"]),
             " ".join(notes),
         )
     console.print(table)
 
-    arms = report["arms"]
-    totals = Table(title="Totals", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("arm", "calls", "failed", "prompt", "per call", "output", "cached", "cost"):
+    regime = params.get("cache_regime")
+    title = "Totals" + (f" (cache regime {regime})" if regime else "")
+    if params.get("price_as"):
+        title += f" · billed as {params['price_as']}"
+        if report["simulated"]:
+            title += " (hypothetical)"
+    totals = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    heads = ("arm", "calls", "failed", "prompt", "per call", "output", "cache read")
+    for col in (*heads, "cache write", "cost", "vs baseline"):
         totals.add_column(col, justify="left" if col == "arm" else "right")
-    for name in ("baseline", "state"):
+    by_arm = report["savings"].get("by_arm") or {}
+    for name in names:
         a = arms[name]
+        pct = (by_arm.get(name) or {}).get("cost_pct")
         totals.add_row(
             name,
             _fmt(a["calls"]),
@@ -426,10 +569,12 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
             ),
             _fmt(a["completion_tokens"]),
             _fmt(a["cached_tokens"]),
+            _fmt(a.get("cache_write_tokens")),
             _usd(a["cost_usd"]),
+            "" if name == "baseline" else _signed(pct).replace(" fewer", " cheaper"),
         )
     console.print(totals)
-    for name in ("baseline", "state"):
+    for name in names:
         q = arms[name]["quality"]
         if report["workload"] == "tools":
             match = q.get("end_state_match")
@@ -445,10 +590,19 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
 
     sv = report["savings"]
     console.print(
-        f"Savings: prompt tokens {_fmt(sv['prompt_tokens_pct'])}% · per call "
-        f"{_fmt(sv['per_call_pct'])}% · break-even turn {_fmt(sv['break_even_turn'])}"
+        f"Savings ({main_arm}): prompt tokens {_fmt(sv['prompt_tokens_pct'])}% · per call "
+        f"{_fmt(sv['per_call_pct'])}% · billed cost {_fmt(sv.get('cost_pct'))}% · break-even "
+        f"turn {_fmt(sv['break_even_turn'])}"
     )
-    for name in ("baseline", "state"):
+    for name, arm_sv in by_arm.items():
+        if arm_sv.get("ledger_saved_cost_usd") is not None:
+            console.print(
+                f"Ledger ({name}): the proxy's /cost says saved "
+                f"{_usd(arm_sv['ledger_saved_cost_usd'])}; "
+                f"measured {_usd(arm_sv.get('saved_usd'))} "
+                f"(difference {_fmt(arm_sv.get('ledger_vs_measured_pct'))}% of the baseline)"
+            )
+    for name in names:
         lost = arms[name]["quality"].get("facts_lost") or []
         if lost:
             items = ", ".join(f"{f['key']} ({f['kind']}, turn {f['turn']})" for f in lost)
@@ -459,13 +613,13 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
                 f"[red]{name} arm: {mism} issue(s) differ from the expected end state[/red]"
             )
 
-    final = arms["state"].get("final_state")
+    final = arms[main_arm].get("final_state")
     if final is not None:
         text = orjson.dumps(final).decode()
         if len(text) > 3000:
             text = orjson.dumps({"(truncated)": text[:3000]}).decode()
         pretty = orjson.dumps(final, option=orjson.OPT_INDENT_2).decode()
         body = JSON(text) if pretty.count("\n") <= 30 else JSON(text, indent=None)
-        console.print(Panel(body, title="Final state (state arm)", title_align="left"))
+        console.print(Panel(body, title=f"Final state ({main_arm} arm)", title_align="left"))
     style = "red" if report["verdict"].startswith("INVALID") else "green"
     console.print(Panel(report["verdict"], title="Verdict", title_align="left", style=style))

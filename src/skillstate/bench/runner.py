@@ -1,8 +1,15 @@
-"""The two-arm benchmark: the same workload, model, params and prompts, twice.
+"""The arms of a benchmark: the same workload, model, params and prompts, once per arm.
 
 * ``baseline``: the client sends its full, growing transcript straight to the upstream.
-* ``state``: the client sends the same growing transcript to an in-process ``ProxyServer``
-  (one session, the workload's schema); the proxy compacts it.
+* ``state``, ``mask``, ``auto``: the client sends the same growing transcript to an
+  in-process ``ProxyServer`` (one session, the workload's schema) in that mode (``state``:
+  the bench's ``--mode``); the proxy compacts it (state), masks old observations (mask) or
+  picks the form it expects to be billed least (auto).
+
+The simulated model bills its prompt cache by ``--cache-regime`` (``none``, ``openai``,
+``anthropic``; :mod:`skillstate.bench.simcache`), and is forgotten between arms. Under
+``anthropic`` the client speaks the Anthropic Messages API with its own breakpoints and the
+proxy's upstream is Anthropic-kind.
 
 Both arms use the same client (:mod:`skillstate.bench.arm`): the real ``openai`` client in
 the benches, a standard-library one in ``skillstate demo``. Offline (``--offline``, the
@@ -27,15 +34,18 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from skillstate.bench.arm import (
+    ARMS,
+    CACHE_REGIMES,
     Arm,
     ArmResult,
     BenchConfig,
     BenchError,
     BenchRun,
     Progress,
+    bench_prices,
 )
 from skillstate.bench.simmodel import SIM_MODEL_ID, SimModel
 from skillstate.bench.wire import get_json
@@ -125,7 +135,7 @@ class Target:
 def open_target(cfg: BenchConfig, stack: contextlib.ExitStack) -> Target:
     """The upstream of a run; the simulated model is started (and stopped with ``stack``)."""
     if cfg.offline:
-        sim = stack.enter_context(SimModel())
+        sim = stack.enter_context(SimModel(regime=cast(Any, cfg.cache_regime)))
         return Target(sim.url, SIM_MODEL_ID, "sim-needs-no-key", sim)
     return live_target(cfg)
 
@@ -161,6 +171,12 @@ def run_baseline_arm(
     return result
 
 
+def arm_mode(cfg: BenchConfig, name: str) -> str:
+    """The proxy mode of a proxied arm (``mask`` and ``auto`` run their mode; ``state`` and
+    any other name the bench's ``--mode``)."""
+    return name if name in ("mask", "auto") else cfg.mode
+
+
 def run_state_arm(
     cfg: BenchConfig,
     workload: ConversationWorkload | ToolsWorkload,
@@ -169,8 +185,10 @@ def run_state_arm(
     *,
     name: str = "state",
     constrain: str | None = None,
+    mode: str | None = None,
 ) -> ArmResult:
-    """The same client loop through a fresh in-process proxy (its own store, one session).
+    """The same client loop through a fresh in-process proxy (its own store, one session)
+    in ``mode`` (default: :func:`arm_mode` of ``name``).
 
     ``constrain`` overrides ``cfg.constrain`` (``bench validity`` runs both settings)."""
     from skillstate.session import SESSION_HEADER
@@ -184,8 +202,9 @@ def run_state_arm(
             schema_keys=workload.schema_keys,
             initial_state=workload.initial_state,
             state_schema=getattr(workload, "state_schema", None),
-            mode=cfg.mode,
+            mode=mode or arm_mode(cfg, name),
             constrain=constrain or cfg.constrain,
+            cfg=cfg,
         )
         session = f"bench-{workload.name}-{uuid.uuid4().hex[:12]}"
         result = ArmResult(name, session=session)
@@ -212,18 +231,39 @@ def open_proxy(
     constrain: str,
     state_schema: Any = None,
     tmp_prefix: str = "skillstate-bench-",
+    cfg: BenchConfig | None = None,
 ) -> Any:
     """A fresh in-process proxy in front of ``target`` with its own store in a temporary
-    directory (both closed with ``stack``); returns the running ``ProxyServer``."""
+    directory (both closed with ``stack``); returns the running ``ProxyServer``.
+
+    With ``cfg``, the upstream is of the cache regime's kind (Anthropic-kind under
+    ``anthropic``), bills its cache by that regime, and is priced at the bench's own rates,
+    so the proxy's ledger prices what the bench bills."""
+    from skillstate.choices import Mode
     from skillstate.config import Settings, Upstream
     from skillstate.server import ProxyServer
 
+    if mode not in {m.value for m in Mode}:
+        raise BenchError(f"this proxy has no mode {mode!r} (its modes: {Mode.spelled(', ')})")
     tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=tmp_prefix))
+    upstream: dict[str, Any] = {"name": "bench", "url": target.url, "api_key": target.key}
+    if cfg is not None and cfg.offline:
+        upstream["kind"] = "anthropic" if cfg.cache_regime == "anthropic" else "openai"
+        if "cache_pricing" in Upstream.model_fields:
+            upstream["cache_pricing"] = cfg.cache_regime
+        prices = bench_prices(cfg)
+        if prices is not None:
+            upstream["prices"] = {
+                "input_per_mtok": prices.input_per_mtok,
+                "output_per_mtok": prices.output_per_mtok,
+                "cache_read_per_mtok": prices.cache_read_per_mtok,
+                "cache_write_per_mtok": prices.cache_write_per_mtok,
+            }
     settings = Settings.model_validate(
         {
             "host": "127.0.0.1",
             "port": 0,
-            "upstreams": [Upstream(name="bench", url=target.url, api_key=target.key)],
+            "upstreams": [Upstream.model_validate(upstream)],
             "schema": list(schema_keys),
             "initial_state": initial_state,
             "state_schema": state_schema,
@@ -235,19 +275,33 @@ def open_proxy(
     return stack.enter_context(ProxyServer(settings))
 
 
-def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRun:
-    """Run both arms; returns the raw results (``report.build_report`` makes the report)."""
+def check_config(cfg: BenchConfig) -> None:
+    """The checks every bench makes before it starts (one-line BenchErrors)."""
     if cfg.mode not in ("state", "auto"):
         raise BenchError(f"--mode must be state or auto, got {cfg.mode!r}")
     if cfg.inject_failure is not None and not cfg.offline:
         raise BenchError("--inject-failure needs the simulated model (--offline)")
+    if cfg.cache_regime not in CACHE_REGIMES:
+        raise BenchError(f"--cache-regime must be one of {', '.join(CACHE_REGIMES)}")
+    unknown = [a for a in cfg.arms if a not in ARMS]
+    if unknown or "baseline" not in cfg.arms or len(set(cfg.arms)) < 2:
+        raise BenchError(f"--arms: baseline and at least one of mask, state, auto (got {cfg.arms})")
+    if cfg.cache_regime == "anthropic" and not cfg.offline:
+        raise BenchError("--cache-regime is the simulated provider's (offline runs only)")
+    if cfg.cache_regime == "anthropic" and cfg.stream:
+        raise BenchError("--stream is not available with --cache-regime anthropic")
+
+
+def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRun:
+    """Run every arm; returns the raw results (``report.build_report`` makes the report)."""
+    check_config(cfg)
     workload = make_workload(cfg)
     with contextlib.ExitStack() as stack:
         target = open_target(cfg, stack)
-        arms = {
-            "baseline": run_baseline_arm(cfg, workload, target, progress),
-            "state": run_state_arm(cfg, workload, target, progress),
-        }
+        arms = {"baseline": run_baseline_arm(cfg, workload, target, progress)}
+        for name in cfg.arms:
+            if name != "baseline":
+                arms[name] = run_state_arm(cfg, workload, target, progress, name=name)
     return BenchRun(cfg, workload, target.model, arms)
 
 

@@ -1,9 +1,10 @@
 """A deterministic, simulated OpenAI-compatible model for offline benchmarks.
 
-``SimModel`` serves ``POST /v1/chat/completions`` (and ``/chat/completions``) on loopback in a
-background thread, as JSON or as SSE (with ``stream_options.include_usage``). Every reply is
-labelled simulated: model id ``skillstate-sim``, a ``[sim]`` prefix on the text and the
-response header ``x-skillstate-simulated: 1``.
+``SimModel`` serves ``POST /v1/chat/completions`` (and ``/chat/completions``) and the Anthropic
+Messages API ``POST /v1/messages`` on loopback in a background thread, as JSON or as SSE (with
+``stream_options.include_usage`` for chat completions). Every reply is labelled simulated:
+model id ``skillstate-sim``, a ``[sim]`` prefix on the text and the response
+header ``x-skillstate-simulated: 1``.
 
 What it does is a pure function of the messages it receives (``sim_reply``), so it measures
 what a context *keeps*, not how good a model is:
@@ -20,10 +21,15 @@ what a context *keeps*, not how good a model is:
   ```` ```json {"state_patch": {...}, "action": "..."}``` ````, reading the current state from
   the ``CURRENT STATE (JSON)`` message.
 
-Usage is ``skillstate.tokens.estimate_tokens``: of the request messages (plus the tool
-definitions) for the prompt, of the reply for the completion. ``cached_tokens`` simulates a
-provider prefix cache: the longest byte prefix (tool definitions, then messages) shared with
-one of the last 8 requests, counted from 1024 tokens on, in 128-token steps.
+Usage is ``skillstate.tokens.estimate_tokens``: of the received messages (plus the tool
+definitions and the system) for the prompt, of the reply for the completion. The prompt cache
+is :class:`skillstate.bench.simcache.SimCache` under the regime the model was started with
+(``none``, ``openai``: automatic prefix cache, ``anthropic``: ``cache_control`` breakpoints),
+reported the way the real APIs report it: ``prompt_tokens_details.cached_tokens`` (plus
+``cache_write_tokens`` when there are writes) on chat completions;
+``cache_read_input_tokens`` / ``cache_creation_input_tokens`` on Messages, whose
+``input_tokens`` then excludes both. A Messages request is answered by the same policy as its
+chat-completions translation (``skillstate.dialects``' own mapping).
 """
 
 from __future__ import annotations
@@ -32,13 +38,16 @@ import asyncio
 import contextlib
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from skillstate.baseline import CachePricing
+from skillstate.bench.simcache import CacheCount, SimCache
 from skillstate.context import CONTRACT_MARK, STATE_MARK
 from skillstate.tokens import estimate_text_tokens, estimate_tokens
 
@@ -55,10 +64,6 @@ _RECALL = re.compile(r"^RECALL ([A-Za-z_][\w]*)\?\s*$", re.M)
 _BATCH = re.compile(r"^BATCH (\d+)\s*$", re.M)
 _RULE = re.compile(r"^RULE (\S+) => (.+)$", re.M)
 _VALUE = r"[A-Za-z0-9_.:/+-]+"
-
-CACHE_MIN_TOKENS = 1024
-CACHE_STEP_TOKENS = 128
-_CACHE_HISTORY = 8
 
 
 # -- reading the context ---------------------------------------------------------------------
@@ -311,32 +316,9 @@ def sim_reply(body: dict[str, Any]) -> SimReply:
 # -- usage -----------------------------------------------------------------------------------
 
 
-def prompt_tokens_of(body: dict[str, Any]) -> int:
-    messages = body.get("messages") or []
-    tools = body.get("tools")
-    return estimate_tokens(messages) + (estimate_tokens(tools) if tools else 0)
-
-
 def completion_tokens_of(reply: SimReply) -> int:
     calls = estimate_tokens(reply.tool_calls) if reply.tool_calls else 0
     return estimate_text_tokens(reply.content) + calls
-
-
-def common_prefix_len(a: bytes, b: bytes) -> int:
-    """Length of the longest common prefix of two byte strings (binary search, C-speed)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def prompt_bytes(body: dict[str, Any]) -> bytes:
-    """What a provider's prefix cache sees: tool definitions first, then the messages."""
-    return orjson.dumps([body.get("tools"), body.get("messages")], option=orjson.OPT_NON_STR_KEYS)
 
 
 # -- the server ------------------------------------------------------------------------------
@@ -355,22 +337,31 @@ class SimRequest:
     compact: bool  # the proxy's state message was in the context
     injected_tokens: int  # tokens of the messages that carry the proxy's markers
     stream: bool
+    cache_write_tokens: int = 0
+    dialect: str = "openai"  # the API the request came in on: openai | anthropic
 
 
 class SimModel:
     """``with SimModel() as sim: sim.base_url`` -> ``http://127.0.0.1:PORT/v1``."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, cache: bool = True, usage: bool = True
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        cache: bool = True,
+        usage: bool = True,
+        regime: CachePricing = "openai",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.port = port
-        self.cache = cache
         self.usage = usage  # False: answers without usage (to test "refusing silent 0")
         self.requests: list[SimRequest] = []
         self._lock = threading.Lock()
         self._fail: list[int] = []
-        self._history: list[bytes] = []
+        # cache=False: no prompt cache at all (the regime ``none``)
+        self.cache = SimCache(regime if cache else "none", clock=clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -422,8 +413,7 @@ class SimModel:
 
     def reset_cache(self) -> None:
         """Forget the simulated prefix cache (between benchmark arms)."""
-        with self._lock:
-            self._history = []
+        self.cache.reset()
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -432,6 +422,7 @@ class SimModel:
             app = web.Application(client_max_size=64 * 1024 * 1024)
             for path in ("/v1/chat/completions", "/chat/completions"):
                 app.router.add_post(path, self._chat)
+            app.router.add_post("/v1/messages", self._messages)
             app.router.add_get("/v1/models", self._models)
             app.router.add_get("/health", self._health)
             runner = web.AppRunner(app, access_log=None)
@@ -463,81 +454,70 @@ class SimModel:
         data = [{"id": SIM_MODEL_ID, "object": "model", "owned_by": "skillstate (simulated)"}]
         return web.json_response({"object": "list", "data": data}, headers={SIM_HEADER: "1"})
 
-    def _cached(self, body: dict[str, Any], prompt_tokens: int) -> int:
-        """Simulated prefix cache: the longest byte prefix shared with a recent request, in
-        estimator tokens, counted only from CACHE_MIN_TOKENS on, in CACHE_STEP_TOKENS steps."""
-        if not self.cache:
-            return 0
-        data = prompt_bytes(body)
-        with self._lock:
-            best = max((common_prefix_len(h, data) for h in self._history), default=0)
-            self._history = [*self._history[-(_CACHE_HISTORY - 1) :], data]
-        tokens = min(best // 4, prompt_tokens)
-        if tokens < CACHE_MIN_TOKENS:
-            return 0
-        return tokens - tokens % CACHE_STEP_TOKENS
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _read_body(
+        self, request: web.Request, dialect: str = "openai"
+    ) -> dict[str, Any] | web.Response:
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
-            return _error(400, "request body is not valid JSON")
+            return _error(400, "request body is not valid JSON", dialect)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return _error(400, "messages must be a list")
-        messages = body["messages"]
-        stream = bool(body.get("stream"))
+            return _error(400, "messages must be a list", dialect)
+        return body
+
+    def _answer(
+        self, received: dict[str, Any], chat_body: dict[str, Any], dialect: str
+    ) -> tuple[SimRequest, SimReply | None, web.Response | None]:
+        """Bill and answer one request: ``received`` is what came over the wire (what the
+        cache counts), ``chat_body`` its chat-completions form (what the policy reads)."""
+        messages = [m for m in chat_body.get("messages") or [] if isinstance(m, dict)]
         with self._lock:
             fail = self._fail.pop(0) if self._fail else None
-        prompt = prompt_tokens_of(body)
-        marked = [m for m in messages if isinstance(m, dict) and _marked(m)]
+        marked = [m for m in messages if _marked(m)]
         rec = SimRequest(
             status=fail or 200,
-            n_messages=len(messages),
-            prompt_tokens=prompt,
+            n_messages=len(received.get("messages") or []),
+            prompt_tokens=0,
             completion_tokens=0,
             cached_tokens=0,
             contract=has_contract(messages),
             compact=read_state(messages) is not None,
             injected_tokens=estimate_tokens(marked) if marked else 0,
-            stream=stream,
+            stream=bool(received.get("stream")),
+            dialect=dialect,
         )
+        error: web.Response | None = None
+        reply: SimReply | None = None
         if fail is not None:
-            with self._lock:
-                self.requests.append(rec)
-            return _error(fail, "simulated failure (injected)")
-
-        try:
-            reply = self.reply(body)
-        except SimError as e:
-            rec.status = 400
-            with self._lock:
-                self.requests.append(rec)
-            return _error(400, str(e))
-        rec.completion_tokens = completion_tokens_of(reply)
-        rec.cached_tokens = self._cached(body, rec.prompt_tokens)
+            error = _error(fail, "simulated failure (injected)", dialect)
+        else:
+            try:
+                reply = self.reply(chat_body)
+            except SimError as e:
+                rec.status = 400
+                error = _error(400, str(e), dialect)
+        if reply is not None:
+            count: CacheCount = self.cache.count(received)
+            rec.prompt_tokens = count.prompt_tokens
+            rec.cached_tokens = count.cache_read_tokens
+            rec.cache_write_tokens = count.cache_write_tokens
+            rec.completion_tokens = completion_tokens_of(reply)
         with self._lock:
             self.requests.append(rec)
-        usage = {
-            "prompt_tokens": rec.prompt_tokens,
-            "completion_tokens": rec.completion_tokens,
-            "total_tokens": rec.prompt_tokens + rec.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": rec.cached_tokens},
-        }
-        n = len(self.requests)
-        cid = f"chatcmpl-sim-{n}"
+        return rec, reply, error
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        rec, reply, error = self._answer(body, body, "openai")
+        if error is not None or reply is None:
+            return error or _error(500, "no reply")
+        cid = f"chatcmpl-sim-{len(self.requests)}"
         finish = "tool_calls" if reply.tool_calls else "stop"
-        if not stream:
-            message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-            if reply.tool_calls:
-                message["tool_calls"] = reply.tool_calls
-            payload = {
-                "id": cid,
-                "object": "chat.completion",
-                "created": 0,
-                "model": SIM_MODEL_ID,
-                "system_fingerprint": "simulated",
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            }
+        usage = _openai_usage(rec)
+        if not rec.stream:
+            payload = _completion(cid, reply, finish)
             if self.usage:
                 payload["usage"] = usage
             return web.Response(
@@ -546,23 +526,118 @@ class SimModel:
                 headers={SIM_HEADER: "1"},
             )
         include_usage = self.usage and bool((body.get("stream_options") or {}).get("include_usage"))
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                SIM_HEADER: "1",
-            }
-        )
-        await resp.prepare(request)
+        resp = await _open_stream(request)
         for chunk in _chunks(cid, reply, finish, usage if include_usage else None):
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """The Anthropic Messages API: the same policy, Anthropic's wire format and usage."""
+        from skillstate.dialects.translate import (
+            OpenAIStreamToAnthropic,
+            anthropic_request_to_openai,
+            openai_response_to_anthropic,
+        )
+        from skillstate.errors import ProxyError
 
-def _error(status: int, message: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": "simulated"}}
+        body = await self._read_body(request, "anthropic")
+        if isinstance(body, web.Response):
+            return body
+        try:
+            chat_body = anthropic_request_to_openai(body)
+        except ProxyError as e:
+            return _error(400, str(e), "anthropic")
+        rec, reply, error = self._answer(body, _split_user_parts(chat_body), "anthropic")
+        if error is not None or reply is None:
+            return error or _error(500, "no reply", "anthropic")
+        cid = f"sim-{len(self.requests)}"
+        finish = "tool_calls" if reply.tool_calls else "stop"
+        model = str(body.get("model") or SIM_MODEL_ID)
+        usage = _openai_usage(rec) if self.usage else None
+        if not rec.stream:
+            payload = openai_response_to_anthropic(
+                {**_completion(cid, reply, finish), "usage": usage}, request_model=model
+            )
+            if not self.usage:
+                payload.pop("usage", None)
+            return web.Response(
+                body=orjson.dumps(payload),
+                content_type="application/json",
+                headers={SIM_HEADER: "1"},
+            )
+        translator = OpenAIStreamToAnthropic(model, f"msg_{cid}")
+        resp = await _open_stream(request)
+        for chunk in _chunks(cid, reply, finish, usage):
+            for event in translator.feed(chunk):
+                await resp.write(event)
+        for event in translator.finish():
+            await resp.write(event)
+        await resp.write_eof()
+        return resp
+
+
+def _split_user_parts(body: dict[str, Any]) -> dict[str, Any]:
+    """The policy's view of a translated Messages request: a user message of several text
+    parts (Anthropic merges consecutive user turns, e.g. the proxy's state and the latest
+    observation) becomes one user message per part, as it would be in chat completions."""
+    messages: list[Any] = []
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        texts = [p for p in content if isinstance(p, dict)] if isinstance(content, list) else []
+        if (
+            m.get("role") == "user"
+            and len(texts) > 1
+            and all(p.get("type") == "text" for p in texts)
+        ):
+            messages.extend({"role": "user", "content": str(p.get("text", ""))} for p in texts)
+        else:
+            messages.append(m)
+    return {**body, "messages": messages}
+
+
+def _openai_usage(rec: SimRequest) -> dict[str, Any]:
+    details: dict[str, int] = {"cached_tokens": rec.cached_tokens}
+    if rec.cache_write_tokens:
+        details["cache_write_tokens"] = rec.cache_write_tokens
+    return {
+        "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": rec.completion_tokens,
+        "total_tokens": rec.prompt_tokens + rec.completion_tokens,
+        "prompt_tokens_details": details,
+    }
+
+
+def _completion(cid: str, reply: SimReply, finish: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": 0,
+        "model": SIM_MODEL_ID,
+        "system_fingerprint": "simulated",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+
+
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", SIM_HEADER: "1"}
+    )
+    await resp.prepare(request)
+    return resp
+
+
+def _error(status: int, message: str, dialect: str = "openai") -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "api_error"
+    body: dict[str, Any]
+    if dialect == "anthropic":
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": "simulated"}}
     return web.json_response(body, status=status, headers={SIM_HEADER: "1"})
 
 

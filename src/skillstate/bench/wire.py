@@ -4,6 +4,11 @@
   benches use so that they measure what a real client sends, its own retries included.
 * ``PlainChatClient``: the standard library's ``http.client``, JSON replies only. It is what
   ``skillstate demo`` uses, so that the demo runs from a plain ``pip install`` (no SDK).
+* ``AnthropicChatClient``: the same workload loop spoken as the Anthropic Messages API (the
+  ``anthropic`` cache regime), over ``http.client``, JSON replies only. It marks its own
+  ``cache_control`` breakpoints as agents do (end of the system prompt and of the last
+  message); requests and replies are mapped by the proxy's own translation
+  (``skillstate.dialects.translate``), so the loop keeps working in chat-completions shapes.
 
 Both return a ``ChatReply`` or raise ``ChatCallError`` with a one-line reason; the arm does
 the bookkeeping around them. ``get_json`` reads the proxy's ``/state`` and ``/cost``.
@@ -33,7 +38,8 @@ class ChatReply:
     model: str | None = None
     prompt_tokens: int | None = None  # None: the response carries no usage
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # cache reads (included in prompt_tokens)
+    cache_write_tokens: int = 0  # cache writes (included in prompt_tokens)
 
 
 class ChatClient(Protocol):
@@ -115,6 +121,8 @@ class SdkChatClient:
             details = getattr(usage, "prompt_tokens_details", None)
             cached = getattr(details, "cached_tokens", None) if details else None
             reply.cached_tokens = int(cached) if cached is not None else 0
+            written = getattr(details, "cache_write_tokens", None) if details else None
+            reply.cache_write_tokens = int(written) if isinstance(written, int) else 0
         return reply
 
 
@@ -214,28 +222,13 @@ class PlainChatClient:
         if kwargs.get("stream"):
             raise ChatCallError("the plain client reads JSON replies only (no --stream)")
         self.requests = 1
-        try:
-            status, headers, raw = http_request(
-                "POST", self._url, orjson.dumps(kwargs), self._headers, self._timeout
-            )
-        except OSError as e:
-            raise ChatCallError(f"{type(e).__name__}: {shorten(str(e))}") from e
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            data = None
-        if status >= 400:
-            error = data.get("error") if isinstance(data, dict) else None
-            detail = error.get("message") if isinstance(error, dict) else None
-            raise ChatCallError(f"HTTP {status}: {shorten(detail or raw.decode(errors='replace'))}")
-        if not isinstance(data, dict):
-            raise ChatCallError(f"HTTP {status}: the body is not a JSON object")
+        headers, data = _post_json(self._url, kwargs, self._headers, self._timeout)
         message = None
         choices = data.get("choices") or []
         if choices:
             first = choices[0].get("message") if isinstance(choices[0], dict) else None
             if not isinstance(first, dict):
-                raise ChatCallError(f"HTTP {status}: the first choice has no message")
+                raise ChatCallError("the first choice has no message")
             message = {"role": "assistant", "content": first.get("content") or ""}
             if first.get("tool_calls"):
                 message["tool_calls"] = first["tool_calls"]
@@ -246,6 +239,101 @@ class PlainChatClient:
             reply.completion_tokens = int(usage.get("completion_tokens") or 0)
             details = usage.get("prompt_tokens_details") or {}
             reply.cached_tokens = int(details.get("cached_tokens") or 0)
+            reply.cache_write_tokens = int(details.get("cache_write_tokens") or 0)
+        return reply
+
+
+def _post_json(
+    url: str, body: Mapping[str, Any], headers: Mapping[str, str], timeout: float
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """POST a JSON body; (response headers, JSON object) or ChatCallError with a one-line
+    reason (either dialect's error object)."""
+    try:
+        status, resp_headers, raw = http_request("POST", url, orjson.dumps(body), headers, timeout)
+    except OSError as e:
+        raise ChatCallError(f"{type(e).__name__}: {shorten(str(e))}") from e
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if status >= 400:
+        error = data.get("error") if isinstance(data, dict) else None
+        detail = error.get("message") if isinstance(error, dict) else None
+        raise ChatCallError(f"HTTP {status}: {shorten(detail or raw.decode(errors='replace'))}")
+    if not isinstance(data, dict):
+        raise ChatCallError(f"HTTP {status}: the body is not a JSON object")
+    return resp_headers, data
+
+
+ANTHROPIC_VERSION = "2023-06-01"
+_EPHEMERAL = {"type": "ephemeral"}
+
+
+def with_agent_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic request with ``cache_control`` breakpoints where agents put them: the end
+    of the system prompt and the end of the last message (a copy; ``body`` is not changed)."""
+    out = dict(body)
+    system = out.get("system")
+    if isinstance(system, str) and system:
+        out["system"] = [{"type": "text", "text": system, "cache_control": _EPHEMERAL}]
+    messages = list(out.get("messages") or [])
+    if messages:
+        last = dict(messages[-1])
+        content = last.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if isinstance(blocks, list) and blocks:
+            blocks = [*blocks[:-1], {**blocks[-1], "cache_control": _EPHEMERAL}]
+            last["content"] = blocks
+        messages[-1] = last
+        out["messages"] = messages
+    return out
+
+
+class AnthropicChatClient:
+    """The workload's chat-completions calls, sent as Anthropic Messages requests with the
+    agent's own breakpoints (see the module docstring). JSON replies only."""
+
+    def __init__(
+        self, base_url: str, api_key: str, headers: dict[str, str], timeout: float
+    ) -> None:
+        self.requests = 0
+        self._url = base_url.rstrip("/") + "/messages"
+        self._headers = {
+            **headers,
+            "x-api-key": api_key,
+            "anthropic-version": ANTHROPIC_VERSION,
+            "content-type": "application/json",
+        }
+        self._timeout = timeout
+
+    def close(self) -> None:
+        pass
+
+    def complete(self, kwargs: dict[str, Any]) -> ChatReply:
+        from skillstate.dialects.translate import (
+            anthropic_response_to_openai,
+            openai_request_to_anthropic,
+        )
+
+        if kwargs.get("stream"):
+            raise ChatCallError("the Anthropic client reads JSON replies only (no --stream)")
+        self.requests = 1
+        body = with_agent_breakpoints(openai_request_to_anthropic(kwargs))
+        headers, data = _post_json(self._url, body, self._headers, self._timeout)
+        completion = anthropic_response_to_openai(data, created=0)
+        first = (completion.get("choices") or [{}])[0].get("message") or {}
+        message: dict[str, Any] = {"role": "assistant", "content": first.get("content") or ""}
+        if first.get("tool_calls"):
+            message["tool_calls"] = first["tool_calls"]
+        reply = ChatReply(message, headers, data.get("model"))
+        usage = data.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
+            read = int(usage.get("cache_read_input_tokens") or 0)
+            written = int(usage.get("cache_creation_input_tokens") or 0)
+            reply.prompt_tokens = usage["input_tokens"] + read + written
+            reply.completion_tokens = int(usage.get("output_tokens") or 0)
+            reply.cached_tokens = read
+            reply.cache_write_tokens = written
         return reply
 
 
