@@ -12,7 +12,7 @@ from skillstate.bench.bfcl.constants import CATEGORIES, GROUPINGS, INSTALL_HINT,
 from skillstate.bench.bfcl.report import build_bfcl_report, render_bfcl_console
 from skillstate.bench.bfcl.run import BfclConfig, run_bfcl
 from skillstate.bench.console import emit_report, make_console, progress_bar
-from skillstate.bench.options import EPILOG, parse_injection
+from skillstate.bench.options import EPILOG, cost_args, parse_arms, parse_injection
 
 
 def add_bfcl_parser(subparsers: Any) -> None:
@@ -51,7 +51,7 @@ def add_bfcl_parser(subparsers: Any) -> None:
     p.add_argument("--mode", choices=("state", "auto"), default="state", help="state arm (state)")
     p.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
     p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="per call (512)")
-    p.add_argument("--price-as", metavar="MODEL", help="price the token counts as this model")
+    cost_args(p)
     p.add_argument("--out", metavar="FILE", help="write the JSON report here")
     p.add_argument("--chart", metavar="FILE", help="write a chart (.svg, .html, or .png)")
     p.add_argument("--json", action="store_true", help="print the JSON report to stdout")
@@ -76,6 +76,8 @@ def config_from_args(args: argparse.Namespace) -> BfclConfig:
         max_tokens=getattr(args, "max_tokens", 512),
         price_as=getattr(args, "price_as", None),
         inject_failure=parse_injection(getattr(args, "inject_failure", None)),
+        cache_regime=getattr(args, "cache_regime", "openai") or "openai",
+        arms=parse_arms(getattr(args, "arms", None)),
     )
     return BfclConfig(
         bench=bench,

@@ -36,7 +36,7 @@ def arm_quality(runs: list[TaskRun], arm: str) -> dict[str, Any]:
         }
         if r.error:
             row["error"] = r.error
-        if arm == "state":
+        if arm != "baseline":
             row["end_state_equals_baseline"] = r.matches_baseline
             row["proxy_state"] = _json_safe(r.proxy_state)
         tasks.append(row)
@@ -55,6 +55,6 @@ def arm_quality(runs: list[TaskRun], arm: str) -> dict[str, Any]:
         "bfcl_checker_valid_pct": round(100.0 * valid / len(official), 1) if official else None,
         "per_task": tasks,
     }
-    if arm == "state":
+    if arm != "baseline":
         out["end_state_equals_baseline"] = sum(1 for r in runs if r.matches_baseline)
     return out

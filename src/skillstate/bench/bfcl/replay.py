@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from skillstate.baseline import CachePricing
 from skillstate.bench.bfcl.constants import HISTORY_CHARS, RESULT_CHARS
 from skillstate.bench.bfcl.tasks import FuncCall, Task, decoded_text, group_calls
 from skillstate.bench.simmodel import SimError, SimModel, SimReply, message_text, read_state
@@ -197,8 +198,15 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
 class ReplayModel(SimModel):
     """The simulated model, replaying ``script`` (set it before each task)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, cache: bool = True) -> None:
-        super().__init__(host, port, cache=cache)
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        cache: bool = True,
+        regime: CachePricing = "openai",
+    ) -> None:
+        super().__init__(host, port, cache=cache, regime=regime)
         self.script: Script | None = None
 
     def reply(self, body: dict[str, Any]) -> SimReply:

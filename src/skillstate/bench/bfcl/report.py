@@ -13,26 +13,27 @@ from skillstate.bench.bfcl.workload import TaskRun
 
 def _quality_sentence(arms: Mapping[str, Any]) -> str:
     parts = []
-    for name in ("baseline", "state"):
+    main = rep.primary_arm(arms)
+    for name in arms:
         q = arms[name]["quality"]
         text = f"{name} {q.get('tasks_matched')}/{q.get('tasks')}"
         parts.append(text)
     sentence = "End state matches BFCL's ground truth: " + ", ".join(parts) + " tasks"
-    qs = arms["state"]["quality"]
+    qs = arms[main]["quality"]
     if qs.get("end_state_equals_baseline") is not None:
         sentence += (
-            f"; state arm equals baseline arm in {qs['end_state_equals_baseline']}/{qs['tasks']}"
+            f"; {main} arm equals baseline arm in {qs['end_state_equals_baseline']}/{qs['tasks']}"
         )
-    checks = [arms[n]["quality"].get("bfcl_checker_valid") for n in ("baseline", "state")]
+    checks = [arms[n]["quality"].get("bfcl_checker_valid") for n in ("baseline", main)]
     if None not in checks:
-        sentence += f"; BFCL multi_turn_checker valid: baseline {checks[0]}, state {checks[1]}"
+        sentence += f"; BFCL multi_turn_checker valid: baseline {checks[0]}, {main} {checks[1]}"
     return sentence + "."
 
 
 def build_bfcl_report(run: BenchRun, runs: Mapping[str, list[TaskRun]]) -> dict[str, Any]:
     """``report.build_report`` (same keys, verdict and savings) plus where each call was."""
     report = rep.build_report(run)
-    where = {name: [s for r in runs[name] for s in r.steps] for name in ("baseline", "state")}
+    where = {name: [s for r in runs[name] for s in r.steps] for name in runs}
     for i, row in enumerate(report["per_turn"]):
         row["at"] = {name: where[name][i] if i < len(where[name]) else None for name in where}
     old = rep._quality_sentence(report["workload"], report["arms"])
@@ -59,7 +60,8 @@ def render_bfcl_console(report: Mapping[str, Any], console: Any) -> None:
     text = cap.get()
     arms = report["arms"]
     quality = []
-    for name in ("baseline", "state"):
+    main = rep.primary_arm(arms)
+    for name in arms:
         q = arms[name]["quality"]
         line = (
             f"Quality, {name}: end state matches the ground truth in {q['tasks_matched']}/"
@@ -68,7 +70,7 @@ def render_bfcl_console(report: Mapping[str, Any], console: Any) -> None:
         )
         if q.get("bfcl_checker_valid") is not None:
             line += f" · BFCL multi_turn_checker valid {q['bfcl_checker_valid']}/{q['tasks']}"
-        if name == "state" and q.get("end_state_equals_baseline") is not None:
+        if name != "baseline" and q.get("end_state_equals_baseline") is not None:
             line += f" · equals the baseline arm in {q['end_state_equals_baseline']}/{q['tasks']}"
         quality.append(line + "\n")
     out: list[str] = []
@@ -88,7 +90,7 @@ def render_bfcl_console(report: Mapping[str, Any], console: Any) -> None:
         "GT calls",
         "model calls",
         "baseline",
-        "state",
+        main,
         "saved",
         "end state",
         "BFCL check",
@@ -96,10 +98,10 @@ def render_bfcl_console(report: Mapping[str, Any], console: Any) -> None:
         table.add_column(
             col, justify="left" if col in ("task", "end state", "BFCL check") else "right"
         )
-    qb, qs = arms["baseline"]["quality"]["per_task"], arms["state"]["quality"]["per_task"]
-    tokens = _tokens_per_task(report)
+    qb, qs = arms["baseline"]["quality"]["per_task"], arms[main]["quality"]["per_task"]
+    tokens = _tokens_per_task(report, main)
     for b, s in zip(qb, qs, strict=False):
-        tb, ts = tokens["baseline"].get(b["id"]), tokens["state"].get(s["id"])
+        tb, ts = tokens["baseline"].get(b["id"]), tokens[main].get(s["id"])
         saved = f"{100 * (1 - ts / tb):.1f}%" if tb and ts is not None else "—"
 
         def yn(v: Any) -> str:
@@ -127,8 +129,8 @@ def render_bfcl_console(report: Mapping[str, Any], console: Any) -> None:
     console.print(table)
 
 
-def _tokens_per_task(report: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {"baseline": {}, "state": {}}
+def _tokens_per_task(report: Mapping[str, Any], main: str) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {"baseline": {}, main: {}}
     for row in report["per_turn"]:
         for arm in out:
             cell, at = row.get(arm), (row.get("at") or {}).get(arm)

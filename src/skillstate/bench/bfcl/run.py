@@ -24,23 +24,26 @@ from skillstate.bench.bfcl.workload import (
     Truth,
     ground_truth_run,
 )
-from skillstate.bench.runner import Target, live_target, open_proxy, unwrap_state
+from skillstate.bench.runner import (
+    Target,
+    arm_mode,
+    check_config,
+    live_target,
+    open_proxy,
+    unwrap_state,
+)
 from skillstate.bench.simmodel import SIM_MODEL_ID
 from skillstate.bench.wire import get_json
 
 
 def _check_config(cfg: BfclConfig) -> None:
-    bc = cfg.bench
-    if bc.mode not in ("state", "auto"):
-        raise BenchError(f"--mode must be state or auto, got {bc.mode!r}")
+    check_config(cfg.bench)
     if cfg.grouping not in GROUPINGS:
         raise BenchError(f"--grouping must be one of {', '.join(GROUPINGS)}")
     if cfg.category not in CATEGORIES:
         raise BenchError(f"--category must be one of {', '.join(CATEGORIES)}")
     if cfg.max_steps < 1:
         raise BenchError("--max-steps must be at least 1")
-    if bc.inject_failure is not None and not bc.offline:
-        raise BenchError("--inject-failure needs the simulated model (--offline)")
 
 
 class _Run:
@@ -97,8 +100,11 @@ def _baseline_arm(r: _Run, runs: list[TaskRun]) -> ArmResult:
     return result
 
 
-def _state_arm(r: _Run, runs: list[TaskRun], stack: contextlib.ExitStack) -> ArmResult:
-    """Every task through one fresh in-process proxy, one session (and client) per task."""
+def _proxy_arm(
+    r: _Run, runs: list[TaskRun], stack: contextlib.ExitStack, name: str = "state"
+) -> ArmResult:
+    """Every task through one fresh in-process proxy in the arm's mode, one session (and
+    client) per task."""
     from skillstate.session import SESSION_HEADER
 
     bc, t = r.cfg.bench, r.target
@@ -109,17 +115,18 @@ def _state_arm(r: _Run, runs: list[TaskRun], stack: contextlib.ExitStack) -> Arm
         t,
         schema_keys=SCHEMA_KEYS,
         initial_state=r.workload.initial_state,
-        mode=bc.mode,
+        mode=arm_mode(bc, name),
         constrain=bc.constrain,
         tmp_prefix="skillstate-bfcl-",
+        cfg=bc,
     )
-    prefix = f"bench-bfcl-{uuid.uuid4().hex[:8]}"
-    result = ArmResult("state", session=prefix)
+    prefix = f"bench-bfcl-{name}-{uuid.uuid4().hex[:8]}"
+    result = ArmResult(name, session=prefix)
     t0 = time.perf_counter()
     for task in r.workload.tasks:
         session = f"{prefix}-{re.sub(r'[^A-Za-z0-9_-]', '_', task.id)}"[:128]
         headers = {SESSION_HEADER: session}
-        arm = Arm("state", bc, proxy.url + "/v1", t.key, t.model, headers, r.replay)
+        arm = Arm(name, bc, proxy.url + "/v1", t.key, t.model, headers, r.replay)
         try:
             run = r.task(arm, task, result)
         finally:
@@ -145,11 +152,11 @@ def run_bfcl(
         tasks = suite.tasks(cfg.category, cfg.tasks, cfg.ids)
         if not tasks:
             raise BenchError("no tasks selected")
-        runs: dict[str, list[TaskRun]] = {"baseline": [], "state": []}
+        runs: dict[str, list[TaskRun]] = {name: [] for name in bc.arms}
         with contextlib.ExitStack() as stack:
             replay: ReplayModel | None = None
             if bc.offline:
-                replay = ReplayModel()
+                replay = ReplayModel(regime=cast(Any, bc.cache_regime))
                 replay.start()
                 stack.callback(replay.stop)
                 target = Target(replay.url, SIM_MODEL_ID, "sim-needs-no-key")
@@ -157,14 +164,16 @@ def run_bfcl(
                 target = live_target(bc)
             r = _Run(cfg, suite, tasks, target, replay, progress)
             arms = {"baseline": _baseline_arm(r, runs["baseline"])}
-            arms["state"] = _state_arm(r, runs["state"], stack)
+            for name in bc.arms:
+                if name != "baseline":
+                    arms[name] = _proxy_arm(r, runs[name], stack, name)
         workload = r.workload
         workload.steps = len(arms["baseline"].calls)
         steps = [s for run in runs["baseline"] for s in run.steps]
         if steps:
             workload.tool_tokens = round(sum(s["tool_tokens"] for s in steps) / len(steps), 1)
         _cross_check(suite, runs)
-        for name in ("baseline", "state"):
+        for name in arms:
             arms[name].quality = arm_quality(runs[name], name)
         return BenchRun(bc, cast(Any, workload), target.model, arms), runs
     finally:
@@ -173,11 +182,14 @@ def run_bfcl(
 
 
 def _cross_check(suite: Suite, runs: dict[str, list[TaskRun]]) -> None:
-    """The state arm's final backend state against the baseline arm's, task by task."""
+    """Each proxied arm's final backend state against the baseline arm's, task by task."""
     base = {r.task.id: r for r in runs["baseline"]}
-    for r in runs["state"]:
-        b = base.get(r.task.id)
-        same = None
-        if b is not None and b.final is not None and r.final is not None:
-            same, _ = suite.check_state(r.final, b.final)
-        r.matches_baseline = same
+    for name, arm_runs in runs.items():
+        if name == "baseline":
+            continue
+        for r in arm_runs:
+            b = base.get(r.task.id)
+            same = None
+            if b is not None and b.final is not None and r.final is not None:
+                same, _ = suite.check_state(r.final, b.final)
+            r.matches_baseline = same
