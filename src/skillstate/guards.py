@@ -7,7 +7,8 @@ opens, in two ways this module closes:
 * **DNS rebinding**: a page on ``evil.example`` makes its name resolve to 127.0.0.1 and then
   talks to the proxy as "same origin". The browser still sends ``Host: evil.example``, so only
   the configured host names are served: loopback names by default, plus ``allowed_hosts``
-  (the listen host too when it is a specific address).
+  (the listen host too when it is a specific address). A request without a Host header is
+  refused too (HTTP/1.1 requires one; every browser sends it).
 * **Cross-site requests**: a page's ``fetch`` carries its ``Origin``. Any ``Origin`` other
   than the proxy's own (a page it serves itself) or one listed in ``allowed_origins`` is
   refused. (Bodies that need no CORS preflight are refused by their content type, see
