@@ -49,3 +49,11 @@ def test_lone_cr_line_endings_at_any_split(cuts: list[int]) -> None:
 
 def test_a_trailing_cr_still_ends_the_last_event_at_flush() -> None:
     assert events_of([b"data: last\r\n\r"]) == [(None, "last")]
+
+
+def test_one_read_of_many_events_keeps_only_the_unfinished_tail() -> None:
+    parser = sse.SSEParser()
+    event = b'data: {"x": 1}\n\n'
+    events = parser.feed(event * 20_000 + b"data: tail")
+    assert len(events) == 20_000 and all(e.data == '{"x": 1}' for e in events)
+    assert [e.data for e in parser.flush()] == ["tail"]

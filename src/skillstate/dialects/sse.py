@@ -34,14 +34,18 @@ class SSEParser:
                 # A \r\n split across two reads must stay one line break, not two.
                 chunk, self._cr = chunk[:-1], True
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        self._buf += chunk
+        buf = self._buf + chunk
         events: list[SSEEvent] = []
+        start = 0
         while True:
-            end = self._buf.find(b"\n\n")
+            end = buf.find(b"\n\n", start)
             if end < 0:
                 break
-            raw, self._buf = self._buf[: end + 2], self._buf[end + 2 :]
-            events.append(_parse_block(raw))
+            events.append(_parse_block(buf[start : end + 2]))
+            start = end + 2
+        # The rest is kept once per read (slicing per event made a read of many events
+        # quadratic in its size).
+        self._buf = buf[start:]
         return events
 
     def flush(self) -> list[SSEEvent]:
