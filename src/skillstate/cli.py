@@ -83,6 +83,9 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     cost.add_argument("--session", default=None)
     cost.add_argument("--by", choices=["model", "upstream", "session", "day"], default=None)
     cost.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from .auth.keyscli import add_keys_parser
+
+    add_keys_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools, bfcl")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     if with_benches:  # their modules are only imported when a bench is asked for
@@ -139,6 +142,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .costcli import print_cost
 
         return print_cost(settings, args)
+    if command == "keys":
+        from .auth.keyscli import run_keys
+
+        return run_keys(settings, args)
     if not settings.upstreams:
         raise ConfigError(
             "upstreams: none configured; use --upstream URL, SKILLSTATE_UPSTREAM or "

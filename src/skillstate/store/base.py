@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..auth.record import KeyRecord
 from ..errors import ProxyError
 from ..ledger import LedgerRow
 
@@ -99,10 +100,11 @@ class Store(Protocol):
     async def list_sessions(self) -> list[dict[str, Any]]: ...
     async def history(self, session: str) -> list[TransitionRecord]: ...
     async def sessions_page(
-        self, limit: int, after: tuple[float, str] | None = None
+        self, limit: int, after: tuple[float, str] | None = None, prefix: str | None = None
     ) -> list[dict[str, Any]]:
         """Up to ``limit`` sessions, most recently updated first (ties by id), after the
-        ``(updated, id)`` of the previous page's last one."""
+        ``(updated, id)`` of the previous page's last one; only ids starting with ``prefix``
+        when given (a key's namespace)."""
         ...
 
     async def history_page(
@@ -116,6 +118,17 @@ class Store(Protocol):
 
     async def add_ledger_rows(self, rows: list[LedgerRow]) -> None: ...
     async def ledger_rows(
-        self, since: float, until: float, session: str | None = None
+        self, since: float, until: float, session: str | None = None, prefix: str | None = None
     ) -> list[LedgerRow]: ...
+    async def ledger_spend(self, prefix: str, since: float) -> float:
+        """USD of the rows since ``since`` whose session id starts with ``prefix``."""
+        ...
+
+    # Client keys (skillstate.auth): stored by name, found by the digest of the secret.
+    async def save_key(self, record: KeyRecord, *, new: bool) -> None:
+        """Insert (``new``; StoreError when the name is taken) or replace a key."""
+        ...
+
+    async def keys(self) -> list[KeyRecord]: ...
+    async def key_by_digest(self, digest: str) -> KeyRecord | None: ...
     async def purge_ledger(self, older_than: float) -> int: ...

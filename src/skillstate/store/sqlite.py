@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from ..auth.record import KeyRecord
 from ..ledger import LedgerRow
 from ..usage import MAX_TOKEN_COUNT
 from .base import (
@@ -77,6 +78,17 @@ CREATE TABLE IF NOT EXISTS ledger (
 );
 CREATE INDEX IF NOT EXISTS ledger_ts ON ledger(ts);
 CREATE INDEX IF NOT EXISTS ledger_session ON ledger(session, ts);
+CREATE TABLE IF NOT EXISTS api_keys (
+    name TEXT PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,
+    admin INTEGER NOT NULL,
+    rpm INTEGER,
+    tpm INTEGER,
+    budget_usd_per_day REAL,
+    created REAL NOT NULL,
+    expires REAL,
+    revoked REAL
+);
 """
 
 
@@ -570,15 +582,19 @@ class SQLiteStore:
     # -- pages (GET /state and ?history=1) ----------------------------------------------
 
     async def sessions_page(
-        self, limit: int, after: tuple[float, str] | None = None
+        self, limit: int, after: tuple[float, str] | None = None, prefix: str | None = None
     ) -> list[dict[str, Any]]:
         """Up to ``limit`` sessions, most recently updated first (ties by id), starting
-        after the ``(updated, id)`` of the last one of the previous page."""
-        sql = "SELECT id, step, updated, length(state) FROM sessions"
+        after the ``(updated, id)`` of the last one of the previous page; only ids that
+        start with ``prefix`` when it is given."""
+        sql = "SELECT id, step, updated, length(state) FROM sessions WHERE 1"
         args: tuple[Any, ...] = ()
         if after is not None:
-            sql += " WHERE updated < ? OR (updated = ? AND id > ?)"
+            sql += " AND (updated < ? OR (updated = ? AND id > ?))"
             args = (after[0], after[0], after[1])
+        if prefix:
+            sql += " AND id >= ? AND id < ?"
+            args += _prefix_range(prefix)
         sql += " ORDER BY updated DESC, id LIMIT ?"
 
         def page(db: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -655,13 +671,16 @@ class SQLiteStore:
         await self._write(add)
 
     async def ledger_rows(
-        self, since: float, until: float, session: str | None = None
+        self, since: float, until: float, session: str | None = None, prefix: str | None = None
     ) -> list[LedgerRow]:
         sql = f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM ledger WHERE ts >= ? AND ts < ?"
         args: tuple[Any, ...] = (since, until)
         if session is not None:
             sql += " AND session = ?"
             args += (session,)
+        if prefix:
+            sql += " AND session >= ? AND session < ?"
+            args += _prefix_range(prefix)
         sql += " ORDER BY ts"
 
         def rows(db: sqlite3.Connection) -> list[LedgerRow]:
@@ -669,12 +688,71 @@ class SQLiteStore:
 
         return await self._run(rows)
 
+    async def ledger_spend(self, prefix: str, since: float) -> float:
+        """USD of the ledger rows since ``since`` whose session id starts with ``prefix``."""
+        low, high = _prefix_range(prefix)
+
+        def spend(db: sqlite3.Connection) -> float:
+            row = db.execute(
+                "SELECT total(cost_usd) FROM ledger WHERE session >= ? AND session < ? AND ts >= ?",
+                (low, high, since),
+            ).fetchone()
+            return float(row[0])
+
+        return await self._run(spend)
+
+    # -- client keys ----------------------------------------------------------------------
+
+    async def save_key(self, record: KeyRecord, *, new: bool) -> None:
+        """Insert a key (``new``: StoreError if the name is taken) or replace it."""
+        values = tuple(getattr(record, c.strip()) for c in _KEY_COLUMNS.split(","))
+        verb = "INSERT" if new else "INSERT OR REPLACE"
+        marks = ",".join("?" * len(values))
+
+        def save(db: sqlite3.Connection) -> None:
+            try:
+                db.execute(f"{verb} INTO api_keys ({_KEY_COLUMNS}) VALUES ({marks})", values)
+            except sqlite3.IntegrityError:
+                raise StoreError(f"a key named {record.name!r} already exists") from None
+
+        await self._run(save)
+
+    async def keys(self) -> list[KeyRecord]:
+        def keys(db: sqlite3.Connection) -> list[KeyRecord]:
+            rows = db.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys ORDER BY name").fetchall()
+            return [_key_record(r) for r in rows]
+
+        return await self._run(keys)
+
+    async def key_by_digest(self, digest: str) -> KeyRecord | None:
+        def find(db: sqlite3.Connection) -> KeyRecord | None:
+            row = db.execute(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE digest = ?", (digest,)
+            ).fetchone()
+            return None if row is None else _key_record(row)
+
+        return await self._run(find)
+
     async def purge_ledger(self, older_than: float) -> int:
         def purge(db: sqlite3.Connection) -> int:
             with _transaction(db):
                 return db.execute("DELETE FROM ledger WHERE ts < ?", (older_than,)).rowcount
 
         return await self._run(purge)
+
+
+_KEY_COLUMNS = "name, digest, admin, rpm, tpm, budget_usd_per_day, created, expires, revoked"
+
+
+def _key_record(row: tuple[Any, ...]) -> KeyRecord:
+    name, digest, admin, rpm, tpm, budget, created, expires, revoked = row
+    return KeyRecord(name, digest, bool(admin), rpm, tpm, budget, created, expires, revoked)
+
+
+def _prefix_range(prefix: str) -> tuple[str, str]:
+    """The id range ``[low, high)`` of the strings that start with ``prefix`` (an index
+    range scan, unlike LIKE)."""
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _full_message(limit: int) -> str:

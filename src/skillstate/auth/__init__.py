@@ -1,0 +1,1 @@
+"""Client keys, authentication, tenancy and per-key limits (see SECURITY.md)."""
