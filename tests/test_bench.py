@@ -323,7 +323,18 @@ def test_demo_writes_report_and_chart(tmp_path: Path) -> None:
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["simulated"] is True and report["params"]["turns"] == 4
-    assert (tmp_path / "chart.html").read_text().startswith("<!doctype html>")
+    chart = (tmp_path / "chart.html").read_text()
+    assert chart.startswith("<!doctype html>")
+    # Dollars as well as tokens: a named model, the anthropic regime, every arm this proxy
+    # has, cumulative dollars per arm in the report and the chart, marked hypothetical.
+    params = report["params"]
+    assert (params["price_as"], params["cache_regime"]) == ("claude-sonnet-4-5", "anthropic")
+    assert {"baseline", "state", "auto"} <= set(report["arms"])
+    last = report["per_turn"][-1]
+    for arm, summary in report["arms"].items():
+        assert summary["cost_usd"] > 0
+        assert last[f"cum_cost_{arm}"] == pytest.approx(summary["cost_usd"])
+    assert "Cumulative billed dollars (claude-sonnet-4-5, anthropic cache, hypothetical)" in chart
 
 
 # -- what needs the bench extra --------------------------------------------------------------

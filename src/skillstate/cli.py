@@ -74,6 +74,11 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="offline demo: real proxy + simulated model, 30 turns")
     demo.add_argument("--turns", type=int, default=30)
     demo.add_argument("--out-dir", metavar="DIR", help="where to write the report and chart")
+    demo.add_argument(
+        "--price-as",
+        metavar="MODEL",
+        help="price the tokens as this model, hypothetically (default claude-sonnet-4-5)",
+    )
     cost = sub.add_parser("cost", help="usage, cost and savings from the store")
     # Also accepted after the command; SUPPRESS keeps a value given before it.
     cost.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS)

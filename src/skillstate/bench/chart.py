@@ -1,4 +1,5 @@
-"""Charts of a benchmark report: prompt tokens per turn and cumulative, for both arms.
+"""Charts of a benchmark report: prompt tokens per turn and cumulative, for every arm, and,
+when the run was priced, cumulative billed dollars per arm (the cache effect at a glance).
 
 ``write_chart(report, path)`` picks the format from the suffix: ``.svg`` (self-contained, no
 dependencies), ``.html`` (the SVG plus the totals and the verdict, self-contained) or ``.png``
@@ -13,23 +14,43 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-COLORS = {"baseline": "#c0392b", "state": "#2471a3"}
-LABELS = {"baseline": "baseline (full transcript)", "state": "state (through the proxy)"}
+COLORS = {"baseline": "#c0392b", "mask": "#27ae60", "state": "#2471a3", "auto": "#8e44ad"}
+LABELS = {
+    "baseline": "baseline (full transcript)",
+    "mask": "mask (old observations masked)",
+    "state": "state (through the proxy)",
+    "auto": "auto (cheapest form)",
+}
 
 W, H = 1100, 495
+ROW_H = 400  # the dollars panel's row, below the token panels
 PANEL_W, PANEL_H = 450, 300
 MARGIN_L, MARGIN_T = 80, 110
 GAP = 110
 
 
+def arm_names(report: Mapping[str, Any]) -> list[str]:
+    return list(report.get("arms") or ("baseline", "state"))
+
+
 def series(report: Mapping[str, Any]) -> dict[str, list[tuple[int, int | None]]]:
     """arm -> [(turn, prompt tokens or None for a failed call)]."""
-    out: dict[str, list[tuple[int, int | None]]] = {"baseline": [], "state": []}
+    out: dict[str, list[tuple[int, int | None]]] = {n: [] for n in arm_names(report)}
     for row in report["per_turn"]:
         for arm in out:
             cell = row.get(arm)
             if cell is not None:
                 out[arm].append((row["turn"], cell.get("prompt_tokens")))
+    return out
+
+
+def dollar_series(report: Mapping[str, Any]) -> dict[str, list[tuple[int, float | None]]]:
+    """arm -> [(turn, cumulative billed USD)], only for arms whose every call was priced."""
+    out: dict[str, list[tuple[int, float | None]]] = {}
+    for arm in arm_names(report):
+        pts = [(r["turn"], r.get(f"cum_cost_{arm}")) for r in report["per_turn"] if r.get(arm)]
+        if pts and all(v is not None for _, v in pts):
+            out[arm] = pts
     return out
 
 
@@ -56,6 +77,10 @@ def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
     return ticks
 
 
+def usd(v: float) -> str:
+    return f"${v:.3g}" if v else "$0"
+
+
 def human(v: float) -> str:
     a = abs(v)
     if a >= 1_000_000:
@@ -69,10 +94,12 @@ def _panel(
     x0: float,
     y0: float,
     title: str,
-    data: Mapping[str, Sequence[tuple[int, int | None]]],
+    data: Mapping[str, Sequence[tuple[int, float | None]]],
     n_turns: int,
     marker: int | None = None,
+    fmt: Any = None,
 ) -> list[str]:
+    fmt = fmt or human
     values = [v for pts in data.values() for _, v in pts if v is not None]
     y_ticks = nice_ticks(0, max(values) if values else 1)
     y_max = y_ticks[-1] or 1
@@ -90,7 +117,7 @@ def _panel(
     for t in y_ticks:
         y = sy(t)
         out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + PANEL_W}" y2="{y:.1f}" class="grid"/>')
-        out.append(f'<text x="{x0 - 8}" y="{y + 4:.1f}" class="ytick">{human(t)}</text>')
+        out.append(f'<text x="{x0 - 8}" y="{y + 4:.1f}" class="ytick">{fmt(t)}</text>')
     for t in x_ticks:
         x = sx(t)
         y = y0 + PANEL_H
@@ -135,10 +162,10 @@ def _panel(
     return out
 
 
-def _subtitle(report: Mapping[str, Any]) -> str:
+def _subtitle(report: Mapping[str, Any], with_cost: bool = True) -> str:
     arms = report["arms"]
-    b, s = arms["baseline"], arms["state"]
-    totals = f"baseline {human(b['prompt_tokens'])}, state {human(s['prompt_tokens'])}"
+    b, s = arms["baseline"], arms[_primary(report)]
+    totals = ", ".join(f"{n} {human(a['prompt_tokens'])}" for n, a in arms.items())
     parts = [f"total prompt tokens: {totals}"]
     sv = report["savings"]
     if sv.get("prompt_tokens_pct") is not None:
@@ -147,26 +174,64 @@ def _subtitle(report: Mapping[str, Any]) -> str:
         parts.append(f"{sv['per_call_pct']:g}% fewer per call")
     if sv.get("break_even_turn") is not None:
         parts.append(f"break-even at turn {sv['break_even_turn']}")
-    if b.get("cost_usd") is not None and s.get("cost_usd") is not None:
-        priced = (report.get("params") or {}).get("price_as")
-        label = f"cost priced as {priced}" if priced else "cost"
-        parts.append(f"{label}: ${b['cost_usd']:.4f} vs ${s['cost_usd']:.4f}")
+    if with_cost and b.get("cost_usd") is not None and s.get("cost_usd") is not None:
+        params = report.get("params") or {}
+        priced = params.get("price_as")
+        label = f"billed as {priced}" if priced else "cost"
+        if priced and report.get("simulated"):
+            label += " (hypothetical"
+            label += f", {params['cache_regime']} cache)" if params.get("cache_regime") else ")"
+        costs = ", ".join(
+            f"{n} ${a['cost_usd']:.4f}" for n, a in arms.items() if a.get("cost_usd") is not None
+        )
+        parts.append(f"{label}: {costs}")
     return " · ".join(parts)
+
+
+def _primary(report: Mapping[str, Any]) -> str:
+    arms = report["arms"]
+    return "state" if "state" in arms else next(n for n in arms if n != "baseline")
+
+
+def _billed_totals(report: Mapping[str, Any], x: float, y: float) -> list[str]:
+    """The billed totals per arm, as text beside the dollars panel."""
+    arms = report["arms"]
+    by_arm = (report.get("savings") or {}).get("by_arm") or {}
+    out = [f'<text x="{x}" y="{y}" class="ptitle">Billed over the run</text>']
+    for i, (name, a) in enumerate(arms.items()):
+        if a.get("cost_usd") is None:
+            continue
+        line = f"{name}: ${a['cost_usd']:.4f}"
+        pct = (by_arm.get(name) or {}).get("cost_pct")
+        if pct is not None:
+            line += f" ({pct:g}% cheaper)" if pct >= 0 else f" ({-pct:g}% MORE)"
+        out.append(
+            f'<rect x="{x}" y="{y + 20 + 24 * i}" width="18" height="4" fill="{COLORS[name]}"/>'
+        )
+        out.append(
+            f'<text x="{x + 24}" y="{y + 26 + 24 * i}" class="legend">{html.escape(line)}</text>'
+        )
+    return out
 
 
 def render_svg(report: Mapping[str, Any]) -> str:
     data = series(report)
     n = max((t for pts in data.values() for t, _ in pts), default=1)
     cum = {arm: cumulative(pts) for arm, pts in data.items()}
+    dollars = dollar_series(report)
+    height = H + (ROW_H if dollars else 0)
     params = report.get("params") or {}
     title = f"skillstate bench · {report['workload']} · model {report['model']}"
     if report.get("simulated"):
         title += " (SIMULATED)"
-    title += f" · mode {params.get('mode', '?')}"
+    if len(data) > 2:
+        title += f" · arms {', '.join(data)}"
+    else:
+        title += f" · mode {params.get('mode', '?')}"
     invalid = str(report.get("verdict", "")).startswith("INVALID")
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-        f'viewBox="0 0 {W} {H}" font-family="Helvetica, Arial, sans-serif">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" '
+        f'viewBox="0 0 {W} {height}" font-family="Helvetica, Arial, sans-serif">',
         "<style>"
         ".title{font-size:19px;font-weight:bold;fill:#222}"
         ".sub{font-size:13px;fill:#444}"
@@ -180,15 +245,16 @@ def render_svg(report: Mapping[str, Any]) -> str:
         ".warn{font-size:13px;font-weight:bold;fill:#c0392b}"
         ".note{font-size:11px;fill:#666}"
         "</style>",
-        f'<rect width="{W}" height="{H}" fill="#ffffff"/>',
+        f'<rect width="{W}" height="{height}" fill="#ffffff"/>',
         f'<text x="{MARGIN_L - 50}" y="30" class="title">{html.escape(title)}</text>',
-        f'<text x="{MARGIN_L - 50}" y="52" class="sub">{html.escape(_subtitle(report))}</text>',
+        f'<text x="{MARGIN_L - 50}" y="52" class="sub">'
+        f"{html.escape(_subtitle(report, with_cost=not dollars))}</text>",
     ]
     lx = MARGIN_L - 50
-    for arm in ("baseline", "state"):
+    for arm in data:
         parts.append(f'<rect x="{lx}" y="66" width="18" height="4" fill="{COLORS[arm]}"/>')
         parts.append(f'<text x="{lx + 24}" y="72" class="legend">{html.escape(LABELS[arm])}</text>')
-        lx += 250
+        lx += 250 if len(data) <= 2 else 230
     if invalid:
         parts.append(
             f'<text x="{lx + 20}" y="72" class="warn">INVALID RUN: failed calls (marked ×)</text>'
@@ -198,12 +264,23 @@ def render_svg(report: Mapping[str, Any]) -> str:
     parts += _panel(
         MARGIN_L + PANEL_W + GAP, MARGIN_T, "Cumulative prompt tokens", dict(cum), n, be
     )
+    if dollars:
+        title = "Cumulative billed dollars"
+        params = report.get("params") or {}
+        if params.get("price_as"):
+            title += f" ({params['price_as']}"
+            title += f", {params['cache_regime']} cache" if params.get("cache_regime") else ""
+            title += ", hypothetical)" if report.get("simulated") else ")"
+        parts += _panel(MARGIN_L, MARGIN_T + ROW_H, title, dollars, n, fmt=usd)
+        parts += _billed_totals(report, MARGIN_L + PANEL_W + GAP, MARGIN_T + ROW_H + 20)
     source = params.get("token_counts") or ("simulated" if report.get("simulated") else "")
     foot = f"token counts: {source}" if source else ""
     if report.get("revision"):
         foot += f" · revision {str(report['revision'])[:12]}"
     foot += f" · skillstate {report.get('version', '?')}"
-    parts.append(f'<text x="{MARGIN_L - 50}" y="{H - 8}" class="note">{html.escape(foot)}</text>')
+    parts.append(
+        f'<text x="{MARGIN_L - 50}" y="{height - 8}" class="note">{html.escape(foot)}</text>'
+    )
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -211,7 +288,7 @@ def render_svg(report: Mapping[str, Any]) -> str:
 def render_html(report: Mapping[str, Any]) -> str:
     arms = report["arms"]
     rows = []
-    for name in ("baseline", "state"):
+    for name in arms:
         a = arms[name]
         cost = "—" if a.get("cost_usd") is None else f"${a['cost_usd']:.4f}"
         rows.append(
@@ -249,7 +326,19 @@ def _write_png(report: Mapping[str, Any], path: Path) -> None:
             "use --chart FILE.svg or FILE.html instead"
         ) from None
     data = series(report)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    dollars = dollar_series(report)
+    fig, grid = plt.subplots(2 if dollars else 1, 2, figsize=(12, 9.6 if dollars else 4.8))
+    axes = grid[0] if dollars else grid
+    if dollars:
+        for arm, money in dollars.items():
+            grid[1][0].plot(
+                [t for t, _ in money], [v for _, v in money], color=COLORS[arm], label=LABELS[arm]
+            )
+        grid[1][0].set_title("Cumulative billed dollars")
+        grid[1][0].set_xlabel("turn (model call)")
+        grid[1][0].grid(alpha=0.3)
+        grid[1][0].legend()
+        grid[1][1].axis("off")
     for arm, pts in data.items():
         good = [(t, v) for t, v in pts if v is not None]
         axes[0].plot(

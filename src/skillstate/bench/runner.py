@@ -171,6 +171,14 @@ def run_baseline_arm(
     return result
 
 
+def available_arms() -> tuple[str, ...]:
+    """The arms this proxy can run: ``ARMS`` less those whose mode it does not have."""
+    from skillstate.choices import Mode
+
+    modes = {m.value for m in Mode}
+    return tuple(a for a in ARMS if a in ("baseline", "state") or a in modes)
+
+
 def arm_mode(cfg: BenchConfig, name: str) -> str:
     """The proxy mode of a proxied arm (``mask`` and ``auto`` run their mode; ``state`` and
     any other name the bench's ``--mode``)."""
