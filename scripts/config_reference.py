@@ -35,6 +35,13 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "state_schema": "A JSON Schema every new state must satisfy (checked after the merge).",
         "data_dir": "Where the SQLite store lives. One proxy per data dir.",
         "verbose": "One log line per request (never bodies or keys).",
+        "metrics_token": "When set, `GET /metrics` needs `Authorization: Bearer <token>` "
+        "(401 otherwise); unset, `/metrics` is open like `/health`. At least 16 characters.",
+        "otel_endpoint": "OTLP/HTTP base URL (`http://collector:4318`) to export "
+        "OpenTelemetry traces to; the standard `OTEL_EXPORTER_OTLP_ENDPOINT` turns them on too. "
+        "Needs the `otel` extra.",
+        "otel_capture_content": "Put the client's messages, the state patch and the action on "
+        "the turn's span. Off by default: spans carry sizes, tokens and statuses only.",
         "mode": "Default mode: `state` (compact context), `passthrough` (untouched transcript), "
         "`auto` (whichever is smaller per turn). Per request: `x-skillstate-mode`.",
         "constrain": "`json_schema` asks the upstream for a grammar-constrained envelope "

@@ -90,6 +90,10 @@ class Settings(BaseModel):
     state_schema: dict[str, Any] | None = None
     data_dir: Path = Field(default_factory=lambda: Path("~/.skillstate"))
     verbose: bool = False
+    # Observability: /metrics (behind a bearer token when set) and optional OTLP traces.
+    metrics_token: str | None = Field(default=None, min_length=16)
+    otel_endpoint: str | None = None  # OTLP/HTTP base URL; OTEL_EXPORTER_OTLP_ENDPOINT works too
+    otel_capture_content: bool = False  # message content and patches on spans
     mode: Mode = Mode.STATE
     constrain: Constrain = Constrain.OFF
     schema_violation: Literal["reject", "drop"] = "reject"

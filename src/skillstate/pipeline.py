@@ -35,6 +35,7 @@ from .meter import MeterContext, TurnMeter
 from .pricing import PriceBook
 from .session import SESSION_HEADER, SessionLocks
 from .store import StepConflict, Store, StoreError, TransitionRecord
+from .telemetry import NO_TELEMETRY, TurnTelemetry
 from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool
 from .usage import Usage
@@ -57,6 +58,7 @@ class Turn:
     session: str
     mode: Mode
     constrain: bool = False
+    telemetry: TurnTelemetry = NO_TELEMETRY  # /metrics and traces (skillstate.telemetry)
 
     @property
     def stream(self) -> bool:
@@ -231,7 +233,8 @@ class Pipeline:
         try:
             if turn.mode != Mode.PASSTHROUGH:
                 await stack.enter_async_context(self.locks.hold(turn.session))
-                record = await self.store.load(turn.session)
+                with turn.telemetry.span("load state"):
+                    record = await self.store.load(turn.session)
                 if record is None:
                     self._ensure_room()
             else:
@@ -240,6 +243,7 @@ class Pipeline:
             step = record.step if record else 0
             schema = record.schema if record else self.settings.allowed_keys
             sent, shape = self.build_context(turn, state, schema)
+            turn.telemetry.context(shape)
             est_client = _est(turn.body) if turn.mode != Mode.PASSTHROUGH else None
             ctx = MeterContext(turn.session, str(turn.mode), turn.model or None, est_client)
             meter = TurnMeter(self.prices, ctx)
@@ -262,6 +266,7 @@ class Pipeline:
         finally:
             if not handed_over:
                 if meter is not None:
+                    turn.telemetry.metered(meter.rows)
                     # Whatever the commit did not take (failures, passthrough, errors):
                     # off the critical path, and not cancelled with the turn.
                     self._spawn(meter.flush(self.store))
@@ -434,6 +439,7 @@ class Pipeline:
                 ex.close()  # the upstream sees the request cancelled
                 if not meter.answered_yet:
                     answered(499)
+            turn.telemetry.metered(meter.rows)
             self._spawn(meter.flush(self.store))
             await _shielded(stack.aclose())
 
@@ -483,9 +489,12 @@ class Pipeline:
             ts=time.time(),
         )
         rows = meta.meter.unwritten()
-        step = await self.commit_transition(
-            meta.turn.session, meta.step, new_state, meta.schema, transition, rows
-        )
+        tel = meta.turn.telemetry
+        with tel.span("commit state"):
+            step = await self.commit_transition(
+                meta.turn.session, meta.step, new_state, meta.schema, transition, rows
+            )
+        tel.transition(outcome.status, outcome.patch, outcome.action)
         meta.meter.mark_written()
         return step
 

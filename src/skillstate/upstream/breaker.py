@@ -37,6 +37,9 @@ class CircuitBreaker:
         self._next_probe_at: float | None = None  # monotonic; set only while open
         self._probe_in_flight = False
         self._failures = 0
+        self._probed = False  # a probe went out since the breaker opened
+        # Told the state entered on each change (metrics); half_open when its probe goes out.
+        self.on_change: Callable[[CircuitState], None] | None = None
 
     @property
     def state(self) -> CircuitState:
@@ -62,6 +65,9 @@ class CircuitBreaker:
         if state == "open" or self._probe_in_flight:
             return False
         self._probe_in_flight = True
+        if not self._probed:
+            self._probed = True
+            self._changed("half_open")
         return True
 
     def release(self) -> None:
@@ -69,6 +75,8 @@ class CircuitBreaker:
         self._probe_in_flight = False
 
     def record_success(self) -> None:
+        if self._open:
+            self._changed("closed")
         self._open = False
         self._next_probe_at = None
         self._probe_in_flight = False
@@ -86,6 +94,12 @@ class CircuitBreaker:
         self._open = True
         self._next_probe_at = self._now() + self.open_cooldown
         self._probe_in_flight = False
+        self._probed = False
+        self._changed("open")
+
+    def _changed(self, state: CircuitState) -> None:
+        if self.on_change is not None:
+            self.on_change(state)
 
     def snapshot(self, wall_now: float | None = None) -> dict[str, Any]:
         """For /health. With ``wall_now`` (time.time()), also the next probe as wall time."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
 from ..limits import Admission, Ticket, UpstreamLimits
+from ..telemetry import Telemetry
 from .breaker import CircuitBreaker
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
@@ -206,11 +208,20 @@ class Outbound:
 
 
 class UpstreamPool:
-    def __init__(self, settings: Settings, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        now: Callable[[], float] = time.monotonic,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.settings = settings
         self._now = now
+        # Counts attempts, retries, failovers and breaker changes (and traces attempts).
+        self.telemetry = telemetry or Telemetry(settings)
         ordered = sorted(settings.upstreams, key=lambda u: u.priority)
         self.upstreams = [UpstreamRuntime(u, settings, now) for u in ordered]
+        for up in self.upstreams:
+            up.breaker.on_change = functools.partial(self.telemetry.breaker_changed, up.name)
         self.backoff = Backoff(
             base=settings.retry_base_delay,
             max_delay=settings.retry_max_delay,
@@ -325,10 +336,13 @@ class UpstreamPool:
         # gets what is left of it, and no attempt or backoff starts after it has passed.
         deadline = self._now() + self.settings.total_timeout
         expired = False
+        tel = self.telemetry
         try:
-            for up in candidates:
+            for i, up in enumerate(candidates):
                 if expired:
                     break
+                if i:
+                    tel.failover(candidates[i - 1].name)
                 for attempt in range(self.settings.retry_max_attempts):
                     remaining = deadline - self._now()
                     if remaining <= 0:
@@ -338,17 +352,19 @@ class UpstreamPool:
                     probe = up.breaker.state == "half_open"
                     if not up.breaker.try_acquire():
                         failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
+                        tel.skipped(up.name, "circuit_open")
                         break
                     admission = up.limits.check(out.est_tokens)
                     ticket = up.limits.admit(out.est_tokens) if admission.ok else None
                     if ticket is None:
+                        tel.skipped(up.name, "local_limit")
                         if probe:
                             up.breaker.release()
                         held.append(admission)
                         break
                     delay: float | None
                     try:
-                        ex = await self._send(up, out, ticket, remaining)
+                        ex = await self._observed_send(up, out, ticket, remaining, attempt)
                     except _TRANSPORT_ERRORS as e:
                         up.breaker.record_failure()
                         failures.append(AttemptRecord(up.name, 0, _describe(e)))
@@ -431,6 +447,25 @@ class UpstreamPool:
                 f"{len(real)} attempts)",
             )
         raise _all_failed(failures)
+
+    async def _observed_send(
+        self, up: UpstreamRuntime, out: Outbound, ticket: Ticket, remaining: float, attempt: int
+    ) -> Exchange:
+        """``_send``, counted (and traced) as one attempt; ``attempt`` > 0 is a retry."""
+        tel = self.telemetry
+        if attempt:
+            tel.retry(up.name)
+        span = tel.attempt_started(up.name, up.kind, out.model)
+        try:
+            ex = await self._send(up, out, ticket, remaining)
+        except _TRANSPORT_ERRORS as e:
+            tel.attempt_done(up.name, 0, _describe(e), span)
+            raise
+        except BaseException:
+            tel.attempt_done(up.name, 0, "cancelled", span)
+            raise
+        tel.attempt_done(up.name, ex.status, "", span)
+        return ex
 
     async def _send(
         self, up: UpstreamRuntime, out: Outbound, ticket: Ticket, remaining: float

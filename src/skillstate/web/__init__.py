@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
@@ -17,14 +19,17 @@ from .runtime import Runtime, lifespan
 __all__ = ["RequestLog", "Runtime", "create_app"]
 
 
-def create_app(settings: Settings, store: Store | None = None) -> Starlette:
-    """The ASGI app for ``settings`` (``store`` defaults to the SQLite store in the data dir)."""
+def create_app(
+    settings: Settings, store: Store | None = None, *, tracer_provider: Any = None
+) -> Starlette:
+    """The ASGI app for ``settings`` (``store`` defaults to the SQLite store in the data dir;
+    ``tracer_provider``, an OpenTelemetry one, to the OTLP exporter when tracing is on)."""
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={HTTPException: not_found, Exception: crashed},
     )
-    app.state.runtime = Runtime(settings, store)
+    app.state.runtime = Runtime(settings, store, tracer_provider)
     app.add_middleware(BrowserGuard, settings=settings)
     if settings.verbose:
         app.add_middleware(RequestLog)

@@ -1,7 +1,8 @@
-"""The routes around the turns: ``/v1/models``, ``/health`` and ``/cost``."""
+"""The routes around the turns: ``/v1/models``, ``/health``, ``/cost`` and ``/metrics``."""
 
 from __future__ import annotations
 
+import hmac
 import time
 
 from starlette.requests import Request
@@ -12,6 +13,7 @@ from ..catalog import catalog_dialect, fetch_models
 from ..errors import ProxyError
 from ..http import JSONResponse, error_response
 from ..ledger import parse_since, summarize
+from ..metrics import CONTENT_TYPE
 from ..session import is_valid_session_id
 from .runtime import runtime
 
@@ -65,3 +67,23 @@ async def cost(request: Request) -> Response:
         return error_response(ProxyError("invalid_request", str(e)), "openai")
     summary.update({"since": since, "until": until, "session": session})
     return JSONResponse(summary)
+
+
+async def metrics(request: Request) -> Response:
+    """The Prometheus text format. With ``metrics_token`` set, only for a bearer of it."""
+    rt = runtime(request)
+    token = rt.settings.metrics_token
+    if token is not None and not _bearer_is(request.headers.get("authorization", ""), token):
+        err = ProxyError(
+            "authentication", "GET /metrics needs Authorization: Bearer <metrics_token>"
+        )
+        return error_response(err, "openai", {"www-authenticate": "Bearer"})
+    body = rt.telemetry.metrics.render(rt.pool.upstreams)
+    return Response(body, headers={"content-type": CONTENT_TYPE})
+
+
+def _bearer_is(header: str, token: str) -> bool:
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        value.strip().encode(), token.encode()
+    )

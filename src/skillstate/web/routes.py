@@ -6,7 +6,7 @@ from starlette.routing import Route
 
 from ..dialects.registry import DIALECTS
 from ..ui import ui_routes
-from .info import cost, health, models
+from .info import cost, health, metrics, models
 from .state import state
 from .turns import messages_count_tokens, turn_endpoint
 
@@ -26,5 +26,6 @@ ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/state", state, methods=["GET", "DELETE", "PATCH"]),
     Route("/cost", cost, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
     *ui_routes(),
 ]

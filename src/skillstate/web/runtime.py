@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -16,14 +17,19 @@ from ..pipeline import Pipeline
 from ..pricing import PriceBook
 from ..store import Store, StoreError
 from ..store.sqlite import SQLiteStore
+from ..telemetry import Telemetry
 from ..upstream.client import UpstreamPool
 
 
 class Runtime:
     """Everything the routes share, created and closed by the app's lifespan."""
 
-    def __init__(self, settings: Settings, store: Store | None = None) -> None:
+    def __init__(
+        self, settings: Settings, store: Store | None = None, tracer_provider: Any = None
+    ) -> None:
         self.settings = settings
+        # /metrics and, when configured, OpenTelemetry traces (``tracer_provider``: a test's).
+        self.telemetry = Telemetry(settings, tracer_provider)
         self.store: Store = store or SQLiteStore(
             settings.db_path,
             exclusive=True,
@@ -31,7 +37,7 @@ class Runtime:
             max_sessions=settings.max_sessions,
             busy_timeout=settings.store_busy_timeout,
         )
-        self.pool = UpstreamPool(settings)
+        self.pool = UpstreamPool(settings, telemetry=self.telemetry)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices)
 
@@ -70,3 +76,4 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await rt.pool.close()
         await rt.pipeline.settle()
         await rt.store.close()
+        rt.telemetry.close()

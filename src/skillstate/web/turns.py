@@ -18,9 +18,11 @@ from ..errors import Dialect, ProxyError
 from ..http import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
 from ..pipeline import Reply, Turn
 from ..session import SESSION_HEADER, resolve_session_id
+from ..telemetry import NO_TELEMETRY, TurnTelemetry
 from .runtime import runtime
 
 C = TypeVar("C", bound=Choice)
+COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"  # the metrics' route label
 
 
 def _header_choice(request: Request, name: str, default: C) -> C:
@@ -39,6 +41,7 @@ async def parse_turn(
     dialect: Dialect,
     validate: Callable[[Any], None],
     session: str,
+    telemetry: TurnTelemetry = NO_TELEMETRY,
 ) -> Turn:
     """The request as a ``Turn``: a validated body plus the per-request mode headers."""
     body = await read_json_object(request, settings.max_body_bytes)
@@ -52,35 +55,53 @@ async def parse_turn(
         session=session,
         mode=mode,
         constrain=constrain != Constrain.OFF,
+        telemetry=telemetry,
     )
 
 
-async def _turn(request: Request, dialect: Dialect, validate: Callable[[Any], None]) -> Response:
+async def _turn(
+    request: Request, dialect: Dialect, route: str, validate: Callable[[Any], None]
+) -> Response:
     rt = runtime(request)
+    tel = rt.telemetry.turn(route, dialect)
     session_hdr: dict[str, str] = {}
     try:
         session = resolve_session_id(request.headers.get(SESSION_HEADER))
         session_hdr = {SESSION_HEADER: session}
-        turn = await parse_turn(request, rt.settings, dialect, validate, session)
+        turn = await parse_turn(request, rt.settings, dialect, validate, session, tel)
+        tel.begin(turn)
         # A disconnect cancels the turn. Decided: the turn is committed iff the proxy had the
         # model's whole answer before that (the commit then finishes: Pipeline.commit_transition);
         # earlier, the upstream call is cancelled and nothing is committed. See README.
-        result = await unless_disconnected(request, rt.pipeline.run(turn))
+        with tel.active():  # the turn's task starts under the turn's span
+            result = await unless_disconnected(request, rt.pipeline.run(turn))
     except ProxyError as e:
-        return error_response(e, dialect, session_hdr)
+        response = error_response(e, dialect, session_hdr)
+        tel.finished(response.status_code)
+        return response
     if result is None:
+        tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
     if isinstance(result, Reply):
+        tel.finished(result.status)
         return Response(result.body, status_code=result.status, headers=result.headers)
-    return StreamingProxyResponse(result.chunks, result.headers, result.abort)
+    tel.first_byte()
+    abort = result.abort
+
+    async def done() -> None:  # the response calls it once, when the stream is over
+        await abort()
+        tel.finished(200)
+
+    return StreamingProxyResponse(result.chunks, result.headers, done)
 
 
 def turn_endpoint(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
     """The handler of one dialect's turn route (``Dialect.client_path``)."""
-    validate = get_dialect(dialect).validate
+    d = get_dialect(dialect)
+    validate, route = d.validate, "/v1" + d.client_path
 
     async def handle(request: Request) -> Response:
-        return await _turn(request, dialect, validate)
+        return await _turn(request, dialect, route, validate)
 
     handle.__name__ = handle.__qualname__ = f"{dialect}_turn"
     return handle
@@ -89,6 +110,7 @@ def turn_endpoint(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
 async def messages_count_tokens(request: Request) -> Response:
     """Anthropic's count_tokens, for the body this turn would send upstream."""
     rt = runtime(request)
+    tel = rt.telemetry.turn(COUNT_TOKENS_ROUTE, "anthropic")
     session_hdr: dict[str, str] = {}
     try:
         session = resolve_session_id(request.headers.get(SESSION_HEADER))
@@ -96,7 +118,11 @@ async def messages_count_tokens(request: Request) -> Response:
         turn = await parse_turn(
             request, rt.settings, "anthropic", validate_count_tokens_request, session
         )
+        tel.begin(turn)
         result = await count_tokens(rt.pipeline, rt.pool, turn)
     except ProxyError as e:
-        return error_response(e, "anthropic", session_hdr)
+        response = error_response(e, "anthropic", session_hdr)
+        tel.finished(response.status_code)
+        return response
+    tel.finished(result.status)
     return Response(result.body, status_code=result.status, headers=result.headers)
