@@ -56,6 +56,13 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "forward_scoping_headers": "Client headers that pick what a key bills "
         "(`openai-organization`, `openai-project`, `api-key`, `x-goog-api-key`, ...) still "
         "forwarded to an upstream with its own `api_key`; by default they are dropped.",
+        "auth": "When client keys are checked: `auto` (once any key exists, see "
+        "`skillstate keys`) or `required` (always; with no key nothing but `/health` answers).",
+        "insecure_no_auth": "Start on a non-loopback host without client keys (refused "
+        "otherwise). Anyone who reaches the port then spends the upstream keys and reads every "
+        "session; the log and `/health` say so.",
+        "auth_cache_ttl": "Seconds a verified key is trusted without asking the store: how "
+        "soon a key revoked or rotated by `skillstate keys` is refused by a running proxy.",
         "max_body_bytes": "Largest request body accepted (413 above).",
         "max_header_bytes": "Largest request head (request line and headers) accepted; "
         "431 above, refused before it is buffered.",

@@ -61,3 +61,10 @@ class ContextShape(Choice):
     COMPACT = "compact"
     FULL = "full"
     PASSTHROUGH = "passthrough"
+
+
+class AuthMode(Choice):
+    """When client keys are checked: once any key exists (``auto``), or always."""
+
+    AUTO = "auto"
+    REQUIRED = "required"

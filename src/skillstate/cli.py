@@ -69,6 +69,12 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", metavar="DIR", help="store directory (default ~/.skillstate)")
     p.add_argument("--mode", choices=Mode.values(), help="default mode")
     p.add_argument("--verbose", action="store_const", const=True, help="log one line per request")
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_const",
+        const=True,
+        help="allow a non-loopback --host without client keys (anyone reaching it spends the keys)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", help="run the proxy (the default)")
     demo = sub.add_parser("demo", help="offline demo: real proxy + simulated model, 30 turns")
@@ -115,7 +121,10 @@ def _port(value: str) -> int:
 
 
 def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("config", "upstream", "port", "host", "schema", "data_dir", "verbose", "mode")
+    keys = (
+        "config", "upstream", "port", "host", "schema", "data_dir", "verbose", "mode",
+        "insecure_no_auth",
+    )  # fmt: skip
     return {k: getattr(args, k, None) for k in keys}
 
 

@@ -18,7 +18,7 @@ import jsonschema
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .choices import Constrain, Mode
+from .choices import AuthMode, Constrain, Mode
 from .dialects.registry import DIALECTS
 from .pricing import PriceOverride
 
@@ -105,6 +105,11 @@ class Settings(BaseModel):
     # Credential and billing-scoping client headers (openai-organization, ...) still forwarded
     # to an upstream that has its own api_key; by default they are dropped.
     forward_scoping_headers: list[str] = Field(default_factory=list)
+    # Client keys (skillstate.auth): on once a key exists, or always with "required"; a
+    # non-loopback listen refuses to start without them unless insecure_no_auth.
+    auth: AuthMode = AuthMode.AUTO
+    insecure_no_auth: bool = False
+    auth_cache_ttl: float = Field(default=5.0, ge=0)  # seconds a verified key is trusted
 
     max_body_bytes: int = Field(default=16 * MiB, ge=1024)
     # HTTP limits uvicorn does not enforce itself (httplimits.py).

@@ -15,6 +15,7 @@ import uvicorn
 
 from . import __version__
 from .app import create_app
+from .auth.listen import check_listen
 from .config import ConfigError, Settings
 from .httplimits import HttpLimits, limited_protocol
 from .store import StoreError, StoreUnavailable
@@ -88,6 +89,7 @@ def _url(sock: socket.socket) -> str:
 def serve(settings: Settings) -> int:
     """Serve in the foreground until SIGINT/SIGTERM; in-flight requests finish first."""
     preflight_store(settings)
+    check_listen(settings)
     sock = bind(settings.host, settings.port)
     if settings.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)

@@ -8,6 +8,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
+from ..auth.gate import KeyGate
 from ..config import Settings
 from ..guards import BrowserGuard
 from ..store import Store
@@ -29,7 +30,8 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: not_found, Exception: crashed},
     )
-    app.state.runtime = Runtime(settings, store, tracer_provider)
+    app.state.runtime = rt = Runtime(settings, store, tracer_provider)
+    app.add_middleware(KeyGate, keys=rt.keys)  # inside the guard: a refused Host costs no HMAC
     app.add_middleware(BrowserGuard, settings=settings)
     if settings.verbose:
         app.add_middleware(RequestLog)

@@ -9,13 +9,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
+from ..auth.gate import principal_of
 from ..catalog import catalog_dialect, fetch_models
 from ..errors import ProxyError
 from ..http import JSONResponse, error_response
 from ..ledger import parse_since, summarize
 from ..metrics import CONTENT_TYPE
 from ..session import is_valid_session_id
-from .runtime import runtime
+from .runtime import Runtime, runtime
 
 
 async def models(request: Request) -> Response:
@@ -37,16 +38,31 @@ async def health(request: Request) -> Response:
     write, found out within ``health_timeout`` (a wedged or locked store is not waited on)."""
     rt = runtime(request)
     store_problem = await rt.store.check(rt.settings.health_timeout)
+    status = 200 if store_problem is None else 503
+    ok = store_problem is None and rt.pool.usable()
+    caller = principal_of(request.scope)
+    if rt.keys.on and (caller is None or not caller.admin):
+        return JSONResponse({"ok": ok, "auth": "on"}, status_code=status)  # liveness only
     return JSONResponse(
         {
-            "ok": store_problem is None and rt.pool.usable(),
+            "ok": ok,
             "version": __version__,
+            "auth": auth_condition(rt),
             "upstreams": rt.pool.health(),
             "store": "ok" if store_problem is None else f"error: {store_problem}",
             "active_sessions": rt.pipeline.active_sessions,
         },
-        status_code=200 if store_problem is None else 503,
+        status_code=status,
     )
+
+
+def auth_condition(rt: Runtime) -> str:
+    """``on``, ``off`` (loopback without keys), or the --insecure-no-auth warning."""
+    if rt.keys.on:
+        return "on"
+    if rt.settings.insecure_no_auth:
+        return "OFF (--insecure-no-auth): anyone who reaches this port can use it"
+    return "off"
 
 
 async def cost(request: Request) -> Response:

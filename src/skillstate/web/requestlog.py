@@ -7,13 +7,14 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..auth.gate import principal_of
 from ..session import SESSION_HEADER
 
 log = logging.getLogger("skillstate")
 
 
 class RequestLog:
-    """--verbose: one line per request. Never bodies or keys."""
+    """--verbose: one line per request, naming the caller's key. Never bodies or keys."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -39,8 +40,9 @@ class RequestLog:
             await self.app(scope, receive, watch)
         finally:
             ms = (time.perf_counter() - start) * 1000
+            caller = principal_of(scope)  # the key's name, never the key
             log.info(
-                "%s %s session=%s status=%s upstream=%s ms=%.1f",
-                scope["method"], scope["path"], seen["session"], seen["status"],
-                seen["upstream"], ms,
+                "%s %s key=%s session=%s status=%s upstream=%s ms=%.1f",
+                scope["method"], scope["path"], caller.name if caller else "-",
+                seen["session"], seen["status"], seen["upstream"], ms,
             )  # fmt: skip

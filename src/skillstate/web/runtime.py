@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 
+from ..auth.gate import KeyBook
+from ..auth.keys import KeyHasher, server_secret
 from ..config import Settings
 from ..pipeline import Pipeline
 from ..pricing import PriceBook
@@ -19,6 +22,8 @@ from ..store import Store, StoreError
 from ..store.sqlite import SQLiteStore
 from ..telemetry import Telemetry
 from ..upstream.client import UpstreamPool
+
+log = logging.getLogger("skillstate")
 
 
 class Runtime:
@@ -40,6 +45,7 @@ class Runtime:
         self.pool = UpstreamPool(settings, telemetry=self.telemetry)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices)
+        self.keys = KeyBook(self.store, KeyHasher(server_secret(settings.data_dir)), settings)
 
     async def purge_forever(self) -> None:
         """Drop expired sessions and old ledger rows, every ``purge_interval`` seconds."""
@@ -54,6 +60,12 @@ class Runtime:
             await asyncio.sleep(s.purge_interval)
 
 
+INSECURE_WARNING = (
+    "WARNING: --insecure-no-auth: listening on %s with NO client keys; anyone who reaches "
+    "this port spends the upstream keys and reads every session's state"
+)
+
+
 def runtime(request: Request) -> Runtime:
     """The runtime of the app serving ``request``."""
     rt: Runtime = request.app.state.runtime
@@ -66,6 +78,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     rt: Runtime = app.state.runtime
     await rt.store.open()
     await rt.pool.open()
+    if not await rt.keys.refresh_mode() and rt.settings.insecure_no_auth:
+        log.warning(INSECURE_WARNING, rt.settings.host)
     purge = asyncio.ensure_future(rt.purge_forever())
     try:
         yield

@@ -1,0 +1,45 @@
+"""The start-up rule: a listen address other than loopback needs client keys."""
+
+from __future__ import annotations
+
+import ipaddress
+import sqlite3
+
+from ..choices import AuthMode
+from ..config import ConfigError, Settings
+from ..guards import LOOPBACK_HOSTS, host_name
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listen address or name) only accepts local connections."""
+    name = host_name(host)
+    if name in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: whatever it resolves to may be public
+
+
+def has_keys(settings: Settings) -> bool:
+    """Whether the store holds any client key (after the store's pre-flight check)."""
+    db = sqlite3.connect(settings.db_path)
+    try:
+        return bool(db.execute("SELECT count(*) FROM api_keys").fetchone()[0])
+    except sqlite3.OperationalError:
+        return False  # no keys table yet: a store no key was ever created in
+    finally:
+        db.close()
+
+
+def check_listen(settings: Settings) -> None:
+    """Refuse (one line) a non-loopback listen without auth, unless --insecure-no-auth."""
+    if is_loopback(settings.host) or settings.insecure_no_auth:
+        return
+    if settings.auth == AuthMode.REQUIRED or has_keys(settings):
+        return
+    raise ConfigError(
+        f"host: listening on {settings.host} needs client keys: create one with "
+        "`skillstate keys create --name NAME` (or set auth: required); "
+        "--insecure-no-auth starts without them"
+    )

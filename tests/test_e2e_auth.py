@@ -1,0 +1,169 @@
+"""Issue 16 end to end: client keys on a real proxy with the real SDKs (loopback only)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from skillstate.cli import main
+from tests.conftest import InProcessProxy, StartProxy, proxy_env
+from tests.fakeprovider import FakeProvider, Reply
+
+NO_CACHE = {"auth_cache_ttl": 0}
+
+
+def envelope(patch: dict, action: str = "next") -> str:
+    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+
+
+def make_key(data: Path, *args: str) -> str:
+    """`skillstate keys ... ` in this process; its stdout (a new key, or a message)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["keys", "--data-dir", str(data), *args]) == 0
+    return out.getvalue().strip()
+
+
+def oai(proxy: InProcessProxy, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+
+
+def ant(proxy: InProcessProxy, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+
+
+def chat(client: openai.OpenAI, session: str, text: str = "hi") -> openai.types.chat.ChatCompletion:
+    return client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": text}],
+        extra_headers={"x-skillstate-session": session},
+    )
+
+
+def message(client: anthropic.Anthropic, session: str) -> anthropic.types.Message:
+    return client.messages.create(
+        model="m",
+        max_tokens=50,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-skillstate-session": session},
+    )
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+# -- start-up ----------------------------------------------------------------------------
+
+
+def test_a_non_loopback_host_without_keys_fails_in_one_line(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "skillstate", "--upstream", "http://127.0.0.1:9/v1"]
+    r = subprocess.run(
+        [*argv, "--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=proxy_env(),
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("skillstate: host: listening on 0.0.0.0 needs client keys")
+
+
+def test_insecure_no_auth_starts_warns_and_says_so_in_health(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    argv = [sys.executable, "-m", "skillstate", "--upstream", fake.url + "/v1"]
+    argv += ["--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0", "--port", "0"]
+    proc = subprocess.Popen(
+        [*argv, "--insecure-no-auth"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=proxy_env(),
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        port = re.search(r"http://0\.0\.0\.0:(\d+)", proc.stdout.readline())
+        assert port, "no listening line"
+        url = f"http://127.0.0.1:{port.group(1)}"  # only loopback traffic
+        warning = proc.stderr.readline()
+        assert "WARNING: --insecure-no-auth" in warning and "NO client keys" in warning
+        health = httpx.get(url + "/health", timeout=10).json()
+        assert health["auth"].startswith("OFF (--insecure-no-auth)")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# -- 401s ---------------------------------------------------------------------------------
+
+
+def test_wrong_expired_revoked_and_rotated_keys_get_401_in_both_dialects(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    good = make_key(data, "create", "--name", "good")
+    old = make_key(data, "create", "--name", "rotated")
+    new = make_key(data, "rotate", "rotated")
+    revoked = make_key(data, "create", "--name", "revoked")
+    expired = make_key(data, "create", "--name", "expired", "--expires", "1d")
+    db = sqlite3.connect(data / "skillstate.db")
+    db.execute("UPDATE api_keys SET expires = ? WHERE name = 'expired'", (time.time() - 1,))
+    db.commit()
+    proxy = start_proxy(fake.url + "/v1", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({})), Reply(text=envelope({})))
+    assert chat(oai(proxy, good), "s").choices[0].message.content
+    assert message(ant(proxy, new), "s").content
+    make_key(data, "revoke", "revoked")
+    cases = {
+        "sk-ss-wrong": "invalid API key",
+        old: "invalid API key",
+        revoked: "revoked",
+        expired: "expired",
+    }
+    for key, why in cases.items():
+        with pytest.raises(openai.AuthenticationError) as oe:
+            chat(oai(proxy, key), "s")
+        assert oe.value.status_code == 401 and why in oe.value.message
+        assert oe.value.body["type"] == "invalid_request_error" or oe.value.body.get("code")
+        with pytest.raises(anthropic.AuthenticationError) as ae:
+            message(ant(proxy, key), "s")
+        assert ae.value.status_code == 401 and why in ae.value.message
+        assert ae.value.body["type"] == "error"
+        assert ae.value.body["error"]["type"] == "authentication_error"
+    # No key at all: a 401 too, on every data route.
+    for path in ("/state", "/cost", "/v1/models"):
+        r = proxy.get(path)
+        assert r.status_code == 401 and "API key is required" in r.text
+    # Liveness only without an admin key.
+    assert set(proxy.get("/health").json()) == {"ok", "auth"}
+    # The client's key never went upstream (the proxy's own key did).
+    sent = [r.headers for r in fake.requests]
+    assert sent and all(good not in json.dumps(h) and new not in json.dumps(h) for h in sent)
+    assert all(h.get("authorization") == "Bearer sk-upstream" or h.get("x-api-key") for h in sent)
+
+
+def test_auth_turns_on_when_the_first_key_is_created(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    proxy = start_proxy(fake.url + "/v1", config=NO_CACHE)
+    assert proxy.get("/state").status_code == 200
+    assert proxy.get("/health").json()["auth"] == "off"
+    key = make_key(data, "create", "--name", "first", "--admin")
+    assert proxy.get("/state").status_code == 401
+    r = proxy.get("/health", headers={"authorization": f"Bearer {key}"})
+    assert r.json()["auth"] == "on" and "upstreams" in r.json()
