@@ -167,3 +167,18 @@ def test_auth_turns_on_when_the_first_key_is_created(
     assert proxy.get("/state").status_code == 401
     r = proxy.get("/health", headers={"authorization": f"Bearer {key}"})
     assert r.json()["auth"] == "on" and "upstreams" in r.json()
+
+
+def test_metrics_takes_an_admin_key_or_its_token(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    admin = make_key(data, "create", "--name", "ops", "--admin")
+    user = make_key(data, "create", "--name", "dev")
+    token = "m" * 20
+    proxy = start_proxy(fake.url + "/v1", config={"metrics_token": token})
+
+    def status(bearer: str | None) -> int:
+        headers = {"authorization": f"Bearer {bearer}"} if bearer else {}
+        return proxy.get("/metrics", headers=headers).status_code
+
+    assert [status(admin), status(token), status(user), status(None)] == [200, 200, 401, 401]

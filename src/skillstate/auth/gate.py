@@ -1,10 +1,11 @@
 """Who is calling: the key check on every route, and the verified-key cache behind it.
 
 Auth is on when the store holds any key or ``auth: required`` is set. Then every request
-but ``/health`` (liveness only without an admin key) and the dashboard's static files needs
-a key, sent the way its SDK sends it: ``Authorization: Bearer`` (OpenAI) or ``x-api-key``
-(Anthropic). A missing, wrong, expired or revoked key is a 401 in the caller's dialect. The
-key is removed from the request before any handler sees it, so it never reaches an upstream.
+but ``/health`` (liveness only without an admin key), ``/metrics`` (``metrics_token`` or an
+admin key) and the dashboard's static files needs a key, sent the way its SDK sends it:
+``Authorization: Bearer`` (OpenAI) or ``x-api-key`` (Anthropic). A missing, wrong, expired
+or revoked key is a 401 in the caller's dialect. The key is removed from the request before
+any handler sees it, so it never reaches an upstream.
 
 Cost per request: one HMAC-SHA256 of the key and a dict lookup; the store is only asked on
 a cache miss or after ``auth_cache_ttl`` seconds, which is also how soon a revocation made
@@ -30,7 +31,9 @@ from .record import KeyRecord
 __all__ = ["PRINCIPAL", "KeyBook", "KeyGate", "Principal", "principal_of"]
 
 PRINCIPAL = "skillstate.key"  # the ASGI scope entry holding the caller's Principal
-_OPEN_PATHS = ("/health",)  # answered without a key (with less in it)
+# Answered without a client key: /health (liveness only), /metrics (its own metrics_token,
+# or an admin key). Nothing on them goes upstream, so their headers are left as they are.
+_OPEN_PATHS = ("/health", "/metrics")
 _OPEN_PREFIXES = ("/ui/",)  # static files with no data in them (the data routes need a key)
 _CREDENTIALS = (b"authorization", b"x-api-key")
 _MAX_CACHED = 10_000  # entries (wrong keys included) before the cache starts over
@@ -151,5 +154,6 @@ class KeyGate:
                 response = error_response(e, dialect_for(path, anthropic))
                 await response(scope, receive, send)
                 return
-        scope["headers"] = [(n, v) for n, v in headers if n not in _CREDENTIALS]
+        if not open_route:
+            scope["headers"] = [(n, v) for n, v in headers if n not in _CREDENTIALS]
         await self.app(scope, receive, send)

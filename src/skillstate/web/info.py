@@ -86,12 +86,21 @@ async def cost(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """The Prometheus text format. With ``metrics_token`` set, only for a bearer of it."""
+    """The Prometheus text format. With ``metrics_token`` set, only for a bearer of it or
+    of an admin key; with client keys on, an admin key is needed without a token."""
     rt = runtime(request)
     token = rt.settings.metrics_token
-    if token is not None and not _bearer_is(request.headers.get("authorization", ""), token):
+    caller = principal_of(request.scope)
+    admin = caller is not None and caller.admin
+    bearer = request.headers.get("authorization", "")
+    if (
+        not admin
+        and (token is not None or rt.keys.on)
+        and not (token and _bearer_is(bearer, token))
+    ):
         err = ProxyError(
-            "authentication", "GET /metrics needs Authorization: Bearer <metrics_token>"
+            "authentication",
+            "GET /metrics needs Authorization: Bearer <metrics_token or an admin key>",
         )
         return error_response(err, "openai", {"www-authenticate": "Bearer"})
     body = rt.telemetry.metrics.render(rt.pool.upstreams)
