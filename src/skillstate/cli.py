@@ -22,6 +22,7 @@ ENDPOINTS = (
   GET  /state[?session=ID[&history=1]]   list sessions, or one session's state
   PATCH /state?session=ID     operator correction (body: a JSON merge patch)
   DELETE /state?session=ID    forget a session
+  GET  /metrics               Prometheus metrics (Bearer metrics_token when set)
   GET  /cost[?since=24h&session=ID&group_by="""
     + GroupBy.spelled("|")
     + "]"
