@@ -35,8 +35,9 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "state_schema": "A JSON Schema every new state must satisfy (checked after the merge).",
         "data_dir": "Where the SQLite store lives. One proxy per data dir.",
         "verbose": "One log line per request (never bodies or keys).",
-        "metrics_token": "When set, `GET /metrics` needs `Authorization: Bearer <token>` "
-        "(401 otherwise); unset, `/metrics` is open like `/health`. At least 16 characters.",
+        "metrics_token": "When set, `GET /metrics` needs `Authorization: Bearer <token>` or an "
+        "admin key (401 otherwise); unset, it needs an admin key once client keys are on, and "
+        "is open without keys. At least 16 characters.",
         "otel_endpoint": "OTLP/HTTP base URL (`http://collector:4318`) to export "
         "OpenTelemetry traces to; the standard `OTEL_EXPORTER_OTLP_ENDPOINT` turns them on too. "
         "Needs the `otel` extra.",
