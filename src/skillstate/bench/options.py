@@ -93,15 +93,20 @@ def cost_args(p: argparse.ArgumentParser) -> None:
         "--arms",
         metavar="A,B",
         default=",".join(DEFAULT_ARMS),
-        help=f"which arms to run, of {', '.join(ARMS)} or 'all' (default "
+        help=f"which arms to run, of {', '.join(ARMS)}, or all (those this proxy has) (default "
         f"{','.join(DEFAULT_ARMS)}); mask/state/auto run through the proxy in that mode",
     )
 
 
 def parse_arms(value: str | None) -> tuple[str, ...]:
-    """``--arms``: 'all' or a comma list; baseline is always run, first."""
-    if not value or value == "all":
-        return ARMS if value == "all" else DEFAULT_ARMS
+    """``--arms``: 'all' (every arm this proxy has a mode for) or a comma list; baseline is
+    always run, first."""
+    if value == "all":
+        from skillstate.bench.runner import available_arms
+
+        return available_arms()
+    if not value:
+        return DEFAULT_ARMS
     names = [a.strip() for a in value.split(",") if a.strip()]
     unknown = [a for a in names if a not in ARMS]
     if unknown:
