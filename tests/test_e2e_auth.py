@@ -182,3 +182,95 @@ def test_metrics_takes_an_admin_key_or_its_token(
         return proxy.get("/metrics", headers=headers).status_code
 
     assert [status(admin), status(token), status(user), status(None)] == [200, 200, 401, 401]
+
+
+# -- tenancy ------------------------------------------------------------------------------
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_two_keys_see_only_their_own_sessions_state_and_cost(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    a = make_key(data, "create", "--name", "alice")
+    b = make_key(data, "create", "--name", "bob")
+    root = make_key(data, "create", "--name", "root", "--admin")
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(
+        Reply(text=envelope({"facts": "alice's"})),
+        Reply(text=envelope({"facts": "bob's"})),
+    )
+    r = oai(proxy, a).chat.completions.with_raw_response.create(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-skillstate-session": "s1"},
+    )
+    assert r.headers["x-skillstate-session"] == "s1"  # the store's id is never shown
+    message(ant(proxy, b), "s1")  # the same client id, another key: another session
+
+    def state(caller: str, **params: str) -> httpx.Response:
+        return proxy.get("/state", params=params, headers=bearer(caller))
+
+    assert state(a, session="s1").json()["state"] == {"facts": "alice's"}
+    assert state(b, session="s1").json()["state"] == {"facts": "bob's"}
+    assert state(a, session="s1").json()["session"] == "s1"
+    assert state(a).json()["sessions"] == [
+        {**state(a).json()["sessions"][0], "session": "s1", "key": "alice"}
+    ]
+    assert [s["key"] for s in state(b).json()["sessions"]] == ["bob"]
+    everyone = state(root).json()["sessions"]
+    assert sorted((s["key"], s["session"]) for s in everyone) == [("alice", "s1"), ("bob", "s1")]
+    assert [s["key"] for s in state(root, key="bob").json()["sessions"]] == ["bob"]
+    assert state(root, key="alice", session="s1").json()["state"] == {"facts": "alice's"}
+
+    def cost(caller: str, **params: str) -> dict:
+        r = proxy.get("/cost", params=params, headers=bearer(caller))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def requests(caller: str, **params: str) -> int:
+        n: int = cost(caller, **params)["totals"]["requests"]
+        return n
+
+    def groups(caller: str) -> list[str]:
+        return sorted(g["key"] for g in cost(caller, group_by="session")["groups"])
+
+    assert [requests(a), requests(b), requests(root), requests(root, key="bob")] == [1, 1, 2, 1]
+    assert groups(a) == ["s1"] and groups(b) == ["s1"]
+    assert groups(root) == ["alice:s1", "bob:s1"]
+    # The ledger rows record the key that spent them.
+    db = sqlite3.connect(data / "skillstate.db")
+    assert sorted(r[0] for r in db.execute("SELECT session FROM ledger")) == [
+        "alice:s1",
+        "bob:s1",
+    ]
+
+
+def test_cross_key_read_patch_and_delete_are_404(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    a = make_key(data, "create", "--name", "alice")
+    b = make_key(data, "create", "--name", "bob")
+    root = make_key(data, "create", "--name", "root", "--admin")
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({"facts": "secret"})))
+    chat(oai(proxy, a), "only-alice")
+    http = proxy.http
+    url = proxy.url + "/state"
+    for params in ({"session": "only-alice"}, {"session": "only-alice", "key": "alice"}):
+        assert http.get(url, params=params, headers=bearer(b)).status_code == 404
+        r = http.patch(url, params=params, headers=bearer(b), json={"facts": "x"})
+        assert r.status_code == 404
+        assert http.delete(url, params=params, headers=bearer(b)).status_code == 404
+    assert http.get(url, params={"key": "alice"}, headers=bearer(b)).status_code == 404
+    assert proxy.get("/cost", params={"key": "alice"}, headers=bearer(b)).status_code == 404
+    # Untouched, and an admin's patch is recorded with the admin's key name.
+    params = {"session": "only-alice", "key": "alice"}
+    r = http.patch(url, params=params, headers=bearer(root), json={"facts": "fixed"})
+    assert r.status_code == 200 and r.json()["session"] == "only-alice"
+    history = http.get(url, params={**params, "history": "1"}, headers=bearer(a)).json()
+    assert history["state"] == {"facts": "fixed"}
+    assert [t["action"] for t in history["history"]][-1] == "operator:root"
+    assert http.delete(url, params=params, headers=bearer(root)).status_code == 204

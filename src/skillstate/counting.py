@@ -27,7 +27,7 @@ COUNT_FIELDS = frozenset(
 
 async def count_tokens(pipeline: Pipeline, pool: UpstreamPool, turn: Turn) -> Reply:
     body = await pipeline.preview(turn)
-    headers = {SESSION_HEADER: turn.session}
+    headers = {SESSION_HEADER: turn.shown_session}
     model = body.get("model")
     # Upstreams of the client's own kind whose format has a counting endpoint count natively.
     native = [

@@ -55,10 +55,16 @@ class Turn:
     dialect: str  # "openai" | "anthropic"
     body: dict[str, Any]
     headers: Mapping[str, str]  # lower-case names
-    session: str
+    session: str  # the store's id (namespaced by the caller's key: skillstate.auth.tenancy)
     mode: Mode
     constrain: bool = False
     telemetry: TurnTelemetry = NO_TELEMETRY  # /metrics and traces (skillstate.telemetry)
+    client_session: str | None = None  # the id the client sent, when it differs from session
+
+    @property
+    def shown_session(self) -> str:
+        """The session id the client knows (what the session header answers)."""
+        return self.client_session or self.session
 
     @property
     def stream(self) -> bool:
@@ -136,9 +142,12 @@ class Pipeline:
         """Sessions with a turn running or waiting (for /health)."""
         return len(self.locks)
 
-    async def operator_patch(self, session: str, patch: dict[str, Any]) -> OperatorChange:
+    async def operator_patch(
+        self, session: str, patch: dict[str, Any], by: str | None = None
+    ) -> OperatorChange:
         """Apply an operator's patch (``PATCH /state``) as one more transition of the
-        session: validated like a model's patch, committed like a turn, under its lock."""
+        session: validated like a model's patch, committed like a turn, under its lock.
+        ``by`` (the operator's key name) is recorded as the action ``operator:<by>``."""
         async with self.locks.hold(session):
             record = await self.store.load(session)
             if record is None:
@@ -147,7 +156,12 @@ class Pipeline:
             if not tr.ok or tr.new_state is None:
                 raise ProxyError("invalid_request", "; ".join(tr.errors) or "invalid patch")
             transition = TransitionRecord(
-                record.step + 1, "operator", tr.applied_patch, "operator", tr.warnings, time.time()
+                record.step + 1,
+                "operator",
+                tr.applied_patch,
+                "operator" if by is None else f"operator:{by}",
+                tr.warnings,
+                time.time(),
             )
             step = await self.commit_transition(
                 session, record.step, tr.new_state, record.schema, transition
@@ -548,7 +562,7 @@ class Pipeline:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     def _base_headers(self, meta: _TurnMeta, ex: Exchange | None) -> dict[str, str]:
-        h = {SESSION_HEADER: meta.turn.session, "x-skillstate-mode": str(meta.turn.mode)}
+        h = {SESSION_HEADER: meta.turn.shown_session, "x-skillstate-mode": str(meta.turn.mode)}
         if meta.shape != ContextShape.PASSTHROUGH:
             h["x-skillstate-context"] = str(meta.shape)
         if ex is not None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hmac
 import time
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
 from ..auth.gate import principal_of
+from ..auth.tenancy import split_session, view_of
 from ..catalog import catalog_dialect, fetch_models
 from ..errors import ProxyError
 from ..http import JSONResponse, error_response
@@ -66,21 +68,31 @@ def auth_condition(rt: Runtime) -> str:
 
 
 async def cost(request: Request) -> Response:
-    """The ledger summary for a time window (and optionally one session or a grouping)."""
+    """The ledger summary for a time window (and optionally one session or a grouping).
+    With client keys on: the caller's key's rows only (an admin's: every key's, or
+    ``?key=NAME``'s), sessions by the ids their clients use."""
     rt = runtime(request)
     q = request.query_params
     now = time.time()
     try:
+        view = view_of(principal_of(request.scope), q.get("key"))
         since = parse_since(q.get("since"), now, name="since")
         until = parse_since(q.get("until"), now, name="until") if q.get("until") else now
         session = q.get("session")
         if session is not None and not is_valid_session_id(session):
             raise ValueError("invalid session id")
         await rt.pipeline.settle()
-        rows = await rt.store.ledger_rows(since, until, session)
+        stored = None if session is None else view.store_id(session)
+        rows = await rt.store.ledger_rows(since, until, stored, view.prefix)
+        if view.prefix is not None:  # one key's rows: by the ids its clients know
+            rows = [
+                replace(r, session=split_session(r.session)[1]) if r.session else r for r in rows
+            ]
         summary = summarize(rows, q.get("group_by"))
     except ValueError as e:
         return error_response(ProxyError("invalid_request", str(e)), "openai")
+    except ProxyError as e:
+        return error_response(e, "openai")
     summary.update({"since": since, "until": until, "session": session})
     return JSONResponse(summary)
 

@@ -1,14 +1,21 @@
 """``/state``: the operator's view of sessions (list, read with history, patch, delete).
-Errors are OpenAI error objects: these routes belong to no dialect."""
+Errors are OpenAI error objects: these routes belong to no dialect.
+
+With client keys on, a caller sees only its own key's sessions (``skillstate.auth.tenancy``);
+an admin key sees every key's, and ``?key=NAME`` picks one. Another key's session is a 404
+to anyone else: it reveals nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..auth.gate import principal_of
+from ..auth.tenancy import View, view_of
 from ..errors import ProxyError
 from ..http import JSONResponse, error_response, read_json_object
 from ..session import is_valid_session_id
@@ -29,22 +36,32 @@ async def state(request: Request) -> Response:
 
 async def _state(request: Request, rt: Runtime) -> Response:
     session = request.query_params.get("session")
+    view = view_of(principal_of(request.scope), request.query_params.get("key"))
     if session is None:
         if request.method != "GET":
             raise ProxyError("invalid_request", "?session=ID is required", param="session")
-        return await _list(request, rt)
+        return await _list(request, rt, view)
     if not is_valid_session_id(session):
         raise ProxyError("invalid_request", "invalid session id: must match ^[A-Za-z0-9_-]{1,128}$")
     handler = _BY_METHOD[request.method]
-    return await handler(request, rt, session)
+    return await handler(request, rt, _Target(session, view.store_id(session)))
 
 
-async def _read(request: Request, rt: Runtime, session: str) -> Response:
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A session as the client names it and as the store does."""
+
+    shown: str
+    stored: str
+
+
+async def _read(request: Request, rt: Runtime, target: _Target) -> Response:
+    session = target.stored
     record = await rt.store.load(session)
     if record is None:
-        raise ProxyError("not_found", f"unknown session {session}")
+        raise ProxyError("not_found", f"unknown session {target.shown}")
     out: dict[str, Any] = {
-        "session": record.session,
+        "session": target.shown,
         "step": record.step,
         "schema": record.schema,
         "state": record.state,
@@ -57,7 +74,7 @@ async def _read(request: Request, rt: Runtime, session: str) -> Response:
     return JSONResponse(out)
 
 
-async def _list(request: Request, rt: Runtime) -> Response:
+async def _list(request: Request, rt: Runtime, view: View) -> Response:
     """One page of sessions, most recently updated first; ``next_cursor`` is null on the
     last page. A session updated during a walk moves to the front (a new walk sees it)."""
     q = request.query_params
@@ -72,13 +89,14 @@ async def _list(request: Request, rt: Runtime) -> Response:
         ):
             raise ProxyError("invalid_request", "invalid cursor for this listing", param="cursor")
         after = (float(position[0]), position[1])
-    rows = await rt.store.sessions_page(limit + 1, after)
+    rows = await rt.store.sessions_page(limit + 1, after, view.prefix)
     page, more = rows[:limit], len(rows) > limit
     last = page[-1] if page else None
     cursor = (
         encode_cursor("sessions", [last["updated"], last["session"]]) if more and last else None
     )
-    return JSONResponse({"sessions": page, "next_cursor": cursor})
+    shown = [{**row, **view.shown(row["session"])} for row in page]
+    return JSONResponse({"sessions": shown, "next_cursor": cursor})
 
 
 async def _history_page(
@@ -110,21 +128,29 @@ def _transition(t: TransitionRecord) -> dict[str, Any]:
     }
 
 
-async def _delete(request: Request, rt: Runtime, session: str) -> Response:
-    if not await rt.pipeline.delete_session(session):
-        raise ProxyError("not_found", f"unknown session {session}")
+async def _delete(request: Request, rt: Runtime, target: _Target) -> Response:
+    if not await rt.pipeline.delete_session(target.stored):
+        raise ProxyError("not_found", f"unknown session {target.shown}")
     return Response(status_code=204)
 
 
-async def _patch(request: Request, rt: Runtime, session: str) -> Response:
+async def _patch(request: Request, rt: Runtime, target: _Target) -> Response:
     patch = await read_json_object(request, rt.settings.max_body_bytes)
-    done = await rt.pipeline.operator_patch(session, patch)
+    caller = principal_of(request.scope)
+    try:
+        done = await rt.pipeline.operator_patch(
+            target.stored, patch, by=caller.name if caller else None
+        )
+    except ProxyError as e:
+        if e.kind == "not_found":
+            raise ProxyError("not_found", f"unknown session {target.shown}") from None
+        raise
     return JSONResponse(
-        {"session": session, "step": done.step, "state": done.state, "warnings": done.warnings}
+        {"session": target.shown, "step": done.step, "state": done.state, "warnings": done.warnings}
     )
 
 
-_BY_METHOD: dict[str, Callable[[Request, Runtime, str], Awaitable[Response]]] = {
+_BY_METHOD: dict[str, Callable[[Request, Runtime, _Target], Awaitable[Response]]] = {
     "GET": _read,
     "DELETE": _delete,
     "PATCH": _patch,

@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..auth.gate import principal_of
+from ..auth.tenancy import store_session
 from ..choices import Choice, Constrain
 from ..config import Settings
 from ..counting import count_tokens
@@ -43,7 +45,8 @@ async def parse_turn(
     session: str,
     telemetry: TurnTelemetry = NO_TELEMETRY,
 ) -> Turn:
-    """The request as a ``Turn``: a validated body plus the per-request mode headers."""
+    """The request as a ``Turn``: a validated body plus the per-request mode headers; the
+    session in the caller's key's namespace."""
     body = await read_json_object(request, settings.max_body_bytes)
     validate(body)
     mode = _header_choice(request, "x-skillstate-mode", settings.mode)
@@ -52,10 +55,11 @@ async def parse_turn(
         dialect=dialect,
         body=body,
         headers={k.lower(): v for k, v in request.headers.items()},
-        session=session,
+        session=store_session(principal_of(request.scope), session),
         mode=mode,
         constrain=constrain != Constrain.OFF,
         telemetry=telemetry,
+        client_session=session,
     )
 
 
