@@ -255,6 +255,7 @@ class FakeProvider:
         app = web.Application(client_max_size=64 * 1024**2)
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/messages", self._handle)
+        app.router.add_post("/v1/responses", self._handle)
         app.router.add_post("/v1/messages/count_tokens", self._handle)
         app.router.add_get("/v1/models", self._handle)
         app.router.add_get("/v1/models/{model_id}", self._handle)
@@ -302,6 +303,8 @@ class FakeProvider:
             request.path.startswith("/v1/models") and "anthropic-version" in rec.headers
         )
         rec.dialect = "anthropic" if anthropic else "openai"
+        if request.path == "/v1/responses":
+            rec.dialect = "responses"
         with self._cond:
             self.requests.append(rec)
             self._cond.notify_all()
@@ -331,6 +334,8 @@ class FakeProvider:
                 payload = eb if isinstance(eb, dict | bytes) else _error(anthropic, err)
                 return await self._send(request, rec, reply, reply.status, payload)
             build = self._anthropic if anthropic else self._openai
+            if rec.dialect == "responses":
+                build = self._responses
             return await self._send(request, rec, reply, 200, build(rec.json, reply, rec.stream))
         except asyncio.CancelledError:
             rec.disconnected = not (rec.dropped or self._stopping)
@@ -436,6 +441,9 @@ class FakeProvider:
             )
         if rec.path == "/v1/messages/count_tokens":
             _check_count_tokens(body)
+        elif rec.path == "/v1/responses":
+            if self.validate:
+                _check_responses(body)
         elif self.validate:
             (_check_anthropic if anthropic else _check_openai)(body)
 
@@ -619,6 +627,95 @@ class FakeProvider:
             for name, data in events
         ]
 
+    def _responses(self, req: dict[str, Any], reply: Reply, stream: bool) -> Any:
+        """The Responses API (``POST /v1/responses``): a ``response`` object, or its event
+        stream (created, in_progress, per item added/deltas/done, completed), as OpenAI sends
+        them (shapes as in the openai SDK's types/responses)."""
+        text, calls, completion, truncated = self._content(req, reply, ("max_output_tokens",))
+        u = reply.usage
+        prompt = u.get("prompt_tokens", estimate_tokens([req.get("instructions"), req["input"]]))
+        usage = {
+            "input_tokens": prompt,
+            "input_tokens_details": {
+                "cached_tokens": u.get("cached_tokens", u.get("cache_read", 0)),
+                "cache_write_tokens": 0,
+            },
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": u.get("reasoning_tokens", 0)},
+            "total_tokens": prompt + completion,
+        }
+        output: list[dict[str, Any]] = []
+        if text or not calls:
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            output.append(
+                {"id": _rid("msg_", 32), "type": "message", "status": "completed",
+                 "role": "assistant", "content": [part]}
+            )  # fmt: skip
+        for c in calls:
+            output.append(
+                {"id": _rid("fc_", 32), "type": "function_call", "status": "completed",
+                 "call_id": c.id or _rid("call_"), "name": c.name, "arguments": c.arguments_json}
+            )  # fmt: skip
+        status = "incomplete" if truncated else "completed"
+        response = {
+            "id": _rid("resp_", 32), "object": "response", "created_at": int(time.time()),
+            "status": status, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
+            "instructions": req.get("instructions"),
+            "max_output_tokens": req.get("max_output_tokens"),
+            "model": reply.model or req.get("model", "unknown"), "output": output,
+            "parallel_tool_calls": req.get("parallel_tool_calls", True),
+            "previous_response_id": req.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None}, "store": req.get("store", True),
+            "temperature": req.get("temperature", 1.0),
+            "text": req.get("text", {"format": {"type": "text"}}),
+            "tool_choice": req.get("tool_choice", "auto"), "tools": req.get("tools", []),
+            "top_p": req.get("top_p", 1.0), "truncation": "disabled", "usage": usage,
+            "metadata": req.get("metadata", {}),
+        }  # fmt: skip
+        if not stream:
+            return response
+        events: list[dict[str, Any]] = []
+        start = {**response, "status": "in_progress", "output": [], "usage": None}
+        events += [{"type": "response.created", "response": start}]
+        events += [{"type": "response.in_progress", "response": start}]
+        for i, item in enumerate(output):
+            events += self._responses_item_events(i, item)
+        events.append({"type": f"response.{status}", "response": response})
+        return [
+            f"event: {e['type']}\n".encode() + b"data: " + _dumps({**e, "sequence_number": n})
+            + b"\n\n"
+            for n, e in enumerate(events)
+        ]  # fmt: skip
+
+    @staticmethod
+    def _responses_item_events(i: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+        ids = {"item_id": item["id"], "output_index": i}
+        added = {**item, "status": "in_progress"}
+        if item["type"] == "message":
+            part = item["content"][0]
+            empty = {**part, "text": ""}
+            return [
+                {"type": "response.output_item.added", "output_index": i,
+                 "item": {**added, "content": []}},
+                {"type": "response.content_part.added", **ids, "content_index": 0, "part": empty},
+                *({"type": "response.output_text.delta", **ids, "content_index": 0,
+                   "delta": p, "logprobs": []} for p in _pieces(part["text"])),
+                {"type": "response.output_text.done", **ids, "content_index": 0,
+                 "text": part["text"], "logprobs": []},
+                {"type": "response.content_part.done", **ids, "content_index": 0, "part": part},
+                {"type": "response.output_item.done", "output_index": i, "item": item},
+            ]  # fmt: skip
+        return [
+            {"type": "response.output_item.added", "output_index": i,
+             "item": {**added, "arguments": ""}},
+            *({"type": "response.function_call_arguments.delta", **ids, "delta": p}
+              for p in _pieces(item["arguments"])),
+            {"type": "response.function_call_arguments.done", **ids,
+             "arguments": item["arguments"]},
+            {"type": "response.output_item.done", "output_index": i, "item": item},
+        ]  # fmt: skip
+
     # ---- control endpoints (for the standalone server) -----------------------------------
     async def _ctl_enqueue(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -744,6 +841,40 @@ _COUNT_TOKENS_FIELDS = {
     "thinking",
     "mcp_servers",
 }
+
+
+def _check_responses(body: dict[str, Any]) -> None:
+    """What the Responses API refuses with a 400: no model, no input, an orphan tool output."""
+    if not isinstance(body.get("model"), str):
+        raise _Rejected(
+            400, "Missing required parameter: 'model'.", "model", "missing_required_parameter"
+        )
+    items = body.get("input")
+    if not isinstance(items, (str, list)):
+        raise _Rejected(
+            400, "Missing required parameter: 'input'.", "input", "missing_required_parameter"
+        )
+    calls = (
+        {
+            i.get("call_id")
+            for i in items
+            if isinstance(i, dict) and i.get("type") == "function_call"
+        }
+        if isinstance(items, list)
+        else set()
+    )
+    for i, item in enumerate(items if isinstance(items, list) else ()):
+        if (
+            isinstance(item, dict)
+            and item.get("type") == "function_call_output"
+            and item.get("call_id") not in calls
+            and not body.get("previous_response_id")
+        ):
+            raise _Rejected(
+                400,
+                f"No tool call found for function call output with call_id {item.get('call_id')}.",
+                f"input[{i}]",
+            )
 
 
 def _check_count_tokens(body: dict[str, Any]) -> None:

@@ -129,7 +129,8 @@ def build_compact(
 ) -> dict[str, Any]:
     """The compact context (prefix, state, latest observation) of a transcript in the
     format whose adapter is ``d`` (a dialect's ``context``)."""
-    split = split_transcript(body["messages"], d)
+    # A format whose transcript is not ``messages`` names its key (Responses: ``input``).
+    split = split_transcript(body[getattr(d, "transcript_key", "messages")], d)
     return d.compact(body, split, contract_text(allowed_keys, form), state)
 
 

@@ -13,6 +13,9 @@ from .anthropic import ANTHROPIC
 from .base import JSON, Bridge, Dialect, StreamRelay, error_message
 from .openai import OPENAI
 from .relay import AnthropicToOpenAIRelay, OpenAIToAnthropicRelay
+from .responses import RESPONSES
+from .responses.stream import ChainedRelay, ChatToResponsesRelay
+from .responses.translate import chat_response_to_responses, responses_request_to_chat
 from .translate import (
     anthropic_request_to_openai,
     anthropic_response_to_openai,
@@ -20,7 +23,7 @@ from .translate import (
     openai_response_to_anthropic,
 )
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (OPENAI, ANTHROPIC)}
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (OPENAI, ANTHROPIC, RESPONSES)}
 DEFAULT_DIALECT = OPENAI.name  # on shared routes, for a client that names no format
 
 _BRIDGES = (
@@ -42,6 +45,32 @@ _BRIDGES = (
         response=lambda resp, model: anthropic_response_to_openai(resp),
         relay=lambda model, wants_usage, limit: AnthropicToOpenAIRelay(
             model=model, include_usage=wants_usage, capture_limit=limit
+        ),
+    ),
+    Bridge(
+        client="openai-responses",
+        upstream="openai",
+        request=lambda body, max_tokens_field: responses_request_to_chat(
+            body, max_tokens_field=max_tokens_field
+        ),
+        response=chat_response_to_responses,
+        relay=lambda model, wants_usage, limit: ChatToResponsesRelay(
+            request_model=model, capture_limit=limit
+        ),
+    ),
+    # Responses <-> Anthropic goes through chat completions: both halves exist already.
+    Bridge(
+        client="openai-responses",
+        upstream="anthropic",
+        request=lambda body, max_tokens_field: openai_request_to_anthropic(
+            responses_request_to_chat(body)
+        ),
+        response=lambda resp, model: chat_response_to_responses(
+            anthropic_response_to_openai(resp), model
+        ),
+        relay=lambda model, wants_usage, limit: ChainedRelay(
+            AnthropicToOpenAIRelay(model=model, include_usage=True, capture_limit=limit),
+            ChatToResponsesRelay(request_model=model, capture_limit=limit),
         ),
     ),
 )

@@ -1,0 +1,170 @@
+"""The OpenAI Responses API (``POST /v1/responses``) as a dialect, and as the upstream
+``kind: openai-responses``: request checks, the transcript layout for state mode, replies,
+usage, errors and the stream relays. Chat-completions and Anthropic upstreams are reached
+through the bridges in ``translate`` and ``stream`` (listed in the registry)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ...context import DialectContext, Split, correction_text, state_text
+from ...errors import ProxyError
+from ...usage import Usage
+from .. import models
+from ..base import JSON, StreamRelay
+from ..openai import OPENAI, usage_from_openai
+from .stream import ResponsesRelay
+from .validate import validate_responses_request
+
+NAME: Final = "openai-responses"
+
+# Items that belong to the model's turn that made tool calls (kept with their outputs).
+_TOOL_ROUND = frozenset({"function_call", "function_call_output", "reasoning"})
+
+
+def _type(item: JSON) -> str:
+    t = item.get("type", "message")
+    return t if isinstance(t, str) else ""
+
+
+def _user_message(text: str) -> JSON:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+class ResponsesContext:
+    """The transcript is ``input`` (a list of items; the route turns a string into one user
+    message). System text is ``instructions`` plus leading system/developer messages; tool
+    results are function_call_output items."""
+
+    transcript_key = "input"
+
+    def is_system(self, msg: dict[str, Any]) -> bool:
+        return _type(msg) == "message" and msg.get("role") in ("system", "developer")
+
+    def is_user_turn(self, msg: dict[str, Any]) -> bool:
+        t = _type(msg)
+        return (t == "message" and msg.get("role") == "user") or t == "function_call_output"
+
+    def is_tool_result(self, msg: dict[str, Any]) -> bool:
+        return _type(msg) == "function_call_output"
+
+    def has_tool_calls(self, msg: dict[str, Any]) -> bool:
+        return _type(msg) == "function_call"
+
+    def compact(
+        self, body: dict[str, Any], split: Split, contract: str, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        items = body["input"]
+        start = split.observation
+        if start < len(items) and _type(items[start]) in _TOOL_ROUND:
+            # The latest observation is the whole last tool round: every function_call of the
+            # model's turn (parallel calls), its reasoning items byte-exact (encrypted_content
+            # included) and all the outputs.
+            while start > split.system_end and _type(items[start - 1]) in _TOOL_ROUND:
+                start -= 1
+        out = list(items[: split.system_end])
+        if split.task is not None and split.task < start:
+            out.append(items[split.task])
+        out.append(_user_message(contract + "\n\n" + state_text(state)))
+        out.extend(items[start:])
+        return {**body, "input": out}
+
+    def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:
+        items = body["input"]
+        end = 0
+        while end < len(items) and self.is_system(items[end]):
+            end += 1
+        note = {"type": "message", "role": "developer", "content": contract}
+        return {**body, "input": [*items[:end], note, *items[end:]]}
+
+    def correction(
+        self, body: dict[str, Any], reply_text: str, errors: Sequence[str]
+    ) -> dict[str, Any]:
+        extra = [
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": reply_text, "annotations": []}],
+            },
+            _user_message(correction_text(errors)),
+        ]
+        return {**body, "input": [*body["input"], *extra]}
+
+
+def output_text(resp: JSON) -> str:
+    """All output_text of a ``response`` object's message items (the SDK's ``output_text``)."""
+    texts = []
+    for item in resp.get("output") or ():
+        if isinstance(item, dict) and item.get("type") == "message":
+            for part in item.get("content") or ():
+                if isinstance(part, dict) and part.get("type") == "output_text":
+                    texts.append(part.get("text") or "")
+    return "".join(texts)
+
+
+class ResponsesDialect:
+    """The OpenAI Responses API (``POST /v1/responses``)."""
+
+    name = NAME
+    client_path = "/responses"
+    upstream_path = "/responses"
+    count_tokens_path: str | None = None
+    marker_header: str | None = None  # its clients are told apart by the path alone
+    context: DialectContext = ResponsesContext()
+
+    def validate(self, body: JSON) -> None:
+        validate_responses_request(body)
+
+    def stream_usage_requested(self, body: JSON) -> bool:
+        return True  # response.completed always carries usage
+
+    def reply_text(self, resp: JSON) -> tuple[str, bool]:
+        calls = any(
+            isinstance(i, dict) and i.get("type") == "function_call"
+            for i in resp.get("output") or ()
+        )
+        return output_text(resp), calls
+
+    def reply_cut_off(self, resp: JSON) -> bool:
+        details = resp.get("incomplete_details")
+        return isinstance(details, dict) and details.get("reason") == "max_output_tokens"
+
+    def usage(self, raw: Any) -> Usage | None:
+        return usage_from_openai(raw)
+
+    def error_body(self, err: ProxyError) -> JSON:
+        return OPENAI.error_body(err)
+
+    def error_status(self, err: ProxyError) -> int:
+        return OPENAI.error_status(err)
+
+    def relayed_error(self, raw: bytes, status: int) -> tuple[int, bytes] | None:
+        return OPENAI.relayed_error(raw, status)
+
+    def upstream_headers(self, key: str | None, version: str) -> dict[str, str]:
+        return OPENAI.upstream_headers(key, version)
+
+    def forwards_header(self, name: str) -> bool:
+        return OPENAI.forwards_header(name)
+
+    def upstream_body(self, body: JSON, *, stream: bool, grammar: JSON | None) -> JSON:
+        if grammar is None:
+            return body
+        # The envelope's schema as structured outputs (chat's response_format -> text.format).
+        spec = grammar.get("json_schema")
+        text = body.get("text")
+        spec = spec if isinstance(spec, dict) else {}
+        text = text if isinstance(text, dict) else {}
+        return {**body, "text": {**text, "format": {"type": "json_schema", **spec}}}
+
+    def relay(
+        self, *, request_model: str, client_wants_usage: bool, capture_limit: int
+    ) -> StreamRelay:
+        return ResponsesRelay(capture_limit=capture_limit)
+
+    def model_list(self, body: JSON, *, single: bool) -> JSON:
+        return models.model_to_openai(body) if single else models.models_to_openai(body)
+
+
+RESPONSES = ResponsesDialect()

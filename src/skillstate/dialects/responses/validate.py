@@ -1,0 +1,141 @@
+"""Structural checks of a Responses API request (``POST /v1/responses``): types and required
+members, so the translators and the state context can read the body without checking again.
+Values an upstream may refuse (an unknown model, a tool type) are the upstream's to judge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import ProxyError
+from ..base import JSON
+
+_ROLES = frozenset({"user", "assistant", "system", "developer"})
+_TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
+_FORMATS = frozenset({"text", "json_object", "json_schema"})
+
+
+def _bad(message: str, param: str) -> ProxyError:
+    return ProxyError("invalid_request", message, param=param)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def validate_responses_request(body: JSON) -> None:
+    """Raise ProxyError 400 naming the first structural problem of a Responses request."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise _bad("'model' is required and must be a non-empty string", "model")
+    raw = body.get("input")
+    if isinstance(raw, list):
+        for i, item in enumerate(raw):
+            _validate_item(item, f"input[{i}]")
+    elif not isinstance(raw, str) and not (raw is None and body.get("previous_response_id")):
+        raise _bad("'input' must be a string or an array of input items", "input")
+    for key in ("instructions", "previous_response_id", "prompt_cache_key", "user"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise _bad(f"'{key}' must be a string", key)
+    for key in ("stream", "store", "parallel_tool_calls", "background"):
+        if body.get(key) is not None and not isinstance(body[key], bool):
+            raise _bad(f"'{key}' must be a boolean", key)
+    if body.get("max_output_tokens") is not None and (
+        not _is_int(body["max_output_tokens"]) or body["max_output_tokens"] < 1
+    ):
+        raise _bad("'max_output_tokens' must be a positive integer", "max_output_tokens")
+    for key in ("temperature", "top_p"):
+        if body.get(key) is not None and not _is_number(body[key]):
+            raise _bad(f"'{key}' must be a number", key)
+    for key in ("metadata", "reasoning", "text"):
+        if body.get(key) is not None and not isinstance(body[key], dict):
+            raise _bad(f"'{key}' must be an object", key)
+    if body.get("include") is not None and not (
+        isinstance(body["include"], list) and all(isinstance(x, str) for x in body["include"])
+    ):
+        raise _bad("'include' must be an array of strings", "include")
+    if body.get("tools") is not None:
+        _validate_tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        _validate_tool_choice(body["tool_choice"])
+    text = body.get("text")
+    if isinstance(text, dict) and text.get("format") is not None:
+        _validate_format(text["format"])
+
+
+def _validate_item(item: Any, path: str) -> None:
+    if not isinstance(item, dict):
+        raise _bad(f"{path} must be an object", path)
+    itype = item.get("type", "message")
+    if not isinstance(itype, str):
+        raise _bad(f"{path}.type must be a string", f"{path}.type")
+    if itype == "message":
+        role = item.get("role")
+        if role not in _ROLES:
+            allowed = ", ".join(sorted(_ROLES))
+            raise _bad(f"{path}.role must be one of {allowed}; got {role!r}", f"{path}.role")
+        content = item.get("content")
+        if isinstance(content, list):
+            for k, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise _bad(f"{path}.content[{k}] must be an object with a type", path)
+        elif not isinstance(content, str):
+            raise _bad(f"{path}.content must be a string or an array of parts", path)
+    elif itype == "function_call":
+        for key in ("call_id", "name"):
+            if not isinstance(item.get(key), str) or not item[key]:
+                raise _bad(f"{path}.{key}: required, a non-empty string", f"{path}.{key}")
+        if not isinstance(item.get("arguments"), str):
+            raise _bad(f"{path}.arguments: required, a string", f"{path}.arguments")
+    elif itype == "function_call_output":
+        if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+            raise _bad(f"{path}.call_id: required, a non-empty string", f"{path}.call_id")
+        if not isinstance(item.get("output"), (str, list)):
+            raise _bad(f"{path}.output: required, a string or an array", f"{path}.output")
+    # reasoning, compaction and other item types are relayed as they are
+
+
+def _validate_tools(tools: Any) -> None:
+    if not isinstance(tools, list):
+        raise _bad("'tools' must be an array of tool objects", "tools")
+    for i, tool in enumerate(tools):
+        path = f"tools[{i}]"
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise _bad(f"{path} must be an object with a string 'type'", path)
+        if tool["type"] != "function":
+            continue  # hosted and other tools: the upstream's to accept or refuse
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise _bad(f"{path}.name: required, a non-empty string", f"{path}.name")
+        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
+            raise _bad(f"{path}.parameters must be an object", f"{path}.parameters")
+
+
+def _validate_tool_choice(choice: Any) -> None:
+    if isinstance(choice, str) and choice in _TOOL_CHOICE_MODES:
+        return
+    if (
+        isinstance(choice, dict)
+        and isinstance(choice.get("type"), str)
+        and (
+            choice["type"] != "function" or (isinstance(choice.get("name"), str) and choice["name"])
+        )
+    ):
+        return
+    raise _bad(
+        'tool_choice: must be "none", "auto", "required" or {"type": "function", "name": ...}',
+        "tool_choice",
+    )
+
+
+def _validate_format(fmt: Any) -> None:
+    if not isinstance(fmt, dict) or fmt.get("type") not in _FORMATS:
+        raise _bad(
+            'text.format: must be an object with type "text", "json_object" or "json_schema"',
+            "text.format",
+        )
+    if fmt["type"] == "json_schema" and (
+        not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict)
+    ):
+        raise _bad("text.format: json_schema needs a 'name' and a 'schema' object", "text.format")
