@@ -5,6 +5,7 @@ from .base import (
     SessionRecord,
     StepConflict,
     Store,
+    StoredResponse,
     StoreError,
     StoreFull,
     StoreUnavailable,
@@ -18,5 +19,6 @@ __all__ = [
     "StoreError",
     "StoreFull",
     "StoreUnavailable",
+    "StoredResponse",
     "TransitionRecord",
 ]

@@ -68,6 +68,18 @@ class TransitionRecord:
     ts: float
 
 
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A Responses API response kept for ``previous_response_id`` and ``GET /v1/responses``:
+    the whole input it was generated from (its chain included) and the response object."""
+
+    id: str
+    session: str
+    created: float
+    input: list[Any]
+    response: dict[str, Any]
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
@@ -115,6 +127,13 @@ class Store(Protocol):
 
     async def delete(self, session: str) -> bool: ...
     async def purge_sessions(self, older_than: float) -> int: ...
+
+    async def put_response(self, record: StoredResponse) -> None:
+        """Keep (or replace) a response under its id."""
+        ...
+
+    async def get_response(self, response_id: str) -> StoredResponse | None: ...
+    async def delete_response(self, response_id: str) -> bool: ...
 
     async def add_ledger_rows(self, rows: list[LedgerRow]) -> None: ...
     async def ledger_rows(

@@ -29,6 +29,7 @@ from ..usage import MAX_TOKEN_COUNT
 from .base import (
     SessionRecord,
     StepConflict,
+    StoredResponse,
     StoreError,
     StoreFull,
     StoreUnavailable,
@@ -88,6 +89,13 @@ CREATE TABLE IF NOT EXISTS api_keys (
     created REAL NOT NULL,
     expires REAL,
     revoked REAL
+);
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    created REAL NOT NULL,
+    input BLOB NOT NULL,
+    response BLOB NOT NULL
 );
 """
 
@@ -657,6 +665,39 @@ class SQLiteStore:
         for i in ids:
             self._forget(i)
         return len(ids)
+
+    # -- Responses API responses ----------------------------------------------------------
+
+    async def put_response(self, record: StoredResponse) -> None:
+        row = (
+            record.id,
+            record.session,
+            record.created,
+            orjson.dumps(record.input),
+            orjson.dumps(record.response),
+        )
+
+        def put(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)", row)
+
+        await self._write(put)
+
+    async def get_response(self, response_id: str) -> StoredResponse | None:
+        def get(db: sqlite3.Connection) -> Any:
+            sql = "SELECT id, session, created, input, response FROM responses WHERE id = ?"
+            return db.execute(sql, (response_id,)).fetchone()
+
+        row = await self._run(get)
+        if row is None:
+            return None
+        return StoredResponse(row[0], row[1], row[2], orjson.loads(row[3]), orjson.loads(row[4]))
+
+    async def delete_response(self, response_id: str) -> bool:
+        def delete(db: sqlite3.Connection) -> bool:
+            cur = db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            return cur.rowcount > 0
+
+        return await self._run(delete)
 
     # -- ledger ---------------------------------------------------------------------------
 

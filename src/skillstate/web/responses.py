@@ -1,0 +1,191 @@
+"""The Responses API routes: ``POST /v1/responses`` (a turn, with ``previous_response_id``
+chains and ``store`` kept by the proxy, for every upstream kind) and
+``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``.
+
+The chain is rebuilt here, before the turn: the stored response's input and output items
+come first, then the request's own input, and ``previous_response_id`` is not sent upstream
+(an upstream without server-side state, such as llama.cpp, gets the whole chain). In state
+mode that chain is the session's transcript, which the compact context then shortens."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..choices import Mode
+from ..dialects import sse
+from ..dialects.responses import RESPONSES
+from ..dialects.responses.stream import TERMINAL_EVENTS
+from ..errors import ProxyError
+from ..http import StreamingProxyResponse, error_response, unless_disconnected
+from ..pipeline import Reply, Turn
+from ..session import SESSION_HEADER, resolve_session_id
+from ..store import Store, StoredResponse, StoreError
+from .runtime import runtime
+from .turns import parse_turn
+
+DIALECT = RESPONSES.name
+JSON = dict[str, Any]
+
+
+def _input_items(raw: Any) -> list[Any]:
+    """The request's ``input`` as a list of items (a string is one user message)."""
+    if isinstance(raw, str):
+        return [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}
+        ]
+    return list(raw or ())
+
+
+async def _with_chain(store: Store, turn: Turn, session_header: str | None) -> Turn:
+    """The turn with its chain rebuilt from ``previous_response_id``, its input as a list
+    and its session: the header's, else the previous response's, else a new one."""
+    body = turn.body
+    items = _input_items(body.get("input"))
+    session = resolve_session_id(session_header) if session_header is not None else None
+    prev_id = body.get("previous_response_id")
+    if prev_id is not None:
+        try:
+            prev = await store.get_response(prev_id)
+        except StoreError as e:
+            raise e.for_client("could not read the previous response") from e
+        if prev is None:
+            raise ProxyError(
+                "invalid_request",
+                f"Previous response with id '{prev_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+                status=404,
+            )
+        items = [*prev.input, *(prev.response.get("output") or ()), *items]
+        session = session or prev.session
+        body = {k: v for k, v in body.items() if k != "previous_response_id"}
+    if prev_id is not None or (turn.mode != Mode.PASSTHROUGH and isinstance(body["input"], str)):
+        body = {**body, "input": items}  # the state context works on a list of items
+    return dataclasses.replace(turn, body=body, session=session or resolve_session_id(None))
+
+
+async def responses_turn(request: Request) -> Response:
+    """``POST /v1/responses``: one turn in the Responses API's format."""
+    rt = runtime(request)
+    session_hdr: dict[str, str] = {}
+    try:
+        header = request.headers.get(SESSION_HEADER)
+        if header is not None:
+            resolve_session_id(header)  # a malformed header is a 400 before the body is read
+        turn = await parse_turn(request, rt.settings, DIALECT, RESPONSES.validate, session="")
+        prev_id = turn.body.get("previous_response_id")
+        turn = await _with_chain(rt.store, turn, header)
+        session_hdr = {SESSION_HEADER: turn.session}
+        result = await unless_disconnected(request, rt.pipeline.run(turn))
+    except ProxyError as e:
+        return error_response(e, DIALECT, session_hdr)
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    keep = turn.body.get("store") is not False
+    if isinstance(result, Reply):
+        body = result.body
+        if keep and 200 <= result.status < 300:
+            body = await _keep_reply(rt.store, turn, body, prev_id)
+        return Response(body, status_code=result.status, headers=result.headers)
+    chunks = _keep_stream(rt.store, turn, result.chunks) if keep else result.chunks
+    return StreamingProxyResponse(chunks, result.headers, result.abort)
+
+
+async def _keep(store: Store, turn: Turn, resp: JSON) -> None:
+    if not isinstance(resp.get("id"), str):
+        return
+    items = _input_items(turn.body["input"])
+    record = StoredResponse(resp["id"], turn.session, time.time(), items, resp)
+    await store.put_response(record)
+
+
+async def _keep_reply(store: Store, turn: Turn, raw: bytes, prev_id: str | None) -> bytes:
+    """Store a JSON reply's response; the body the client gets names the previous id."""
+    try:
+        resp = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    if not isinstance(resp, dict):
+        return raw
+    if prev_id is not None:
+        resp["previous_response_id"] = prev_id
+    try:
+        await _keep(store, turn, resp)
+    except StoreError:
+        return raw  # the answer stands; only a later previous_response_id will miss it
+    return orjson.dumps(resp) if prev_id is not None else raw
+
+
+async def _keep_stream(
+    store: Store, turn: Turn, chunks: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """The stream as it is, with its final response stored before the terminal event goes out
+    (a client that chains right after the stream finds it)."""
+    parser = sse.SSEParser()
+    async for chunk in chunks:
+        for event in parser.feed(chunk):
+            if event.event in TERMINAL_EVENTS and event.data:
+                data = orjson.loads(event.data)
+                resp = data.get("response") if isinstance(data, dict) else None
+                if isinstance(resp, dict):
+                    with contextlib.suppress(StoreError):
+                        await _keep(store, turn, resp)
+        yield chunk
+
+
+async def _stored(request: Request) -> StoredResponse:
+    rid = request.path_params["response_id"]
+    try:
+        found = await runtime(request).store.get_response(rid)
+    except StoreError as e:
+        raise e.for_client("could not read the response") from e
+    if found is None:
+        raise ProxyError("not_found", f"No response found with id '{rid}'.", param="response_id")
+    return found
+
+
+async def response_item(request: Request) -> Response:
+    """``GET`` (the stored response object) and ``DELETE`` ``/v1/responses/{id}``."""
+    try:
+        found = await _stored(request)
+        if request.method == "DELETE":
+            await runtime(request).store.delete_response(found.id)
+            return JSONResponse({"id": found.id, "object": "response", "deleted": True})
+    except ProxyError as e:
+        return error_response(e, DIALECT)
+    except StoreError as e:
+        return error_response(e.for_client("could not delete the response"), DIALECT)
+    return JSONResponse(found.response)
+
+
+async def response_input_items(request: Request) -> Response:
+    """``GET /v1/responses/{id}/input_items``: the items the response was generated from,
+    in the API's list shape (newest first unless ``order=asc``)."""
+    try:
+        found = await _stored(request)
+    except ProxyError as e:
+        return error_response(e, DIALECT)
+    items = [
+        {"id": item.get("id") or f"item_{found.id}_{i}", **item}
+        for i, item in enumerate(found.input)
+        if isinstance(item, dict)
+    ]
+    if request.query_params.get("order", "desc") != "asc":
+        items.reverse()
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": items,
+            "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None,
+            "has_more": False,
+        }
+    )
