@@ -194,3 +194,22 @@ def test_executables_exist() -> None:
     assert shutil.which("skillstate", path=str(BIN)) and shutil.which(
         "skillstate-proxy", path=str(BIN)
     )
+
+
+def test_the_listening_lines_say_where_the_dashboard_is(fake: FakeProvider, tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "skillstate", "--upstream", fake.url + "/v1", "--port", "0"]
+    argv += ["--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0", "--insecure-no-auth"]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=proxy_env()
+    )
+    try:
+        assert proc.stdout is not None
+        assert "listening on http://0.0.0.0:" in proc.stdout.readline()
+        line = proc.stdout.readline()
+        assert line.startswith("dashboard: http://127.0.0.1:") and "allowed_hosts" in line
+        url = line.split()[1]
+        page = httpx.get(url, timeout=10)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -103,8 +103,22 @@ def serve(settings: Settings) -> int:
         f"  mode={settings.mode} upstreams: {ups}  store: {settings.db_path.expanduser()}",
         flush=True,
     )
+    print(dashboard_line(sock), flush=True)
     server.run(sockets=[sock])
     return 0
+
+
+def dashboard_line(sock: socket.socket) -> str:
+    """Where a person opens the dashboard. A wildcard listener's own address is no URL: the
+    loopback one works on this machine, and a name others use must be in allowed_hosts."""
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):
+        local = f"http://{'[::1]' if host == '::' else '127.0.0.1'}:{port}/ui/"
+        return (
+            f"dashboard: {local} on this machine; from others http://<name>:{port}/ui/ "
+            "with <name> in allowed_hosts"
+        )
+    return f"dashboard: {_url(sock)}/ui/"
 
 
 class ProxyServer:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +15,27 @@ from skillstate.bench.arm import Progress
 
 @contextlib.contextmanager
 def progress_bar(console: Any, enabled: bool = True) -> Iterator[Progress | None]:
-    """A rich progress bar with one task per arm; yields the callback."""
+    """A rich progress bar with one task per arm, its elapsed time and ETA; yields the
+    callback."""
     if not enabled:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(
-        TextColumn("{task.description:>9}"),
+        TextColumn("{task.description:>9}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=console,
         transient=True,
     ) as bar:
@@ -35,6 +47,31 @@ def progress_bar(console: Any, enabled: bool = True) -> Iterator[Progress | None
             bar.update(tasks[arm], completed=done, total=max(total, done))
 
         yield update
+
+
+_PHASE = re.compile(r"^(?P<label>.*?)\s*(?P<done>\d+)/(?P<total>\d+)\b")
+
+
+@contextlib.contextmanager
+def phase_progress(console: Any, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A callback for phase messages: "sequential round 3/7 ..." moves a bar (with its ETA)
+    per phase on a terminal; other messages, or any message off a terminal, are printed as
+    lines on ``console``."""
+    if not enabled:
+        yield lambda msg: console.print(f"  {msg}", markup=False, highlight=False)
+        return
+    with progress_bar(console) as bar:
+        assert bar is not None
+
+        def say(msg: str) -> None:
+            m = _PHASE.match(msg)
+            if m is None:
+                console.print(f"  {msg}", markup=False, highlight=False)
+                return
+            # A phase's message announces step N, so N - 1 steps are done.
+            bar(m["label"], int(m["done"]) - 1, int(m["total"]))
+
+        yield say
 
 
 def make_console(stderr: bool = False) -> Any:

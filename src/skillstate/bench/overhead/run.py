@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from ..console import make_console, phase_progress
 from .arguments import validate
 from .client_process import run_client
 from .machine import machine_info
@@ -117,7 +118,9 @@ def run_overhead(args: argparse.Namespace) -> int:
             "client": "separate process; raw sockets + httptools (sequential), uvloop "
             "protocol (concurrency)",
         }
-        raw = run_client(spec, lambda msg: _say(q, msg))
+        console = make_console(stderr=True)
+        with phase_progress(console, not q and console.is_terminal) as say:
+            raw = run_client(spec, say if not q else lambda msg: None)
     except (RuntimeError, OSError) as e:
         print(f"skillstate bench overhead: {e}", file=sys.stderr)
         return 1
