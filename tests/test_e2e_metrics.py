@@ -198,3 +198,18 @@ def test_metrics_token(fake: FakeProvider, start_proxy: StartProxy) -> None:
         assert r.json()["error"]["type"] == "authentication_error"
         assert r.headers["www-authenticate"] == "Bearer"
     assert p.get("/metrics", headers={"authorization": f"bearer {TOKEN}"}).status_code == 200
+
+
+def test_responses_route_is_counted(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start_proxy(fake.url + "/v1", "--schema", "notes")
+    fake.enqueue(Reply(text=envelope({"notes": "r"}), usage=USAGE))
+    fake.enqueue(Reply(text=envelope({"notes": "s"}), usage=USAGE))
+    client = openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+    client.responses.create(model=MODEL, input="hello")
+    for _ in client.responses.create(model=MODEL, input="again", stream=True):
+        pass
+    m = scrape(p, token=None)
+    route = {"route": "/v1/responses", "dialect": "openai-responses", "mode": "state"}
+    assert value(m, "skillstate_requests_total", **route, status="200") == 2
+    assert value(m, "skillstate_stream_first_byte_seconds_count", **route) == 1
+    assert value(m, "skillstate_transitions_total", mode="state", status="valid") == 2

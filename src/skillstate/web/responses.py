@@ -29,9 +29,10 @@ from ..pipeline import Reply, Turn
 from ..session import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
 from .runtime import runtime
-from .turns import parse_turn
+from .turns import parse_turn, streaming
 
 DIALECT = RESPONSES.name
+ROUTE = "/v1" + RESPONSES.client_path  # the metrics' route label
 JSON = dict[str, Any]
 
 
@@ -75,28 +76,37 @@ async def _with_chain(store: Store, turn: Turn, session_header: str | None) -> T
 async def responses_turn(request: Request) -> Response:
     """``POST /v1/responses``: one turn in the Responses API's format."""
     rt = runtime(request)
+    tel = rt.telemetry.turn(ROUTE, DIALECT)
     session_hdr: dict[str, str] = {}
     try:
         header = request.headers.get(SESSION_HEADER)
         if header is not None:
             resolve_session_id(header)  # a malformed header is a 400 before the body is read
-        turn = await parse_turn(request, rt.settings, DIALECT, RESPONSES.validate, session="")
+        turn = await parse_turn(
+            request, rt.settings, DIALECT, RESPONSES.validate, session="", telemetry=tel
+        )
         prev_id = turn.body.get("previous_response_id")
         turn = await _with_chain(rt.store, turn, header)
         session_hdr = {SESSION_HEADER: turn.session}
-        result = await unless_disconnected(request, rt.pipeline.run(turn))
+        tel.begin(turn)
+        with tel.active():
+            result = await unless_disconnected(request, rt.pipeline.run(turn))
     except ProxyError as e:
-        return error_response(e, DIALECT, session_hdr)
+        response = error_response(e, DIALECT, session_hdr)
+        tel.finished(response.status_code)
+        return response
     if result is None:
+        tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
     keep = turn.body.get("store") is not False
     if isinstance(result, Reply):
         body = result.body
         if keep and 200 <= result.status < 300:
             body = await _keep_reply(rt.store, turn, body, prev_id)
+        tel.finished(result.status)
         return Response(body, status_code=result.status, headers=result.headers)
     chunks = _keep_stream(rt.store, turn, result.chunks) if keep else result.chunks
-    return StreamingProxyResponse(chunks, result.headers, result.abort)
+    return StreamingProxyResponse(chunks, result.headers, streaming(tel, result.abort))
 
 
 async def _keep(store: Store, turn: Turn, resp: JSON) -> None:

@@ -89,14 +89,21 @@ async def _turn(
     if isinstance(result, Reply):
         tel.finished(result.status)
         return Response(result.body, status_code=result.status, headers=result.headers)
-    tel.first_byte()
-    abort = result.abort
+    return StreamingProxyResponse(result.chunks, result.headers, streaming(tel, result.abort))
 
-    async def done() -> None:  # the response calls it once, when the stream is over
+
+def streaming(
+    tel: TurnTelemetry, abort: Callable[[], Awaitable[None]]
+) -> Callable[[], Awaitable[None]]:
+    """A stream is starting: its first byte is noted now, and the returned ``on_close`` (the
+    stream's ``abort``, which the response calls once when it is over) counts the request."""
+    tel.first_byte()
+
+    async def done() -> None:
         await abort()
         tel.finished(200)
 
-    return StreamingProxyResponse(result.chunks, result.headers, done)
+    return done
 
 
 def turn_endpoint(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
