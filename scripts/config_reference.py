@@ -49,6 +49,10 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "(small local models). Per request: `x-skillstate-constrain`.",
         "schema_violation": "What a patch key outside the allowed keys does: `reject` the whole "
         "transition (the model is re-asked), or `drop` the key with a warning.",
+        "unsupported_tools": "`/v1/responses` tools that only the Responses API has "
+        "(`web_search`, `namespace`, `file_search`, ...) when an upstream of another kind may "
+        "serve the model: `drop` them (the reply's `x-skillstate-dropped-tools` names them) or "
+        "`reject` the request with a 400.",
         "allowed_hosts": "Host names served besides loopback (`localhost`, `127.0.0.1`, "
         "`[::1]`) and the listen host; any other `Host` is a 403 (DNS rebinding). `*` turns "
         "the check off.",

@@ -209,16 +209,45 @@ def test_hosted_tools_are_dropped_for_other_upstream_kinds(
     ]
     raw = client(p).responses.with_raw_response.create(model="m", input="hi", tools=tools)  # type: ignore[arg-type]
     assert raw.parse().output_text == "ok"
+    assert raw.headers["x-skillstate-dropped-tools"] == "web_search,multi_agent_v1"
     names = [t.get("name") or t["function"]["name"] for t in fake.last.json["tools"]]
     assert names == ["get_weather"]
+    # Streamed too (the header comes with the stream's headers).
+    fake.enqueue(Reply(text="ok"))
+    with client(p).responses.with_streaming_response.create(
+        model="m",
+        input="hi",
+        tools=tools,
+        stream=True,  # type: ignore[arg-type]
+    ) as streamed:
+        assert streamed.headers["x-skillstate-dropped-tools"] == "web_search,multi_agent_v1"
+        assert b"response.completed" in streamed.read()
+
+
+def test_unsupported_tools_reject(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    up = {"name": "up", "url": fake.url + "/v1", "kind": "openai", "api_key": "k"}
+    p = start_proxy(
+        None, "--mode", "passthrough", config={"upstreams": [up], "unsupported_tools": "reject"}
+    )
+    with pytest.raises(openai.BadRequestError) as e:
+        client(p).responses.create(
+            model="m",
+            input="hi",
+            tools=[TOOLS[0], {"type": "web_search"}],  # type: ignore[list-item]
+        )
+    assert e.value.code == "unsupported_tools" and "web_search" in e.value.message
+    assert fake.requests == []
+    fake.enqueue(Reply(text="fine"))  # function tools alone are fine
+    assert client(p).responses.create(model="m", input="hi", tools=TOOLS).output_text == "fine"
 
 
 def test_hosted_tools_reach_a_native_upstream(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start(fake, start_proxy, "openai-responses", "--mode", "passthrough")
     fake.enqueue(Reply(text="ok"))
     tools = [TOOLS[0], {"type": "web_search", "external_web_access": True}]
-    client(p).responses.create(model="m", input="hi", tools=tools)  # type: ignore[arg-type]
+    raw = client(p).responses.with_raw_response.create(model="m", input="hi", tools=tools)  # type: ignore[arg-type]
     assert fake.last.json["tools"] == tools
+    assert "x-skillstate-dropped-tools" not in raw.headers
 
 
 BAD_BODIES: list[tuple[Any, str]] = [
@@ -431,3 +460,17 @@ def test_cost_meters_stream_and_json_alike(
         assert json_row[key] == stream_row[key], key
     assert json_row["output_tokens"] == 30 and json_row["cache_read_tokens"] == 200
     assert json_row["cost_usd"] > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parse_in_state_mode_keeps_the_clients_format(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str
+) -> None:
+    """text.format is the request's own output format: the reply cannot carry an envelope,
+    so the proxy does not ask for one (and does not re-ask)."""
+    p = start(fake, start_proxy, kind, "--mode", "state")
+    fake.enqueue(Reply(text='{"name": "Ann", "age": 31}'))
+    r = client(p).responses.with_raw_response.parse(model="m", input="Who?", text_format=Person)
+    assert r.parse().output_parsed == Person(name="Ann", age=31)
+    assert r.headers["x-skillstate-retries"] == "0" and len(fake.requests) == 1
+    assert "```json" not in fake.last.body.decode()

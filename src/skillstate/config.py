@@ -97,6 +97,9 @@ class Settings(BaseModel):
     mode: Mode = Mode.STATE
     constrain: Constrain = Constrain.OFF
     schema_violation: Literal["reject", "drop"] = "reject"
+    # Responses API tools without a chat-completions/Anthropic form (web_search, namespace…)
+    # for an upstream not of kind openai-responses.
+    unsupported_tools: Literal["drop", "reject"] = "drop"
 
     # Which Host and Origin headers are served besides loopback and the proxy's own pages
     # (DNS rebinding and cross-site protection, see guards.py); "*" turns a check off.

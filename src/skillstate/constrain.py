@@ -356,7 +356,8 @@ def has_own_format(body: Mapping[str, Any]) -> bool:
     An own format is any non-null ``response_format`` other than ``{"type": "text"}`` (the
     default, which constrains nothing), or llama.cpp's native ``json_schema``/``grammar``
     fields (which llama.cpp refuses to combine with a ``response_format``), or Anthropic's
-    ``output_format`` / ``output_config.format``.
+    ``output_format`` / ``output_config.format``, or the Responses API's ``text.format``
+    other than ``{"type": "text"}``.
     """
     for field in _OWN_FORMAT_FIELDS:
         value = body.get(field)
@@ -369,6 +370,10 @@ def has_own_format(body: Mapping[str, Any]) -> bool:
             and len(value) <= 1
         ):
             continue
+        return True
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, Mapping) else None
+    if isinstance(fmt, Mapping) and fmt.get("type") not in (None, "text"):
         return True
     output_config = body.get("output_config")
     return isinstance(output_config, Mapping) and bool(output_config.get("format"))

@@ -23,11 +23,14 @@ from ..choices import Mode
 from ..dialects import sse
 from ..dialects.responses import RESPONSES
 from ..dialects.responses.stream import TERMINAL_EVENTS
+from ..dialects.responses.translate import reject_unsupported_tools, split_tools
 from ..errors import ProxyError
+from ..headertext import header_safe
 from ..http import StreamingProxyResponse, error_response, unless_disconnected
 from ..pipeline import Reply, Turn
 from ..session import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
+from ..upstream.client import UpstreamRuntime
 from .runtime import runtime
 from .turns import parse_turn, streaming
 
@@ -86,6 +89,9 @@ async def responses_turn(request: Request) -> Response:
             request, rt.settings, DIALECT, RESPONSES.validate, session="", telemetry=tel
         )
         prev_id = turn.body.get("previous_response_id")
+        _, dropped = split_tools(turn.body.get("tools"))
+        if dropped and rt.settings.unsupported_tools == "reject":
+            _reject_unsupported(rt.pool.candidates(turn.model), turn.body)
         turn = await _with_chain(rt.store, turn, header)
         session_hdr = {SESSION_HEADER: turn.session}
         tel.begin(turn)
@@ -99,6 +105,8 @@ async def responses_turn(request: Request) -> Response:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
     keep = turn.body.get("store") is not False
+    if dropped:
+        _say_dropped(rt.pool.candidates(turn.model), result.headers, dropped)
     if isinstance(result, Reply):
         body = result.body
         if keep and 200 <= result.status < 300:
@@ -107,6 +115,22 @@ async def responses_turn(request: Request) -> Response:
         return Response(body, status_code=result.status, headers=result.headers)
     chunks = _keep_stream(rt.store, turn, result.chunks) if keep else result.chunks
     return StreamingProxyResponse(chunks, result.headers, streaming(tel, result.abort))
+
+
+def _reject_unsupported(candidates: list[UpstreamRuntime], body: JSON) -> None:
+    """``unsupported_tools: reject``: a 400 when an upstream of another kind may serve."""
+    if any(up.kind != DIALECT for up in candidates):
+        reject_unsupported_tools(body)
+
+
+def _say_dropped(
+    candidates: list[UpstreamRuntime], headers: dict[str, str], dropped: list[str]
+) -> None:
+    """Name the tools the answering upstream never saw (it was not of the Responses kind)."""
+    name = headers.get("x-skillstate-upstream")
+    kind = next((up.kind for up in candidates if up.name == name), DIALECT)
+    if kind != DIALECT:
+        headers["x-skillstate-dropped-tools"] = header_safe(",".join(dropped))
 
 
 async def _keep(store: Store, turn: Turn, resp: JSON) -> None:
