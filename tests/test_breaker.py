@@ -187,3 +187,24 @@ def test_invalid_arguments() -> None:
         CircuitBreaker(failure_threshold=0)
     with pytest.raises(ValueError):
         CircuitBreaker(open_cooldown=-1.0)
+
+
+def test_on_change_reports_each_state_entered_once() -> None:
+    clock = FakeClock()
+    b = CircuitBreaker(failure_threshold=2, open_cooldown=10, now=clock)
+    seen: list[str] = []
+    b.on_change = seen.append
+    b.record_failure()
+    b.record_success()  # closed stays closed: no change
+    b.record_failure()
+    b.record_failure()  # trips
+    b.record_failure()  # late failure while open: no change
+    clock.t += 10
+    assert b.try_acquire()  # the probe: half_open
+    b.release()
+    assert b.try_acquire()  # the same half-open period: no second report
+    b.record_failure()  # the probe failed: open again
+    clock.t += 10
+    assert b.try_acquire()
+    b.record_success()
+    assert seen == ["open", "half_open", "open", "half_open", "closed"]
