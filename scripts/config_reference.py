@@ -38,6 +38,9 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "metrics_token": "When set, `GET /metrics` needs `Authorization: Bearer <token>` or an "
         "admin key (401 otherwise); unset, it needs an admin key once client keys are on, and "
         "is open without keys. At least 16 characters.",
+        "metrics_key_label": "Also count requests, tokens and cost by client key *name* in "
+        "`/metrics` (`skillstate_key_*`). Off by default; key names are the operator's, never "
+        "a key or its id.",
         "otel_endpoint": "OTLP/HTTP base URL (`http://collector:4318`) to export "
         "OpenTelemetry traces to; the standard `OTEL_EXPORTER_OTLP_ENDPOINT` turns them on too. "
         "Needs the `otel` extra.",

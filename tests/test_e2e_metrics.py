@@ -4,14 +4,18 @@ parser. Every expected count is worked out from the script."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from skillstate.cli import main
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
 
@@ -213,3 +217,48 @@ def test_responses_route_is_counted(fake: FakeProvider, start_proxy: StartProxy)
     assert value(m, "skillstate_requests_total", **route, status="200") == 2
     assert value(m, "skillstate_stream_first_byte_seconds_count", **route) == 1
     assert value(m, "skillstate_transitions_total", mode="state", status="valid") == 2
+
+
+def test_key_name_label_when_enabled(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    keys = {name: _make_key(data, name) for name in ("alice", "bob")}
+    p = start_proxy(fake.url + "/v1", "--schema", "notes", config={"metrics_key_label": True})
+    for name, n in (("alice", 2), ("bob", 1)):
+        client = openai.OpenAI(base_url=p.v1, api_key=keys[name], max_retries=0)
+        for i in range(n):
+            fake.enqueue(Reply(text=envelope({"notes": f"{name}{i}"}), usage=USAGE))
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    admin = _make_key(data, "ops", "--admin")
+    m = scrape(p, token=admin)
+    assert value(m, "skillstate_key_requests_total", key="alice", status="200") == 2
+    assert value(m, "skillstate_key_requests_total", key="bob", status="200") == 1
+    assert value(m, "skillstate_key_tokens_total", key="alice", type="input") == 200
+    assert value(m, "skillstate_key_tokens_total", key="bob", type="output") == 10
+    # The keys themselves never appear, only their names.
+    assert not any(k in p.get("/metrics", headers=_bearer(admin)).text for k in keys.values())
+
+
+def test_no_key_label_by_default(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    key = _make_key(tmp_path / "data", "alice")
+    p = start_proxy(fake.url + "/v1", "--schema", "notes")
+    fake.enqueue(Reply(text=envelope({"notes": "a"}), usage=USAGE))
+    client = openai.OpenAI(base_url=p.v1, api_key=key, max_retries=0)
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    m = scrape(p, token=_make_key(tmp_path / "data", "ops", "--admin"))
+    assert not [s for s in m if s[0].startswith("skillstate_key_")]
+    assert not any("alice" in v for _, labels in m for _, v in labels)
+
+
+def _make_key(data: Path, name: str, *args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["keys", "--data-dir", str(data), "create", "--name", name, *args]) == 0
+    return out.getvalue().strip()
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}

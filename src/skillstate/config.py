@@ -92,6 +92,7 @@ class Settings(BaseModel):
     verbose: bool = False
     # Observability: /metrics (behind a bearer token when set) and optional OTLP traces.
     metrics_token: str | None = Field(default=None, min_length=16)
+    metrics_key_label: bool = False  # /metrics by client key name too (names are bounded)
     otel_endpoint: str | None = None  # OTLP/HTTP base URL; OTEL_EXPORTER_OTLP_ENDPOINT works too
     otel_capture_content: bool = False  # message content and patches on spans
     mode: Mode = Mode.STATE

@@ -196,6 +196,18 @@ class Metrics:
             "saved_cost_usd", "Baseline minus actual cost in USD since start (may be negative).",
             usage,
         )  # fmt: skip
+        # Only with metrics_key_label: by the caller's key name (operator-made, so bounded).
+        self.key_requests = _Counter(
+            "key_requests", "Requests on the turn routes by client key name and status.",
+            ("key", "status"),
+        )  # fmt: skip
+        self.key_tokens = _Counter(
+            "key_tokens", "Reported tokens by client key name (input, cached, output).",
+            ("key", "type"),
+        )  # fmt: skip
+        self.key_cost = _Counter(
+            "key_cost_usd", "Estimated spend in USD by client key name.", ("key",)
+        )
         self._families = [v for v in vars(self).values() if isinstance(v, (_Counter, _Histogram))]
 
     # -- updates (the turn path) ---------------------------------------------------------
@@ -220,6 +232,17 @@ class Metrics:
             if r.baseline_cost_usd is not None and r.cost_usd is not None:
                 self.baseline_cost.inc(key, r.baseline_cost_usd)
                 self.saved_cost.inc(key, r.baseline_cost_usd - r.cost_usd)
+
+    def key_rows(self, key: str, rows: Iterable[LedgerRow]) -> None:
+        """One turn's tokens and cost under its client key's name."""
+        for r in rows:
+            if r.input_tokens is not None:
+                self.key_tokens.inc((key, "input"), r.input_tokens)
+                self.key_tokens.inc((key, "cached"), r.cache_read_tokens or 0)
+            if r.output_tokens is not None:
+                self.key_tokens.inc((key, "output"), r.output_tokens)
+            if r.cost_usd is not None:
+                self.key_cost.inc((key,), r.cost_usd)
 
     # -- the scrape ----------------------------------------------------------------------
 

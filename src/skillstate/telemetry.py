@@ -75,6 +75,7 @@ class Telemetry:
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.metrics = Metrics()
         self.capture_content = settings.otel_capture_content
+        self.key_label = settings.metrics_key_label
         self.tracer: tracing.Tracer | None = None
         if tracer_provider is None and tracing.enabled(settings):
             tracer_provider = tracing.otlp_provider(settings)
@@ -82,9 +83,10 @@ class Telemetry:
             self.tracer = tracing.Tracer(tracer_provider)
         self._kinds = {u.name: u.kind for u in settings.upstreams}
 
-    def turn(self, route: str, dialect: str) -> TurnTelemetry:
-        """A recorder for one request on a turn route, started now."""
-        return _TurnRecorder(self, route, dialect)
+    def turn(self, route: str, dialect: str, key: str | None = None) -> TurnTelemetry:
+        """A recorder for one request on a turn route, started now (``key``: the caller's key
+        name, counted only with ``metrics_key_label``)."""
+        return _TurnRecorder(self, route, dialect, key if self.key_label else None)
 
     def close(self) -> None:
         """Flush and stop the tracer (on shutdown)."""
@@ -134,10 +136,11 @@ class Telemetry:
 class _TurnRecorder(TurnTelemetry):
     """Counts one request and its turn; holds its span when tracing is on."""
 
-    __slots__ = ("_dialect", "_mode", "_route", "_span", "_start", "_tel", "_token")
+    __slots__ = ("_dialect", "_key", "_mode", "_route", "_span", "_start", "_tel")
 
-    def __init__(self, tel: Telemetry, route: str, dialect: str) -> None:
+    def __init__(self, tel: Telemetry, route: str, dialect: str, key: str | None) -> None:
         self._tel = tel
+        self._key = key
         self._route = route
         self._dialect = dialect
         self._mode = "none"  # until parsed: a request refused before that has no mode
@@ -197,6 +200,8 @@ class _TurnRecorder(TurnTelemetry):
     def metered(self, rows: Iterable[LedgerRow]) -> None:
         rows = list(rows)
         self._tel.metrics.ledger_rows(self._mode, rows)
+        if self._key is not None:
+            self._tel.metrics.key_rows(self._key, rows)
         if self._span is not None:
             self._usage_attributes(rows)
 
@@ -233,6 +238,8 @@ class _TurnRecorder(TurnTelemetry):
         m = self._tel.metrics
         m.requests.inc(key)
         m.duration.observe(key, seconds)
+        if self._key is not None:
+            m.key_requests.inc((self._key, str(status)))
         span, tracer = self._span, self._tel.tracer
         if span is not None and tracer is not None:
             span.set_attribute("http.response.status_code", status)

@@ -32,7 +32,7 @@ from ..session import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
 from ..upstream.client import UpstreamRuntime
 from .runtime import runtime
-from .turns import parse_turn, streaming
+from .turns import key_name, parse_turn, streaming
 
 DIALECT = RESPONSES.name
 ROUTE = "/v1" + RESPONSES.client_path  # the metrics' route label
@@ -79,7 +79,7 @@ async def _with_chain(store: Store, turn: Turn, session_header: str | None) -> T
 async def responses_turn(request: Request) -> Response:
     """``POST /v1/responses``: one turn in the Responses API's format."""
     rt = runtime(request)
-    tel = rt.telemetry.turn(ROUTE, DIALECT)
+    tel = rt.telemetry.turn(ROUTE, DIALECT, key_name(request))
     session_hdr: dict[str, str] = {}
     try:
         header = request.headers.get(SESSION_HEADER)

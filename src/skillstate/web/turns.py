@@ -67,7 +67,7 @@ async def _turn(
     request: Request, dialect: Dialect, route: str, validate: Callable[[Any], None]
 ) -> Response:
     rt = runtime(request)
-    tel = rt.telemetry.turn(route, dialect)
+    tel = rt.telemetry.turn(route, dialect, key_name(request))
     session_hdr: dict[str, str] = {}
     try:
         session = resolve_session_id(request.headers.get(SESSION_HEADER))
@@ -90,6 +90,12 @@ async def _turn(
         tel.finished(result.status)
         return Response(result.body, status_code=result.status, headers=result.headers)
     return StreamingProxyResponse(result.chunks, result.headers, streaming(tel, result.abort))
+
+
+def key_name(request: Request) -> str | None:
+    """The name of the client key this request was made with (None with auth off)."""
+    caller = principal_of(request.scope)
+    return caller.name if caller is not None else None
 
 
 def streaming(
