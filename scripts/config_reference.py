@@ -47,9 +47,16 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "otel_capture_content": "Put the client's messages, the state patch and the action on "
         "the turn's span. Off by default: spans carry sizes, tokens and statuses only.",
         "mode": "Default mode: `state` (compact context), `passthrough` (untouched transcript), "
-        "`auto` (whichever is smaller per turn). Per request: `x-skillstate-mode`.",
+        "`auto` (whichever is smaller per turn), `mask` (the transcript with tool results and "
+        "long observations older than the last `mask_keep` replaced by a placeholder; no "
+        "state). Per request: `x-skillstate-mode`.",
         "constrain": "`json_schema` asks the upstream for a grammar-constrained envelope "
         "(small local models). Per request: `x-skillstate-constrain`.",
+        "reply_envelope": "`strip` (default): the client sees the model's reply without the "
+        "state envelope, streams included (a reply that is only the envelope shows its "
+        "`action`); `keep`: the reply as the model wrote it.",
+        "mask_keep": "Mode `mask`: the last observations kept whole; older ones are masked in "
+        "blocks of this many, so the prefix stays cacheable between re-masks.",
         "schema_violation": "What a patch key outside the allowed keys does: `reject` the whole "
         "transition (the model is re-asked), or `drop` the key with a warning.",
         "unsupported_tools": "`/v1/responses` tools that only the Responses API has "
@@ -127,6 +134,18 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "max_tokens_field": "The field an Anthropic client's `max_tokens` becomes on an "
         "`openai` upstream; `auto` = `max_completion_tokens` for OpenAI and Azure OpenAI, "
         "`max_tokens` elsewhere.",
+        "cache_pricing": "How this provider bills its prompt cache, for the honest baseline: "
+        "`openai` (automatic prefix caching, reads at the cache-read price), `anthropic` (reads "
+        "only of prefixes written at `cache_control` breakpoints, writes at the cache-write "
+        "price) or `none`. Unset: the upstream's `kind`.",
+        "cache_ttl_s": "Seconds a cached prefix lives after its last use (baseline model).",
+        "cache_min_tokens": "Shortest prefix (tokens) the provider caches; below it, no cache "
+        "read or write is modelled and no breakpoint is added.",
+        "cache_min_tokens_by_model": "`cache_min_tokens` per model: fnmatch pattern -> tokens "
+        "(the first match wins).",
+        "cache_breakpoints": "`auto`: on an `anthropic` upstream the proxy marks the end of the "
+        "state context's stable prefix with one `cache_control` breakpoint (within the 4 "
+        "allowed, the client's own kept); `off`: never.",
     },
     PriceOverride: {
         "input_per_mtok": "USD per million plain input tokens.",

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ def test_streamed_and_unstreamed_turns_record_the_same_usage_and_cost(shared: Sh
             session = f"{name}-{'s' if streamed else 'n'}"
             fake.enqueue(Reply(text=text, usage=u))
             got, headers = ask(p, client_kind, model, msgs, session, streamed)
-            assert "summarised" in got, (session, got)
+            assert got == "ok", (session, got)  # reply_envelope: strip (the default)
             if not streamed:
                 unstreamed_header = headers.get("x-skillstate-cost-usd")
 
@@ -289,7 +290,7 @@ def test_unknown_model_is_unknown_never_free(shared: Shared) -> None:
     assert "x-skillstate-cost-usd" not in raw.headers
     s = cost_of(p, session="unk", group_by="model")
     t = s["totals"]
-    assert t["cost_usd"] is None and t["baseline_cost_usd"] is None and t["saved_usd"] is None
+    assert t["cost_usd"] is None and t["baseline_cost_usd"] is None and t["saved_cost_usd"] is None
     assert t["unknown_pricing_rows"] == 1
     assert (t["input_tokens"], t["output_tokens"]) == (500, 20)  # tokens are still counted
     assert [g["key"] for g in s["groups"]] == ["acme-private-llm-7"]
@@ -324,12 +325,14 @@ def test_eight_turn_session_baseline_and_saved_pct(shared: Shared) -> None:
     ]
     client_bodies: list[dict[str, Any]] = []
     saved_headers = []
+    replies = []
     for turn in range(1, 9):
         if turn > 1:
             transcript.append(
                 {"role": "user", "content": f"Observation {turn}: " + "kubectl output " * 40}
             )
-        fake.enqueue(Reply(text=envelope({"step": turn, "notes": f"did step {turn}"})))
+        replies.append(envelope({"step": turn, "notes": f"did step {turn}"}))
+        fake.enqueue(Reply(text=replies[-1]))
         raw = c.chat.completions.with_raw_response.create(
             model="eight-model",
             messages=transcript,
@@ -344,8 +347,8 @@ def test_eight_turn_session_baseline_and_saved_pct(shared: Shared) -> None:
     # The ledger rows, read straight from the store (SQLite allows readers next to the proxy).
     db = sqlite3.connect(shared.data_dir / "skillstate.db")
     rows = db.execute(
-        "SELECT kind, input_tokens, baseline_input_tokens, cost_usd, baseline_cost_usd"
-        " FROM ledger WHERE session = 'eight' ORDER BY ts"
+        "SELECT kind, input_tokens, baseline_input_tokens, cost_usd, baseline_cost_usd,"
+        " output_tokens, baseline_output_tokens FROM ledger WHERE session = 'eight' ORDER BY ts"
     ).fetchall()
     db.close()
     assert [r[0] for r in rows] == ["generation"] * 8
@@ -354,12 +357,19 @@ def test_eight_turn_session_baseline_and_saved_pct(shared: Shared) -> None:
     def est(body: dict[str, Any]) -> int:
         return estimate_tokens([body.get("system"), body.get("messages"), body.get("tools")])
 
-    for i, (_kind, inp, base, cost, base_cost) in enumerate(rows):
+    for i, (_kind, inp, base, cost, base_cost, out, base_out) in enumerate(rows):
         assert inp == fake_prompt_tokens(sent[i]["messages"])
         expected_base = round(inp * est(client_bodies[i]) / est(sent[i]))
         assert base == expected_base, i
         assert saved_headers[i] == base - inp
-        assert base_cost - cost == pytest.approx((base - inp) * 1.0 / 1e6, abs=1e-12)
+        # The baseline's output is the reply without the envelope's share of its characters:
+        # "ok\n```json\n{...}\n```" -> the fenced block is the envelope.
+        text = replies[i]
+        envelope_chars = len(text) - len("ok\n")
+        assert base_out == round(Fraction(out * (len(text) - envelope_chars), len(text))), i
+        # No cache prices for eight-model: a cache read costs the input price.
+        expected_saving = ((base - inp) * 1.0 + (base_out - out) * 2.0) / 1e6
+        assert base_cost - cost == pytest.approx(expected_saving, abs=1e-12)
     inputs = [r[1] for r in rows]
     baselines = [r[2] for r in rows]
     # Turn 1: nothing to drop yet, and the state instructions make the request bigger.
@@ -373,8 +383,12 @@ def test_eight_turn_session_baseline_and_saved_pct(shared: Shared) -> None:
     assert t["saved_input_tokens"] == sum(baselines) - sum(inputs) == sum(saved_headers)
     assert t["saved_pct"] == round(100 * (sum(baselines) - sum(inputs)) / sum(baselines), 2)
     assert t["saved_pct"] > 30
-    # Saved dollars: the saved input tokens at the $1/M input price.
-    assert t["saved_usd"] == pytest.approx((sum(baselines) - sum(inputs)) / 1e6, abs=1e-12)
+    # Saved dollars: the saved input tokens at the $1/M input price, and the envelope's
+    # output tokens at $2/M.
+    saved_output = sum(r[5] - r[6] for r in rows)
+    assert t["saved_cost_usd"] == pytest.approx(
+        ((sum(baselines) - sum(inputs)) * 1.0 - saved_output * 2.0) / 1e6, abs=1e-12
+    )
 
 
 def test_cost_endpoint_and_cli_agree(

@@ -133,7 +133,8 @@ def test_rollback_retry_recovers(fake: FakeProvider, proxy: Proxy) -> None:
     )
     assert r.headers["x-skillstate-transition"] == "valid"
     assert r.headers["x-skillstate-retries"] == "1"
-    assert "fixed" in r.json()["choices"][0]["message"]["content"]
+    assert r.json()["choices"][0]["message"]["content"] == "ok"  # the re-asked answer, stripped
+    assert proxy.state("rr")["state"]["notes"] == "fixed"
     assert proxy.state("rr")["state"] == {"notes": "fixed"}
 
 

@@ -186,7 +186,12 @@ def test_make_row_generation() -> None:
         baseline_input_tokens=5000,
         baseline_cost_usd=row.baseline_cost_usd,
         mode="state",
+        baseline_cached_tokens=0,  # no cache model: the call's own cache fields
+        baseline_output_tokens=120,
+        saved_cost_usd=row.saved_cost_usd,
+        saved_cost_pct=70.61,  # 100 * 3700 / 5240
     )
+    assert row.saved_cost_usd == pytest.approx(0.0037)
     # round-trips through JSON / a mapping, as the store will do
     again = LedgerRow.from_mapping(orjson.loads(orjson.dumps(row.as_dict())))
     assert again == row
@@ -306,7 +311,7 @@ def test_summarize_eight_row_session_by_hand() -> None:
     assert t["saved_pct"] == 73.88
     # dollars over the rows with both a cost and a baseline cost (1, 2, 3, 4, 6, 7)
     assert t["baseline_cost_usd"] == pytest.approx((1200 + 2600 + 0 + 5240 + 6260 + 8125) / 1e6)
-    assert t["saved_usd"] == pytest.approx((23425 - 6825) / 1e6)
+    assert t["saved_cost_usd"] == pytest.approx((23425 - 6825) / 1e6)
     # plain JSON
     assert orjson.loads(orjson.dumps(s)) == s
 
@@ -318,7 +323,7 @@ def test_summarize_groups() -> None:
     mystery = by_model["groups"][1]
     assert mystery["requests"] == 1
     assert mystery["cost_usd"] is None and mystery["baseline_cost_usd"] is None
-    assert mystery["saved_usd"] is None
+    assert mystery["saved_cost_usd"] is None
     assert mystery["saved_pct"] == round(100 * (11200 - 1600) / 11200, 2) == 85.71
     m1 = by_model["groups"][0]
     assert m1["saved_pct"] == round(100 * (24400 - 7700) / 24400, 2)

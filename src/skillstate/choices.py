@@ -31,11 +31,29 @@ class Choice(str, Enum):
 
 class Mode(Choice):
     """How a turn is sent upstream: the compact context, the client's transcript untouched,
-    or whichever of the two is smaller (state kept either way)."""
+    the transcript with old observations masked, or whichever form ``auto`` expects to be
+    billed least (state kept in state and auto modes)."""
 
     STATE = "state"
     PASSTHROUGH = "passthrough"
     AUTO = "auto"
+    MASK = "mask"
+
+
+class ReplyEnvelope(Choice):
+    """Whether the client sees the model's state envelope (``keep``) or the reply without
+    it (``strip``)."""
+
+    STRIP = "strip"
+    KEEP = "keep"
+
+
+class CacheBreakpoints(Choice):
+    """Whether the proxy marks the end of the stable prefix with a ``cache_control``
+    breakpoint on Anthropic-kind upstreams."""
+
+    AUTO = "auto"
+    OFF = "off"
 
 
 class Constrain(Choice):
@@ -52,15 +70,18 @@ class GroupBy(Choice):
     UPSTREAM = "upstream"
     SESSION = "session"
     DAY = "day"
+    CONTEXT = "context"
 
 
 class ContextShape(Choice):
     """What a turn sent upstream (the ``x-skillstate-context`` header): the compact context,
-    the full transcript plus the contract (``auto`` mode), or the client's body as is."""
+    the full transcript plus the contract (``auto`` mode), the client's body as is, or the
+    transcript with old observations masked."""
 
     COMPACT = "compact"
     FULL = "full"
     PASSTHROUGH = "passthrough"
+    MASK = "mask"
 
 
 class AuthMode(Choice):

@@ -7,18 +7,20 @@ the original Node tool are accepted as aliases.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import jsonschema
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .choices import AuthMode, Constrain, Mode
+from .baseline import CACHE_PRICING, DEFAULT_MIN_TOKENS, DEFAULT_TTL_S, CachePricing, CacheRegime
+from .choices import AuthMode, CacheBreakpoints, Constrain, Mode, ReplyEnvelope
 from .dialects.registry import DIALECTS
 from .pricing import PriceOverride
 
@@ -48,6 +50,33 @@ class Upstream(BaseModel):
     # "auto": max_completion_tokens for OpenAI's own API (its reasoning models refuse
     # max_tokens), max_tokens elsewhere (Ollama, LM Studio and others ignore the newer name).
     max_tokens_field: Literal["auto", "max_tokens", "max_completion_tokens"] = "auto"
+    # How the provider bills its prompt cache (the honest baseline's model of it, and the
+    # cost-aware auto's estimates). None: the upstream's kind when it is a known regime.
+    cache_pricing: CachePricing | None = None
+    cache_ttl_s: float = Field(default=DEFAULT_TTL_S, ge=0)
+    cache_min_tokens: int = Field(default=DEFAULT_MIN_TOKENS, ge=0)
+    cache_min_tokens_by_model: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict
+    )  # fnmatch pattern -> tokens
+    cache_breakpoints: CacheBreakpoints = CacheBreakpoints.AUTO
+
+    @property
+    def cache_pricing_in_effect(self) -> CachePricing:
+        if self.cache_pricing is not None:
+            return self.cache_pricing
+        for pricing in CACHE_PRICING:
+            if pricing == self.kind:
+                return pricing
+        return "none"
+
+    def cache_regime(self, model: str | None) -> CacheRegime:
+        """How this upstream bills the prompt cache for ``model``."""
+        minimum = self.cache_min_tokens
+        for pattern, tokens in self.cache_min_tokens_by_model.items():
+            if model and fnmatch.fnmatchcase(model, pattern):
+                minimum = tokens
+                break
+        return CacheRegime(self.cache_pricing_in_effect, self.cache_ttl_s, minimum)
 
     @property
     def openai_max_tokens_field(self) -> str:
@@ -101,6 +130,8 @@ class Settings(BaseModel):
     # Responses API tools without a chat-completions/Anthropic form (web_search, namespace…)
     # for an upstream not of kind openai-responses.
     unsupported_tools: Literal["drop", "reject"] = "drop"
+    reply_envelope: ReplyEnvelope = ReplyEnvelope.STRIP
+    mask_keep: int = Field(default=3, ge=1)  # mode mask: the last observations kept whole
 
     # Which Host and Origin headers are served besides loopback and the proxy's own pages
     # (DNS rebinding and cross-site protection, see guards.py); "*" turns a check off.

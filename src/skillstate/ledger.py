@@ -15,24 +15,32 @@ One ``LedgerRow`` per upstream attempt. Exactly one row per client turn has kind
 client. Every other attempt the proxy made is a ``"rollback-retry"`` (re-ask after an invalid
 state patch) or a ``"transport-retry"`` (re-send after a transport/5xx/429 failure) row.
 
-Baseline (what the client's own full transcript would have cost)
-----------------------------------------------------------------
+Baseline (what the turn would have cost WITHOUT the proxy)
+----------------------------------------------------------
 Without making a second upstream call, the baseline input of a turn row is the upstream's
-*reported* input scaled by the estimated size ratio of the two request bodies, both measured
+*reported* input scaled by the estimated size ratio of two request bodies, both measured
 with the same estimator (``skillstate.tokens.estimate_tokens``)::
 
     baseline_input_tokens = round(actual_input * est_transcript / est_sent)
 
-(exact rational arithmetic, Python's round-half-to-even; ``est_sent <= 0`` -> ``actual_input``).
-The baseline cost is this row's cost with the input replaced by the baseline input *at the
-same per-token rates*, the extra (or missing) tokens priced at the FULL plain input price::
+(exact rational arithmetic, Python's round-half-to-even; ``est_sent <= 0`` -> ``actual_input``),
+where ``est_transcript`` is the client's transcript with every envelope the proxy caused
+removed (``skillstate.strip.strip_transcript``). The turn's meter then models the
+provider's prompt cache for that transcript (``skillstate.baseline``: per session, the
+prefix the previous baseline request left in the cache, under the upstream's
+``cache_pricing``, ``cache_ttl_s`` and ``cache_min_tokens``) and removes the envelope's
+share from the output tokens; ``baseline_cached_tokens``, ``baseline_output_tokens`` and
+``baseline_cost_usd`` are that model's figures, priced with the model's cache read/write
+rates. When the turn sent the client's body untouched (nothing added, nothing to strip),
+the baseline IS the turn: the same tokens and cost, a zero saving.
+
+``saved_cost_usd = baseline_cost_usd - cost_usd`` and ``saved_cost_pct`` (of the baseline
+cost) are NEGATIVE when the proxy cost more: they are never clamped.
+
+A row made without the cache model (``make_row`` alone) keeps the cache fields and output
+of the call and prices the extra (or missing) input at the plain input rate::
 
     baseline_cost_usd = max(0, cost_usd + (baseline_input - actual_input) * input_per_mtok / 1e6)
-
-Cache fields and output tokens are kept as they were. This is conservative: a client resending
-its whole transcript would usually get a large prefix cache hit too, but we do not credit the
-baseline with cache hits it might not have had, nor with a higher long-context tier (the rate
-is the tier that applied to the actual call); output is assumed unchanged.
 
 Retry rows (both kinds) get ``baseline_input_tokens = 0`` and ``baseline_cost_usd = 0.0``: the
 client talking to the upstream directly would not have made that attempt, so every extra
@@ -53,7 +61,11 @@ Summary arithmetic (what ``summarize`` reports, for a set of rows)
 * C = rows with non-null ``cost_usd`` and ``baseline_cost_usd``::
 
       baseline_cost_usd = sum(row.baseline_cost_usd for row in C)
-      saved_usd         = baseline_cost_usd - sum(row.cost_usd for row in C)
+      saved_cost_usd    = baseline_cost_usd - sum(row.cost_usd for row in C)
+      saved_cost_pct    = round(100 * saved_cost_usd / baseline_cost_usd, 2)
+
+  (negative when the proxy cost more; the % null when the baseline cost is 0).
+  ``baseline_cached_tokens`` and ``baseline_output_tokens`` are sums over B.
 
 USD figures are rounded to 9 decimals to drop float noise.
 """
@@ -67,7 +79,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from skillstate.choices import GroupBy
 from skillstate.pricing import PriceBook, Prices
@@ -75,6 +87,8 @@ from skillstate.usage import Usage
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from skillstate.baseline import Baseline
 
 __all__ = [
     "GROUP_BY",
@@ -99,13 +113,29 @@ GROUP_BY: tuple[str, ...] = GroupBy.values()
 
 NOTE = (
     "Local estimate from upstream-reported token usage and bundled (genai-prices) or "
-    "configured list prices; not a provider invoice. Baseline = reported input scaled by the "
-    "estimated size of the client's full transcript vs. what was sent; retries count as extra "
-    "spend with a zero baseline."
+    "configured list prices; not a provider invoice. Baseline = the client's transcript "
+    "without the proxy's envelopes (input scaled from the reported usage), with the "
+    "provider's prompt cache modelled per session (reads/writes at cache prices) and the "
+    "envelope's share taken off the output; retries count as extra spend with a zero baseline."
+)
+
+BASELINE_MODEL_NOTE = (
+    "Baseline: your transcript without the proxy's envelopes, prompt cache modelled per "
+    "session as the provider bills it (TTL, minimum prefix, reads/writes at cache prices)."
 )
 
 
 # --- rows ---------------------------------------------------------------------------------
+
+
+class BaselineModel(Protocol):
+    """The cache-aware baseline of one answered attempt (``skillstate.meter``):
+    (scaled baseline input, the call's usage, the model's rates, the call's cost) ->
+    the baseline's tokens and cost."""
+
+    def __call__(
+        self, baseline_input: int, usage: Usage, prices: Prices | None, cost_usd: float | None
+    ) -> Baseline: ...
 
 
 @dataclass
@@ -127,6 +157,11 @@ class LedgerRow:
     baseline_input_tokens: int | None
     baseline_cost_usd: float | None
     mode: str
+    baseline_cached_tokens: int | None = None  # the baseline's cache reads (in its input)
+    baseline_output_tokens: int | None = None  # the output without the envelope's share
+    saved_cost_usd: float | None = None  # baseline_cost_usd - cost_usd; negative: cost more
+    saved_cost_pct: float | None = None  # of baseline_cost_usd
+    context: str | None = None  # the context shape sent (skillstate.choices.ContextShape)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -148,10 +183,23 @@ def baseline_cost_usd(
     cost_usd: float | None, prices: Prices | None, actual_input: int, baseline_input: int
 ) -> float | None:
     """This row's cost with input replaced by ``baseline_input``, the difference priced at the
-    full plain input rate (see module docstring); None when the cost or rates are unknown."""
+    full plain input rate (see module docstring); None when the cost or rates are unknown.
+    A cost is never below 0; the saving against it is never clamped (``saved_cost``)."""
     if cost_usd is None or prices is None:
         return None
     return max(0.0, cost_usd + (baseline_input - actual_input) * prices.input_per_mtok / 1e6)
+
+
+def saved_cost(
+    baseline_cost: float | None, cost: float | None
+) -> tuple[float | None, float | None]:
+    """(saved USD, saved % of the baseline cost): negative when the proxy cost more, never
+    clamped; None when a cost is unknown (the % also when the baseline cost is 0)."""
+    if baseline_cost is None or cost is None:
+        return None, None
+    saved = baseline_cost - cost
+    pct = round(100 * saved / baseline_cost, 2) if baseline_cost else None
+    return round(saved, 9), pct
 
 
 def make_row(
@@ -168,12 +216,16 @@ def make_row(
     est_sent: int | None = None,
     provider_hint: str | None = None,
     ts: float | None = None,
+    baseline_model: BaselineModel | None = None,
+    context: str | None = None,
 ) -> LedgerRow:
     """Price one attempt and compute its baseline.
 
-    ``est_transcript`` / ``est_sent`` are ``estimate_tokens`` of the client's original body and
-    of the body actually sent upstream; leave them None when there is nothing to compare (the
-    row then has no baseline). Retry kinds always get a zero baseline (see module docstring).
+    ``est_transcript`` / ``est_sent`` are ``estimate_tokens`` of the client's transcript
+    (envelopes removed) and of the body actually sent upstream; leave them None when there is
+    nothing to compare (the row then has no baseline). ``baseline_model``, when given, turns
+    the scaled baseline input into the cache-aware baseline (see module docstring). Retry
+    kinds always get a zero baseline.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown ledger row kind {kind!r}; expected one of {KINDS}")
@@ -188,13 +240,25 @@ def make_row(
     u = usage if priced.status != "usage-unavailable" else None
     b_in: int | None = None
     b_cost: float | None = None
+    b_cached: int | None = None
+    b_out: int | None = None
     if u is not None:
         if kind in RETRY_KINDS:
-            b_in = 0
+            b_in = b_cached = b_out = 0
             b_cost = 0.0 if priced.cost_usd is not None else None
         elif est_transcript is not None and est_sent is not None:
             b_in = baseline_input_tokens(u.input_tokens, est_transcript, est_sent)
-            b_cost = baseline_cost_usd(priced.cost_usd, priced.prices, u.input_tokens, b_in)
+            if baseline_model is not None:
+                modelled = baseline_model(b_in, u, priced.prices, priced.cost_usd)
+                b_cached, b_out, b_cost = (
+                    modelled.cache_read_tokens,
+                    modelled.output_tokens,
+                    modelled.cost_usd,
+                )
+            else:
+                b_cached, b_out = u.cache_read_tokens, u.output_tokens
+                b_cost = baseline_cost_usd(priced.cost_usd, priced.prices, u.input_tokens, b_in)
+    saved, saved_pct = saved_cost(b_cost, priced.cost_usd)
     return LedgerRow(
         ts=ts,
         session=session,
@@ -211,6 +275,11 @@ def make_row(
         baseline_input_tokens=b_in,
         baseline_cost_usd=b_cost,
         mode=mode,
+        baseline_cached_tokens=b_cached,
+        baseline_output_tokens=b_out,
+        saved_cost_usd=saved,
+        saved_cost_pct=saved_pct,
+        context=context,
     )
 
 
@@ -224,9 +293,11 @@ def _usd(v: float) -> float:
 class _Acc:
     __slots__ = (
         "attempts",
+        "b_cached",
         "b_cost",
         "b_cost_actual",
         "b_in",
+        "b_out",
         "b_saved",
         "c_rows",
         "cache_read",
@@ -249,6 +320,7 @@ class _Acc:
         self.unknown = self.unavailable = 0
         self.b_in: int | None = None
         self.b_saved = 0
+        self.b_cached = self.b_out = 0
         self.b_cost = self.b_cost_actual = 0.0
         self.c_rows = 0
 
@@ -270,6 +342,12 @@ class _Acc:
         if r.baseline_input_tokens is not None and r.input_tokens is not None:
             self.b_in = (self.b_in or 0) + r.baseline_input_tokens
             self.b_saved += r.baseline_input_tokens - r.input_tokens
+            self.b_cached += r.baseline_cached_tokens or 0
+            self.b_out += (
+                r.baseline_output_tokens
+                if r.baseline_output_tokens is not None
+                else r.output_tokens or 0
+            )
         if r.baseline_cost_usd is not None and r.cost_usd is not None:
             self.b_cost += r.baseline_cost_usd
             self.b_cost_actual += r.cost_usd
@@ -277,6 +355,7 @@ class _Acc:
 
     def result(self) -> dict[str, Any]:
         has_b = self.b_in is not None
+        saved, saved_pct = saved_cost(self.b_cost, self.b_cost_actual)
         return {
             "requests": self.requests,
             "attempts": dict(self.attempts),
@@ -290,8 +369,11 @@ class _Acc:
             "baseline_input_tokens": self.b_in,
             "saved_input_tokens": self.b_saved if has_b else None,
             "saved_pct": (round(100 * self.b_saved / self.b_in, 2) if self.b_in else None),
+            "baseline_cached_tokens": self.b_cached if has_b else None,
+            "baseline_output_tokens": self.b_out if has_b else None,
             "baseline_cost_usd": _usd(self.b_cost) if self.c_rows else None,
-            "saved_usd": _usd(self.b_cost - self.b_cost_actual) if self.c_rows else None,
+            "saved_cost_usd": saved if self.c_rows else None,
+            "saved_cost_pct": saved_pct if self.c_rows else None,
         }
 
 
@@ -393,8 +475,17 @@ def _fmt_pct(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}%"
 
 
-_TOKEN_COLUMNS = ("requests", "retries", "input", "cache\nread", "cache\nwrite", "output")
-_MONEY_COLUMNS = ("cost", "baseline\ncost", "saved", "saved\n%")
+_TOKEN_COLUMNS = (
+    "requests",
+    "retries",
+    "input",
+    "cache\nread",
+    "cache\nwrite",
+    "output",
+    "saved\ntokens",
+    "saved\ntokens %",
+)
+_MONEY_COLUMNS = ("cost", "baseline\ncost", "saved\n$", "saved\n$ %")
 
 
 def _cells(m: Mapping[str, Any]) -> list[str]:
@@ -411,10 +502,12 @@ def _cells(m: Mapping[str, Any]) -> list[str]:
         _fmt_int(m.get("cache_read_tokens")),
         _fmt_int(m.get("cache_write_tokens")),
         _fmt_int(m.get("output_tokens")),
+        _fmt_int(m.get("saved_input_tokens")),
+        _fmt_pct(m.get("saved_pct")),
         cost,
         _fmt_usd(m.get("baseline_cost_usd")),
-        _fmt_usd(m.get("saved_usd")),
-        _fmt_pct(m.get("saved_pct")),
+        _fmt_usd(m.get("saved_cost_usd")),
+        _fmt_pct(m.get("saved_cost_pct")),
     ]
 
 
@@ -464,4 +557,8 @@ def render_table(summary: Mapping[str, Any], console: Console) -> None:
             f"* cost excludes {unknown} row(s) with unknown prices and {unavailable} row(s) "
             "without usage; add a price override (prices / upstreams[].prices) to include them."
         )
-    console.print("saved % = input tokens saved / baseline input tokens.")
+    console.print(
+        "saved tokens % = input tokens saved / baseline input tokens; saved $ % = of the "
+        "baseline cost; negative = the proxy cost more."
+    )
+    console.print(BASELINE_MODEL_NOTE)

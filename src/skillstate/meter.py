@@ -11,12 +11,22 @@ tuples and rows patched by index.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
 
+from .baseline import (
+    Baseline,
+    CacheRegime,
+    CacheSplit,
+    PrefixCache,
+    baseline_output_tokens,
+    prefix_points,
+    price_baseline,
+)
 from .ledger import Kind, LedgerRow, Usage, make_row
-from .pricing import PriceBook
+from .pricing import PriceBook, Prices
 from .store import Store, StoreError
 
 
@@ -27,13 +37,71 @@ class _Attempt(Protocol):
 
 @dataclass(frozen=True)
 class MeterContext:
-    """What every row of one turn shares: who asked, in which mode, and the size of the
-    client's own transcript (None when there is nothing to compare, e.g. passthrough)."""
+    """What every row of one turn shares: who asked, in which mode, the size of the
+    client's own transcript without the proxy's envelopes (None when there is nothing to
+    compare, e.g. passthrough), the context shape sent and the baseline's cache model."""
 
     session: str
     mode: str
     model: str | None
     est_client: int | None
+    context: str | None = None
+    baseline: BaselineSource | None = None
+
+
+@dataclass
+class BaselineSource:
+    """What the cache-aware baseline of one turn needs (see ``skillstate.baseline``).
+
+    ``client_body``: the client's request with the proxy's envelopes removed; ``untouched``:
+    the upstream got exactly the client's body and it had no envelope to remove, so the
+    baseline IS the call (the cache model still learns the request for later turns).
+    The session's cache is charged once per turn, by the first answer; a re-ask's answer
+    reuses that split, scaled to its own input.
+    """
+
+    cache: PrefixCache
+    client_body: Mapping[str, Any]
+    untouched: bool
+    now: float
+    _charged: tuple[int, CacheSplit] | None = field(default=None, init=False)
+
+    def split(self, baseline_input: int, regime: CacheRegime) -> CacheSplit:
+        if self._charged is None:
+            points = prefix_points(self.client_body)
+            split = self.cache.charge(points, baseline_input, self.now, regime)
+            self._charged = (baseline_input, split)
+            return split
+        first_input, first = self._charged
+        if first_input <= 0:
+            return CacheSplit(baseline_input)
+
+        def scaled(n: int) -> int:
+            return round(Fraction(n * baseline_input, first_input))
+
+        return CacheSplit(
+            baseline_input, scaled(first.cache_read_tokens), scaled(first.cache_write_tokens)
+        )
+
+    def model(self, regime: CacheRegime, envelope_share: Fraction) -> Any:
+        """The ``ledger.BaselineModel`` of one answered attempt."""
+
+        def baseline(
+            b_in: int, usage: Usage, prices: Prices | None, cost_usd: float | None
+        ) -> Baseline:
+            split = self.split(b_in, regime)
+            if self.untouched:
+                return Baseline(
+                    usage.input_tokens,
+                    usage.cache_read_tokens,
+                    usage.cache_write_tokens,
+                    usage.output_tokens,
+                    cost_usd,
+                )
+            out = baseline_output_tokens(usage.output_tokens, envelope_share)
+            return price_baseline(split, out, prices)
+
+        return baseline
 
 
 class TurnMeter:
@@ -87,9 +155,21 @@ class TurnMeter:
         model: str | None,
         est_sent: int | None,
         kind: Kind = "generation",
+        regime: CacheRegime | None = None,
+        envelope_share: Fraction = Fraction(0),
     ) -> None:
-        """The attempt whose answer goes to the client (unless ``discard_last`` follows)."""
-        row = self._make(usage, kind, status, upstream, model, est_sent, provider_hint)
+        """The attempt whose answer goes to the client (unless ``discard_last`` follows).
+
+        ``regime``: how the upstream bills its prompt cache (for the baseline's cache
+        model); ``envelope_share``: the envelope's share of the reply
+        (``baseline.envelope_output_share``), taken off the baseline's output."""
+        source = self._ctx.baseline
+        modelled = (
+            source.model(regime, envelope_share)
+            if source is not None and regime is not None
+            else None
+        )
+        row = self._make(usage, kind, status, upstream, model, est_sent, provider_hint, modelled)
         self._rows.append(row)
         self._last_answer = (usage, status, upstream, model, provider_hint)
         self._answered = True
@@ -141,6 +221,7 @@ class TurnMeter:
         model: str | None,
         est_sent: int | None,
         provider_hint: str | None,
+        baseline_model: Any = None,
     ) -> LedgerRow:
         ctx = self._ctx
         compare = ctx.est_client is not None and est_sent is not None
@@ -156,6 +237,8 @@ class TurnMeter:
             est_transcript=ctx.est_client if compare else None,
             est_sent=est_sent if compare else None,
             provider_hint=provider_hint,
+            baseline_model=baseline_model,
+            context=ctx.context,
         )
 
 

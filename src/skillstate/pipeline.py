@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -22,7 +23,12 @@ import aiohttp
 import orjson
 
 from . import constrain, context
-from .choices import ContextShape, Mode
+from .baseline import (
+    SessionPrefixCaches,
+    envelope_output_share,
+    tool_call_chars,
+)
+from .choices import ContextShape, Mode, ReplyEnvelope
 from .config import Settings
 from .context import EnvelopeForm
 from .dialects import sse
@@ -31,10 +37,13 @@ from .dialects.registry import error_reply, get_dialect, make_relay, reply_for
 from .errors import ProxyError
 from .headertext import header_safe
 from .ledger import LedgerRow
-from .meter import MeterContext, TurnMeter
+from .mask import mask_transcript
+from .meter import BaselineSource, MeterContext, TurnMeter
 from .pricing import PriceBook
 from .session import SESSION_HEADER, SessionLocks
 from .store import StepConflict, Store, StoreError, TransitionRecord
+from .strip import strip_envelope, strip_reply, strip_transcript
+from .strip_events import StrippingRelay
 from .telemetry import NO_TELEMETRY, TurnTelemetry
 from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool
@@ -77,6 +86,11 @@ class Turn:
         m = self.body.get("model")
         return m if isinstance(m, str) else ""
 
+    @property
+    def keeps_state(self) -> bool:
+        """Whether this turn's mode keeps the session's state (and so holds its lock)."""
+        return self.mode in (Mode.STATE, Mode.AUTO)
+
     @cached_property
     def envelope_form(self) -> EnvelopeForm:
         """How the reply carries the envelope (see skillstate.context.EnvelopeForm)."""
@@ -102,6 +116,12 @@ class StreamReply:
     # Idempotent: drops the upstream and releases the session. The response calls it when
     # it is done, so nothing leaks even if `chunks` was never started (early disconnect).
     abort: Callable[[], Awaitable[None]]
+
+
+def with_envelope(shape: ContextShape) -> bool:
+    """Whether a turn sent in this shape asks the model for the state envelope (and so is
+    judged and committed)."""
+    return shape in (ContextShape.COMPACT, ContextShape.FULL)
 
 
 def _est(body: Mapping[str, Any]) -> int:
@@ -132,6 +152,8 @@ class Pipeline:
         self.verdicts = Verdicts(settings)
         self.locks = SessionLocks()
         self._background: set[asyncio.Task[Any]] = set()
+        # What each session's baseline request (no proxy) would have in the prompt cache.
+        self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
 
     # -- policy and context ----------------------------------------------------------------
 
@@ -216,6 +238,9 @@ class Pipeline:
         """The body to send upstream for this turn, and which shape it is."""
         if turn.mode == Mode.PASSTHROUGH:
             return turn.body, ContextShape.PASSTHROUGH
+        if turn.mode == Mode.MASK:
+            masked = mask_transcript(turn.dialect, turn.body, self.settings.mask_keep)
+            return masked, ContextShape.MASK
         form = turn.envelope_form
         adapter = get_dialect(turn.dialect).context
         compact = context.build_compact(adapter, turn.body, schema, state, form)
@@ -229,8 +254,8 @@ class Pipeline:
     async def preview(self, turn: Turn) -> dict[str, Any]:
         """The body this turn would send upstream now (in the client's dialect): nothing is
         sent or committed and no lock is taken (e.g. for ``/v1/messages/count_tokens``)."""
-        if turn.mode == Mode.PASSTHROUGH:
-            return turn.body
+        if not turn.keeps_state:
+            return self.build_context(turn, self.settings.initial_state, [])[0]
         record = await self.store.load(turn.session)
         state = record.state if record else self.settings.initial_state
         schema = record.schema if record else self.settings.allowed_keys
@@ -245,7 +270,7 @@ class Pipeline:
         handed_over = False
         meter: TurnMeter | None = None
         try:
-            if turn.mode != Mode.PASSTHROUGH:
+            if turn.keeps_state:
                 await stack.enter_async_context(self.locks.hold(turn.session))
                 with turn.telemetry.span("load state"):
                     record = await self.store.load(turn.session)
@@ -258,9 +283,7 @@ class Pipeline:
             schema = record.schema if record else self.settings.allowed_keys
             sent, shape = self.build_context(turn, state, schema)
             turn.telemetry.context(shape)
-            est_client = _est(turn.body) if turn.mode != Mode.PASSTHROUGH else None
-            ctx = MeterContext(turn.session, str(turn.mode), turn.model or None, est_client)
-            meter = TurnMeter(self.prices, ctx)
+            meter = TurnMeter(self.prices, self._meter_context(turn, sent, shape))
             meta = _TurnMeta(turn, state, step, schema, record is None, shape, meter)
             out = self._outbound(turn, sent, schema, state)
             if not turn.stream:
@@ -286,6 +309,26 @@ class Pipeline:
                     self._spawn(meter.flush(self.store))
                 await stack.aclose()
 
+    def _meter_context(self, turn: Turn, sent: dict[str, Any], shape: ContextShape) -> MeterContext:
+        """What the turn's ledger rows share. Outside passthrough mode, the baseline is the
+        client's transcript without the envelopes the proxy caused, its prompt cache
+        modelled per session (``skillstate.baseline``)."""
+        if turn.mode == Mode.PASSTHROUGH:
+            return MeterContext(turn.session, str(turn.mode), turn.model or None, None, shape)
+        messages = turn.body["messages"]
+        clean_messages = strip_transcript(messages)
+        no_envelopes = all(a is b for a, b in zip(clean_messages, messages, strict=True))
+        clean = turn.body if no_envelopes else {**turn.body, "messages": clean_messages}
+        source = BaselineSource(
+            self.baseline_caches.get(turn.session),
+            clean,
+            untouched=no_envelopes and sent is turn.body,
+            now=time.monotonic(),
+        )
+        return MeterContext(
+            turn.session, str(turn.mode), turn.model or None, _est(clean), shape, source
+        )
+
     async def _dispatch(self, out: Outbound, meta: _TurnMeta) -> Exchange:
         """Send upstream (the pool retries and fails over); failed attempts are metered."""
         try:
@@ -309,7 +352,7 @@ class Pipeline:
             if answer is None:  # the re-ask failed: the previous answer stands
                 meta.meter.restore()
                 break
-            if turn.mode == Mode.PASSTHROUGH:
+            if not with_envelope(meta.shape):
                 return self._reply(answer, meta, None, None, retries)
             text, tools = get_dialect(turn.dialect).reply_text(answer.resp)
             answer.outcome = self.verdicts.judge(
@@ -364,17 +407,25 @@ class Pipeline:
         up_kind = ex.upstream.kind
         usage = ex.upstream.dialect.usage(resp.get("usage"))
         self._reconcile(ex, usage)
+        model = resp.get("model") if isinstance(resp.get("model"), str) else None
+        if up_kind != meta.turn.dialect:
+            resp = reply_for(meta.turn.dialect, up_kind, resp, meta.turn.model)
+            raw = orjson.dumps(resp)
+        share = Fraction(0)
+        if with_envelope(meta.shape):
+            text, _ = get_dialect(meta.turn.dialect).reply_text(resp)
+            tools = tool_call_chars(meta.turn.dialect, resp)
+            share = envelope_output_share(text, strip_envelope(text).removed_chars, tools)
         meter.answered(
             upstream=ex.upstream.name,
             provider_hint=ex.upstream.cfg.url,
             usage=usage,
             status=ex.status,
-            model=resp.get("model") if isinstance(resp.get("model"), str) else None,
+            model=model,
             est_sent=out.est_tokens,
+            regime=ex.upstream.cfg.cache_regime(model or meta.turn.model),
+            envelope_share=share,
         )
-        if up_kind != meta.turn.dialect:
-            resp = reply_for(meta.turn.dialect, up_kind, resp, meta.turn.model)
-            raw = orjson.dumps(resp)
         return _Answer(ex, raw, resp)
 
     def _reask(self, out: Outbound, meta: _TurnMeta, answer: _Answer, text: str) -> Outbound:
@@ -409,9 +460,19 @@ class Pipeline:
             client_wants_usage=get_dialect(turn.dialect).stream_usage_requested(turn.body),
             capture_limit=self.settings.capture_limit_bytes,
         )
+        envelope = with_envelope(meta.shape)
+        stripping: StrippingRelay | None = None
+        if envelope:
+            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP
+            relay = stripping = StrippingRelay(relay, turn.dialect, rewrite=rewrite)
         clean = False
 
         def answered(status: int) -> None:
+            share = Fraction(0)
+            if stripping is not None:
+                text = relay.text
+                removed = strip_envelope(text).removed_chars
+                share = envelope_output_share(text, removed, stripping.tool_chars)
             meter.answered(
                 upstream=ex.upstream.name,
                 provider_hint=ex.upstream.cfg.url,
@@ -420,6 +481,8 @@ class Pipeline:
                 model=relay.model,
                 est_sent=out.est_tokens,
                 kind="stream",
+                regime=ex.upstream.cfg.cache_regime(relay.model or turn.model),
+                envelope_share=share,
             )
 
         try:
@@ -437,7 +500,7 @@ class Pipeline:
                     yield relay.error(problem)
                 return
             tail = relay.finish()
-            if turn.mode != Mode.PASSTHROUGH:
+            if envelope:
                 note = await self._commit_stream(meta, relay)
                 if isinstance(note, bytes):
                     yield note  # the error event: the reply is out but not committed
@@ -589,7 +652,14 @@ class Pipeline:
             if outcome.action:
                 h["x-skillstate-action"] = header_safe(outcome.action)
         h.update(meta.meter.headers())
-        return Reply(answer.ex.status, answer.raw, h)
+        raw = answer.raw
+        if outcome is not None and self.settings.reply_envelope == ReplyEnvelope.STRIP:
+            # The verdict above was made on the unstripped text; the client gets the reply
+            # without the protocol (an envelope-only reply becomes its action).
+            stripped, _ = strip_reply(meta.turn.dialect, answer.resp)
+            if stripped is not answer.resp:
+                raw = orjson.dumps(stripped)
+        return Reply(answer.ex.status, raw, h)
 
     async def _relay_error(self, ex: Exchange, meta: _TurnMeta, raw: bytes | None = None) -> Reply:
         """An upstream error answer, relayed with its status in the client's dialect."""

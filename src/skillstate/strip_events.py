@@ -22,9 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
+from .dialects.base import StreamRelay
+from .dialects.sse import SSEEvent, SSEParser, encode
+from .ledger import Usage
 from .strip import EnvelopeStripper
 
-__all__ = ["AnthropicEventStripper", "OpenAIChunkStripper"]
+__all__ = ["AnthropicEventStripper", "OpenAIChunkStripper", "StrippingRelay"]
 
 _CHOICE_KEYS_THAT_SPEAK = ("logprobs",)
 _DELTA_KEYS_THAT_SPEAK = ("role", "tool_calls", "function_call", "refusal")
@@ -175,3 +180,121 @@ class AnthropicEventStripper:
         out.append(("content_block_delta", self._renumber(delta)))
         self._shown = True
         return out
+
+
+class StrippingRelay:
+    """A stream relay whose client bytes go through the envelope stripper.
+
+    Wraps any relay (same-dialect or translating): its client-dialect events are parsed
+    again, run through :class:`OpenAIChunkStripper` / :class:`AnthropicEventStripper` and
+    re-encoded (``rewrite=True``), or passed on byte for byte (``rewrite=False``: the
+    ``keep`` setting). Either way it counts the characters of the reply's tool calls (name
+    plus arguments, in the client's events), for the envelope's share of the output. The
+    captured ``text`` is the inner relay's: the unstripped reply, which the judge reads.
+    """
+
+    def __init__(self, inner: StreamRelay, client_dialect: str, *, rewrite: bool) -> None:
+        self._inner = inner
+        self._anthropic = client_dialect == "anthropic"
+        self._rewrite = rewrite
+        self._parser = SSEParser()
+        self._openai = OpenAIChunkStripper()
+        self._events = AnthropicEventStripper()
+        self.tool_chars = 0
+
+    # -- what the pipeline reads, from the inner relay -----------------------------------
+    @property
+    def text(self) -> str:
+        return str(self._inner.text)
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return bool(self._inner.has_tool_calls)
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._inner.usage
+
+    @property
+    def model(self) -> str | None:
+        return self._inner.model
+
+    @property
+    def complete(self) -> bool:
+        return bool(self._inner.complete)
+
+    @property
+    def upstream_error(self) -> str | None:
+        return self._inner.upstream_error
+
+    @property
+    def error_forwarded(self) -> bool:
+        return bool(self._inner.error_forwarded)
+
+    @property
+    def removed_chars(self) -> int:
+        return self._events.removed_chars if self._anthropic else self._openai.removed_chars
+
+    def error(self, message: str) -> bytes:
+        return self._inner.error(message)
+
+    # -- the client's bytes ----------------------------------------------------------------
+    def feed(self, event: SSEEvent) -> list[bytes]:
+        return self._through(self._inner.feed(event))
+
+    def finish(self) -> list[bytes]:
+        return self._through(self._inner.finish())
+
+    def _through(self, ready: list[bytes]) -> list[bytes]:
+        if not ready:
+            return ready
+        out: list[bytes] = []
+        for event in self._parser.feed(b"".join(ready)):
+            out.extend(self._event(event))
+        return out if self._rewrite else ready
+
+    def _event(self, event: SSEEvent) -> list[bytes]:
+        data: Any = None
+        if event.data and event.data != "[DONE]":
+            try:
+                data = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                data = None
+        if not isinstance(data, dict):
+            if event.data == "[DONE]" and not self._anthropic and self._rewrite:
+                return [*(encode(c) for c in self._openai.finish()), event.raw]
+            return [event.raw]
+        if self._anthropic:
+            self._count_anthropic(event.event, data)
+            if not self._rewrite:
+                return []
+            name = event.event or str(data.get("type") or "")
+            return [encode(d, event=n) for n, d in self._events.event(name, data)]
+        self._count_openai(data)
+        if not self._rewrite:
+            return []
+        chunk = self._openai.chunk(data)
+        return [] if chunk is None else [encode(chunk)]
+
+    def _count_openai(self, data: dict[str, Any]) -> None:
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            for call in calls if isinstance(calls, list) else ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    for key in ("name", "arguments"):
+                        if isinstance(function.get(key), str):
+                            self.tool_chars += len(function[key])
+
+    def _count_anthropic(self, name: str | None, data: dict[str, Any]) -> None:
+        if name == "content_block_start":
+            block = data.get("content_block")
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                self.tool_chars += len(str(block.get("name") or ""))
+        elif name == "content_block_delta":
+            delta = data.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "input_json_delta":
+                self.tool_chars += len(str(delta.get("partial_json") or ""))

@@ -33,13 +33,26 @@ class StreamRelay(Protocol):
 
     @property
     def text(self) -> str: ...
+    @property
+    def has_tool_calls(self) -> bool: ...
+    @property
+    def usage(self) -> Usage | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def complete(self) -> bool:
+        """The upstream sent its terminal event."""
+        ...
 
-    has_tool_calls: bool
-    usage: Usage | None
-    model: str | None
-    complete: bool  # the upstream sent its terminal event
-    upstream_error: str | None  # the upstream sent an error event
-    error_forwarded: bool  # ... and it was passed to the client as is
+    @property
+    def upstream_error(self) -> str | None:
+        """The upstream sent an error event."""
+        ...
+
+    @property
+    def error_forwarded(self) -> bool:
+        """... and it was passed to the client as is."""
+        ...
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]: ...
     def finish(self) -> list[bytes]: ...

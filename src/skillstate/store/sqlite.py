@@ -75,7 +75,12 @@ CREATE TABLE IF NOT EXISTS ledger (
     cost_usd REAL,
     baseline_input_tokens INTEGER,
     baseline_cost_usd REAL,
-    mode TEXT
+    mode TEXT,
+    baseline_cached_tokens INTEGER,
+    baseline_output_tokens INTEGER,
+    saved_cost_usd REAL,
+    saved_cost_pct REAL,
+    context TEXT
 );
 CREATE INDEX IF NOT EXISTS ledger_ts ON ledger(ts);
 CREATE INDEX IF NOT EXISTS ledger_session ON ledger(session, ts);
@@ -123,6 +128,13 @@ def clamp_amount(value: Any, ceiling: float = MAX_USD) -> float | None:
     return float(min(max(value, 0.0), ceiling))
 
 
+def clamp_signed(value: Any, ceiling: float = MAX_USD) -> float | None:
+    """A float in [-ceiling, ceiling] (a saving may be negative), None for no number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(min(max(value, -ceiling), ceiling))
+
+
 def clamp_time(value: Any) -> float:
     return clamp_amount(value, MAX_TIME) or 0.0
 
@@ -145,6 +157,10 @@ _COLUMN_CLAMPS: dict[str, Callable[[Any], Any]] = {
     "cost_usd": clamp_amount,
     "baseline_input_tokens": clamp_count,
     "baseline_cost_usd": clamp_amount,
+    "baseline_cached_tokens": clamp_count,
+    "baseline_output_tokens": clamp_count,
+    "saved_cost_usd": clamp_signed,
+    "saved_cost_pct": clamp_signed,
 }
 _LEDGER_CLAMPS = [(name, _COLUMN_CLAMPS.get(name, _label)) for name in _LEDGER_COLUMNS]
 
@@ -197,12 +213,31 @@ def connect(
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={synchronous}")
         db.executescript(_SCHEMA)
+        _add_missing_ledger_columns(db)
         for table in ("sessions", "transitions", "ledger"):
             db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()  # reads its root page
     except BaseException:
         db.close()
         raise
     return db
+
+
+# Ledger columns added after the first release: a database made before them gets them
+# (NULL in old rows) when it is opened.
+_ADDED_LEDGER_COLUMNS = {
+    "baseline_cached_tokens": "INTEGER",
+    "baseline_output_tokens": "INTEGER",
+    "saved_cost_usd": "REAL",
+    "saved_cost_pct": "REAL",
+    "context": "TEXT",
+}
+
+
+def _add_missing_ledger_columns(db: sqlite3.Connection) -> None:
+    have = {row[1] for row in db.execute("PRAGMA table_info(ledger)")}
+    for name, kind in _ADDED_LEDGER_COLUMNS.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE ledger ADD COLUMN {name} {kind}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ function groupTable(groups, label) {
       h("td", { class: "num" }, fmt.int(g.output_tokens)),
       h("td", { class: "num" }, fmt.usd(g.cost_usd)),
       h("td", { class: "num" }, fmt.usd(g.baseline_cost_usd)),
-      h("td", { class: `num ${g.saved_usd > 0 ? "good" : g.saved_usd < 0 ? "bad" : ""}` }, fmt.usd(g.saved_usd)))))));
+      h("td", { class: `num ${g.saved_cost_usd > 0 ? "good" : g.saved_cost_usd < 0 ? "bad" : ""}` }, fmt.usd(g.saved_cost_usd)))))));
 }
 
 export async function render(main) {
@@ -48,7 +48,7 @@ export async function render(main) {
       h("section", { class: "grid4" },
         h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Spend"), h("div", { class: "stat-value" }, fmt.usd(t.cost_usd))),
         h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Baseline"), h("div", { class: "stat-value" }, fmt.usd(t.baseline_cost_usd))),
-        h("div", { class: `stat ${t.saved_usd < 0 ? "bad" : "good"}` }, h("div", { class: "stat-label" }, "Saved"), h("div", { class: "stat-value" }, fmt.usd(t.saved_usd)),
+        h("div", { class: `stat ${t.saved_cost_usd < 0 ? "bad" : "good"}` }, h("div", { class: "stat-label" }, "Saved"), h("div", { class: "stat-value" }, fmt.usd(t.saved_cost_usd)),
           h("div", { class: "stat-note" }, t.saved_pct === null ? "no baseline yet" : `${fmt.pct(t.saved_pct)} of input tokens`)),
         h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Requests"), h("div", { class: "stat-value" }, fmt.int(t.requests)),
           h("div", { class: "stat-note" }, `${fmt.int(t.input_tokens)} in · ${fmt.int(t.output_tokens)} out`))),

@@ -62,7 +62,7 @@ export async function render(main) {
         stat("Requests, last hour", fmt.int(reqs)),
         stat("Failed attempts, last hour", fmt.int(failed), `${fmt.int(reasks)} re-ask${reasks === 1 ? "" : "s"}`, failed ? "warn" : ""),
         stat("Spend, 24 h", fmt.usd(t.cost_usd), `baseline ${fmt.usd(t.baseline_cost_usd)}`),
-        stat("Saved, 24 h", fmt.usd(t.saved_usd), t.saved_pct === null ? "no baseline yet" : `${fmt.pct(t.saved_pct)} of input tokens`, t.saved_usd < 0 ? "bad" : "good")),
+        stat("Saved, 24 h", fmt.usd(t.saved_cost_usd), t.saved_pct === null ? "no baseline yet" : `${fmt.pct(t.saved_pct)} of input tokens`, t.saved_cost_usd < 0 ? "bad" : "good")),
       h("section", { class: "card" }, h("h2", {}, "Upstreams"), upstreamTable(health.upstreams || [])),
       h("section", { class: "card" }, h("h2", {}, "Requests and failed attempts, last hour"),
         barChart({
