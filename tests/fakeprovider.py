@@ -14,6 +14,18 @@ Standalone: ``python tests/fakeprovider.py --port 0`` prints ``listening on http
 and serves until killed; script it over HTTP with ``POST /_fake/enqueue`` (a Reply as JSON,
 or a list of them), ``GET /_fake/requests`` and ``POST /_fake/reset``.
 
+Prompt caching (``FakeProvider(cache="openai" | "anthropic")``): usage reports cache reads
+and writes the way the real APIs bill them, unless a Reply scripts its own cache figures.
+``openai``: automatic prefix caching; the longest byte prefix (tools, then each message, as
+compact JSON) shared with a request seen within ``cache_ttl`` seconds is read, in steps of
+128 tokens, when it is at least ``cache_min_tokens``; ``cached_tokens`` is part of
+``prompt_tokens``. ``anthropic``: explicit ``cache_control`` breakpoints on blocks (tools,
+system blocks, message content blocks; the marker itself is not part of the prefix). The
+longest prefix ending at a block boundary, at or before the last breakpoint, that an earlier
+request wrote is read; the prefix up to the last breakpoint is written when it is longer
+and at least ``cache_min_tokens``; ``input_tokens`` EXCLUDES both (Anthropic's convention).
+Prefix tokens use the fake tokenizer on those bytes, capped at the prompt's tokens.
+
 Fault injection (all on Reply): ``status``/``error_body``/``retry_after`` (an error in the
 endpoint's dialect), ``delay`` (before headers), ``chunk_delay`` (between events),
 ``stall_after=N`` (send N events, then hang until the client goes away), ``drop`` (close
@@ -29,6 +41,7 @@ import collections
 import contextlib
 import json
 import math
+import os
 import secrets
 import string
 import threading
@@ -151,7 +164,15 @@ class _Rejected(Exception):
 
 
 class FakeProvider:
-    def __init__(self, *, require_auth: bool = True, validate: bool = True) -> None:
+    def __init__(
+        self, *, require_auth: bool = True, validate: bool = True, cache: str | None = None
+    ) -> None:
+        if cache not in (None, "openai", "anthropic"):
+            raise ValueError(f"cache must be None, 'openai' or 'anthropic', not {cache!r}")
+        self.cache = cache
+        self.cache_ttl = 300.0
+        self.cache_min_tokens = 1024
+        self._cached: dict[str, float] = {}  # openai: prompt bytes; anthropic: prefixes
         self.require_auth = require_auth  # OpenAI: Bearer; Anthropic: x-api-key or Bearer
         self.validate = validate  # the 400 checks on message structure
         self.models = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "claude-haiku-4-5"]
@@ -176,6 +197,7 @@ class FakeProvider:
             self._queue.clear()
             self.requests.clear()
             self.responder = None
+            self._cached.clear()
 
     @property
     def pending(self) -> int:
@@ -489,12 +511,15 @@ class FakeProvider:
         finish = "length" if truncated else _OPENAI_FINISH.get(finish, finish)
         u = reply.usage
         prompt = u.get("prompt_tokens", estimate_tokens(req.get("messages", [])))
+        cached = u.get("cached_tokens", u.get("cache_read"))
+        if cached is None:
+            cached = self._openai_cache(req, prompt) if self.cache == "openai" else 0
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {
-                "cached_tokens": u.get("cached_tokens", u.get("cache_read", 0)),
+                "cached_tokens": cached,
                 "audio_tokens": 0,
             },
             "completion_tokens_details": {
@@ -564,10 +589,14 @@ class FakeProvider:
         prompt = estimate_tokens(req.get("messages", [])) + (
             estimate_tokens(req["system"]) if req.get("system") else 0
         )
+        scripted = any(k in u for k in ("cache_write", "cache_read", "cached_tokens"))
+        read = write = 0
+        if self.cache == "anthropic" and not scripted:
+            read, write = self._anthropic_cache(req, u.get("prompt_tokens", prompt))
         usage = {
-            "input_tokens": u.get("prompt_tokens", prompt),
-            "cache_creation_input_tokens": u.get("cache_write", 0),
-            "cache_read_input_tokens": u.get("cache_read", u.get("cached_tokens", 0)),
+            "input_tokens": u.get("prompt_tokens", prompt) - read - write,
+            "cache_creation_input_tokens": u.get("cache_write", write),
+            "cache_read_input_tokens": u.get("cache_read", u.get("cached_tokens", read)),
             "output_tokens": completion,
         }
         blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
@@ -715,6 +744,55 @@ class FakeProvider:
              "arguments": item["arguments"]},
             {"type": "response.output_item.done", "output_index": i, "item": item},
         ]  # fmt: skip
+
+    # ---- prompt caching (see the module docstring) -----------------------------------------
+    def _live_cache(self) -> dict[str, float]:
+        now = time.monotonic()
+        self._cached = {k: t for k, t in self._cached.items() if now - t <= self.cache_ttl}
+        return self._cached
+
+    def _openai_cache(self, req: dict[str, Any], prompt: int) -> int:
+        pieces = [req["tools"]] if req.get("tools") else []
+        text = "".join(_dumps(p).decode() for p in [*pieces, *req.get("messages", [])])
+        live = self._live_cache()
+        common = max((len(os.path.commonprefix([text, seen])) for seen in live), default=0)
+        live[text] = time.monotonic()
+        tokens = min(common // 4, prompt)
+        return tokens // 128 * 128 if tokens >= self.cache_min_tokens else 0
+
+    def _anthropic_cache(self, req: dict[str, Any], prompt: int) -> tuple[int, int]:
+        blocks: list[Any] = list(req.get("tools") or [])
+        system = req.get("system")
+        blocks += [{"type": "text", "text": system}] if isinstance(system, str) else system or []
+        for m in req.get("messages", []):
+            content = m.get("content")
+            items = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            blocks += [{"role": m.get("role"), **b} for b in items or []]
+        prefixes, marks, text = [], [], ""
+        for b in blocks:
+            text += _dumps({k: v for k, v in b.items() if k != "cache_control"}).decode()
+            prefixes.append(text)
+            marks.append(isinstance(b, dict) and "cache_control" in b)
+        if not any(marks):
+            return 0, 0
+        last = max(i for i, marked in enumerate(marks) if marked)
+        live = self._live_cache()
+        now = time.monotonic()
+
+        def tokens(i: int) -> int:
+            return min(ntokens(prefixes[i]), prompt)
+
+        hit = next((i for i in range(last, -1, -1) if prefixes[i] in live), None)
+        read = tokens(hit) if hit is not None else 0
+        if hit is not None:
+            live[prefixes[hit]] = now
+        write = 0
+        if hit != last and tokens(last) >= self.cache_min_tokens:
+            write = tokens(last) - read
+            for i, marked in enumerate(marks):
+                if marked and tokens(i) >= self.cache_min_tokens:
+                    live[prefixes[i]] = now
+        return read, write
 
     # ---- control endpoints (for the standalone server) -----------------------------------
     async def _ctl_enqueue(self, request: web.Request) -> web.Response:

@@ -93,7 +93,7 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     cost.add_argument("--since", default="24h", help="ISO time or duration like 24h (default)")
     cost.add_argument("--until", default=None)
     cost.add_argument("--session", default=None)
-    cost.add_argument("--by", choices=["model", "upstream", "session", "day"], default=None)
+    cost.add_argument("--by", choices=GroupBy.values(), default=None)
     cost.add_argument("--json", action="store_true", help="print JSON instead of a table")
     from .auth.keyscli import add_keys_parser
 

@@ -1,0 +1,161 @@
+"""reply_envelope (issue 14 §3) end to end: the real proxy (in-process), the real openai and
+anthropic SDKs, the fake provider; same-dialect and translated, JSON and streamed.
+
+The fake streams text in 8-character pieces: replies whose prose before the envelope has
+every length from 0 to 7 put every character of the envelope at every position of a piece,
+so the envelope is split across chunks in every possible place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.conftest import InProcessProxy, launch_in_process
+from tests.fakeprovider import CHUNK_CHARS, FakeProvider, Reply
+
+ENVELOPE = "```json\n" + json.dumps({"state_patch": {"notes": "n"}, "action": "look"}) + "\n```"
+# (client, model): the upstream for claude-* is Anthropic-kind, for anything else OpenAI-kind.
+ROUTES = [
+    ("openai", "gpt-x"),
+    ("openai", "claude-x"),  # translated
+    ("anthropic", "claude-x"),
+    ("anthropic", "gpt-x"),  # translated
+]
+
+
+def config(fp: FakeProvider, reply_envelope: str) -> dict[str, Any]:
+    return {
+        "schema": ["notes"],
+        "reply_envelope": reply_envelope,
+        "upstreams": [
+            {"name": "a", "url": fp.url, "kind": "anthropic", "models": ["claude-*"]},
+            {"name": "o", "url": fp.url + "/v1", "kind": "openai"},
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeProvider]:
+    fp = FakeProvider().start()
+    yield fp
+    fp.stop()
+
+
+@pytest.fixture(scope="module")
+def stripping(
+    fake: FakeProvider, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[InProcessProxy]:
+    p = launch_in_process(tmp_path_factory.mktemp("strip"), config=config(fake, "strip"))
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def keeping(
+    fake: FakeProvider, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[InProcessProxy]:
+    p = launch_in_process(tmp_path_factory.mktemp("keep"), config=config(fake, "keep"))
+    yield p
+    p.stop()
+
+
+def ask(
+    p: InProcessProxy, client: str, model: str, session: str, stream: bool
+) -> tuple[str, dict[str, str]]:
+    """One turn through an SDK: (the text the client got, the response headers)."""
+    headers = {"x-skillstate-session": session}
+    messages = [{"role": "user", "content": "look around"}]
+    if client == "openai":
+        oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+        if stream:
+            with oc.chat.completions.with_streaming_response.create(
+                model=model,
+                messages=messages,
+                stream=True,
+                extra_headers=headers,  # type: ignore[arg-type]
+            ) as raw:
+                text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+                return text, dict(raw.headers)
+        raw_reply = oc.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,
+            extra_headers=headers,  # type: ignore[arg-type]
+        )
+        return raw_reply.parse().choices[0].message.content or "", dict(raw_reply.headers)
+    ac = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+    if stream:
+        with ac.messages.stream(
+            model=model,
+            max_tokens=500,
+            messages=messages,
+            extra_headers=headers,  # type: ignore[arg-type]
+        ) as s:
+            text = "".join(s.text_stream)
+            final = s.get_final_message()
+            assert all(b.type != "text" or b.text for b in final.content)  # no empty block
+            return text, dict(s.response.headers)
+    raw_msg = ac.messages.with_raw_response.create(
+        model=model,
+        max_tokens=500,
+        messages=messages,
+        extra_headers=headers,  # type: ignore[arg-type]
+    )
+    msg = raw_msg.parse()
+    assert all(b.type != "text" or b.text for b in msg.content)
+    return "".join(b.text for b in msg.content if b.type == "text"), dict(raw_msg.headers)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize(("client", "model"), ROUTES)
+def test_strip_removes_the_envelope_wherever_the_chunks_split_it(
+    fake: FakeProvider, stripping: InProcessProxy, client: str, model: str, stream: bool
+) -> None:
+    for n in range(CHUNK_CHARS):
+        prose = "abcdefg"[:n] or ""
+        said = f"{prose}\n{ENVELOPE}\nAfter." if n % 2 else f"{prose}\n{ENVELOPE}"
+        fake.enqueue(Reply(text=said))
+        session = f"strip-{client}-{model}-{stream}-{n}"
+        text, headers = ask(stripping, client, model, session, stream)
+        expected = (prose + "\nAfter.").lstrip("\n") if n % 2 else prose
+        if not prose and not n % 2:
+            expected = "look"  # nothing but the envelope: its action
+        assert text == expected, (n, text)
+        assert "state_patch" not in text
+        # The verdict was made on the unstripped reply: the state moved.
+        assert stripping.state(session)["state"] == {"notes": "n"}
+        if not stream:
+            assert headers["x-skillstate-transition"] == "valid"
+            assert headers["x-skillstate-action"] == "look"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize(("client", "model"), ROUTES)
+def test_keep_shows_the_reply_as_the_model_wrote_it(
+    fake: FakeProvider, keeping: InProcessProxy, client: str, model: str, stream: bool
+) -> None:
+    said = f"Looking.\n{ENVELOPE}"
+    fake.enqueue(Reply(text=said))
+    session = f"keep-{client}-{model}-{stream}"
+    text, headers = ask(keeping, client, model, session, stream)
+    assert text == said
+    assert keeping.state(session)["state"] == {"notes": "n"}
+    if not stream:
+        assert headers["x-skillstate-transition"] == "valid"
+
+
+def test_passthrough_is_never_stripped(fake: FakeProvider, stripping: InProcessProxy) -> None:
+    said = f"Looking.\n{ENVELOPE}"
+    fake.enqueue(Reply(text=said))
+    oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+    got = oc.chat.completions.create(
+        model="gpt-x",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-skillstate-mode": "passthrough", "x-skillstate-session": "pt"},
+    )
+    assert got.choices[0].message.content == said
