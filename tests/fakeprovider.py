@@ -41,7 +41,6 @@ import collections
 import contextlib
 import json
 import math
-import os
 import secrets
 import string
 import threading
@@ -80,6 +79,15 @@ def ntokens(text: str) -> int:
 def estimate_tokens(obj: Any) -> int:
     """Token estimate of any JSON value: ``ceil(len(json.dumps(obj)) / 4)``."""
     return ntokens(json.dumps(obj))
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings."""
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
 
 
 def _pieces(s: str, n: int = CHUNK_CHARS) -> list[str]:
@@ -755,7 +763,7 @@ class FakeProvider:
         pieces = [req["tools"]] if req.get("tools") else []
         text = "".join(_dumps(p).decode() for p in [*pieces, *req.get("messages", [])])
         live = self._live_cache()
-        common = max((len(os.path.commonprefix([text, seen])) for seen in live), default=0)
+        common = max((_common_prefix(text, seen) for seen in live), default=0)
         live[text] = time.monotonic()
         tokens = min(common // 4, prompt)
         return tokens // 128 * 128 if tokens >= self.cache_min_tokens else 0

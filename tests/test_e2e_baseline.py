@@ -117,7 +117,7 @@ def env(
                 "api_key": "k",
                 "cache_min_tokens": 0,
             },
-        ],  # fmt: skip
+        ],
         "prices": {m: PRICES for m in ("plain-model", "gpt-mine", "claude-mine")},
     }
     proxy = launch_in_process(tmp, config=config)
@@ -171,7 +171,7 @@ def test_ten_turn_baseline_is_the_envelope_free_transcript(env: Any) -> None:
     rows = rows_of(db, "ten")
     assert len(rows) == 10
     for i, row in enumerate(rows):
-        kind, inp, out, b_in, b_cached, b_out, cost, b_cost, saved, pct = row
+        kind, inp, out, b_in, b_cached, b_out, cost, b_cost, saved, _pct = row
         assert kind == "generation"
         assert b_in == round(Fraction(inp * est(sent_clients[i]), est(sent[i]))), i
         assert b_out == base_output(out, replies[i]), i
@@ -206,7 +206,7 @@ def test_openai_cached_prefix_baseline_and_a_negative_saving(env: Any) -> None:
     obs = {"role": "user", "content": "The tests pass."}
     messages = [system, task, {"role": "assistant", "content": first}, obs]
     c.chat.completions.create(model="gpt-mine", messages=messages, extra_headers=session)
-    kind, inp, out, b_in, b_cached, b_out, cost, b_cost, saved, _ = rows_of(db, "oai-cache")[1]
+    _, inp, out, b_in, b_cached, b_out, cost, b_cost, saved, _ = rows_of(db, "oai-cache")[1]
     # The baseline request of turn 2: the envelope-free transcript. Its longest boundary
     # prefix that turn 1's baseline request also had ends after the task.
     clean2 = [system, task, {"role": "assistant", "content": prose(first)}, obs]
@@ -239,6 +239,9 @@ def test_anthropic_cached_prefix_baseline_reads_what_a_breakpoint_wrote(env: Any
     unmarked_system = [{"type": "text", "text": system[0]["text"]}]
     # Turn 1: nothing cached yet; the client's breakpoint (end of system) writes that prefix.
     _, inp, out, b_in, b_cached, b_out, cost, b_cost, _, _ = rows_of(db, "ant-cache")[0]
+    sent1 = fake.requests[0].json
+    assert b_in == round(Fraction(inp * est({"system": system, "messages": [task]}), est(sent1)))
+    assert b_out == base_output(out, first)
     points = cumulative([(unmarked_system, False), (task, True)])
     write1 = share(b_in, points[0], points[-1])
     assert b_cached == 0
@@ -248,7 +251,7 @@ def test_anthropic_cached_prefix_baseline_reads_what_a_breakpoint_wrote(env: Any
     reply2 = reply_text(2)
     obs = {"role": "user", "content": "The tests pass."}
     turn([task, {"role": "assistant", "content": first}, obs], reply2)
-    _, inp, out, b_in, b_cached, b_out, cost, b_cost, saved, _ = rows_of(db, "ant-cache")[1]
+    _, _, out, b_in, b_cached, b_out, cost, b_cost, saved, _ = rows_of(db, "ant-cache")[1]
     clean2 = [task, {"role": "assistant", "content": prose(first)}, obs]
     points = cumulative([(unmarked_system, False), *((m, True) for m in clean2)])
     # Turn 2 reads the system prefix turn 1 wrote; its last breakpoint is that same prefix,
@@ -274,11 +277,24 @@ def test_cost_command_shows_token_and_dollar_savings_negative_as_negative(
     saved = httpx.get(p.url + "/cost", params={"session": "neg"}).json()["totals"]
     assert saved["saved_cost_usd"] < 0
     out = subprocess.run(
-        [sys.executable, "-m", "skillstate", "--data-dir", str(db.parent), "cost",
-         "--session", "neg", "--since", "all"],
-        capture_output=True, text=True, env={**proxy_env(), "COLUMNS": "200"}, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "skillstate",
+            "--data-dir",
+            str(db.parent),
+            "cost",
+            "--session",
+            "neg",
+            "--since",
+            "all",
+        ],
+        capture_output=True,
+        text=True,
+        env={**proxy_env(), "COLUMNS": "200"},
+        cwd=tmp_path,
         timeout=60,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     assert f"-${abs(saved['saved_cost_usd']):,.4f}" in out.stdout
     assert "Baseline: your transcript without the proxy's envelopes" in out.stdout
