@@ -26,7 +26,8 @@ def roles(msgs: list[dict[str, Any]]) -> list[str]:
 def test_first_turn_does_not_repeat_task() -> None:
     out = build_compact(OPENAI.context, {"messages": [SYS, TASK]}, ["a"], {})["messages"]
     assert roles(out) == ["system", "user", "user"]
-    assert out[-1] == TASK and CONTRACT_MARK in out[1]["content"]
+    # The task first, as on every later turn: the prefix is the same from turn 1 on.
+    assert out[1] == TASK and CONTRACT_MARK in out[2]["content"]
     assert json.dumps(out).count("TASK") == 1
 
 
@@ -107,4 +108,5 @@ def test_own_format_turns_ask_for_no_envelope() -> None:
     assert "state_patch" not in none and "```" not in none
     assert "response format you were given" in none
     sent = build_compact(OPENAI.context, {"messages": [TASK]}, ["k"], {"k": 1}, "none")["messages"]
-    assert sent[0]["content"] == none + "\n\n" + STATE_MARK + '\n{"k":1}'
+    assert sent[0] == TASK
+    assert sent[1]["content"] == none + "\n\n" + STATE_MARK + '\n{"k":1}'

@@ -1,8 +1,9 @@
 """Context construction: what goes upstream each turn.
 
-State mode sends A_t = (P, Σ_t, O_t): a stable prefix (the client's system messages, the task =
-the first user message, the state contract), then the current state, then the latest
-observation. The algorithm is shared; each dialect's adapter (``Dialect.context``, in
+State mode sends A_t = (P, Σ_t, O_t): a stable prefix (the client's system messages and tools,
+the task = the first user message, the state contract), then the current state, then the
+latest observation. The prefix is byte-identical on every turn of a session, the first one
+included, so a provider's prompt cache can serve it. The algorithm is shared; each dialect's adapter (``Dialect.context``, in
 ``skillstate.dialects``) knows where its format keeps system text and tool results.
 Everything here is a pure function of (request body, state).
 """
@@ -118,6 +119,16 @@ def split_transcript(messages: list[dict[str, Any]], d: DialectContext) -> Split
     else:
         start = last  # only the last user message is the observation
     return Split(system_end, task, start)
+
+
+def observation(messages: list[dict[str, Any]], split: Split) -> list[dict[str, Any]]:
+    """The latest observation: ``messages[split.observation:]`` without the task, which the
+    compact context always keeps in its stable prefix (on the first turn the task is also
+    the latest observation; it is not sent twice)."""
+    tail = messages[split.observation :]
+    if split.task is None or split.task < split.observation:
+        return list(tail)
+    return [m for k, m in enumerate(tail, split.observation) if k != split.task]
 
 
 def build_compact(

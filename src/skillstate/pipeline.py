@@ -35,6 +35,7 @@ from .dialects import sse
 from .dialects.base import StreamRelay
 from .dialects.registry import error_reply, get_dialect, make_relay, reply_for
 from .errors import ProxyError
+from .cachehints import CacheHints, prompt_cache_key
 from .headertext import header_safe
 from .ledger import LedgerRow
 from .mask import mask_transcript
@@ -122,6 +123,34 @@ def with_envelope(shape: ContextShape) -> bool:
     """Whether a turn sent in this shape asks the model for the state envelope (and so is
     judged and committed)."""
     return shape in (ContextShape.COMPACT, ContextShape.FULL)
+
+
+def _cache_hints(turn: Turn, body: dict[str, Any], schema: list[str]) -> CacheHints:
+    """The turn's hints for the provider's prompt cache (``skillstate.cachehints``).
+
+    The cache key: only for a session the client named (a generated id is new on every
+    request, and would scatter its calls over caches). The breakpoint: at the contract's
+    text block of a compact context in the Anthropic format (the contract ends the stable
+    prefix: system, tools, task, contract); its tokens are estimated from those parts."""
+    key = prompt_cache_key(turn.session) if SESSION_HEADER in turn.headers else None
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    content = first.get("content") if isinstance(first, dict) else None
+    if not isinstance(content, list):
+        return CacheHints(key)
+    contract = context.contract_text(schema, turn.envelope_form)
+    at = next(
+        (
+            k
+            for k, b in enumerate(content)
+            if isinstance(b, dict) and b.get("type") == "text" and b.get("text") == contract
+        ),
+        None,
+    )
+    if at is None:
+        return CacheHints(key)
+    prefix = [body.get("tools"), body.get("system"), content[: at + 1]]
+    return CacheHints(key, contract, estimate_tokens(prefix))
 
 
 def _est(body: Mapping[str, Any]) -> int:
@@ -230,6 +259,7 @@ class Pipeline:
             est_tokens=_est(body),
             client_headers=turn.headers,
             grammar=grammar,
+            cache_hints=_cache_hints(turn, body, schema),
         )
 
     def build_context(

@@ -8,7 +8,7 @@ from typing import Any, Final, TypeGuard
 
 import orjson
 
-from ..context import DialectContext, Split, correction_text, state_text
+from ..context import DialectContext, Split, correction_text, observation, state_text
 from ..errors import ProxyError
 from ..usage import Usage, optional_token_count, token_count
 from . import models, sse
@@ -312,11 +312,11 @@ class AnthropicContext:
     ) -> dict[str, Any]:
         msgs = body["messages"]
         head: list[Any] = []
-        if split.task is not None and split.task < split.observation:
+        if split.task is not None:  # in the stable prefix from the first turn on
             head.extend(_blocks(msgs[split.task].get("content")))
         head.append({"type": "text", "text": contract})
         head.append({"type": "text", "text": state_text(state)})
-        obs = list(msgs[split.observation :])
+        obs = observation(msgs, split)
         # Keep user/assistant alternation: the observation's leading user turn joins the
         # prefix turn instead of following it as a second user message.
         if obs and obs[0].get("role") == "user":

@@ -8,7 +8,14 @@ from typing import Any, Final
 
 import orjson
 
-from ..context import DialectContext, Split, correction_text, split_transcript, state_text
+from ..context import (
+    DialectContext,
+    Split,
+    correction_text,
+    observation,
+    split_transcript,
+    state_text,
+)
 from ..errors import ProxyError
 from ..usage import Usage, optional_token_count, token_count
 from . import models, sse
@@ -207,10 +214,10 @@ class OpenAIContext:
     ) -> dict[str, Any]:
         msgs = body["messages"]
         out = list(msgs[: split.system_end])
-        if split.task is not None and split.task < split.observation:
-            out.append(msgs[split.task])
+        if split.task is not None:
+            out.append(msgs[split.task])  # in the stable prefix from the first turn on
         out.append({"role": "user", "content": contract + "\n\n" + state_text(state)})
-        out.extend(msgs[split.observation :])
+        out.extend(observation(msgs, split))
         return {**body, "messages": out}
 
     def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:

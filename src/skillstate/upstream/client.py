@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from ..cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
+from ..choices import CacheBreakpoints
 from ..config import Settings, Upstream
 from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
@@ -185,15 +187,26 @@ class Outbound:
     est_tokens: int
     client_headers: Mapping[str, str]
     grammar: dict[str, Any] | None = None  # the envelope's constrained-decoding format
-    _cache: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    cache_hints: CacheHints | None = None  # for the provider's prompt cache
+    _cache: dict[tuple[str, str, bool, bool], bytes] = field(default_factory=dict)
 
     @property
     def model(self) -> str | None:
         m = self.body.get("model")
         return m if isinstance(m, str) else None
 
-    def payload_for(self, kind: str, max_tokens_field: str = "max_tokens") -> bytes:
-        key = (kind, max_tokens_field)
+    def payload_for(
+        self,
+        kind: str,
+        max_tokens_field: str = "max_tokens",
+        *,
+        cache_key: bool = False,
+        breakpoint: bool = False,
+    ) -> bytes:
+        """The body as an upstream of ``kind`` gets it (serialised once per variant).
+        ``cache_key``: add the hints' ``prompt_cache_key``; ``breakpoint``: mark the end of
+        the stable prefix with a ``cache_control`` breakpoint (see skillstate.cachehints)."""
+        key = (kind, max_tokens_field, cache_key, breakpoint)
         if key not in self._cache:
             body = request_for(
                 self.client_dialect,
@@ -203,8 +216,30 @@ class Outbound:
                 stream=self.stream,
                 grammar=self.grammar,
             )
+            hints = self.cache_hints
+            if hints is not None and cache_key and hints.cache_key is not None:
+                body = with_prompt_cache_key(body, hints.cache_key)
+            if hints is not None and breakpoint and hints.prefix_end is not None:
+                body = with_breakpoint(body, hints.prefix_end)
             self._cache[key] = orjson.dumps(body)
         return self._cache[key]
+
+    def payload_for_upstream(self, cfg: Upstream, kind: str, max_tokens_field: str) -> bytes:
+        """The body for one configured upstream: its kind, and its cache settings. The
+        prompt cache key goes to upstreams billed like OpenAI's automatic caching; the
+        breakpoint to upstreams billed like Anthropic's, when the stable prefix reaches the
+        model's minimum cacheable length."""
+        hints = self.cache_hints
+        pricing = cfg.cache_pricing_in_effect
+        breakpoint = (
+            hints is not None
+            and pricing == "anthropic"
+            and cfg.cache_breakpoints == CacheBreakpoints.AUTO
+            and hints.prefix_tokens >= cfg.cache_regime(self.model).min_tokens
+        )
+        return self.payload_for(
+            kind, max_tokens_field, cache_key=pricing == "openai", breakpoint=breakpoint
+        )
 
 
 class UpstreamPool:
@@ -482,7 +517,7 @@ class UpstreamPool:
             sock_read=self.settings.first_byte_timeout,
         )
         resp = await up.session.post(
-            url, data=out.payload_for(up.kind, up.max_tokens_field),
+            url, data=out.payload_for_upstream(up.cfg, up.kind, up.max_tokens_field),
             headers=up.headers(out.client_headers),
             timeout=timeout,
         )  # fmt: skip

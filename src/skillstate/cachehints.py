@@ -1,0 +1,109 @@
+"""Requests built for the provider's prompt cache (issue 14 §2). Pure, no I/O.
+
+* OpenAI-kind upstreams cache prefixes automatically and route by ``prompt_cache_key``:
+  :func:`with_prompt_cache_key` sends a hash of the session id, unless the client set a key,
+  so one session's calls reach the same cache.
+* Anthropic-kind upstreams cache only up to ``cache_control`` breakpoints:
+  :func:`with_breakpoint` marks the end of the state context's stable prefix (the contract's
+  text block, which follows the system text, tools and task) with one
+  ``{"type": "ephemeral"}`` breakpoint. The client's own breakpoints are kept; when they
+  already use the 4 the API allows, none is added.
+
+Both take the request in the upstream's format, after any translation, and return a new
+body (the input is never mutated); the work is O(number of blocks of the first message).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MAX_BREAKPOINTS",
+    "CacheHints",
+    "count_breakpoints",
+    "prompt_cache_key",
+    "with_breakpoint",
+    "with_prompt_cache_key",
+]
+
+MAX_BREAKPOINTS = 4  # cache_control markers the Anthropic API accepts in one request
+EPHEMERAL = {"type": "ephemeral"}
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHints:
+    """What the upstream layer needs to build a cache-friendly request for one turn.
+
+    ``cache_key``: the ``prompt_cache_key`` for OpenAI-kind upstreams (None: send none).
+    ``prefix_end``: the exact text of the block that ends the stable prefix (the contract),
+    None when this turn has no stable prefix of the proxy's making. ``prefix_tokens``: the
+    estimated tokens of that prefix, for the model's minimum cacheable length.
+    """
+
+    cache_key: str | None = None
+    prefix_end: str | None = None
+    prefix_tokens: int = 0
+
+
+def prompt_cache_key(session: str) -> str:
+    """A stable, opaque key for a session (the session id itself never leaves the proxy)."""
+    return "skillstate-" + hashlib.sha256(session.encode()).hexdigest()[:32]
+
+
+def with_prompt_cache_key(body: dict[str, Any], key: str) -> dict[str, Any]:
+    """``body`` with ``prompt_cache_key`` set, unless the client set one."""
+    if body.get("prompt_cache_key") is not None:
+        return body
+    return {**body, "prompt_cache_key": key}
+
+
+def _marked(value: Any) -> int:
+    return 1 if isinstance(value, dict) and "cache_control" in value else 0
+
+
+def count_breakpoints(body: dict[str, Any]) -> int:
+    """The ``cache_control`` markers of an Anthropic request (top level, tools, system
+    blocks, message content blocks)."""
+    n = _marked(body)
+    for tool in body.get("tools") or ():
+        n += _marked(tool)
+    system = body.get("system")
+    if isinstance(system, list):
+        n += sum(_marked(b) for b in system)
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            n += sum(_marked(b) for b in content)
+    return n
+
+
+def with_breakpoint(body: dict[str, Any], prefix_end: str) -> dict[str, Any]:
+    """``body`` (Anthropic Messages) with a breakpoint on the text block of the first
+    message whose text is ``prefix_end``; unchanged when there is no such block, it is
+    already marked, or the request already has ``MAX_BREAKPOINTS``."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return body
+    content = messages[0].get("content")
+    if not isinstance(content, list):
+        return body
+    at = next(
+        (
+            k
+            for k, block in enumerate(content)
+            if isinstance(block, dict)
+            and block.get("type") == "text"
+            and block.get("text") == prefix_end
+        ),
+        None,
+    )
+    if at is None or "cache_control" in content[at]:
+        return body
+    if count_breakpoints(body) >= MAX_BREAKPOINTS:
+        return body
+    blocks = list(content)
+    blocks[at] = {**content[at], "cache_control": dict(EPHEMERAL)}
+    first = {**messages[0], "content": blocks}
+    return {**body, "messages": [first, *messages[1:]]}
