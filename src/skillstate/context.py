@@ -3,8 +3,9 @@
 State mode sends A_t = (P, Σ_t, O_t): a stable prefix (the client's system messages and tools,
 the task = the first user message, the state contract), then the current state, then the
 latest observation. The prefix is byte-identical on every turn of a session, the first one
-included, so a provider's prompt cache can serve it. The algorithm is shared; each dialect's adapter (``Dialect.context``, in
-``skillstate.dialects``) knows where its format keeps system text and tool results.
+included, so a provider's prompt cache can serve it. The algorithm is shared; each
+dialect's adapter (``Dialect.context``, in ``skillstate.dialects``) knows where its format
+keeps system text and tool results.
 Everything here is a pure function of (request body, state).
 """
 

@@ -23,19 +23,20 @@ import aiohttp
 import orjson
 
 from . import constrain, context
+from .auto import AutoEstimate, AutoPlanner, TurnSizes
 from .baseline import (
     SessionPrefixCaches,
     envelope_output_share,
     tool_call_chars,
 )
-from .choices import ContextShape, Mode, ReplyEnvelope
+from .cachehints import CacheHints, count_breakpoints, prompt_cache_key
+from .choices import CacheBreakpoints, ContextShape, Mode, ReplyEnvelope
 from .config import Settings
 from .context import EnvelopeForm
 from .dialects import sse
 from .dialects.base import StreamRelay
 from .dialects.registry import error_reply, get_dialect, make_relay, reply_for
 from .errors import ProxyError
-from .cachehints import CacheHints, prompt_cache_key
 from .headertext import header_safe
 from .ledger import LedgerRow
 from .mask import mask_transcript
@@ -183,6 +184,7 @@ class Pipeline:
         self._background: set[asyncio.Task[Any]] = set()
         # What each session's baseline request (no proxy) would have in the prompt cache.
         self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
+        self.auto = AutoPlanner(max(settings.max_sessions, 1_000))
 
     # -- policy and context ----------------------------------------------------------------
 
@@ -263,9 +265,16 @@ class Pipeline:
         )
 
     def build_context(
-        self, turn: Turn, state: dict[str, Any], schema: list[str]
+        self,
+        turn: Turn,
+        state: dict[str, Any],
+        schema: list[str],
+        chosen: ContextShape | None = None,
     ) -> tuple[dict[str, Any], ContextShape]:
-        """The body to send upstream for this turn, and which shape it is."""
+        """The body to send upstream for this turn, and which shape it is. ``chosen``: the
+        shape ``auto`` chose (passthrough when it chose none)."""
+        if turn.mode == Mode.AUTO:
+            return self._auto_context(turn, state, schema, chosen)
         if turn.mode == Mode.PASSTHROUGH:
             return turn.body, ContextShape.PASSTHROUGH
         if turn.mode == Mode.MASK:
@@ -273,19 +282,62 @@ class Pipeline:
             return masked, ContextShape.MASK
         form = turn.envelope_form
         adapter = get_dialect(turn.dialect).context
-        compact = context.build_compact(adapter, turn.body, schema, state, form)
-        if turn.mode == Mode.STATE:
+        return context.build_compact(adapter, turn.body, schema, state, form), ContextShape.COMPACT
+
+    def _auto_context(
+        self,
+        turn: Turn,
+        state: dict[str, Any],
+        schema: list[str],
+        form: ContextShape | None,
+    ) -> tuple[dict[str, Any], ContextShape]:
+        adapter = get_dialect(turn.dialect).context
+        if form == ContextShape.FULL:
+            body = context.build_full(adapter, turn.body, schema, turn.envelope_form)
+            return body, ContextShape.FULL
+        if form == ContextShape.COMPACT:
+            compact = context.build_compact(adapter, turn.body, schema, state, turn.envelope_form)
             return compact, ContextShape.COMPACT
-        full = context.build_full(adapter, turn.body, schema, form)
-        if _est(compact) < _est(full):
-            return compact, ContextShape.COMPACT
-        return full, ContextShape.FULL
+        return turn.body, ContextShape.PASSTHROUGH
+
+    def _auto_decision(
+        self, turn: Turn, state: dict[str, Any], schema: list[str], est_client: int, has_state: bool
+    ) -> AutoEstimate | None:
+        """``auto``'s choice for this turn (``skillstate.auto``), from the sizes of its
+        candidates and the first upstream that serves the model (its cache regime and
+        rates). None outside auto mode or when no upstream serves the model."""
+        if turn.mode != Mode.AUTO:
+            return None
+        candidates = self.pool.candidates(turn.model or None)
+        if not candidates:
+            return None
+        cfg = candidates[0].cfg
+        adapter = get_dialect(turn.dialect).context
+        compact = context.build_compact(adapter, turn.body, schema, state, turn.envelope_form)
+        anthropic_client = turn.dialect == "anthropic"
+        sizes = TurnSizes(
+            transcript=est_client,
+            compact=_est(compact),
+            state=estimate_tokens(context.state_text(state)),
+            contract=estimate_tokens(context.contract_text(schema, turn.envelope_form)),
+            client_breakpoints=anthropic_client and count_breakpoints(turn.body) > 0,
+            proxy_breakpoint=anthropic_client and cfg.cache_breakpoints == CacheBreakpoints.AUTO,
+        )
+        rates = self.prices.rates(
+            model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
+        )
+        regime = cfg.cache_regime(turn.model or None)
+        return self.auto.decide(
+            turn.session, sizes, has_state=has_state, regime=regime, prices=rates
+        )
 
     async def preview(self, turn: Turn) -> dict[str, Any]:
         """The body this turn would send upstream now (in the client's dialect): nothing is
         sent or committed and no lock is taken (e.g. for ``/v1/messages/count_tokens``)."""
         if not turn.keeps_state:
             return self.build_context(turn, self.settings.initial_state, [])[0]
+        if turn.mode == Mode.AUTO:
+            return turn.body  # auto decides a turn's form only when it runs
         record = await self.store.load(turn.session)
         state = record.state if record else self.settings.initial_state
         schema = record.schema if record else self.settings.allowed_keys
@@ -311,10 +363,14 @@ class Pipeline:
             state = record.state if record else self.settings.initial_state
             step = record.step if record else 0
             schema = record.schema if record else self.settings.allowed_keys
-            sent, shape = self.build_context(turn, state, schema)
+            clean, est_client = self._client_transcript(turn)
+            decision = self._auto_decision(turn, state, schema, est_client, record is not None)
+            form = decision.form if decision is not None else None
+            sent, shape = self.build_context(turn, state, schema, form)
             turn.telemetry.context(shape)
-            meter = TurnMeter(self.prices, self._meter_context(turn, sent, shape))
-            meta = _TurnMeta(turn, state, step, schema, record is None, shape, meter)
+            ctx = self._meter_context(turn, sent, shape, clean, est_client)
+            meter = TurnMeter(self.prices, ctx)
+            meta = _TurnMeta(turn, state, step, schema, record is None, shape, meter, decision)
             out = self._outbound(turn, sent, schema, state)
             if not turn.stream:
                 return await self._complete(out, meta)
@@ -339,24 +395,38 @@ class Pipeline:
                     self._spawn(meter.flush(self.store))
                 await stack.aclose()
 
-    def _meter_context(self, turn: Turn, sent: dict[str, Any], shape: ContextShape) -> MeterContext:
+    def _client_transcript(self, turn: Turn) -> tuple[dict[str, Any], int]:
+        """The client's request without the envelopes the proxy caused (the baseline's
+        transcript; the same object when it had none), and its estimated tokens."""
+        if turn.mode == Mode.PASSTHROUGH:
+            return turn.body, 0
+        messages = turn.body["messages"]
+        clean_messages = strip_transcript(messages)
+        no_envelopes = all(a is b for a, b in zip(clean_messages, messages, strict=True))
+        clean = turn.body if no_envelopes else {**turn.body, "messages": clean_messages}
+        return clean, _est(clean)
+
+    def _meter_context(
+        self,
+        turn: Turn,
+        sent: dict[str, Any],
+        shape: ContextShape,
+        clean: dict[str, Any],
+        est_client: int,
+    ) -> MeterContext:
         """What the turn's ledger rows share. Outside passthrough mode, the baseline is the
         client's transcript without the envelopes the proxy caused, its prompt cache
         modelled per session (``skillstate.baseline``)."""
         if turn.mode == Mode.PASSTHROUGH:
             return MeterContext(turn.session, str(turn.mode), turn.model or None, None, shape)
-        messages = turn.body["messages"]
-        clean_messages = strip_transcript(messages)
-        no_envelopes = all(a is b for a, b in zip(clean_messages, messages, strict=True))
-        clean = turn.body if no_envelopes else {**turn.body, "messages": clean_messages}
         source = BaselineSource(
             self.baseline_caches.get(turn.session),
             clean,
-            untouched=no_envelopes and sent is turn.body,
+            untouched=clean is turn.body and sent is turn.body,
             now=time.monotonic(),
         )
         return MeterContext(
-            turn.session, str(turn.mode), turn.model or None, _est(clean), shape, source
+            turn.session, str(turn.mode), turn.model or None, est_client, shape, source
         )
 
     async def _dispatch(self, out: Outbound, meta: _TurnMeta) -> Exchange:
@@ -446,6 +516,7 @@ class Pipeline:
             text, _ = get_dialect(meta.turn.dialect).reply_text(resp)
             tools = tool_call_chars(meta.turn.dialect, resp)
             share = envelope_output_share(text, strip_envelope(text).removed_chars, tools)
+            self._envelope_seen(meta, usage, share)
         meter.answered(
             upstream=ex.upstream.name,
             provider_hint=ex.upstream.cfg.url,
@@ -470,6 +541,11 @@ class Pipeline:
             errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
         asked = context.add_correction(get_dialect(turn.dialect).context, out.body, text, errors)
         return self._outbound(turn, asked, meta.schema, meta.state, bounded=True)
+
+    def _envelope_seen(self, meta: _TurnMeta, usage: Usage | None, share: Fraction) -> None:
+        """What an envelope cost in output tokens, for ``auto``'s estimates."""
+        if meta.turn.mode == Mode.AUTO and usage is not None:
+            self.auto.envelope_cost(meta.turn.session, float(usage.output_tokens * share))
 
     def _reconcile(self, ex: Exchange, usage: Usage | None) -> None:
         """Correct the upstream's token-per-minute window with the real usage."""
@@ -503,6 +579,7 @@ class Pipeline:
                 text = relay.text
                 removed = strip_envelope(text).removed_chars
                 share = envelope_output_share(text, removed, stripping.tool_chars)
+                self._envelope_seen(meta, relay.usage, share)
             meter.answered(
                 upstream=ex.upstream.name,
                 provider_hint=ex.upstream.cfg.url,
@@ -603,6 +680,8 @@ class Pipeline:
             )
         tel.transition(outcome.status, outcome.patch, outcome.action)
         meta.meter.mark_written()
+        if meta.turn.mode == Mode.AUTO:
+            self.auto.committed(meta.turn.session, meta.shape, outcome.status)
         return step
 
     async def commit_transition(
@@ -656,8 +735,11 @@ class Pipeline:
 
     def _base_headers(self, meta: _TurnMeta, ex: Exchange | None) -> dict[str, str]:
         h = {SESSION_HEADER: meta.turn.shown_session, "x-skillstate-mode": str(meta.turn.mode)}
-        if meta.shape != ContextShape.PASSTHROUGH:
+        if meta.shape != ContextShape.PASSTHROUGH or meta.turn.mode == Mode.AUTO:
             h["x-skillstate-context"] = str(meta.shape)
+        if meta.decision is not None:
+            figures = meta.decision.as_dict()
+            h["x-skillstate-auto"] = "; ".join(f"{k}={v}" for k, v in figures.items())
         if ex is not None:
             h.update(ex.relay_headers())
         return h
@@ -724,6 +806,7 @@ class _TurnMeta:
     is_new: bool
     shape: ContextShape
     meter: TurnMeter
+    decision: AutoEstimate | None = None  # auto's choice and its estimates
 
 
 @dataclass
