@@ -25,6 +25,7 @@ import openai
 import orjson
 import pytest
 
+from skillstate.context import CONTRACT_MARK
 from skillstate.tokens import estimate_tokens
 from tests.conftest import InProcessProxy, launch_in_process, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
@@ -126,6 +127,19 @@ def env(
     finally:
         proxy.stop()
         fp.stop()
+
+
+def without_proxy_breakpoint(sent: dict[str, Any]) -> dict[str, Any]:
+    """The body as the proxy estimated it: before the upstream layer marked the contract
+    block with its cache_control breakpoint (issue 14 §2)."""
+    first = sent["messages"][0]
+    blocks = [
+        {k: v for k, v in b.items() if k != "cache_control"}
+        if b.get("text", "").startswith(CONTRACT_MARK)
+        else b
+        for b in first["content"]
+    ]
+    return {**sent, "messages": [{**first, "content": blocks}, *sent["messages"][1:]]}
 
 
 def rows_of(db_path: Path, session: str) -> list[tuple[Any, ...]]:
@@ -239,7 +253,7 @@ def test_anthropic_cached_prefix_baseline_reads_what_a_breakpoint_wrote(env: Any
     unmarked_system = [{"type": "text", "text": system[0]["text"]}]
     # Turn 1: nothing cached yet; the client's breakpoint (end of system) writes that prefix.
     _, inp, out, b_in, b_cached, b_out, cost, b_cost, _, _ = rows_of(db, "ant-cache")[0]
-    sent1 = fake.requests[0].json
+    sent1 = without_proxy_breakpoint(fake.requests[0].json)
     assert b_in == round(Fraction(inp * est({"system": system, "messages": [task]}), est(sent1)))
     assert b_out == base_output(out, first)
     points = cumulative([(unmarked_system, False), (task, True)])
