@@ -64,8 +64,8 @@ class Upstream(BaseModel):
     def cache_pricing_in_effect(self) -> CachePricing:
         if self.cache_pricing is not None:
             return self.cache_pricing
-        for pricing in CACHE_PRICING:
-            if pricing == self.kind:
+        for pricing in CACHE_PRICING:  # openai-responses is billed like openai
+            if self.kind == pricing or self.kind.startswith(pricing + "-"):
                 return pricing
         return "none"
 

@@ -400,7 +400,9 @@ class Pipeline:
         transcript; the same object when it had none), and its estimated tokens."""
         if turn.mode == Mode.PASSTHROUGH:
             return turn.body, 0
-        messages = turn.body["messages"]
+        messages = turn.body.get("messages")
+        if not isinstance(messages, list):  # e.g. a Responses request's input items
+            return turn.body, _est(turn.body)
         clean_messages = strip_transcript(messages)
         no_envelopes = all(a is b for a, b in zip(clean_messages, messages, strict=True))
         clean = turn.body if no_envelopes else {**turn.body, "messages": clean_messages}
@@ -569,7 +571,12 @@ class Pipeline:
         envelope = with_envelope(meta.shape)
         stripping: StrippingRelay | None = None
         if envelope:
-            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP
+            # The stream strippers speak chat completions and Messages events; other
+            # dialects' streams pass as they are (their envelope is counted, not removed).
+            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP and turn.dialect in (
+                "openai",
+                "anthropic",
+            )
             relay = stripping = StrippingRelay(relay, turn.dialect, rewrite=rewrite)
         clean = False
 
