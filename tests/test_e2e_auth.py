@@ -7,6 +7,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import openai
 import pytest
 
 from skillstate.cli import main
-from tests.conftest import InProcessProxy, StartProxy, proxy_env
+from skillstate.server import ProxyServer
+from tests.conftest import InProcessProxy, StartProxy, proxy_env, settings_from_cli
 from tests.fakeprovider import FakeProvider, Reply
 
 NO_CACHE = {"auth_cache_ttl": 0}
@@ -274,3 +276,88 @@ def test_cross_key_read_patch_and_delete_are_404(
     assert history["state"] == {"facts": "fixed"}
     assert [t["action"] for t in history["history"]][-1] == "operator:root"
     assert http.delete(url, params=params, headers=bearer(root)).status_code == 204
+
+
+# -- per-key limits -----------------------------------------------------------------------
+
+
+def test_per_key_rpm_is_exact_with_three_concurrent_clients(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    limited = make_key(data, "create", "--name", "limited", "--rpm", "5")
+    other = make_key(data, "create", "--name", "other")
+    proxy = start_proxy(fake.url + "/v1", config=NO_CACHE)
+    fake.responder = lambda rec: envelope({})
+    outcomes: list[int | str] = []
+
+    def client(n: int) -> None:
+        c = oai(proxy, limited)
+        for i in range(3):
+            try:
+                chat(c, f"c{n}-{i}")
+                outcomes.append(200)
+            except openai.RateLimitError as e:
+                assert e.response.headers["retry-after"]
+                assert float(e.response.headers["retry-after-ms"]) > 0
+                assert e.body["code"] == "key_rate_limit"
+                outcomes.append(429)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == [200] * 5 + [429] * 4
+    assert len(fake.requests) == 5  # the refused ones never reached the upstream
+    chat(oai(proxy, other), "free")  # another key has its own window
+    with pytest.raises(anthropic.RateLimitError) as e:  # in the Anthropic dialect too
+        message(ant(proxy, limited), "late")
+    assert e.value.body["error"]["type"] == "rate_limit_error"
+
+
+def test_daily_budget_refuses_the_call_that_would_exceed_it_until_the_day_rolls_over(
+    fake: FakeProvider, tmp_path: Path, data: Path
+) -> None:
+    # $0.01 per output token, input free: a call's estimate is max_tokens x $0.01.
+    config = {**NO_CACHE, "prices": {"m": {"input_per_mtok": 0, "output_per_mtok": 10_000}}}
+    cfg = tmp_path / "skillstate.json"
+    cfg.write_text(json.dumps(config))
+    argv = ["--port", "0", "--data-dir", str(data), "--upstream", fake.url + "/v1"]
+    env = proxy_env(SKILLSTATE_API_KEY="sk-upstream")
+    settings = settings_from_cli([*argv, "--config", str(cfg)], env, tmp_path)
+    key = make_key(data, "create", "--name", "capped", "--budget-usd-per-day", "1")
+    day = 86400.0
+    now = [time.time()]  # the ledger's rows carry the real time; the budget's day is now[0]
+    server = ProxyServer(settings, clock=lambda: now[0]).start()
+    try:
+        c = anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0)
+
+        def ask(max_tokens: int) -> httpx.Response:
+            r = c.messages.with_raw_response.create(
+                model="m", max_tokens=max_tokens, messages=[{"role": "user", "content": "hi"}]
+            )
+            return r.http_response
+
+        fake.enqueue(Reply(text=envelope({}), usage={"completion_tokens": 60}))
+        first = ask(50)  # estimated $0.50 of $1: let through; it costs $0.60
+        assert first.headers["x-skillstate-cost-usd"] == "0.60000000"
+        assert first.headers["x-skillstate-budget-spent-usd"] == "0.60000000"
+        assert first.headers["x-skillstate-budget-remaining"] == "0.40000000"
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            ask(50)  # $0.60 spent + $0.50 estimated > $1
+        assert refused.value.response.headers["x-skillstate-budget-remaining"] == "0.40000000"
+        assert refused.value.body["error"]["type"] == "rate_limit_error"
+        assert "daily budget $1 reached" in refused.value.message
+        assert len(fake.requests) == 1  # refused before the upstream
+        with pytest.raises(openai.RateLimitError) as oe:  # the OpenAI dialect's 429
+            openai.OpenAI(
+                base_url=server.url + "/v1", api_key=key, max_retries=0
+            ).chat.completions.create(
+                model="m", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert oe.value.body["code"] == "budget_exceeded"
+        now[0] += day  # the next UTC day: the same call passes
+        fake.enqueue(Reply(text=envelope({}), usage={"completion_tokens": 10}))
+        assert ask(50).headers["x-skillstate-budget-spent-usd"] == "0.10000000"
+    finally:
+        server.stop()

@@ -9,6 +9,8 @@ import socket
 import sqlite3
 import sys
 import threading
+import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -60,7 +62,9 @@ def preflight_store(settings: Settings) -> None:
         raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
 
 
-def _uvicorn_config(settings: Settings, tracer_provider: Any = None) -> uvicorn.Config:
+def _uvicorn_config(
+    settings: Settings, tracer_provider: Any = None, clock: Callable[[], float] = time.time
+) -> uvicorn.Config:
     limits = HttpLimits(
         max_header_bytes=settings.max_header_bytes,
         header_timeout=settings.header_timeout,
@@ -68,7 +72,7 @@ def _uvicorn_config(settings: Settings, tracer_provider: Any = None) -> uvicorn.
         max_connections=settings.max_connections,
     )
     return uvicorn.Config(
-        create_app(settings, tracer_provider=tracer_provider),
+        create_app(settings, tracer_provider=tracer_provider, clock=clock),
         loop="uvloop",
         http=limited_protocol(limits),
         # Nothing reads the client address, so no X-Forwarded-For rewriting on every request.
@@ -128,13 +132,18 @@ class ProxyServer:
         client = OpenAI(base_url=proxy.url + "/v1", api_key="x")
     """
 
-    def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        tracer_provider: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self._sock = bind(settings.host, settings.port)
         self.url = _url(self._sock)
         # tracer_provider: an OpenTelemetry TracerProvider of the caller's (a test's in-memory
         # exporter) instead of the OTLP one the settings would make.
-        self._server = uvicorn.Server(_uvicorn_config(settings, tracer_provider))
+        self._server = uvicorn.Server(_uvicorn_config(settings, tracer_provider, clock))
         # uvicorn installs signal handlers only on the main thread, so none here.
         self._thread = threading.Thread(target=self._run, name="skillstate-proxy", daemon=True)
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,16 +23,21 @@ __all__ = ["RequestLog", "Runtime", "create_app"]
 
 
 def create_app(
-    settings: Settings, store: Store | None = None, *, tracer_provider: Any = None
+    settings: Settings,
+    store: Store | None = None,
+    *,
+    tracer_provider: Any = None,
+    clock: Callable[[], float] = time.time,
 ) -> Starlette:
     """The ASGI app for ``settings`` (``store`` defaults to the SQLite store in the data dir;
-    ``tracer_provider``, an OpenTelemetry one, to the OTLP exporter when tracing is on)."""
+    ``tracer_provider``, an OpenTelemetry one, to the OTLP exporter when tracing is on;
+    ``clock``, the wall clock of per-key daily budgets, to the real one)."""
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={HTTPException: not_found, Exception: crashed},
     )
-    app.state.runtime = rt = Runtime(settings, store, tracer_provider)
+    app.state.runtime = rt = Runtime(settings, store, tracer_provider, clock)
     app.add_middleware(KeyGate, keys=rt.keys)  # inside the guard: a refused Host costs no HMAC
     app.add_middleware(BrowserGuard, settings=settings)
     if settings.verbose:

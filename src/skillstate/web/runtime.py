@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from ..auth.gate import KeyBook
 from ..auth.keys import KeyHasher, server_secret
+from ..auth.quota import KeyQuotas
 from ..config import Settings
 from ..pipeline import Pipeline
 from ..pricing import PriceBook
@@ -30,7 +31,11 @@ class Runtime:
     """Everything the routes share, created and closed by the app's lifespan."""
 
     def __init__(
-        self, settings: Settings, store: Store | None = None, tracer_provider: Any = None
+        self,
+        settings: Settings,
+        store: Store | None = None,
+        tracer_provider: Any = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         # /metrics and, when configured, OpenTelemetry traces (``tracer_provider``: a test's).
@@ -46,6 +51,8 @@ class Runtime:
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices)
         self.keys = KeyBook(self.store, KeyHasher(server_secret(settings.data_dir)), settings)
+        # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
+        self.quotas = KeyQuotas(self.store, prices, clock)
 
     async def purge_forever(self) -> None:
         """Drop expired sessions and old ledger rows, every ``purge_interval`` seconds."""

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..auth.gate import principal_of
+from ..auth.quota import Grant
 from ..auth.tenancy import store_session
 from ..choices import Choice, Constrain
 from ..config import Settings
@@ -18,7 +19,7 @@ from ..dialects.anthropic import validate_count_tokens_request
 from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..http import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
-from ..pipeline import Reply, Turn
+from ..pipeline import Reply, StreamReply, Turn
 from ..session import SESSION_HEADER, resolve_session_id
 from ..telemetry import NO_TELEMETRY, TurnTelemetry
 from .runtime import runtime
@@ -69,27 +70,43 @@ async def _turn(
     rt = runtime(request)
     tel = rt.telemetry.turn(route, dialect, key_name(request))
     session_hdr: dict[str, str] = {}
+    grant: Grant | None = None
+    handed_to_stream = False  # a stream's budget estimate is released when the stream ends
     try:
         session = resolve_session_id(request.headers.get(SESSION_HEADER))
         session_hdr = {SESSION_HEADER: session}
         turn = await parse_turn(request, rt.settings, dialect, validate, session, tel)
         tel.begin(turn)
+        caller = principal_of(request.scope)
+        if caller is not None:  # the key's own limits, before the upstreams'
+            grant = await rt.quotas.admit(caller, turn.body, turn.model)
         # A disconnect cancels the turn. Decided: the turn is committed iff the proxy had the
         # model's whole answer before that (the commit then finishes: Pipeline.commit_transition);
         # earlier, the upstream call is cancelled and nothing is committed. See README.
         with tel.active():  # the turn's task starts under the turn's span
             result = await unless_disconnected(request, rt.pipeline.run(turn))
+        handed_to_stream = isinstance(result, StreamReply)
     except ProxyError as e:
         response = error_response(e, dialect, session_hdr)
         tel.finished(response.status_code)
         return response
+    finally:
+        if grant is not None and not handed_to_stream:
+            grant.release()
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
     if isinstance(result, Reply):
         tel.finished(result.status)
-        return Response(result.body, status_code=result.status, headers=result.headers)
-    return StreamingProxyResponse(result.chunks, result.headers, streaming(tel, result.abort))
+        headers = result.headers
+        if grant is not None:
+            headers = {**headers, **grant.headers(headers.get("x-skillstate-cost-usd"))}
+        return Response(result.body, status_code=result.status, headers=headers)
+    headers, abort = result.headers, result.abort
+    if grant is not None:  # spent before this turn: its own cost is in the closing comment
+        headers = {**headers, **grant.headers(None)}
+        abort = _releasing(grant, abort)
+    return StreamingProxyResponse(result.chunks, headers, streaming(tel, abort))
 
 
 def key_name(request: Request) -> str | None:
@@ -108,6 +125,18 @@ def streaming(
     async def done() -> None:
         await abort()
         tel.finished(200)
+
+    return done
+
+
+def _releasing(grant: Grant, abort: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    """``abort``, then the end of the stream's hold on its key's budget."""
+
+    async def done() -> None:
+        try:
+            await abort()
+        finally:
+            grant.release()
 
     return done
 
