@@ -4,9 +4,11 @@ provider; then the spans' names, GenAI attributes and parent links."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +185,73 @@ def test_nothing_of_opentelemetry_is_imported_when_off(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={}
     )
     assert out.stdout.strip() == "[]"
+
+
+class _Collector:
+    """A minimal OTLP/HTTP trace receiver on loopback: keeps each export request."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, bytes]] = []
+        self._done = threading.Event()
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        collector = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                collector.requests.append((self.path, self.headers["content-type"], body))
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_otel_endpoint_exports_over_otlp_http(fake: FakeProvider, tmp_path: Path) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    collector = _Collector()
+    try:
+        up = [{"name": "main", "url": fake.url + "/v1", "api_key": "k"}]
+        config = {"schema": ["notes"], "upstreams": up, "otel_endpoint": collector.url}
+        (tmp_path / "skillstate.json").write_text(json.dumps(config))
+        cli = {"port": 0, "data_dir": str(tmp_path / "data")}
+        settings = load_settings(cli, {}, tmp_path)
+        server = ProxyServer(settings).start()  # the settings' own OTLP exporter
+        try:
+            fake.enqueue(Reply(text=envelope({"notes": "x"}), usage=USAGE))
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk", max_retries=0)
+            client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+            )
+        finally:
+            server.stop()  # shutdown flushes the batch
+    finally:
+        collector.close()
+    assert collector.requests, "nothing exported"
+    names, services = [], set()
+    for path, content_type, body in collector.requests:
+        assert path == "/v1/traces" and content_type == "application/x-protobuf"
+        export = ExportTraceServiceRequest.FromString(body)
+        for rs in export.resource_spans:
+            services |= {
+                a.value.string_value for a in rs.resource.attributes if a.key == "service.name"
+            }
+            names += [s.name for ss in rs.scope_spans for s in ss.spans]
+    assert sorted(names) == ["chat gpt-4o-mini", "commit state", "load state", "upstream main"]
+    assert services == {"skillstate-proxy"}

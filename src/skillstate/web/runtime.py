@@ -97,4 +97,5 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await rt.pool.close()
         await rt.pipeline.settle()
         await rt.store.close()
-        rt.telemetry.close()
+        # The exporter's last batch may wait on a slow collector: not on the event loop.
+        await asyncio.to_thread(rt.telemetry.close)
