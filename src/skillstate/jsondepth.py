@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "nesting_exceeds"]
+__all__ = ["MAX_JSON_DEPTH", "JSONTooDeep", "nesting_exceeds"]
 
 MAX_JSON_DEPTH = 128
 
 
-def nesting_exceeds(value: Any, limit: int = MAX_JSON_DEPTH, raw: bytes | None = None) -> bool:
+class JSONTooDeep(ValueError):
+    """JSON from outside (an upstream's reply, text inside it) nests deeper than
+    ``MAX_JSON_DEPTH``: the proxy cannot carry it on (orjson serialises 255 levels)."""
+
+
+def nesting_exceeds(
+    value: Any, limit: int = MAX_JSON_DEPTH, raw: bytes | str | None = None
+) -> bool:
     """True when containers in ``value`` nest more than ``limit`` deep (``[]`` and ``{}`` are
     depth 1, a scalar 0).
 
@@ -25,7 +32,7 @@ def nesting_exceeds(value: Any, limit: int = MAX_JSON_DEPTH, raw: bytes | None =
     The walk is iterative (a hostile value cannot exhaust the stack) and level by level, so it
     stops as soon as the limit is passed; it visits each container once.
     """
-    if raw is not None and raw.count(b"[") + raw.count(b"{") <= limit:
+    if raw is not None and _openers(raw) <= limit:
         return False
     level = [value] if type(value) is dict or type(value) is list else []
     depth = 0
@@ -43,3 +50,9 @@ def nesting_exceeds(value: Any, limit: int = MAX_JSON_DEPTH, raw: bytes | None =
                     add(item)
         level = inner
     return False
+
+
+def _openers(raw: bytes | str) -> int:
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{")
+    return raw.count(b"[") + raw.count(b"{")

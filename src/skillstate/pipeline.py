@@ -38,6 +38,7 @@ from .dialects.base import StreamRelay
 from .dialects.registry import error_reply, get_dialect, make_relay, reply_for
 from .errors import ProxyError
 from .headertext import header_safe
+from .jsondepth import MAX_JSON_DEPTH, JSONTooDeep, nesting_exceeds
 from .ledger import LedgerRow
 from .mask import mask_transcript
 from .meter import BaselineSource, MeterContext, TurnMeter
@@ -496,27 +497,22 @@ class Pipeline:
                 return await self._relay_error(ex, meta, raw)
             meter.failed(ex.upstream.name, ex.status)
             return None
-        resp = _json_object(raw)
-        if resp is None:
-            # The upstream answered (and may bill the call) with something that is no reply.
+        read = _read_reply(raw, ex.upstream.kind, meta.turn)
+        if isinstance(read, str):
+            # The upstream answered (and may bill the call) with something that is no reply
+            # the client can be given.
             meter.failed(ex.upstream.name, 502, "transport-retry" if reasking else "generation")
             if reasking:
                 return None
-            raise ProxyError(
-                "upstream_unreachable",
-                f"upstream {ex.upstream.name} returned a body that is not a JSON object",
-            )
-        up_kind = ex.upstream.kind
+            raise ProxyError("upstream_unreachable", f"upstream {ex.upstream.name} returned {read}")
+        resp, client_resp, raw = read
         usage = ex.upstream.dialect.usage(resp.get("usage"))
         self._reconcile(ex, usage)
         model = resp.get("model") if isinstance(resp.get("model"), str) else None
-        if up_kind != meta.turn.dialect:
-            resp = reply_for(meta.turn.dialect, up_kind, resp, meta.turn.model)
-            raw = orjson.dumps(resp)
         share = Fraction(0)
         if with_envelope(meta.shape):
-            text, _ = get_dialect(meta.turn.dialect).reply_text(resp)
-            tools = tool_call_chars(meta.turn.dialect, resp)
+            text, _ = get_dialect(meta.turn.dialect).reply_text(client_resp)
+            tools = tool_call_chars(meta.turn.dialect, client_resp)
             share = envelope_output_share(text, strip_envelope(text).removed_chars, tools)
             self._envelope_seen(meta, usage, share)
         meter.answered(
@@ -529,7 +525,7 @@ class Pipeline:
             regime=ex.upstream.cfg.cache_regime(model or meta.turn.model),
             envelope_share=share,
         )
-        return _Answer(ex, raw, resp)
+        return _Answer(ex, raw, client_resp)
 
     def _reask(self, out: Outbound, meta: _TurnMeta, answer: _Answer, text: str) -> Outbound:
         """The request again, with the invalid answer and what was wrong with it."""
@@ -866,13 +862,28 @@ async def _relay_events(
         yield _StreamProblem(problem_)
 
 
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    """The body as a JSON object, or None when it is not one."""
+def _read_reply(
+    raw: bytes, upstream_kind: str, turn: Turn
+) -> tuple[dict[str, Any], dict[str, Any], bytes] | str:
+    """An upstream's non-streamed 2xx body: (the reply, the reply in the client's dialect and
+    its bytes), or what is wrong with it. Upstream bytes are hostile: JSON nested past
+    ``MAX_JSON_DEPTH`` (in the body, or in tool-call arguments a translation parses) would
+    not serialise for the client, so it is refused like a body that is no reply."""
     try:
         resp = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None
-    return resp if isinstance(resp, dict) else None
+        resp = None
+    if not isinstance(resp, dict):
+        return "a body that is not a JSON object"
+    if nesting_exceeds(resp, MAX_JSON_DEPTH, raw):
+        return f"a reply nesting JSON more than {MAX_JSON_DEPTH} levels deep"
+    if upstream_kind == turn.dialect:
+        return resp, resp, raw
+    try:
+        translated = reply_for(turn.dialect, upstream_kind, resp, turn.model)
+    except JSONTooDeep as e:
+        return f"a reply whose {e}"
+    return resp, translated, orjson.dumps(translated)
 
 
 async def _uncancellable(work: asyncio.Future[T]) -> T:

@@ -448,9 +448,13 @@ class AnthropicDialect:
         return True  # Anthropic streams always carry usage
 
     def reply_text(self, resp: JSON) -> tuple[str, bool]:
-        blocks = resp.get("content") or []
+        content = resp.get("content")
+        blocks = content if isinstance(content, list) else []
+        # An upstream's reply is hostile: a "text" that is not a string counts as none.
         text = "".join(
-            b.get("text") or "" for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+            b["text"]
+            for b in blocks
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
         )
         tools = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks)
         return text, tools

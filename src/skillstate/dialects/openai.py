@@ -351,7 +351,10 @@ class OpenAIDialect:
         msg = _first_message(resp)
         content = msg.get("content")
         if isinstance(content, list):
-            content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+            # An upstream's reply is hostile: a "text" that is not a string counts as none.
+            content = "".join(
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
         text = content if isinstance(content, str) else ""
         return text, bool(msg.get("tool_calls") or msg.get("function_call"))
 

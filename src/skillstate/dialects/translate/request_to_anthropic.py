@@ -6,6 +6,7 @@ import copy
 import re
 from typing import Any
 
+from ...jsondepth import JSONTooDeep
 from .common import (
     JSON,
     SYSTEM_JOIN,
@@ -230,13 +231,11 @@ def _tool_call_to_block(call: JSON, path: str) -> JSON:
     if call.get("type", "function") != "function":
         raise _bad(f"{path}.type: only function tool calls are supported", f"{path}.type")
     fn = call["function"]
-    args = fn.get("arguments")
-    return {
-        "type": "tool_use",
-        "id": call["id"],
-        "name": fn["name"],
-        "input": parse_tool_arguments(args),
-    }
+    try:
+        tool_input = parse_tool_arguments(fn.get("arguments"))
+    except JSONTooDeep as e:
+        raise _bad(f"{path}.function.arguments: {e}", f"{path}.function.arguments") from None
+    return {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": tool_input}
 
 
 def _openai_tool_to_anthropic(tool: JSON, path: str) -> JSON:

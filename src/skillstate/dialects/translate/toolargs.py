@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from ...jsondepth import MAX_JSON_DEPTH, JSONTooDeep, nesting_exceeds
 from .common import (
     JSON,
     _clean,
@@ -373,10 +374,34 @@ def _fallback_input(raw: str) -> JSON:
                 text = ToolArgsStream()
                 done = text.push(value) + text.finish()
                 if not text.repaired:
-                    return dict(json.loads(done))
+                    return dict(_loads(done))
+    except JSONTooDeep:
+        raise
     except (ValueError, RecursionError):
         pass
     return {"_raw": _clean(raw)}
+
+
+def _int_or_float(digits: str) -> int | float:
+    """An integer as orjson reads one: beyond 64 bits it becomes a float (orjson cannot
+    write such an int back, so the translated reply would not serialise)."""
+    value = int(digits)
+    return value if -(2**63) <= value < 2**64 else float(value)
+
+
+def _loads(text: str) -> Any:
+    """``text`` parsed (JSON the upstream wrote), refused with ``JSONTooDeep`` when it nests
+    deeper than ``MAX_JSON_DEPTH``: the client's reply could not be serialised."""
+    try:
+        value = json.loads(text, parse_int=_int_or_float)
+    except RecursionError:
+        value = None
+        too_deep = True
+    else:
+        too_deep = nesting_exceeds(value, MAX_JSON_DEPTH, text)
+    if too_deep:
+        raise JSONTooDeep(f"tool-call arguments nest JSON more than {MAX_JSON_DEPTH} levels deep")
+    return value
 
 
 def parse_tool_arguments(arguments: Any) -> JSON:
@@ -386,6 +411,10 @@ def parse_tool_arguments(arguments: Any) -> JSON:
     of the same text, however it was split. See :class:`ToolArgsStream` and the module doc.
     """
     if isinstance(arguments, dict):
+        if nesting_exceeds(arguments, MAX_JSON_DEPTH):
+            raise JSONTooDeep(
+                f"tool-call arguments nest JSON more than {MAX_JSON_DEPTH} levels deep"
+            )
         return copy.deepcopy(arguments)
     if arguments is None:
         arguments = ""
@@ -393,5 +422,5 @@ def parse_tool_arguments(arguments: Any) -> JSON:
         arguments = _dumps(arguments)
     stream = ToolArgsStream()
     text = stream.push(arguments) + stream.finish()
-    value = json.loads(text)
+    value = _loads(text)
     return value if isinstance(value, dict) else {"_raw": _clean(arguments)}
