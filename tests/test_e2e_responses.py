@@ -474,3 +474,86 @@ def test_parse_in_state_mode_keeps_the_clients_format(
     assert r.parse().output_parsed == Person(name="Ann", age=31)
     assert r.headers["x-skillstate-retries"] == "0" and len(fake.requests) == 1
     assert "```json" not in fake.last.body.decode()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_mode_stream_commits_before_the_terminal_event(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str
+) -> None:
+    p = start(fake, start_proxy, kind, "--mode", "state")
+    fake.enqueue(Reply(text=envelope({"notes": "streamed"})))
+    seen: list[str] = []
+    with client(p).responses.stream(
+        model="m", input="go", extra_headers={"x-skillstate-session": "sst"}
+    ) as stream:
+        for event in stream:
+            seen.append(event.type)
+            if event.type == "response.completed":
+                # committed before the terminal event went out
+                assert p.state("sst")["state"] == {"notes": "streamed"}
+        final = stream.get_final_response()
+    assert seen[-1] == "response.completed" and "state_patch" in final.output_text
+
+
+CODEX_TOOLS: list[Any] = [
+    {"type": "function", "name": "exec_command", "strict": False,
+     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                    "required": ["cmd"]}},
+    {"type": "namespace", "name": "multi_agent_v1",
+     "tools": [{"type": "function", "name": "spawn"}]},
+    {"type": "web_search", "external_web_access": True},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["state", "passthrough"])
+def test_a_codex_shaped_turn_against_a_chat_completions_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    """What Codex 0.169 sends by default (developer messages, encrypted reasoning asked for,
+    client_metadata, hosted tools, store false, a stream), against a chat upstream with no
+    extra configuration: the shell call comes back, and the next turn's reasoning item and
+    call/output pair are accepted."""
+    p = start(fake, start_proxy, "openai", "--mode", mode)
+    body: dict[str, Any] = {
+        "model": "gpt-5-codex",
+        "instructions": "",
+        "input": [
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "You are Codex."}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "<environment_context/>"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "list the files"}]},
+        ],
+        "tools": CODEX_TOOLS, "tool_choice": "auto", "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"}, "store": False, "stream": True,
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1",
+        "client_metadata": {"originator": "codex_exec"},
+    }  # fmt: skip
+    fake.enqueue(Reply(text=envelope({"notes": "listing"}) if mode == "state" else "",
+                       tool_calls=[("exec_command", {"cmd": "ls"})]))  # fmt: skip
+    session = {"x-skillstate-session": "codex"}
+    with p.http.stream("POST", p.v1 + "/responses", json=body, headers=session) as r:
+        assert r.status_code == 200
+        assert r.headers["x-skillstate-dropped-tools"] == "multi_agent_v1,web_search"
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    call = next(i for i in done if i["type"] == "function_call")
+    assert call["name"] == "exec_command" and json.loads(call["arguments"]) == {"cmd": "ls"}
+    sent = fake.last.json
+    assert [t["function"]["name"] for t in sent["tools"]] == ["exec_command"]
+    assert sent["prompt_cache_key"] == "thread-1" and "client_metadata" not in sent
+    # Turn 2: Codex echoes the reasoning and the call, and adds the output.
+    body["input"] = [
+        *body["input"],
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "enc=="},
+        {**call, "status": "completed"},
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "a.txt\nb.txt"},
+    ]
+    fake.enqueue(Reply(text=envelope({"notes": "done"}) if mode == "state" else "Two files."))
+    with p.http.stream("POST", p.v1 + "/responses", json=body, headers=session) as r:
+        assert r.status_code == 200
+        assert any('"response.completed"' in line for line in r.iter_lines())
+    msgs = fake.last.json["messages"]
+    assert msgs[-2]["tool_calls"][0]["id"] == call["call_id"]
+    assert msgs[-1] == {"role": "tool", "tool_call_id": call["call_id"], "content": "a.txt\nb.txt"}
