@@ -222,6 +222,13 @@ class Pipeline:
             )
         return OperatorChange(step, tr.new_state, tr.warnings)
 
+    async def purge_expired(self, older_than: float) -> int:
+        """Delete the sessions not updated since ``older_than`` (the TTL purge), except those
+        with a turn running or waiting: that turn's commit makes them fresh again. New turns
+        wait for the purge (one store transaction)."""
+        async with self.locks.pause_new() as busy:
+            return await self.store.purge_sessions(older_than, keep=busy)
+
     async def delete_session(self, session: str) -> bool:
         """Forget a session (``DELETE /state``), after any turn of it in flight. False when
         there was no such session."""

@@ -39,10 +39,13 @@ class SessionLocks:
 
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._paused: asyncio.Event | None = None  # set when a ``pause_new`` body ends
 
     @asynccontextmanager
     async def hold(self, session: str) -> AsyncIterator[None]:
         """Run the body alone for ``session`` (waiting for any turn of it in flight)."""
+        while self._paused is not None:
+            await self._paused.wait()
         lock, users = self._locks.get(session, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
@@ -56,6 +59,20 @@ class SessionLocks:
                 del self._locks[session]
             else:
                 self._locks[session] = (lock, users - 1)
+
+    @asynccontextmanager
+    async def pause_new(self) -> AsyncIterator[frozenset[str]]:
+        """Hold back every new ``hold`` while the body runs; yields the sessions held or
+        waited for now, which the body must leave alone (e.g. the TTL purge: deleting a
+        session under its running turn would make that turn's commit a conflict)."""
+        while self._paused is not None:
+            await self._paused.wait()
+        gate = self._paused = asyncio.Event()
+        try:
+            yield frozenset(self._locks)
+        finally:
+            self._paused = None
+            gate.set()
 
     def __len__(self) -> int:
         return len(self._locks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -126,7 +127,9 @@ class Store(Protocol):
         ...
 
     async def delete(self, session: str) -> bool: ...
-    async def purge_sessions(self, older_than: float) -> int: ...
+    async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
+        """Delete the sessions not updated since ``older_than``, except those in ``keep``."""
+        ...
 
     async def put_response(self, record: StoredResponse) -> None:
         """Keep (or replace) a response under its id."""

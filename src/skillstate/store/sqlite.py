@@ -14,7 +14,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -684,13 +684,13 @@ class SQLiteStore:
         self._forget(session)
         return await self._run(delete)
 
-    async def purge_sessions(self, older_than: float) -> int:
+    async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
+        kept = frozenset(keep)
+
         def purge(db: sqlite3.Connection) -> list[str]:
             with _transaction(db):
-                ids = [
-                    r[0]
-                    for r in db.execute("SELECT id FROM sessions WHERE updated < ?", (older_than,))
-                ]
+                expired = db.execute("SELECT id FROM sessions WHERE updated < ?", (older_than,))
+                ids = [r[0] for r in expired if r[0] not in kept]
                 db.executemany("DELETE FROM transitions WHERE session = ?", [(i,) for i in ids])
                 db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
             self._sessions -= len(ids)

@@ -61,7 +61,7 @@ class Runtime:
             now = time.time()
             with contextlib.suppress(StoreError):
                 if s.session_ttl > 0:
-                    await self.store.purge_sessions(now - s.session_ttl)
+                    await self.pipeline.purge_expired(now - s.session_ttl)
                 if s.ledger_retention > 0:
                     await self.store.purge_ledger(now - s.ledger_retention)
             await asyncio.sleep(s.purge_interval)
