@@ -361,3 +361,31 @@ def test_daily_budget_refuses_the_call_that_would_exceed_it_until_the_day_rolls_
         assert ask(50).headers["x-skillstate-budget-spent-usd"] == "0.10000000"
     finally:
         server.stop()
+
+
+def test_responses_api_ids_and_sessions_are_namespaced_by_key(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    a = make_key(data, "create", "--name", "alice")
+    b = make_key(data, "create", "--name", "bob")
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({"facts": "alice's"})))
+    alice, bob = oai(proxy, a), oai(proxy, b)
+    raw = alice.responses.with_raw_response.create(
+        model="m", input="hi", extra_headers={"x-skillstate-session": "r1"}
+    )
+    assert raw.headers["x-skillstate-session"] == "r1"
+    first = raw.parse()
+    assert alice.responses.retrieve(first.id).id == first.id
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.input_items.list(first.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(model="m", input="more", previous_response_id=first.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.delete(first.id)
+    assert len(fake.requests) == 1  # nothing of bob's reached the upstream
+    r = proxy.get("/state", params={"session": "r1"}, headers=bearer(a))
+    assert r.json()["state"] == {"facts": "alice's"}
+    assert proxy.get("/state", params={"session": "r1"}, headers=bearer(b)).status_code == 404

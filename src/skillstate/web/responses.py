@@ -19,6 +19,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..auth.gate import Principal, principal_of
+from ..auth.quota import Grant
+from ..auth.tenancy import split_session, store_session
 from ..choices import Mode
 from ..dialects import sse
 from ..dialects.responses import RESPONSES
@@ -32,7 +35,7 @@ from ..session import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
 from ..upstream.client import UpstreamRuntime
 from .runtime import runtime
-from .turns import key_name, parse_turn, streaming
+from .turns import key_name, parse_turn, releasing, streaming
 
 DIALECT = RESPONSES.name
 ROUTE = "/v1" + RESPONSES.client_path  # the metrics' route label
@@ -48,19 +51,23 @@ def _input_items(raw: Any) -> list[Any]:
     return list(raw or ())
 
 
-async def _with_chain(store: Store, turn: Turn, session_header: str | None) -> Turn:
+async def _with_chain(
+    store: Store, turn: Turn, session_header: str | None, caller: Principal | None
+) -> Turn:
     """The turn with its chain rebuilt from ``previous_response_id``, its input as a list
-    and its session: the header's, else the previous response's, else a new one."""
+    and its session: the header's, else the previous response's, else a new one (in the
+    caller's key's namespace: another key's response id is not found)."""
     body = turn.body
     items = _input_items(body.get("input"))
     session = resolve_session_id(session_header) if session_header is not None else None
+    session = None if session is None else store_session(caller, session)
     prev_id = body.get("previous_response_id")
     if prev_id is not None:
         try:
             prev = await store.get_response(prev_id)
         except StoreError as e:
             raise e.for_client("could not read the previous response") from e
-        if prev is None:
+        if prev is None or not _owned(prev, caller):
             raise ProxyError(
                 "invalid_request",
                 f"Previous response with id '{prev_id}' not found.",
@@ -73,7 +80,14 @@ async def _with_chain(store: Store, turn: Turn, session_header: str | None) -> T
         body = {k: v for k, v in body.items() if k != "previous_response_id"}
     if prev_id is not None or (turn.mode != Mode.PASSTHROUGH and isinstance(body["input"], str)):
         body = {**body, "input": items}  # the state context works on a list of items
-    return dataclasses.replace(turn, body=body, session=session or resolve_session_id(None))
+    session = session or store_session(caller, resolve_session_id(None))
+    shown = split_session(session)[1] if caller is not None else session
+    return dataclasses.replace(turn, body=body, session=session, client_session=shown)
+
+
+def _owned(found: StoredResponse, caller: Principal | None) -> bool:
+    """Whether the caller may see a stored response: its key's own (anyone, auth off)."""
+    return caller is None or split_session(found.session)[0] == caller.name
 
 
 async def responses_turn(request: Request) -> Response:
@@ -81,6 +95,8 @@ async def responses_turn(request: Request) -> Response:
     rt = runtime(request)
     tel = rt.telemetry.turn(ROUTE, DIALECT, key_name(request))
     session_hdr: dict[str, str] = {}
+    grant: Grant | None = None
+    handed_to_stream = False  # a stream's budget estimate is released when it ends
     try:
         header = request.headers.get(SESSION_HEADER)
         if header is not None:
@@ -92,15 +108,22 @@ async def responses_turn(request: Request) -> Response:
         _, dropped = split_tools(turn.body.get("tools"))
         if dropped and rt.settings.unsupported_tools == "reject":
             _reject_unsupported(rt.pool.candidates(turn.model), turn.body)
-        turn = await _with_chain(rt.store, turn, header)
-        session_hdr = {SESSION_HEADER: turn.session}
+        caller = principal_of(request.scope)
+        turn = await _with_chain(rt.store, turn, header, caller)
+        session_hdr = {SESSION_HEADER: turn.shown_session}
         tel.begin(turn)
+        if caller is not None:  # the key's own limits, before the upstreams'
+            grant = await rt.quotas.admit(caller, turn.body, turn.model)
         with tel.active():
             result = await unless_disconnected(request, rt.pipeline.run(turn))
+        handed_to_stream = result is not None and not isinstance(result, Reply)
     except ProxyError as e:
         response = error_response(e, DIALECT, session_hdr)
         tel.finished(response.status_code)
         return response
+    finally:
+        if grant is not None and not handed_to_stream:
+            grant.release()
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
@@ -112,9 +135,15 @@ async def responses_turn(request: Request) -> Response:
         if keep and 200 <= result.status < 300:
             body = await _keep_reply(rt.store, turn, body, prev_id)
         tel.finished(result.status)
-        return Response(body, status_code=result.status, headers=result.headers)
+        headers = result.headers
+        if grant is not None:
+            headers = {**headers, **grant.headers(headers.get("x-skillstate-cost-usd"))}
+        return Response(body, status_code=result.status, headers=headers)
     chunks = _keep_stream(rt.store, turn, result.chunks) if keep else result.chunks
-    return StreamingProxyResponse(chunks, result.headers, streaming(tel, result.abort))
+    headers, abort = result.headers, result.abort
+    if grant is not None:
+        headers, abort = {**headers, **grant.headers(None)}, releasing(grant, abort)
+    return StreamingProxyResponse(chunks, headers, streaming(tel, abort))
 
 
 def _reject_unsupported(candidates: list[UpstreamRuntime], body: JSON) -> None:
@@ -181,7 +210,7 @@ async def _stored(request: Request) -> StoredResponse:
         found = await runtime(request).store.get_response(rid)
     except StoreError as e:
         raise e.for_client("could not read the response") from e
-    if found is None:
+    if found is None or not _owned(found, principal_of(request.scope)):
         raise ProxyError("not_found", f"No response found with id '{rid}'.", param="response_id")
     return found
 

@@ -105,7 +105,7 @@ async def _turn(
     headers, abort = result.headers, result.abort
     if grant is not None:  # spent before this turn: its own cost is in the closing comment
         headers = {**headers, **grant.headers(None)}
-        abort = _releasing(grant, abort)
+        abort = releasing(grant, abort)
     return StreamingProxyResponse(result.chunks, headers, streaming(tel, abort))
 
 
@@ -129,7 +129,7 @@ def streaming(
     return done
 
 
-def _releasing(grant: Grant, abort: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+def releasing(grant: Grant, abort: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
     """``abort``, then the end of the stream's hold on its key's budget."""
 
     async def done() -> None:
