@@ -129,6 +129,10 @@ class Reply:
     stall_after: int | None = None
     drop: bool = False
     drop_after: int | None = None
+    # Anthropic only: blocks sent before the text and tool calls, as given
+    # ({"type": "thinking", "thinking", "signature"} or {"type": "redacted_thinking", "data"});
+    # streamed as thinking_delta + signature_delta, redacted_thinking whole in its start.
+    thinking: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         calls = []
@@ -607,7 +611,9 @@ class FakeProvider:
             "cache_read_input_tokens": u.get("cache_read", u.get("cached_tokens", read)),
             "output_tokens": completion,
         }
-        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        blocks: list[dict[str, Any]] = [dict(b) for b in reply.thinking]
+        if text:
+            blocks.append({"type": "text", "text": text})
         raw_args: list[str] = [""] * len(blocks)  # the input JSON as streamed, per block
         for c in calls:
             try:
@@ -642,6 +648,12 @@ class FakeProvider:
             if b["type"] == "text":
                 start = {"type": "text", "text": ""}
                 deltas = [{"type": "text_delta", "text": p} for p in _pieces(b["text"])]
+            elif b["type"] == "thinking":
+                start = {"type": "thinking", "thinking": "", "signature": ""}
+                deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(b["thinking"])]
+                deltas.append({"type": "signature_delta", "signature": b["signature"]})
+            elif b["type"] == "redacted_thinking":
+                start, deltas = b, []
             else:
                 parts = ["", *_pieces(raw_args[i])]
                 deltas = [{"type": "input_json_delta", "partial_json": p} for p in parts]
@@ -654,7 +666,8 @@ class FakeProvider:
                 "message_delta",
                 {
                     "delta": {"stop_reason": stop, "stop_sequence": None},
-                    "usage": {"output_tokens": completion},
+                    # As the API sends it since 2025: the input and cache counts again.
+                    "usage": {**usage, "output_tokens": completion},
                 },
             )
         )
@@ -991,12 +1004,13 @@ def _check_anthropic(body: dict[str, Any]) -> None:
 
     for i, m in enumerate(msgs):
         role = m.get("role") if isinstance(m, dict) else None
-        if role == "system":
-            raise _Rejected(
-                400,
-                'messages: Unexpected role "system". The Messages API accepts a top-level '
-                '`system` parameter, not "system" as an input message role.',
-            )
+        if role == "system":  # mid-conversation system text (Claude Code 2.1.x sends it)
+            content = m.get("content")
+            if not isinstance(content, str) and not (
+                isinstance(content, list) and blocks(m, "text") == content
+            ):
+                raise _Rejected(400, f"messages.{i}.content: a system message holds text only")
+            continue
         if role not in ("user", "assistant"):
             raise _Rejected(400, f"messages.{i}.role: Input should be 'user' or 'assistant'")
         prev = msgs[i - 1] if i else None

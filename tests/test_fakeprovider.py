@@ -291,7 +291,37 @@ def test_anthropic_stream_event_sequence(fp):
     partial = [d["delta"]["partial_json"] for d in datas if d.get("index") == 1 and "delta" in d]
     assert json.loads("".join(partial)) == {"city": "Oslo"}
     assert datas[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
-    assert set(datas[-2]["usage"]) == {"output_tokens"}
+    # The API repeats the input and cache counts in message_delta (since 2025).
+    assert set(datas[-2]["usage"]) == {
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+    }
+
+
+def test_anthropic_thinking_blocks_json_and_stream(fp, ant):
+    thinking = [
+        {"type": "thinking", "thinking": "hmm, let me look", "signature": "c2ln"},
+        {"type": "redacted_thinking", "data": "RU5D"},
+    ]
+    reply = Reply(thinking=thinking, tool_calls=[ToolCall("f", {"a": 1}, id="toolu_1")])
+    fp.enqueue(reply, reply)
+    plain = ant.messages.create(model="c", max_tokens=99, messages=USER)
+    with ant.messages.stream(model="c", max_tokens=99, messages=USER) as s:
+        streamed = s.get_final_message()
+    for msg in (plain, streamed):
+        blocks = [b.model_dump(exclude_none=True) for b in msg.content]
+        assert blocks[:2] == thinking and blocks[2]["type"] == "tool_use"
+    deltas = [b'"type":"thinking_delta"', b'"type":"signature_delta","signature":"c2ln"']
+    assert all(d in fp.last.response_body for d in deltas)
+
+
+def test_anthropic_system_messages_inside_messages(fp, ant):
+    """Claude Code 2.1.x sends its environment as a system message (text only)."""
+    env = {"role": "system", "content": [{"type": "text", "text": "# Env"}]}
+    ok = ant.messages.create(model="c", max_tokens=99, messages=[*USER, env])
+    assert ok.content[0].text == DEFAULT_TEXT
 
 
 def test_anthropic_validation(fp, ant):
@@ -307,7 +337,7 @@ def test_anthropic_validation(fp, ant):
         [*asked, result("toolu_2")],
         [*USER, result("toolu_1")],
         [*asked, {"role": "user", "content": "no result"}],
-        [{"role": "system", "content": "x"}, *USER],
+        [{"role": "system", "content": [{"type": "image", "source": {}}]}, *USER],
         [],
     ]
     for messages in bad_cases:

@@ -317,12 +317,19 @@ class AnthropicContext:
         head.append({"type": "text", "text": contract})
         head.append({"type": "text", "text": state_text(state)})
         obs = observation(msgs, split)
+        # System messages inside `messages` (Claude Code's environment text) are instructions,
+        # not history: each is kept, as sent, in its place before or after the task.
+        before = [m for m in msgs[: split.task or 0] if m.get("role") == "system"]
+        after = [
+            m for m in msgs[(split.task or 0) : split.observation] if m.get("role") == "system"
+        ]
         # Keep user/assistant alternation: the observation's leading user turn joins the
         # prefix turn instead of following it as a second user message.
-        if obs and obs[0].get("role") == "user":
+        if obs and obs[0].get("role") == "user" and not after:
             first = obs.pop(0)
             head.extend(_blocks(first.get("content")))
-        return {**body, "messages": [{"role": "user", "content": head}, *obs]}
+        prefix = [*before, {"role": "user", "content": head}, *after]
+        return {**body, "messages": [*prefix, *obs]}
 
     def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:
         system = body.get("system")

@@ -39,6 +39,10 @@ _DROP_REQUEST_HEADERS = frozenset(
     }
 )  # fmt: skip
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
+# Protocol headers a client sets for its own requests (the API version it was written
+# against, the betas whose body fields it sends): when forwarded, the client's value wins over
+# the upstream's configured default (anthropic_version, headers).
+_CLIENT_WINS_HEADERS = frozenset({"anthropic-version", "anthropic-beta"})
 # Client headers that pick which account, organisation or project a key bills, or that carry
 # another provider's key. With the upstream's own api_key configured the operator pays, so
 # these are dropped unless listed in forward_scoping_headers; without one, the client's key is
@@ -108,8 +112,11 @@ class UpstreamRuntime:
             and self.dialect.forwards_header(k)
         }
         key = self.cfg.api_key or _client_key(client_headers)
-        out.update(self.dialect.upstream_headers(key, self.cfg.anthropic_version))
-        out.update({k.lower(): v for k, v in self.cfg.headers.items()})
+        defaults = self.dialect.upstream_headers(key, self.cfg.anthropic_version)
+        defaults.update({k.lower(): v for k, v in self.cfg.headers.items()})
+        out.update(
+            {k: v for k, v in defaults.items() if k not in out or k not in _CLIENT_WINS_HEADERS}
+        )
         out["content-type"] = "application/json"
         return out
 
