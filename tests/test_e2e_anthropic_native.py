@@ -154,7 +154,7 @@ def test_beta_query_is_accepted(fake: FakeProvider, start_proxy: StartProxy) -> 
     assert fake.last.path == "/v1/messages"
 
 
-@pytest.mark.parametrize("mode", ["state", "auto", "passthrough"])
+@pytest.mark.parametrize("mode", ["state", "auto", "mask", "passthrough"])
 def test_system_message_and_unmodelled_fields_reach_the_upstream(
     fake: FakeProvider, start_proxy: StartProxy, mode: str
 ) -> None:
@@ -191,7 +191,7 @@ def test_system_message_first_turn_in_state_mode(
     assert r.status_code == 200, r.text
     msgs = fake.last.json["messages"]
     assert msgs[-1] == env
-    assert msgs[0]["role"] == "user" and msgs[0]["content"][-1]["text"] == "task"
+    assert msgs[0]["role"] == "user" and msgs[0]["content"][0]["text"] == "task"
 
 
 @pytest.mark.parametrize("mode", ["state", "passthrough"])
@@ -213,7 +213,7 @@ def test_system_message_to_an_openai_upstream(
     assert sent[call + 1]["role"] == "tool" and sent[call + 1]["tool_call_id"] == "toolu_1"
 
 
-@pytest.mark.parametrize("mode", ["state", "auto", "passthrough"])
+@pytest.mark.parametrize("mode", ["state", "auto", "mask", "passthrough"])
 def test_thinking_blocks_reach_the_upstream_byte_exact_in_order(
     fake: FakeProvider, start_proxy: StartProxy, mode: str
 ) -> None:
