@@ -71,7 +71,7 @@ def test_a_database_locked_by_another_process_is_a_503_and_health_says_so(
         assert "locked by another process" in err["message"]
         assert err["code"] == "store_unavailable" and r.headers["retry-after"]
 
-        fake.enqueue(Reply(text=envelope({"notes": "lost too"})))
+        # Now known unable to write: refused before it is sent (test_e2e_store_preflight.py).
         r = messages(p, "lk")
         assert r.status_code == 503, r.text
         assert r.json()["type"] == "error" and "locked" in r.json()["error"]["message"]

@@ -366,6 +366,7 @@ class Pipeline:
                     record = await self.store.load(turn.session)
                 if record is None:
                     self._ensure_room()
+                await self._ensure_writable()
             else:
                 record = None
             state = record.state if record else self.settings.initial_state
@@ -661,6 +662,14 @@ class Pipeline:
         return _StreamNote(sse.comment(note))
 
     # -- commit, ledger and replies -----------------------------------------------------------
+
+    async def _ensure_writable(self) -> None:
+        """A store known unable to write refuses the turn before it is sent (and billed):
+        its commit would fail."""
+        try:
+            await self.store.ensure_writable(self.settings.health_timeout)
+        except StoreError as e:
+            raise e.for_client("the store cannot write; the turn was not sent") from e
 
     def _ensure_room(self) -> None:
         """A new session beyond ``max_sessions`` is refused before it spends tokens."""

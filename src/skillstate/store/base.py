@@ -88,6 +88,12 @@ class Store(Protocol):
         """None when the store can write now, else why not; waits at most ``timeout``."""
         ...
 
+    async def ensure_writable(self, timeout: float) -> None:
+        """Raise StoreUnavailable when the store is known to be unable to write: checked
+        before a turn spends upstream tokens it could not commit. Free while writes succeed;
+        after a failed write, a probe (waiting at most ``timeout``) decides."""
+        ...
+
     def ensure_room_for_session(self) -> None:
         """Raise StoreFull when a new session would exceed the store's capacity
         (``max_sessions``): checked before a new session's turn spends upstream tokens."""

@@ -457,6 +457,16 @@ class SQLiteStore:
             return str(e)
         return None
 
+    async def ensure_writable(self, timeout: float) -> None:
+        if self._db is None:
+            raise StoreUnavailable("store is closed")
+        if self._write_failure is None:
+            return
+        problem = await self.check(timeout)
+        if problem is not None:
+            raise StoreUnavailable(problem)
+        self._write_failure = None  # the probe wrote: whatever failed before has passed
+
     def _probe_write(self, db: sqlite3.Connection) -> None:
         db.execute("PRAGMA busy_timeout=0")
         try:
