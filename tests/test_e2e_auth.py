@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import subprocess
@@ -389,3 +390,20 @@ def test_responses_api_ids_and_sessions_are_namespaced_by_key(
     r = proxy.get("/state", params={"session": "r1"}, headers=bearer(a))
     assert r.json()["state"] == {"facts": "alice's"}
     assert proxy.get("/state", params={"session": "r1"}, headers=bearer(b)).status_code == 404
+
+
+def test_the_request_log_names_the_key_never_the_key_itself(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = make_key(data, "create", "--name", "auditor")
+    proxy = start_proxy(fake.url + "/v1", "--verbose", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({})))
+    with caplog.at_level(logging.INFO, logger="skillstate"):
+        chat(oai(proxy, key), "logged")
+        proxy.get("/state", headers=bearer("sk-ss-not-a-key"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "skillstate"]
+    turn = [line for line in lines if line.startswith("POST /v1/chat/completions")]
+    assert turn and "key=auditor" in turn[0] and "session=logged" in turn[0]
+    refused = [line for line in lines if line.startswith("GET /state")]
+    assert refused and "key=- " in refused[0] and "status=401" in refused[0]
+    assert not any(key in line or "sk-ss-not-a-key" in line for line in lines)
