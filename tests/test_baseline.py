@@ -210,6 +210,37 @@ def test_prefix_hashes_ignore_cache_control_markers() -> None:
     assert [p.breakpoint for p in marked] == [False, True, False, True, False]
 
 
+def test_a_string_content_and_its_one_text_block_are_the_same_prefix() -> None:
+    # How agents mark their last message: its string content becomes one text block carrying
+    # cache_control; the next request sends that message as a plain string again. Same
+    # tokens to the provider, so the same prefix: the next turn reads what this one wrote.
+    text = "x" * 6000
+    marked = {
+        "system": [{"type": "text", "text": "s" * 400, "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}],
+            }
+        ],
+    }
+    later = {
+        "system": "s" * 400,
+        "messages": [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [{"type": "text", "text": "next", "cache_control": {}}]},
+        ],
+    }
+    first, second = prefix_points(marked), prefix_points(later)
+    assert [p.digest for p in first] == [p.digest for p in second[:2]]
+    cache = PrefixCache()
+    written = cache.charge(first, first[-1].est_tokens, 0.0, ANTHROPIC)
+    assert written.cache_write_tokens == first[-1].est_tokens
+    read = cache.charge(second, second[-1].est_tokens, 10.0, ANTHROPIC)
+    assert read.cache_read_tokens == first[-1].est_tokens
+
+
 def test_prefix_hashes_are_cumulative() -> None:
     body = _anthropic_body(False)
     longer = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Ok"}]}  # type: ignore[list-item]

@@ -27,8 +27,10 @@ plain input under one of three regimes (:class:`CacheRegime`):
 * ``none``: everything is plain input.
 
 Boundaries are message-granular: a breakpoint inside a message counts at the message's
-end, and Anthropic's 20-block look-back limit is not modelled. Tokens are allocated to
-boundaries in proportion to the estimated size of each prefix (``skillstate.tokens``).
+end, and Anthropic's 20-block look-back limit is not modelled. A string content (or system)
+is hashed as its one text block, so marking a message does not change its prefix. Tokens
+are allocated to boundaries in proportion to the estimated size of each prefix
+(``skillstate.tokens``).
 
 Output
 ------
@@ -146,17 +148,27 @@ def _unmarked(value: Any) -> tuple[Any, bool]:
     return value, False
 
 
+def _text_block(text: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": text}]
+
+
 def _pieces(body: Mapping[str, Any]) -> Iterable[tuple[Any, bool]]:
-    """(piece, is a message) in cache order: tools, system, then each message."""
+    """(piece, is a message) in cache order: tools, system, then each message.
+
+    A string system or message content is hashed as its one text block: the same tokens to
+    the provider, and how agents mark a message (its string becomes a block carrying
+    ``cache_control``, sent as a string again the next turn) must not change the prefix."""
     tools = body.get("tools")
     if tools:
         yield tools, False
     system = body.get("system")
     if system:
-        yield system, False
+        yield (_text_block(system) if isinstance(system, str) else system), False
     messages = body.get("messages")
     if isinstance(messages, list):
         for message in messages:
+            if isinstance(message, dict) and isinstance(message.get("content"), str):
+                message = {**message, "content": _text_block(message["content"])}
             yield message, True
 
 
