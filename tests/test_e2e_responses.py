@@ -320,9 +320,14 @@ def test_previous_response_id_against_a_chat_completions_upstream(
     assert msgs[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}
     # A third turn chains on the second: the whole history again.
     fake.enqueue(Reply(text="You are welcome."))
-    c.responses.create(model="m", previous_response_id=second.id, input="Thanks")
+    third = c.responses.create(model="m", previous_response_id=second.id, input="Thanks")
     roles = [m["role"] for m in fake.last.json["messages"]]
     assert roles == ["user", "assistant", "tool", "assistant", "user"]
+    # What the third response was generated from: the whole chain, then its own input.
+    listed = c.responses.input_items.list(third.id, order="asc").data
+    assert [i.type for i in listed] == [
+        "message", "function_call", "function_call_output", "message", "message"
+    ]  # fmt: skip
 
 
 def test_previous_response_id_to_a_native_upstream_is_rebuilt_too(

@@ -72,11 +72,13 @@ class TransitionRecord:
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """A Responses API response kept for ``previous_response_id`` and ``GET /v1/responses``:
-    the whole input it was generated from (its chain included) and the response object."""
+    the request's own input items (not its chain's: each link is stored once), the
+    response it chained on, and the response object."""
 
     id: str
     session: str
     created: float
+    previous: str | None
     input: list[Any]
     response: dict[str, Any]
 
@@ -141,7 +143,12 @@ class Store(Protocol):
         """Keep (or replace) a response under its id."""
         ...
 
-    async def get_response(self, response_id: str) -> StoredResponse | None: ...
+    async def response_chain(self, response_id: str, limit: int) -> list[StoredResponse]:
+        """The response and the ones it chains on (``previous``), oldest first, at most
+        ``limit`` of them; empty when ``response_id`` is unknown. A link that was deleted
+        ends the chain there."""
+        ...
+
     async def delete_response(self, response_id: str) -> bool: ...
 
     async def add_ledger_rows(self, rows: list[LedgerRow]) -> None: ...

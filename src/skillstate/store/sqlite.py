@@ -99,9 +99,12 @@ CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
     session TEXT NOT NULL,
     created REAL NOT NULL,
+    previous TEXT,
     input BLOB NOT NULL,
     response BLOB NOT NULL
 );
+CREATE INDEX IF NOT EXISTS responses_created ON responses(created);
+CREATE INDEX IF NOT EXISTS responses_session ON responses(session);
 """
 
 
@@ -688,6 +691,7 @@ class SQLiteStore:
             with _transaction(db):
                 cur = db.execute("DELETE FROM sessions WHERE id = ?", (session,))
                 db.execute("DELETE FROM transitions WHERE session = ?", (session,))
+                db.execute("DELETE FROM responses WHERE session = ?", (session,))
             self._sessions -= cur.rowcount
             return cur.rowcount > 0
 
@@ -703,6 +707,9 @@ class SQLiteStore:
                 ids = [r[0] for r in expired if r[0] not in kept]
                 db.executemany("DELETE FROM transitions WHERE session = ?", [(i,) for i in ids])
                 db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
+                # Stored Responses API responses expire with the same TTL (passthrough turns
+                # store them under sessions that have no state row).
+                db.execute("DELETE FROM responses WHERE created < ?", (older_than,))
             self._sessions -= len(ids)
             return ids
 
@@ -718,24 +725,25 @@ class SQLiteStore:
             record.id,
             record.session,
             record.created,
+            record.previous,
             orjson.dumps(record.input),
             orjson.dumps(record.response),
         )
 
         def put(db: sqlite3.Connection) -> None:
-            db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)", row)
+            db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", row)
 
         await self._write(put)
 
-    async def get_response(self, response_id: str) -> StoredResponse | None:
-        def get(db: sqlite3.Connection) -> Any:
-            sql = "SELECT id, session, created, input, response FROM responses WHERE id = ?"
-            return db.execute(sql, (response_id,)).fetchone()
+    async def response_chain(self, response_id: str, limit: int) -> list[StoredResponse]:
+        def chain(db: sqlite3.Connection) -> list[Any]:
+            return db.execute(_RESPONSE_CHAIN, (response_id, limit)).fetchall()
 
-        row = await self._run(get)
-        if row is None:
-            return None
-        return StoredResponse(row[0], row[1], row[2], orjson.loads(row[3]), orjson.loads(row[4]))
+        rows = await self._run(chain)
+        return [
+            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
+            for r in rows
+        ]
 
     async def delete_response(self, response_id: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
@@ -839,6 +847,19 @@ def _prefix_range(prefix: str) -> tuple[str, str]:
     """The id range ``[low, high)`` of the strings that start with ``prefix`` (an index
     range scan, unlike LIKE)."""
     return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+# A response and the ones it chains on, oldest first, in one query.
+_RESPONSE_CHAIN = """
+WITH RECURSIVE chain(id, session, created, previous, input, response, depth) AS (
+    SELECT id, session, created, previous, input, response, 1 FROM responses WHERE id = ?
+    UNION ALL
+    SELECT r.id, r.session, r.created, r.previous, r.input, r.response, chain.depth + 1
+    FROM responses r JOIN chain ON r.id = chain.previous
+    WHERE chain.depth < ?
+)
+SELECT id, session, created, previous, input, response FROM chain ORDER BY depth DESC
+"""
 
 
 def _full_message(limit: int) -> str:

@@ -51,6 +51,21 @@ def _input_items(raw: Any) -> list[Any]:
     return list(raw or ())
 
 
+MAX_CHAIN = 10_000  # responses followed back from a previous_response_id
+
+
+async def _chain(store: Store, response_id: str, links: int = MAX_CHAIN) -> list[StoredResponse]:
+    try:
+        return await store.response_chain(response_id, links)
+    except StoreError as e:
+        raise e.for_client("could not read the response") from e
+
+
+def _history(chain: list[StoredResponse]) -> list[Any]:
+    """Every link's input items and output items, oldest first."""
+    return [item for link in chain for item in (*link.input, *(link.response.get("output") or ()))]
+
+
 async def _with_chain(
     store: Store, turn: Turn, session_header: str | None, caller: Principal | None
 ) -> Turn:
@@ -63,11 +78,8 @@ async def _with_chain(
     session = None if session is None else store_session(caller, session)
     prev_id = body.get("previous_response_id")
     if prev_id is not None:
-        try:
-            prev = await store.get_response(prev_id)
-        except StoreError as e:
-            raise e.for_client("could not read the previous response") from e
-        if prev is None or not _owned(prev, caller):
+        chain = await _chain(store, prev_id)
+        if not chain or not _owned(chain[-1], caller):
             raise ProxyError(
                 "invalid_request",
                 f"Previous response with id '{prev_id}' not found.",
@@ -75,8 +87,8 @@ async def _with_chain(
                 code="previous_response_not_found",
                 status=404,
             )
-        items = [*prev.input, *(prev.response.get("output") or ()), *items]
-        session = session or prev.session
+        items = [*_history(chain), *items]
+        session = session or chain[-1].session
         body = {k: v for k, v in body.items() if k != "previous_response_id"}
     if prev_id is not None or (turn.mode != Mode.PASSTHROUGH and isinstance(body["input"], str)):
         body = {**body, "input": items}  # the state context works on a list of items
@@ -105,12 +117,14 @@ async def responses_turn(request: Request) -> Response:
             request, rt.settings, DIALECT, RESPONSES.validate, session="", telemetry=tel
         )
         prev_id = turn.body.get("previous_response_id")
+        own_items = _input_items(turn.body.get("input"))
         _, dropped = split_tools(turn.body.get("tools"))
         if dropped and rt.settings.unsupported_tools == "reject":
             _reject_unsupported(rt.pool.candidates(turn.model), turn.body)
         caller = principal_of(request.scope)
         turn = await _with_chain(rt.store, turn, header, caller)
         session_hdr = {SESSION_HEADER: turn.shown_session}
+        link = _Link(rt.store, turn.session, prev_id, own_items)
         tel.begin(turn)
         if caller is not None:  # the key's own limits, before the upstreams'
             grant = await rt.quotas.admit(caller, turn.body, turn.model)
@@ -133,13 +147,13 @@ async def responses_turn(request: Request) -> Response:
     if isinstance(result, Reply):
         body = result.body
         if keep and 200 <= result.status < 300:
-            body = await _keep_reply(rt.store, turn, body, prev_id)
+            body = await _keep_reply(link, body)
         tel.finished(result.status)
         headers = result.headers
         if grant is not None:
             headers = {**headers, **grant.headers(headers.get("x-skillstate-cost-usd"))}
         return Response(body, status_code=result.status, headers=headers)
-    chunks = _keep_stream(rt.store, turn, result.chunks) if keep else result.chunks
+    chunks = _keep_stream(link, result.chunks) if keep else result.chunks
     headers, abort = result.headers, result.abort
     if grant is not None:
         headers, abort = {**headers, **grant.headers(None)}, releasing(grant, abort)
@@ -162,15 +176,26 @@ def _say_dropped(
         headers["x-skillstate-dropped-tools"] = header_safe(",".join(dropped))
 
 
-async def _keep(store: Store, turn: Turn, resp: JSON) -> None:
-    if not isinstance(resp.get("id"), str):
-        return
-    items = _input_items(turn.body["input"])
-    record = StoredResponse(resp["id"], turn.session, time.time(), items, resp)
-    await store.put_response(record)
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Link:
+    """What a stored response records besides itself: its session, the response it chained
+    on and the request's own input items (the chain's are stored once, in their links)."""
+
+    store: Store
+    session: str
+    previous: str | None
+    items: list[Any]
+
+    async def keep(self, resp: JSON) -> None:
+        if not isinstance(resp.get("id"), str):
+            return
+        record = StoredResponse(
+            resp["id"], self.session, time.time(), self.previous, self.items, resp
+        )
+        await self.store.put_response(record)
 
 
-async def _keep_reply(store: Store, turn: Turn, raw: bytes, prev_id: str | None) -> bytes:
+async def _keep_reply(link: _Link, raw: bytes) -> bytes:
     """Store a JSON reply's response; the body the client gets names the previous id."""
     try:
         resp = orjson.loads(raw)
@@ -178,18 +203,16 @@ async def _keep_reply(store: Store, turn: Turn, raw: bytes, prev_id: str | None)
         return raw
     if not isinstance(resp, dict):
         return raw
-    if prev_id is not None:
-        resp["previous_response_id"] = prev_id
+    if link.previous is not None:
+        resp["previous_response_id"] = link.previous
     try:
-        await _keep(store, turn, resp)
+        await link.keep(resp)
     except StoreError:
         return raw  # the answer stands; only a later previous_response_id will miss it
-    return orjson.dumps(resp) if prev_id is not None else raw
+    return orjson.dumps(resp) if link.previous is not None else raw
 
 
-async def _keep_stream(
-    store: Store, turn: Turn, chunks: AsyncIterator[bytes]
-) -> AsyncIterator[bytes]:
+async def _keep_stream(link: _Link, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The stream as it is, with its final response stored before the terminal event goes out
     (a client that chains right after the stream finds it)."""
     parser = sse.SSEParser()
@@ -200,25 +223,24 @@ async def _keep_stream(
                 resp = data.get("response") if isinstance(data, dict) else None
                 if isinstance(resp, dict):
                     with contextlib.suppress(StoreError):
-                        await _keep(store, turn, resp)
+                        await link.keep(resp)
         yield chunk
 
 
-async def _stored(request: Request) -> StoredResponse:
+async def _stored(request: Request, links: int = 1) -> list[StoredResponse]:
+    """The response named in the path, after up to ``links - 1`` it chains on (oldest
+    first, the response itself last); a 404 when it is unknown or another key's."""
     rid = request.path_params["response_id"]
-    try:
-        found = await runtime(request).store.get_response(rid)
-    except StoreError as e:
-        raise e.for_client("could not read the response") from e
-    if found is None or not _owned(found, principal_of(request.scope)):
+    chain = await _chain(runtime(request).store, rid, links)
+    if not chain or not _owned(chain[-1], principal_of(request.scope)):
         raise ProxyError("not_found", f"No response found with id '{rid}'.", param="response_id")
-    return found
+    return chain
 
 
 async def response_item(request: Request) -> Response:
     """``GET`` (the stored response object) and ``DELETE`` ``/v1/responses/{id}``."""
     try:
-        found = await _stored(request)
+        found = (await _stored(request))[-1]
         if request.method == "DELETE":
             await runtime(request).store.delete_response(found.id)
             return JSONResponse({"id": found.id, "object": "response", "deleted": True})
@@ -233,12 +255,13 @@ async def response_input_items(request: Request) -> Response:
     """``GET /v1/responses/{id}/input_items``: the items the response was generated from,
     in the API's list shape (newest first unless ``order=asc``)."""
     try:
-        found = await _stored(request)
+        chain = await _stored(request, MAX_CHAIN)
     except ProxyError as e:
         return error_response(e, DIALECT)
+    found = chain[-1]
     items = [
         {"id": item.get("id") or f"item_{found.id}_{i}", **item}
-        for i, item in enumerate(found.input)
+        for i, item in enumerate([*_history(chain[:-1]), *found.input])
         if isinstance(item, dict)
     ]
     if request.query_params.get("order", "desc") != "asc":
