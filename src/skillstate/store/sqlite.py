@@ -614,27 +614,6 @@ class SQLiteStore:
 
         return await self._run(list_)
 
-    async def history(self, session: str) -> list[TransitionRecord]:
-        def history(db: sqlite3.Connection) -> list[TransitionRecord]:
-            rows = db.execute(
-                "SELECT step, status, patch, action, errors, ts FROM transitions"
-                " WHERE session = ? ORDER BY step",
-                (session,),
-            ).fetchall()
-            return [
-                TransitionRecord(
-                    step=r[0],
-                    status=r[1],
-                    patch=orjson.loads(r[2]) if r[2] else None,
-                    action=r[3],
-                    errors=orjson.loads(r[4]),
-                    ts=r[5],
-                )
-                for r in rows
-            ]
-
-        return await self._run(history)
-
     # -- pages (GET /state and ?history=1) ----------------------------------------------
 
     async def sessions_page(
@@ -674,14 +653,14 @@ class SQLiteStore:
             ).fetchall()
             return [
                 TransitionRecord(
-                    step=r[0],
-                    status=r[1],
-                    patch=orjson.loads(r[2]) if r[2] else None,
-                    action=r[3],
-                    errors=orjson.loads(r[4]),
-                    ts=r[5],
+                    step=step,
+                    status=status,
+                    patch=orjson.loads(patch) if patch else None,
+                    action=action,
+                    errors=orjson.loads(errors),
+                    ts=ts,
                 )
-                for r in rows
+                for step, status, patch, action, errors, ts in rows
             ]
 
         return await self._run(page)

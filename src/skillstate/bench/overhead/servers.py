@@ -107,6 +107,25 @@ def _wait_health(url: str, timeout: float, proc: _Proc | None) -> None:
     raise RuntimeError(f"GET {base_of(url)}/health never returned 200 ({last})\n{tail}")
 
 
+def _serve(
+    name: str, cmd: list[str], env: dict[str, str], upstream: str, timeout: float, cwd: str | None
+) -> tuple[_Proc, str]:
+    """Start a server child in front of ``upstream`` and wait until its /health answers."""
+    popen = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        cwd=cwd,
+    )
+    proc = _Proc(name, popen)
+    url = proc.wait_url(timeout, {urlsplit(upstream).port or 80})
+    _wait_health(url, timeout, proc)
+    return proc, base_of(url)
+
+
 def start_proxy(
     upstream: str,
     data_dir: str,
@@ -118,48 +137,13 @@ def start_proxy(
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLSTATE_")}
     env["SKILLSTATE_API_KEY"] = "sk-bench"
     env["SKILLSTATE_INITIAL_STATE"] = orjson.dumps(state).decode()
-    env["PYTHONUNBUFFERED"] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        module,
-        "--port",
-        "0",
-        "--upstream",
-        upstream.rstrip("/") + "/v1",
-        "--data-dir",
-        data_dir,
-        *extra,
-    ]
-    popen = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd=data_dir,  # no stray ./skillstate.json is picked up
-    )
-    proc = _Proc("skillstate proxy", popen)
-    up_port = urlsplit(upstream).port or 80
-    url = proc.wait_url(timeout, {up_port})
-    _wait_health(url, timeout, proc)
-    return proc, base_of(url)
+    cmd = [sys.executable, "-m", module, "--port", "0", "--upstream", upstream.rstrip("/") + "/v1"]
+    cmd += ["--data-dir", data_dir, *extra]
+    # cwd: no stray ./skillstate.json is picked up
+    return _serve("skillstate proxy", cmd, env, upstream, timeout, cwd=data_dir)
 
 
 def start_floor(upstream: str, timeout: float) -> tuple[_Proc, str]:
     """Start the minimal forwarder (:mod:`.floor`) in front of ``upstream``."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "skillstate.bench.overhead.floor", "--upstream", upstream]
-    popen = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
-    proc = _Proc("floor forwarder", popen)
-    url = proc.wait_url(timeout, {urlsplit(upstream).port or 80})
-    _wait_health(url, timeout, proc)
-    return proc, base_of(url)
+    return _serve("floor forwarder", cmd, dict(os.environ), upstream, timeout, cwd=None)
