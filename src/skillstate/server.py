@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .app import create_app
@@ -62,8 +63,48 @@ def preflight_store(settings: Settings) -> None:
         raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
 
 
+class StartupErrors:
+    """The app, with a start-up that fails for a known reason (a store that cannot be opened
+    after the pre-flight, e.g. in-process) reported in one line instead of the traceback
+    uvicorn logs. ``failure`` is that line; the server's runner shows it. Anything else
+    still fails with its traceback."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.failure: str | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[Message] = []
+
+        async def hold_failure(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)  # sent once the exception says what failed
+            else:
+                await send(message)
+
+        try:
+            await self.app(scope, receive, hold_failure)
+        except (StoreError, ConfigError, OSError) as e:
+            self.failure = str(e)
+            await send({"type": "lifespan.startup.failed", "message": ""})
+        except BaseException:
+            for message in held:
+                await send(message)
+            raise
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Drops uvicorn's own "Application startup failed" once ``failure`` says why."""
+        return not (self.failure and record.getMessage().startswith("Application startup failed"))
+
+
 def _uvicorn_config(
-    settings: Settings, tracer_provider: Any = None, clock: Callable[[], float] = time.time
+    settings: Settings,
+    tracer_provider: Any = None,
+    clock: Callable[[], float] = time.time,
+    app: StartupErrors | None = None,
 ) -> uvicorn.Config:
     limits = HttpLimits(
         max_header_bytes=settings.max_header_bytes,
@@ -72,7 +113,7 @@ def _uvicorn_config(
         max_connections=settings.max_connections,
     )
     return uvicorn.Config(
-        create_app(settings, tracer_provider=tracer_provider, clock=clock),
+        app or create_app(settings, tracer_provider=tracer_provider, clock=clock),
         loop="uvloop",
         http=limited_protocol(limits),
         # Nothing reads the client address, so no X-Forwarded-For rewriting on every request.
@@ -100,7 +141,8 @@ def serve(settings: Settings) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     else:
         logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
-    server = uvicorn.Server(_uvicorn_config(settings))
+    app = _startup_errors(create_app(settings))
+    server = uvicorn.Server(_uvicorn_config(settings, app=app))
     ups = ", ".join(f"{u.name}={u.url}" for u in settings.upstreams) or "none"
     print(
         f"skillstate-proxy {__version__} listening on {_url(sock)}"
@@ -108,8 +150,19 @@ def serve(settings: Settings) -> int:
         flush=True,
     )
     print(dashboard_line(sock), flush=True)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn's exit when the start-up failed
+        if app.failure is not None:
+            raise ConfigError(app.failure) from None
+        raise
     return 0
+
+
+def _startup_errors(app: ASGIApp) -> StartupErrors:
+    wrapped = StartupErrors(app)
+    logging.getLogger("uvicorn.error").addFilter(wrapped)
+    return wrapped
 
 
 def dashboard_line(sock: socket.socket) -> str:
@@ -143,7 +196,10 @@ class ProxyServer:
         self.url = _url(self._sock)
         # tracer_provider: an OpenTelemetry TracerProvider of the caller's (a test's in-memory
         # exporter) instead of the OTLP one the settings would make.
-        self._server = uvicorn.Server(_uvicorn_config(settings, tracer_provider, clock))
+        self._app = _startup_errors(
+            create_app(settings, tracer_provider=tracer_provider, clock=clock)
+        )
+        self._server = uvicorn.Server(_uvicorn_config(settings, app=self._app))
         # uvicorn installs signal handlers only on the main thread, so none here.
         self._thread = threading.Thread(target=self._run, name="skillstate-proxy", daemon=True)
 
@@ -157,15 +213,22 @@ class ProxyServer:
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+        except SystemExit:  # uvicorn's exit when the start-up failed: start() says why
+            if self._app.failure is None:
+                raise
         finally:
             loop.close()
 
     def start(self) -> ProxyServer:
         self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("the in-process proxy failed to start")
-            threading.Event().wait(0.01)
+        try:
+            while not self._server.started:
+                if not self._thread.is_alive():
+                    failure = self._app.failure or "see the log"
+                    raise RuntimeError(f"the in-process proxy failed to start: {failure}")
+                threading.Event().wait(0.01)
+        finally:
+            logging.getLogger("uvicorn.error").removeFilter(self._app)
         return self
 
     def stop(self) -> None:
