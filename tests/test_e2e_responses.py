@@ -562,3 +562,24 @@ def test_a_codex_shaped_turn_against_a_chat_completions_upstream(
     msgs = fake.last.json["messages"]
     assert msgs[-2]["tool_calls"][0]["id"] == call["call_id"]
     assert msgs[-1] == {"role": "tool", "tool_call_id": call["call_id"], "content": "a.txt\nb.txt"}
+
+
+def test_mask_mode_masks_old_function_call_outputs(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "openai-responses", "--mode", "mask")
+    items: list[Any] = [{"role": "user", "content": "Task: read the files."}]
+    for i in range(8):
+        items += [
+            {"type": "function_call", "call_id": f"c{i}", "name": "get_weather",
+             "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": f"OUTPUT-{i} " * 50},
+        ]  # fmt: skip
+    fake.enqueue(Reply(text="ok"))
+    client(p).responses.create(model="m", input=items, tools=TOOLS)
+    sent = fake.last.json["input"]
+    assert len(sent) == len(items)
+    assert [i.get("call_id") for i in sent] == [i.get("call_id") for i in items]
+    outputs = [i["output"] for i in sent if i.get("type") == "function_call_output"]
+    assert "OUTPUT-0" not in outputs[0] and "OUTPUT-7" in outputs[7]
+    assert sent[0] == items[0]  # the task is never masked

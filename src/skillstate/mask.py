@@ -103,6 +103,21 @@ def _mask_anthropic(msg: dict[str, Any], min_chars: int) -> dict[str, Any]:
     return {**msg, "content": blocks} if changed else msg
 
 
+def _mask_responses(item: dict[str, Any], min_chars: int) -> dict[str, Any]:
+    kind = item.get("type", "message")
+    if kind == "function_call_output":
+        return {**item, "output": placeholder(item.get("output"))}
+    if kind == "message" and item.get("role") == "user":
+        content = item.get("content")
+        if _text_size(content) >= min_chars:
+            return {**item, "content": placeholder(content)}
+    return item
+
+
+# How one user-side message is masked, by dialect (OpenAI chat completions by default).
+_MASKS = {"anthropic": _mask_anthropic, "openai-responses": _mask_responses}
+
+
 def _observations(messages: list[Any], d: DialectContext) -> list[list[int]]:
     """Indexes of each observation (runs of user-side messages), oldest first."""
     runs: list[list[int]] = []
@@ -125,13 +140,14 @@ def mask_transcript(
 ) -> dict[str, Any]:
     """``body`` with its old observations masked (see the module docstring).
 
-    ``dialect`` is ``"openai"`` (chat completions) or ``"anthropic"`` (Messages). Returns
+    ``dialect`` is a registry name (chat completions, Messages, Responses). Returns
     a new body; unchanged messages are the same objects and nothing is mutated.
     O(size of the transcript).
     """
     d = get_dialect(dialect).context
-    mask = _mask_anthropic if dialect == "anthropic" else _mask_openai
-    messages = body.get("messages")
+    mask = _MASKS.get(dialect, _mask_openai)
+    key = getattr(d, "transcript_key", "messages")  # Responses: ``input``
+    messages = body.get(key)
     if not isinstance(messages, list):
         return dict(body)
     runs = _observations(messages, d)
@@ -144,4 +160,4 @@ def mask_transcript(
         for k in run:
             if k != task or d.is_tool_result(messages[k]):
                 out[k] = mask(messages[k], min_chars)
-    return {**body, "messages": out}
+    return {**body, key: out}

@@ -5,10 +5,11 @@ through the bridges in ``translate`` and ``stream`` (listed in the registry)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ...context import DialectContext, Split, correction_text, state_text
+from ...context import DialectContext, Split, correction_text, observation, state_text
 from ...errors import ProxyError
 from ...usage import Usage
 from .. import models
@@ -64,10 +65,10 @@ class ResponsesContext:
             while start > split.system_end and _type(items[start - 1]) in _TOOL_ROUND:
                 start -= 1
         out = list(items[: split.system_end])
-        if split.task is not None and split.task < start:
-            out.append(items[split.task])
+        if split.task is not None:
+            out.append(items[split.task])  # in the stable prefix from the first turn on
         out.append(_user_message(contract + "\n\n" + state_text(state)))
-        out.extend(items[start:])
+        out.extend(observation(items, dataclasses.replace(split, observation=start)))
         return {**body, "input": out}
 
     def full(self, body: dict[str, Any], contract: str) -> dict[str, Any]:
