@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-unit test-real test-ui docs lint install smoke demo bench clean
+.PHONY: test test-unit test-real test-ui test-agents docs lint install smoke demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,15 @@ test-real: $(STAMP)
 test-ui: $(STAMP)
 	$(BIN)/pip install -q -e '.[ui-test,docs]'
 	$(BIN)/pytest -c pyproject.toml tests/ui -o "norecursedirs=.* *.egg-info build dist .venv" \
+		--durations=5
+
+# The agents tier: Claude Code, Codex CLI and the OpenAI Agents SDK, real and pinned, driven
+# through the proxy against tests/fakeprovider.py. The tier installs them itself into
+# ~/.cache/skillstate/agents ($$SKILLSTATE_AGENTS_CACHE): the npm packages with npm install
+# --prefix, openai-agents into its own venv there (it pins websockets<17). Skipped, with the
+# reason, only when node or npm is absent.
+test-agents: $(STAMP)
+	$(BIN)/pytest -c pyproject.toml tests/agents -o "norecursedirs=.* *.egg-info build dist .venv" \
 		--durations=5
 
 # The documentation site (MkDocs Material), built with --strict into ./site.
