@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -60,20 +60,7 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise _too_large(max_bytes)
-            parts.append(chunk)
-    except ClientDisconnect:
-        # Nobody reads the answer; this only ends the request without an internal error.
-        raise ProxyError(
-            "invalid_request", "the client left before sending the whole body"
-        ) from None
-    raw = b"".join(parts)
+    raw = await _read_body(request.receive, max_bytes)
     if not raw:
         raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
     try:
@@ -87,6 +74,25 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
             "invalid_request", f"request body nests JSON more than {MAX_JSON_DEPTH} levels deep"
         )
     return body
+
+
+async def _read_body(receive: Receive, max_bytes: int) -> bytes:
+    """The body's bytes straight from the ASGI messages (Starlette's ``request.stream()`` is
+    an async generator: a per-request object the event loop tracks, on the hot path)."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # http.disconnect
+            # Nobody reads the answer; this only ends the request without an internal error.
+            raise ProxyError("invalid_request", "the client left before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def is_json_media_type(content_type: str) -> bool:
@@ -116,8 +122,17 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     """Run `work`; if the client disconnects first, cancel it and return None."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+    # What asyncio.wait(FIRST_COMPLETED) does, without its per-call sets and bookkeeping.
+    either: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        if not either.done():
+            either.set_result(None)
+
+    task.add_done_callback(wake)
+    watcher.add_done_callback(wake)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await either
     finally:
         watcher.cancel()
         if not task.done():

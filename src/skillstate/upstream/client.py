@@ -95,6 +95,9 @@ class UpstreamRuntime:
         self.session: aiohttp.ClientSession | None = None
         allowed = {h.lower() for h in settings.forward_scoping_headers}
         self.dropped_scoping = SCOPING_HEADERS - allowed if cfg.api_key else frozenset()
+        # Per-request header building is on the hot path: the constant parts, once.
+        self._never_forwarded = _DROP_REQUEST_HEADERS | _CREDENTIAL_HEADERS | self.dropped_scoping
+        self._configured_headers = {k.lower(): v for k, v in cfg.headers.items()}
 
     def serves(self, model: str | None) -> bool:
         if not self.cfg.models or model is None:
@@ -102,18 +105,15 @@ class UpstreamRuntime:
         return any(fnmatch.fnmatchcase(model, pat) for pat in self.cfg.models)
 
     def headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
+        never, forwards = self._never_forwarded, self.dialect.forwards_header
         out = {
             k: v
             for k, v in client_headers.items()
-            if k not in _DROP_REQUEST_HEADERS
-            and not k.startswith("x-skillstate-")
-            and k not in _CREDENTIAL_HEADERS
-            and k not in self.dropped_scoping
-            and self.dialect.forwards_header(k)
+            if k not in never and not k.startswith("x-skillstate-") and forwards(k)
         }
         key = self.cfg.api_key or _client_key(client_headers)
         defaults = self.dialect.upstream_headers(key, self.cfg.anthropic_version)
-        defaults.update({k.lower(): v for k, v in self.cfg.headers.items()})
+        defaults.update(self._configured_headers)
         out.update(
             {k: v for k, v in defaults.items() if k not in out or k not in _CLIENT_WINS_HEADERS}
         )
