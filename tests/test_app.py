@@ -115,3 +115,28 @@ def test_a_step_conflict_is_a_409_in_the_clients_dialect(
         # The attempt is still metered, once.
         attempts = c.get("/cost", params={"session": "sc"}).json()["totals"]["attempts"]
         assert attempts["generation"] == 1
+
+
+def test_turn_routes_direct_entry_keeps_the_router_answers(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    """The turn paths' direct entry (web/fastpath) answers exactly what the router would: every
+    dialect's turn path is served with and without /v1, other methods are a 405, other paths
+    fall through to the router (a 404 in the caller's dialect), and a missing body is the
+    dialect's 400, not a crash."""
+    from skillstate.dialects.registry import DIALECTS
+    from skillstate.web.routes import TURN_HANDLERS
+
+    assert set(TURN_HANDLERS) == {
+        prefix + d.client_path for d in DIALECTS.values() for prefix in ("/v1", "")
+    }
+    s = settings(fake, tmp_path)
+    with TestClient(create_app(s), base_url=LOCAL) as c:
+        passthrough(c, "direct")
+        assert c.get("/v1/chat/completions").status_code == 405
+        assert c.put("/chat/completions").status_code == 405
+        missing = c.post("/v1/chat/completions/extra", json={})
+        assert missing.status_code == 404 and missing.json()["error"]
+        for path in TURN_HANDLERS:
+            r = c.post(path, content=b"", headers={"content-type": "application/json"})
+            assert r.status_code == 400, (path, r.text)

@@ -15,8 +15,9 @@ from ..config import Settings
 from ..guards import BrowserGuard
 from ..store import Store
 from .failures import crashed, not_found
+from .fastpath import TurnFastPath
 from .requestlog import RequestLog
-from .routes import ROUTES
+from .routes import ROUTES, TURN_HANDLERS
 from .runtime import Runtime, lifespan
 
 __all__ = ["RequestLog", "Runtime", "create_app"]
@@ -38,6 +39,8 @@ def create_app(
         exception_handlers={HTTPException: not_found, Exception: crashed},
     )
     app.state.runtime = rt = Runtime(settings, store, tracer_provider, clock)
+    # Innermost: the turn routes' direct entry, behind the key gate and the guards.
+    app.add_middleware(TurnFastPath, handlers=TURN_HANDLERS)
     app.add_middleware(KeyGate, keys=rt.keys)  # inside the guard: a refused Host costs no HMAC
     app.add_middleware(BrowserGuard, settings=settings)
     if settings.verbose:

@@ -15,17 +15,21 @@ from .turns import messages_count_tokens, turn_endpoint
 # Dialects whose turn route does more than the shared handler (Responses: stored chains).
 _TURN_HANDLERS = {RESPONSES: responses_turn}
 
+# One turn route per dialect in the registry (/v1/chat/completions, /v1/messages, ...).
+_TURN_ROUTES = [
+    Route(
+        prefix + d.client_path,
+        _TURN_HANDLERS.get(d.name) or turn_endpoint(d.name),
+        methods=["POST"],
+    )
+    for d in DIALECTS.values()
+    for prefix in ("/v1", "")
+]
+# Path -> handler of the turn routes, for the direct entry in front of the router (fastpath).
+TURN_HANDLERS = {r.path: r.endpoint for r in _TURN_ROUTES}
+
 ROUTES = [
-    # One turn route per dialect in the registry (/v1/chat/completions, /v1/messages, ...).
-    *(
-        Route(
-            prefix + d.client_path,
-            _TURN_HANDLERS.get(d.name) or turn_endpoint(d.name),
-            methods=["POST"],
-        )
-        for d in DIALECTS.values()
-        for prefix in ("/v1", "")
-    ),
+    *_TURN_ROUTES,
     Route("/v1/messages/count_tokens", messages_count_tokens, methods=["POST"]),
     Route("/messages/count_tokens", messages_count_tokens, methods=["POST"]),
     *(
