@@ -47,9 +47,9 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "otel_capture_content": "Put the client's messages, the state patch and the action on "
         "the turn's span. Off by default: spans carry sizes, tokens and statuses only.",
         "mode": "Default mode: `state` (compact context), `passthrough` (untouched transcript), "
-        "`auto` (passthrough, then compact once it is expected to cost less), `mask` (the transcript with tool results and "
-        "long observations older than the last `mask_keep` replaced by a placeholder; no "
-        "state). Per request: `x-skillstate-mode`.",
+        "`auto` (passthrough, then compact once it is expected to cost less), `mask` (the "
+        "transcript with tool results and long observations older than the last `mask_keep` "
+        "replaced by a placeholder; no state). Per request: `x-skillstate-mode`.",
         "constrain": "`json_schema` asks the upstream for a grammar-constrained envelope "
         "(small local models). Per request: `x-skillstate-constrain`.",
         "reply_envelope": "`strip` (default): the client sees the model's reply without the "
