@@ -114,6 +114,11 @@ def test_a_long_session_switches_once_through_full_and_stays_compact(
     assert float(before["saving_usd"]) <= 0
     # The full turn built the state; compact turns keep it.
     assert "step" in p.state("long")["state"]
+    # ... and in the transition history: the full turn that built the state, with them.
+    history = p.get("/state", params={"session": "long", "history": "1"}).json()["history"]
+    assert history[0]["context"] == "full"
+    assert history[0]["estimate"]["form"] == "full" and history[0]["estimate"]["saving_usd"] > 0
+    assert {h["context"] for h in history[1:]} == {"compact"}
     by_context = p.get("/cost", params={"session": "long", "group_by": "context"}).json()
     groups = {g["key"]: g["requests"] for g in by_context["groups"]}
     assert groups == {"passthrough": switch, "full": 1, "compact": 99 - switch}

@@ -306,3 +306,45 @@ async def test_health_check_answers_while_a_write_is_stuck(tmp_path: Path) -> No
         await asyncio.wait_for(stuck, HANG)
     assert await store.check(timeout=HANG) is None
     await store.close()
+
+
+async def test_a_database_from_before_the_cost_columns_gets_them(tmp_path: Path) -> None:
+    """A ledger and transitions table made before issue 14's columns: opening the store adds
+    them; old rows read as NULL, new rows keep a negative saving and auto's estimate."""
+    import sqlite3
+
+    path = tmp_path / "skillstate.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE ledger (ts REAL NOT NULL, session TEXT, upstream TEXT, model TEXT,"
+        " kind TEXT NOT NULL, status INTEGER NOT NULL, input_tokens INTEGER,"
+        " output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER,"
+        " pricing TEXT NOT NULL, cost_usd REAL, baseline_input_tokens INTEGER,"
+        " baseline_cost_usd REAL, mode TEXT);"
+        "INSERT INTO ledger (ts, kind, status, pricing) VALUES (1, 'generation', 200, 'known');"
+        "CREATE TABLE transitions (session TEXT NOT NULL, step INTEGER NOT NULL, patch BLOB,"
+        " action TEXT, status TEXT NOT NULL, errors TEXT NOT NULL, ts REAL NOT NULL,"
+        " PRIMARY KEY (session, step));"
+    )
+    old.close()
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        new = ledger_row(ts=2.0, saved_cost_usd=-0.5, saved_cost_pct=-25.0, context="full")
+        tr = TransitionRecord(1, "valid", {}, "a", [], 2.0, "full", {"form": "full", "turns": 3})
+        await asyncio.wait_for(
+            store.commit("s", expected_step=0, state={"k": 1}, schema=["k"], transition=tr,
+                         now=2.0, ledger=[new]),
+            HANG,
+        )  # fmt: skip
+        first, second = await store.ledger_rows(0, 10)
+        assert first.saved_cost_usd is None and first.context is None
+        assert (second.saved_cost_usd, second.saved_cost_pct, second.context) == (
+            -0.5,
+            -25.0,
+            "full",
+        )
+        (history,) = await store.history_page("s", 10)
+        assert history.context == "full" and history.estimate == {"form": "full", "turns": 3}
+    finally:
+        await asyncio.wait_for(store.close(), HANG)

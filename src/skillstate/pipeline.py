@@ -690,6 +690,8 @@ class Pipeline:
             action=outcome.action,
             errors=outcome.errors,
             ts=time.time(),
+            context=str(meta.shape),
+            estimate=meta.decision.as_dict() if meta.decision is not None else None,
         )
         rows = meta.meter.unwritten()
         tel = meta.turn.telemetry

@@ -67,6 +67,8 @@ class TransitionRecord:
     action: str | None
     errors: list[str]
     ts: float
+    context: str | None = None  # the context form the turn sent (ContextShape)
+    estimate: dict[str, Any] | None = None  # auto's decision and estimates (AutoEstimate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ CREATE TABLE IF NOT EXISTS transitions (
     status TEXT NOT NULL,
     errors TEXT NOT NULL,
     ts REAL NOT NULL,
+    context TEXT,
+    estimate BLOB,
     PRIMARY KEY (session, step)
 );
 CREATE TABLE IF NOT EXISTS ledger (
@@ -236,11 +238,19 @@ _ADDED_LEDGER_COLUMNS = {
 }
 
 
+# Likewise for transitions: the context form sent, and auto's estimates (JSON).
+_ADDED_TRANSITION_COLUMNS = {"context": "TEXT", "estimate": "BLOB"}
+
+
 def _add_missing_ledger_columns(db: sqlite3.Connection) -> None:
-    have = {row[1] for row in db.execute("PRAGMA table_info(ledger)")}
-    for name, kind in _ADDED_LEDGER_COLUMNS.items():
-        if name not in have:
-            db.execute(f"ALTER TABLE ledger ADD COLUMN {name} {kind}")
+    for table, added in (
+        ("ledger", _ADDED_LEDGER_COLUMNS),
+        ("transitions", _ADDED_TRANSITION_COLUMNS),
+    ):
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, kind in added.items():
+            if name not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,9 +589,20 @@ class SQLiteStore:
                     (step, now, session),
                 )
             db.execute(
-                "INSERT INTO transitions (session, step, patch, action, status, errors, ts)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (session, step, patch_blob, transition.action, transition.status, errors, now),
+                "INSERT INTO transitions"
+                " (session, step, patch, action, status, errors, ts, context, estimate)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session,
+                    step,
+                    patch_blob,
+                    transition.action,
+                    transition.status,
+                    errors,
+                    now,
+                    transition.context,
+                    None if transition.estimate is None else orjson.dumps(transition.estimate),
+                ),
             )
             if ledger_values:
                 db.executemany(_LEDGER_INSERT, ledger_values)
@@ -647,20 +668,22 @@ class SQLiteStore:
 
         def page(db: sqlite3.Connection) -> list[TransitionRecord]:
             rows = db.execute(
-                "SELECT step, status, patch, action, errors, ts FROM transitions"
+                "SELECT step, status, patch, action, errors, ts, context, estimate FROM transitions"
                 " WHERE session = ? AND step > ? ORDER BY step LIMIT ?",
                 (session, after_step, limit),
             ).fetchall()
             return [
                 TransitionRecord(
-                    step=step,
-                    status=status,
-                    patch=orjson.loads(patch) if patch else None,
-                    action=action,
-                    errors=orjson.loads(errors),
-                    ts=ts,
+                    step=r[0],
+                    status=r[1],
+                    patch=orjson.loads(r[2]) if r[2] else None,
+                    action=r[3],
+                    errors=orjson.loads(r[4]),
+                    ts=r[5],
+                    context=r[6],
+                    estimate=orjson.loads(r[7]) if r[7] else None,
                 )
-                for step, status, patch, action, errors, ts in rows
+                for r in rows
             ]
 
         return await self._run(page)

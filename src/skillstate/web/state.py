@@ -125,6 +125,8 @@ def _transition(t: TransitionRecord) -> dict[str, Any]:
         "action": t.action,
         "errors": t.errors,
         "ts": t.ts,
+        "context": t.context,
+        "estimate": t.estimate,
     }
 
 
