@@ -468,6 +468,8 @@ def _strip_content(content: Any) -> tuple[Any, Stripped]:
     """A message's content without envelopes: a string, or a list of parts / blocks whose
     ``text`` parts are stripped (others untouched). The same object if nothing changed."""
     if isinstance(content, str):
+        if "{" not in content:  # every envelope is a JSON object: nothing to strip (fast path)
+            return content, _NOTHING
         result = strip_envelope(content)
         return (content if result.envelope is None else result.text), result
     if not isinstance(content, list):

@@ -135,6 +135,10 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
         if not isinstance(turn_no, int) or not isinstance(done, int):
             raise SimError("replay: the state has no integer turn/calls_done")
         history = [str(h) for h in state.get("history") or []]
+        if _marked(last) and len(messages) > 1 and not _marked(messages[-2]):
+            # The first turn: the task leads the stable prefix and the state block follows
+            # it (issue 14 §2), so the task is the message before the last.
+            last = messages[-2]
         if last.get("role") == "tool":
             t, k = turn_no - 1, done
             request = str(state.get("request") or "")
