@@ -63,7 +63,12 @@ def est(body: dict[str, Any]) -> int:
 
 
 def piece_tokens(piece: Any, message: bool) -> int:
-    """skillstate.baseline's estimate of one piece of the prefix."""
+    """skillstate.baseline's estimate of one piece of the prefix: a string content (or
+    system) counts as its one text block."""
+    if message and isinstance(piece.get("content"), str):
+        piece = {**piece, "content": [{"type": "text", "text": piece["content"]}]}
+    elif isinstance(piece, str):
+        piece = [{"type": "text", "text": piece}]
     return -(-len(orjson.dumps(piece)) // 4) + (4 if message else 0)
 
 
