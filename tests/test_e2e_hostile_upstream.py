@@ -124,3 +124,94 @@ def test_deep_tool_arguments_from_an_openai_client_to_anthropic_are_a_400(
     assert r.status_code == 400, r.text
     assert "arguments" in r.json()["error"]["message"]
     assert not fake.requests
+
+
+def _openai_sse(*chunks: str) -> bytes:
+    ok = '{"id":"x","model":"m","choices":[{"index":0,"delta":{"content":"hi"}}]}'
+    end = '{"id":"x","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'
+    events = [ok, *chunks, end]
+    return b"".join(f"data: {c}\n\n".encode() for c in events) + b"data: [DONE]\n\n"
+
+
+def _anthropic_sse(*events: tuple[str, str]) -> bytes:
+    start = '{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant",'
+    start += '"model":"m","content":[],"usage":{"input_tokens":1,"output_tokens":0}}}'
+    block = '{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'
+    stop_delta = '{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{}}'
+    all_events = [
+        ("message_start", start),
+        ("content_block_start", block),
+        *events,
+        ("content_block_stop", '{"type":"content_block_stop","index":0}'),
+        ("message_delta", stop_delta),
+        ("message_stop", '{"type":"message_stop"}'),
+    ]
+    return b"".join(f"event: {n}\ndata: {d}\n\n".encode() for n, d in all_events)
+
+
+def _stream(p: Proxy, client: str, session: str) -> Any:
+    if client == "anthropic":
+        body = {"model": "m", "max_tokens": 10, "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        headers = {"x-skillstate-session": session, "anthropic-version": "2023-06-01"}
+        return p.http.post(p.url + "/v1/messages", json=body, headers=headers)
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    return p.http.post(
+        p.url + "/v1/chat/completions", json=body, headers={"x-skillstate-session": session}
+    )
+
+
+TEXT_A_LIST = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":[1]}}'
+HOSTILE_STREAMS = {
+    "openai-choices-a-string": ("openai", _openai_sse('{"choices":"abc"}')),
+    "openai-choice-a-list": ("openai", _openai_sse('{"choices":[[1]]}')),
+    "openai-delta-a-list": ("openai", _openai_sse('{"choices":[{"index":0,"delta":[1]}]}')),
+    "openai-model-a-list": ("openai", _openai_sse('{"model":["m"],"choices":[]}')),
+    "anthropic-message-a-list": (
+        "anthropic",
+        _anthropic_sse(("message_start", '{"type":"message_start","message":[1]}')),
+    ),
+    "anthropic-model-a-list": (
+        "anthropic",
+        _anthropic_sse(("message_start", '{"type":"message_start","message":{"model":[1]}}')),
+    ),
+    "anthropic-text-a-list": ("anthropic", _anthropic_sse(("content_block_delta", TEXT_A_LIST))),
+    "anthropic-error-a-string": ("anthropic", _anthropic_sse(("error", '{"error":"x"}'))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_STREAMS))
+@pytest.mark.parametrize("client", ["openai", "anthropic"])
+def test_a_stream_event_of_a_shape_no_provider_sends_never_cuts_the_connection(
+    fake: FakeProvider, start_proxy: StartProxy, case: str, client: str
+) -> None:
+    """A cut connection is retried by the SDKs (and billed again); an event the relay cannot
+    read ends the stream with an error event in the client's dialect, or is ignored."""
+    kind, raw = HOSTILE_STREAMS[case]
+    p = _proxy(start_proxy, fake, kind, "state")
+    fake.enqueue(Reply(raw_body=raw))
+    r = _stream(p, client, "s1")  # a cut connection raises here
+    assert r.status_code == 200
+    assert "internal proxy error" not in r.text
+    last = [line for line in r.text.splitlines() if line.startswith("data: ")][-1]
+    # Either the relay ignores what it cannot use and the stream ends as usual, or the
+    # stream ends with an error event naming the upstream.
+    assert last in ("data: [DONE]", 'data: {"type":"message_stop"}') or "upstream up sent" in last
+    fake.enqueue(Reply(text="fine"))
+    assert _turn(p, client).status_code == 200  # the session goes on
+
+
+def test_an_sse_event_that_never_ends_is_bounded(
+    fake: FakeProvider, start_proxy: StartProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upstream that never ends an event (no blank line) cannot hold memory without bound:
+    past MAX_EVENT_BYTES the stream ends with an error event."""
+    from skillstate.dialects import sse
+
+    monkeypatch.setattr(sse, "MAX_EVENT_BYTES", 64 * 1024, raising=False)
+    p = _proxy(start_proxy, fake, "openai", "state")
+    raw = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: ' + b"x" * 2**18
+    fake.enqueue(Reply(raw_body=raw))
+    r = _stream(p, "openai", "s1")
+    assert r.status_code == 200
+    assert f"an SSE event over {64 * 1024} bytes" in r.text

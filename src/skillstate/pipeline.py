@@ -860,11 +860,13 @@ async def _relay_events(
         chunk = ex.first_chunk
         content = ex.response.content
         while chunk:
-            ready = [b for event in parser.feed(chunk) for b in relay.feed(event)]
+            ready = [b for event in parser.feed(chunk) for b in _feed(relay, event, ex)]
             if ready:
                 yield b"".join(ready)
+            if parser.pending > sse.MAX_EVENT_BYTES:
+                raise _Unreadable(f"an SSE event over {sse.MAX_EVENT_BYTES} bytes")
             chunk = await content.readany()
-        ready = [b for event in parser.flush() for b in relay.feed(event)]
+        ready = [b for event in parser.flush() for b in _feed(relay, event, ex)]
         if ready:
             yield b"".join(ready)
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -873,11 +875,33 @@ async def _relay_events(
         )  # fmt: skip
         yield _StreamProblem(problem)
         return
+    except _Unreadable as e:
+        yield _StreamProblem(f"upstream {ex.upstream.name} sent {e}")
+        return
     problem_ = relay.upstream_error or (
         None if relay.complete else "upstream closed the stream before it finished"
     )
     if problem_ is not None:
         yield _StreamProblem(problem_)
+
+
+class _Unreadable(Exception):
+    """An upstream's stream event the proxy cannot read (what it was, in the message)."""
+
+
+def _feed(relay: StreamRelay, event: sse.SSEEvent, ex: Exchange) -> list[bytes]:
+    """``relay.feed(event)``, for an event from a hostile upstream: one the relay cannot
+    read (a shape no provider sends, JSON too deep to write back) ends the stream with an
+    error event in the client's dialect instead of cutting the connection, which clients
+    retry (billed again)."""
+    try:
+        return relay.feed(event)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        log.warning(
+            "upstream %s: a stream event the relay cannot read (%s: %s)",
+            ex.upstream.name, type(e).__name__, str(e)[:200],
+        )  # fmt: skip
+        raise _Unreadable(f"a stream event the proxy cannot read ({type(e).__name__})") from None
 
 
 def _read_reply(

@@ -406,7 +406,7 @@ class AnthropicRelay(RelayCapture):
             return [event.raw]
         if name == "message_start":
             msg = data.get("message") or {}
-            self.model = msg.get("model") or self.model
+            self.note_model(msg.get("model"))
             self._merge_usage(msg.get("usage"))
         elif name == "content_block_start":
             if (data.get("content_block") or {}).get("type") in ("tool_use", "server_tool_use"):

@@ -53,8 +53,17 @@ class RelayCapture:
         self.upstream_error: str | None = None
         self.error_forwarded = False  # the upstream's own error event reached the client
 
-    def add_text(self, s: str) -> None:
-        self._text.add(s)
+    def add_text(self, s: object) -> None:
+        """Reply text as the upstream sent it: anything but a string (a hostile or broken
+        upstream's) is no text."""
+        if isinstance(s, str):
+            self._text.add(s)
+
+    def note_model(self, model: object) -> None:
+        """The model an event names, when it names one (a string; anything else is ignored:
+        the ledger and the price lookup read it)."""
+        if isinstance(model, str) and model:
+            self.model = model
 
     @property
     def text(self) -> str:

@@ -302,7 +302,7 @@ class OpenAIRelay(RelayCapture):
             self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
             self.error_forwarded = True
             return [event.raw]
-        self.model = chunk.get("model") or self.model
+        self.note_model(chunk.get("model"))
         usage = chunk.get("usage")
         if usage:
             self.usage = usage_from_openai(usage)

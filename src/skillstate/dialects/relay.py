@@ -40,7 +40,7 @@ class OpenAIToAnthropicRelay(RelayCapture):
             err = chunk["error"]
             self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
             return []
-        self.model = chunk.get("model") or self.model
+        self.note_model(chunk.get("model"))
         if chunk.get("usage"):
             self.usage = usage_from_openai(chunk["usage"])
         out = self._t.feed(chunk)
@@ -89,7 +89,8 @@ class AnthropicToOpenAIRelay(RelayCapture):
         if self._t.usage is not None:
             self.usage = usage_from_anthropic(self._t.usage)
         if isinstance(data, dict) and name == "message_start":
-            self.model = (data.get("message") or {}).get("model") or self.model
+            message = data.get("message")
+            self.note_model(message.get("model") if isinstance(message, dict) else None)
         return out
 
     @property

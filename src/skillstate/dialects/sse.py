@@ -19,12 +19,23 @@ class SSEEvent:
     raw: bytes  # the event exactly as received, including its terminating blank line
 
 
+# Bytes of one event the parser holds while waiting for its end. Provider events are a few
+# hundred bytes; an upstream that never ends one (no blank line, ever) must not take memory
+# without bound.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
 class SSEParser:
     """Feed bytes as they arrive; get back complete events. Accepts \\n, \\r\\n and \\r."""
 
     def __init__(self) -> None:
         self._buf = b""
         self._cr = False  # the last read ended in \r; its \n may open the next read
+
+    @property
+    def pending(self) -> int:
+        """Bytes held of an event not ended yet (see ``MAX_EVENT_BYTES``)."""
+        return len(self._buf)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         if self._cr:
