@@ -295,7 +295,10 @@ def _dollar_sentence(report_arms: Mapping[str, Any], savings: Mapping[str, Any])
         if cost is None:
             continue
         pct = sv.get("cost_pct")
-        parts.append(f"{name} ${cost:.4f} ({_signed(pct).replace(' fewer', ' cheaper')})")
+        if pct is None:  # a different number of calls: totals are not compared
+            parts.append(f"{name} ${cost:.4f} (over {report_arms[name]['calls']} calls)")
+        else:
+            parts.append(f"{name} ${cost:.4f} ({_signed(pct).replace(' fewer', ' cheaper')})")
     return " Billed: " + ", ".join(parts) + "."
 
 
@@ -571,7 +574,9 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
             _fmt(a["cached_tokens"]),
             _fmt(a.get("cache_write_tokens")),
             _usd(a["cost_usd"]),
-            "" if name == "baseline" else _signed(pct).replace(" fewer", " cheaper"),
+            ""
+            if name == "baseline"
+            else ("other calls" if pct is None else _signed(pct).replace(" fewer", " cheaper")),
         )
     console.print(totals)
     for name in names:

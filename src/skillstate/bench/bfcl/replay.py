@@ -102,6 +102,15 @@ def _observation_calls(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str,
     return out[::-1]
 
 
+def _first_turn_request(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The one unmarked user message of a compact context with no tool results (the first
+    turn's request, in the stable prefix), or None."""
+    users = [m for m in messages if m.get("role") == "user" and not _marked(m)]
+    if len(users) != 1 or any(m.get("role") == "tool" for m in messages):
+        return None
+    return message_text(dict(users[0]))
+
+
 def _drop_corrections(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Remove trailing (reply, CORRECTION) pairs the proxy adds when it re-asks."""
     while (
@@ -146,6 +155,10 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
             results += [_result_line(c, o) for c, o in _observation_calls(messages)]
         elif last.get("role") == "user" and not _marked(last):
             t, k, request, results = turn_no, 0, message_text(last), []
+        elif last.get("role") == "user" and (first := _first_turn_request(messages)) is not None:
+            # The task is the latest observation on the first turn: it sits in the stable
+            # prefix, before the contract and the state.
+            t, k, request, results = turn_no, 0, first, []
         else:
             raise SimError(f"replay: cannot read the position from a {last.get('role')} message")
     else:  # a full transcript: count turns and results
