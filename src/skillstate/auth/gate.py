@@ -83,10 +83,6 @@ class KeyBook:
             self.on = self.required or bool(await self.store.keys())
         return self.on
 
-    def forget(self) -> None:
-        """Drop every cached verdict (a key changed in this process)."""
-        self._cache.clear()
-
     async def verify(self, key: str) -> Principal:
         """The key's principal, or ProxyError 401 (unknown, revoked or expired)."""
         digest = self.hasher.digest(key)
