@@ -81,7 +81,7 @@ class Telemetry:
             tracer_provider = tracing.otlp_provider(settings)
         if tracer_provider is not None:
             self.tracer = tracing.Tracer(tracer_provider)
-        self._kinds = {u.name: u.kind for u in settings.upstreams}
+        self.upstream_kinds = {u.name: u.kind for u in settings.upstreams}
 
     def turn(self, route: str, dialect: str, key: str | None = None) -> TurnTelemetry:
         """A recorder for one request on a turn route, started now (``key``: the caller's key
@@ -212,7 +212,7 @@ class _TurnRecorder(TurnTelemetry):
             if answer.model:
                 span.set_attribute("gen_ai.response.model", answer.model)
             if answer.upstream:
-                kind = self._tel._kinds.get(answer.upstream)
+                kind = self._tel.upstream_kinds.get(answer.upstream)
                 span.set_attribute("skillstate.upstream", answer.upstream)
                 if kind:
                     span.set_attribute("gen_ai.provider.name", kind)

@@ -123,8 +123,10 @@ def streaming(
     tel.first_byte()
 
     async def done() -> None:
-        await abort()
-        tel.finished(200)
+        try:
+            await abort()
+        finally:
+            tel.finished(200)
 
     return done
 
