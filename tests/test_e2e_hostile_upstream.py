@@ -215,3 +215,20 @@ def test_an_sse_event_that_never_ends_is_bounded(
     r = _stream(p, "openai", "s1")
     assert r.status_code == 200
     assert f"an SSE event over {64 * 1024} bytes" in r.text
+
+
+def test_a_reply_over_the_size_bound_is_a_failed_attempt(
+    fake: FakeProvider, start_proxy: StartProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-streamed answer is read whole before it is judged: past MAX_REPLY_BYTES it is a
+    failed attempt (retried, then a 502 naming the upstream), not memory taken without bound
+    (before: a 2 GB answer took the proxy to 7 GB RSS)."""
+    from skillstate.upstream import client as upstream_client
+
+    monkeypatch.setattr(upstream_client, "MAX_REPLY_BYTES", 64 * 1024, raising=False)
+    p = _proxy(start_proxy, fake, "openai", "passthrough")
+    fake.enqueue(*[Reply(text="a" * (256 * 1024))] * 5)
+    r = _turn(p, "openai")
+    assert r.status_code == 502, r.text
+    message = r.json()["error"]["message"]
+    assert f"up: ReplyTooLarge: the answer is over {64 * 1024} bytes" in message

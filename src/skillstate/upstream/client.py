@@ -154,6 +154,7 @@ class Exchange:
     ticket: Ticket | None
     first_chunk: bytes = b""
     failed_attempts: list[AttemptRecord] = field(default_factory=list)
+    body: bytes | None = None  # a non-streamed answer, read whole (and bounded) by the pool
 
     @property
     def status(self) -> int:
@@ -173,7 +174,9 @@ class Exchange:
         return self.response.headers
 
     async def read(self) -> bytes:
-        return await self.response.read()
+        if self.body is None:
+            self.body = await read_bounded(self.response)
+        return self.body
 
     def close(self) -> None:
         """Drop the connection: the upstream sees the request cancelled."""
@@ -325,7 +328,7 @@ class UpstreamPool:
                 else:
                     resp = await up.session.post(up.base + path, data=post, headers=headers)
                 try:
-                    await resp.read()
+                    body = await read_bounded(resp)
                 except BaseException:
                     resp.close()
                     raise
@@ -337,7 +340,7 @@ class UpstreamPool:
                 if probe:
                     up.breaker.release()
                 raise
-            ex = Exchange(up, resp, None)
+            ex = Exchange(up, resp, None, body=body)
             if ex.status >= 500:
                 up.breaker.record_failure()
                 failures.append(AttemptRecord(up.name, ex.status, f"HTTP {ex.status}"))
@@ -536,7 +539,7 @@ class UpstreamPool:
                     raise _StreamStartError("upstream closed the stream before any data")
                 ex.first_chunk = first
             else:
-                await resp.read()  # cached: Exchange.read() returns it
+                ex.body = await read_bounded(resp)
         except BaseException:
             resp.close()
             raise
@@ -545,6 +548,32 @@ class UpstreamPool:
 
 class _StreamStartError(Exception):
     pass
+
+
+# A non-streamed answer is read whole before it is judged; a hostile or broken upstream
+# sending gigabytes must not take the proxy's memory with it.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+
+
+class ReplyTooLarge(aiohttp.ClientPayloadError):
+    """An upstream's answer over ``MAX_REPLY_BYTES``: a transport failure of that attempt."""
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int | None = None) -> bytes:
+    """The whole body of ``resp``, or ReplyTooLarge as soon as it is known to pass ``limit``
+    (default ``MAX_REPLY_BYTES``) without buffering the rest."""
+    limit = MAX_REPLY_BYTES if limit is None else limit
+    too_large = ReplyTooLarge(f"the answer is over {limit} bytes")
+    if resp.content_length is not None and resp.content_length > limit:
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 CIRCUIT_OPEN = "circuit open"  # an upstream skipped without being called
