@@ -212,6 +212,17 @@ async def _keep_reply(link: _Link, raw: bytes) -> bytes:
     return orjson.dumps(resp) if link.previous is not None else raw
 
 
+def _response_of(data: str) -> JSON | None:
+    """The ``response`` object of a terminal event's data (None when it has none: an
+    upstream's malformed event is relayed as it came, and nothing is stored)."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    resp = parsed.get("response") if isinstance(parsed, dict) else None
+    return resp if isinstance(resp, dict) else None
+
+
 async def _keep_stream(link: _Link, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The stream as it is, with its final response stored before the terminal event goes out
     (a client that chains right after the stream finds it)."""
@@ -219,9 +230,8 @@ async def _keep_stream(link: _Link, chunks: AsyncIterator[bytes]) -> AsyncIterat
     async for chunk in chunks:
         for event in parser.feed(chunk):
             if event.event in TERMINAL_EVENTS and event.data:
-                data = orjson.loads(event.data)
-                resp = data.get("response") if isinstance(data, dict) else None
-                if isinstance(resp, dict):
+                resp = _response_of(event.data)
+                if resp is not None:
                     with contextlib.suppress(StoreError):
                         await link.keep(resp)
         yield chunk
