@@ -47,11 +47,17 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, settings
 
 from skillstate.cli import _cli_layer, build_parser
 from skillstate.config import Settings, load_settings
 from skillstate.server import ProxyServer
 from tests.fakeprovider import FakeProvider
+
+# No timing thresholds in tests: hypothesis's per-example deadline and its "too slow" health
+# check judge the machine's speed, not the code (they flaked on a loaded 2-core machine).
+settings.register_profile("skillstate", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("skillstate")
 
 _URL = re.compile(r"http://127\.0\.0\.1:(\d+)")
 
