@@ -243,6 +243,15 @@ def test_two_keys_see_only_their_own_sessions_state_and_cost(
     assert [requests(a), requests(b), requests(root), requests(root, key="bob")] == [1, 1, 2, 1]
     assert groups(a) == ["s1"] and groups(b) == ["s1"]
     assert groups(root) == ["alice:s1", "bob:s1"]
+
+    def by_key(caller: str, **params: str) -> dict[str, int]:
+        summary = cost(caller, group_by="key", **params)
+        assert summary["group_by"] == "key"
+        return {g["key"]: g["requests"] for g in summary["groups"]}
+
+    assert by_key(root) == {"alice": 1, "bob": 1}
+    assert by_key(root, key="bob") == {"bob": 1}
+    assert by_key(a) == {"alice": 1} and by_key(b) == {"bob": 1}
     # The ledger rows record the key that spent them.
     db = sqlite3.connect(data / "skillstate.db")
     assert sorted(r[0] for r in db.execute("SELECT session FROM ledger")) == [

@@ -416,3 +416,20 @@ def test_render_table() -> None:
     empty = Console(record=True, width=200, color_system=None)
     render_table(summarize([], None), empty)
     assert "total" in empty.export_text()
+
+
+def test_summarize_by_client_key_reads_the_session_namespace() -> None:
+    def row(session: str | None) -> LedgerRow:
+        return make_row(
+            book=BOOK, usage=Usage(10, 1), kind="generation", status=200, mode="state",
+            model="m1", session=session,
+        )  # fmt: skip
+
+    rows = [row("alice:s1"), row("alice:s2"), row("bob:s1"), row("plain"), row(None)]
+    assert [r.key for r in rows] == ["alice", "alice", "bob", None, None]
+    by_key = summarize([r.as_dict() for r in rows], "key")
+    assert [(g["key"], g["requests"]) for g in by_key["groups"]] == [
+        ("alice", 2),
+        ("bob", 1),
+        (None, 2),
+    ]

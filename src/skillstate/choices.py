@@ -71,6 +71,7 @@ class GroupBy(Choice):
     SESSION = "session"
     DAY = "day"
     CONTEXT = "context"
+    KEY = "key"  # the client key's name (None: a call without client keys)
 
 
 class ContextShape(Choice):

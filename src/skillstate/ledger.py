@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from skillstate.choices import GroupBy
 from skillstate.pricing import PriceBook, Prices
+from skillstate.session import split_session
 from skillstate.usage import Usage
 
 if TYPE_CHECKING:
@@ -162,6 +163,11 @@ class LedgerRow:
     saved_cost_usd: float | None = None  # baseline_cost_usd - cost_usd; negative: cost more
     saved_cost_pct: float | None = None  # of baseline_cost_usd
     context: str | None = None  # the context shape sent (skillstate.choices.ContextShape)
+
+    @property
+    def key(self) -> str | None:
+        """The name of the client key that spent this row (None without client keys)."""
+        return split_session(self.session)[0] if self.session else None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

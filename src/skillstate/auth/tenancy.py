@@ -12,21 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProxyError
+from ..session import NAMESPACE_SEP as SEP
+from ..session import split_session
 from .gate import Principal
 from .keys import KEY_NAME
-
-SEP = ":"
 
 
 def store_session(caller: Principal | None, session: str) -> str:
     """The store id of the caller's session ``session`` (unchanged when auth is off)."""
     return session if caller is None else caller.name + SEP + session
-
-
-def split_session(store_id: str) -> tuple[str | None, str]:
-    """``(key name or None, client session id)`` of a store id."""
-    key, sep, session = store_id.partition(SEP)
-    return (key, session) if sep else (None, store_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from .. import __version__
 from ..auth.gate import principal_of
 from ..auth.tenancy import split_session, view_of
 from ..catalog import catalog_dialect, fetch_models
+from ..choices import GroupBy
 from ..errors import ProxyError
 from ..http import JSONResponse, error_response
 from ..ledger import parse_since, summarize
@@ -84,7 +85,8 @@ async def cost(request: Request) -> Response:
         await rt.pipeline.settle()
         stored = None if session is None else view.store_id(session)
         rows = await rt.store.ledger_rows(since, until, stored, view.prefix)
-        if view.prefix is not None:  # one key's rows: by the ids its clients know
+        if view.prefix is not None and q.get("group_by") != GroupBy.KEY:
+            # one key's rows: by the ids its clients know (grouping by key needs the prefix)
             rows = [
                 replace(r, session=split_session(r.session)[1]) if r.session else r for r in rows
             ]

@@ -1,10 +1,10 @@
-// Cost: totals, baseline vs actual by day (chart), and tables by model, upstream, day, session.
+// Cost: totals, baseline vs actual by day (chart), and tables by model, upstream, key, day, session.
 import { cost } from "../api.js";
 import { barChart } from "../chart.js";
 import { fmt, h, put } from "../dom.js";
 
 const WINDOWS = [["24h", "24 hours"], ["7d", "7 days"], ["30d", "30 days"], ["all", "all time"]];
-const GROUPS = [["model", "Model"], ["upstream", "Upstream"], ["day", "Day"], ["session", "Session"]];
+const GROUPS = [["model", "Model"], ["upstream", "Upstream"], ["key", "Key"], ["day", "Day"], ["session", "Session"]];
 
 function groupTable(groups, label) {
   if (!groups.length) return h("p", { class: "muted" }, "Nothing recorded in this window.");
