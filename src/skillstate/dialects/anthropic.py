@@ -4,7 +4,7 @@ the upstream endpoint and the native stream relay."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypeGuard
+from typing import Any, Final
 
 import orjson
 
@@ -14,6 +14,9 @@ from ..usage import Usage, optional_token_count, token_count
 from . import models, sse
 from .base import JSON, StreamRelay, json_error_object
 from .capture import RelayCapture
+from .checks import bad_request as _bad
+from .checks import is_int as _is_int
+from .checks import is_number as _is_number
 
 NAME: Final = "anthropic"
 # ProxyError kind -> Anthropic error type
@@ -34,18 +37,6 @@ _ERROR_TYPES = {
 
 
 # -- request checks ----------------------------------------------------------------------
-
-
-def _bad(message: str, param: str | None = None) -> ProxyError:
-    return ProxyError("invalid_request", message, param=param)
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 # Every content-block type the Anthropic Messages API (including its beta surface, per the

@@ -21,6 +21,9 @@ from ..usage import Usage, optional_token_count, token_count
 from . import models, sse
 from .base import JSON, StreamRelay, json_error_object
 from .capture import RelayCapture
+from .checks import bad_request as _bad
+from .checks import is_int as _is_int
+from .checks import is_number as _is_number
 
 NAME: Final = "openai"
 
@@ -44,18 +47,6 @@ _ERROR_TYPES = {
 
 
 # -- request checks ----------------------------------------------------------------------
-
-
-def _bad(message: str, param: str) -> ProxyError:
-    return ProxyError("invalid_request", message, param=param)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def validate_openai_request(body: JSON) -> None:

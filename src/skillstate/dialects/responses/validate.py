@@ -6,24 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import ProxyError
 from ..base import JSON
+from ..checks import bad_request as _bad
+from ..checks import is_int as _is_int
+from ..checks import is_number as _is_number
 
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 _FORMATS = frozenset({"text", "json_object", "json_schema"})
-
-
-def _bad(message: str, param: str) -> ProxyError:
-    return ProxyError("invalid_request", message, param=param)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def validate_responses_request(body: JSON) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, TypeGuard
+from typing import Any
 
-from ...errors import ProxyError
 from ...usage import MAX_TOKEN_COUNT
+from ..checks import is_int as _is_int
 
 JSON = dict[str, Any]
 
@@ -17,10 +17,6 @@ TOOL_ERROR_PREFIX = "[tool error] "
 SYSTEM_JOIN = "\n\n"
 ASSISTANT_TEXT_JOIN = ""
 TOOL_RESULT_TEXT_JOIN = "\n"
-
-
-def _bad(message: str, param: str | None = None) -> ProxyError:
-    return ProxyError("invalid_request", message, param=param)
 
 
 def _dumps(value: Any) -> str:
@@ -35,14 +31,6 @@ def _clean(text: str) -> str:
     except UnicodeEncodeError:
         return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
     return text
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _joined(parts: list[str]) -> str:

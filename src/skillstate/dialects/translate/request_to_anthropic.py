@@ -7,11 +7,11 @@ import re
 from typing import Any
 
 from ...jsondepth import JSONTooDeep
+from ..checks import bad_request as _bad
+from ..checks import is_int as _is_int
 from .common import (
     JSON,
     SYSTEM_JOIN,
-    _bad,
-    _is_int,
 )
 from .toolargs import parse_tool_arguments
 

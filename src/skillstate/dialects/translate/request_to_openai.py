@@ -6,13 +6,13 @@ import copy
 from typing import Any
 
 from ...errors import ProxyError
+from ..checks import bad_request as _bad
 from .common import (
     ASSISTANT_TEXT_JOIN,
     JSON,
     SYSTEM_JOIN,
     TOOL_ERROR_PREFIX,
     TOOL_RESULT_TEXT_JOIN,
-    _bad,
     _dumps,
 )
 

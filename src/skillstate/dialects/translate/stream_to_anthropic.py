@@ -8,10 +8,10 @@ from ...errors import ProxyError
 from .. import sse
 from ..anthropic import ANTHROPIC
 from ..capture import TextCapture
+from ..checks import is_int as _is_int
 from .common import (
     JSON,
     _clean,
-    _is_int,
     _synth_tool_id,
     anthropic_stop_reason,
     openai_usage_to_anthropic,

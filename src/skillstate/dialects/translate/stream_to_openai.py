@@ -9,11 +9,11 @@ from typing import Any
 from ...errors import ProxyError
 from .. import sse
 from ..capture import TextCapture
+from ..checks import is_int as _is_int
 from ..openai import OPENAI
 from .common import (
     JSON,
     _dumps,
-    _is_int,
     _joined,
     anthropic_usage_to_openai,
     openai_finish_reason,
