@@ -7,6 +7,8 @@ The terminal event is held back: the pipeline commits the turn first and then ca
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import orjson
 
 from . import sse
@@ -15,8 +17,31 @@ from .capture import RelayCapture
 from .openai import usage_from_openai
 from .translate import AnthropicStreamToOpenAI, OpenAIStreamToAnthropic
 
+_Translator = TypeVar("_Translator", OpenAIStreamToAnthropic, AnthropicStreamToOpenAI)
 
-class OpenAIToAnthropicRelay(RelayCapture):
+
+class _TranslatingRelay(RelayCapture, Generic[_Translator]):
+    """A relay whose client bytes come from a stream translator (``_t``): the translator
+    captures the text it delivers, and ends or errors the client's stream."""
+
+    _t: _Translator
+
+    @property
+    def text(self) -> str:
+        return self._t.text
+
+    @property
+    def truncated(self) -> bool:
+        return self._t.text_truncated
+
+    def finish(self) -> list[bytes]:
+        return self._t.finish()
+
+    def error(self, message: str) -> bytes:
+        return self._t.error(message)
+
+
+class OpenAIToAnthropicRelay(_TranslatingRelay[OpenAIStreamToAnthropic]):
     """OpenAI upstream -> Anthropic client, through the stream translator."""
 
     def __init__(self, *, request_model: str, capture_limit: int) -> None:
@@ -47,22 +72,8 @@ class OpenAIToAnthropicRelay(RelayCapture):
         self.has_tool_calls = self._t.has_tool_calls
         return out
 
-    @property
-    def text(self) -> str:
-        return self._t.text
 
-    @property
-    def truncated(self) -> bool:
-        return self._t.text_truncated
-
-    def finish(self) -> list[bytes]:
-        return self._t.finish()
-
-    def error(self, message: str) -> bytes:
-        return self._t.error(message)
-
-
-class AnthropicToOpenAIRelay(RelayCapture):
+class AnthropicToOpenAIRelay(_TranslatingRelay[AnthropicStreamToOpenAI]):
     """Anthropic upstream -> OpenAI client, through the stream translator."""
 
     def __init__(self, *, model: str, include_usage: bool, capture_limit: int) -> None:
@@ -92,17 +103,3 @@ class AnthropicToOpenAIRelay(RelayCapture):
             message = data.get("message")
             self.note_model(message.get("model") if isinstance(message, dict) else None)
         return out
-
-    @property
-    def text(self) -> str:
-        return self._t.text
-
-    @property
-    def truncated(self) -> bool:
-        return self._t.text_truncated
-
-    def finish(self) -> list[bytes]:
-        return self._t.finish()
-
-    def error(self, message: str) -> bytes:
-        return self._t.error(message)
