@@ -4,7 +4,12 @@ and holds at most ``limit`` characters however long the reply runs."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
+
 from ..ledger import Usage
+from . import sse
 
 
 class TextCapture:
@@ -58,6 +63,28 @@ class RelayCapture:
         upstream's) is no text."""
         if isinstance(s, str):
             self._text.add(s)
+
+    def openai_chunk(self, event: sse.SSEEvent) -> dict[str, Any] | None:
+        """The chunk object of an OpenAI chat-completions stream event, for a relay that
+        translates it; None when there is nothing to translate: ``[DONE]`` (which marks the
+        stream complete), an empty, unparsable or non-object event, or an error event (its
+        message recorded as ``upstream_error``)."""
+        if event.data == "[DONE]":
+            self.complete = True
+            return None
+        if not event.data:
+            return None
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(chunk, dict):
+            return None
+        if "error" in chunk:
+            err = chunk["error"]
+            self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
+            return None
+        return chunk
 
     def note_model(self, model: object) -> None:
         """The model an event names, when it names one (a string; anything else is ignored:

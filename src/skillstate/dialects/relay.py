@@ -50,20 +50,8 @@ class OpenAIToAnthropicRelay(_TranslatingRelay[OpenAIStreamToAnthropic]):
         self._t = OpenAIStreamToAnthropic(request_model, capture_limit=capture_limit)
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
-        if event.data == "[DONE]":
-            self.complete = True
-            return []
-        if not event.data:
-            return []
-        try:
-            chunk = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            return []
-        if not isinstance(chunk, dict):
-            return []
-        if "error" in chunk:
-            err = chunk["error"]
-            self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
+        chunk = self.openai_chunk(event)
+        if chunk is None:
             return []
         self.note_model(chunk.get("model"))
         if chunk.get("usage"):

@@ -135,18 +135,8 @@ class ChatToResponsesRelay(RelayCapture):
         ]
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
-        if event.data == "[DONE]":
-            self.complete = True
-            return []
-        try:
-            chunk = orjson.loads(event.data) if event.data else None
-        except orjson.JSONDecodeError:
-            return []
-        if not isinstance(chunk, dict):
-            return []
-        if "error" in chunk:
-            err = chunk["error"]
-            self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
+        chunk = self.openai_chunk(event)
+        if chunk is None:
             return []
         out = self._start()
         if isinstance(chunk.get("model"), str):
