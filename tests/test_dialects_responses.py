@@ -28,14 +28,37 @@ def compact(items: list[Any]) -> list[Any]:
     return result
 
 
-def test_latest_observation_is_the_whole_interleaved_tool_round() -> None:
+def test_latest_observation_is_the_last_tool_round_with_parallel_calls() -> None:
     reasoning = {"type": "reasoning", "id": "rs", "summary": [], "encrypted_content": "x"}
     older = [fc(0), out(0), OLD, {"type": "message", "role": "user", "content": "more"}]
-    round_ = [reasoning, fc(1), out(1), fc(2), out(2)]
+    round_ = [reasoning, fc(1), fc(2), out(1), out(2)]
     got = compact([SYSTEM, TASK, *older, *round_])
     assert got[:2] == [SYSTEM, TASK]
     assert STATE_MARK in got[2]["content"][0]["text"]
     assert got[3:] == round_  # every call with its output, the reasoning item untouched
+
+
+def test_back_to_back_tool_rounds_keep_only_the_last() -> None:
+    """Codex-style loops have no message between rounds: an output followed by a call (or
+    reasoning) is the model's next turn, so earlier rounds are in the state, not resent."""
+    r = [{"type": "reasoning", "id": f"rs{i}", "summary": [], "encrypted_content": str(i)}
+         for i in range(3)]  # fmt: skip
+    items = [
+        SYSTEM,
+        TASK,
+        r[0],
+        fc(0),
+        out(0),
+        r[1],
+        fc(1),
+        out(1),
+        r[2],
+        fc(2),
+        fc(3),
+        out(2),
+        out(3),
+    ]
+    assert compact(items)[3:] == [r[2], fc(2), fc(3), out(2), out(3)]
 
 
 def test_latest_observation_is_the_last_user_message() -> None:

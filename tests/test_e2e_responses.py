@@ -583,3 +583,26 @@ def test_mask_mode_masks_old_function_call_outputs(
     outputs = [i["output"] for i in sent if i.get("type") == "function_call_output"]
     assert "OUTPUT-0" not in outputs[0] and "OUTPUT-7" in outputs[7]
     assert sent[0] == items[0]  # the task is never masked
+
+
+def test_cost_baseline_counts_a_responses_transcript(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """The savings baseline estimates the client's whole Responses transcript (``input``
+    and ``instructions``), not only its tools: a long loop compacted in state mode saves."""
+    p = start(fake, start_proxy, "openai", "--mode", "state")
+    items: list[Any] = [{"role": "user", "content": "Task: read the files."}]
+    for i in range(8):
+        items += [
+            {"type": "function_call", "call_id": f"c{i}", "name": "get_weather",
+             "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": f"OUTPUT-{i} " * 80},
+        ]  # fmt: skip
+    fake.enqueue(Reply(text=envelope({"notes": "read"})))
+    client(p).responses.create(
+        model="gpt-4o", instructions="Be careful. " * 20, input=items, tools=TOOLS,
+        extra_headers={"x-skillstate-session": "base"},
+    )  # fmt: skip
+    totals = p.get("/cost", params={"session": "base"}).json()["totals"]
+    assert totals["baseline_input_tokens"] > 2 * totals["input_tokens"]
+    assert totals["saved_input_tokens"] > 0

@@ -156,8 +156,11 @@ def _cache_hints(turn: Turn, body: dict[str, Any], schema: list[str]) -> CacheHi
 
 
 def _est(body: Mapping[str, Any]) -> int:
-    """Tokens of what an upstream would read: system, messages and tool definitions."""
-    return estimate_tokens([body.get("system"), body.get("messages"), body.get("tools")])
+    """Tokens of what an upstream would read: system, messages and tool definitions (and a
+    Responses API body's instructions and input items)."""
+    parts = [body.get("system"), body.get("messages"), body.get("tools")]
+    parts += [body[k] for k in ("instructions", "input") if k in body]
+    return estimate_tokens(parts)
 
 
 class Pipeline:

@@ -20,13 +20,32 @@ from .validate import validate_responses_request
 
 NAME: Final = "openai-responses"
 
-# Items that belong to the model's turn that made tool calls (kept with their outputs).
-_TOOL_ROUND = frozenset({"function_call", "function_call_output", "reasoning"})
+# Items of the model's turn that made tool calls (kept, byte-exact, with their outputs).
+_CALL_ITEMS = frozenset({"function_call", "reasoning"})
 
 
 def _type(item: JSON) -> str:
     t = item.get("type", "message")
     return t if isinstance(t, str) else ""
+
+
+def _last_tool_round(items: list[Any], split: Split) -> int:
+    """Where the last tool round starts: the last run of function_call items (parallel
+    calls, with their reasoning items: encrypted_content must go back as it came) and the
+    function_call_output items after them. An output followed by a call starts a new round,
+    as a model turn ends with its calls. ``len(items)`` when the transcript ends otherwise."""
+    end = len(items)
+    outputs = [
+        k for k in range(split.observation, end) if _type(items[k]) == "function_call_output"
+    ]
+    if not outputs:
+        return end
+    k = outputs[-1] + 1
+    while k > split.system_end and _type(items[k - 1]) == "function_call_output":
+        k -= 1
+    while k > split.system_end and _type(items[k - 1]) in _CALL_ITEMS:
+        k -= 1
+    return k
 
 
 def _user_message(text: str) -> JSON:
@@ -57,13 +76,7 @@ class ResponsesContext:
         self, body: dict[str, Any], split: Split, contract: str, state: dict[str, Any]
     ) -> dict[str, Any]:
         items = body["input"]
-        start = split.observation
-        if start < len(items) and _type(items[start]) in _TOOL_ROUND:
-            # The latest observation is the whole last tool round: every function_call of the
-            # model's turn (parallel calls), its reasoning items byte-exact (encrypted_content
-            # included) and all the outputs.
-            while start > split.system_end and _type(items[start - 1]) in _TOOL_ROUND:
-                start -= 1
+        start = min(split.observation, _last_tool_round(items, split))
         out = list(items[: split.system_end])
         if split.task is not None:
             out.append(items[split.task])  # in the stable prefix from the first turn on
