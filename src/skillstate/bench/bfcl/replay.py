@@ -144,10 +144,6 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
         if not isinstance(turn_no, int) or not isinstance(done, int):
             raise SimError("replay: the state has no integer turn/calls_done")
         history = [str(h) for h in state.get("history") or []]
-        if _marked(last) and len(messages) > 1 and not _marked(messages[-2]):
-            # The first turn: the task leads the stable prefix and the state block follows
-            # it (issue 14 §2), so the task is the message before the last.
-            last = messages[-2]
         if last.get("role") == "tool":
             t, k = turn_no - 1, done
             request = str(state.get("request") or "")
@@ -156,8 +152,8 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
         elif last.get("role") == "user" and not _marked(last):
             t, k, request, results = turn_no, 0, message_text(last), []
         elif last.get("role") == "user" and (first := _first_turn_request(messages)) is not None:
-            # The task is the latest observation on the first turn: it sits in the stable
-            # prefix, before the contract and the state.
+            # The first turn: the task leads the stable prefix, before the contract and the
+            # state (issue 14 §2), in one merged user message under Anthropic.
             t, k, request, results = turn_no, 0, first, []
         else:
             raise SimError(f"replay: cannot read the position from a {last.get('role')} message")
