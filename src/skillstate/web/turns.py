@@ -28,10 +28,19 @@ C = TypeVar("C", bound=Choice)
 COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"  # the metrics' route label
 
 
+def single_header(request: Request, name: str) -> str | None:
+    """The one value of header ``name`` (None when absent). Sent twice it is a 400: which
+    copy counts would depend on who reads it (the proxy, or something in front of it)."""
+    values = request.headers.getlist(name)
+    if len(values) > 1:
+        raise ProxyError("invalid_request", f"{name} was sent {len(values)} times", param=name)
+    return values[0] if values else None
+
+
 def _header_choice(request: Request, name: str, default: C) -> C:
     """The per-request override of a setting, one of its enum's values, else a 400."""
     kind = type(default)
-    value = request.headers.get(name, default.value).strip().lower()
+    value = (single_header(request, name) or default.value).strip().lower()
     if value not in kind.values():
         allowed = ", ".join(kind.values())
         raise ProxyError("invalid_request", f"{name} must be one of {allowed}", param=name)
@@ -73,7 +82,7 @@ async def _turn(
     grant: Grant | None = None
     handed_to_stream = False  # a stream's budget estimate is released when the stream ends
     try:
-        session = resolve_session_id(request.headers.get(SESSION_HEADER))
+        session = resolve_session_id(single_header(request, SESSION_HEADER))
         session_hdr = {SESSION_HEADER: session}
         turn = await parse_turn(request, rt.settings, dialect, validate, session, tel)
         tel.begin(turn)
@@ -161,7 +170,7 @@ async def messages_count_tokens(request: Request) -> Response:
     tel = rt.telemetry.turn(COUNT_TOKENS_ROUTE, "anthropic")
     session_hdr: dict[str, str] = {}
     try:
-        session = resolve_session_id(request.headers.get(SESSION_HEADER))
+        session = resolve_session_id(single_header(request, SESSION_HEADER))
         session_hdr = {SESSION_HEADER: session}
         turn = await parse_turn(
             request, rt.settings, "anthropic", validate_count_tokens_request, session
