@@ -120,7 +120,6 @@ class Store(Protocol):
         step moved meanwhile. Returns the new step."""
         ...
 
-    async def list_sessions(self) -> list[dict[str, Any]]: ...
     async def sessions_page(
         self, limit: int, after: tuple[float, str] | None = None, prefix: str | None = None
     ) -> list[dict[str, Any]]:

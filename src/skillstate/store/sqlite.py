@@ -624,17 +624,6 @@ class SQLiteStore:
             self._remember(session, _Cached(state_blob, schema, step, now, now))
         return step
 
-    async def list_sessions(self) -> list[dict[str, Any]]:
-        def list_(db: sqlite3.Connection) -> list[dict[str, Any]]:
-            rows = db.execute(
-                "SELECT id, step, updated, length(state) FROM sessions ORDER BY updated DESC"
-            ).fetchall()
-            return [
-                {"session": r[0], "step": r[1], "updated": r[2], "state_bytes": r[3]} for r in rows
-            ]
-
-        return await self._run(list_)
-
     # -- pages (GET /state and ?history=1) ----------------------------------------------
 
     async def sessions_page(
