@@ -33,7 +33,7 @@ def is_key_rejected(status: int) -> bool:
 def fails_over(status: int) -> bool:
     """True: try again or on the next upstream. False (other 4xx): the request itself is
     wrong, so the answer goes back to the client at once."""
-    return is_key_rejected(status) or status in RETRYABLE_STATUSES
+    return is_key_rejected(status) or is_retryable_status(status)
 
 
 def parse_retry_after(value: str | None, now_wall: float | None = None) -> float | None:
