@@ -68,3 +68,18 @@ def test_a_model_list_that_is_not_json_is_a_502(fake: FakeProvider, mproxy: Prox
     with pytest.raises(openai.APIStatusError) as e:
         c.models.list()
     assert e.value.status_code == 502 and "non-JSON model list" in e.value.message
+
+
+# (Plain ".." segments never leave the client: HTTP clients normalise them away.)
+@pytest.mark.parametrize(
+    "model_id", ["..%2Ffiles", "a%2F..%2F..%2Ffiles", "%2E%2E", "a//b", "x%00y"]
+)
+def test_a_model_id_that_names_another_path_is_refused(
+    fake: FakeProvider, proxy: Proxy, model_id: str
+) -> None:
+    before = len(fake.requests)
+    r = proxy.get(f"/v1/models/{model_id}")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "invalid model id"
+    assert len(fake.requests) == before  # nothing went upstream with the operator's key
+    assert proxy.get("/v1/models/meta-llama%2FLlama-3").status_code in (200, 404)

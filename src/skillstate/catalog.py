@@ -25,6 +25,20 @@ def catalog_dialect(headers: Mapping[str, str]) -> Dialect:
     return dialect_for_headers(headers)
 
 
+def check_model_id(model_id: str) -> None:
+    """A model id goes into the upstream's path, sent with the operator's key: ``..`` or
+    ``.`` segments (``/v1/models/..%2Ffiles``) would name another route to any gateway that
+    decodes ``%2F`` before routing, so they are refused, as are empty and control characters.
+    Ids with ``/`` (``meta-llama/Llama-3``) are fine."""
+    segments = model_id.split("/")
+    if (
+        not model_id
+        or any(seg in ("", ".", "..") for seg in segments)
+        or not model_id.isprintable()
+    ):
+        raise ProxyError("invalid_request", "invalid model id", param="model")
+
+
 async def fetch_models(
     pool: UpstreamPool,
     headers: Mapping[str, str],
@@ -32,7 +46,9 @@ async def fetch_models(
     model_id: str | None = None,
     query: str = "",
 ) -> Reply:
-    """Raises ProxyError when no upstream answered."""
+    """Raises ProxyError when no upstream answered, or for a model id that is a path."""
+    if model_id is not None:
+        check_model_id(model_id)
     path = "/models" if model_id is None else "/models/" + quote(model_id, safe="")
     native = [up for up in pool.upstreams if up.kind == dialect]
     if query and native:
