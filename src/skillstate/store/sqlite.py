@@ -188,6 +188,15 @@ Results = list[tuple["asyncio.Future[Any]", Any, BaseException | None]]
 # written": a retry later may work.
 _BUSY, _LOCKED = 5, 6
 _UNAVAILABLE_CODES = {_BUSY, _LOCKED, 8, 10, 13, 14}  # + READONLY, IOERR, FULL, CANTOPEN
+# sqlite3's messages for those codes (sqlite3_errstr), for Pythons without sqlite_errorcode.
+_CODE_BY_MESSAGE = {
+    "database is locked": _BUSY,
+    "database table is locked": _LOCKED,
+    "attempt to write a readonly database": 8,
+    "disk I/O error": 10,
+    "database or disk is full": 13,
+    "unable to open database file": 14,
+}
 
 
 def as_store_error(e: BaseException) -> StoreError:
@@ -195,7 +204,9 @@ def as_store_error(e: BaseException) -> StoreError:
     if isinstance(e, StoreError):
         return e
     if isinstance(e, sqlite3.Error):
-        code = getattr(e, "sqlite_errorcode", None)
+        code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+
+        if code is None:  # Python 3.10: only the message says which
+            code = _CODE_BY_MESSAGE.get(str(e))
         if code is not None and code & 0xFF in _UNAVAILABLE_CODES:
             if code & 0xFF in (_BUSY, _LOCKED):
                 return StoreUnavailable(f"the database is locked by another process ({e})")
@@ -445,7 +456,7 @@ class SQLiteStore:
                 fut.set_exception(StoreUnavailable("the store closed before this write"))
         self._queue = []
         if self._db is not None:
-            with contextlib.suppress(StoreError, TimeoutError):
+            with contextlib.suppress(StoreError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._run(close), max(deadline - time.monotonic(), 0.1))
         self._exec.shutdown(wait=False)
         if self._locked:
@@ -464,7 +475,7 @@ class SQLiteStore:
             self._probe = asyncio.ensure_future(self._run(self._probe_write))
         try:
             await asyncio.wait_for(asyncio.shield(self._probe), timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin on Python 3.10
             return f"the store did not answer within {timeout:g}s"
         except StoreError as e:
             return str(e)
