@@ -51,9 +51,9 @@ from typing import Any, Literal
 
 import orjson
 
-from .ledger import Usage
 from .pricing import Prices, cost_from_prices
 from .tokens import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS
+from .usage import Usage
 
 __all__ = [
     "Baseline",

@@ -14,8 +14,8 @@ client names. Breaker states and rate-limit windows are read from the upstreams 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -28,9 +28,31 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 if TYPE_CHECKING:
     from .ledger import LedgerRow
-    from .upstream.client import UpstreamRuntime
 
 __all__ = ["CONTENT_TYPE", "Metrics", "attempt_outcome"]
+
+
+class _Breaker(Protocol):
+    @property
+    def state(self) -> str: ...
+
+
+class _Limits(Protocol):
+    def snapshot(self) -> Mapping[str, Any]: ...
+
+
+class UpstreamView(Protocol):
+    """What a scrape reads of an upstream (``upstream.client.UpstreamRuntime``): a protocol,
+    so that the upstream layer, which reports to the metrics, is not imported by them."""
+
+    name: str
+
+    @property
+    def breaker(self) -> _Breaker: ...
+
+    @property
+    def limits(self) -> _Limits: ...
+
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PREFIX = "skillstate_"
@@ -246,28 +268,28 @@ class Metrics:
 
     # -- the scrape ----------------------------------------------------------------------
 
-    def render(self, upstreams: Sequence[UpstreamRuntime]) -> bytes:
+    def render(self, upstreams: Sequence[UpstreamView]) -> bytes:
         """Everything in the Prometheus text format, with the upstreams' breaker states and
         rate-limit windows as they are now."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Snapshot(self, upstreams))
         return generate_latest(registry)
 
-    def families(self, upstreams: Sequence[UpstreamRuntime]) -> Iterator[Metric]:
+    def families(self, upstreams: Sequence[UpstreamView]) -> Iterator[Metric]:
         for f in self._families:
             yield f.family()
         yield from _upstream_gauges(upstreams)
 
 
 class _Snapshot(Collector):
-    def __init__(self, metrics: Metrics, upstreams: Sequence[UpstreamRuntime]) -> None:
+    def __init__(self, metrics: Metrics, upstreams: Sequence[UpstreamView]) -> None:
         self._metrics, self._upstreams = metrics, upstreams
 
     def collect(self) -> Iterator[Metric]:
         return self._metrics.families(self._upstreams)
 
 
-def _upstream_gauges(upstreams: Sequence[UpstreamRuntime]) -> Iterator[Metric]:
+def _upstream_gauges(upstreams: Sequence[UpstreamView]) -> Iterator[Metric]:
     state = GaugeMetricFamily(
         PREFIX + "breaker_state",
         "1 for the state each upstream's circuit breaker is in now, 0 for the others.",

@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -27,9 +27,24 @@ from .metrics import Metrics, attempt_outcome
 if TYPE_CHECKING:
     from .config import Settings
     from .ledger import LedgerRow
-    from .pipeline import Turn
 
 __all__ = ["NO_TELEMETRY", "Telemetry", "TurnTelemetry"]
+
+
+class TurnView(Protocol):
+    """What a turn's telemetry reads of it (``pipeline.Turn``): a protocol, so that the
+    pipeline, which reports here, is not imported back."""
+
+    @property
+    def mode(self) -> object: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def session(self) -> str: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def body(self) -> Mapping[str, Any]: ...
 
 
 class TurnTelemetry:
@@ -38,7 +53,7 @@ class TurnTelemetry:
 
     __slots__ = ()
 
-    def begin(self, turn: Turn) -> None:
+    def begin(self, turn: TurnView) -> None:
         """The request is parsed: its mode and model are known."""
 
     def context(self, form: str) -> None:
@@ -149,7 +164,7 @@ class _TurnRecorder(TurnTelemetry):
         if tel.tracer is not None:
             self._span = tel.tracer.root("chat", {"gen_ai.operation.name": "chat"})
 
-    def begin(self, turn: Turn) -> None:
+    def begin(self, turn: TurnView) -> None:
         self._mode = str(turn.mode)
         span = self._span
         if span is None:
