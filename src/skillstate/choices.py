@@ -7,6 +7,7 @@ Members are ``str`` enums: they compare equal to, serialise as and format as the
 from __future__ import annotations
 
 from enum import Enum
+from functools import cache
 
 
 class Choice(str, Enum):
@@ -20,8 +21,9 @@ class Choice(str, Enum):
 
     @classmethod
     def values(cls) -> tuple[str, ...]:
-        """The accepted spellings, in declaration order."""
-        return tuple(str(m.value) for m in cls)
+        """The accepted spellings, in declaration order (read on every request: computed
+        once per enum)."""
+        return _values(cls)
 
     @classmethod
     def spelled(cls, sep: str = " | ") -> str:
@@ -90,3 +92,8 @@ class AuthMode(Choice):
 
     AUTO = "auto"
     REQUIRED = "required"
+
+
+@cache
+def _values(kind: type[Choice]) -> tuple[str, ...]:
+    return tuple(str(m.value) for m in kind)
