@@ -279,6 +279,10 @@ def proxy_config(tap: Tap, *, kind: str = "openai", **extra: Any) -> dict[str, A
         "prices": {MODEL: {"local_zero": True}},
         "max_retries": 0,  # one upstream call per turn: the tier's runtime stays bounded
         "first_byte_timeout": 300,
+        # The tier checks that llama.cpp's own bytes reach the client (and what was committed
+        # from them), so the envelope is kept in the reply; strip is covered by the main suite
+        # with the real SDKs (tests/test_e2e_strip.py).
+        "reply_envelope": "keep",
     }
     cfg.update(extra)
     return cfg
