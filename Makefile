@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-unit test-real test-ui test-agents docs lint install smoke demo bench clean
+.PHONY: test test-unit test-real test-ui test-agents test-scale docs lint install smoke demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,13 @@ test-real: $(STAMP)
 	[ -n "$$SKILLSTATE_REAL_UPSTREAM" ] || $(BIN)/python scripts/real-upstream build >/dev/null
 	$(BIN)/pytest -c pyproject.toml tests/real -o "norecursedirs=.* *.egg-info build dist .venv" \
 		-m real --durations=5
+
+# The scale tier: the PostgreSQL store and Redis coordination against real servers (Debian's
+# postgresql and redis-server, started by the tier on loopback in temp dirs), and several
+# proxy replicas sharing them.
+test-scale: $(STAMP)
+	$(BIN)/pytest -c pyproject.toml tests/scale -o "norecursedirs=.* *.egg-info build dist .venv" \
+		--durations=5
 
 # The browser tier: the dashboard (/ui) and the docs site in Debian's chromium via Playwright
 # (apt-get install chromium; Playwright's own browser download is never used). Screenshots go to

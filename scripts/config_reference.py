@@ -99,6 +99,20 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "cache); states are held as their stored JSON, so this is the real bound.",
         "store_busy_timeout": "Seconds a write waits for a lock held by another process "
         "before the turn fails with 503 (nothing committed).",
+        "store": "Where durable data lives: `sqlite:///path/to/file.db` (the URL's path is the "
+        "file), or `postgresql://user:pass@host:port/db` for a store shared by replicas. Unset: "
+        "`<data_dir>/skillstate.db`, one proxy process per data directory.",
+        "store_pool_size": "PostgreSQL connections each replica keeps in its pool.",
+        "coordination": "Redis URL (`redis://host:port/db`, `rediss://…`) for what replicas "
+        "share: per-session turn leases, rpm/tpm windows, circuit breakers. Unset: all of them "
+        "live in this process, which is right for a single proxy.",
+        "coordination_down": "While Redis is unreachable: `refuse` turns (503 in the client's "
+        "dialect), or run them on this replica's `local` leases, windows and breakers (limits "
+        "then hold per replica only, and /health reports the degradation).",
+        "lease_ttl": "Seconds a turn's session lease lives without renewal; a running turn "
+        "renews it, so this bounds how long a crashed replica blocks its sessions.",
+        "lease_wait": "Seconds a turn queues (first come, first served) for its session's lease "
+        "before it gets a 409.",
         "health_timeout": "Longest wait of `/health` for the store; a store that cannot "
         "write is a 503, not a stall.",
         "ledger_retention": "Seconds the cost ledger keeps rows (0 = forever).",

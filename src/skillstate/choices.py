@@ -58,6 +58,15 @@ class CacheBreakpoints(Choice):
     OFF = "off"
 
 
+class CoordinationDown(Choice):
+    """What turns do while the coordination service (Redis) is unreachable: ``refuse``
+    them (503 in the client's dialect), or run on this replica's ``local`` leases, windows
+    and breakers (limits then hold per replica only; /health says so)."""
+
+    REFUSE = "refuse"
+    LOCAL = "local"
+
+
 class Constrain(Choice):
     """Whether the upstream is asked for a JSON-schema-constrained envelope."""
 

@@ -20,7 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .baseline import CACHE_PRICING, DEFAULT_MIN_TOKENS, DEFAULT_TTL_S, CachePricing, CacheRegime
-from .choices import AuthMode, CacheBreakpoints, Constrain, Mode, ReplyEnvelope
+from .choices import AuthMode, CacheBreakpoints, Constrain, CoordinationDown, Mode, ReplyEnvelope
 from .dialects.registry import DIALECTS
 from .pricing import PriceOverride
 
@@ -162,6 +162,17 @@ class Settings(BaseModel):
     max_sessions: int = Field(default=10_000, ge=0)  # sessions kept; more is a 507; 0 = no cap
     session_cache_bytes: int = Field(default=64 * MiB, ge=0)  # in-memory session cache
     store_busy_timeout: float = Field(default=1.0, ge=0)  # wait for another process's lock
+    # Where sessions, transitions, the ledger, keys and stored responses live: sqlite:///path
+    # (None: <data_dir>/skillstate.db, one proxy per data dir) or postgresql://… (shared by
+    # replicas; pair it with coordination).
+    store: str | None = None
+    store_pool_size: int = Field(default=10, ge=1, le=1000)  # PostgreSQL connections per replica
+    # Redis (redis://… or rediss://…) for what replicas share: per-session turn leases,
+    # rpm/tpm windows, circuit breakers. None: all of them in this process.
+    coordination: str | None = None
+    coordination_down: CoordinationDown = CoordinationDown.REFUSE
+    lease_ttl: float = Field(default=10.0, gt=0)  # seconds a turn's session lease lives unrenewed
+    lease_wait: float = Field(default=30.0, ge=0)  # seconds a turn queues for its session's lease
     health_timeout: float = Field(default=1.0, gt=0)  # /health's wait for the store
     ledger_retention: float = Field(default=90 * DAY, ge=0)
     purge_interval: float = Field(default=3600.0, gt=0)
@@ -215,6 +226,25 @@ class Settings(BaseModel):
             raise ValueError(f"upstream names must be unique: {sorted(dup)}")
         return self
 
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        scheme = urlsplit(v).scheme
+        if scheme not in ("sqlite", "postgresql", "postgres"):
+            raise ValueError(f"must be sqlite:///path or postgresql://…, got {scheme or v!r}")
+        if scheme == "sqlite" and not urlsplit(v).path.strip("/"):
+            raise ValueError("sqlite:///path needs a file path, e.g. sqlite:///var/lib/ss/ss.db")
+        return v
+
+    @field_validator("coordination")
+    @classmethod
+    def _coordination_url(cls, v: str | None) -> str | None:
+        if v is not None and urlsplit(v).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"must be redis://host:port[/db] or rediss://…, got {v!r}")
+        return v
+
     @property
     def allowed_keys(self) -> list[str]:
         """The schema: explicit keys, else the keys of initial_state."""
@@ -266,6 +296,8 @@ ENV_VARS = {
     "SKILLSTATE_INITIAL_STATE": "initial state, a JSON object",
     "SKILLSTATE_CONFIG": "path of the JSON config file",
     "SKILLSTATE_DATA_DIR": "where the SQLite store lives (default ~/.skillstate)",
+    "SKILLSTATE_STORE": "store URL: sqlite:///path or postgresql://… (the store setting)",
+    "SKILLSTATE_COORDINATION": "Redis URL shared by replicas (the coordination setting)",
     "SKILLSTATE_VERBOSE": "1 to log one line per request",
     "SKILLSTATE_MODE": Mode.spelled(),
 }
@@ -283,6 +315,8 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
         "SKILLSTATE_UPSTREAM": "upstream",
         "SKILLSTATE_API_KEY": "api_key",
         "SKILLSTATE_MODE": "mode",
+        "SKILLSTATE_STORE": "store",
+        "SKILLSTATE_COORDINATION": "coordination",
     }
     for var, key in simple.items():
         if var in env:
