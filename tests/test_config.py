@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from skillstate.config import ConfigError, load_settings
+from skillstate.config import MAX_CONFIG_BYTES, ConfigError, load_settings
 
 
 def write(tmp_path: Path, data: dict) -> Path:
@@ -149,3 +150,48 @@ def test_store_limits_defaults_and_an_initial_state_within_the_state_bounds(
     deep = '{"a": ' + "[" * 300 + "]" * 300 + "}"
     with pytest.raises(ConfigError, match="initial_state: cannot be stored as JSON"):
         load_settings({}, env={"SKILLSTATE_INITIAL_STATE": deep}, cwd=tmp_path)
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_without_reading_it(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings({"config": str(fifo)}, env={})
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings({"config": "/dev/zero"}, env={})
+
+
+def test_an_oversized_config_file_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    big.write_bytes(b'{"_comment": "' + b"x" * (MAX_CONFIG_BYTES + 1) + b'"}')
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_settings({"config": str(big)}, env={})
+    ok = tmp_path / "ok.json"
+    ok.write_bytes(b'{"_comment": "' + b"x" * (MAX_CONFIG_BYTES - 100) + b'", "port": 9}')
+    assert load_settings({"config": str(ok)}, env={}).port == 9
+
+
+@pytest.mark.parametrize(
+    ("setting", "url"),
+    [
+        ("store", "mysql://admin:hunter2@db/x"),
+        ("coordination", "http://admin:hunter2@cache:6379"),
+    ],
+)
+def test_a_bad_store_or_coordination_url_is_one_line_without_its_password(
+    setting: str, url: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_settings({setting: url}, env={})
+    assert str(e.value).startswith(f"{setting}: must be ")
+    assert "hunter2" not in str(e.value)
+
+
+def test_store_and_coordination_urls_from_the_environment() -> None:
+    s = load_settings(
+        {}, env={"SKILLSTATE_STORE": "postgresql://u@h/db", "SKILLSTATE_COORDINATION": "redis://h"}
+    )
+    assert (s.store, s.coordination) == ("postgresql://u@h/db", "redis://h")
+    assert load_settings({}, env={}).store is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -233,7 +234,8 @@ class Settings(BaseModel):
             return v
         scheme = urlsplit(v).scheme
         if scheme not in ("sqlite", "postgresql", "postgres"):
-            raise ValueError(f"must be sqlite:///path or postgresql://…, got {scheme or v!r}")
+            # The URL may carry a password: name only its scheme in the error.
+            raise ValueError(f"must be sqlite:///path or postgresql://…, not {scheme or '?'}:")
         if scheme == "sqlite" and not urlsplit(v).path.strip("/"):
             raise ValueError("sqlite:///path needs a file path, e.g. sqlite:///var/lib/ss/ss.db")
         return v
@@ -241,8 +243,10 @@ class Settings(BaseModel):
     @field_validator("coordination")
     @classmethod
     def _coordination_url(cls, v: str | None) -> str | None:
-        if v is not None and urlsplit(v).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"must be redis://host:port[/db] or rediss://…, got {v!r}")
+        # The URL may carry a password: name only its scheme in the error.
+        scheme = urlsplit(v).scheme if v is not None else "redis"
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"must be redis://host:port[/db] or rediss://…, not {scheme or '?'}:")
         return v
 
     @property
@@ -342,7 +346,7 @@ def _file_layer(path: Path, *, explicit: bool) -> dict[str, Any]:
             raise ConfigError(f"config: file not found: {path}")
         return {}
     try:
-        data = orjson.loads(path.read_bytes())
+        data = orjson.loads(_read_config_file(path))
     except orjson.JSONDecodeError as e:
         raise ConfigError(f"config: {path} is not valid JSON ({e})") from None
     except OSError as e:
@@ -352,6 +356,23 @@ def _file_layer(path: Path, *, explicit: bool) -> dict[str, Any]:
     data.pop("$schema", None)
     data.pop("_comment", None)
     return _normalise_keys(data)
+
+
+MAX_CONFIG_BYTES = 1 * MiB
+
+
+def _read_config_file(path: Path) -> bytes:
+    """The file's bytes, refusing what is not a regular file (a FIFO or /dev/zero would hang
+    or fill memory) or is larger than any real config."""
+    # O_NONBLOCK: opening a FIFO would otherwise wait for a writer (no effect on files).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"config: {path} is not a regular file")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config: {path} is larger than {MAX_CONFIG_BYTES // MiB} MiB")
+    return data
 
 
 def load_settings(
