@@ -156,12 +156,31 @@ def json_error_object(raw: bytes) -> JSON | None:
     return body
 
 
+# A rewritten error keeps at most this much of the upstream's message: enough for any real
+# explanation, while an upstream (or a load balancer) answering megabytes is not echoed whole.
+MAX_ERROR_MESSAGE_CHARS = 2000
+
+
 def error_message(raw: bytes) -> str:
-    """The human message inside an upstream error body of any dialect (or the raw text)."""
+    """The human message inside an upstream error body of any dialect (or the raw text),
+    cut to ``MAX_ERROR_MESSAGE_CHARS``."""
+    return _clip(_message_in(raw))
+
+
+def _clip(message: str) -> str:
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    cut = len(message) - MAX_ERROR_MESSAGE_CHARS
+    return f"{message[:MAX_ERROR_MESSAGE_CHARS]}… ({cut} more characters cut by the proxy)"
+
+
+def _message_in(raw: bytes) -> str:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return raw.decode("utf-8", errors="replace")[:500] or "upstream error"
+        return raw[: 4 * MAX_ERROR_MESSAGE_CHARS].decode("utf-8", errors="replace")[:500] or (
+            "upstream error"
+        )
     if isinstance(body, dict):
         err = body.get("error")
         if isinstance(err, dict) and err.get("message"):
@@ -170,4 +189,4 @@ def error_message(raw: bytes) -> str:
             return err
         if body.get("message"):
             return str(body["message"])
-    return raw.decode("utf-8", errors="replace")[:500]
+    return raw[: 4 * MAX_ERROR_MESSAGE_CHARS].decode("utf-8", errors="replace")[:500]
