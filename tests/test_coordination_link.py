@@ -1,0 +1,121 @@
+"""The coordination link's failure policy, without a Redis server: an address where nothing
+listens is an unreachable Redis. (Against a real redis-server: tests/scale/.)"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import pytest
+
+from skillstate.choices import CoordinationDown
+from skillstate.coordination.link import LOCAL, CoordinationLink, redacted
+from skillstate.errors import ProxyError
+
+
+def _dead_url() -> str:
+    """A loopback port nobody listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_not_configured_runs_everything_locally() -> None:
+    link = CoordinationLink(None)
+    calls: list[Any] = []
+
+    async def op(client: Any) -> str:
+        calls.append(client)
+        return "redis"
+
+    assert not link.configured
+    assert await link.call(op) is LOCAL
+    assert calls == []
+    assert await link.check(1.0) == {"redis": "not configured", "degraded": False}
+
+
+async def test_refuse_gives_a_503_with_retry_after_and_tries_again_later() -> None:
+    clock = _Clock()
+    link = CoordinationLink(_dead_url(), CoordinationDown.REFUSE, clock=clock)
+    tried = 0
+
+    async def ping(client: Any) -> Any:
+        nonlocal tried
+        tried += 1
+        return await client.ping()
+
+    try:
+        with pytest.raises(ProxyError) as err:
+            await link.call(ping)
+        e = err.value
+        assert (e.status, e.code) == (503, "coordination_unavailable")
+        assert e.headers()["retry-after"] == "1"
+        assert "Redis" in e.message and "unreachable" in e.message
+        assert not link.degraded  # refusing is not running degraded
+        # Within retry_every, the dead server is not tried again: straight to the policy.
+        with pytest.raises(ProxyError):
+            await link.call(ping)
+        assert tried == 1
+        clock.now += link.retry_every
+        with pytest.raises(ProxyError):
+            await link.call(ping)
+        assert tried == 2
+    finally:
+        await link.close()
+
+
+async def test_local_runs_degraded_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    link = CoordinationLink(_dead_url(), CoordinationDown.LOCAL, clock=clock)
+
+    async def ping(client: Any) -> Any:
+        return await client.ping()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="skillstate"):
+            assert await link.call(ping) is LOCAL
+            clock.now += 5
+            assert await link.call(ping) is LOCAL
+            health = await link.check(1.0)
+        assert link.degraded
+        assert health["degraded"] is True
+        assert health["redis"].startswith("down: ")
+        warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(warnings) == 1  # one line per transition, not per failed call
+        assert "DEGRADED" in warnings[0].getMessage()
+        assert link.outages == 1
+        # A success (e.g. the next call after Redis came back) ends the degradation.
+        link.succeeded()
+        assert not link.degraded and link.up
+    finally:
+        await link.close()
+
+
+async def test_redis_errors_that_are_not_outages_propagate() -> None:
+    link = CoordinationLink(_dead_url(), CoordinationDown.LOCAL)
+
+    async def buggy(client: Any) -> Any:
+        raise ValueError("a bug in the caller")
+
+    try:
+        with pytest.raises(ValueError):
+            await link.call(buggy)
+        assert link.up
+    finally:
+        await link.close()
+
+
+def test_logs_and_health_never_show_the_password() -> None:
+    assert redacted("redis://:s3cret@host:6380/1") == "redis://***@host:6380/1"
+    assert redacted("rediss://user:s3cret@host/0") == "rediss://user:***@host/0"
+    assert redacted("redis://host:6379/0") == "redis://host:6379/0"
