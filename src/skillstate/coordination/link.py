@@ -26,10 +26,11 @@ propagate from ``call`` unchanged.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from ..choices import CoordinationDown
@@ -47,12 +48,11 @@ TIMEOUT = 1.0  # seconds a connect or a command may take before Redis counts as 
 RETRY_EVERY = 1.0  # seconds between tries while down (and the refusals' Retry-After)
 
 
-class _Local:
-    def __repr__(self) -> str:
-        return "LOCAL"
+class _Local(enum.Enum):
+    LOCAL = "LOCAL"
 
 
-LOCAL: Final = _Local()  # ``call``'s answer when the caller must run on in-process state
+LOCAL: Final = _Local.LOCAL  # ``call``'s answer when the caller must run on in-process state
 
 
 def redacted(url: str) -> str:
@@ -135,7 +135,7 @@ class CoordinationLink:
         self._retry_at = now + self.retry_every
         return True
 
-    async def call(self, op: Callable[[Redis], Awaitable[T]]) -> T | _Local:
+    async def call(self, op: Callable[[Redis], Awaitable[T]]) -> T | Literal[_Local.LOCAL]:
         """``op(client)``'s result, or ``LOCAL`` (no coordination configured, or Redis
         unreachable under ``local``); under ``refuse`` an unreachable Redis raises the
         503 ``ProxyError``."""
@@ -151,7 +151,7 @@ class CoordinationLink:
                 return result
         return self.fallback()
 
-    def fallback(self) -> _Local:
+    def fallback(self) -> Literal[_Local.LOCAL]:
         """``LOCAL`` under ``local``; under ``refuse``, raise the client's 503."""
         if self.refuses:
             raise self.unavailable()
