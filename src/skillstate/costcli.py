@@ -10,7 +10,7 @@ import orjson
 from rich.console import Console
 
 from .config import ConfigError, Settings
-from .ledger import parse_since, render_table, summarize
+from .ledger import parse_since, render_table, summarize_sums
 from .session import is_valid_session_id
 from .store import StoreError
 from .store.sqlite import SQLiteStore
@@ -32,10 +32,10 @@ def print_cost(settings: Settings, args: argparse.Namespace) -> int:
         store = SQLiteStore(settings.db_path.expanduser())
         await store.open()
         try:
-            rows = await store.ledger_rows(since, until, args.session)
+            sums = await store.ledger_sums(since, until, args.session, group_by=args.by)
         finally:
             await store.close()
-        summary = summarize(rows, args.by)
+        summary = summarize_sums(sums, args.by)
         summary.update({"since": since, "until": until, "session": args.session})
         return summary
 

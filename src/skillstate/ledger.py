@@ -77,7 +77,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -97,6 +97,7 @@ __all__ = [
     "NOTE",
     "Kind",
     "LedgerRow",
+    "LedgerSums",
     "Usage",
     "baseline_cost_usd",
     "baseline_input_tokens",
@@ -104,6 +105,7 @@ __all__ = [
     "parse_since",
     "render_table",
     "summarize",
+    "summarize_sums",
 ]
 
 Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
@@ -359,6 +361,28 @@ class _Acc:
             self.b_cost_actual += r.cost_usd
             self.c_rows += 1
 
+    def add_sums(self, s: LedgerSums) -> None:
+        """What ``add`` would have done for each of the ``s.rows`` rows ``s`` sums up."""
+        if s.kind in TURN_KINDS:
+            self.requests += s.rows
+        self.attempts[s.kind] = self.attempts.get(s.kind, 0) + s.rows
+        self.inp += s.input_tokens
+        self.out += s.output_tokens
+        self.cache_read += s.cache_read_tokens
+        self.cache_write += s.cache_write_tokens
+        self.cost += s.cost_usd
+        self.cost_rows += s.cost_rows
+        self.unknown += s.unknown_pricing_rows
+        self.unavailable += s.usage_unavailable_rows
+        if s.b_rows:
+            self.b_in = (self.b_in or 0) + s.b_input_tokens
+            self.b_saved += s.b_saved_tokens
+            self.b_cached += s.b_cached_tokens
+            self.b_out += s.b_output_tokens
+        self.b_cost += s.c_baseline_cost_usd
+        self.b_cost_actual += s.c_cost_usd
+        self.c_rows += s.c_rows
+
     def result(self) -> dict[str, Any]:
         has_b = self.b_in is not None
         saved, saved_pct = saved_cost(self.b_cost, self.b_cost_actual)
@@ -403,8 +427,7 @@ def summarize(
     with groups sorted by key (null key last). ``group_by`` is None or one of ``GROUP_BY``
     (``day`` = UTC date, ``YYYY-MM-DD``). Rows may also be mappings with the field names.
     """
-    if group_by is not None and group_by not in GROUP_BY:
-        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
+    check_group_by(group_by)
     total = _Acc()
     groups: dict[str | None, _Acc] = {}
     for raw in rows:
@@ -416,6 +439,10 @@ def summarize(
             if acc is None:
                 acc = groups[k] = _Acc()
             acc.add(r)
+    return _summary(group_by, total, groups)
+
+
+def _summary(group_by: str | None, total: _Acc, groups: dict[str | None, _Acc]) -> dict[str, Any]:
     ordered = sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))
     return {
         "group_by": group_by,
@@ -423,6 +450,68 @@ def summarize(
         "groups": [{"key": k, **acc.result()} for k, acc in ordered],
         "note": NOTE,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSums:
+    """The sums ``summarize`` needs over the rows of one group and one kind, as a store
+    computes them in SQL (``Store.ledger_sums``) instead of handing over every row.
+
+    ``b_*`` are over the rows with a baseline input and an input (B in the module
+    docstring; ``b_output_tokens`` counts a row's output when it has no baseline output),
+    ``c_*`` over the rows with a cost and a baseline cost (C); ``first_ts`` is the earliest
+    row's time (an unexpected kind is listed in ``attempts`` in order of appearance)."""
+
+    key: str | None
+    kind: str
+    rows: int
+    first_ts: float
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_rows: int = 0
+    unknown_pricing_rows: int = 0
+    usage_unavailable_rows: int = 0
+    b_rows: int = 0
+    b_input_tokens: int = 0
+    b_saved_tokens: int = 0
+    b_cached_tokens: int = 0
+    b_output_tokens: int = 0
+    c_rows: int = 0
+    c_baseline_cost_usd: float = 0.0
+    c_cost_usd: float = 0.0
+
+
+def check_group_by(group_by: str | None) -> None:
+    """Raise ValueError unless ``group_by`` is None or one of ``GROUP_BY``."""
+    if group_by is not None and group_by not in GROUP_BY:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
+
+
+def summarize_sums(sums: Iterable[LedgerSums], group_by: str | None = None) -> dict[str, Any]:
+    """``summarize`` of the rows whose per-group, per-kind sums are ``sums``: the same
+    output, the same figures (USD sums may differ in the last bits of a float before
+    rounding to 9 decimals: SQL adds them in another order)."""
+    check_group_by(group_by)
+    total = _Acc()
+    groups: dict[str | None, _Acc] = {}
+    for s in sorted(sums, key=lambda s: s.first_ts):
+        total.add_sums(s)
+        if group_by is not None:
+            acc = groups.get(s.key)
+            if acc is None:
+                acc = groups[s.key] = _Acc()
+            acc.add_sums(s)
+    return _summary(group_by, total, groups)
+
+
+def day_of(epoch_day: int) -> str:
+    """The ``day`` group key (UTC ``YYYY-MM-DD``) of day number ``epoch_day`` since 1970."""
+    return (
+        (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(days=epoch_day)).date().isoformat()
+    )
 
 
 # --- --since --------------------------------------------------------------------------------

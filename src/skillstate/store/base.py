@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from ..auth.record import KeyRecord
 from ..errors import ProxyError
-from ..ledger import LedgerRow
+from ..ledger import LedgerRow, LedgerSums
 
 
 class StoreError(Exception):
@@ -155,6 +155,19 @@ class Store(Protocol):
     async def ledger_rows(
         self, since: float, until: float, session: str | None = None, prefix: str | None = None
     ) -> list[LedgerRow]: ...
+    async def ledger_sums(
+        self,
+        since: float,
+        until: float,
+        session: str | None = None,
+        prefix: str | None = None,
+        group_by: str | None = None,
+    ) -> list[LedgerSums]:
+        """The rows of ``ledger_rows(since, until, session, prefix)`` summed in the database
+        per ``group_by`` group (a ``GroupBy``; None: one group) and kind, for
+        ``skillstate.ledger.summarize_sums``."""
+        ...
+
     async def ledger_spend(self, prefix: str, since: float) -> float:
         """USD of the rows since ``since`` whose session id starts with ``prefix``."""
         ...

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import orjson
 
 from ..auth.record import KeyRecord
-from ..ledger import LedgerRow
+from ..ledger import LedgerRow, LedgerSums
 from ..usage import MAX_TOKEN_COUNT
 from .base import (
     SessionRecord,
@@ -36,6 +36,7 @@ from .base import (
     TransitionRecord,
 )
 from .datadir import lock_data_dir, prepare_path, unlock_data_dir
+from .ledgersql import GROUP_BY, sums_of, sums_select
 
 T = TypeVar("T")
 log = logging.getLogger("skillstate")
@@ -769,20 +770,29 @@ class SQLiteStore:
     async def ledger_rows(
         self, since: float, until: float, session: str | None = None, prefix: str | None = None
     ) -> list[LedgerRow]:
-        sql = f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM ledger WHERE ts >= ? AND ts < ?"
-        args: tuple[Any, ...] = (since, until)
-        if session is not None:
-            sql += " AND session = ?"
-            args += (session,)
-        if prefix:
-            sql += " AND session >= ? AND session < ?"
-            args += _prefix_range(prefix)
-        sql += " ORDER BY ts"
+        where, args = _ledger_where(since, until, session, prefix)
+        sql = f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM ledger{where} ORDER BY ts"
 
         def rows(db: sqlite3.Connection) -> list[LedgerRow]:
             return [LedgerRow(*r) for r in db.execute(sql, args)]
 
         return await self._run(rows)
+
+    async def ledger_sums(
+        self,
+        since: float,
+        until: float,
+        session: str | None = None,
+        prefix: str | None = None,
+        group_by: str | None = None,
+    ) -> list[LedgerSums]:
+        where, args = _ledger_where(since, until, session, prefix)
+        sql = sums_select("sqlite", group_by) + where + GROUP_BY
+
+        def sums(db: sqlite3.Connection) -> list[LedgerSums]:
+            return [sums_of(r, group_by) for r in db.execute(sql, args)]
+
+        return await self._run(sums)
 
     async def ledger_spend(self, prefix: str, since: float) -> float:
         """USD of the ledger rows since ``since`` whose session id starts with ``prefix``."""
@@ -843,6 +853,22 @@ _KEY_COLUMNS = "name, digest, admin, rpm, tpm, budget_usd_per_day, created, expi
 def _key_record(row: tuple[Any, ...]) -> KeyRecord:
     name, digest, admin, rpm, tpm, budget, created, expires, revoked = row
     return KeyRecord(name, digest, bool(admin), rpm, tpm, budget, created, expires, revoked)
+
+
+def _ledger_where(
+    since: float, until: float, session: str | None, prefix: str | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The WHERE clause (and its arguments) of the ledger rows in ``[since, until)``, of
+    one session or of the sessions whose id starts with ``prefix`` when given."""
+    sql = " WHERE ts >= ? AND ts < ?"
+    args: tuple[Any, ...] = (since, until)
+    if session is not None:
+        sql += " AND session = ?"
+        args += (session,)
+    if prefix:
+        sql += " AND session >= ? AND session < ?"
+        args += _prefix_range(prefix)
+    return sql, args
 
 
 def _prefix_range(prefix: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from ..catalog import catalog_dialect, fetch_models
 from ..choices import GroupBy
 from ..errors import ProxyError
 from ..http import JSONResponse, error_response
-from ..ledger import parse_since, summarize
+from ..ledger import check_group_by, parse_since, summarize_sums
 from ..metrics import CONTENT_TYPE
 from ..session import is_valid_session_id
 from .runtime import Runtime, runtime
@@ -82,15 +82,15 @@ async def cost(request: Request) -> Response:
         session = q.get("session")
         if session is not None and not is_valid_session_id(session):
             raise ValueError("invalid session id")
+        group_by = q.get("group_by")
+        check_group_by(group_by)
         await rt.pipeline.settle()
         stored = None if session is None else view.store_id(session)
-        rows = await rt.store.ledger_rows(since, until, stored, view.prefix)
-        if view.prefix is not None and q.get("group_by") != GroupBy.KEY:
-            # one key's rows: by the ids its clients know (grouping by key needs the prefix)
-            rows = [
-                replace(r, session=split_session(r.session)[1]) if r.session else r for r in rows
-            ]
-        summary = summarize(rows, q.get("group_by"))
+        sums = await rt.store.ledger_sums(since, until, stored, view.prefix, group_by)
+        if view.prefix is not None and group_by == GroupBy.SESSION:
+            # one key's sessions: by the ids its clients know
+            sums = [replace(s, key=split_session(s.key)[1]) if s.key else s for s in sums]
+        summary = summarize_sums(sums, group_by)
     except ValueError as e:
         return error_response(ProxyError("invalid_request", str(e)), "openai")
     except ProxyError as e:

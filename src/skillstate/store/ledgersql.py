@@ -1,0 +1,76 @@
+"""The ledger summed in SQL (``Store.ledger_sums``), one text for both backends: ``/cost``
+and ``skillstate cost`` read one row per group and kind instead of every ledger row of the
+window (see ``skillstate.ledger.summarize_sums`` for what the sums become)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from ..ledger import LedgerSums, check_group_by, day_of
+from ..session import NAMESPACE_SEP
+
+Dialect = Literal["sqlite", "postgresql"]
+
+_SEP = f"'{NAMESPACE_SEP}'"
+
+# The group key of a row, as ``skillstate.ledger._key`` computes it in Python: ``day`` is
+# the day number since 1970 in UTC (turned into YYYY-MM-DD by sums_of), ``key`` the part of
+# the session id before the namespace separator (None without one).
+_GROUP_KEY: dict[Dialect, dict[str, str]] = {
+    "sqlite": {
+        "day": "CAST(ts / 86400 AS INTEGER)",
+        "key": f"CASE WHEN instr(session, {_SEP}) > 0"
+        f" THEN substr(session, 1, instr(session, {_SEP}) - 1) END",
+    },
+    "postgresql": {
+        "day": "floor(ts / 86400)::bigint",
+        "key": f"CASE WHEN strpos(session, {_SEP}) > 0 THEN split_part(session, {_SEP}, 1) END",
+    },
+}
+
+# B and C of the module docstring of skillstate.ledger.
+_B = "baseline_input_tokens IS NOT NULL AND input_tokens IS NOT NULL"
+_C = "baseline_cost_usd IS NOT NULL AND cost_usd IS NOT NULL"
+
+# In LedgerSums field order after key, kind, rows and first_ts.
+_SUMS = (
+    "coalesce(sum(input_tokens), 0)",
+    "coalesce(sum(output_tokens), 0)",
+    "coalesce(sum(cache_read_tokens), 0)",
+    "coalesce(sum(cache_write_tokens), 0)",
+    "coalesce(sum(cost_usd), 0)",
+    "count(cost_usd)",
+    "coalesce(sum(CASE WHEN pricing = 'unknown' THEN 1 ELSE 0 END), 0)",
+    "coalesce(sum(CASE WHEN pricing = 'usage-unavailable' THEN 1 ELSE 0 END), 0)",
+    f"count(CASE WHEN {_B} THEN 1 END)",
+    f"coalesce(sum(CASE WHEN {_B} THEN baseline_input_tokens END), 0)",
+    f"coalesce(sum(CASE WHEN {_B} THEN baseline_input_tokens - input_tokens END), 0)",
+    f"coalesce(sum(CASE WHEN {_B} THEN coalesce(baseline_cached_tokens, 0) END), 0)",
+    f"coalesce(sum(CASE WHEN {_B} THEN coalesce(baseline_output_tokens, output_tokens, 0) END), 0)",
+    f"count(CASE WHEN {_C} THEN 1 END)",
+    f"coalesce(sum(CASE WHEN {_C} THEN baseline_cost_usd END), 0)",
+    f"coalesce(sum(CASE WHEN {_C} THEN cost_usd END), 0)",
+)
+_FLOATS = {4, 14, 15}  # positions in _SUMS of USD sums
+
+
+def sums_select(dialect: Dialect, group_by: str | None) -> str:
+    """``SELECT ... FROM ledger`` of the sums per group and kind; the caller appends its
+    ``WHERE`` (time window, session, prefix) and then ``GROUP_BY``."""
+    check_group_by(group_by)
+    key = "NULL" if group_by is None else _GROUP_KEY[dialect].get(group_by, group_by)
+    return f"SELECT {key}, kind, count(*), min(ts), {', '.join(_SUMS)} FROM ledger"
+
+
+GROUP_BY = " GROUP BY 1, 2"
+
+
+def sums_of(row: Sequence[Any], group_by: str | None) -> LedgerSums:
+    """One result row of ``sums_select`` as LedgerSums (PostgreSQL's sums of integers are
+    numerics: made ints here)."""
+    key, kind, rows, first_ts, *sums = row
+    if key is not None:
+        key = day_of(int(key)) if group_by == "day" else str(key)
+    values: list[Any] = [float(v) if i in _FLOATS else int(v) for i, v in enumerate(sums)]
+    return LedgerSums(key, kind, int(rows), float(first_ts), *values)
