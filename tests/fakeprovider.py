@@ -28,7 +28,9 @@ Prefix tokens use the fake tokenizer on those bytes, capped at the prompt's toke
 
 Fault injection (all on Reply): ``status``/``error_body``/``retry_after`` (an error in the
 endpoint's dialect), ``delay`` (before headers), ``chunk_delay`` (between events),
-``stall_after=N`` (send N events, then hang until the client goes away), ``drop`` (close
+``hold`` (a threading.Event: send nothing until the test sets it, e.g. to keep a turn in
+flight while the test acts), ``stall_after=N`` (send N events, then hang until the client
+goes away), ``drop`` (close
 the connection without a response), ``drop_after=N`` (send N events, then close the
 connection mid-body). For non-streaming replies N counts bytes of the JSON body.
 """
@@ -125,6 +127,7 @@ class Reply:
     raw_body: bytes | None = None  # sent as-is with `status`, instead of a well-formed reply
     retry_after: str | float | None = None
     delay: float = 0.0
+    hold: threading.Event | None = field(default=None, repr=False)  # wait for it before headers
     chunk_delay: float = 0.0
     stall_after: int | None = None
     drop: bool = False
@@ -392,6 +395,8 @@ class FakeProvider:
         """Write a JSON payload or a list of SSE events, applying the reply's faults."""
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        while reply.hold is not None and not reply.hold.is_set():
+            await asyncio.sleep(0.01)  # polled: the server's loop keeps serving meanwhile
         if reply.drop:
             await self._drop(request, rec)
         headers = {"request-id" if rec.dialect == "anthropic" else "x-request-id": _rid("req_")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -440,6 +441,27 @@ def test_delay_and_chunk_delay_timing(fp, oai):
     list(stream)
     total = time.monotonic() - t0
     assert first >= 0.2 and total >= 0.2 + 0.05 * (fp.last.events_sent - 1)
+
+
+def test_hold_keeps_the_reply_until_the_event_is_set(fp, oai):
+    gate = threading.Event()
+    fp.enqueue(Reply(text="held", hold=gate), Reply(text="not held"))
+    answers: list[str] = []
+    first = threading.Thread(
+        target=lambda: answers.append(
+            oai.chat.completions.create(model="m", messages=USER).choices[0].message.content
+        )
+    )
+    first.start()
+    fp.wait_for(lambda rs: len(rs) == 1)
+    # The server keeps serving while one reply is held.
+    assert oai.chat.completions.create(model="m", messages=USER).choices[0].message.content == (
+        "not held"
+    )
+    assert answers == [] and fp.requests[0].status is None
+    gate.set()
+    first.join(10)
+    assert answers == ["held"] and fp.requests[0].completed
 
 
 async def test_async_clients_and_wait_for_async(fp):

@@ -7,10 +7,13 @@ A missing server binary fails the tier with what to install; it is never skipped
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from .replicas import ReplicaSet
 from .services import PostgresServer, RedisServer, postgres_bindir
 
 
@@ -55,3 +58,23 @@ def redis_url(redis_server: RedisServer) -> str:
         redis_server.start()
     redis_server.flush()
     return redis_server.url()
+
+
+@pytest.fixture
+def start_replicas(tmp_path: Path) -> Iterator[Callable[..., ReplicaSet]]:
+    """start_replicas(upstream_url, store_url, coordination_url, n=3, config=…, args=…):
+    N real proxy processes sharing the store and Redis (replicas.py), stopped after the
+    test; their logs are printed when it fails."""
+    sets: list[ReplicaSet] = []
+
+    def start(upstream: str, store: str, coordination: str | None, **kw: Any) -> ReplicaSet:
+        reps = ReplicaSet(
+            tmp_path / f"set{len(sets)}", upstream, store=store, coordination=coordination, **kw
+        )
+        sets.append(reps)
+        return reps.start()
+
+    yield start
+    for reps in sets:
+        reps.close()
+        print(reps.logs())  # shown by pytest only when the test failed
