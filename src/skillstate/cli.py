@@ -98,6 +98,9 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     from .auth.keyscli import add_keys_parser
 
     add_keys_parser(sub)
+    from .storecli import add_store_parser
+
+    add_store_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools, bfcl")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     if with_benches:  # their modules are only imported when a bench is asked for
@@ -152,6 +155,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .bench.commands import run_bench
 
         return run_bench(args)
+    if command == "store":  # its URLs are its arguments: no settings needed
+        from .storecli import run_store
+
+        return run_store(args)
     settings = load_settings(_cli_layer(args))
     if command == "cost":
         from .costcli import print_cost

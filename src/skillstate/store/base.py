@@ -180,3 +180,35 @@ class Store(Protocol):
     async def keys(self) -> list[KeyRecord]: ...
     async def key_by_digest(self, digest: str) -> KeyRecord | None: ...
     async def purge_ledger(self, older_than: float) -> int: ...
+
+    # Export and import, for ``skillstate store copy`` (skillstate.store.copy): everything
+    # as it is stored, in pages, so that a big store never has to fit in memory.
+    async def counts(self) -> dict[str, int]:
+        """How many rows each kind of data has: ``COUNTED`` are the names."""
+        ...
+
+    async def export_sessions(self, after: str | None, limit: int) -> list[SessionRecord]:
+        """Up to ``limit`` sessions with their states, by id, after the id ``after``."""
+        ...
+
+    async def import_session(self, record: SessionRecord) -> None:
+        """Insert a session as it is (its step, created and updated); StoreError when the
+        id is taken. Its transitions come with ``import_transitions``."""
+        ...
+
+    async def import_transitions(self, session: str, history: list[TransitionRecord]) -> None:
+        """Insert transitions of ``session`` as they are (their steps and times)."""
+        ...
+
+    async def export_responses(self, after: str | None, limit: int) -> list[StoredResponse]:
+        """Up to ``limit`` stored responses, by id, after the id ``after``."""
+        ...
+
+    async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
+        """Up to ``limit`` ledger rows in insertion order after position ``after`` (0: from
+        the first), and the position to ask for the next page."""
+        ...
+
+
+# The kinds of data ``Store.counts`` counts.
+COUNTED = ("sessions", "transitions", "ledger", "keys", "responses")

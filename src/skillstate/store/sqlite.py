@@ -27,6 +27,7 @@ from ..auth.record import KeyRecord
 from ..ledger import LedgerRow, LedgerSums
 from ..usage import MAX_TOKEN_COUNT
 from .base import (
+    COUNTED,
     SessionRecord,
     StepConflict,
     StoredResponse,
@@ -846,7 +847,106 @@ class SQLiteStore:
 
         return await self._run(purge)
 
+    # -- export and import (skillstate store copy) ----------------------------------------
 
+    async def counts(self) -> dict[str, int]:
+        def counts(db: sqlite3.Connection) -> dict[str, int]:
+            return {
+                name: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for name, table in zip(COUNTED, _COUNTED_TABLES, strict=True)
+            }
+
+        return await self._run(counts)
+
+    async def export_sessions(self, after: str | None, limit: int) -> list[SessionRecord]:
+        def page(db: sqlite3.Connection) -> list[SessionRecord]:
+            rows = db.execute(
+                "SELECT id, state, schema, step, created, updated FROM sessions"
+                " WHERE id > ? ORDER BY id LIMIT ?",
+                ("" if after is None else after, limit),
+            ).fetchall()
+            return [
+                SessionRecord(
+                    r[0], orjson.loads(r[1]), orjson.loads(r[2]), r[3], r[4], r[5], len(r[1])
+                )
+                for r in rows
+            ]
+
+        return await self._run(page)
+
+    async def import_session(self, record: SessionRecord) -> None:
+        row = (
+            record.session,
+            orjson.dumps(record.state),
+            orjson.dumps(record.schema),
+            record.step,
+            record.created,
+            record.updated,
+        )
+
+        def insert(db: sqlite3.Connection) -> None:
+            try:
+                db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?)", row)
+            except sqlite3.IntegrityError:
+                raise StoreError(f"session {record.session} already exists") from None
+            self._sessions += 1
+
+        await self._write(insert)
+
+    async def import_transitions(self, session: str, history: list[TransitionRecord]) -> None:
+        rows = [
+            (
+                session,
+                t.step,
+                None if t.patch is None else orjson.dumps(t.patch),
+                t.action,
+                t.status,
+                orjson.dumps(t.errors).decode(),
+                t.ts,
+                t.context,
+                None if t.estimate is None else orjson.dumps(t.estimate),
+            )
+            for t in history
+        ]
+
+        def insert(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "INSERT INTO transitions"
+                " (session, step, patch, action, status, errors, ts, context, estimate)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+        await self._write(insert)
+
+    async def export_responses(self, after: str | None, limit: int) -> list[StoredResponse]:
+        def page(db: sqlite3.Connection) -> list[Any]:
+            return db.execute(
+                "SELECT id, session, created, previous, input, response FROM responses"
+                " WHERE id > ? ORDER BY id LIMIT ?",
+                ("" if after is None else after, limit),
+            ).fetchall()
+
+        rows = await self._run(page)
+        return [
+            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
+            for r in rows
+        ]
+
+    async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
+        sql = (
+            f"SELECT rowid, {', '.join(_LEDGER_COLUMNS)} FROM ledger"
+            " WHERE rowid > ? ORDER BY rowid LIMIT ?"
+        )
+
+        def page(db: sqlite3.Connection) -> tuple[list[LedgerRow], int]:
+            rows = db.execute(sql, (after, limit)).fetchall()
+            return [LedgerRow(*r[1:]) for r in rows], rows[-1][0] if rows else after
+
+        return await self._run(page)
+
+
+_COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
 _KEY_COLUMNS = "name, digest, admin, rpm, tpm, budget_usd_per_day, created, expires, revoked"
 
 

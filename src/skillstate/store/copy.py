@@ -1,0 +1,218 @@
+"""``skillstate store copy``: everything one store holds (sessions with their whole
+transition history, client keys, stored responses, the ledger) copied into another,
+backend to backend through the ``Store`` protocol, in pages, then verified.
+
+The destination must be empty unless ``merge``: then the copy adds to it, and refuses
+before writing anything when a session id, key name or response id exists on both sides
+(nothing in the destination is ever replaced). The source is only read.
+
+Verification, after the copy: every count of the destination grew by the source's count;
+every copied session has the source's step, schema and state (compared as canonical JSON);
+the ledger's row, token and cost totals grew by the source's; every key has its digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from ..ledger import LedgerSums
+from .base import COUNTED, SessionRecord, Store, StoreError
+
+PAGE = 500  # rows per page read and written: what the copy holds in memory at once
+
+
+class CopyRefused(StoreError):
+    """The copy would overwrite or mix data: nothing was written."""
+
+
+@dataclass
+class CopyReport:
+    """What was copied, and what the verification found wrong (``problems``: empty when
+    everything matched)."""
+
+    source: dict[str, int]
+    before: dict[str, int]  # the destination's counts before the copy
+    after: dict[str, int] = field(default_factory=dict)
+    sessions_verified: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+async def copy_store(
+    source: Store,
+    dest: Store,
+    *,
+    merge: bool = False,
+    page: int = PAGE,
+    progress: Progress = _quiet,
+) -> CopyReport:
+    """Copy ``source`` into ``dest`` and verify it (see the module docstring). Raises
+    CopyRefused before writing when the destination is not empty (without ``merge``) or
+    shares ids with the source; StoreError when a read or write fails midway (the
+    destination then holds part of the copy)."""
+    report = CopyReport(await source.counts(), await dest.counts())
+    if not merge and any(report.before.values()):
+        raise CopyRefused(
+            f"the destination is not empty ({_counted(report.before)}): copy into an empty"
+            " store, or add to this one with --merge"
+        )
+    if merge:
+        await _refuse_shared_ids(source, dest, page)
+    ledger_before = await _ledger_totals(dest)
+    progress("keys")
+    for key in await source.keys():
+        await dest.save_key(key, new=True)
+    progress("sessions and their transitions")
+    fingerprints = await _copy_sessions(source, dest, page, progress)
+    progress("stored responses")
+    after: str | None = None
+    while responses := await source.export_responses(after, page):
+        for response in responses:
+            await dest.put_response(response)
+        after = responses[-1].id
+    progress("ledger")
+    position, copied = 0, 0
+    while True:
+        rows, position = await source.export_ledger(position, page)
+        if not rows:
+            break
+        await dest.add_ledger_rows(rows)
+        copied += len(rows)
+        if copied % (100 * page) < len(rows):
+            progress(f"ledger: {copied:,} rows")
+    progress("verifying")
+    await _verify(source, dest, report, fingerprints, ledger_before, page)
+    return report
+
+
+async def _copy_sessions(
+    source: Store, dest: Store, page: int, progress: Progress
+) -> dict[str, bytes]:
+    """Copy every session with its history; returns each one's fingerprint."""
+    fingerprints: dict[str, bytes] = {}
+    after: str | None = None
+    while sessions := await source.export_sessions(after, page):
+        for record in sessions:
+            await dest.import_session(record)
+            step = 0
+            while history := await source.history_page(record.session, page, step):
+                await dest.import_transitions(record.session, history)
+                step = history[-1].step
+            fingerprints[record.session] = _fingerprint(record)
+        after = sessions[-1].session
+        progress(f"sessions: {len(fingerprints):,}")
+    return fingerprints
+
+
+def _fingerprint(record: SessionRecord) -> bytes:
+    """Step, schema and state as canonical JSON, hashed: equal on both sides of a copy
+    whatever each backend does to key order or spacing."""
+    canonical = orjson.dumps(
+        [record.step, record.schema, record.state], option=orjson.OPT_SORT_KEYS
+    )
+    return hashlib.blake2b(canonical, digest_size=16).digest()
+
+
+async def _refuse_shared_ids(source: Store, dest: Store, page: int) -> None:
+    """CopyRefused when a session id, key name or digest, or response id is on both sides."""
+    shared: list[str] = []
+    src_keys = {k.name: k.digest for k in await source.keys()}
+    for k in await dest.keys():
+        if k.name in src_keys or k.digest in src_keys.values():
+            shared.append(f"key {k.name}")
+    dest_sessions: set[str] = set()
+    cursor: tuple[float, str] | None = None
+    while listed := await dest.sessions_page(page, cursor):
+        dest_sessions.update(s["session"] for s in listed)
+        cursor = (listed[-1]["updated"], listed[-1]["session"])
+    after: str | None = None
+    while sessions := await source.export_sessions(after, page):
+        shared += [f"session {s.session}" for s in sessions if s.session in dest_sessions]
+        after = sessions[-1].session
+    dest_responses: set[str] = set()
+    after = None
+    while responses := await dest.export_responses(after, page):
+        dest_responses.update(r.id for r in responses)
+        after = responses[-1].id
+    after = None
+    while responses := await source.export_responses(after, page):
+        shared += [f"response {r.id}" for r in responses if r.id in dest_responses]
+        after = responses[-1].id
+    if shared:
+        more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
+        raise CopyRefused(
+            f"--merge: {len(shared)} id(s) exist in both stores ({', '.join(shared[:5])}{more});"
+            " nothing was copied"
+        )
+
+
+async def _verify(
+    source: Store,
+    dest: Store,
+    report: CopyReport,
+    fingerprints: dict[str, bytes],
+    ledger_before: tuple[float, ...],
+    page: int,
+) -> None:
+    problems = report.problems
+    report.after = await dest.counts()
+    if (now := await source.counts()) != report.source:
+        problems.append(
+            f"the source changed during the copy ({_counted(report.source)} before,"
+            f" {_counted(now)} after): stop every proxy using it and copy again"
+        )
+    for name in COUNTED:
+        want = report.before[name] + report.source[name]
+        if report.after[name] != want:
+            problems.append(f"{name}: {report.after[name]:,} in the destination, expected {want:,}")
+    after: str | None = None
+    while sessions := await dest.export_sessions(after, page):
+        for record in sessions:
+            expected = fingerprints.pop(record.session, None)
+            if expected is None:
+                continue  # the destination's own session (--merge)
+            if _fingerprint(record) != expected:
+                problems.append(f"session {record.session}: step, schema or state differ")
+            else:
+                report.sessions_verified += 1
+        after = sessions[-1].session
+    problems += [f"session {s}: missing in the destination" for s in sorted(fingerprints)[:20]]
+    source_ledger, ledger_after = await _ledger_totals(source), await _ledger_totals(dest)
+    grown = tuple(a - b for a, b in zip(ledger_after, ledger_before, strict=True))
+    # USD to a millionth of a cent: each backend adds the floats in its own order
+    if grown[:-1] != source_ledger[:-1] or abs(grown[-1] - source_ledger[-1]) > 1e-8:
+        problems.append(
+            "ledger totals (rows, input, output, cache tokens, USD) grew by"
+            f" {grown}, expected {source_ledger}"
+        )
+    dest_keys = {k.name: k.digest for k in await dest.keys()}
+    for key in await source.keys():
+        if dest_keys.get(key.name) != key.digest:
+            problems.append(f"key {key.name}: missing or with another digest")
+
+
+async def _ledger_totals(store: Store) -> tuple[float, ...]:
+    """Rows, input, output, cache read and write tokens, and USD of the whole ledger."""
+    sums: list[LedgerSums] = await store.ledger_sums(0.0, float("inf"))
+    return (
+        sum(s.rows for s in sums),
+        sum(s.input_tokens for s in sums),
+        sum(s.output_tokens for s in sums),
+        sum(s.cache_read_tokens + s.cache_write_tokens for s in sums),
+        math.fsum(s.cost_usd for s in sums),
+    )
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{counts[name]:,} {name}" for name in COUNTED)

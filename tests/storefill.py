@@ -1,0 +1,100 @@
+"""A store filled the way users fill it (a real proxy, the openai SDK, the fake provider),
+and a deep comparison of two stores: for the ``skillstate store copy`` tests of both
+tiers (SQLite in the main suite, PostgreSQL in tests/scale)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from skillstate.cli import main
+from skillstate.store import Store
+from tests.conftest import Proxy
+from tests.fakeprovider import FakeProvider, Reply
+
+SCHEMA = "facts,notes,step"
+
+
+def envelope(patch: dict[str, Any], action: str = "next") -> str:
+    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+
+
+def make_key(data: Path, name: str) -> str:
+    """``skillstate keys create --name NAME`` on the data dir; the new key."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["keys", "--data-dir", str(data), "create", "--name", name]) == 0
+    return out.getvalue().strip()
+
+
+def turn(client: openai.OpenAI, fake: FakeProvider, session: str, reply: str) -> Any:
+    fake.enqueue(Reply(text=reply, usage={"prompt_tokens": 120, "completion_tokens": 30}))
+    return client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": f"next step of {session}"}],
+        extra_headers={"x-skillstate-session": session},
+    )
+
+
+def fill(proxy: Proxy, fake: FakeProvider, key: str) -> dict[str, int]:
+    """Sessions with valid and invalid transitions (rollback retries in the ledger) and a
+    chain of stored Responses API responses, as client ``key``; returns each session's
+    step as the proxy reported it."""
+    client = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+    steps: dict[str, int] = {}
+    for i in range(1, 6):
+        r = turn(client, fake, "long", envelope({"step": i, "notes": f"turn {i}"}))
+        steps["long"] = int(r.headers["x-skillstate-step"])
+    turn(client, fake, "short", envelope({"facts": {"city": "Lyon", "n": 1.5}}))
+    fake.enqueue(Reply(text=envelope({"nope": 1})))  # invalid, then re-asked twice
+    fake.enqueue(Reply(text=envelope({"nope": 2})))
+    r = turn(client, fake, "short", envelope({"nope": 3}))
+    assert r.headers["x-skillstate-transition"] == "invalid"
+    steps["short"] = int(r.headers["x-skillstate-step"])
+    fake.enqueue(Reply(text=envelope({"notes": "from responses"})))
+    first = client.responses.create(
+        model="gpt-4o-mini", input="hi", extra_headers={"x-skillstate-session": "resp"}
+    )
+    fake.enqueue(Reply(text=envelope({"step": 2})))
+    raw = client.responses.with_raw_response.create(
+        model="gpt-4o-mini",
+        input="more",
+        previous_response_id=first.id,
+        extra_headers={"x-skillstate-session": "resp"},
+    )
+    steps["resp"] = int(raw.headers["x-skillstate-step"])
+    return steps
+
+
+async def everything(store: Store) -> dict[str, Any]:
+    """All a store holds, read through its export methods and history pages."""
+    sessions, history, responses, ledger = [], {}, [], []
+    after: str | None = None
+    while page := await store.export_sessions(after, 2):
+        for s in page:
+            sessions.append(s)
+            history[s.session] = await store.history_page(s.session, 10_000)
+        after = page[-1].session
+    after = None
+    while rpage := await store.export_responses(after, 2):
+        responses += rpage
+        after = rpage[-1].id
+    position = 0
+    while True:
+        rows, position = await store.export_ledger(position, 3)
+        if not rows:
+            break
+        ledger += rows
+    return {
+        "sessions": sessions,
+        "history": history,
+        "responses": responses,
+        "ledger": ledger,
+        "keys": await store.keys(),
+        "counts": await store.counts(),
+    }
