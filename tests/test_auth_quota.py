@@ -49,12 +49,12 @@ def test_a_turn_in_flight_holds_its_estimate_until_released() -> None:
         with pytest.raises(BudgetExceeded) as e:
             await q.admit(caller(budget=1.0), body(50), "m")  # 0.60 held + 0.50 > 1
         assert e.value.headers()[BUDGET_REMAINING] == "0.40000000"
-        first.release()
-        first.release()  # idempotent: the estimate is given back once
+        await first.release()
+        await first.release()  # idempotent: the estimate is given back once
         store.rows.append(("k:s", now[0], 0.30))  # what the first turn really cost
         second = await q.admit(caller(budget=1.0), body(50), "m")  # 0.30 + 0.50 <= 1
         assert second.headers("0.2")["x-skillstate-budget-spent-usd"] == "0.50000000"
-        second.release()
+        await second.release()
 
     asyncio.run(run())
 
@@ -69,6 +69,6 @@ def test_the_budget_is_per_utc_day() -> None:
         assert e.value.retry_after == DAY - 100.0  # until 00:00 UTC
         store.rows.append(("other:s", now[0], 5.0))  # another key's spend does not count
         now[0] = 101 * DAY  # midnight
-        (await q.admit(caller(budget=1.0), body(20), "m")).release()
+        await (await q.admit(caller(budget=1.0), body(20), "m")).release()
 
     asyncio.run(run())

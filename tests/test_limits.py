@@ -1,12 +1,35 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skillstate.limits import Admission, RollingWindow, UpstreamLimits
+from skillstate.limits import Admission, RollingWindow, Ticket, UpstreamLimits
+
+T = TypeVar("T")
+
+
+def done(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that must finish without ever suspending: the in-process limits'
+    reserve is atomic on the event loop only because it never awaits."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("suspended: another task could run between check and record")
+
+
+def admit(limits: UpstreamLimits, tokens: int) -> Ticket | None:
+    return done(limits.reserve(tokens)).ticket
+
+
+def reconcile(limits: UpstreamLimits, ticket: Ticket, actual: int) -> None:
+    done(limits.settle(ticket, actual))
 
 
 class FakeClock:
@@ -121,15 +144,15 @@ def test_rpm_exact_at_window_boundary() -> None:
     limits = UpstreamLimits(rpm=3, tpm=None, now=clock)
     for t in (0.0, 1.0, 2.0):
         clock.t = t
-        assert limits.admit(0) is not None
+        assert admit(limits, 0) is not None
     clock.t = 30.0
     assert limits.check(0) == Admission(ok=False, retry_after=30.0, never_fits=False)
-    assert limits.admit(0) is None
+    assert admit(limits, 0) is None
     clock.t = 59.999
     assert not limits.check(0).ok
     clock.t = 60.0  # the t=0 request expires at exactly 60.0
     assert limits.check(0) == Admission(ok=True, retry_after=0.0, never_fits=False)
-    assert limits.admit(0) is not None
+    assert admit(limits, 0) is not None
     # now t=1, t=2, t=60 are in the window; next slot frees at 61
     assert limits.check(0).retry_after == 1.0
 
@@ -137,8 +160,8 @@ def test_rpm_exact_at_window_boundary() -> None:
 def test_refused_admit_records_nothing() -> None:
     clock = FakeClock()
     limits = UpstreamLimits(rpm=1, tpm=1000, now=clock)
-    assert limits.admit(100) is not None
-    assert limits.admit(100) is None
+    assert admit(limits, 100) is not None
+    assert admit(limits, 100) is None
     assert limits.snapshot() == {
         "rpm": {"limit": 1, "used": 1},
         "tpm": {"limit": 1000, "used": 100},
@@ -150,7 +173,7 @@ def test_tpm_arithmetic_with_several_entries() -> None:
     limits = UpstreamLimits(rpm=None, tpm=1000, now=clock)
     for at, tokens in [(0.0, 400), (10.0, 300), (20.0, 200)]:
         clock.t = at
-        assert limits.admit(tokens) is not None
+        assert admit(limits, tokens) is not None
     clock.t = 25.0
     assert limits.check(100).ok  # 900 + 100 = 1000 fits exactly
     assert limits.check(101).retry_after == 35.0  # t=0 entry expires at 60
@@ -162,9 +185,9 @@ def test_tpm_arithmetic_with_several_entries() -> None:
 def test_retry_after_is_max_of_rpm_and_tpm() -> None:
     clock = FakeClock()
     limits = UpstreamLimits(rpm=2, tpm=1000, now=clock)
-    assert limits.admit(900) is not None
+    assert admit(limits, 900) is not None
     clock.t = 20.0
-    assert limits.admit(10) is not None
+    assert admit(limits, 10) is not None
     clock.t = 30.0
     # rpm frees at 60 (wait 30); 500 tokens also needs the t=0 entry gone (wait 30)
     assert limits.check(500).retry_after == 30.0
@@ -178,13 +201,13 @@ def test_retry_after_is_max_of_rpm_and_tpm() -> None:
 def test_reconcile_changes_the_wait() -> None:
     clock = FakeClock()
     limits = UpstreamLimits(rpm=None, tpm=1000, now=clock)
-    ticket = limits.admit(800)
+    ticket = admit(limits, 800)
     assert ticket is not None
     clock.t = 10.0
     assert limits.check(500).retry_after == 50.0
-    limits.reconcile(ticket, 300)  # real usage was lower than estimated
+    reconcile(limits, ticket, 300)  # real usage was lower than estimated
     assert limits.check(500).ok
-    limits.reconcile(ticket, 900)  # ...or higher
+    reconcile(limits, ticket, 900)  # ...or higher
     assert limits.check(200).retry_after == 50.0
     assert limits.snapshot()["tpm"] == {"limit": 1000, "used": 900}
 
@@ -192,10 +215,10 @@ def test_reconcile_changes_the_wait() -> None:
 def test_reconcile_after_expiry_is_harmless() -> None:
     clock = FakeClock()
     limits = UpstreamLimits(rpm=None, tpm=1000, now=clock)
-    ticket = limits.admit(800)
+    ticket = admit(limits, 800)
     assert ticket is not None
     clock.t = 120.0
-    limits.reconcile(ticket, 5000)
+    reconcile(limits, ticket, 5000)
     assert limits.snapshot()["tpm"] == {"limit": 1000, "used": 0}
 
 
@@ -203,9 +226,9 @@ def test_reconcile_after_expiry_is_harmless() -> None:
 def test_disabled_counters_store_nothing(rpm: int | None, tpm: int | None) -> None:
     limits = UpstreamLimits(rpm=rpm, tpm=tpm, now=FakeClock())
     for _ in range(1000):
-        ticket = limits.admit(10**9)
+        ticket = admit(limits, 10**9)
         assert ticket is not None
-        limits.reconcile(ticket, 10**9)
+        reconcile(limits, ticket, 10**9)
     assert limits._requests is None and limits._tokens is None
     assert limits.snapshot() == {"rpm": None, "tpm": None}
     assert limits.check(10**12) == Admission(ok=True, retry_after=0.0, never_fits=False)
@@ -213,7 +236,7 @@ def test_disabled_counters_store_nothing(rpm: int | None, tpm: int | None) -> No
 
 def test_only_tpm_disabled_keeps_request_history_only() -> None:
     limits = UpstreamLimits(rpm=10, tpm=None, now=FakeClock())
-    ticket = limits.admit(500)
+    ticket = admit(limits, 500)
     assert ticket is not None and ticket.token_entry is None
     assert limits.snapshot() == {"rpm": {"limit": 10, "used": 1}, "tpm": None}
 
@@ -223,7 +246,7 @@ def test_never_fits() -> None:
     assert limits.check(1000).ok
     verdict = limits.check(1001)
     assert verdict == Admission(ok=False, retry_after=math.inf, never_fits=True)
-    assert limits.admit(1001) is None
+    assert admit(limits, 1001) is None
     assert limits.snapshot()["rpm"]["used"] == 0
 
 
@@ -266,9 +289,9 @@ def test_waiting_retry_after_fits_and_a_bit_less_does_not(
     limits = UpstreamLimits(rpm=rpm, tpm=tpm, now=clock)
     for step, estimate, actual in history:
         clock.t += step
-        ticket = limits.admit(estimate)
+        ticket = admit(limits, estimate)
         if ticket is not None and actual is not None:
-            limits.reconcile(ticket, actual)
+            reconcile(limits, ticket, actual)
     clock.t += gap
 
     verdict = limits.check(tokens)
@@ -288,4 +311,4 @@ def test_waiting_retry_after_fits_and_a_bit_less_does_not(
     assert not limits.check(tokens).ok
     clock.t = fits_at
     assert limits.check(tokens).ok
-    assert limits.admit(tokens) is not None
+    assert admit(limits, tokens) is not None

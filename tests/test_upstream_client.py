@@ -162,7 +162,7 @@ async def test_tpm_retry_after_is_the_exact_time_until_the_request_fits(
 
     ex = await ok(pool, outbound(40))  # estimated 40 at t=0 ...
     assert ex.ticket is not None
-    limits.reconcile(ex.ticket, 30)  # ... the real usage was 30 (what the pipeline does)
+    await limits.settle(ex.ticket, 30)  # ... the real usage was 30 (what the pipeline does)
     clock.t = 10.0
     await ok(pool, outbound(50))  # 30 + 50 = 80 used
     assert health(pool, "a")["limits"]["tpm"] == {"limit": 100, "used": 80}

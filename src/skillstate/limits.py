@@ -1,11 +1,18 @@
-"""Exact rolling-window rate limits (requests and tokens per minute) for one upstream.
+"""Exact rolling-window rate limits (requests and tokens per minute) for one upstream or
+one client key.
 
 Expiry rule: an entry recorded at time ``t`` counts while ``now < t + span`` and is gone
 at ``now == t + span``. So ``wait_for`` returns exactly ``t + span - now`` and a caller
 that waits that long fits.
 
-Not thread-safe: meant for one asyncio event loop, where ``admit`` is atomic because it
-never awaits between the check and the record.
+``RateLimits`` is what the upstream pool and the key quotas use: ``reserve`` (check both
+windows and record, in one step), ``settle`` (replace a reservation's estimated tokens with
+the real ones, keeping its time), ``refresh`` + ``snapshot`` (for /health and /metrics).
+``UpstreamLimits`` here is the in-process implementation; ``coordination.windows`` holds
+the same windows in Redis, shared by replicas.
+
+``UpstreamLimits`` is not thread-safe: it is meant for one asyncio event loop, where
+``reserve`` is atomic because it never awaits between the check and the record.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 Clock = Callable[[], float]
 
@@ -96,21 +103,56 @@ def _delay_until(now: float, deadline: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class Ticket:
+    """What ``reserve`` recorded, for ``settle`` once the real usage is known."""
+
+    estimated_tokens: int
+    # The implementation's handle on the recorded token entry (a WindowEntry in process,
+    # an entry id in Redis); None when tpm is off.
+    token_entry: object | None
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
-    """The local limits' verdict on one request to one upstream."""
+    """The limits' verdict on one request: admitted (with its ticket) or how long to wait."""
 
     ok: bool
     retry_after: float  # 0.0 when ok; math.inf when never_fits
     never_fits: bool  # the request alone is bigger than the whole tpm window
+    ticket: Ticket | None = None  # what was recorded, when ``reserve`` admitted it
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """What ``admit`` recorded, for ``reconcile`` once the real usage is known."""
+NEVER_FITS = Admission(ok=False, retry_after=math.inf, never_fits=True)
 
-    estimated_tokens: int
-    request_entry: WindowEntry | None
-    token_entry: WindowEntry | None
+
+def admitted(ticket: Ticket) -> Admission:
+    return Admission(ok=True, retry_after=0.0, never_fits=False, ticket=ticket)
+
+
+class RateLimits(Protocol):
+    """Requests and tokens per minute of one upstream or key (in process or shared)."""
+
+    rpm: int | None
+    tpm: int | None
+
+    async def reserve(self, tokens: int) -> Admission:
+        """Check both windows and, if ``tokens`` fits, record one request and the tokens,
+        atomically. Not admitted: how long until it fits (``never_fits`` when it is bigger
+        than the whole tpm window)."""
+        ...
+
+    async def settle(self, ticket: Ticket, actual_tokens: int) -> None:
+        """Replace the ticket's estimated tokens with the real usage, keeping its time (a
+        no-op once the entry has left the window)."""
+        ...
+
+    async def refresh(self) -> None:
+        """Bring ``snapshot`` up to date (shared windows: read them from where they live)."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """For /health and /metrics: ``{"rpm": {"limit", "used"} | None, "tpm": ...}``."""
+        ...
 
 
 class UpstreamLimits:
@@ -131,7 +173,7 @@ class UpstreamLimits:
         if tokens < 0:
             raise ValueError("tokens must be >= 0")
         if self.tpm is not None and tokens > self.tpm:
-            return Admission(ok=False, retry_after=math.inf, never_fits=True)
+            return NEVER_FITS
         wait = 0.0
         if self._requests is not None and self.rpm is not None:
             wait = self._requests.wait_for(1, self.rpm)
@@ -140,18 +182,25 @@ class UpstreamLimits:
             wait = max(wait, self._tokens.wait_for(tokens, self.tpm))
         return Admission(ok=wait == 0.0, retry_after=wait, never_fits=False)
 
-    def admit(self, tokens: int) -> Ticket | None:
-        """Check and, if it fits, record one request and ``tokens`` estimated tokens."""
-        if not self.check(tokens).ok:
-            return None
-        request_entry = self._requests.record(1) if self._requests is not None else None
+    async def reserve(self, tokens: int) -> Admission:
+        """``check`` and, if it fits, record one request and ``tokens`` estimated tokens.
+        Never awaits, so nothing runs between the check and the record."""
+        verdict = self.check(tokens)
+        if not verdict.ok:
+            return verdict
+        if self._requests is not None:
+            self._requests.record(1)
         token_entry = self._tokens.record(tokens) if self._tokens is not None else None
-        return Ticket(tokens, request_entry, token_entry)
+        return admitted(Ticket(tokens, token_entry))
 
-    def reconcile(self, ticket: Ticket, actual_tokens: int) -> None:
+    async def settle(self, ticket: Ticket, actual_tokens: int) -> None:
         """Replace the ticket's estimate with the usage the upstream reported."""
-        if self._tokens is not None and ticket.token_entry is not None:
-            self._tokens.adjust(ticket.token_entry, actual_tokens)
+        entry = ticket.token_entry
+        if self._tokens is not None and isinstance(entry, WindowEntry):
+            self._tokens.adjust(entry, actual_tokens)
+
+    async def refresh(self) -> None:
+        """Nothing to fetch: the windows are in this process."""
 
     def snapshot(self) -> dict[str, Any]:
         """For /health; a disabled counter is null."""

@@ -518,7 +518,7 @@ class Pipeline:
             raise ProxyError("upstream_unreachable", f"upstream {ex.upstream.name} returned {read}")
         resp, client_resp, raw = read
         usage = ex.upstream.dialect.usage(resp.get("usage"))
-        self._reconcile(ex, usage)
+        await self._reconcile(ex, usage)
         model = resp.get("model") if isinstance(resp.get("model"), str) else None
         share = Fraction(0)
         if with_envelope(meta.shape):
@@ -556,10 +556,10 @@ class Pipeline:
         if meta.turn.mode == Mode.AUTO and usage is not None:
             self.auto.envelope_cost(meta.turn.session, float(usage.output_tokens * share))
 
-    def _reconcile(self, ex: Exchange, usage: Usage | None) -> None:
+    async def _reconcile(self, ex: Exchange, usage: Usage | None) -> None:
         """Correct the upstream's token-per-minute window with the real usage."""
         if ex.ticket is not None and usage is not None:
-            ex.upstream.limits.reconcile(ex.ticket, usage.input_tokens + usage.output_tokens)
+            await ex.upstream.limits.settle(ex.ticket, usage.input_tokens + usage.output_tokens)
 
     async def _stream(
         self, ex: Exchange, out: Outbound, meta: _TurnMeta, stack: AsyncExitStack
@@ -614,7 +614,7 @@ class Pipeline:
                         yield ready
                     else:
                         problem = ready.problem
-            self._reconcile(ex, relay.usage)
+            await self._reconcile(ex, relay.usage)
             answered(ex.status if problem is None else 502)
             if problem is not None:
                 if not relay.error_forwarded:

@@ -8,22 +8,31 @@ estimate would exceed the budget; its real cost is in the ledger once it is comm
 its estimate is released when it ends. The estimate is the client's input tokens at the
 input price plus ``max_tokens`` at the output price (input only when the request sets no
 ``max_tokens``; nothing for a model without a known price).
+
+With ``coordination`` configured, the windows and the holds are in Redis, shared by every
+replica (``coordination.windows``, ``coordination.budgets``); the ledger is read as always.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..coordination.link import CoordinationLink
 from ..errors import ProxyError
-from ..limits import UpstreamLimits
+from ..limits import RateLimits, UpstreamLimits
 from ..pricing import PriceBook
 from ..store import Store
 from ..tokens import estimate_tokens
 from .gate import Principal
 from .tenancy import SEP
+
+if TYPE_CHECKING:
+    from ..coordination.budgets import SharedHolds
 
 DAY = 86400.0
 BUDGET_REMAINING = "x-skillstate-budget-remaining"
@@ -50,13 +59,14 @@ class Grant:
     estimate: float
     spent_before: float | None  # USD today before this turn; None without a budget
     budget: float | None
-    _quotas: KeyQuotas | None = field(default=None, repr=False)
+    _release: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Give the estimate back (idempotent): the turn's real cost is in the ledger."""
-        if self._quotas is not None:
-            self._quotas.unreserve(self.key, self.estimate)
-            self._quotas = None
+        release, self._release = self._release, None
+        if release is not None:
+            # Shielded: a turn being cancelled still gives its hold back.
+            await asyncio.shield(release())
 
     def headers(self, turn_cost: str | None) -> dict[str, str]:
         """What the key has spent today, this turn included, and what is left."""
@@ -69,8 +79,32 @@ class Grant:
         }
 
 
+class LocalHolds:
+    """The budget estimates of each key's turns in flight, in this process."""
+
+    def __init__(self) -> None:
+        self._reserved: dict[str, float] = {}
+
+    def hold(self, key: str, estimate: float, spent: float, budget: float) -> float | None:
+        """None (held) if ``spent`` + held + ``estimate`` fits ``budget``; else what is
+        held by the key's other turns."""
+        held = self._reserved.get(key, 0.0)
+        if spent + held + estimate > budget:
+            return held
+        self._reserved[key] = held + estimate
+        return None
+
+    async def release(self, key: str, amount: float) -> None:
+        left = self._reserved.get(key, 0.0) - amount
+        if left <= 1e-12:
+            self._reserved.pop(key, None)
+        else:
+            self._reserved[key] = left
+
+
 class KeyQuotas:
-    """The rpm/tpm windows and budget reservations of every key, in this process."""
+    """The rpm/tpm windows and budget holds of every key: in this process, or shared by
+    replicas through ``link`` when coordination is configured."""
 
     def __init__(
         self,
@@ -78,13 +112,20 @@ class KeyQuotas:
         prices: PriceBook,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        link: CoordinationLink | None = None,
     ) -> None:
         self.store = store
         self.prices = prices
         self.clock = clock
         self._monotonic = monotonic
-        self._windows: dict[str, UpstreamLimits] = {}
-        self._reserved: dict[str, float] = {}
+        self._windows: dict[str, RateLimits] = {}
+        self.local_holds = LocalHolds()  # also the fallback while Redis is down
+        self._link = link if link is not None and link.configured else None
+        self._shared_holds: SharedHolds | None = None
+        if self._link is not None:
+            from ..coordination.budgets import SharedHolds
+
+            self._shared_holds = SharedHolds(self._link)
 
     async def admit(self, caller: Principal, body: Mapping[str, Any], model: str) -> Grant:
         """Let one turn of ``caller`` through, or raise a 429 (rate or budget)."""
@@ -93,16 +134,20 @@ class KeyQuotas:
             return Grant(caller.name, 0.0, None, None)
         tokens = estimate_tokens([body.get("system"), body.get("messages"), body.get("tools")])
         if record.budget_usd_per_day is None:
-            self._admit_rate(caller, tokens)
+            await self._admit_rate(caller, tokens)
             return Grant(caller.name, 0.0, None, None)
         now = self.clock()
         since = now - now % DAY  # this UTC day
         spent = await self.store.ledger_spend(caller.name + SEP, since)
-        # No await from here on: the check and the reservation are one step.
         estimate = self._estimate(body, model, tokens)
         budget = record.budget_usd_per_day
-        committed = spent + self._reserved.get(caller.name, 0.0)
-        if committed + estimate > budget:
+        # The check and the hold are one step (in process: no await between them; shared:
+        # one script). The budget is held first: a refused rate check gives it back, while
+        # a recorded request could not be taken back.
+        grant = Grant(caller.name, estimate, spent, budget)
+        refused_at = await self._hold(grant, spent, budget)
+        if refused_at is not None:
+            committed = spent + refused_at
             remaining = max(budget - committed, 0.0)
             raise BudgetExceeded(
                 f"key {caller.name!r}: daily budget ${budget:g} reached (spent ${spent:.6f} "
@@ -110,33 +155,60 @@ class KeyQuotas:
                 remaining,
                 since + DAY - now,
             )
-        self._admit_rate(caller, tokens)
-        self._reserved[caller.name] = self._reserved.get(caller.name, 0.0) + estimate
-        return Grant(caller.name, estimate, spent, budget, self)
+        try:
+            await self._admit_rate(caller, tokens)
+        except BaseException:
+            await grant.release()
+            raise
+        return grant
 
-    def unreserve(self, key: str, amount: float) -> None:
-        left = self._reserved.get(key, 0.0) - amount
-        if left <= 1e-12:
-            self._reserved.pop(key, None)
-        else:
-            self._reserved[key] = left
+    async def _hold(self, grant: Grant, spent: float, budget: float) -> float | None:
+        """Hold the grant's estimate (and arm its release), or return what the key's other
+        turns hold when it does not fit."""
+        key, estimate = grant.key, grant.estimate
+        if self._shared_holds is not None:
+            shared = self._shared_holds
+            answer = await shared.hold(key, estimate, spent, budget)
+            if answer is not None:  # None: Redis is down, hold in process
+                hold, held = answer
+                if hold is None:
+                    return held
+                grant._release = functools.partial(shared.release, key, hold)
+                return None
+        held_by_others = self.local_holds.hold(key, estimate, spent, budget)
+        if held_by_others is not None:
+            return held_by_others
+        grant._release = functools.partial(self.local_holds.release, key, estimate)
+        return None
 
-    def _admit_rate(self, caller: Principal, tokens: int) -> None:
+    def _window(self, caller: Principal) -> RateLimits:
+        record = caller.record
+        window = self._windows.get(caller.name)
+        if window is None or (window.rpm, window.tpm) != (record.rpm or None, record.tpm or None):
+            local = UpstreamLimits(record.rpm, record.tpm, self._monotonic)
+            if self._link is not None:
+                from ..coordination.windows import SharedWindows
+
+                window = SharedWindows(
+                    self._link, "key:" + caller.name, record.rpm, record.tpm, local=local
+                )
+            else:
+                window = local
+            self._windows[caller.name] = window
+        return window
+
+    async def _admit_rate(self, caller: Principal, tokens: int) -> None:
         record = caller.record
         if record.rpm is None and record.tpm is None:
             return
-        window = self._windows.get(caller.name)
-        if window is None or (window.rpm, window.tpm) != (record.rpm, record.tpm):
-            window = UpstreamLimits(record.rpm, record.tpm, self._monotonic)
-            self._windows[caller.name] = window
-        admission = window.check(tokens)
+        admission = await self._window(caller).reserve(tokens)
         if admission.never_fits:
             raise ProxyError(
                 "request_too_large",
                 f"this request (~{tokens} tokens) is larger than key {caller.name!r}'s tpm",
                 code="tpm_exceeded",
             )
-        if not admission.ok or window.admit(tokens) is None:
+        if not admission.ok:
             raise ProxyError(
                 "rate_limit",
                 f"key {caller.name!r}: rate limit reached; retry after the given time",

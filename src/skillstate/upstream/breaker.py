@@ -7,16 +7,52 @@ probe may be in flight; its verdict (``record_success``/``record_failure``) or a
 
 Any verdict counts, not just the probe's: a success from a call that was already in
 flight closes the breaker (the upstream evidently works) and a failure re-opens it.
-Not thread-safe: meant for one asyncio event loop.
+
+``Breaker`` is what the upstream pool uses; ``CircuitBreaker`` here keeps the state in this
+process (not thread-safe: meant for one asyncio event loop, where its methods never await),
+``coordination.breakers`` keeps it in Redis, shared by replicas, with the same semantics.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 CircuitState = Literal["closed", "open", "half_open"]
+# What ``acquire`` grants: a call through a closed breaker, or half_open's single probe
+# (which must be given back with ``release`` if it ends without a verdict).
+Permit = Literal["call", "probe"]
+
+
+class Breaker(Protocol):
+    """One upstream's circuit breaker (in process or shared)."""
+
+    # Told the state entered on each change this process caused (metrics).
+    on_change: Callable[[CircuitState], None] | None
+
+    @property
+    def state(self) -> CircuitState:
+        """The state as last known here (``refresh`` first for a shared one's current)."""
+        ...
+
+    async def acquire(self) -> Permit | None:
+        """Whether a call may go out now (None: open, or half_open with its probe taken)."""
+        ...
+
+    async def release(self) -> None:
+        """The probe ended without a verdict (cancelled): free the slot, stay half_open."""
+        ...
+
+    async def record_success(self) -> None: ...
+
+    async def record_failure(self) -> None: ...
+
+    async def refresh(self) -> None:
+        """Bring ``state`` and ``snapshot`` up to date."""
+        ...
+
+    def snapshot(self, wall_now: float | None = None) -> dict[str, Any]: ...
 
 
 class CircuitBreaker:
@@ -57,24 +93,27 @@ class CircuitBreaker:
         """Monotonic time from which a probe may go out; None while closed."""
         return self._next_probe_at
 
-    def try_acquire(self) -> bool:
-        """True if a call may go out now. In half_open, claims the single probe slot."""
+    async def acquire(self) -> Permit | None:
+        """``call`` if closed; in half_open, ``probe`` claims the single probe slot."""
         state = self.state
         if state == "closed":
-            return True
+            return "call"
         if state == "open" or self._probe_in_flight:
-            return False
+            return None
         self._probe_in_flight = True
         if not self._probed:
             self._probed = True
             self._changed("half_open")
-        return True
+        return "probe"
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """The probe was cancelled without a verdict: free the slot, stay half_open."""
         self._probe_in_flight = False
 
-    def record_success(self) -> None:
+    async def refresh(self) -> None:
+        """Nothing to fetch: the state is in this process."""
+
+    async def record_success(self) -> None:
         if self._open:
             self._changed("closed")
         self._open = False
@@ -82,7 +121,7 @@ class CircuitBreaker:
         self._probe_in_flight = False
         self._failures = 0
 
-    def record_failure(self) -> None:
+    async def record_failure(self) -> None:
         self._failures += 1
         state = self.state
         if state == "half_open" or (state == "closed" and self._failures >= self.failure_threshold):

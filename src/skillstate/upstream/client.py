@@ -22,12 +22,13 @@ import orjson
 from ..cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..choices import CacheBreakpoints
 from ..config import Settings, Upstream
+from ..coordination.link import CoordinationLink
 from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
-from ..limits import Admission, Ticket, UpstreamLimits
+from ..limits import Admission, RateLimits, Ticket, UpstreamLimits
 from ..telemetry import Telemetry
-from .breaker import CircuitBreaker
+from .breaker import Breaker, CircuitBreaker
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
 # Never forwarded: hop-by-hop headers, our own, and what aiohttp sets itself.
@@ -59,6 +60,9 @@ SCOPING_HEADERS = frozenset(
 # Upstream response headers worth passing to clients (SDKs read request ids and limits).
 _PASS_RESPONSE_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "openai-", "x-request-id")
 _PASS_RESPONSE_HEADERS = frozenset({"request-id", "retry-after", "retry-after-ms"})
+# A shared breaker's probe claim outlives total_timeout by this much before it expires (the
+# replica holding it died mid-probe).
+PROBE_TTL_MARGIN = 5.0
 
 
 def base_url(url: str) -> str:
@@ -81,17 +85,47 @@ def passthrough_response_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class UpstreamRuntime:
-    """One configured upstream with its live breaker, limits and connection pool."""
+    """One configured upstream with its live breaker, limits and connection pool. With a
+    configured coordination ``link``, the breaker and the limits are shared by replicas
+    (kept in Redis); otherwise they are this process's."""
 
-    def __init__(self, cfg: Upstream, settings: Settings, now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        cfg: Upstream,
+        settings: Settings,
+        now: Callable[[], float],
+        link: CoordinationLink | None = None,
+    ) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.kind = cfg.kind
         self.dialect = get_dialect(cfg.kind)
         self.max_tokens_field = cfg.openai_max_tokens_field
         self.base = base_url(cfg.url)
-        self.breaker = CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now)
-        self.limits = UpstreamLimits(cfg.rpm, cfg.tpm, now)
+        self.breaker: Breaker
+        self.limits: RateLimits
+        if link is not None and link.configured:
+            from ..coordination.breakers import SharedBreaker
+            from ..coordination.windows import SharedWindows
+
+            self.breaker = SharedBreaker(
+                link,
+                cfg.name,
+                settings.failure_threshold,
+                settings.open_cooldown,
+                probe_ttl=settings.total_timeout + PROBE_TTL_MARGIN,
+                monotonic=now,
+            )
+            self.limits = SharedWindows(
+                link,
+                "upstream:" + cfg.name,
+                cfg.rpm,
+                cfg.tpm,
+                local=UpstreamLimits(cfg.rpm, cfg.tpm, now),
+            )
+        else:
+            self.breaker = CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now)
+            self.limits = UpstreamLimits(cfg.rpm, cfg.tpm, now)
         self.session: aiohttp.ClientSession | None = None
         allowed = {h.lower() for h in settings.forward_scoping_headers}
         self.dropped_scoping = SCOPING_HEADERS - allowed if cfg.api_key else frozenset()
@@ -119,6 +153,11 @@ class UpstreamRuntime:
         )
         out["content-type"] = "application/json"
         return out
+
+    async def refresh(self) -> None:
+        """Read the shared breaker and limits afresh (for /health and /metrics)."""
+        await self.breaker.refresh()
+        await self.limits.refresh()
 
     def health(self) -> dict[str, Any]:
         return {
@@ -258,13 +297,14 @@ class UpstreamPool:
         settings: Settings,
         now: Callable[[], float] = time.monotonic,
         telemetry: Telemetry | None = None,
+        link: CoordinationLink | None = None,
     ) -> None:
         self.settings = settings
         self._now = now
         # Counts attempts, retries, failovers and breaker changes (and traces attempts).
         self.telemetry = telemetry or Telemetry(settings)
         ordered = sorted(settings.upstreams, key=lambda u: u.priority)
-        self.upstreams = [UpstreamRuntime(u, settings, now) for u in ordered]
+        self.upstreams = [UpstreamRuntime(u, settings, now, link) for u in ordered]
         for up in self.upstreams:
             up.breaker.on_change = functools.partial(self.telemetry.breaker_changed, up.name)
         self.backoff = Backoff(
@@ -292,6 +332,11 @@ class UpstreamPool:
             if up.session is not None:
                 await up.session.close()
 
+    async def refresh(self) -> None:
+        """Read every upstream's shared breaker and limits afresh: before ``health`` or a
+        metrics scrape (in-process ones are always current)."""
+        await asyncio.gather(*(up.refresh() for up in self.upstreams))
+
     def health(self) -> list[dict[str, Any]]:
         return [up.health() for up in self.upstreams]
 
@@ -316,8 +361,8 @@ class UpstreamPool:
         failures: list[AttemptRecord] = []
         last_error: Exchange | None = None
         for up in self.upstreams if upstreams is None else upstreams:
-            probe = up.breaker.state == "half_open"
-            if not up.breaker.try_acquire():
+            permit = await up.breaker.acquire()
+            if permit is None:
                 failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
                 continue
             assert up.session is not None
@@ -333,20 +378,20 @@ class UpstreamPool:
                     resp.close()
                     raise
             except _TRANSPORT_ERRORS as e:
-                up.breaker.record_failure()
+                await up.breaker.record_failure()
                 failures.append(AttemptRecord(up.name, 0, _describe(e)))
                 continue
             except BaseException:
-                if probe:
-                    up.breaker.release()
+                if permit == "probe":
+                    await _released(up)
                 raise
             ex = Exchange(up, resp, None, body=body)
             if ex.status >= 500:
-                up.breaker.record_failure()
+                await up.breaker.record_failure()
                 failures.append(AttemptRecord(up.name, ex.status, f"HTTP {ex.status}"))
                 last_error = ex
                 continue
-            up.breaker.record_success()
+            await up.breaker.record_success()
             ex.failed_attempts = _real(failures)
             return ex
         if last_error is not None:
@@ -393,41 +438,47 @@ class UpstreamPool:
                     if remaining <= 0:
                         expired = True
                         break
-                    # Only a half-open breaker hands out a slot that must be given back.
-                    probe = up.breaker.state == "half_open"
-                    if not up.breaker.try_acquire():
+                    # Only a half-open breaker hands out a slot (a probe) that must be
+                    # given back.
+                    permit = await up.breaker.acquire()
+                    if permit is None:
                         failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
                         tel.skipped(up.name, "circuit_open")
                         break
-                    admission = up.limits.check(out.est_tokens)
-                    ticket = up.limits.admit(out.est_tokens) if admission.ok else None
+                    try:
+                        admission = await up.limits.reserve(out.est_tokens)
+                    except BaseException:
+                        if permit == "probe":
+                            await _released(up)
+                        raise
+                    ticket = admission.ticket
                     if ticket is None:
                         tel.skipped(up.name, "local_limit")
-                        if probe:
-                            up.breaker.release()
+                        if permit == "probe":
+                            await _released(up)
                         held.append(admission)
                         break
                     delay: float | None
                     try:
                         ex = await self._observed_send(up, out, ticket, remaining, attempt)
                     except _TRANSPORT_ERRORS as e:
-                        up.breaker.record_failure()
+                        await up.breaker.record_failure()
                         failures.append(AttemptRecord(up.name, 0, _describe(e)))
                         delay = self.backoff.delay(attempt)
                     except BaseException:
-                        if probe:
-                            up.breaker.release()  # cancelled: no verdict on the upstream
+                        if permit == "probe":
+                            await _released(up)  # cancelled: no verdict on the upstream
                         raise
                     else:
                         status = ex.status
                         if ex.ok:
-                            up.breaker.record_success()
+                            await up.breaker.record_success()
                             ex.failed_attempts = _real(failures)
                             return ex
                         # An error answer generated nothing: it costs no tokens.
-                        up.limits.reconcile(ticket, 0)
+                        await up.limits.settle(ticket, 0)
                         if not fails_over(status):
-                            up.breaker.record_success()  # it answered; the request is wrong
+                            await up.breaker.record_success()  # it answered; the request is wrong
                             ex.failed_attempts = _real(failures)
                             return ex
                         if last_error is not None:
@@ -435,7 +486,7 @@ class UpstreamPool:
                         last_error = ex
                         last_record = AttemptRecord(up.name, status, f"HTTP {status}")
                         failures.append(last_record)
-                        _record_error_answer(up, status)
+                        await _record_error_answer(up, status)
                         if is_key_rejected(status):
                             break  # not retried on the same upstream: fail over
                         delay = self.backoff.delay(attempt, retry_after_from_headers(ex.headers()))
@@ -582,13 +633,19 @@ CIRCUIT_OPEN = "circuit open"  # an upstream skipped without being called
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, _StreamStartError)
 
 
-def _record_error_answer(up: UpstreamRuntime, status: int) -> None:
+async def _record_error_answer(up: UpstreamRuntime, status: int) -> None:
     """What an error answer that fails over says about the upstream's health: only a 5xx
     counts against its breaker (401/403 is the key, 408/429 a busy but live upstream)."""
     if status >= 500:
-        up.breaker.record_failure()
+        await up.breaker.record_failure()
     else:
-        up.breaker.record_success()
+        await up.breaker.record_success()
+
+
+async def _released(up: UpstreamRuntime) -> None:
+    """Give a probe back, even while the task is being cancelled (a probe slot that is
+    never given back would keep the upstream half_open with no probe until it expires)."""
+    await asyncio.shield(up.breaker.release())
 
 
 def _real(failures: list[AttemptRecord]) -> list[AttemptRecord]:

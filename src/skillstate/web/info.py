@@ -41,6 +41,7 @@ async def health(request: Request) -> Response:
     write, found out within ``health_timeout`` (a wedged or locked store is not waited on)."""
     rt = runtime(request)
     store_problem = await rt.store.check(rt.settings.health_timeout)
+    await rt.pool.refresh()  # shared breakers and windows: as Redis has them now
     status = 200 if store_problem is None else 503
     ok = store_problem is None and rt.pool.usable()
     caller = principal_of(request.scope)
@@ -117,6 +118,7 @@ async def metrics(request: Request) -> Response:
             "GET /metrics needs Authorization: Bearer <metrics_token or an admin key>",
         )
         return error_response(err, "openai", {"www-authenticate": "Bearer"})
+    await rt.pool.refresh()
     body = rt.telemetry.metrics.render(rt.pool.upstreams)
     return Response(body, headers={"content-type": CONTENT_TYPE})
 

@@ -137,7 +137,7 @@ async def responses_turn(request: Request) -> Response:
         return response
     finally:
         if grant is not None and not handed_to_stream:
-            grant.release()
+            await grant.release()
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this

@@ -17,6 +17,7 @@ from ..auth.gate import KeyBook
 from ..auth.keys import KeyHasher, server_secret
 from ..auth.quota import KeyQuotas
 from ..config import Settings
+from ..coordination.link import CoordinationLink
 from ..pipeline import Pipeline
 from ..pricing import PriceBook
 from ..store import Store, StoreError
@@ -47,12 +48,14 @@ class Runtime:
             max_sessions=settings.max_sessions,
             busy_timeout=settings.store_busy_timeout,
         )
-        self.pool = UpstreamPool(settings, telemetry=self.telemetry)
+        # Redis, shared by replicas (``coordination``); not configured: all in-process.
+        self.coordination = CoordinationLink.from_settings(settings)
+        self.pool = UpstreamPool(settings, telemetry=self.telemetry, link=self.coordination)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices)
         self.keys = KeyBook(self.store, KeyHasher(server_secret(settings.data_dir)), settings)
         # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
-        self.quotas = KeyQuotas(self.store, prices, clock)
+        self.quotas = KeyQuotas(self.store, prices, clock, link=self.coordination)
 
     async def purge_forever(self) -> None:
         """Drop expired sessions and old ledger rows, every ``purge_interval`` seconds."""

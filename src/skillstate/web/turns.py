@@ -101,7 +101,7 @@ async def _turn(
         return response
     finally:
         if grant is not None and not handed_to_stream:
-            grant.release()
+            await grant.release()
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
@@ -147,7 +147,7 @@ def releasing(grant: Grant, abort: Callable[[], Awaitable[None]]) -> Callable[[]
         try:
             await abort()
         finally:
-            grant.release()
+            await grant.release()
 
     return done
 

@@ -1,0 +1,73 @@
+"""The daily-budget holds of client keys in Redis, shared by every replica: the estimates
+of each key's turns in flight (``auth.quota``), so that N replicas cannot each let through
+a budget's worth.
+
+One sorted set per key: member ``<hold id>:<estimate in USD>``, score the time it expires
+(a replica that dies mid-turn cannot hold an estimate forever). ``HOLD`` drops the expired
+holds, sums the rest and adds this one only if the spend read from the ledger, plus what is
+held, plus this estimate stays within the budget: check and hold in one atomic script.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from .link import LOCAL, CoordinationLink
+from .scripts import run_script
+
+PREFIX = "skillstate:budget:"
+HOLD_TTL = 900.0  # seconds a hold outlives a replica that died holding it
+
+# KEYS: 1 the holds. ARGV: 1 member, 2 spent, 3 estimate, 4 budget, 5 ttl (us).
+# Returns {held (0/1), USD held by other turns before this one}.
+HOLD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))
+local held = 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  held = held + tonumber(string.match(m, ':(.*)$'))
+end
+local spent, estimate, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if spent + held + estimate > budget then return {0, string.format('%.17g', held)} end
+local ttl = tonumber(ARGV[5])
+redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ttl / 1000))
+return {1, string.format('%.17g', held)}
+"""
+
+
+class SharedHolds:
+    """Budget holds in Redis (the ``BudgetHolds`` of ``auth.quota``)."""
+
+    def __init__(self, link: CoordinationLink, ttl: float = HOLD_TTL) -> None:
+        self._link = link
+        self._ttl_us = round(ttl * 1_000_000)
+
+    async def hold(
+        self, key: str, estimate: float, spent: float, budget: float
+    ) -> tuple[str | None, float] | None:
+        """(a hold id, held by others) if ``spent`` + held + ``estimate`` fits ``budget``,
+        else (None, held by others); None while Redis is down under ``local`` (hold in
+        process instead)."""
+        member = f"{secrets.token_hex(8)}:{estimate!r}"
+        keys = [PREFIX + key]
+        args: list[Any] = [member, repr(spent), repr(estimate), repr(budget), self._ttl_us]
+        reply: Any = await self._link.call(lambda redis: run_script(redis, HOLD, keys, args))
+        if reply is LOCAL:
+            return None
+        ok, held = int(reply[0]), float(reply[1])
+        return (member if ok else None), held
+
+    async def release(self, key: str, hold: str) -> None:
+        """Drop the hold (idempotent). Redis unreachable: it expires on its own."""
+        link = self._link
+        if not link.ready():
+            return
+        try:
+            await link.client.zrem(PREFIX + key, hold)
+        except link.errors as e:
+            link.failed(e)
+        else:
+            link.succeeded()
