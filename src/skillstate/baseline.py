@@ -69,6 +69,7 @@ __all__ = [
     "envelope_output_share",
     "prefix_points",
     "price_baseline",
+    "round_ratio",
     "saving",
     "tool_call_chars",
 ]
@@ -127,6 +128,17 @@ class Baseline:
     cache_write_tokens: int
     output_tokens: int
     cost_usd: float | None
+
+
+def round_ratio(numerator: int, denominator: int) -> int:
+    """``round(Fraction(numerator, denominator))`` (exact, half to even) for a positive
+    ``denominator``, in integer arithmetic: every answered turn rounds a few such ratios,
+    and a Fraction costs microseconds to build, normalise and round."""
+    q, r = divmod(numerator, denominator)  # floor division: 0 <= r < denominator
+    twice = 2 * r
+    if twice > denominator or (twice == denominator and q % 2 == 1):
+        q += 1
+    return q
 
 
 # --- prefix hashing -----------------------------------------------------------------------
@@ -302,7 +314,7 @@ def _allocator(points: Sequence[PrefixPoint], input_tokens: int) -> Any:
     def tokens(k: int) -> int:
         if total <= 0:
             return 0
-        return round(Fraction(input_tokens * points[k].est_tokens, total))
+        return round_ratio(input_tokens * points[k].est_tokens, total)
 
     return tokens
 
@@ -318,8 +330,9 @@ def envelope_output_share(
     reply; at most 1."""
     whole = len(reply_text) + max(tool_call_chars, 0)
     if whole <= 0 or envelope_chars <= 0:
-        return Fraction(0)
-    return min(Fraction(envelope_chars, whole), Fraction(1))
+        return _NONE
+    # min(Fraction(envelope_chars, whole), 1), building one Fraction instead of three
+    return _WHOLE if envelope_chars >= whole else Fraction(envelope_chars, whole)
 
 
 def tool_call_chars(dialect: str, resp: Mapping[str, Any]) -> int:
@@ -346,8 +359,15 @@ def tool_call_chars(dialect: str, resp: Mapping[str, Any]) -> int:
     return total
 
 
+_NONE, _WHOLE = Fraction(0), Fraction(1)  # immutable, so shared
+
+
 def baseline_output_tokens(output_tokens: int, envelope_share: Fraction) -> int:
     """The output tokens without the envelope's share (rounded half to even)."""
+    if isinstance(envelope_share, Fraction | int) and isinstance(output_tokens, int):
+        # round(output_tokens * (1 - share)) in integers (Fraction arithmetic is slow)
+        n, d = envelope_share.numerator, envelope_share.denominator
+        return round_ratio(output_tokens * (d - n), d)
     return round(output_tokens * (1 - envelope_share))
 
 

@@ -78,9 +78,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from skillstate.baseline import round_ratio
 from skillstate.choices import GroupBy
 from skillstate.pricing import PriceBook, Prices
 from skillstate.session import split_session
@@ -184,7 +184,7 @@ def baseline_input_tokens(actual_input: int, est_transcript: int, est_sent: int)
     """``round(actual_input * est_transcript / est_sent)``; ``actual_input`` if est_sent <= 0."""
     if est_sent <= 0:
         return actual_input
-    return round(Fraction(actual_input * max(est_transcript, 0), est_sent))
+    return round_ratio(actual_input * max(est_transcript, 0), est_sent)
 
 
 def baseline_cost_usd(

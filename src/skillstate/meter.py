@@ -24,6 +24,7 @@ from .baseline import (
     baseline_output_tokens,
     prefix_points,
     price_baseline,
+    round_ratio,
 )
 from .ledger import Kind, LedgerRow, Usage, make_row
 from .pricing import PriceBook, Prices
@@ -77,7 +78,7 @@ class BaselineSource:
             return CacheSplit(baseline_input)
 
         def scaled(n: int) -> int:
-            return round(Fraction(n * baseline_input, first_input))
+            return round_ratio(n * baseline_input, first_input)
 
         return CacheSplit(
             baseline_input, scaled(first.cache_read_tokens), scaled(first.cache_write_tokens)

@@ -174,12 +174,18 @@ def _type_matches(expected: str, value: Any) -> bool:
 
 
 def _copy_json(value: Any) -> Any:
-    """Deep copy of dicts and lists; scalars are immutable and shared."""
+    """Deep copy of dicts and lists; scalars are immutable and shared.
+
+    Containers recurse, scalars are taken inline: a merge copies the whole state every
+    turn, and most of a state's values are scalars (a call per scalar doubled the cost)."""
     if isinstance(value, dict):
-        return {k: _copy_json(v) for k, v in value.items()}
+        return {k: _copy_json(v) if isinstance(v, _CONTAINERS) else v for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy_json(v) for v in value]
+        return [_copy_json(v) if isinstance(v, _CONTAINERS) else v for v in value]
     return value
+
+
+_CONTAINERS = (dict, list)
 
 
 def _at(parts: tuple[Any, ...]) -> str:

@@ -45,7 +45,7 @@ from .meter import BaselineSource, MeterContext, TurnMeter
 from .pricing import PriceBook
 from .session import SESSION_HEADER, SessionLocks
 from .store import StepConflict, Store, StoreError, TransitionRecord
-from .strip import strip_envelope, strip_reply, strip_transcript
+from .strip import Stripped, strip_envelope, strip_reply, strip_transcript
 from .strip_events import StrippingRelay
 from .telemetry import NO_TELEMETRY, TurnTelemetry
 from .tokens import estimate_tokens
@@ -403,8 +403,10 @@ class Pipeline:
                 if meter is not None:
                     turn.telemetry.metered(meter.rows)
                     # Whatever the commit did not take (failures, passthrough, errors):
-                    # off the critical path, and not cancelled with the turn.
-                    self._spawn(meter.flush(self.store))
+                    # off the critical path, and not cancelled with the turn. (No task
+                    # when the commit took every row: the usual state-mode turn.)
+                    if meter.unwritten():
+                        self._spawn(meter.flush(self.store))
                 await stack.aclose()
 
     def _client_transcript(self, turn: Turn) -> tuple[dict[str, Any], int]:
@@ -521,10 +523,12 @@ class Pipeline:
         await self._reconcile(ex, usage)
         model = resp.get("model") if isinstance(resp.get("model"), str) else None
         share = Fraction(0)
+        stripped: tuple[str, Stripped] | None = None
         if with_envelope(meta.shape):
             text, _ = get_dialect(meta.turn.dialect).reply_text(client_resp)
             tools = tool_call_chars(meta.turn.dialect, client_resp)
-            share = envelope_output_share(text, strip_envelope(text).removed_chars, tools)
+            stripped = (text, strip_envelope(text))  # kept: the client's copy strips it too
+            share = envelope_output_share(text, stripped[1].removed_chars, tools)
             self._envelope_seen(meta, usage, share)
         meter.answered(
             upstream=ex.upstream.name,
@@ -536,7 +540,7 @@ class Pipeline:
             regime=ex.upstream.cfg.cache_regime(model or meta.turn.model),
             envelope_share=share,
         )
-        return _Answer(ex, raw, client_resp)
+        return _Answer(ex, raw, client_resp, stripped=stripped)
 
     def _reask(self, out: Outbound, meta: _TurnMeta, answer: _Answer, text: str) -> Outbound:
         """The request again, with the invalid answer and what was wrong with it."""
@@ -638,7 +642,8 @@ class Pipeline:
                 if not meter.answered_yet:
                     answered(499)
             turn.telemetry.metered(meter.rows)
-            self._spawn(meter.flush(self.store))
+            if meter.unwritten():
+                self._spawn(meter.flush(self.store))
             await _shielded(stack.aclose())
 
     async def _commit_stream(self, meta: _TurnMeta, relay: StreamRelay) -> _StreamNote | bytes:
@@ -792,7 +797,7 @@ class Pipeline:
         if outcome is not None and self.settings.reply_envelope == ReplyEnvelope.STRIP:
             # The verdict above was made on the unstripped text; the client gets the reply
             # without the protocol (an envelope-only reply becomes its action).
-            stripped, _ = strip_reply(meta.turn.dialect, answer.resp)
+            stripped, _ = strip_reply(meta.turn.dialect, answer.resp, answer.stripped)
             if stripped is not answer.resp:
                 raw = orjson.dumps(stripped)
         return Reply(answer.ex.status, raw, h)
@@ -841,6 +846,7 @@ class _Answer:
     raw: bytes
     resp: dict[str, Any]
     outcome: Outcome | None = None
+    stripped: tuple[str, Stripped] | None = None  # its text and strip_envelope(text)
 
 
 @dataclass

@@ -464,13 +464,15 @@ def strip_texts(texts: Sequence[str]) -> tuple[list[str], Stripped]:
 _NOTHING = Stripped("", None, 0)
 
 
-def _strip_content(content: Any) -> tuple[Any, Stripped]:
+def _strip_content(content: Any, known: Known = None) -> tuple[Any, Stripped]:
     """A message's content without envelopes: a string, or a list of parts / blocks whose
-    ``text`` parts are stripped (others untouched). The same object if nothing changed."""
+    ``text`` parts are stripped (others untouched). The same object if nothing changed.
+    ``known``: a text already through ``strip_envelope`` and its result (used if it is
+    this very string)."""
     if isinstance(content, str):
         if "{" not in content:  # every envelope is a JSON object: nothing to strip (fast path)
             return content, _NOTHING
-        result = strip_envelope(content)
+        result = known[1] if known is not None and known[0] is content else strip_envelope(content)
         return (content if result.envelope is None else result.text), result
     if not isinstance(content, list):
         return content, _NOTHING
@@ -494,13 +496,22 @@ def _strip_content(content: Any) -> tuple[Any, Stripped]:
     return [part for k, part in enumerate(out) if k not in emptied], summary
 
 
-def strip_reply(dialect: str, resp: dict[str, Any]) -> tuple[dict[str, Any], Stripped]:
+# A text and its ``strip_envelope(text)``: the pipeline strips a reply's text for the
+# ledger first, and the same string again here is not stripped twice (matched by identity:
+# strings are immutable and the result depends on the text alone).
+Known = tuple[str, Stripped] | None
+
+
+def strip_reply(
+    dialect: str, resp: dict[str, Any], known: Known = None
+) -> tuple[dict[str, Any], Stripped]:
     """A non-streamed reply in the client's dialect without envelopes, and what was
     removed from its first choice (the one the state engine reads).
 
     OpenAI: every choice's ``message.content``; Anthropic: the ``text`` blocks of
     ``content`` (a block left empty is dropped; ``tool_use`` blocks are untouched).
-    ``resp`` is not mutated; it is returned as is when it had no envelope.
+    ``resp`` is not mutated; it is returned as is when it had no envelope. ``known``: a
+    string content already stripped, and its result.
     """
     if dialect == "anthropic":
         content, summary = _strip_content(resp.get("content"))
@@ -514,7 +525,7 @@ def strip_reply(dialect: str, resp: dict[str, Any]) -> tuple[dict[str, Any], Str
         message = choice.get("message") if isinstance(choice, dict) else None
         if not isinstance(message, dict):
             continue
-        content, summary = _strip_content(message.get("content"))
+        content, summary = _strip_content(message.get("content"), known)
         if k == 0:
             first = summary
         if content is not message.get("content"):

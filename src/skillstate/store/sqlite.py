@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -122,14 +123,23 @@ MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z
 MAX_LABEL_CHARS = 256  # model, upstream and other names in a ledger row
 
 
+# Every ledger row goes through these, a dozen columns per turn: the first line of each is
+# the usual case (a value of the exact type, already in range), answered without the
+# general checks below it. ``type(x) is`` also keeps bool (an int subclass) off it.
+
+
 def clamp_count(value: Any, ceiling: int = MAX_TOKEN_COUNT) -> int | None:
     """An int in [0, ceiling], or None for no number (None, NaN, not a number)."""
+    if type(value) is int and 0 <= value <= ceiling:
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return None
     return int(min(max(value, 0), ceiling))
 
 
 def clamp_amount(value: Any, ceiling: float = MAX_USD) -> float | None:
+    if type(value) is float and 0.0 <= value <= ceiling:  # NaN fails the comparison
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return None
     return float(min(max(value, 0.0), ceiling))
@@ -137,6 +147,8 @@ def clamp_amount(value: Any, ceiling: float = MAX_USD) -> float | None:
 
 def clamp_signed(value: Any, ceiling: float = MAX_USD) -> float | None:
     """A float in [-ceiling, ceiling] (a saving may be negative), None for no number."""
+    if type(value) is float and -ceiling <= value <= ceiling:  # NaN fails the comparison
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return None
     return float(min(max(value, -ceiling), ceiling))
@@ -147,6 +159,8 @@ def clamp_time(value: Any) -> float:
 
 
 def _label(value: Any) -> str | None:
+    if type(value) is str and len(value) <= MAX_LABEL_CHARS:
+        return value  # the usual case (see the clamps above)
     return None if value is None else str(value)[:MAX_LABEL_CHARS]
 
 
@@ -169,12 +183,13 @@ _COLUMN_CLAMPS: dict[str, Callable[[Any], Any]] = {
     "saved_cost_usd": clamp_signed,
     "saved_cost_pct": clamp_signed,
 }
-_LEDGER_CLAMPS = [(name, _COLUMN_CLAMPS.get(name, _label)) for name in _LEDGER_COLUMNS]
+_LEDGER_CLAMPS = [_COLUMN_CLAMPS.get(name, _label) for name in _LEDGER_COLUMNS]
+_LEDGER_VALUES = attrgetter(*_LEDGER_COLUMNS)  # every column's value in one call
 
 
 def _ledger_tuple(row: LedgerRow) -> tuple[Any, ...]:
     # Much cheaper than dataclasses.astuple (no deep copy); this runs on every turn.
-    return tuple(clamp(getattr(row, name)) for name, clamp in _LEDGER_CLAMPS)
+    return tuple([clamp(v) for clamp, v in zip(_LEDGER_CLAMPS, _LEDGER_VALUES(row))])
 
 
 _LEDGER_INSERT = (
