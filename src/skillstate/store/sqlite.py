@@ -189,7 +189,8 @@ _LEDGER_VALUES = attrgetter(*_LEDGER_COLUMNS)  # every column's value in one cal
 
 def _ledger_tuple(row: LedgerRow) -> tuple[Any, ...]:
     # Much cheaper than dataclasses.astuple (no deep copy); this runs on every turn.
-    return tuple([clamp(v) for clamp, v in zip(_LEDGER_CLAMPS, _LEDGER_VALUES(row))])
+    values = _LEDGER_VALUES(row)
+    return tuple([clamp(v) for clamp, v in zip(_LEDGER_CLAMPS, values, strict=True)])
 
 
 _LEDGER_INSERT = (
