@@ -20,6 +20,7 @@ import pytest
 
 from skillstate.bench import overhead
 from skillstate.bench.fastupstream import FastUpstream, start_fast_upstream
+from skillstate.bench.overhead.arguments import validate
 
 TINY = [
     "--warmup", "1",
@@ -204,3 +205,18 @@ def test_floor_arm_is_measured_in_the_same_run(tmp_path: Path) -> None:
     # the floor relays the upstream's answer: a chat completion with the envelope text
     sample = orjson.loads(rep["samples"]["floor"])
     assert sample["object"] == "chat.completion" and "state_patch" in str(sample["choices"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--replicas", "2"], "--replicas > 1 needs --store postgresql"),
+        (["--replicas", "2", "--store", "sqlite:///x.db", "--coordination", "redis://h"], "needs"),
+        (["--replicas", "2", "--store", "postgresql://h/db"], "needs"),
+        (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--target", "http://127.0.0.1:9", "--store", "postgresql://h/db"], "not a --target"),
+    ],
+)
+def test_replica_flags_are_checked(argv: list[str], problem: str) -> None:
+    assert problem in (validate(overhead.build_parser().parse_args(argv)) or "")
+    assert overhead.run_overhead(overhead.build_parser().parse_args(argv)) == 2

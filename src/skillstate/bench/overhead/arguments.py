@@ -70,6 +70,33 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "profiling or experiment wrapper that must be importable)",
     )
 
+    g = p.add_argument_group("shared engines and replicas (docs/scaling.md)")
+    g.add_argument(
+        "--store",
+        metavar="URL",
+        help="the proxy's store (sqlite:///path or postgresql://…; default: SQLite in a "
+        "temporary data dir)",
+    )
+    g.add_argument(
+        "--coordination", metavar="URL", help="the proxy's coordination Redis (redis://…)"
+    )
+    g.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start N proxies sharing --store and --coordination (1); the concurrency phase "
+        "spreads its connections over them, the sequential phase uses the first",
+    )
+    g.add_argument(
+        "--trips",
+        type=int,
+        default=200,
+        metavar="N",
+        help="with --store postgresql:// or --coordination: N steady-state state turns "
+        "counted on the engines themselves (round trips per turn), 0 skips (200)",
+    )
+
     g = p.add_argument_group("sequential (one keep-alive connection per path)")
     g.add_argument(
         "--warmup", type=int, default=15, metavar="N", help="warm-up requests per path (15)"
@@ -151,4 +178,11 @@ def validate(a: argparse.Namespace) -> str | None:
             return f"--{flag}: only http:// URLs are supported, got {url!r}"
     if a.target_pid and not a.target:
         return "--target-pid only makes sense with --target"
+    if a.replicas < 1 or a.trips < 0:
+        return "--replicas must be >= 1 and --trips >= 0"
+    shared = a.store is not None and urlsplit(a.store).scheme in ("postgresql", "postgres")
+    if a.replicas > 1 and not (shared and a.coordination):
+        return "--replicas > 1 needs --store postgresql://… and --coordination redis://…"
+    if a.target and (a.store or a.coordination or a.replicas > 1):
+        return "--store, --coordination and --replicas configure skillstate, not a --target"
     return None

@@ -8,6 +8,7 @@ import contextlib
 import select
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any, cast
 
 import httptools
@@ -162,9 +163,10 @@ async def open_conn(ep: Endpoint) -> AsyncConn:
 
 
 async def conc_segment(
-    ep: Endpoint, conns: list[AsyncConn], reqs: list[list[bytes]], seconds: float
+    eps: Sequence[Endpoint], conns: list[AsyncConn], reqs: list[list[bytes]], seconds: float
 ) -> dict[str, Any]:
-    """Every connection sends back-to-back requests for ``seconds``."""
+    """Every connection sends back-to-back requests for ``seconds``; connection ``i`` goes
+    to ``eps[i]`` (replicas: the endpoints differ)."""
     loop = asyncio.get_running_loop()
     lat: list[float] = []
     errors = 0
@@ -180,7 +182,7 @@ async def conc_segment(
         k = 0
         while pc() < deadline:
             if conn.closed or conn.transport is None:
-                conn = conns[i] = await open_conn(ep)
+                conn = conns[i] = await open_conn(eps[i])
             data = mine[k % len(mine)]
             k += 1
             fut: asyncio.Future[int] = loop.create_future()

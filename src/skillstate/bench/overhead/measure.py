@@ -138,16 +138,18 @@ def _turn_profile(
 
 async def _concurrency(
     spec: dict[str, Any],
-    eps: dict[str, Endpoint],
+    eps: dict[str, list[Endpoint]],
     reqs: dict[str, list[list[bytes]]],
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    n = spec["concurrency"]
+    """``eps[path][i]`` is where connection ``i`` of ``path`` goes."""
     paths = list(eps)
-    pids: dict[str, int] = spec["pids"]
+    pids: dict[str, list[int]] = {p: [pid] for p, pid in spec["pids"].items()}
+    if "proxied" in pids:
+        pids["proxied"] += spec.get("replica_pids", [])
     conns = {}
-    for path, ep in eps.items():  # a loop: Python 3.10 rejects await in a nested comprehension
-        conns[path] = [await open_conn(ep) for _ in range(n)]
+    for path, targets in eps.items():  # a loop: Python 3.10 rejects await in a comprehension
+        conns[path] = [await open_conn(ep) for ep in targets]
     for path in paths:
         progress(f"concurrency warm-up ({path})")
         await conc_segment(eps[path], conns[path], reqs[path], min(1.0, spec["duration"] / 4))
@@ -164,12 +166,12 @@ async def _concurrency(
     for i, path in enumerate(order):
         progress(f"concurrency segment {i + 1}/{len(order)} ({path}, {seconds:g} s)")
         gc.collect()
-        pid = pids.get(path)
-        c0 = proc_cpu_seconds(pid)[0] if pid else 0.0
+        of = pids.get(path, [])
+        c0 = sum(proc_cpu_seconds(pid)[0] for pid in of)
         r = await conc_segment(eps[path], conns[path], reqs[path], seconds)
         a = agg[path]
-        if pid:
-            a["cpu_s"] += proc_cpu_seconds(pid)[0] - c0
+        if of:
+            a["cpu_s"] += sum(proc_cpu_seconds(pid)[0] for pid in of) - c0
         a["lat"] += r["lat"]
         a["errors"] += r["errors"]
         a["elapsed"] += r["elapsed"]
@@ -264,13 +266,24 @@ def client_run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[st
     if spec["duration"] > 0:
         n = spec["concurrency"]
         conc_reqs: dict[str, list[list[bytes]]] = {name: [r] * n for name, r in reqs.items()}
+        conn_eps = {name: [ep] * n for name, ep in eps.items()}
+        replicas = [eps["proxied"], *(Endpoint(*e) for e in spec.get("replica_eps", []))]
+        # connection i goes to replica i % len(replicas)
+        conn_eps["proxied"] = [replicas[i % len(replicas)] for i in range(n)]
         if state:
             # connection i owns sessions i, i+n, i+2n, ... so no two in-flight turns share one
-            conc_reqs["proxied"] = [p_reqs[i::n] or [p_reqs[i % len(p_reqs)]] for i in range(n)]
+            owned = [sids[i::n] or [sids[i % len(sids)]] for i in range(n)]
+            conc_reqs["proxied"] = [
+                [build_request(conn_eps["proxied"][i], body, [*ph, ("x-skillstate-session", s)])
+                 for s in owned[i]]
+                for i in range(n)
+            ]  # fmt: skip
+        elif len(replicas) > 1:
+            conc_reqs["proxied"] = [[build_request(ep, body, ph)] for ep in conn_eps["proxied"]]
         try:
             import uvloop
         except ImportError:  # pragma: no cover
-            out["concurrency"] = asyncio.run(_concurrency(spec, eps, conc_reqs, progress))
+            out["concurrency"] = asyncio.run(_concurrency(spec, conn_eps, conc_reqs, progress))
         else:
-            out["concurrency"] = uvloop.run(_concurrency(spec, eps, conc_reqs, progress))
+            out["concurrency"] = uvloop.run(_concurrency(spec, conn_eps, conc_reqs, progress))
     return out

@@ -111,6 +111,8 @@ def build_report(
         rep["state_check"] = raw["state_check"]
     if raw.get("turn_profile"):
         rep["turn_profile"] = raw["turn_profile"]
+    if raw.get("engines"):
+        rep["engines"] = raw["engines"]
     rep["targets"] = _targets(a, rep)
     return rep
 
@@ -287,6 +289,8 @@ def print_report(rep: dict[str, Any]) -> None:
             f"  last/first window: CPU x{_f(tp['cpu_ratio_last_vs_first'])}, "
             f"wall p50 x{_f(tp['wall_ratio_last_vs_first'])}"
         )
+    if rep.get("engines"):
+        _print_engines(con, rep["engines"])
     sc = rep.get("state_check")
     if sc:
         for label, c in sc.items():
@@ -315,3 +319,22 @@ def print_report(rep: dict[str, Any]) -> None:
             parts.append(f"{label} {val} ({bound}): {mark}")
     if parts:
         con.print(f"targets ({cfg['mode']} mode): " + "; ".join(parts))
+
+
+def _print_engines(con: Any, eng: dict[str, Any]) -> None:
+    """Round trips per turn, counted on the engines (bench/overhead/engines.py)."""
+    con.print(f"[bold]engines[/bold]: {eng['turns']} steady-state turns, counted on the servers")
+    redis = eng.get("redis")
+    if redis:
+        by = ", ".join(f"{k} {_f(v)}" for k, v in redis["by_command"].items())
+        con.print(f"  Redis: {_f(redis['commands_per_turn'])} commands per turn ({by})")
+    pg = eng.get("postgresql")
+    if pg and "error" in pg:
+        con.print(f"  [yellow]PostgreSQL: {pg['error']}[/yellow]")
+    elif pg:
+        con.print(
+            f"  PostgreSQL: {_f(pg['statements_per_turn'])} statements per turn, "
+            f"{_f(pg['transactions_per_turn'])} explicit transactions (COMMIT) per turn"
+        )
+        for q, v in pg["by_statement"].items():
+            con.print(f"    {_f(v)}  {q[:96]}")

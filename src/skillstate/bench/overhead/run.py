@@ -13,9 +13,11 @@ from typing import Any
 
 import orjson
 
+from ...coordination.link import redacted
 from ..console import make_console, phase_progress
 from .arguments import validate
 from .client_process import run_client
+from .engines import count_turns
 from .machine import machine_info
 from .report import build_report, print_report
 from .servers import base_of, start_floor, start_proxy
@@ -30,6 +32,21 @@ def _say(quiet: bool, msg: str) -> None:
         print(f"  {msg}", file=sys.stderr, flush=True)
 
 
+def _settings_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {}
+    if args.store:
+        env["SKILLSTATE_STORE"] = args.store
+    if args.coordination:
+        env["SKILLSTATE_COORDINATION"] = args.coordination
+    return env
+
+
+def _counts_trips(args: argparse.Namespace) -> bool:
+    """Round trips are counted for skillstate's state turns on a shared engine."""
+    shared = bool(args.coordination) or (args.store or "").startswith("postgres")
+    return args.trips > 0 and args.mode == "state" and shared and not args.target
+
+
 def run_overhead(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args``; 0 on success."""
     err = validate(args)
@@ -38,7 +55,8 @@ def run_overhead(args: argparse.Namespace) -> int:
         return 2
     q = args.quiet
     info: dict[str, Any] = {"machine": machine_info()}
-    upstream = proxy = floor = None
+    upstream = floor = None
+    replicas: list[Any] = []
     tmp = tempfile.TemporaryDirectory(prefix="skillstate-bench-")
     state = initial_state(args.state_kib)
     try:
@@ -51,22 +69,30 @@ def run_overhead(args: argparse.Namespace) -> int:
             direct_url = upstream.url
             _say(q, f"fast upstream: {direct_url} (pid {upstream.pid})")
         proxy_pid: int | None
+        replica_urls: list[str] = []
         if args.target:
             proxied_url = args.target
             proxy_pid = args.target_pid
             proxy_name = args.target
         else:
-            proxy, proxied_url = start_proxy(
-                base_of(direct_url),
-                tmp.name,
-                state,
-                args.proxy_arg,
-                args.start_timeout,
-                args.proxy_module,
-            )
-            proxy_pid = proxy.proc.pid
+            for i in range(args.replicas):
+                data_dir = Path(tmp.name) / f"r{i}"
+                data_dir.mkdir()
+                proxy, url = start_proxy(
+                    base_of(direct_url),
+                    str(data_dir),
+                    state,
+                    args.proxy_arg,
+                    args.start_timeout,
+                    args.proxy_module,
+                    _settings_env(args),
+                )
+                replicas.append(proxy)
+                replica_urls.append(url)
+                _say(q, f"skillstate proxy: {url} (pid {proxy.proc.pid})")
+            proxied_url = replica_urls[0]
+            proxy_pid = replicas[0].proc.pid
             proxy_name = "skillstate" if args.proxy_module == "skillstate" else args.proxy_module
-            _say(q, f"skillstate proxy: {proxied_url} (pid {proxy_pid})")
 
         pids = {"proxied": proxy_pid} if proxy_pid else {}
         floor_ep = None
@@ -88,6 +114,14 @@ def run_overhead(args: argparse.Namespace) -> int:
             "mode": args.mode,
             "direct_ep": [d_ep.host, d_ep.port, d_ep.path, d_ep.netloc],
             "proxied_ep": [p_ep.host, p_ep.port, p_ep.path, p_ep.netloc],
+            # Every replica (the concurrency phase spreads its connections over them).
+            "replica_eps": [
+                [e.host, e.port, e.path, e.netloc]
+                for e in (Endpoint.from_base(r) for r in replica_urls[1:])
+            ]
+            if not args.target
+            else [],
+            "replica_pids": [r.proc.pid for r in replicas[1:]],
             "body": chat_body(args.model, args.stream),
             "direct_headers": direct_headers,
             "proxied_headers": proxied_headers,
@@ -115,17 +149,31 @@ def run_overhead(args: argparse.Namespace) -> int:
             "request_body_bytes": len(spec["body"]),
             "turn_profile": args.turn_profile,
             "proxy_args": args.proxy_arg,
+            "store": redacted(args.store) if args.store else "sqlite (temporary data dir)",
+            "coordination": redacted(args.coordination) if args.coordination else None,
+            "replicas": args.replicas,
             "client": "separate process; raw sockets + httptools (sequential), uvloop "
             "protocol (concurrency)",
         }
         console = make_console(stderr=True)
         with phase_progress(console, not q and console.is_terminal) as say:
             raw = run_client(spec, say if not q else lambda msg: None)
+        if _counts_trips(args):
+            _say(q, f"counting engine round trips over {args.trips} state turns")
+            raw["engines"] = count_turns(
+                proxied_url,
+                chat_body(args.model, False),
+                [auth, ("x-skillstate-mode", "state")],
+                store=args.store,
+                coordination=args.coordination,
+                turns=args.trips,
+                tag=os.urandom(3).hex(),
+            )
     except (RuntimeError, OSError) as e:
         print(f"skillstate bench overhead: {e}", file=sys.stderr)
         return 1
     finally:
-        for child in (proxy, floor):
+        for child in (*replicas, floor):
             if child is not None:
                 child.stop()
         if upstream is not None:

@@ -133,8 +133,12 @@ def start_proxy(
     extra: list[str],
     timeout: float,
     module: str = "skillstate",
+    settings_env: dict[str, str] | None = None,
 ) -> tuple[_Proc, str]:
+    """A proxy child in front of ``upstream``; ``settings_env`` adds SKILLSTATE_* settings
+    (the store and coordination URLs of replicas)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLSTATE_")}
+    env.update(settings_env or {})
     env["SKILLSTATE_API_KEY"] = "sk-bench"
     env["SKILLSTATE_INITIAL_STATE"] = orjson.dumps(state).decode()
     cmd = [sys.executable, "-m", module, "--port", "0", "--upstream", upstream.rstrip("/") + "/v1"]
