@@ -12,6 +12,8 @@ import pytest
 from skillstate.choices import CoordinationDown
 from skillstate.coordination.link import LOCAL, CoordinationLink, redacted
 from skillstate.errors import ProxyError
+from tests.conftest import StartProxy
+from tests.fakeprovider import FakeProvider
 
 
 def _dead_url() -> str:
@@ -119,3 +121,12 @@ def test_logs_and_health_never_show_the_password() -> None:
     assert redacted("redis://:s3cret@host:6380/1") == "redis://***@host:6380/1"
     assert redacted("rediss://user:s3cret@host/0") == "rediss://user:***@host/0"
     assert redacted("redis://host:6379/0") == "redis://host:6379/0"
+
+
+def test_health_says_coordination_is_not_configured_by_default(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start_proxy(fake.url + "/v1")
+    h = p.get("/health")
+    assert h.status_code == 200
+    assert h.json()["coordination"] == {"redis": "not configured", "degraded": False}

@@ -43,8 +43,8 @@ from .ledger import LedgerRow
 from .mask import mask_transcript
 from .meter import BaselineSource, MeterContext, TurnMeter
 from .pricing import PriceBook
-from .session import SESSION_HEADER, SessionLocks
-from .store import StepConflict, Store, StoreError, TransitionRecord
+from .session import SESSION_HEADER, Hold, SessionLocks, TurnLocks
+from .store import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
 from .strip import Stripped, strip_envelope, strip_reply, strip_transcript
 from .strip_events import StrippingRelay
 from .telemetry import NO_TELEMETRY, TurnTelemetry
@@ -168,8 +168,9 @@ class Pipeline:
 
     It decides (context shape, re-ask, commit); the stages it calls do the work: context
     building, the upstream pool, patch validation, the store, and a ``TurnMeter`` per turn
-    that counts every upstream attempt. Turns of one session run one at a time
-    (``SessionLocks``); turns of different sessions run concurrently.
+    that counts every upstream attempt. Turns of one session run one at a time (``locks``:
+    ``SessionLocks`` in one process, Redis leases across replicas); turns of different
+    sessions run concurrently.
     """
 
     def __init__(
@@ -178,13 +179,14 @@ class Pipeline:
         store: Store,
         pool: UpstreamPool,
         prices: PriceBook,
+        locks: TurnLocks | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.pool = pool
         self.prices = prices
         self.verdicts = Verdicts(settings)
-        self.locks = SessionLocks()
+        self.locks: TurnLocks = locks if locks is not None else SessionLocks()
         self._background: set[asyncio.Task[Any]] = set()
         # What each session's baseline request (no proxy) would have in the prompt cache.
         self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
@@ -205,8 +207,8 @@ class Pipeline:
         """Apply an operator's patch (``PATCH /state``) as one more transition of the
         session: validated like a model's patch, committed like a turn, under its lock.
         ``by`` (the operator's key name) is recorded as the action ``operator:<by>``."""
-        async with self.locks.hold(session):
-            record = await self.store.load(session)
+        async with self.locks.hold(session) as hold:
+            record = await self._load(session, hold)
             if record is None:
                 raise ProxyError("not_found", f"unknown session {session}")
             tr = self.verdicts.check_patch(record.state, patch, record.schema)
@@ -221,7 +223,7 @@ class Pipeline:
                 time.time(),
             )
             step = await self.commit_transition(
-                session, record.step, tr.new_state, record.schema, transition
+                session, record.step, tr.new_state, record.schema, transition, hold=hold
             )
         return OperatorChange(step, tr.new_state, tr.warnings)
 
@@ -235,8 +237,26 @@ class Pipeline:
     async def delete_session(self, session: str) -> bool:
         """Forget a session (``DELETE /state``), after any turn of it in flight. False when
         there was no such session."""
-        async with self.locks.hold(session):
-            return await self.store.delete(session)
+        async with self.locks.hold(session) as hold:
+            deleted = await self.store.delete(session)
+            hold.committed(0)
+            return deleted
+
+    async def load_current(self, session: str) -> SessionRecord | None:
+        """The session as last committed, read without holding it (``GET /state``): from
+        the store's cache only while that is current (another replica may have committed)."""
+        record = await self.store.load(session)
+        if record is not None and not await self.locks.current(record):
+            record = await self.store.load(session, fresh=True)
+        return record
+
+    async def _load(self, session: str, hold: Hold) -> SessionRecord | None:
+        """The session as last committed, for the holder of its lock: read again from the
+        database when the store's copy is behind another replica's commit."""
+        record = await self.store.load(session)
+        if record is not None and not hold.current(record):
+            record = await self.store.load(session, fresh=True)
+        return record
 
     def _outbound(
         self,
@@ -364,14 +384,14 @@ class Pipeline:
         meter: TurnMeter | None = None
         try:
             if turn.keeps_state:
-                await stack.enter_async_context(self.locks.hold(turn.session))
+                hold = await stack.enter_async_context(self.locks.hold(turn.session))
                 with turn.telemetry.span("load state"):
-                    record = await self.store.load(turn.session)
+                    record = await self._load(turn.session, hold)
                 if record is None:
                     self._ensure_room()
                 await self._ensure_writable()
             else:
-                record = None
+                hold, record = None, None
             state = record.state if record else self.settings.initial_state
             step = record.step if record else 0
             schema = record.schema if record else self.settings.allowed_keys
@@ -382,7 +402,9 @@ class Pipeline:
             turn.telemetry.context(shape)
             ctx = self._meter_context(turn, sent, shape, clean, est_client)
             meter = TurnMeter(self.prices, ctx)
-            meta = _TurnMeta(turn, state, step, schema, record is None, shape, meter, decision)
+            meta = _TurnMeta(
+                turn, state, step, schema, record is None, shape, meter, decision, hold
+            )
             out = self._outbound(turn, sent, schema, state)
             if not turn.stream:
                 return await self._complete(out, meta)
@@ -705,7 +727,7 @@ class Pipeline:
         tel = meta.turn.telemetry
         with tel.span("commit state"):
             step = await self.commit_transition(
-                meta.turn.session, meta.step, new_state, meta.schema, transition, rows
+                meta.turn.session, meta.step, new_state, meta.schema, transition, rows, meta.hold
             )
         tel.transition(outcome.status, outcome.patch, outcome.action)
         meta.meter.mark_written()
@@ -721,15 +743,21 @@ class Pipeline:
         schema: list[str],
         transition: TransitionRecord,
         rows: list[LedgerRow] | None = None,
+        hold: Hold | None = None,
     ) -> int:
-        """Commit one transition of a session whose lock the caller holds.
+        """Commit one transition of a session whose lock (``hold``) the caller holds.
 
         The store's commit and its cache update are one unit that cancellation cannot split:
         a client that goes away while it runs does not release the session (the caller's
         lock stays held until it is done), so the next turn never sees the cache behind the
         database. Once started, the commit finishes; the cancellation is re-raised after.
-        A step conflict (another writer of the same database) is a 409, never a 500.
+        A step conflict (another writer of the same database) is a 409, never a 500; so is
+        a lock lost meanwhile (a Redis lease not renewed in time), found out before the
+        commit. Either way the turn's ledger rows stay unwritten here, and the caller's
+        meter writes them: the upstream call was made and billed.
         """
+        if hold is not None:
+            hold.check()
         work = asyncio.ensure_future(
             self.store.commit(
                 session,
@@ -747,6 +775,13 @@ class Pipeline:
             raise ProxyError("conflict", f"the turn was not committed: {e}; retry it") from e
         except StoreError as e:
             raise e.for_client("could not commit the turn") from e
+        finally:
+            if hold is not None:  # also when cancelled after the commit finished
+                ok = work.done() and not work.cancelled() and work.exception() is None
+                if ok:
+                    hold.committed(work.result())
+                else:
+                    hold.unsure()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -836,6 +871,7 @@ class _TurnMeta:
     shape: ContextShape
     meter: TurnMeter
     decision: AutoEstimate | None = None  # auto's choice and its estimates
+    hold: Hold | None = None  # the session's lock, in the modes that keep state
 
 
 @dataclass

@@ -92,6 +92,11 @@ class TurnLocks(Protocol):
         """Sessions with a turn running or waiting here."""
         ...
 
+    async def current(self, record: SessionRecord) -> bool:
+        """Whether ``record``, loaded without holding its session (a ``GET /state``), is
+        the session's latest committed state; when not, the caller reads the store again."""
+        ...
+
 
 class SessionLocks:
     """One lock per live session, so a whole logical turn (load, upstream call, validate,
@@ -137,3 +142,6 @@ class SessionLocks:
 
     def __len__(self) -> int:
         return len(self._locks)
+
+    async def current(self, record: SessionRecord) -> bool:
+        return True  # one process: the store's cache has every commit

@@ -213,9 +213,7 @@ class Lease(Hold):
     def current(self, record: SessionRecord) -> bool:
         """Current when the last holder committed exactly this step, and the copy is not
         older than the session TTL (another replica's purge may have deleted it)."""
-        if record.step != self.known_step:
-            return False
-        return not (self._session_ttl > 0 and record.updated < time.time() - self._session_ttl)
+        return record.step == self.known_step and _fresh_enough(record, self._session_ttl)
 
     def check(self) -> None:
         if self.lost or self._clock() >= self.confirmed_until:
@@ -258,6 +256,22 @@ class SessionLeases:
 
     def __len__(self) -> int:
         return len(self._here)
+
+    async def current(self, record: SessionRecord) -> bool:
+        """Whether ``record`` is at the step the session's last holder committed (one
+        round trip). Unknown, or Redis unreachable: not current (read the store again)."""
+        meta = _keys(record.session)[3]
+
+        async def last(client: Redis) -> Any:
+            return await client.hget(meta, "step")
+
+        try:
+            step = await self.link.call(last)
+        except ProxyError:  # refused: Redis is down; the store's database still answers
+            return False
+        if step is LOCAL or step is None:
+            return False
+        return int(step) == record.step and _fresh_enough(record, self.session_ttl)
 
     @asynccontextmanager
     async def hold(self, session: str) -> AsyncIterator[Hold]:
@@ -445,6 +459,11 @@ class SessionLeases:
             self.link.failed(e)  # the flag expires on its own within lease_ttl
         for session in list(self._wake):
             self._woken(session)
+
+
+def _fresh_enough(record: SessionRecord, session_ttl: float) -> bool:
+    """A copy older than the session TTL may have been purged by another replica."""
+    return not (session_ttl > 0 and record.updated < time.time() - session_ttl)
 
 
 async def _shielded(coro: Any) -> None:

@@ -103,7 +103,12 @@ class Store(Protocol):
         (``max_sessions``): checked before a new session's turn spends upstream tokens."""
         ...
 
-    async def load(self, session: str) -> SessionRecord | None: ...
+    async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:
+        """The session as last committed, None when there is none. A store may answer
+        from a cache of its own commits; ``fresh`` reads the database (another replica
+        committed since: see ``skillstate.session.Hold.current``)."""
+        ...
+
     async def commit(
         self,
         session: str,

@@ -545,13 +545,14 @@ class SQLiteStore:
         """What the session cache holds now (bounded by ``cache_bytes``)."""
         return self._cache_bytes
 
-    async def load(self, session: str) -> SessionRecord | None:
-        cached = self._cache.get(session)
+    async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:
+        cached = None if fresh else self._cache.get(session)
         if cached is not None:
             self._cache.move_to_end(session)
             return cached.record(session)
         entry = await self._run(self._load_sync(session))
         if entry is None:
+            self._forget(session)  # a fresh read of a session deleted by another writer
             return None
         self._remember(session, entry)
         return entry.record(session)

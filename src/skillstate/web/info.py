@@ -37,13 +37,19 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """Liveness plus the store's and each upstream's condition: 503 when the store cannot
-    write, found out within ``health_timeout`` (a wedged or locked store is not waited on)."""
+    """Liveness plus the store's, Redis's and each upstream's condition: 503 when the store
+    cannot write or Redis is down under ``coordination_down: refuse``, found out within
+    ``health_timeout`` (a wedged or locked store is not waited on). ``coordination``:
+    ``redis`` ok / down / not configured, and ``degraded`` while this replica runs on
+    local locks and limits (Redis down under ``local``)."""
     rt = runtime(request)
     store_problem = await rt.store.check(rt.settings.health_timeout)
     await rt.pool.refresh()  # shared breakers and windows: as Redis has them now
-    status = 200 if store_problem is None else 503
-    ok = store_problem is None and rt.pool.usable()
+    coordination = await rt.coordination.check(rt.settings.health_timeout)
+    # Redis down under ``refuse``: turns are refused, as with a store that cannot write.
+    refusing = rt.coordination.configured and not rt.coordination.up and rt.coordination.refuses
+    status = 200 if store_problem is None and not refusing else 503
+    ok = status == 200 and rt.pool.usable()
     caller = principal_of(request.scope)
     if rt.keys.on and (caller is None or not caller.admin):
         return JSONResponse({"ok": ok, "auth": "on"}, status_code=status)  # liveness only
@@ -54,6 +60,7 @@ async def health(request: Request) -> Response:
             "auth": auth_condition(rt),
             "upstreams": rt.pool.health(),
             "store": "ok" if store_problem is None else f"error: {store_problem}",
+            "coordination": coordination,
             "active_sessions": rt.pipeline.active_sessions,
         },
         status_code=status,

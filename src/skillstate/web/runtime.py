@@ -20,6 +20,7 @@ from ..config import Settings
 from ..coordination.link import CoordinationLink
 from ..pipeline import Pipeline
 from ..pricing import PriceBook
+from ..session import TurnLocks
 from ..store import Store, StoreError
 from ..store.sqlite import SQLiteStore
 from ..telemetry import Telemetry
@@ -52,7 +53,7 @@ class Runtime:
         self.coordination = CoordinationLink.from_settings(settings)
         self.pool = UpstreamPool(settings, telemetry=self.telemetry, link=self.coordination)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
-        self.pipeline = Pipeline(settings, self.store, self.pool, prices)
+        self.pipeline = Pipeline(settings, self.store, self.pool, prices, _turn_locks(self))
         self.keys = KeyBook(self.store, KeyHasher(server_secret(settings.data_dir)), settings)
         # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
         self.quotas = KeyQuotas(self.store, prices, clock, link=self.coordination)
@@ -68,6 +69,18 @@ class Runtime:
                 if s.ledger_retention > 0:
                     await self.store.purge_ledger(now - s.ledger_retention)
             await asyncio.sleep(s.purge_interval)
+
+
+def _turn_locks(rt: Runtime) -> TurnLocks | None:
+    """Redis leases when coordination is configured; else the pipeline's own locks."""
+    if not rt.coordination.configured:
+        return None
+    from ..coordination.leases import SessionLeases
+
+    s = rt.settings
+    return SessionLeases(
+        rt.coordination, ttl=s.lease_ttl, wait=s.lease_wait, session_ttl=s.session_ttl
+    )
 
 
 INSECURE_WARNING = (
@@ -100,5 +113,6 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await rt.pool.close()
         await rt.pipeline.settle()
         await rt.store.close()
+        await rt.coordination.close()
         # The exporter's last batch may wait on a slow collector: not on the event loop.
         await asyncio.to_thread(rt.telemetry.close)

@@ -57,7 +57,7 @@ class _Target:
 
 async def _read(request: Request, rt: Runtime, target: _Target) -> Response:
     session = target.stored
-    record = await rt.store.load(session)
+    record = await rt.pipeline.load_current(session)
     if record is None:
         raise ProxyError("not_found", f"unknown session {target.shown}")
     out: dict[str, Any] = {
