@@ -149,3 +149,33 @@ def test_sqlite_sums_read_the_time_and_session_indexes(tmp_path: Path) -> None:
         assert "SEARCH ledger USING INDEX ledger_" in used["prefix"], used
     finally:
         db.close()
+
+
+async def test_a_long_ledger_read_does_not_hold_up_commits(tmp_path: Path) -> None:
+    """/cost's sums run on the store's reader connection: a turn commits while one is
+    still reading (on the store's own thread it would wait for the whole read)."""
+    import asyncio
+    import threading
+
+    from skillstate.store import TransitionRecord
+
+    store = SQLiteStore(tmp_path / "skillstate.db")
+    await store.open()
+    release = threading.Event()
+    try:
+        await store.add_ledger_rows([random_row(random.Random(3))])
+        reading = asyncio.ensure_future(store._read(lambda db: release.wait(60)))
+        step = await asyncio.wait_for(
+            store.commit(
+                "s", expected_step=0, state={"a": 1}, schema=["a"], now=START,
+                transition=TransitionRecord(1, "valid", {"a": 1}, None, [], START),
+            ),
+            timeout=30,  # a hang guard, not a timing threshold: it fails only when blocked
+        )  # fmt: skip
+        assert step == 1 and not reading.done()
+        release.set()
+        assert await reading is True
+        assert len(await store.ledger_sums(0.0, 1e11)) == 1
+    finally:
+        release.set()
+        await store.close()

@@ -340,6 +340,11 @@ class SQLiteStore:
         self._sessions = 0  # sessions in the database; only the store thread writes it
         self._batch_new = 0  # sessions the running batch created
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillstate-sqlite")
+        # Long reads (/cost's sums over the ledger) have their own connection and thread: in
+        # WAL mode they read a snapshot while the store thread writes, so summing a big
+        # ledger never holds up a turn's commit.
+        self._read_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillstate-read")
+        self._reader: sqlite3.Connection | None = None
         self._db: sqlite3.Connection | None = None
         # Group commit: writes that arrive while a batch is being written go together in
         # the next transaction (one thread hop for all of them). Each still gets its own
@@ -362,6 +367,30 @@ class SQLiteStore:
                 raise as_store_error(e) from e
 
         return await asyncio.get_running_loop().run_in_executor(self._exec, call)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run the read-only ``fn`` on the reader connection (see ``_read_exec``)."""
+
+        def call() -> T:
+            if self._db is None:
+                raise StoreUnavailable("store is closed")
+            if self._reader is None:
+                self._reader = sqlite3.connect(
+                    self.path, check_same_thread=False, isolation_level=None
+                )
+                self._reader.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+                self._reader.execute("PRAGMA query_only=1")
+            try:
+                return fn(self._reader)
+            except Exception as e:
+                raise as_store_error(e) from e
+
+        return await asyncio.get_running_loop().run_in_executor(self._read_exec, call)
+
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` inside a write transaction; returns once that transaction committed."""
@@ -477,6 +506,10 @@ class SQLiteStore:
             with contextlib.suppress(StoreError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._run(close), max(deadline - time.monotonic(), 0.1))
         self._exec.shutdown(wait=False)
+        closing = asyncio.get_running_loop().run_in_executor(self._read_exec, self._close_reader)
+        with contextlib.suppress(sqlite3.Error, asyncio.TimeoutError):
+            await asyncio.wait_for(closing, max(deadline - time.monotonic(), 0.1))
+        self._read_exec.shutdown(wait=False)
         if self._locked:
             unlock_data_dir(self.path)
             self._locked = False
@@ -794,7 +827,7 @@ class SQLiteStore:
         def rows(db: sqlite3.Connection) -> list[LedgerRow]:
             return [LedgerRow(*r) for r in db.execute(sql, args)]
 
-        return await self._run(rows)
+        return await self._read(rows)
 
     async def ledger_sums(
         self,
@@ -810,7 +843,7 @@ class SQLiteStore:
         def sums(db: sqlite3.Connection) -> list[LedgerSums]:
             return [sums_of(r, group_by) for r in db.execute(sql, args)]
 
-        return await self._run(sums)
+        return await self._read(sums)
 
     async def ledger_spend(self, prefix: str, since: float) -> float:
         """USD of the ledger rows since ``since`` whose session id starts with ``prefix``."""
