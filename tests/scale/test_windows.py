@@ -7,13 +7,16 @@ import asyncio
 import math
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as redis
 
+from skillstate.choices import CoordinationDown
 from skillstate.coordination.link import CoordinationLink
 from skillstate.coordination.windows import SharedWindows
-from skillstate.limits import Admission, UpstreamLimits
+from skillstate.errors import ProxyError
+from skillstate.limits import Admission, Ticket, UpstreamLimits
 
 
 class FakeClock:
@@ -160,3 +163,35 @@ async def test_keys_expire_one_span_after_the_last_write(
             assert 60_000 < ttl <= 61_000
     finally:
         await client.aclose()
+
+
+async def test_redis_down_refuses_or_falls_back_to_this_replicas_windows(
+    redis_url: str, redis_server: Any
+) -> None:
+    """``coordination_down``: refuse -> the turn's 503; local -> in-process windows (which
+    then hold per replica), and Redis's own windows again once it answers."""
+    refusing = CoordinationLink(redis_url, CoordinationDown.REFUSE, retry_every=0.0)
+    local = CoordinationLink(redis_url, CoordinationDown.LOCAL, retry_every=0.0)
+    try:
+        strict = SharedWindows(refusing, "upstream:d", rpm=2, tpm=None)
+        lenient = SharedWindows(local, "upstream:d", rpm=2, tpm=None)
+        assert (await lenient.reserve(0)).ok  # one request recorded in Redis
+        redis_server.stop()
+        with pytest.raises(ProxyError) as e:
+            await strict.reserve(0)
+        assert e.value.status == 503 and e.value.code == "coordination_unavailable"
+        verdicts = [await lenient.reserve(0) for _ in range(3)]
+        assert [v.ok for v in verdicts] == [True, True, False]  # the local window: 2
+        assert local.degraded
+        assert lenient.snapshot()["rpm"] == {"limit": 2, "used": 2}
+        await lenient.settle(verdicts[0].ticket or Ticket(0, None), 5)  # a local ticket
+        redis_server.start()  # empty: the test server keeps nothing on disk
+        assert (await lenient.reserve(0)).ok  # Redis's window again, shared by both
+        assert (await strict.reserve(0)).ok
+        assert not (await lenient.reserve(0)).ok
+        assert not local.degraded
+    finally:
+        if redis_server.proc is None:
+            redis_server.start()
+        await refusing.close()
+        await local.close()
