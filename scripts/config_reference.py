@@ -108,11 +108,14 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "live in this process, which is right for a single proxy.",
         "coordination_down": "While Redis is unreachable: `refuse` turns (503 in the client's "
         "dialect), or run them on this replica's `local` leases, windows and breakers (limits "
-        "then hold per replica only, and /health reports the degradation).",
+        "then hold per replica only, and /health reports the degradation). Either way Redis "
+        "is tried again every second, and its return needs no restart.",
         "lease_ttl": "Seconds a turn's session lease lives without renewal; a running turn "
-        "renews it, so this bounds how long a crashed replica blocks its sessions.",
-        "lease_wait": "Seconds a turn queues (first come, first served) for its session's lease "
-        "before it gets a 409.",
+        "renews it every third of this, so this bounds how long a crashed replica blocks its "
+        "sessions. A turn whose lease went unrenewed this long (the process paused) is not "
+        "committed: 409 `lease_lost`. See docs/scaling.md.",
+        "lease_wait": "Seconds a turn queues (first come, first served across replicas) for "
+        "its session's lease before it gets a 409 `session_busy`, with nothing sent upstream.",
         "health_timeout": "Longest wait of `/health` for the store; a store that cannot "
         "write is a 503, not a stall.",
         "ledger_retention": "Seconds the cost ledger keeps rows (0 = forever).",
