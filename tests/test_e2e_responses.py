@@ -497,7 +497,8 @@ def test_state_mode_stream_commits_before_the_terminal_event(
                 # committed before the terminal event went out
                 assert p.state("sst")["state"] == {"notes": "streamed"}
         final = stream.get_final_response()
-    assert seen[-1] == "response.completed" and "state_patch" in final.output_text
+    # reply_envelope strip (the default): the client gets the prose, not the envelope
+    assert seen[-1] == "response.completed" and final.output_text == "Done."
 
 
 CODEX_TOOLS: list[Any] = [
@@ -606,3 +607,29 @@ def test_cost_baseline_counts_a_responses_transcript(
     totals = p.get("/cost", params={"session": "base"}).json()["totals"]
     assert totals["baseline_input_tokens"] > 2 * totals["input_tokens"]
     assert totals["saved_input_tokens"] > 0
+
+
+def test_cost_baseline_of_a_responses_transcript_leaves_out_earlier_envelopes(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """The baseline is the client's transcript without the envelopes the proxy caused: an
+    earlier assistant item that still carries one (a client that kept the unstripped reply)
+    counts as if it had not, as chat and Messages transcripts do."""
+    p = start(fake, start_proxy, "openai", "--mode", "state")
+    said = " ".join(["Looked at the files, nothing else to report."] * 4)
+    baselines = []
+    block = "\n```json\n" + json.dumps({"state_patch": {"notes": "x"}, "action": "a"}) + "\n```"
+    for session, earlier in (("plain", said), ("enveloped", said + block)):
+        items: list[Any] = [
+            {"role": "user", "content": "Task: read the files."},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": earlier}]},
+            {"role": "user", "content": "And now?"},
+        ]  # fmt: skip
+        fake.enqueue(Reply(text=envelope({"notes": "read"}), usage={"prompt_tokens": 500}))
+        client(p).responses.create(
+            model="gpt-4o", input=items, extra_headers={"x-skillstate-session": session}
+        )
+        totals = p.get("/cost", params={"session": session}).json()["totals"]
+        baselines.append(totals["baseline_input_tokens"])
+    assert baselines[0] == baselines[1] > 0

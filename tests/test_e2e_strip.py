@@ -1,5 +1,6 @@
 """reply_envelope (issue 14 §3) end to end: the real proxy (in-process), the real openai and
-anthropic SDKs, the fake provider; same-dialect and translated, JSON and streamed.
+anthropic SDKs (chat completions, Messages and the Responses API), the fake provider;
+same-dialect and translated, JSON and streamed.
 
 The fake streams text in 8-character pieces: replies whose prose before the envelope has
 every length from 0 to 7 put every character of the envelope at every position of a piece,
@@ -20,12 +21,16 @@ from tests.conftest import InProcessProxy, launch_in_process
 from tests.fakeprovider import CHUNK_CHARS, FakeProvider, Reply
 
 ENVELOPE = "```json\n" + json.dumps({"state_patch": {"notes": "n"}, "action": "look"}) + "\n```"
-# (client, model): the upstream for claude-* is Anthropic-kind, for anything else OpenAI-kind.
+# (client, model): the upstream for claude-* is Anthropic-kind, for resp-* Responses-kind, for
+# anything else OpenAI-kind.
 ROUTES = [
     ("openai", "gpt-x"),
     ("openai", "claude-x"),  # translated
     ("anthropic", "claude-x"),
     ("anthropic", "gpt-x"),  # translated
+    ("responses", "resp-x"),
+    ("responses", "gpt-x"),  # translated
+    ("responses", "claude-x"),  # translated twice (Messages -> chat -> Responses)
 ]
 
 
@@ -35,6 +40,7 @@ def config(fp: FakeProvider, reply_envelope: str) -> dict[str, Any]:
         "reply_envelope": reply_envelope,
         "upstreams": [
             {"name": "a", "url": fp.url, "kind": "anthropic", "models": ["claude-*"]},
+            {"name": "r", "url": fp.url + "/v1", "kind": "openai-responses", "models": ["resp-*"]},
             {"name": "o", "url": fp.url + "/v1", "kind": "openai"},
         ],
     }
@@ -71,6 +77,8 @@ def ask(
     """One turn through an SDK: (the text the client got, the response headers)."""
     headers = {"x-skillstate-session": session}
     messages = [{"role": "user", "content": "look around"}]
+    if client == "responses":
+        return ask_responses(p, model, headers, stream)
     if client == "openai":
         oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
         if stream:
@@ -109,6 +117,46 @@ def ask(
     msg = raw_msg.parse()
     assert all(b.type != "text" or b.text for b in msg.content)
     return "".join(b.text for b in msg.content if b.type == "text"), dict(raw_msg.headers)
+
+
+def ask_responses(
+    p: InProcessProxy, model: str, headers: dict[str, str], stream: bool
+) -> tuple[str, dict[str, str]]:
+    """One Responses API turn through the openai SDK; a stream's events are checked to be a
+    valid sequence whose closing events agree with its deltas."""
+    oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    raw = oc.responses.with_raw_response.create(
+        model=model, input="look around", stream=stream, extra_headers=headers
+    )
+    if not stream:
+        return raw.parse().output_text, dict(raw.headers)
+    events = [e.model_dump() for e in raw.parse()]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    deltas: dict[tuple[str, int, int], str] = {}
+    done: dict[tuple[str, int, int], str] = {}
+    for e in events:
+        key = (e.get("item_id"), e.get("output_index"), e.get("content_index"))
+        if e["type"] == "response.output_text.delta":
+            assert key not in done  # no delta after its part is done
+            deltas[key] = deltas.get(key, "") + e["delta"]
+        elif e["type"] == "response.output_text.done":
+            done[key] = e["text"]
+            assert e["text"] == deltas.get(key, "")
+        elif e["type"] == "response.content_part.done":
+            assert e["part"]["text"] == done[key]
+        elif e["type"] == "response.output_item.done" and e["item"]["type"] == "message":
+            item_key = (e["item"]["id"], e["output_index"], 0)
+            assert e["item"]["content"][0]["text"] == done[item_key]
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    texts = [
+        part["text"]
+        for item in final["response"]["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    ]
+    assert texts == list(done.values())
+    return "".join(texts), dict(raw.headers)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])

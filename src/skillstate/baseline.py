@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 import orjson
 
+from .dialects.registry import get_dialect
 from .pricing import Prices, cost_from_prices
 from .tokens import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS
 from .usage import Usage
@@ -335,28 +336,11 @@ def envelope_output_share(
     return _WHOLE if envelope_chars >= whole else Fraction(envelope_chars, whole)
 
 
-def tool_call_chars(dialect: str, resp: Mapping[str, Any]) -> int:
-    """Characters of the tool calls in a non-streamed reply (each name plus its arguments:
-    OpenAI's arguments string, Anthropic's input as compact JSON)."""
-    total = 0
-    if dialect == "anthropic":
-        for block in resp.get("content") or ():
-            if isinstance(block, dict) and block.get("type") == "tool_use":
-                arguments = orjson.dumps(block.get("input"), default=str).decode()
-                total += len(str(block.get("name") or "")) + len(arguments)
-        return total
-    choices = resp.get("choices") or ()
-    message = (
-        (choices[0] or {}).get("message") if choices and isinstance(choices[0], dict) else None
-    )
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
-    for call in calls if isinstance(calls, list) else ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
-            total += len(str(function.get("name") or "")) + len(
-                str(function.get("arguments") or "")
-            )
-    return total
+def tool_call_chars(dialect: str, resp: dict[str, Any]) -> int:
+    """Characters of the tool calls in a non-streamed reply in ``dialect`` (each name plus
+    its arguments: OpenAI's arguments string, Anthropic's input as compact JSON;
+    ``Dialect.tool_call_chars``)."""
+    return get_dialect(dialect).tool_call_chars(resp)
 
 
 _NONE, _WHOLE = Fraction(0), Fraction(1)  # immutable, so shared

@@ -81,6 +81,8 @@ class Split:
 class DialectContext(Protocol):
     """What the shared algorithm needs to know about one wire format."""
 
+    transcript_key: str  # the body's list of messages: ``messages`` (Responses: ``input``)
+
     def is_system(self, msg: dict[str, Any]) -> bool: ...
     def is_user_turn(self, msg: dict[str, Any]) -> bool: ...
     def is_tool_result(self, msg: dict[str, Any]) -> bool: ...
@@ -141,8 +143,7 @@ def build_compact(
 ) -> dict[str, Any]:
     """The compact context (prefix, state, latest observation) of a transcript in the
     format whose adapter is ``d`` (a dialect's ``context``)."""
-    # A format whose transcript is not ``messages`` names its key (Responses: ``input``).
-    split = split_transcript(body[getattr(d, "transcript_key", "messages")], d)
+    split = split_transcript(body[d.transcript_key], d)
     return d.compact(body, split, contract_text(allowed_keys, form), state)
 
 

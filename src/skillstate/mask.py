@@ -16,7 +16,8 @@ whole.
 Masked: tool results (always) and user text of at least ``min_chars`` characters; the
 task (the first user message) never is, nor is anything an assistant said. A masked
 message keeps its role, position and tool-call ids (``tool_call_id`` / ``tool_use_id``,
-``is_error``), so every tool call stays paired with its result.
+``is_error``), so every tool call stays paired with its result. What a tool result or a
+user message is, and where its content sits, is the dialect's (``Dialect.mask_observation``).
 """
 
 from __future__ import annotations
@@ -56,68 +57,6 @@ def placeholder(original: Any) -> str:
     return f"{MASK_MARK} ({size} characters)"
 
 
-def _text_size(content: Any) -> int:
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        return sum(
-            len(part.get("text") or "")
-            if part.get("type") == "text"
-            else len(orjson.dumps(part, default=str))
-            for part in content
-            if isinstance(part, dict)
-        )
-    return 0
-
-
-def _mask_openai(msg: dict[str, Any], min_chars: int) -> dict[str, Any]:
-    role = msg.get("role")
-    content = msg.get("content")
-    if role in ("tool", "function") or (role == "user" and _text_size(content) >= min_chars):
-        return {**msg, "content": placeholder(content)}
-    return msg
-
-
-def _mask_anthropic(msg: dict[str, Any], min_chars: int) -> dict[str, Any]:
-    content = msg.get("content")
-    if isinstance(content, str):
-        return {**msg, "content": placeholder(content)} if len(content) >= min_chars else msg
-    if not isinstance(content, list):
-        return msg
-    blocks: list[Any] = []
-    changed = False
-    for block in content:
-        new = block
-        if isinstance(block, dict):
-            kind = block.get("type")
-            if kind == "tool_result":
-                new = {**block, "content": placeholder(block.get("content", ""))}
-            elif kind == "text" and len(block.get("text") or "") >= min_chars:
-                new = {**block, "text": placeholder(block.get("text"))}
-            elif kind in ("image", "document") and _text_size([block]) >= min_chars:
-                new = {"type": "text", "text": placeholder(block)}
-                if "cache_control" in block:
-                    new["cache_control"] = block["cache_control"]
-        changed = changed or new is not block
-        blocks.append(new)
-    return {**msg, "content": blocks} if changed else msg
-
-
-def _mask_responses(item: dict[str, Any], min_chars: int) -> dict[str, Any]:
-    kind = item.get("type", "message")
-    if kind == "function_call_output":
-        return {**item, "output": placeholder(item.get("output"))}
-    if kind == "message" and item.get("role") == "user":
-        content = item.get("content")
-        if _text_size(content) >= min_chars:
-            return {**item, "content": placeholder(content)}
-    return item
-
-
-# How one user-side message is masked, by dialect (OpenAI chat completions by default).
-_MASKS = {"anthropic": _mask_anthropic, "openai-responses": _mask_responses}
-
-
 def _observations(messages: list[Any], d: DialectContext) -> list[list[int]]:
     """Indexes of each observation (runs of user-side messages), oldest first."""
     runs: list[list[int]] = []
@@ -144,9 +83,9 @@ def mask_transcript(
     a new body; unchanged messages are the same objects and nothing is mutated.
     O(size of the transcript).
     """
-    d = get_dialect(dialect).context
-    mask = _MASKS.get(dialect, _mask_openai)
-    key = getattr(d, "transcript_key", "messages")  # Responses: ``input``
+    wire = get_dialect(dialect)
+    d = wire.context
+    key = d.transcript_key
     messages = body.get(key)
     if not isinstance(messages, list):
         return dict(body)
@@ -159,5 +98,5 @@ def mask_transcript(
     for run in runs[:masked]:
         for k in run:
             if k != task or d.is_tool_result(messages[k]):
-                out[k] = mask(messages[k], min_chars)
+                out[k] = wire.mask_observation(messages[k], min_chars, placeholder)
     return {**body, key: out}

@@ -27,7 +27,6 @@ from .auto import AutoEstimate, AutoPlanner, TurnSizes
 from .baseline import (
     SessionPrefixCaches,
     envelope_output_share,
-    tool_call_chars,
 )
 from .cachehints import CacheHints, count_breakpoints, prompt_cache_key
 from .choices import CacheBreakpoints, ContextShape, Mode, ReplyEnvelope
@@ -45,8 +44,8 @@ from .meter import BaselineSource, MeterContext, TurnMeter
 from .pricing import PriceBook
 from .session import SESSION_HEADER, Hold, SessionLocks, TurnLocks
 from .store import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
-from .strip import Stripped, strip_envelope, strip_reply, strip_transcript
 from .strip_events import StrippingRelay
+from .stripper import Stripped, strip_envelope
 from .telemetry import NO_TELEMETRY, TurnTelemetry
 from .tokens import estimate_tokens
 from .upstream.client import Exchange, Outbound, UpstreamPool
@@ -436,12 +435,7 @@ class Pipeline:
         transcript; the same object when it had none), and its estimated tokens."""
         if turn.mode == Mode.PASSTHROUGH:
             return turn.body, 0
-        messages = turn.body.get("messages")
-        if not isinstance(messages, list):  # e.g. a Responses request's input items
-            return turn.body, _est(turn.body)
-        clean_messages = strip_transcript(messages)
-        no_envelopes = all(a is b for a, b in zip(clean_messages, messages, strict=True))
-        clean = turn.body if no_envelopes else {**turn.body, "messages": clean_messages}
+        clean = get_dialect(turn.dialect).strip_request(turn.body)
         return clean, _est(clean)
 
     def _meter_context(
@@ -547,8 +541,9 @@ class Pipeline:
         share = Fraction(0)
         stripped: tuple[str, Stripped] | None = None
         if with_envelope(meta.shape):
-            text, _ = get_dialect(meta.turn.dialect).reply_text(client_resp)
-            tools = tool_call_chars(meta.turn.dialect, client_resp)
+            wire = get_dialect(meta.turn.dialect)
+            text, _ = wire.reply_text(client_resp)
+            tools = wire.tool_call_chars(client_resp)
             stripped = (text, strip_envelope(text))  # kept: the client's copy strips it too
             share = envelope_output_share(text, stripped[1].removed_chars, tools)
             self._envelope_seen(meta, usage, share)
@@ -604,12 +599,7 @@ class Pipeline:
         envelope = with_envelope(meta.shape)
         stripping: StrippingRelay | None = None
         if envelope:
-            # The stream strippers speak chat completions and Messages events; other
-            # dialects' streams pass as they are (their envelope is counted, not removed).
-            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP and turn.dialect in (
-                "openai",
-                "anthropic",
-            )
+            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP
             relay = stripping = StrippingRelay(relay, turn.dialect, rewrite=rewrite)
         clean = False
 
@@ -832,7 +822,7 @@ class Pipeline:
         if outcome is not None and self.settings.reply_envelope == ReplyEnvelope.STRIP:
             # The verdict above was made on the unstripped text; the client gets the reply
             # without the protocol (an envelope-only reply becomes its action).
-            stripped, _ = strip_reply(meta.turn.dialect, answer.resp, answer.stripped)
+            stripped, _ = get_dialect(meta.turn.dialect).strip_reply(answer.resp, answer.stripped)
             if stripped is not answer.resp:
                 raw = orjson.dumps(stripped)
         return Reply(answer.ex.status, raw, h)

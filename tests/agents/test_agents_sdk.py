@@ -64,10 +64,10 @@ def test_agent_with_two_tools_runs_to_completion(
 
     out = run_agent(sdk_python, proxy, api, session, "Weather and time in Oslo?")
 
-    # State mode strips its envelope from a chat completion; passthrough relays what the model
-    # said, and so, for now, does /v1/responses (reply_envelope: strip does not cover it yet).
+    # State mode strips its envelope from the reply (chat completions and Responses alike);
+    # passthrough relays what the model said.
     final = out["final_output"].strip()
-    assert final == ANSWER if (mode, api) == ("state", "chat") else final.startswith(ANSWER)
+    assert final == (ANSWER if mode == "state" else f"{ANSWER}\n{ENVELOPE}")
     path = "/v1/responses" if api == "responses" else "/v1/chat/completions"
     turns = [r for r in fake.requests if r.path == path]
     assert len(turns) == 2 and all(r.status == 200 for r in turns)

@@ -71,9 +71,8 @@ def test_codex_runs_a_command_and_answers(
     )
 
     assert done.returncode == 0, done.stderr
-    # Not `== ANSWER` in state mode: /v1/responses replies keep the state envelope for now
-    # (reply_envelope: strip covers chat completions and Messages only).
-    assert last.read_text().startswith(ANSWER)
+    # State mode strips its envelope from the streamed reply; passthrough relays it as said.
+    assert last.read_text().strip() == (ANSWER if mode == "state" else f"{ANSWER}\n{ENVELOPE}")
     turns = [r for r in fake.requests if r.path == "/v1/responses"]
     assert len(turns) == 2 and all(r.status == 200 for r in turns)
     for r in turns:

@@ -3,16 +3,23 @@ the upstream endpoint and the native stream relay."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
 
 from ..context import DialectContext, Split, correction_text, observation, state_text
 from ..errors import ProxyError
+from ..stripper import (
+    EnvelopeStripper,
+    Known,
+    Stripped,
+    strip_content,
+    strip_request_transcript,
+)
 from ..usage import Usage, optional_token_count, token_count
 from . import models, sse
-from .base import JSON, StreamRelay, json_error_object
+from .base import JSON, Event, StreamRelay, content_chars, json_error_object
 from .capture import RelayCapture
 from .checks import bad_request as _bad
 from .checks import is_int as _is_int
@@ -277,6 +284,8 @@ def _blocks(content: Any) -> list[Any]:
 class AnthropicContext:
     """System text is the top-level ``system`` field; tool results are blocks in user turns."""
 
+    transcript_key = "messages"
+
     # Anthropic keeps system text in a top-level field, so no message is a system message.
     def is_system(self, msg: dict[str, Any]) -> bool:
         return False
@@ -426,6 +435,106 @@ class AnthropicRelay(RelayCapture):
         return anthropic_error_event(message)
 
 
+# -- the reply envelope in a stream -----------------------------------------------------------
+
+
+class AnthropicEventStripper:
+    """Strips the envelope from a Messages stream, event by event. Each ``text`` block's
+    ``text_delta`` is stripped and the rest flushed before its ``content_block_stop``. A
+    text block's ``content_block_start`` is held until the block has text: a block left
+    empty is not sent at all (the API refuses empty text blocks when the client sends the
+    message back), and the blocks after it are renumbered. The action fallback (a reply
+    that was only the envelope shows its action) applies when nothing was shown before in
+    the same message."""
+
+    def __init__(self) -> None:
+        self._stripper: EnvelopeStripper | None = None  # of the open text block
+        self._held_start: dict[str, Any] | None = None  # its content_block_start, not yet sent
+        self._dropped = 0  # empty text blocks not sent: later indexes move down
+        self._shown = False  # some text of this message went out
+        self.removed_chars = 0
+
+    def end(self, data: str) -> list[Event]:
+        return []  # a Messages stream has no end sentinel: message_stop closes it
+
+    def tool_chars(self, name: str | None, data: JSON) -> int:
+        if not name:
+            name = str(data.get("type") or "")
+        if name == "content_block_start":
+            block = data.get("content_block")
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                return len(str(block.get("name") or ""))
+        elif name == "content_block_delta":
+            delta = data.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "input_json_delta":
+                return len(str(delta.get("partial_json") or ""))
+        return 0
+
+    def _renumber(self, data: dict[str, Any]) -> dict[str, Any]:
+        index = data.get("index")
+        if self._dropped and isinstance(index, int):
+            return {**data, "index": index - self._dropped}
+        return data
+
+    def event(self, name: str | None, data: dict[str, Any]) -> list[Event]:
+        """The events to send instead of (``name``, ``data``)."""
+        if not name:  # an event without its ``event:`` line: named by its type
+            name = str(data.get("type") or "")
+        if name == "message_start":
+            self._shown = False
+        block = data.get("content_block")
+        if (
+            name == "content_block_start"
+            and isinstance(block, dict)
+            and block.get("type") == "text"
+        ):
+            self._stripper = EnvelopeStripper()
+            initial = block.get("text")
+            self._held_start = {**data, "content_block": {**block, "text": ""}}
+            if isinstance(initial, str) and initial:
+                return self._text(self._stripper.feed(initial), data)
+            return []
+        if self._stripper is None:
+            return [(name, self._renumber(data))]
+        delta = data.get("delta")
+        if (
+            name == "content_block_delta"
+            and isinstance(delta, dict)
+            and delta.get("type") == "text_delta"
+        ):
+            text = delta.get("text")
+            return self._text(self._stripper.feed(text if isinstance(text, str) else ""), data)
+        if name == "content_block_stop":
+            rest = self._stripper.flush(fallback=not self._shown)
+            self.removed_chars += self._stripper.removed_chars
+            self._stripper = None
+            out = self._text(rest, data)
+            if self._held_start is not None:  # nothing was said: the block is not sent
+                self._held_start = None
+                self._dropped += 1
+                return out
+            return [*out, (name, self._renumber(data))]
+        return [(name, self._renumber(data))]
+
+    def _text(self, text: str, like: dict[str, Any]) -> list[Event]:
+        """A text_delta event for ``text`` (after the held block start, if any)."""
+        if not text:
+            return []
+        out: list[Event] = []
+        if self._held_start is not None:
+            out.append(("content_block_start", self._renumber(self._held_start)))
+            self._held_start = None
+        index = like.get("index", 0)
+        delta = {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "text_delta", "text": text},
+        }
+        out.append(("content_block_delta", self._renumber(delta)))
+        self._shown = True
+        return out
+
+
 # -- the dialect ------------------------------------------------------------------------------
 
 
@@ -492,6 +601,49 @@ class AnthropicDialect:
 
     def model_list(self, body: JSON, *, single: bool) -> JSON:
         return models.model_to_anthropic(body) if single else models.models_to_anthropic(body)
+
+    def strip_reply(self, resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
+        # The text blocks of content (a block left empty is dropped; tool_use untouched).
+        content, summary = strip_content(resp.get("content"))
+        return (resp if content is resp.get("content") else {**resp, "content": content}), summary
+
+    def strip_request(self, body: JSON) -> JSON:
+        return strip_request_transcript(body, "messages")
+
+    def stream_stripper(self) -> AnthropicEventStripper:
+        return AnthropicEventStripper()
+
+    def tool_call_chars(self, resp: JSON) -> int:
+        total = 0  # the input counted as compact JSON
+        for block in resp.get("content") or ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                arguments = orjson.dumps(block.get("input"), default=str).decode()
+                total += len(str(block.get("name") or "")) + len(arguments)
+        return total
+
+    def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
+        content = msg.get("content")
+        if isinstance(content, str):
+            return {**msg, "content": stand_in(content)} if len(content) >= min_chars else msg
+        if not isinstance(content, list):
+            return msg
+        blocks: list[Any] = []
+        changed = False
+        for block in content:
+            new = block
+            if isinstance(block, dict):
+                kind = block.get("type")
+                if kind == "tool_result":
+                    new = {**block, "content": stand_in(block.get("content", ""))}
+                elif kind == "text" and len(block.get("text") or "") >= min_chars:
+                    new = {**block, "text": stand_in(block.get("text"))}
+                elif kind in ("image", "document") and content_chars([block]) >= min_chars:
+                    new = {"type": "text", "text": stand_in(block)}
+                    if "cache_control" in block:
+                        new["cache_control"] = block["cache_control"]
+            changed = changed or new is not block
+            blocks.append(new)
+        return {**msg, "content": blocks} if changed else msg
 
 
 ANTHROPIC = AnthropicDialect()

@@ -1,12 +1,13 @@
 """The wire-format protocol: one object per dialect, and the bridges between two of them.
 
-Everything the proxy does differently for OpenAI chat completions and Anthropic Messages is
-asked of a :class:`Dialect` object (its request checks, where it keeps system text and tool
-results, how its replies carry text, tool calls and usage, its error bodies, its upstream
-path and auth header, its stream relay), and everything that converts between two of them is
-a :class:`Bridge`. The objects live in one module per wire format and are listed in
-:mod:`skillstate.dialects.registry`, so a further wire format is one module plus a registry
-line; nothing else branches on a dialect's name.
+Everything the proxy does differently for OpenAI chat completions, Anthropic Messages and
+the Responses API is asked of a :class:`Dialect` object (its request checks, where it keeps
+system text and tool results, how its replies carry text, tool calls and usage, where the
+reply envelope is stripped from its replies, streams and transcripts, how an observation is
+masked, its error bodies, its upstream path and auth header, its stream relay), and
+everything that converts between two of them is a :class:`Bridge`. The objects live in one
+module per wire format and are listed in :mod:`skillstate.dialects.registry`, so a further
+wire format is one module plus a registry line; nothing else branches on a dialect's name.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from ..errors import ProxyError
-from ..ledger import Usage
+from ..stripper import Known, Stripped
+from ..usage import Usage
 from . import sse
 
 if TYPE_CHECKING:
@@ -57,6 +59,34 @@ class StreamRelay(Protocol):
     def feed(self, event: sse.SSEEvent) -> list[bytes]: ...
     def finish(self) -> list[bytes]: ...
     def error(self, message: str) -> bytes: ...
+
+
+Event = tuple[str | None, JSON]  # an SSE event's name (None: unnamed) and its JSON payload
+
+
+class EventStripper(Protocol):
+    """Removes the reply envelope from one client stream, event by event (a dialect's
+    :meth:`Dialect.stream_stripper`; ``skillstate.strip_events.StrippingRelay`` drives it).
+    The events it returns are the client's: their text deltas concatenate to the text
+    their closing events carry."""
+
+    @property
+    def removed_chars(self) -> int:
+        """Characters of the envelopes removed so far."""
+        ...
+
+    def event(self, name: str | None, data: JSON) -> list[Event]:
+        """The events to send instead of this one (none, it, or it with others)."""
+        ...
+
+    def end(self, data: str) -> list[Event]:
+        """The events to send before a non-JSON event (``data``: its payload, e.g. chat's
+        ``[DONE]``): the held-back text of a stream that ends without its closing events."""
+        ...
+
+    def tool_chars(self, name: str | None, data: JSON) -> int:
+        """Characters of tool calls (names and arguments) this event adds to the reply."""
+        ...
 
 
 class Dialect(Protocol):
@@ -130,6 +160,36 @@ class Dialect(Protocol):
         """Another format's model list (or, with ``single``, model object) in this format."""
         ...
 
+    # -- the reply envelope: kept from the client (``reply_envelope: strip``) --------------
+
+    def strip_reply(self, resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
+        """A non-streamed reply without envelopes (``resp`` itself when it had none; never
+        mutated), and what was removed from the text the state engine reads. ``known``:
+        that text (:meth:`reply_text`) already stripped, and its result."""
+        ...
+
+    def strip_request(self, body: JSON) -> JSON:
+        """A client request without the envelopes in its earlier assistant turns (the
+        baseline's transcript; ``body`` itself when it had none; never mutated)."""
+        ...
+
+    def stream_stripper(self) -> EventStripper:
+        """A new envelope stripper for one stream of this format's client events."""
+        ...
+
+    def tool_call_chars(self, resp: JSON) -> int:
+        """Characters of the tool calls in a non-streamed reply (each name plus its
+        arguments), for the envelope's share of the output."""
+        ...
+
+    # -- mask mode -----------------------------------------------------------------------------
+
+    def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
+        """One user-side transcript message (``context.is_user_turn``) with its tool results,
+        and user content of at least ``min_chars`` characters, replaced by ``stand_in`` of
+        the original; ids and roles kept. ``msg`` itself when nothing is masked."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Bridge:
@@ -143,6 +203,22 @@ class Bridge:
     response: Callable[[JSON, str], JSON]
     # (request_model, client_wants_usage, capture_limit) -> relay of upstream to client bytes
     relay: Callable[[str, bool, int], StreamRelay]
+
+
+def content_chars(content: Any) -> int:
+    """The size of a message's content: a string's length, or the text of its ``text``
+    parts plus the other parts as compact JSON (what an observation mask saves)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(part.get("text") or "")
+            if part.get("type") == "text"
+            else len(orjson.dumps(part, default=str))
+            for part in content
+            if isinstance(part, dict)
+        )
+    return 0
 
 
 def json_error_object(raw: bytes) -> JSON | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from ..ledger import Usage
+from ..usage import Usage
 from . import sse
 
 

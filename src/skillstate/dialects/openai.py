@@ -3,7 +3,7 @@ errors, the upstream endpoint and the native stream relay."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -17,9 +17,17 @@ from ..context import (
     state_text,
 )
 from ..errors import ProxyError
+from ..stripper import (
+    NOTHING,
+    EnvelopeStripper,
+    Known,
+    Stripped,
+    strip_content,
+    strip_request_transcript,
+)
 from ..usage import Usage, optional_token_count, token_count
 from . import models, sse
-from .base import JSON, StreamRelay, json_error_object
+from .base import JSON, Event, StreamRelay, content_chars, json_error_object
 from .capture import RelayCapture
 from .checks import bad_request as _bad
 from .checks import is_int as _is_int
@@ -186,6 +194,8 @@ def _validate_response_format(fmt: Any) -> None:
 class OpenAIContext:
     """System text is in leading system/developer messages; tool results are tool messages."""
 
+    transcript_key = "messages"
+
     def is_system(self, msg: dict[str, Any]) -> bool:
         return msg.get("role") in ("system", "developer")
 
@@ -318,6 +328,114 @@ class OpenAIRelay(RelayCapture):
         return openai_error_event(message)
 
 
+# -- the reply envelope in a stream -----------------------------------------------------------
+
+_CHOICE_KEYS_THAT_SPEAK = ("logprobs",)
+_DELTA_KEYS_THAT_SPEAK = ("role", "tool_calls", "function_call", "refusal")
+
+
+class OpenAIChunkStripper:
+    """Strips the envelope from a chat-completions stream, chunk by chunk: each choice's
+    ``delta.content`` is stripped; a chunk left with nothing to say is dropped; the
+    held-back rest goes out in the chunk that carries the choice's ``finish_reason`` (or
+    from :meth:`finish`, for a stream that ended without one). The action fallback (a reply
+    that was only the envelope shows its action) applies per choice."""
+
+    def __init__(self) -> None:
+        self._strippers: dict[int, EnvelopeStripper] = {}
+        self._last: dict[str, Any] | None = None  # a chunk to model finish() chunks on
+
+    @property
+    def removed_chars(self) -> int:
+        return sum(s.removed_chars for s in self._strippers.values())
+
+    def _stripper(self, index: int) -> EnvelopeStripper:
+        if index not in self._strippers:
+            self._strippers[index] = EnvelopeStripper()
+        return self._strippers[index]
+
+    def tool_chars(self, name: str | None, data: JSON) -> int:
+        total = 0
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            for call in calls if isinstance(calls, list) else ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    for key in ("name", "arguments"):
+                        if isinstance(function.get(key), str):
+                            total += len(function[key])
+        return total
+
+    def chunk(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        """The chunk to send instead of ``data`` (None: send nothing)."""
+        out = self.event(None, data)
+        return out[0][1] if out else None
+
+    def event(self, name: str | None, data: JSON) -> list[Event]:
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return [(name, data)]  # e.g. the usage chunk
+        self._last = data
+        out: list[Any] = []
+        speaks = data.get("usage") is not None
+        for choice in choices:
+            if not isinstance(choice, dict):
+                out.append(choice)
+                speaks = True
+                continue
+            index = choice.get("index", 0)
+            index = index if isinstance(index, int) else 0
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            content = delta.get("content")
+            finished = choice.get("finish_reason") is not None
+            if not isinstance(content, str) and not finished:
+                out.append(choice)
+                speaks = True
+                continue
+            stripper = self._stripper(index)
+            text = stripper.feed(content) if isinstance(content, str) else ""
+            if finished:
+                text += stripper.flush(fallback=True)
+            new_delta = {k: v for k, v in delta.items() if k != "content"}
+            if text:
+                new_delta["content"] = text
+            elif "content" in delta and content is None:
+                new_delta["content"] = None
+            if (
+                text
+                or finished
+                or any(k in new_delta for k in _DELTA_KEYS_THAT_SPEAK)
+                or any(choice.get(k) is not None for k in _CHOICE_KEYS_THAT_SPEAK)
+            ):
+                out.append({**choice, "delta": new_delta})
+                speaks = True
+        if not speaks:
+            return []
+        return [(name, {**data, "choices": out})]
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Chunks with the held-back rest of choices whose stream ended without a
+        ``finish_reason`` (call before the terminal ``[DONE]``)."""
+        return [chunk for _, chunk in self.end("[DONE]")]
+
+    def end(self, data: str) -> list[Event]:
+        if data != "[DONE]":
+            return []
+        chunks: list[Event] = []
+        for index, stripper in self._strippers.items():
+            rest = stripper.flush(fallback=True)
+            if rest:
+                base = self._last or {"object": "chat.completion.chunk"}
+                choice = {"index": index, "delta": {"content": rest}, "finish_reason": None}
+                chunks.append((None, {**base, "choices": [choice]}))
+        self._strippers.clear()
+        return chunks
+
+
 # -- the dialect ------------------------------------------------------------------------------
 
 
@@ -403,6 +521,52 @@ class OpenAIDialect:
 
     def model_list(self, body: JSON, *, single: bool) -> JSON:
         return models.model_to_openai(body) if single else models.models_to_openai(body)
+
+    def strip_reply(self, resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
+        # Every choice's message.content; the state engine reads the first.
+        choices = resp.get("choices")
+        if not isinstance(choices, list):
+            return resp, NOTHING
+        first = NOTHING
+        out = list(choices)
+        for k, choice in enumerate(choices):
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if not isinstance(message, dict):
+                continue
+            content, summary = strip_content(message.get("content"), known=known)
+            if k == 0:
+                first = summary
+            if content is not message.get("content"):
+                out[k] = {**choice, "message": {**message, "content": content}}
+        changed = any(a is not b for a, b in zip(out, choices, strict=True))
+        return ({**resp, "choices": out} if changed else resp), first
+
+    def strip_request(self, body: JSON) -> JSON:
+        return strip_request_transcript(body, "messages")
+
+    def stream_stripper(self) -> OpenAIChunkStripper:
+        return OpenAIChunkStripper()
+
+    def tool_call_chars(self, resp: JSON) -> int:
+        choices = resp.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        message = first.get("message") if isinstance(first, dict) else None
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        total = 0
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                total += len(str(function.get("name") or "")) + len(
+                    str(function.get("arguments") or "")
+                )
+        return total
+
+    def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
+        role = msg.get("role")
+        content = msg.get("content")
+        if role in ("tool", "function") or (role == "user" and content_chars(content) >= min_chars):
+            return {**msg, "content": stand_in(content)}
+        return msg
 
 
 def _first_choice(resp: JSON) -> Mapping[str, Any]:

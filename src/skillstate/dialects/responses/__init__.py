@@ -6,16 +6,17 @@ through the bridges in ``translate`` and ``stream`` (listed in the registry)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ...context import DialectContext, Split, correction_text, observation, state_text
 from ...errors import ProxyError
+from ...stripper import NOTHING, Known, Stripped, strip_request_transcript, strip_texts
 from ...usage import Usage
 from .. import models
-from ..base import JSON, StreamRelay
+from ..base import JSON, StreamRelay, content_chars
 from ..openai import OPENAI, usage_from_openai
-from .stream import ResponsesRelay
+from .stream import ResponsesEventStripper, ResponsesRelay
 from .validate import validate_responses_request
 
 NAME: Final = "openai-responses"
@@ -117,6 +118,54 @@ def output_text(resp: JSON) -> str:
     return "".join(texts)
 
 
+def _text_parts(output: list[Any]) -> list[tuple[int, int]]:
+    """(item, part) positions of the output_text parts of a reply's message items."""
+    return [
+        (i, k)
+        for i, item in enumerate(output)
+        if isinstance(item, dict)
+        and _type(item) == "message"
+        and isinstance(item.get("content"), list)
+        for k, part in enumerate(item["content"])
+        if isinstance(part, dict)
+        and part.get("type") == "output_text"
+        and isinstance(part.get("text"), str)
+    ]
+
+
+def strip_response(resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
+    """A ``response`` object without envelopes: the output_text parts of its message items,
+    stripped together as one message (:func:`~skillstate.strip.strip_texts`: a reply that
+    was only the envelope shows its action); reasoning and tool-call items untouched, and
+    a part left empty kept (its indexes are the stream's). ``resp`` itself when it had none.
+    ``known``: the reply's text already through ``strip_envelope``, and its result."""
+    output = resp.get("output")
+    if not isinstance(output, list):
+        return resp, NOTHING
+    at = _text_parts(output)
+    texts = [output[i]["content"][k]["text"] for i, k in at]
+    if not any("{" in t for t in texts):  # every envelope is a JSON object (fast path)
+        return resp, NOTHING
+    if len(texts) == 1 and known is not None and known[0] is texts[0]:
+        # One part: strip_texts' message-wide fallback is strip_envelope's own.
+        summary = known[1]
+        parts = [summary.text]
+    else:
+        parts, summary = strip_texts(texts)
+    if summary.envelope is None:
+        return resp, summary
+    out = list(output)
+    for (i, k), old, new in zip(at, texts, parts, strict=True):
+        if new != old:
+            if out[i] is output[i]:
+                out[i] = {**output[i], "content": list(output[i]["content"])}
+            out[i]["content"][k] = {**output[i]["content"][k], "text": new}
+    clean = {**resp, "output": out}
+    if isinstance(resp.get("output_text"), str):
+        clean["output_text"] = summary.text
+    return clean, summary
+
+
 class ResponsesDialect:
     """The OpenAI Responses API (``POST /v1/responses``)."""
 
@@ -179,6 +228,33 @@ class ResponsesDialect:
 
     def model_list(self, body: JSON, *, single: bool) -> JSON:
         return models.model_to_openai(body) if single else models.models_to_openai(body)
+
+    def strip_reply(self, resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
+        return strip_response(resp, known)
+
+    def strip_request(self, body: JSON) -> JSON:
+        # Assistant message items of ``input`` (content a string or output_text parts).
+        return strip_request_transcript(body, "input", "output_text")
+
+    def stream_stripper(self) -> ResponsesEventStripper:
+        return ResponsesEventStripper()
+
+    def tool_call_chars(self, resp: JSON) -> int:
+        total = 0
+        for item in resp.get("output") or ():
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                total += len(str(item.get("name") or "")) + len(str(item.get("arguments") or ""))
+        return total
+
+    def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
+        kind = _type(msg)
+        if kind == "function_call_output":
+            return {**msg, "output": stand_in(msg.get("output"))}
+        if kind == "message" and msg.get("role") == "user":
+            content = msg.get("content")
+            if content_chars(content) >= min_chars:
+                return {**msg, "content": stand_in(content)}
+        return msg
 
 
 RESPONSES = ResponsesDialect()

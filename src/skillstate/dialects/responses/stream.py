@@ -1,6 +1,7 @@
 """Streams to a Responses API client: the native relay (events untouched, the terminal one
-held until the turn is committed), the chat-completions -> Responses event translator, and a
-chain of two relays (Anthropic -> chat -> Responses)."""
+held until the turn is committed), the chat-completions -> Responses event translator, a
+chain of two relays (Anthropic -> chat -> Responses), and the envelope stripper of a
+Responses event stream."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import orjson
 
+from ...stripper import EnvelopeStripper
 from ...usage import Usage
 from .. import sse
-from ..base import JSON, StreamRelay
+from ..base import JSON, Event, StreamRelay
 from ..capture import RelayCapture
 from ..openai import usage_from_openai
 from .translate import (
@@ -324,3 +326,145 @@ class ChainedRelay:
     def response(self) -> JSON | None:
         """The client's final ``response`` object, once the stream is finished."""
         return getattr(self._second, "response", None)
+
+
+_TextPart = tuple[Any, Any]  # (output_index, content_index) of an output_text part
+
+
+class ResponsesEventStripper:
+    """Strips the envelope from a Responses API event stream, event by event.
+
+    Each output_text part (by output index and content index) has its own
+    :class:`~skillstate.strip.EnvelopeStripper`: its ``response.output_text.delta`` events
+    carry the stripped text (a delta left empty is not sent), and the held-back rest goes
+    out as one more delta right before the part's ``response.output_text.done``. That event,
+    ``response.content_part.done``, ``response.output_item.done`` and the terminal
+    ``response.completed`` / ``response.incomplete`` carry the part's stripped text, so the
+    deltas add up to what the closing events say. Reasoning items, tool calls and every
+    other event pass unchanged; ``sequence_number`` is renumbered to stay consecutive. The
+    action fallback (a reply that was only the envelope shows its action) applies when no
+    text of the response was shown before.
+    """
+
+    def __init__(self) -> None:
+        self._strippers: dict[_TextPart, EnvelopeStripper] = {}
+        self._shown: dict[_TextPart, list[str]] = {}  # the text each part showed so far
+        self._final: dict[_TextPart, str] = {}  # a finished part's stripped text
+        self._said = False  # some text of this response went out
+        self._seq: int | None = None  # the next sequence_number
+        self.removed_chars = 0
+
+    def end(self, data: str) -> list[Event]:
+        return []  # a Responses stream has no end sentinel: its terminal event closes it
+
+    def tool_chars(self, name: str | None, data: JSON) -> int:
+        etype = data.get("type") or name
+        if etype == "response.output_item.added":
+            item = data.get("item")
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                return len(str(item.get("name") or "")) + len(str(item.get("arguments") or ""))
+        elif etype == "response.function_call_arguments.delta":
+            return len(str(data.get("delta") or ""))
+        return 0
+
+    def event(self, name: str | None, data: JSON) -> list[Event]:
+        etype = data.get("type") or name
+        if etype == "response.output_text.delta":
+            out = self._delta(name, data)
+        elif etype == "response.output_text.done":
+            out = self._text_done(name, data)
+        elif etype == "response.content_part.done":
+            part = data.get("part")
+            key = (data.get("output_index"), data.get("content_index"))
+            if isinstance(part, dict) and part.get("type") == "output_text" and key in self._final:
+                data = {**data, "part": {**part, "text": self._final[key]}}
+            out = [(name, data)]
+        elif etype == "response.output_item.done":
+            item = data.get("item")
+            if isinstance(item, dict):
+                data = {**data, "item": self._item(data.get("output_index"), item)}
+            out = [(name, data)]
+        elif etype in TERMINAL_EVENTS and isinstance(data.get("response"), dict):
+            out = [(name, {**data, "response": self._response(data["response"])})]
+        else:
+            if etype == "response.created":
+                self._said = False
+            out = [(name, data)]
+        # Numbered on from the stream's first event, past the deltas dropped or added.
+        seq = self._seq
+        for k, (n, d) in enumerate(out):
+            number = d.get("sequence_number")
+            if isinstance(number, int):
+                if seq is None:
+                    seq = number
+                if number != seq:
+                    out[k] = (n, {**d, "sequence_number": seq})
+                seq += 1
+        self._seq = seq
+        return out
+
+    def _delta(self, name: str | None, data: JSON) -> list[Event]:
+        key = (data.get("output_index"), data.get("content_index"))
+        piece = data.get("delta")
+        stripper = self._strippers.get(key)
+        if stripper is None:
+            stripper = self._strippers[key] = EnvelopeStripper()
+            self._shown[key] = []
+        text = stripper.feed(piece if isinstance(piece, str) else "")
+        if not text:
+            return []
+        self._shown[key].append(text)
+        self._said = True
+        if text == piece:
+            return [(name, data)]
+        return [(name, {**data, "delta": text, **({"logprobs": []} if "logprobs" in data else {})})]
+
+    def _text_done(self, name: str | None, data: JSON) -> list[Event]:
+        key = (data.get("output_index"), data.get("content_index"))
+        stripper = self._strippers.pop(key, None)
+        shown = self._shown.pop(key, [])
+        if stripper is None:  # a part without deltas: its whole text is here
+            stripper = EnvelopeStripper()
+            text = data.get("text")
+            shown.append(stripper.feed(text if isinstance(text, str) else ""))
+        rest = stripper.flush(fallback=not self._said)
+        self.removed_chars += stripper.removed_chars
+        out: list[Event] = []
+        if rest:
+            delta: JSON = {
+                "type": "response.output_text.delta",
+                "item_id": data.get("item_id"),
+                "output_index": data.get("output_index"),
+                "content_index": data.get("content_index"),
+                "delta": rest,
+                "logprobs": [],
+            }
+            if "sequence_number" in data:  # renumbered in event(), before the done event
+                delta["sequence_number"] = data["sequence_number"]
+            out.append(("response.output_text.delta" if name else None, delta))
+            shown.append(rest)
+        final = self._final[key] = "".join(shown)
+        self._said = self._said or bool(final)
+        if final != data.get("text"):
+            data = {**data, "text": final, **({"logprobs": []} if "logprobs" in data else {})}
+        out.append((name, data))
+        return out
+
+    def _item(self, index: Any, item: JSON) -> JSON:
+        """An output item with its output_text parts' stripped text."""
+        content = item.get("content")
+        if item.get("type") != "message" or not isinstance(content, list):
+            return item
+        parts = list(content)
+        for k, part in enumerate(content):
+            key = (index, k)
+            if isinstance(part, dict) and part.get("type") == "output_text" and key in self._final:
+                parts[k] = {**part, "text": self._final[key]}
+        return {**item, "content": parts}
+
+    def _response(self, resp: JSON) -> JSON:
+        output = resp.get("output")
+        if not isinstance(output, list) or not self._final:
+            return resp
+        items = [self._item(i, it) if isinstance(it, dict) else it for i, it in enumerate(output)]
+        return {**resp, "output": items}
