@@ -113,6 +113,23 @@ async def test_a_turn_that_waits_longer_than_lease_wait_gets_a_409(replica: Repl
         pass
 
 
+async def test_a_waiter_that_goes_away_leaves_the_queue_at_once(
+    replica: Replicas, redis_url: str
+) -> None:
+    a, b = replica(), replica()
+    async with a.hold("s1"):
+        gone = asyncio.ensure_future(b.hold("s1").__aenter__())
+        await _queued(redis_url, "s1", 1)
+        gone.cancel()  # its client disconnected
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        client = aioredis.from_url(redis_url)
+        try:
+            assert await client.zcard(_keys("s1")[1]) == 0
+        finally:
+            await client.aclose()
+
+
 async def test_a_killed_holders_lease_expires_and_its_step_is_unknown(replica: Replicas) -> None:
     dead, alive = replica(ttl=0.3), replica(wait=10.0)
     async with alive.hold("s1") as hold:

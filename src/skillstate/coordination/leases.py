@@ -157,10 +157,16 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: queue, seen; ARGV: token: a waiter that gives up leaves the queue at once
+# KEYS: lease, queue, seen, meta, leases; ARGV: token, session: a waiter that gives up
+# leaves the queue at once, and gives back a lease granted by a reply it never read
 _LEAVE = """
-redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[5], ARGV[2])
+  if redis.call('HGET', KEYS[4], 'held') == ARGV[1] then redis.call('HDEL', KEYS[4], 'held') end
+end
 return 1
 """
 
@@ -291,8 +297,8 @@ class SessionLeases:
                 yield lease
             finally:
                 renewal.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewal
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await renewal  # a renewal that failed left the lease to expire: lost
                 await _shielded(self._release(lease))
         finally:
             users = self._here[session]
@@ -303,8 +309,17 @@ class SessionLeases:
 
     async def _acquire(self, session: str) -> Lease | None:
         """The lease, after waiting in the queue; None when running locally (Redis down
-        under ``local``). Raises the 409 after ``lease_wait``, the 503 under ``refuse``."""
+        under ``local``). Raises the 409 after ``lease_wait``, the 503 under ``refuse``;
+        a turn that gives up (or is cancelled: its client went away) leaves the queue at
+        once, so the turns behind it do not wait for its ticket to go stale."""
         token = secrets.token_hex(12)
+        try:
+            return await self._queue_for(session, token)
+        except BaseException:
+            await _shielded(self._leave(session, token))
+            raise
+
+    async def _queue_for(self, session: str, token: str) -> Lease | None:
         keys = [*_keys(session), LEASES, PURGING]
         ttl_ms = max(int(self.ttl * 1000), 1)
         deadline = self._clock() + self.wait
@@ -324,7 +339,6 @@ class SessionLeases:
                 return Lease(session, token, step, sent + self.ttl, self.session_ttl, self._clock)
             left = deadline - self._clock()
             if left <= 0:
-                await self._leave(session, token)
                 raise ProxyError(
                     "conflict",
                     f"session {session} is busy: another turn of it ran for the whole "
@@ -349,9 +363,11 @@ class SessionLeases:
             wake.set()
 
     async def _leave(self, session: str, token: str) -> None:
-        _, queue, seen, _ = _keys(session)
-        with contextlib.suppress(*self.link.errors):
-            await self._scripts.leave(keys=[queue, seen], args=[token], client=self.link.client)
+        keys = [*_keys(session), LEASES]
+        try:
+            await self._scripts.leave(keys=keys, args=[token, session], client=self.link.client)
+        except Exception:  # best effort: the ticket goes stale, a lease expires, on their own
+            log.debug("session %s: leaving the lease queue failed", session, exc_info=True)
 
     async def _renew_forever(self, lease: Lease) -> None:
         """Renew every ttl/3 until cancelled or the lease is lost. Redis errors are
@@ -370,6 +386,10 @@ class SessionLeases:
             except self.link.errors as e:
                 self.link.failed(e)
                 continue
+            except Exception:
+                log.exception("session %s: renewing the turn's lease", lease.session)
+                lease.lost = True
+                return
             self.link.succeeded()
             lease.renewals += 1
             if int(renewed):
@@ -392,6 +412,8 @@ class SessionLeases:
             )
         except self.link.errors as e:
             self.link.failed(e)  # the lease expires on its own within lease_ttl
+        except Exception:
+            log.exception("session %s: releasing the turn's lease", lease.session)
         else:
             self.link.succeeded()
         self._woken(lease.session)
