@@ -30,6 +30,7 @@ __all__ = ["LOOPBACK_HOSTS", "BrowserGuard", "host_name"]
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 _WILDCARD_LISTEN = frozenset({"", "0.0.0.0", "[::]"})
 _SHOWN = 100  # characters of a refused header value repeated in the error
+_HOSTS_REMEMBERED = 64  # distinct Host values whose verdict is kept
 
 
 def host_name(value: str) -> str:
@@ -59,6 +60,10 @@ class BrowserGuard:
         origins = {o.strip().rstrip("/").lower() for o in settings.allowed_origins}
         self.any_origin = "*" in origins
         self.origins = frozenset(o.encode("latin-1") for o in origins)
+        # Host header values already judged, as sent: the verdict depends on the bytes and
+        # the settings alone, and a client sends the same Host on every request. Bounded,
+        # since the values are the client's: past the bound, new values are judged anew.
+        self._hosts_judged: dict[bytes, bool] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -83,7 +88,7 @@ class BrowserGuard:
     def _refusal(self, host: bytes | None, origin: bytes | None) -> ProxyError | None:
         if host is None:
             return ProxyError("permission", "a Host header is required")
-        if not self.any_host and host_name(host.decode("latin-1")) not in self.hosts:
+        if not self._host_served(host):
             shown = host.decode("latin-1")[:_SHOWN]
             return ProxyError(
                 "permission",
@@ -101,3 +106,11 @@ class BrowserGuard:
             f"Origin {shown!r} may not call this proxy (cross-origin requests are refused); "
             "add it to allowed_origins to allow it",
         )
+
+    def _host_served(self, host: bytes) -> bool:
+        served = self._hosts_judged.get(host)
+        if served is None:
+            served = self.any_host or host_name(host.decode("latin-1")) in self.hosts
+            if len(self._hosts_judged) < _HOSTS_REMEMBERED:
+                self._hosts_judged[host] = served
+        return served

@@ -77,11 +77,15 @@ class KeyBook:
 
     async def refresh_mode(self) -> bool:
         """Auth is on once a key exists (checked at most every ``ttl`` seconds while off)."""
-        now = self._monotonic()
-        if not self.on and now - self._mode_checked >= self.ttl:
-            self._mode_checked = now
+        if self.mode_due():
+            self._mode_checked = self._monotonic()
             self.on = self.required or bool(await self.store.keys())
         return self.on
+
+    def mode_due(self) -> bool:
+        """Whether ``refresh_mode`` would ask the store (auth off, and ``ttl`` is up): a
+        request checks this first, so one with nothing to refresh awaits nothing."""
+        return not self.on and self._monotonic() - self._mode_checked >= self.ttl
 
     async def verify(self, key: str) -> Principal:
         """The key's principal, or ProxyError 401 (unknown, revoked or expired)."""
@@ -128,7 +132,9 @@ class KeyGate:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not await self.keys.refresh_mode():
+        if scope["type"] != "http" or not (
+            await self.keys.refresh_mode() if self.keys.mode_due() else self.keys.on
+        ):
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
