@@ -103,6 +103,9 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "file), or `postgresql://user:pass@host:port/db` for a store shared by replicas. Unset: "
         "`<data_dir>/skillstate.db`, one proxy process per data directory.",
         "store_pool_size": "PostgreSQL connections each replica keeps in its pool.",
+        "store_timeout": "Seconds a PostgreSQL store may take to connect, to hand out a pooled "
+        "connection or to run one statement; past it the turn fails with 503 in its dialect "
+        "(a turn's commit is one statement: written whole or not at all).",
         "coordination": "Redis URL (`redis://host:port/db`, `rediss://…`) for what replicas "
         "share: per-session turn leases, rpm/tpm windows, circuit breakers. Unset: all of them "
         "live in this process, which is right for a single proxy.",

@@ -16,7 +16,8 @@ import pytest
 from skillstate.ledger import LedgerRow
 from skillstate.store import StoreError, StoreFull, StoreUnavailable, TransitionRecord
 from skillstate.store.datadir import lock_data_dir, unlock_data_dir
-from skillstate.store.sqlite import MAX_USD, SQLiteStore
+from skillstate.store.rows import MAX_USD
+from skillstate.store.sqlite import SQLiteStore
 from skillstate.usage import MAX_TOKEN_COUNT
 
 

@@ -168,6 +168,7 @@ class Settings(BaseModel):
     # replicas; pair it with coordination).
     store: str | None = None
     store_pool_size: int = Field(default=10, ge=1, le=1000)  # PostgreSQL connections per replica
+    store_timeout: float = Field(default=5.0, gt=0)  # PostgreSQL connect/statement bound; 503
     # Redis (redis://… or rediss://…) for what replicas share: per-session turn leases,
     # rpm/tpm windows, circuit breakers. None: all of them in this process.
     coordination: str | None = None

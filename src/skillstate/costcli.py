@@ -13,7 +13,7 @@ from .config import ConfigError, Settings
 from .ledger import parse_since, render_table, summarize_sums
 from .session import is_valid_session_id
 from .store import StoreError
-from .store.sqlite import SQLiteStore
+from .store.factory import make_store, sqlite_path
 
 
 def print_cost(settings: Settings, args: argparse.Namespace) -> int:
@@ -25,11 +25,12 @@ def print_cost(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from None
     if args.session is not None and not is_valid_session_id(args.session):
         raise ConfigError(f"session: invalid id {args.session!r}")
-    if not settings.db_path.expanduser().exists():
-        raise ConfigError(f"data_dir: no store at {settings.db_path.expanduser()}")
+    path = sqlite_path(settings)
+    if path is not None and not path.exists():
+        raise ConfigError(f"data_dir: no store at {path}")
 
     async def read() -> dict[str, object]:
-        store = SQLiteStore(settings.db_path.expanduser())
+        store = make_store(settings)
         await store.open()
         try:
             sums = await store.ledger_sums(since, until, args.session, group_by=args.by)

@@ -24,6 +24,7 @@ from .config import ConfigError, Settings
 from .httplimits import HttpLimits, limited_protocol
 from .store import StoreError, StoreUnavailable
 from .store.datadir import lock_data_dir, prepare_path
+from .store.factory import describe_store, make_store, sqlite_path
 from .store.sqlite import as_store_error, connect
 
 
@@ -43,10 +44,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def preflight_store(settings: Settings) -> None:
-    """Open the store once synchronously, exactly as the proxy will, so that an unusable
-    data dir (unsafe permissions, links, a corrupt or locked database) is one line before
-    binding rather than a traceback after "listening"."""
-    path = settings.db_path
+    """Open the store once, exactly as the proxy will, so that an unusable store is one
+    line before binding rather than a traceback after "listening": for SQLite an unusable
+    data dir (unsafe permissions, links, a corrupt or locked database), for PostgreSQL an
+    unreachable server or a schema this code cannot use."""
+    path = sqlite_path(settings)
+    if path is None:
+        _preflight_shared_store(settings)
+        return
     try:
         prepare_path(path)
         # Another proxy on it: say so before binding. The hold lasts until this process
@@ -61,6 +66,18 @@ def preflight_store(settings: Settings) -> None:
         raise ConfigError(f"data_dir: {path} is not a usable SQLite database ({e})") from None
     except OSError as e:
         raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
+
+
+def _preflight_shared_store(settings: Settings) -> None:
+    async def probe() -> None:
+        store = make_store(settings)
+        await store.open()  # reachable, and its schema is one this code knows
+        await store.close()
+
+    try:
+        asyncio.run(probe())
+    except StoreError as e:
+        raise ConfigError(f"store: {e}") from None
 
 
 class StartupErrors:
@@ -146,7 +163,7 @@ def serve(settings: Settings) -> int:
     ups = ", ".join(f"{u.name}={u.url}" for u in settings.upstreams) or "none"
     print(
         f"skillstate-proxy {__version__} listening on {_url(sock)}"
-        f"  mode={settings.mode} upstreams: {ups}  store: {settings.db_path.expanduser()}",
+        f"  mode={settings.mode} upstreams: {ups}  store: {describe_store(settings)}",
         flush=True,
     )
     print(dashboard_line(sock), flush=True)

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from ..config import ConfigError, Settings
-from ..store import StoreError
-from ..store.sqlite import SQLiteStore
+from ..store import Store, StoreError
+from ..store.factory import make_store
 from .keys import KeyHasher, check_name, new_key, parse_duration, server_secret
 from .record import KeyRecord
 
@@ -43,19 +43,15 @@ def add_keys_parser(sub: Any) -> None:
 
 def run_keys(settings: Settings, args: argparse.Namespace) -> int:
     """Run one ``keys`` subcommand against the store in the data dir."""
-    action: Callable[[SQLiteStore, KeyHasher, argparse.Namespace], Awaitable[str]] = _ACTIONS[
+    action: Callable[[Store, KeyHasher, argparse.Namespace], Awaitable[str]] = _ACTIONS[
         args.keys_command
     ]
-    try:
-        hasher = KeyHasher(server_secret(settings.data_dir))
-    except StoreError as e:
-        raise ConfigError(f"data_dir: {e}") from None
 
     async def run() -> str:
-        store = SQLiteStore(settings.db_path)
+        store = make_store(settings)
         try:
             await store.open()
-            return await action(store, hasher, args)
+            return await action(store, await _hasher(settings, store), args)
         finally:
             await store.close()
 
@@ -67,7 +63,18 @@ def run_keys(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _create(store: SQLiteStore, hasher: KeyHasher, args: argparse.Namespace) -> str:
+async def _hasher(settings: Settings, store: Store) -> KeyHasher:
+    """The store's shared secret (PostgreSQL), else the data dir's file (SQLite)."""
+    shared = await store.shared_secret()
+    if shared is not None:
+        return KeyHasher(shared)
+    try:
+        return KeyHasher(server_secret(settings.data_dir))
+    except StoreError as e:
+        raise ConfigError(f"data_dir: {e}") from None
+
+
+async def _create(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
     try:
         name = check_name(args.name)
         expires = time.time() + parse_duration(args.expires) if args.expires else None
@@ -92,21 +99,21 @@ async def _create(store: SQLiteStore, hasher: KeyHasher, args: argparse.Namespac
     return key
 
 
-async def _find(store: SQLiteStore, name: str) -> KeyRecord:
+async def _find(store: Store, name: str) -> KeyRecord:
     for record in await store.keys():
         if record.name == name:
             return record
     raise ConfigError(f"keys: no key named {name!r}")
 
 
-async def _revoke(store: SQLiteStore, hasher: KeyHasher, args: argparse.Namespace) -> str:
+async def _revoke(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
     record = await _find(store, args.name)
     if record.revoked is None:
         await store.save_key(dataclasses.replace(record, revoked=time.time()), new=False)
     return f"revoked {record.name}"
 
 
-async def _rotate(store: SQLiteStore, hasher: KeyHasher, args: argparse.Namespace) -> str:
+async def _rotate(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
     record = await _find(store, args.name)
     if record.revoked is not None:
         raise ConfigError(f"keys rotate: {record.name!r} is revoked; create a new key instead")
@@ -115,7 +122,7 @@ async def _rotate(store: SQLiteStore, hasher: KeyHasher, args: argparse.Namespac
     return key
 
 
-async def _list(store: SQLiteStore, hasher: KeyHasher, args: argparse.Namespace) -> str:
+async def _list(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
     rows = [_shown(r) for r in await store.keys()]
     if args.json:
         return orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode()
@@ -151,7 +158,7 @@ def _shown(r: KeyRecord) -> dict[str, Any]:
     }
 
 
-_ACTIONS: dict[str, Callable[[SQLiteStore, KeyHasher, argparse.Namespace], Awaitable[str]]] = {
+_ACTIONS: dict[str, Callable[[Store, KeyHasher, argparse.Namespace], Awaitable[str]]] = {
     "create": _create,
     "list": _list,
     "revoke": _revoke,

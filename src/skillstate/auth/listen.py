@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import sqlite3
 
 from ..choices import AuthMode
 from ..config import ConfigError, Settings
 from ..guards import LOOPBACK_HOSTS, host_name
+from ..store.factory import make_store, sqlite_path
 
 
 def is_loopback(host: str) -> bool:
@@ -23,13 +25,25 @@ def is_loopback(host: str) -> bool:
 
 def has_keys(settings: Settings) -> bool:
     """Whether the store holds any client key (after the store's pre-flight check)."""
-    db = sqlite3.connect(settings.db_path)
+    path = sqlite_path(settings)
+    if path is None:
+        return asyncio.run(_shared_store_has_keys(settings))
+    db = sqlite3.connect(path)
     try:
         return bool(db.execute("SELECT count(*) FROM api_keys").fetchone()[0])
     except sqlite3.OperationalError:
         return False  # no keys table yet: a store no key was ever created in
     finally:
         db.close()
+
+
+async def _shared_store_has_keys(settings: Settings) -> bool:
+    store = make_store(settings)
+    await store.open()
+    try:
+        return bool(await store.keys())
+    finally:
+        await store.close()
 
 
 def check_listen(settings: Settings) -> None:

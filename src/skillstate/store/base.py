@@ -186,6 +186,11 @@ class Store(Protocol):
     async def key_by_digest(self, digest: str) -> KeyRecord | None: ...
     async def purge_ledger(self, older_than: float) -> int: ...
 
+    async def shared_secret(self) -> bytes | None:
+        """The secret client keys are hashed with when the store keeps it for every process
+        that shares it (PostgreSQL); None when it is the data dir's file (SQLite)."""
+        ...
+
     # Export and import, for ``skillstate store copy`` (skillstate.store.copy): everything
     # as it is stored, in pages, so that a big store never has to fit in memory.
     async def counts(self) -> dict[str, int]:

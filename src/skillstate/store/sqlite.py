@@ -17,8 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from operator import attrgetter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +25,6 @@ import orjson
 
 from ..auth.record import KeyRecord
 from ..ledger import LedgerRow, LedgerSums
-from ..usage import MAX_TOKEN_COUNT
 from .base import (
     COUNTED,
     SessionRecord,
@@ -39,163 +37,25 @@ from .base import (
 )
 from .datadir import lock_data_dir, prepare_path, unlock_data_dir
 from .ledgersql import GROUP_BY, sums_of, sums_select
+from .migrations import migrate_sqlite
+from .rows import (
+    KEY_COLUMNS,
+    LEDGER_COLUMNS,
+    clamp_time,
+    full_message,
+    key_record,
+    key_values,
+    ledger_tuple,
+    prefix_range,
+    response_chain_sql,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("skillstate")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    state BLOB NOT NULL,
-    schema TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    created REAL NOT NULL,
-    updated REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sessions_updated ON sessions(updated);
-CREATE TABLE IF NOT EXISTS transitions (
-    session TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    patch BLOB,
-    action TEXT,
-    status TEXT NOT NULL,
-    errors TEXT NOT NULL,
-    ts REAL NOT NULL,
-    context TEXT,
-    estimate BLOB,
-    PRIMARY KEY (session, step)
-);
-CREATE TABLE IF NOT EXISTS ledger (
-    ts REAL NOT NULL,
-    session TEXT,
-    upstream TEXT,
-    model TEXT,
-    kind TEXT NOT NULL,
-    status INTEGER NOT NULL,
-    input_tokens INTEGER,
-    output_tokens INTEGER,
-    cache_read_tokens INTEGER,
-    cache_write_tokens INTEGER,
-    pricing TEXT NOT NULL,
-    cost_usd REAL,
-    baseline_input_tokens INTEGER,
-    baseline_cost_usd REAL,
-    mode TEXT,
-    baseline_cached_tokens INTEGER,
-    baseline_output_tokens INTEGER,
-    saved_cost_usd REAL,
-    saved_cost_pct REAL,
-    context TEXT
-);
-CREATE INDEX IF NOT EXISTS ledger_ts ON ledger(ts);
-CREATE INDEX IF NOT EXISTS ledger_session ON ledger(session, ts);
-CREATE TABLE IF NOT EXISTS api_keys (
-    name TEXT PRIMARY KEY,
-    digest TEXT NOT NULL UNIQUE,
-    admin INTEGER NOT NULL,
-    rpm INTEGER,
-    tpm INTEGER,
-    budget_usd_per_day REAL,
-    created REAL NOT NULL,
-    expires REAL,
-    revoked REAL
-);
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    session TEXT NOT NULL,
-    created REAL NOT NULL,
-    previous TEXT,
-    input BLOB NOT NULL,
-    response BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS responses_created ON responses(created);
-CREATE INDEX IF NOT EXISTS responses_session ON responses(session);
-"""
-
-
-_LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
-
-
-# Sane ranges for what goes into the store, whatever an upstream reported: SQLite integers
-# stop at 2^63 (OverflowError beyond), and nothing real comes near these ceilings.
-MAX_USD = 1e12
-MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z
-MAX_LABEL_CHARS = 256  # model, upstream and other names in a ledger row
-
-
-# Every ledger row goes through these, a dozen columns per turn: the first line of each is
-# the usual case (a value of the exact type, already in range), answered without the
-# general checks below it. ``type(x) is`` also keeps bool (an int subclass) off it.
-
-
-def clamp_count(value: Any, ceiling: int = MAX_TOKEN_COUNT) -> int | None:
-    """An int in [0, ceiling], or None for no number (None, NaN, not a number)."""
-    if type(value) is int and 0 <= value <= ceiling:
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        return None
-    return int(min(max(value, 0), ceiling))
-
-
-def clamp_amount(value: Any, ceiling: float = MAX_USD) -> float | None:
-    if type(value) is float and 0.0 <= value <= ceiling:  # NaN fails the comparison
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        return None
-    return float(min(max(value, 0.0), ceiling))
-
-
-def clamp_signed(value: Any, ceiling: float = MAX_USD) -> float | None:
-    """A float in [-ceiling, ceiling] (a saving may be negative), None for no number."""
-    if type(value) is float and -ceiling <= value <= ceiling:  # NaN fails the comparison
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        return None
-    return float(min(max(value, -ceiling), ceiling))
-
-
-def clamp_time(value: Any) -> float:
-    return clamp_amount(value, MAX_TIME) or 0.0
-
-
-def _label(value: Any) -> str | None:
-    if type(value) is str and len(value) <= MAX_LABEL_CHARS:
-        return value  # the usual case (see the clamps above)
-    return None if value is None else str(value)[:MAX_LABEL_CHARS]
-
-
-def _status(value: Any) -> int:
-    return clamp_count(value, 999) or 0
-
-
-_COLUMN_CLAMPS: dict[str, Callable[[Any], Any]] = {
-    "ts": clamp_time,
-    "status": _status,
-    "input_tokens": clamp_count,
-    "output_tokens": clamp_count,
-    "cache_read_tokens": clamp_count,
-    "cache_write_tokens": clamp_count,
-    "cost_usd": clamp_amount,
-    "baseline_input_tokens": clamp_count,
-    "baseline_cost_usd": clamp_amount,
-    "baseline_cached_tokens": clamp_count,
-    "baseline_output_tokens": clamp_count,
-    "saved_cost_usd": clamp_signed,
-    "saved_cost_pct": clamp_signed,
-}
-_LEDGER_CLAMPS = [_COLUMN_CLAMPS.get(name, _label) for name in _LEDGER_COLUMNS]
-_LEDGER_VALUES = attrgetter(*_LEDGER_COLUMNS)  # every column's value in one call
-
-
-def _ledger_tuple(row: LedgerRow) -> tuple[Any, ...]:
-    # Much cheaper than dataclasses.astuple (no deep copy); this runs on every turn.
-    values = _LEDGER_VALUES(row)
-    return tuple([clamp(v) for clamp, v in zip(_LEDGER_CLAMPS, values, strict=True)])
-
-
 _LEDGER_INSERT = (
-    f"INSERT INTO ledger ({', '.join(_LEDGER_COLUMNS)})"
-    f" VALUES ({', '.join('?' * len(_LEDGER_COLUMNS))})"
+    f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(LEDGER_COLUMNS))})"
 )
 
 
@@ -236,50 +96,26 @@ def as_store_error(e: BaseException) -> StoreError:
 
 
 def connect(
-    path: Path, *, synchronous: str = "NORMAL", busy_timeout: float = 1.0
+    path: Path, *, synchronous: str = "NORMAL", busy_timeout: float = 1.0, migrate: bool = True
 ) -> sqlite3.Connection:
-    """A connection in WAL mode with our schema, after checking that the file is a usable
-    database (a corrupt one raises sqlite3.DatabaseError here, not on the first turn)."""
+    """A connection in WAL mode, after checking that the file is a usable database (a
+    corrupt one raises sqlite3.DatabaseError here, not on the first turn). ``migrate``:
+    bring its schema to this code's version (SchemaTooNew for a newer one)."""
     db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     try:
         db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         db.execute("PRAGMA schema_version").fetchone()  # reads the header: "not a database"
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={synchronous}")
-        db.executescript(_SCHEMA)
-        _add_missing_ledger_columns(db)
-        for table in ("sessions", "transitions", "ledger"):
-            db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()  # reads its root page
+        if migrate:
+            for line in migrate_sqlite(db, f"sqlite://{path}"):
+                log.info("store: %s", line)
+            for table in ("sessions", "transitions", "ledger"):
+                db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall()  # reads its root page
     except BaseException:
         db.close()
         raise
     return db
-
-
-# Ledger columns added after the first release: a database made before them gets them
-# (NULL in old rows) when it is opened.
-_ADDED_LEDGER_COLUMNS = {
-    "baseline_cached_tokens": "INTEGER",
-    "baseline_output_tokens": "INTEGER",
-    "saved_cost_usd": "REAL",
-    "saved_cost_pct": "REAL",
-    "context": "TEXT",
-}
-
-
-# Likewise for transitions: the context form sent, and auto's estimates (JSON).
-_ADDED_TRANSITION_COLUMNS = {"context": "TEXT", "estimate": "BLOB"}
-
-
-def _add_missing_ledger_columns(db: sqlite3.Connection) -> None:
-    for table, added in (
-        ("ledger", _ADDED_LEDGER_COLUMNS),
-        ("transitions", _ADDED_TRANSITION_COLUMNS),
-    ):
-        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        for name, kind in added.items():
-            if name not in have:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,7 +388,7 @@ class SQLiteStore:
 
     def ensure_room_for_session(self) -> None:
         if self._max_sessions and self._sessions >= self._max_sessions:
-            raise StoreFull(_full_message(self._max_sessions))
+            raise StoreFull(full_message(self._max_sessions))
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -617,7 +453,7 @@ class SQLiteStore:
     ) -> int:
         now = clamp_time(now)
         try:
-            ledger_values = [_ledger_tuple(r) for r in ledger or []]
+            ledger_values = [ledger_tuple(r) for r in ledger or []]
             state_blob = orjson.dumps(state) if state is not None else None
             patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
             errors = orjson.dumps(transition.errors).decode()
@@ -635,7 +471,7 @@ class SQLiteStore:
             step = current + 1
             if row is None:
                 if self._max_sessions and self._sessions + self._batch_new >= self._max_sessions:
-                    raise StoreFull(_full_message(self._max_sessions))
+                    raise StoreFull(full_message(self._max_sessions))
                 db.execute(
                     "INSERT INTO sessions (id, state, schema, step, created, updated)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
@@ -702,7 +538,7 @@ class SQLiteStore:
             args = (after[0], after[0], after[1])
         if prefix:
             sql += " AND id >= ? AND id < ?"
-            args += _prefix_range(prefix)
+            args += prefix_range(prefix)
         sql += " ORDER BY updated DESC, id LIMIT ?"
 
         def page(db: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -811,7 +647,7 @@ class SQLiteStore:
     async def add_ledger_rows(self, rows: list[LedgerRow]) -> None:
         if not rows:
             return
-        values = [_ledger_tuple(r) for r in rows]
+        values = [ledger_tuple(r) for r in rows]
 
         def add(db: sqlite3.Connection) -> None:
             db.executemany(_LEDGER_INSERT, values)
@@ -822,7 +658,7 @@ class SQLiteStore:
         self, since: float, until: float, session: str | None = None, prefix: str | None = None
     ) -> list[LedgerRow]:
         where, args = _ledger_where(since, until, session, prefix)
-        sql = f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM ledger{where} ORDER BY ts"
+        sql = f"SELECT {', '.join(LEDGER_COLUMNS)} FROM ledger{where} ORDER BY ts"
 
         def rows(db: sqlite3.Connection) -> list[LedgerRow]:
             return [LedgerRow(*r) for r in db.execute(sql, args)]
@@ -847,7 +683,7 @@ class SQLiteStore:
 
     async def ledger_spend(self, prefix: str, since: float) -> float:
         """USD of the ledger rows since ``since`` whose session id starts with ``prefix``."""
-        low, high = _prefix_range(prefix)
+        low, high = prefix_range(prefix)
 
         def spend(db: sqlite3.Connection) -> float:
             row = db.execute(
@@ -862,13 +698,13 @@ class SQLiteStore:
 
     async def save_key(self, record: KeyRecord, *, new: bool) -> None:
         """Insert a key (``new``: StoreError if the name is taken) or replace it."""
-        values = tuple(getattr(record, c.strip()) for c in _KEY_COLUMNS.split(","))
+        values = key_values(record)
         verb = "INSERT" if new else "INSERT OR REPLACE"
         marks = ",".join("?" * len(values))
 
         def save(db: sqlite3.Connection) -> None:
             try:
-                db.execute(f"{verb} INTO api_keys ({_KEY_COLUMNS}) VALUES ({marks})", values)
+                db.execute(f"{verb} INTO api_keys ({KEY_COLUMNS}) VALUES ({marks})", values)
             except sqlite3.IntegrityError:
                 raise StoreError(f"a key named {record.name!r} already exists") from None
 
@@ -876,17 +712,17 @@ class SQLiteStore:
 
     async def keys(self) -> list[KeyRecord]:
         def keys(db: sqlite3.Connection) -> list[KeyRecord]:
-            rows = db.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys ORDER BY name").fetchall()
-            return [_key_record(r) for r in rows]
+            rows = db.execute(f"SELECT {KEY_COLUMNS} FROM api_keys ORDER BY name").fetchall()
+            return [key_record(r) for r in rows]
 
         return await self._run(keys)
 
     async def key_by_digest(self, digest: str) -> KeyRecord | None:
         def find(db: sqlite3.Connection) -> KeyRecord | None:
             row = db.execute(
-                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE digest = ?", (digest,)
+                f"SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = ?", (digest,)
             ).fetchone()
-            return None if row is None else _key_record(row)
+            return None if row is None else key_record(row)
 
         return await self._run(find)
 
@@ -985,7 +821,7 @@ class SQLiteStore:
 
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         sql = (
-            f"SELECT rowid, {', '.join(_LEDGER_COLUMNS)} FROM ledger"
+            f"SELECT rowid, {', '.join(LEDGER_COLUMNS)} FROM ledger"
             " WHERE rowid > ? ORDER BY rowid LIMIT ?"
         )
 
@@ -995,14 +831,12 @@ class SQLiteStore:
 
         return await self._run(page)
 
+    async def shared_secret(self) -> None:
+        """None: one proxy per data dir, whose secret file (auth.keys.server_secret) it is."""
+        return None
+
 
 _COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
-_KEY_COLUMNS = "name, digest, admin, rpm, tpm, budget_usd_per_day, created, expires, revoked"
-
-
-def _key_record(row: tuple[Any, ...]) -> KeyRecord:
-    name, digest, admin, rpm, tpm, budget, created, expires, revoked = row
-    return KeyRecord(name, digest, bool(admin), rpm, tpm, budget, created, expires, revoked)
 
 
 def _ledger_where(
@@ -1017,34 +851,11 @@ def _ledger_where(
         args += (session,)
     if prefix:
         sql += " AND session >= ? AND session < ?"
-        args += _prefix_range(prefix)
+        args += prefix_range(prefix)
     return sql, args
 
 
-def _prefix_range(prefix: str) -> tuple[str, str]:
-    """The id range ``[low, high)`` of the strings that start with ``prefix`` (an index
-    range scan, unlike LIKE)."""
-    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
-
-
-# A response and the ones it chains on, oldest first, in one query.
-_RESPONSE_CHAIN = """
-WITH RECURSIVE chain(id, session, created, previous, input, response, depth) AS (
-    SELECT id, session, created, previous, input, response, 1 FROM responses WHERE id = ?
-    UNION ALL
-    SELECT r.id, r.session, r.created, r.previous, r.input, r.response, chain.depth + 1
-    FROM responses r JOIN chain ON r.id = chain.previous
-    WHERE chain.depth < ?
-)
-SELECT id, session, created, previous, input, response FROM chain ORDER BY depth DESC
-"""
-
-
-def _full_message(limit: int) -> str:
-    return (
-        f"the store holds its maximum of {limit} sessions (max_sessions); delete some"
-        " (DELETE /state?session=ID), wait for session_ttl to expire them, or raise max_sessions"
-    )
+_RESPONSE_CHAIN = response_chain_sql("?", "?")
 
 
 @contextmanager

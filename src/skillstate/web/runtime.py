@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,7 +23,7 @@ from ..pipeline import Pipeline
 from ..pricing import PriceBook
 from ..session import TurnLocks
 from ..store import Store, StoreError
-from ..store.sqlite import SQLiteStore
+from ..store.factory import make_store, sqlite_path
 from ..telemetry import Telemetry
 from ..upstream.client import UpstreamPool
 
@@ -42,19 +43,17 @@ class Runtime:
         self.settings = settings
         # /metrics and, when configured, OpenTelemetry traces (``tracer_provider``: a test's).
         self.telemetry = Telemetry(settings, tracer_provider)
-        self.store: Store = store or SQLiteStore(
-            settings.db_path,
-            exclusive=True,
-            cache_bytes=settings.session_cache_bytes,
-            max_sessions=settings.max_sessions,
-            busy_timeout=settings.store_busy_timeout,
-        )
+        self.store: Store = store or make_store(settings, exclusive=True)
         # Redis, shared by replicas (``coordination``); not configured: all in-process.
         self.coordination = CoordinationLink.from_settings(settings)
         self.pool = UpstreamPool(settings, telemetry=self.telemetry, link=self.coordination)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices, _turn_locks(self))
-        self.keys = KeyBook(self.store, KeyHasher(server_secret(settings.data_dir)), settings)
+        # A shared store keeps the secret itself (every replica hashes keys alike): until
+        # the lifespan reads it, a random one that matches no stored key.
+        local = sqlite_path(settings) is not None
+        secret = server_secret(settings.data_dir) if local else secrets.token_bytes(32)
+        self.keys = KeyBook(self.store, KeyHasher(secret), settings)
         # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
         self.quotas = KeyQuotas(self.store, prices, clock, link=self.coordination)
 
@@ -100,6 +99,9 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     """Open the store and the pool; on shutdown, let pending ledger writes land first."""
     rt: Runtime = app.state.runtime
     await rt.store.open()
+    shared = await rt.store.shared_secret()
+    if shared is not None:
+        rt.keys.hasher = KeyHasher(shared)
     await rt.pool.open()
     if not await rt.keys.refresh_mode() and rt.settings.insecure_no_auth:
         log.warning(INSECURE_WARNING, rt.settings.host)

@@ -1,0 +1,677 @@
+"""The shared store: PostgreSQL through an asyncpg pool, for replicas behind a load balancer.
+
+Same data and semantics as the SQLite store (store/sqlite.py), with these choices:
+
+- **One statement per commit.** A turn's commit is a single SQL statement whose
+  data-modifying CTEs update (or create) the session, append the transition and insert the
+  turn's ledger rows: one round trip and one transaction, atomic by construction. It is a
+  compare-and-set on the step (``UPDATE ... WHERE id = $1 AND step = $2``; a new session is
+  an ``INSERT ... ON CONFLICT DO NOTHING``): when the step moved (another replica, or one
+  that lost its lease, committed first) nothing is written and :class:`StepConflict` is
+  raised. Concurrent commits on one row serialise on its row lock, and the second one
+  re-checks the step after the first committed (READ COMMITTED), so exactly one wins.
+- **No session cache.** Replicas share the database, so a cached state could be behind
+  another replica's commit; each load is one indexed SELECT by primary key (one round trip),
+  which is what a verified cache would cost anyway. Correctness over a saved round trip.
+- **Ledger rows written alone are group-committed** (:meth:`add_ledger_rows`): rows that
+  arrive while an insert is running go together in the next one, one ``INSERT ... SELECT
+  FROM unnest(...)`` for all of them. A turn's own rows go in its commit statement.
+- **Fail fast.** Connecting, waiting for a pooled connection and every statement are bounded
+  by ``timeout``; an unreachable, shut-down or read-only server is :class:`StoreUnavailable`
+  (503, nothing written). A statement that times out is cancelled by the server-side
+  cancel; being one statement, it either committed whole or not at all.
+- **The key-hashing secret** lives in the database (``server_secret``, created once with
+  ``INSERT ... ON CONFLICT DO NOTHING``), so every replica verifies the same client keys.
+- ``max_sessions`` is checked in the new session's INSERT against ``count(*)`` (new sessions
+  only); replicas creating sessions at the same instant can overshoot it by a few.
+
+Round trips: load 1, commit 1 (2 when it conflicts: the second says how the step moved),
+a group of ledger rows 1. Pooled connections keep no session state, so they are returned
+to the pool without asyncpg's reset query (which would be a round trip per use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Collection
+from typing import Any
+
+import asyncpg
+import orjson
+
+from ..auth.record import KeyRecord
+from ..ledger import LedgerRow, LedgerSums
+from .base import (
+    COUNTED,
+    SessionRecord,
+    StepConflict,
+    StoredResponse,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+    TransitionRecord,
+)
+from .factory import redacted
+from .ledgersql import GROUP_BY, sums_of, sums_select
+from .migrations import migrate_postgres
+from .rows import (
+    KEY_COLUMNS,
+    LEDGER_COLUMNS,
+    clamp_time,
+    full_message,
+    key_record,
+    key_values,
+    ledger_column_kind,
+    ledger_tuple,
+    prefix_range,
+    response_chain_sql,
+)
+
+log = logging.getLogger("skillstate")
+
+_PG_TYPES = {"integer": "int8", "real": "float8", "text": "text"}
+_LEDGER_ARRAY_TYPES = [_PG_TYPES[ledger_column_kind(c)] for c in LEDGER_COLUMNS]
+
+
+def _unnest(first: int) -> str:
+    """``SELECT * FROM unnest($first::type[], ...)``: one parameter (an array) per ledger
+    column, so any number of rows is one statement."""
+    arrays = ", ".join(f"${first + i}::{t}[]" for i, t in enumerate(_LEDGER_ARRAY_TYPES))
+    return f"SELECT * FROM unnest({arrays})"
+
+
+def _ledger_arrays(values: list[tuple[Any, ...]]) -> list[list[Any]]:
+    if not values:
+        return [[] for _ in LEDGER_COLUMNS]
+    return [list(column) for column in zip(*values, strict=True)]
+
+
+_LEDGER_INSERT = f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)}) {_unnest(1)}"
+
+
+def _commit_rest(ledger_first: int) -> str:
+    """A commit after ``moved`` (the session row it changed, RETURNING the new step): the
+    transition and the ledger rows, written only when the session row was changed."""
+    return f"""
+, transition AS (
+    INSERT INTO transitions (session, step, patch, action, status, errors, ts, context, estimate)
+    SELECT $1, step, $5, $6, $7, $8, $4, $9, $10 FROM moved
+), spent AS (
+    INSERT INTO ledger ({", ".join(LEDGER_COLUMNS)})
+    {_unnest(ledger_first)} WHERE EXISTS (SELECT 1 FROM moved)
+)
+SELECT step FROM moved
+"""
+
+
+# $1 session, $2 expected step, $3 state (NULL: unchanged), $4 now, $5-$10 the transition
+# (patch, action, status, errors, context, estimate), $11- the ledger columns.
+_COMMIT_EXISTING = """
+WITH moved AS (
+    UPDATE sessions SET state = coalesce($3::bytea, state), step = step + 1, updated = $4
+    WHERE id = $1 AND step = $2::bigint
+    RETURNING step
+)""" + _commit_rest(11)
+
+# $2 max_sessions (0: no cap), $11 the schema, $12- the ledger columns; the rest as above.
+_COMMIT_NEW = """
+WITH moved AS (
+    INSERT INTO sessions (id, state, schema, step, created, updated)
+    SELECT $1, $3::bytea, $11::text, 1, $4, $4
+    WHERE $2::bigint = 0 OR (SELECT count(*) FROM sessions) < $2::bigint
+    ON CONFLICT (id) DO NOTHING
+    RETURNING step
+)""" + _commit_rest(12)
+
+_RESPONSE_CHAIN = response_chain_sql("$1", "$2")
+
+
+# SQLSTATE classes and codes for "cannot write now, nothing written": connection problems
+# (08), insufficient resources (53), operator intervention such as a shutdown (57),
+# serialization failures and deadlocks (40), a read-only transaction, a lock not available.
+_UNAVAILABLE_CLASSES = ("08", "40", "53", "57")
+_UNAVAILABLE_CODES = ("25006", "55P03")
+
+
+def as_store_error(e: BaseException) -> StoreError:
+    """Any exception from asyncpg as the StoreError the caller gets (never with the URL)."""
+    if isinstance(e, StoreError):
+        return e
+    if isinstance(e, asyncpg.PostgresError):
+        state = e.sqlstate or ""
+        if state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_CODES:
+            return StoreUnavailable(f"postgresql: {e}")
+        return StoreError(f"postgresql: {e}")
+    if isinstance(e, asyncio.TimeoutError | TimeoutError):
+        return StoreUnavailable("postgresql did not answer in time")
+    if isinstance(e, OSError | asyncpg.InterfaceError):  # refused, cut, pool closing
+        return StoreUnavailable(f"postgresql is unreachable ({e})")
+    log.error("store: unexpected %s from postgresql", type(e).__name__, exc_info=e)
+    return StoreError(f"unexpected {type(e).__name__} from postgresql: {e}")
+
+
+async def _keep_connection(conn: asyncpg.Connection) -> None:
+    """The pool's reset: nothing (our connections keep no session state), saving a round
+    trip per use. asyncpg still rolls back a transaction left open."""
+
+
+def _text(value: str | None) -> str | None:
+    # PostgreSQL text cannot hold NUL; JSON columns are bytes and escape it anyway.
+    return None if value is None else value.replace("\x00", "")
+
+
+class PostgresStore:
+    """Sessions, transitions, the ledger, client keys and stored responses in PostgreSQL,
+    shared by every replica that points at it.
+
+    ``pool_size`` connections at most; ``timeout`` bounds connecting, waiting for a pooled
+    connection and each statement (seconds); ``max_sessions`` (0 = no limit) as in SQLite;
+    ``close_timeout`` bounds how long close() waits for queued ledger writes."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        timeout: float = 5.0,
+        max_sessions: int = 0,
+        close_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.where = redacted(url)
+        self._pool_size = pool_size
+        self._timeout = timeout
+        self._max_sessions = max_sessions
+        self._close_timeout = close_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._sessions = 0  # sessions in the database, as this replica last knew it
+        self._write_failure: StoreError | None = None
+        # Group commit of ledger rows written alone: (rows, waiter) queued while one runs.
+        self._ledger_queue: list[tuple[list[tuple[Any, ...]], asyncio.Future[None]]] = []
+        self._ledger_writer: asyncio.Future[None] | None = None
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; every failure inside comes out as a StoreError."""
+        pool = self._pool
+        if pool is None:
+            raise StoreUnavailable("store is closed")
+        try:
+            async with pool.acquire(timeout=self._timeout) as conn:
+                yield conn
+        except Exception as e:
+            raise as_store_error(e) from e
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        async with self._connection() as conn:
+            return list(await conn.fetch(sql, *args))
+
+    async def _fetchval(self, sql: str, *args: Any) -> Any:
+        async with self._connection() as conn:
+            return await conn.fetchval(sql, *args)
+
+    async def _write(self, sql: str, *args: Any) -> Any:
+        """One writing statement; its first value. A failure to reach the server marks the
+        store unable to write (ensure_writable probes before the next turn)."""
+        try:
+            return await self._fetchval(sql, *args)
+        except StoreUnavailable as e:
+            self._write_failure = e
+            raise
+
+    async def open(self) -> None:
+        """Connect, then create the schema in an empty database (SchemaTooOld/SchemaTooNew
+        for a database this code cannot use as it is: see store/migrations.py)."""
+        await self.open_pool()
+        try:
+            async with self._connection() as conn:
+                for line in await migrate_postgres(conn, self.where, upgrade=False):
+                    log.info("store: %s", line)
+                self._sessions = int(await conn.fetchval("SELECT count(*) FROM sessions"))
+        except BaseException:
+            await self.close()
+            raise
+
+    async def open_pool(self) -> None:
+        """Only the pool (``skillstate migrate`` migrates through it itself)."""
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.url,
+                min_size=1,
+                max_size=self._pool_size,
+                timeout=self._timeout,
+                command_timeout=self._timeout,
+                reset=_keep_connection,
+            )
+        except (ValueError, TypeError) as e:  # a malformed URL; the message may quote it
+            raise StoreError(f"{self.where} is not a usable PostgreSQL URL") from e
+        except Exception as e:
+            err = as_store_error(e)
+            raise type(err)(f"cannot open store {self.where}: {err}") from e
+
+    async def close(self) -> None:
+        """Close after the queued ledger rows landed, or after ``close_timeout`` at most."""
+        if self._ledger_writer is not None:
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._ledger_writer), self._close_timeout)
+        for _, fut in self._ledger_queue:
+            if not fut.done():
+                fut.set_exception(StoreUnavailable("the store closed before this write"))
+        self._ledger_queue = []
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            try:
+                await asyncio.wait_for(pool.close(), self._close_timeout)
+            except (Exception, asyncio.TimeoutError):
+                pool.terminate()
+
+    async def check(self, timeout: float) -> str | None:
+        """None when the database takes writes now, else why not (at most ``timeout``)."""
+        if self._pool is None:
+            return "closed"
+        try:
+            standby = await asyncio.wait_for(self._fetchval("SELECT pg_is_in_recovery()"), timeout)
+        except asyncio.TimeoutError:  # not the builtin on Python 3.10
+            return f"the store did not answer within {timeout:g}s"
+        except StoreError as e:
+            return str(e)
+        return "the database is a read-only standby" if standby else None
+
+    async def ensure_writable(self, timeout: float) -> None:
+        if self._pool is None:
+            raise StoreUnavailable("store is closed")
+        if self._write_failure is None:
+            return
+        problem = await self.check(timeout)
+        if problem is not None:
+            raise StoreUnavailable(problem)
+        self._write_failure = None
+
+    def ensure_room_for_session(self) -> None:
+        if self._max_sessions and self._sessions >= self._max_sessions:
+            raise StoreFull(full_message(self._max_sessions))
+
+    async def shared_secret(self) -> bytes:
+        """The secret client keys are hashed with, the same for every replica: made by the
+        first one that asks, kept in the database."""
+        async with self._connection() as conn:
+            await conn.execute(
+                "INSERT INTO server_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+                secrets.token_bytes(32),
+            )
+            secret: bytes = await conn.fetchval("SELECT secret FROM server_secret WHERE id = 1")
+        return secret
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def load(self, session: str) -> SessionRecord | None:
+        rows = await self._fetch(
+            "SELECT state, schema, step, created, updated FROM sessions WHERE id = $1", session
+        )
+        if not rows:
+            return None
+        state, schema, step, created, updated = rows[0]
+        return SessionRecord(
+            session, orjson.loads(state), orjson.loads(schema), step, created, updated, len(state)
+        )
+
+    async def commit(
+        self,
+        session: str,
+        *,
+        expected_step: int,
+        state: dict[str, Any] | None,
+        schema: list[str],
+        transition: TransitionRecord,
+        now: float,
+        ledger: list[LedgerRow] | None = None,
+    ) -> int:
+        """One statement, one transaction: the compare-and-set of the step, the transition
+        and the ledger rows (see the module's docstring). StepConflict when the step moved,
+        StoreFull past max_sessions; nothing is written in either case."""
+        now = clamp_time(now)
+        try:
+            ledger_values = [ledger_tuple(r) for r in ledger or []]
+            state_blob = orjson.dumps(state) if state is not None else None
+            patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
+            errors = orjson.dumps(transition.errors).decode()
+            estimate = None if transition.estimate is None else orjson.dumps(transition.estimate)
+            schema_text = orjson.dumps(schema).decode()
+        except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
+            raise StoreError(f"cannot store the turn: {e}") from e
+        new = expected_step == 0
+        args = (
+            session,
+            self._max_sessions if new else expected_step,
+            (state_blob or b"{}") if new else state_blob,
+            now,
+            patch_blob,
+            _text(transition.action),
+            transition.status,
+            errors,
+            _text(transition.context),
+            estimate,
+            *((schema_text,) if new else ()),
+            *_ledger_arrays(ledger_values),
+        )
+        step = await self._write(_COMMIT_NEW if new else _COMMIT_EXISTING, *args)
+        if step is None:
+            raise await self._refusal(session, expected_step)
+        if new:
+            self._sessions += 1
+        return int(step)
+
+    async def _refusal(self, session: str, expected_step: int) -> StoreError:
+        """Why a commit wrote nothing: the step moved, or the store is full."""
+        current = await self._fetchval("SELECT step FROM sessions WHERE id = $1", session)
+        if current is None and expected_step == 0 and self._max_sessions:
+            self._sessions = max(self._sessions, self._max_sessions)
+            return StoreFull(full_message(self._max_sessions))
+        return StepConflict(f"session {session} moved from step {expected_step} to {current or 0}")
+
+    async def sessions_page(
+        self, limit: int, after: tuple[float, str] | None = None, prefix: str | None = None
+    ) -> list[dict[str, Any]]:
+        sql = "SELECT id, step, updated, octet_length(state) FROM sessions WHERE TRUE"
+        args: list[Any] = []
+        if after is not None:
+            args += [after[0], after[1]]
+            sql += " AND (updated < $1 OR (updated = $1 AND id > $2))"
+        if prefix:
+            low, high = prefix_range(prefix)
+            args += [low, high]
+            sql += f" AND id >= ${len(args) - 1} AND id < ${len(args)}"
+        args.append(limit)
+        sql += f" ORDER BY updated DESC, id LIMIT ${len(args)}"
+        rows = await self._fetch(sql, *args)
+        return [{"session": r[0], "step": r[1], "updated": r[2], "state_bytes": r[3]} for r in rows]
+
+    async def history_page(
+        self, session: str, limit: int, after_step: int = 0
+    ) -> list[TransitionRecord]:
+        rows = await self._fetch(
+            "SELECT step, status, patch, action, errors, ts, context, estimate FROM transitions"
+            " WHERE session = $1 AND step > $2 ORDER BY step LIMIT $3",
+            session,
+            after_step,
+            limit,
+        )
+        return [
+            TransitionRecord(
+                step=r[0],
+                status=r[1],
+                patch=orjson.loads(r[2]) if r[2] else None,
+                action=r[3],
+                errors=orjson.loads(r[4]),
+                ts=r[5],
+                context=r[6],
+                estimate=orjson.loads(r[7]) if r[7] else None,
+            )
+            for r in rows
+        ]
+
+    async def delete(self, session: str) -> bool:
+        deleted = await self._write(
+            "WITH gone AS (DELETE FROM sessions WHERE id = $1 RETURNING 1),"
+            " t AS (DELETE FROM transitions WHERE session = $1),"
+            " r AS (DELETE FROM responses WHERE session = $1)"
+            " SELECT count(*) FROM gone",
+            session,
+        )
+        self._sessions = max(self._sessions - int(deleted), 0)
+        return bool(deleted)
+
+    async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
+        async with self._connection() as conn:
+            purged = await conn.fetchval(
+                "WITH gone AS (DELETE FROM sessions WHERE updated < $1 AND id <> ALL($2::text[])"
+                " RETURNING id),"
+                " t AS (DELETE FROM transitions WHERE session IN (SELECT id FROM gone)),"
+                # Stored responses expire with the same TTL (passthrough turns store them
+                # under sessions that have no state row).
+                " r AS (DELETE FROM responses WHERE created < $1)"
+                " SELECT count(*) FROM gone",
+                older_than,
+                list(keep),
+            )
+            # Other replicas create sessions too: recount while at it.
+            self._sessions = int(await conn.fetchval("SELECT count(*) FROM sessions"))
+        return int(purged)
+
+    # -- Responses API responses ----------------------------------------------------------
+
+    async def put_response(self, record: StoredResponse) -> None:
+        await self._write(
+            "INSERT INTO responses (id, session, created, previous, input, response)"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET"
+            " session = EXCLUDED.session, created = EXCLUDED.created,"
+            " previous = EXCLUDED.previous, input = EXCLUDED.input, response = EXCLUDED.response",
+            record.id,
+            record.session,
+            record.created,
+            record.previous,
+            orjson.dumps(record.input),
+            orjson.dumps(record.response),
+        )
+
+    async def response_chain(self, response_id: str, limit: int) -> list[StoredResponse]:
+        rows = await self._fetch(_RESPONSE_CHAIN, response_id, limit)
+        return [
+            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
+            for r in rows
+        ]
+
+    async def delete_response(self, response_id: str) -> bool:
+        deleted = await self._write(
+            "WITH gone AS (DELETE FROM responses WHERE id = $1 RETURNING 1)"
+            " SELECT count(*) FROM gone",
+            response_id,
+        )
+        return bool(deleted)
+
+    # -- ledger ---------------------------------------------------------------------------
+
+    async def add_ledger_rows(self, rows: list[LedgerRow]) -> None:
+        """Insert the rows together with whatever other rows are queued (group commit);
+        returns once they are committed."""
+        if not rows:
+            return
+        values = [ledger_tuple(r) for r in rows]
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ledger_queue.append((values, fut))
+        if self._ledger_writer is None or self._ledger_writer.done():
+            self._ledger_writer = asyncio.ensure_future(self._write_ledger())
+        await fut
+
+    async def _write_ledger(self) -> None:
+        """Drain the queue, one INSERT per group; each waiter gets its group's outcome."""
+        while self._ledger_queue:
+            group, self._ledger_queue = self._ledger_queue, []
+            try:
+                rows = [v for values, _ in group for v in values]
+                await self._write(_LEDGER_INSERT, *_ledger_arrays(rows))
+            except StoreError as e:
+                if len(group) > 1 and not isinstance(e, StoreUnavailable):
+                    # A value the server refused: retry each write alone, so that only the
+                    # bad one fails.
+                    for values, fut in group:
+                        await self._settle_alone(values, fut)
+                    continue
+                for _, fut in group:
+                    if not fut.done():
+                        fut.set_exception(e)
+            else:
+                for _, fut in group:
+                    if not fut.done():  # a cancelled waiter: its rows landed all the same
+                        fut.set_result(None)
+
+    async def _settle_alone(self, values: list[tuple[Any, ...]], fut: asyncio.Future[None]) -> None:
+        try:
+            await self._write(_LEDGER_INSERT, *_ledger_arrays(values))
+        except StoreError as e:
+            if not fut.done():
+                fut.set_exception(e)
+        else:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def ledger_rows(
+        self, since: float, until: float, session: str | None = None, prefix: str | None = None
+    ) -> list[LedgerRow]:
+        where, args = _ledger_where(since, until, session, prefix)
+        sql = f"SELECT {', '.join(LEDGER_COLUMNS)} FROM ledger{where} ORDER BY ts"
+        return [LedgerRow(*r) for r in await self._fetch(sql, *args)]
+
+    async def ledger_sums(
+        self,
+        since: float,
+        until: float,
+        session: str | None = None,
+        prefix: str | None = None,
+        group_by: str | None = None,
+    ) -> list[LedgerSums]:
+        where, args = _ledger_where(since, until, session, prefix)
+        sql = sums_select("postgresql", group_by) + where + GROUP_BY
+        return [sums_of(r, group_by) for r in await self._fetch(sql, *args)]
+
+    async def ledger_spend(self, prefix: str, since: float) -> float:
+        low, high = prefix_range(prefix)
+        spent = await self._fetchval(
+            "SELECT coalesce(sum(cost_usd), 0) FROM ledger"
+            " WHERE session >= $1 AND session < $2 AND ts >= $3",
+            low,
+            high,
+            since,
+        )
+        return float(spent)
+
+    async def purge_ledger(self, older_than: float) -> int:
+        purged = await self._write(
+            "WITH gone AS (DELETE FROM ledger WHERE ts < $1 RETURNING 1) SELECT count(*) FROM gone",
+            older_than,
+        )
+        return int(purged)
+
+    # -- client keys ----------------------------------------------------------------------
+
+    async def save_key(self, record: KeyRecord, *, new: bool) -> None:
+        """Insert a key (``new``: StoreError if the name is taken) or replace it."""
+        columns = [c.strip() for c in KEY_COLUMNS.split(",")]
+        marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
+        sql = f"INSERT INTO api_keys ({KEY_COLUMNS}) VALUES ({marks})"
+        if not new:
+            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns)
+            sql += f" ON CONFLICT (name) DO UPDATE SET {updates}"
+        try:
+            await self._write(sql, *key_values(record))
+        except StoreError as e:
+            if isinstance(e.__cause__, asyncpg.UniqueViolationError) and new:
+                raise StoreError(f"a key named {record.name!r} already exists") from None
+            raise
+
+    async def keys(self) -> list[KeyRecord]:
+        rows = await self._fetch(f"SELECT {KEY_COLUMNS} FROM api_keys ORDER BY name")
+        return [key_record(r) for r in rows]
+
+    async def key_by_digest(self, digest: str) -> KeyRecord | None:
+        rows = await self._fetch(f"SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = $1", digest)
+        return key_record(rows[0]) if rows else None
+
+    # -- export and import (skillstate store copy) ----------------------------------------
+
+    async def counts(self) -> dict[str, int]:
+        selects = ", ".join(f"(SELECT count(*) FROM {table})" for table in _COUNTED_TABLES)
+        rows = await self._fetch(f"SELECT {selects}")
+        return {name: int(n) for name, n in zip(COUNTED, rows[0], strict=True)}
+
+    async def export_sessions(self, after: str | None, limit: int) -> list[SessionRecord]:
+        rows = await self._fetch(
+            "SELECT id, state, schema, step, created, updated FROM sessions"
+            " WHERE id > $1 ORDER BY id LIMIT $2",
+            "" if after is None else after,
+            limit,
+        )
+        return [
+            SessionRecord(r[0], orjson.loads(r[1]), orjson.loads(r[2]), r[3], r[4], r[5], len(r[1]))
+            for r in rows
+        ]
+
+    async def import_session(self, record: SessionRecord) -> None:
+        inserted = await self._write(
+            "WITH added AS (INSERT INTO sessions (id, state, schema, step, created, updated)"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING RETURNING 1)"
+            " SELECT count(*) FROM added",
+            record.session,
+            orjson.dumps(record.state),
+            orjson.dumps(record.schema).decode(),
+            record.step,
+            record.created,
+            record.updated,
+        )
+        if not inserted:
+            raise StoreError(f"session {record.session} already exists")
+        self._sessions += 1
+
+    async def import_transitions(self, session: str, history: list[TransitionRecord]) -> None:
+        if not history:
+            return
+        await self._write(
+            "INSERT INTO transitions"
+            " (session, step, patch, action, status, errors, ts, context, estimate)"
+            " SELECT $1, * FROM unnest($2::int8[], $3::bytea[], $4::text[], $5::text[],"
+            " $6::text[], $7::float8[], $8::text[], $9::bytea[])",
+            session,
+            [t.step for t in history],
+            [None if t.patch is None else orjson.dumps(t.patch) for t in history],
+            [_text(t.action) for t in history],
+            [t.status for t in history],
+            [orjson.dumps(t.errors).decode() for t in history],
+            [t.ts for t in history],
+            [_text(t.context) for t in history],
+            [None if t.estimate is None else orjson.dumps(t.estimate) for t in history],
+        )
+
+    async def export_responses(self, after: str | None, limit: int) -> list[StoredResponse]:
+        rows = await self._fetch(
+            "SELECT id, session, created, previous, input, response FROM responses"
+            " WHERE id > $1 ORDER BY id LIMIT $2",
+            "" if after is None else after,
+            limit,
+        )
+        return [
+            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
+            for r in rows
+        ]
+
+    async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
+        rows = await self._fetch(
+            f"SELECT id, {', '.join(LEDGER_COLUMNS)} FROM ledger"
+            " WHERE id > $1 ORDER BY id LIMIT $2",
+            after,
+            limit,
+        )
+        return [LedgerRow(*r[1:]) for r in rows], int(rows[-1][0]) if rows else after
+
+
+_COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
+
+
+def _ledger_where(
+    since: float, until: float, session: str | None, prefix: str | None
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its arguments) of the ledger rows in ``[since, until)``, of
+    one session or of the sessions whose id starts with ``prefix`` when given."""
+    sql = " WHERE ts >= $1 AND ts < $2"
+    args: list[Any] = [since, until]
+    if session is not None:
+        args.append(session)
+        sql += f" AND session = ${len(args)}"
+    if prefix:
+        args += prefix_range(prefix)
+        sql += f" AND session >= ${len(args) - 1} AND session < ${len(args)}"
+    return sql, args

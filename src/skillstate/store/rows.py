@@ -1,0 +1,149 @@
+"""What every store backend writes the same way: the ledger's columns and the clamping of
+their values, the client keys' columns, id-prefix ranges and the capacity message.
+
+One definition each, so that SQLite and PostgreSQL hold exactly the same data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from operator import attrgetter
+from typing import Any
+
+from ..auth.record import KeyRecord
+from ..ledger import LedgerRow
+from ..usage import MAX_TOKEN_COUNT
+
+LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
+
+# Sane ranges for what goes into the store, whatever an upstream reported: SQLite and
+# PostgreSQL integers stop at 2^63, and nothing real comes near these ceilings.
+MAX_USD = 1e12
+MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z
+MAX_LABEL_CHARS = 256  # model, upstream and other names in a ledger row
+
+
+# Every ledger row goes through these, a dozen columns per turn: the first line of each is
+# the usual case (a value of the exact type, already in range), answered without the
+# general checks below it. ``type(x) is`` also keeps bool (an int subclass) off it.
+
+
+def clamp_count(value: Any, ceiling: int = MAX_TOKEN_COUNT) -> int | None:
+    """An int in [0, ceiling], or None for no number (None, NaN, not a number)."""
+    if type(value) is int and 0 <= value <= ceiling:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return int(min(max(value, 0), ceiling))
+
+
+def clamp_amount(value: Any, ceiling: float = MAX_USD) -> float | None:
+    if type(value) is float and 0.0 <= value <= ceiling:  # NaN fails the comparison
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(min(max(value, 0.0), ceiling))
+
+
+def clamp_signed(value: Any, ceiling: float = MAX_USD) -> float | None:
+    """A float in [-ceiling, ceiling] (a saving may be negative), None for no number."""
+    if type(value) is float and -ceiling <= value <= ceiling:  # NaN fails the comparison
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(min(max(value, -ceiling), ceiling))
+
+
+def clamp_time(value: Any) -> float:
+    return clamp_amount(value, MAX_TIME) or 0.0
+
+
+def _label(value: Any) -> str | None:
+    if type(value) is str and len(value) <= MAX_LABEL_CHARS and "\x00" not in value:
+        return value  # the usual case (see the clamps above)
+    # NUL: PostgreSQL text cannot hold it, so no backend keeps it.
+    return None if value is None else str(value)[:MAX_LABEL_CHARS].replace("\x00", "")
+
+
+def _status(value: Any) -> int:
+    return clamp_count(value, 999) or 0
+
+
+_COLUMN_CLAMPS: dict[str, Callable[[Any], Any]] = {
+    "ts": clamp_time,
+    "status": _status,
+    "input_tokens": clamp_count,
+    "output_tokens": clamp_count,
+    "cache_read_tokens": clamp_count,
+    "cache_write_tokens": clamp_count,
+    "cost_usd": clamp_amount,
+    "baseline_input_tokens": clamp_count,
+    "baseline_cost_usd": clamp_amount,
+    "baseline_cached_tokens": clamp_count,
+    "baseline_output_tokens": clamp_count,
+    "saved_cost_usd": clamp_signed,
+    "saved_cost_pct": clamp_signed,
+}
+_LEDGER_CLAMPS = [_COLUMN_CLAMPS.get(name, _label) for name in LEDGER_COLUMNS]
+_LEDGER_VALUES = attrgetter(*LEDGER_COLUMNS)  # every column's value in one call
+
+_INTEGER_CLAMPS = (clamp_count, _status)
+_REAL_CLAMPS = (clamp_time, clamp_amount, clamp_signed)
+
+
+def ledger_column_kind(name: str) -> str:
+    """``integer``, ``real`` or ``text``: what a ledger column holds (from its clamp)."""
+    clamp = _COLUMN_CLAMPS.get(name, _label)
+    if clamp in _INTEGER_CLAMPS:
+        return "integer"
+    return "real" if clamp in _REAL_CLAMPS else "text"
+
+
+def ledger_tuple(row: LedgerRow) -> tuple[Any, ...]:
+    """The row's values in LEDGER_COLUMNS order, clamped to what the store keeps."""
+    # Much cheaper than dataclasses.astuple (no deep copy); this runs on every turn.
+    values = _LEDGER_VALUES(row)
+    return tuple([clamp(v) for clamp, v in zip(_LEDGER_CLAMPS, values, strict=True)])
+
+
+KEY_COLUMNS = "name, digest, admin, rpm, tpm, budget_usd_per_day, created, expires, revoked"
+
+
+def key_values(record: KeyRecord) -> tuple[Any, ...]:
+    """The key's values in KEY_COLUMNS order."""
+    return tuple(getattr(record, c.strip()) for c in KEY_COLUMNS.split(","))
+
+
+def key_record(row: Any) -> KeyRecord:
+    """A KeyRecord from a row of KEY_COLUMNS (a tuple or a database record)."""
+    name, digest, admin, rpm, tpm, budget, created, expires, revoked = row
+    return KeyRecord(name, digest, bool(admin), rpm, tpm, budget, created, expires, revoked)
+
+
+def prefix_range(prefix: str) -> tuple[str, str]:
+    """The id range ``[low, high)`` of the strings that start with ``prefix`` (an index
+    range scan, unlike LIKE)."""
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def full_message(limit: int) -> str:
+    return (
+        f"the store holds its maximum of {limit} sessions (max_sessions); delete some"
+        " (DELETE /state?session=ID), wait for session_ttl to expire them, or raise max_sessions"
+    )
+
+
+def response_chain_sql(id_param: str, limit_param: str) -> str:
+    """A response and the ones it chains on, oldest first, in one query (the backends'
+    own placeholders for the id and the limit)."""
+    return f"""
+WITH RECURSIVE chain(id, session, created, previous, input, response, depth) AS (
+    SELECT id, session, created, previous, input, response, 1 FROM responses
+    WHERE id = {id_param}
+    UNION ALL
+    SELECT r.id, r.session, r.created, r.previous, r.input, r.response, chain.depth + 1
+    FROM responses r JOIN chain ON r.id = chain.previous
+    WHERE chain.depth < {limit_param}
+)
+SELECT id, session, created, previous, input, response FROM chain ORDER BY depth DESC
+"""

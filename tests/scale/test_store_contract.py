@@ -1,0 +1,255 @@
+"""The Store contract, run against both backends: SQLite (a file in tmp_path) and
+PostgreSQL (a fresh database of the tier's real server). Same calls, same answers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skillstate.auth.record import KeyRecord
+from skillstate.ledger import LedgerRow
+from skillstate.store import (
+    StepConflict,
+    Store,
+    StoredResponse,
+    StoreError,
+    StoreFull,
+    TransitionRecord,
+)
+from skillstate.store.postgres import PostgresStore
+from skillstate.store.rows import MAX_USD
+from skillstate.store.sqlite import SQLiteStore
+from skillstate.usage import MAX_TOKEN_COUNT
+
+# A guard against a hang, not a performance threshold.
+HANG = 30.0
+
+
+def open_backend(kind: str, tmp_path: Path, pg_url: str, **options: Any) -> Store:
+    if kind == "sqlite":
+        return SQLiteStore(tmp_path / "skillstate.db", **options)
+    return PostgresStore(pg_url, **options)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def url(backend: str, request: pytest.FixtureRequest) -> str:
+    # Only the postgres runs need a database (and the tier's server).
+    return str(request.getfixturevalue("pg_url")) if backend == "postgres" else ""
+
+
+@pytest.fixture
+async def store(backend: str, tmp_path: Path, url: str) -> AsyncIterator[Store]:
+    s = open_backend(backend, tmp_path, url)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await asyncio.wait_for(s.close(), HANG)
+
+
+def transition(step: int, **extra: Any) -> TransitionRecord:
+    return TransitionRecord(step, "valid", {"k": step}, "a", [], float(step), **extra)
+
+
+async def commit(
+    store: Store, session: str, expected: int, state: dict[str, Any] | None, **kw: Any
+) -> int:
+    return await store.commit(
+        session, expected_step=expected, state=state, schema=["k"],
+        transition=transition(expected + 1), now=float(expected + 1), **kw,
+    )  # fmt: skip
+
+
+def ledger_row(**overrides: Any) -> LedgerRow:
+    row: dict[str, Any] = {
+        "ts": 1.0, "session": "s", "upstream": "u", "model": "m", "kind": "generation",
+        "status": 200, "input_tokens": 10, "output_tokens": 5, "cache_read_tokens": None,
+        "cache_write_tokens": None, "pricing": "known", "cost_usd": 0.5,
+        "baseline_input_tokens": 40, "baseline_cost_usd": 2.0, "mode": "state",
+    }  # fmt: skip
+    return LedgerRow(**{**row, **overrides})
+
+
+async def test_commit_load_and_history(store: Store) -> None:
+    assert await store.load("s") is None
+    assert await commit(store, "s", 0, {"k": 1}) == 1
+    assert await commit(store, "s", 1, None) == 2  # a turn that leaves the state alone
+    assert await commit(store, "s", 2, {"k": 3}) == 3
+    rec = await store.load("s")
+    assert rec is not None
+    assert (rec.state, rec.schema, rec.step, rec.created, rec.updated) == (
+        {"k": 3}, ["k"], 3, 1.0, 3.0,
+    )  # fmt: skip
+    assert rec.state_bytes == len(b'{"k":3}')
+    tr = TransitionRecord(4, "invalid", None, None, ["bad"], 4.0, "full", {"form": "full"})
+    await store.commit("s", expected_step=3, state=None, schema=["k"], transition=tr, now=4.0)
+    history = await store.history_page("s", 10)
+    assert [t.step for t in history] == [1, 2, 3, 4]
+    assert history[0].patch == {"k": 1} and history[0].action == "a"
+    assert history[3] == tr
+    assert [t.step for t in await store.history_page("s", 2, after_step=1)] == [2, 3]
+
+
+async def test_a_stale_step_is_a_conflict_and_writes_nothing(store: Store) -> None:
+    rows = [ledger_row(ts=5.0)]
+    assert await commit(store, "s", 0, {"k": 1}) == 1
+    with pytest.raises(StepConflict, match="moved from step 0 to 1"):
+        await commit(store, "s", 0, {"k": "x"}, ledger=rows)  # a second "new" session
+    assert await commit(store, "s", 1, {"k": 2}) == 2
+    with pytest.raises(StepConflict, match="moved from step 1 to 2"):
+        await commit(store, "s", 1, {"k": "y"}, ledger=rows)
+    with pytest.raises(StepConflict):
+        await commit(store, "gone", 3, {"k": "z"})  # a session that does not exist
+    rec = await store.load("s")
+    assert rec is not None and (rec.step, rec.state) == (2, {"k": 2})
+    assert [t.step for t in await store.history_page("s", 10)] == [1, 2]
+    assert await store.ledger_rows(0, 10) == []  # the refused turns' rows are not there
+    assert await store.load("gone") is None
+
+
+async def test_concurrent_commits_on_one_step_exactly_one_wins(store: Store) -> None:
+    assert await commit(store, "s", 0, {"k": 0}) == 1
+    results = await asyncio.gather(
+        *(commit(store, "s", 1, {"k": i}) for i in range(8)), return_exceptions=True
+    )
+    assert results.count(2) == 1
+    assert all(isinstance(r, StepConflict) for r in results if r != 2)
+    assert [t.step for t in await store.history_page("s", 10)] == [1, 2]
+    # And new sessions: one creation wins.
+    created = await asyncio.gather(
+        *(commit(store, "n", 0, {"k": i}) for i in range(8)), return_exceptions=True
+    )
+    assert created.count(1) == 1
+
+
+async def test_ledger_rows_with_the_commit_and_alone(store: Store) -> None:
+    await commit(store, "key.a", 0, {"k": 1}, ledger=[ledger_row(ts=1.0, session="key.a")])
+    alone = [ledger_row(ts=2.0 + i, session=f"key.b{i}", cost_usd=0.25) for i in range(20)]
+    # Many writers at once: group-committed, every one acknowledged.
+    await asyncio.gather(*(store.add_ledger_rows([r]) for r in alone))
+    await store.add_ledger_rows([ledger_row(ts=50.0, session="other", saved_cost_usd=-0.5)])
+    rows = await store.ledger_rows(0, 100)
+    assert len(rows) == 22 and [r.ts for r in rows] == sorted(r.ts for r in rows)
+    assert rows[-1].saved_cost_usd == -0.5
+    assert len(await store.ledger_rows(0, 100, session="key.a")) == 1
+    assert len(await store.ledger_rows(0, 100, prefix="key.")) == 21
+    assert await store.ledger_spend("key.b", 0) == pytest.approx(5.0)
+    assert await store.ledger_spend("key.", 10.0) == pytest.approx(0.25 * 12)
+    assert await store.purge_ledger(older_than=10.0) == 9
+    assert len(await store.ledger_rows(0, 100)) == 13
+
+
+async def test_numbers_beyond_what_the_store_holds_are_clamped(store: Store) -> None:
+    huge = ledger_row(
+        input_tokens=2**53, baseline_input_tokens=2**64, output_tokens=-5,
+        cost_usd=math.inf, baseline_cost_usd=math.nan, status=10**6, model="m\x00" * 10_000,
+    )  # fmt: skip
+    step = await store.commit(
+        "s", expected_step=0, state={"k": 1}, schema=["k"], transition=transition(1),
+        now=math.inf, ledger=[huge],
+    )  # fmt: skip
+    assert step == 1
+    (row,) = await store.ledger_rows(0, math.inf)
+    assert row.input_tokens == MAX_TOKEN_COUNT and row.baseline_input_tokens == MAX_TOKEN_COUNT
+    assert row.output_tokens == 0 and row.status == 999
+    assert row.cost_usd == MAX_USD and row.baseline_cost_usd is None
+    assert row.model == "m" * 128  # 256 characters, then the NULs dropped
+    rec = await store.load("s")
+    assert rec is not None and math.isfinite(rec.updated)
+
+
+async def test_sessions_pages_delete_and_purge(store: Store) -> None:
+    for i, name in enumerate(["a.1", "a.2", "b.1", "a.3"]):
+        await store.commit(
+            name, expected_step=0, state={"k": i}, schema=["k"], transition=transition(1),
+            now=float(10 + i),
+        )  # fmt: skip
+    page = await store.sessions_page(2)
+    assert [p["session"] for p in page] == ["a.3", "b.1"]
+    assert page[0] == {"session": "a.3", "step": 1, "updated": 13.0, "state_bytes": 7}
+    after = (page[-1]["updated"], page[-1]["session"])
+    assert [p["session"] for p in await store.sessions_page(10, after)] == ["a.2", "a.1"]
+    assert [p["session"] for p in await store.sessions_page(10, prefix="a.")] == [
+        "a.3", "a.2", "a.1",
+    ]  # fmt: skip
+    assert await store.delete("a.2") and not await store.delete("a.2")
+    assert await store.history_page("a.2", 10) == []
+    assert await store.purge_sessions(older_than=12.0, keep={"a.1"}) == 0  # b.1 is 12.0
+    assert await store.purge_sessions(older_than=12.5, keep={"a.1"}) == 1
+    assert {p["session"] for p in await store.sessions_page(10)} == {"a.1", "a.3"}
+    assert await store.history_page("b.1", 10) == []
+
+
+def link(rid: str, previous: str | None, created: float = 100.0, session: str = "s") -> Any:
+    item = {"type": "message", "role": "user", "content": rid}
+    return StoredResponse(rid, session, created, previous, [item], {"id": rid, "output": []})
+
+
+async def test_stored_responses(store: Store) -> None:
+    for i in range(5):
+        await store.put_response(link(f"r{i}", f"r{i - 1}" if i else None))
+    assert [r.id for r in await store.response_chain("r4", 100)] == ["r0", "r1", "r2", "r3", "r4"]
+    assert [r.id for r in await store.response_chain("r4", 2)] == ["r3", "r4"]
+    assert await store.response_chain("nope", 10) == []
+    await store.put_response(link("r4", "r3", created=200.0))  # replaced
+    (r4,) = await store.response_chain("r4", 1)
+    assert r4.created == 200.0 and r4.input[0]["content"] == "r4"
+    assert await store.delete_response("r2") and not await store.delete_response("r2")
+    assert [r.id for r in await store.response_chain("r4", 100)] == ["r3", "r4"]
+    await store.put_response(link("old", None, created=10.0, session="x"))
+    await store.purge_sessions(older_than=50.0)
+    assert await store.response_chain("old", 1) == []
+    await store.delete("s")
+    assert await store.response_chain("r4", 1) == []
+
+
+async def test_keys(store: Store) -> None:
+    key = KeyRecord("alice", "d1", False, 10, None, 1.5, 100.0, None, None)
+    await store.save_key(key, new=True)
+    with pytest.raises(StoreError, match="a key named 'alice' already exists"):
+        await store.save_key(KeyRecord("alice", "d2", True, None, None, None, 1.0), new=True)
+    await store.save_key(KeyRecord("bob", "d3", True, None, 100, None, 5.0), new=True)
+    assert [k.name for k in await store.keys()] == ["alice", "bob"]
+    assert await store.key_by_digest("d1") == key
+    revoked = KeyRecord("alice", "d9", False, 10, None, 1.5, 100.0, None, 200.0)
+    await store.save_key(revoked, new=False)  # rotate/revoke replace it
+    assert await store.key_by_digest("d1") is None
+    assert await store.key_by_digest("d9") == revoked
+    bob = await store.key_by_digest("d3")
+    assert bob is not None and bob.admin is True and bob.tpm == 100
+
+
+async def test_max_sessions_refuses_a_new_session_but_not_old_ones(
+    backend: str, tmp_path: Path, url: str
+) -> None:
+    store = open_backend(backend, tmp_path, url, max_sessions=2)
+    await store.open()
+    try:
+        assert await commit(store, "a", 0, {}) == 1
+        assert await commit(store, "b", 0, {}) == 1
+        with pytest.raises(StoreFull, match="max_sessions") as err:
+            await commit(store, "c", 0, {})
+        assert err.value.status == 507
+        with pytest.raises(StoreFull):
+            store.ensure_room_for_session()
+        assert await commit(store, "a", 1, {"x": 1}) == 2  # an existing session goes on
+        assert await store.delete("b")
+        store.ensure_room_for_session()
+        assert await commit(store, "c", 0, {}) == 1
+    finally:
+        await store.close()
+
+
+async def test_health_check_and_writable(store: Store) -> None:
+    assert await store.check(timeout=HANG) is None
+    await store.ensure_writable(timeout=HANG)
