@@ -309,7 +309,8 @@ class PostgresStore:
 
     # -- sessions -------------------------------------------------------------------------
 
-    async def load(self, session: str) -> SessionRecord | None:
+    async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:
+        """Always read from the database (no cache: ``fresh`` changes nothing)."""
         rows = await self._fetch(
             "SELECT state, schema, step, created, updated FROM sessions WHERE id = $1", session
         )
