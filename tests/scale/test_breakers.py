@@ -13,6 +13,10 @@ from skillstate.coordination.breakers import SharedBreaker
 from skillstate.coordination.link import CoordinationLink
 from skillstate.upstream.breaker import CircuitState
 
+# These tests are about atomicity, not outages: a burst opens dozens of connections at once
+# on a loaded 2-core machine, where the link's 1 s connect timeout can pass.
+SLOW_MACHINE = 10.0
+
 
 class FakeClock:
     def __init__(self, t: float = 1000.0) -> None:
@@ -25,7 +29,7 @@ class FakeClock:
 @pytest.fixture
 async def links(redis_url: str) -> AsyncIterator[list[CoordinationLink]]:
     """Three replicas' links to the same Redis."""
-    links = [CoordinationLink(redis_url) for _ in range(3)]
+    links = [CoordinationLink(redis_url, timeout=SLOW_MACHINE) for _ in range(3)]
     try:
         yield links
     finally:

@@ -19,6 +19,10 @@ from skillstate.pricing import PriceBook
 
 DAY = 86400.0
 
+# These tests are about atomicity, not outages: a burst opens dozens of connections at once
+# on a loaded 2-core machine, where the link's 1 s connect timeout can pass.
+SLOW_MACHINE = 10.0
+
 
 class LedgerStub:
     def __init__(self) -> None:
@@ -30,7 +34,7 @@ class LedgerStub:
 
 @pytest.fixture
 async def links(redis_url: str) -> AsyncIterator[list[CoordinationLink]]:
-    links = [CoordinationLink(redis_url) for _ in range(3)]
+    links = [CoordinationLink(redis_url, timeout=SLOW_MACHINE) for _ in range(3)]
     try:
         yield links
     finally:

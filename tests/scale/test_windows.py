@@ -18,6 +18,10 @@ from skillstate.coordination.windows import SharedWindows
 from skillstate.errors import ProxyError
 from skillstate.limits import Admission, Ticket, UpstreamLimits
 
+# These tests are about atomicity, not outages: a burst opens dozens of connections at once
+# on a loaded 2-core machine, where the link's 1 s connect timeout can pass.
+SLOW_MACHINE = 10.0
+
 
 class FakeClock:
     def __init__(self, t: float = 1000.0) -> None:
@@ -29,7 +33,7 @@ class FakeClock:
 
 @pytest.fixture
 async def link(redis_url: str) -> AsyncIterator[CoordinationLink]:
-    link = CoordinationLink(redis_url)
+    link = CoordinationLink(redis_url, timeout=SLOW_MACHINE)
     try:
         yield link
     finally:
@@ -113,7 +117,7 @@ async def test_concurrent_reserves_from_several_clients_admit_exactly_rpm(
 ) -> None:
     """90 reserves at once through three links (three replicas' clients), rpm=30, on
     Redis's own clock: exactly 30 admitted; each refusal waits for a recorded entry."""
-    links = [link, CoordinationLink(redis_url), CoordinationLink(redis_url)]
+    links = [link, *(CoordinationLink(redis_url, timeout=SLOW_MACHINE) for _ in range(2))]
     try:
         windows = [SharedWindows(ln, "upstream:x", rpm=30, tpm=None) for ln in links]
         verdicts = await asyncio.gather(*(windows[i % 3].reserve(10) for i in range(90)))
@@ -131,13 +135,13 @@ async def test_concurrent_reserves_from_several_clients_admit_exactly_rpm(
 async def test_concurrent_token_reserves_never_overshoot_tpm(
     link: CoordinationLink, redis_url: str
 ) -> None:
-    other = CoordinationLink(redis_url)
+    other = CoordinationLink(redis_url, timeout=SLOW_MACHINE)
     try:
         windows = [SharedWindows(ln, "key:k", rpm=None, tpm=1000) for ln in (link, other)]
         verdicts = await asyncio.gather(*(windows[i % 2].reserve(70) for i in range(60)))
         assert sum(v.ok for v in verdicts) == 14  # 14 * 70 = 980; a 15th would be 1050
         await other.close()
-        other = CoordinationLink(redis_url)
+        other = CoordinationLink(redis_url, timeout=SLOW_MACHINE)
         check = SharedWindows(other, "key:k", rpm=None, tpm=1000)
         await check.refresh()
         assert check.snapshot()["tpm"] == {"limit": 1000, "used": 980}
