@@ -130,6 +130,9 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "retry_after_cap": "Longest `Retry-After` the proxy honours before failing over.",
         "failure_threshold": "Consecutive failures that open an upstream's circuit breaker.",
         "open_cooldown": "Seconds an open breaker waits before one probe request.",
+        "breaker_sync": "With coordination: seconds a replica trusts a shared breaker it "
+        "last read as closed without failures, before asking Redis again (0: every call "
+        "asks; capped at half of open_cooldown).",
         "connect_timeout": "Seconds to connect to an upstream.",
         "first_byte_timeout": "The longest wait, in seconds, for any read from an upstream.",
         "total_timeout": "One deadline, in seconds, for a whole request: retries, failover "

@@ -185,6 +185,9 @@ class Settings(BaseModel):
     retry_after_cap: float = Field(default=30.0, ge=0)
     failure_threshold: int = Field(default=5, ge=1)
     open_cooldown: float = Field(default=30.0, ge=0)
+    # With coordination: seconds a replica trusts a shared breaker it read as closed (and
+    # clean) without asking Redis again; 0 asks on every call (coordination/breakers.py).
+    breaker_sync: float = Field(default=1.0, ge=0)
     connect_timeout: float = Field(default=10.0, gt=0)
     first_byte_timeout: float = Field(default=120.0, gt=0)
     total_timeout: float = Field(default=600.0, gt=0)

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio as redis
 
 from skillstate.coordination.breakers import SharedBreaker
 from skillstate.coordination.link import CoordinationLink
@@ -116,3 +117,49 @@ async def test_a_probe_claim_of_a_dead_replica_expires(links: list[CoordinationL
             break
     else:
         raise AssertionError("the dead replica's probe claim never expired")
+
+
+async def script_calls(redis_url: str) -> int:
+    """Scripts Redis has run so far (EVALSHA and EVAL)."""
+    client = redis.from_url(redis_url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+@pytest.mark.parametrize("sync", [0.0, 5.0])
+async def test_round_trips_per_call_with_and_without_sync(
+    links: list[CoordinationLink], redis_url: str, sync: float
+) -> None:
+    """sync 0: every acquire and success is a script (2 per call); sync 5: one read, then
+    calls through a closed, clean breaker ask Redis nothing."""
+    clock = FakeClock()
+    warm = SharedBreaker(links[0], "warm", 5, 30.0, now=clock, monotonic=clock)
+    await warm.acquire()  # the server learns the scripts (a NOSCRIPT and an EVAL)
+    await warm.record_success()
+    b = SharedBreaker(links[0], "rt", 5, 30.0, sync=sync, now=clock, monotonic=clock)
+    before = await script_calls(redis_url)
+    for _ in range(50):
+        assert await b.acquire() == "call"
+        await b.record_success()
+    ran = await script_calls(redis_url) - before
+    assert ran == (100 if sync == 0.0 else 1)
+
+
+async def test_sync_is_bounded_staleness_and_never_bypasses_the_probe(
+    links: list[CoordinationLink],
+) -> None:
+    clock = FakeClock()
+    b0, b1, b2 = (
+        SharedBreaker(ln, "s", 1, 30.0, sync=100.0, now=clock, monotonic=clock) for ln in links
+    )
+    assert await b0.acquire() == "call"  # read: closed, clean
+    await b1.record_failure()  # threshold 1: open
+    assert await b0.acquire() == "call"  # within sync (capped at 15 s): not asked again
+    clock.t += 15.0
+    assert await b0.acquire() is None  # asked: open
+    clock.t += 15.0  # half_open: b0's closed read is long gone
+    permits = [await b.acquire() for b in (b0, b1, b2, b0, b1, b2)]
+    assert permits.count("probe") == 1 and permits.count(None) == 5

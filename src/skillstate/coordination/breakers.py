@@ -10,6 +10,17 @@ replica die mid-probe). Each operation is one Lua script, atomic on the server, 
 own clock (``TIME``); each answers the state, which this replica keeps for ``state`` and
 ``snapshot`` (``refresh`` reads it afresh, for /health and /metrics).
 
+Round trips. With ``sync`` = 0 every ``acquire`` and every verdict is one script on Redis:
+exactly the in-process semantics, at two round trips per call. With ``sync`` > 0 (the
+``breaker_sync`` setting), a breaker this replica read as closed with no failures within
+the last ``sync`` seconds lets calls through, and their successes are not written, without
+asking Redis: zero round trips per call on the happy path. The price, bounded by ``sync``:
+a replica may still send calls for up to ``sync`` seconds after another one opened the
+breaker (like calls already in flight; their failures change nothing, a success closes it,
+as in process), and a success of this replica does not reset a failure it has not seen yet.
+``sync`` is capped at half the cooldown, so a closed state read before the breaker opened
+has expired before its probe may go out: the single probe is never bypassed.
+
 A state change is told to ``on_change`` by the replica that caused it (so metrics count
 each change once). Redis unreachable: ``coordination_down`` decides whether a call is
 refused (503) or runs on this replica's in-process breaker, which is told every verdict so
@@ -115,7 +126,8 @@ READ = _PRELUDE + "\nreturn reply(0)\n"
 
 class SharedBreaker:
     """A ``Breaker`` kept in Redis under ``name``. ``probe_ttl``: how long a probe claim
-    outlives a replica that died holding it (the longest a call may take). ``now``
+    outlives a replica that died holding it (the longest a call may take); ``sync``: see
+    the module docstring. ``now``
     replaces Redis's clock (tests only); ``monotonic`` is this process's clock, for the
     state kept between reads."""
 
@@ -127,6 +139,7 @@ class SharedBreaker:
         open_cooldown: float = 30.0,
         *,
         probe_ttl: float = 600.0,
+        sync: float = 0.0,
         now: Callable[[], float] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -138,6 +151,8 @@ class SharedBreaker:
         base = f"{PREFIX}{{{name}}}"
         self._keys = [base, base + ":probe"]
         self._probe_ttl_ms = max(int(probe_ttl * 1000), 1)
+        self._sync = min(max(sync, 0.0), open_cooldown / 2)
+        self._read_at: float | None = None  # monotonic time of the last read from Redis
         self._now = now
         self._monotonic = monotonic
         # As last read from Redis: open, when a probe may go out (monotonic), failures.
@@ -170,11 +185,25 @@ class SharedBreaker:
         self._next_probe_at = self._monotonic() + wait_us / US if is_open else None
         self._failures = failures
         self._on_local = False
+        self._read_at = self._monotonic()
         return answer
+
+    def _fresh_and_clean(self) -> bool:
+        """Read as closed with no failures within the last ``sync`` seconds."""
+        read_at = self._read_at
+        return (
+            read_at is not None
+            and not self._open
+            and self._failures == 0
+            and not self._on_local
+            and self._monotonic() - read_at < self._sync
+        )
 
     async def acquire(self) -> Permit | None:
         """``Breaker.acquire``: one round trip; the probe slot is claimed in Redis, so one
-        replica probes."""
+        replica probes (none while a closed state read within ``sync`` is fresh)."""
+        if self._fresh_and_clean():
+            return "call"
         token = secrets.token_hex(8)
         keys, args = self._keys, [self._clock(), self._probe_ttl_ms, token]
         reply = await self._link.call(lambda redis: run_script(redis, ACQUIRE, keys, args))
@@ -200,6 +229,8 @@ class SharedBreaker:
 
     async def record_success(self) -> None:
         await self.local.record_success()
+        if self._token is None and self._fresh_and_clean():
+            return  # nothing to reset or close, as far as a fresh read knows
         self._token = None
         if await self._best_effort(SUCCESS, [self._clock()]) == 1:
             self._changed("closed")

@@ -114,6 +114,7 @@ class UpstreamRuntime:
                 settings.failure_threshold,
                 settings.open_cooldown,
                 probe_ttl=settings.total_timeout + PROBE_TTL_MARGIN,
+                sync=settings.breaker_sync,
                 monotonic=now,
             )
             self.limits = SharedWindows(
