@@ -144,6 +144,8 @@ class SharedBreaker:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.local = CircuitBreaker(failure_threshold, open_cooldown, monotonic)
+        # Its changes reach metrics only while this replica runs on it (Redis down).
+        self.local.on_change = self._local_changed
         self.failure_threshold = failure_threshold
         self.open_cooldown = open_cooldown
         self.on_change: Callable[[CircuitState], None] | None = None
@@ -259,6 +261,10 @@ class SharedBreaker:
             return None
         link.succeeded()
         return self._seen(reply)
+
+    def _local_changed(self, state: CircuitState) -> None:
+        if self._on_local:
+            self._changed(state)
 
     def _changed(self, state: CircuitState) -> None:
         if self.on_change is not None:
