@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 __all__ = [
@@ -47,6 +48,7 @@ class CacheHints:
     prefix_tokens: int = 0
 
 
+@lru_cache(maxsize=4096)  # a pure function of the id, asked on every turn of the session
 def prompt_cache_key(session: str) -> str:
     """A stable, opaque key for a session (the session id itself never leaves the proxy)."""
     return "skillstate-" + hashlib.sha256(session.encode()).hexdigest()[:32]

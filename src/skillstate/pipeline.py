@@ -158,7 +158,10 @@ def _est(body: Mapping[str, Any]) -> int:
     """Tokens of what an upstream would read: system, messages and tool definitions (and a
     Responses API body's instructions and input items)."""
     parts = [body.get("system"), body.get("messages"), body.get("tools")]
-    parts += [body[k] for k in ("instructions", "input") if k in body]
+    if "instructions" in body:  # (no comprehension: this runs twice a turn)
+        parts.append(body["instructions"])
+    if "input" in body:
+        parts.append(body["input"])
     return estimate_tokens(parts)
 
 
