@@ -199,3 +199,13 @@ async def test_redis_down_refuses_or_falls_back_to_this_replicas_windows(
             redis_server.start()
         await refusing.close()
         await local.close()
+
+
+async def test_a_burst_beyond_the_connection_pool_waits_for_connections(
+    link: CoordinationLink,
+) -> None:
+    """More calls at once than the link has connections: they queue for one, and Redis is
+    not taken for down (which would refuse them all with 503)."""
+    shared = SharedWindows(link, "upstream:burst", rpm=30, tpm=None)
+    verdicts = await asyncio.gather(*(shared.reserve(1) for _ in range(300)))
+    assert sum(v.ok for v in verdicts) == 30 and link.up

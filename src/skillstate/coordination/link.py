@@ -45,6 +45,7 @@ log = logging.getLogger("skillstate")
 T = TypeVar("T")
 
 TIMEOUT = 1.0  # seconds a connect or a command may take before Redis counts as down
+MAX_CONNECTIONS = 64  # per process; a call holds one for a round trip
 RETRY_EVERY = 1.0  # seconds between tries while down (and the refusals' Retry-After)
 
 
@@ -234,14 +235,20 @@ def _client(url: str, timeout: float) -> tuple[Redis, tuple[type[BaseException],
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    client = aioredis.from_url(
+    # A blocking pool: a burst of concurrent turns waits (up to ``timeout``) for one of
+    # MAX_CONNECTIONS connections, instead of the default pool's MaxConnectionsError past
+    # 100, which would count as Redis being down.
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=timeout,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
         retry_on_timeout=False,
         health_check_interval=30,
     )
+    client = aioredis.Redis.from_pool(pool)
     # InvalidResponse: something that is not Redis answers there; ReadOnlyError: a replica
     # (e.g. the old primary after a failover) that cannot take the writes.
     errors = (
