@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 _HERE = Path(__file__).parent
-_COMMANDS = ([], ["serve"], ["demo"], ["cost"], ["bench"])
+_COMMANDS = ([], ["serve"], ["demo"], ["cost"], ["store", "copy"], ["bench"])
 
 
 def _config_reference() -> str:
