@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,12 +69,13 @@ def test_a_proxy_filled_store_is_copied_whole_and_continues_on_the_copy(
     assert f"copied sqlite://{source} -> sqlite://{dest}" in r.stdout
     assert re.search(rf"\n  ledger +{counts['ledger']}\n", r.stdout), r.stdout
     assert "verified: every count, the step, schema and state of 3 session(s)" in r.stdout
-    assert "auth.secret" in r.stdout  # keys need the secret that made them
+    # the key's secret goes with it: the copy's data dir gets the source's
+    assert f"client keys: their secret was written to {dest.parent / SECRET_FILE}" in r.stdout
+    assert (dest.parent / SECRET_FILE).read_bytes() == (data / SECRET_FILE).read_bytes()
     assert "Traceback" not in r.stderr
     assert read_all(dest) == want  # every record, field for field, in the same order
 
-    # A proxy on the copy (with the source's secret, for the key) continues at the next step.
-    shutil.copy(data / SECRET_FILE, dest.parent / SECRET_FILE)
+    # A proxy on the copy continues at the next step, with the same client key.
     on_copy = start_proxy(fake.url + "/v1", "--schema", SCHEMA, "--data-dir", str(dest.parent))
     client = openai.OpenAI(base_url=on_copy.v1, api_key=key, max_retries=0)
     r2 = turn(client, fake, "long", envelope({"notes": "after the copy"}))
@@ -117,7 +117,7 @@ def test_refusals_are_one_line_and_write_nothing(
         "--from: no store at": (f"sqlite://{tmp_path / 'none.db'}", f"sqlite://{other}"),
         "--to: must be sqlite:///path or postgresql://…, not http:": (source, "http://x/y"),
         "--from: must be sqlite:///path or postgresql://…, not a URL": ("nothing", source),
-        "--to: sqlite:///path needs a file path": (source, "sqlite:///"),
+        "--to: sqlite:///path needs a file path, e.g.": (source, "sqlite:///"),
     }
     for needle, (src, dst) in cases.items():
         r = store_copy("--from", src, "--to", dst, cwd=tmp_path)
@@ -239,3 +239,38 @@ async def test_verification_reports_what_the_destination_lost(tmp_path: Path) ->
         "ledger totals (rows, input, output, cache tokens, USD) grew by"
         " (22, 220, 44, 0, 36.142857142857146), expected (23, 230, 46, 0, 36.142857142857146)",
     ]
+
+
+async def test_keys_bring_their_secret_and_merge_refuses_two_secrets(tmp_path: Path) -> None:
+    from skillstate.auth.keys import server_secret
+    from skillstate.auth.record import KeyRecord
+
+    a_dir, b_dir, c_dir = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    source = await filled(a_dir / "skillstate.db", ["s1"])
+    await source.save_key(KeyRecord("alice", "digest-a", False, None, None, None, 1.0), new=True)
+    a_secret = server_secret(a_dir)
+    other = await filled(b_dir / "skillstate.db", ["t1"])
+    await other.save_key(KeyRecord("bob", "digest-b", False, None, None, None, 1.0), new=True)
+    server_secret(b_dir)  # a secret of its own
+    fresh = SQLiteStore(c_dir / "skillstate.db")
+    await fresh.open()
+    try:
+        before = await everything(other)
+        with pytest.raises(CopyRefused, match="hashed with different secrets"):
+            await copy_store(source, other, merge=True, source_dir=a_dir, dest_dir=b_dir)
+        assert await everything(other) == before
+        report = await copy_store(source, fresh, source_dir=a_dir, dest_dir=c_dir)
+        assert report.problems == [] and report.secret == f"written to {c_dir / SECRET_FILE}"
+        assert (c_dir / SECRET_FILE).read_bytes() == a_secret
+        # without a place for the secret, the copy says the keys will not work
+        lost = SQLiteStore(tmp_path / "d" / "skillstate.db")
+        await lost.open()
+        try:
+            report = await copy_store(source, lost, source_dir=a_dir)
+            assert report.secret is None
+            assert report.problems[0].startswith("client keys: the secret they were hashed with")
+        finally:
+            await lost.close()
+    finally:
+        for store in (source, other, fresh):
+            await store.close()

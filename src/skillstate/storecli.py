@@ -9,13 +9,15 @@ import asyncio
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from .config import ConfigError
+from pydantic import ValidationError
+
+from .config import ConfigError, Settings
 from .store import Store, StoreError
 from .store.base import COUNTED
 from .store.copy import CopyReport, copy_store
-from .store.sqlite import SQLiteStore
+from .store.factory import make_store, redacted, sqlite_path
 
 
 def add_store_parser(sub: Any) -> None:
@@ -55,11 +57,18 @@ def run_store(args: argparse.Namespace) -> int:
 async def _copy(source_url: str, dest_url: str, merge: bool) -> CopyReport:
     source = open_url(source_url, "--from", must_exist=True)
     dest = open_url(dest_url, "--to", must_exist=False)
-    await _open(source, "--from", source_url)
+    await _open(source, "--from")
     try:
-        await _open(dest, "--to", dest_url)
+        await _open(dest, "--to")
         try:
-            return await copy_store(source, dest, merge=merge, progress=_progress)
+            return await copy_store(
+                source,
+                dest,
+                merge=merge,
+                progress=_progress,
+                source_dir=_data_dir(source_url),
+                dest_dir=_data_dir(dest_url),
+            )
         finally:
             await dest.close()
     finally:
@@ -68,32 +77,35 @@ async def _copy(source_url: str, dest_url: str, merge: bool) -> CopyReport:
 
 def open_url(url: str, option: str, *, must_exist: bool) -> Store:
     """The (unopened) store a URL names; ConfigError for a URL that names none."""
-    parts = urlsplit(url)
-    if parts.scheme == "sqlite":
-        path = Path(parts.path)
-        if not parts.path.strip("/"):
-            raise ConfigError(f"{option}: sqlite:///path needs a file path")
-        if must_exist and not path.is_file():
-            raise ConfigError(f"{option}: no store at {path}")
-        # exclusive: a proxy still running on it would change it during the copy
-        return SQLiteStore(path, exclusive=True)
-    raise ConfigError(f"{option}: must be sqlite:///path or postgresql://…, not {_scheme(url)}")
+    scheme = urlsplit(url).scheme
+    if scheme not in ("sqlite", "postgresql", "postgres"):
+        raise ConfigError(f"{option}: must be sqlite:///path or postgresql://…, not {_scheme(url)}")
+    try:
+        settings = Settings(store=url)
+    except ValidationError as e:  # its message only: the URL may carry a password
+        reason = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{option}: {reason}") from None
+    path = sqlite_path(settings)
+    if must_exist and path is not None and not path.is_file():
+        raise ConfigError(f"{option}: no store at {path}")
+    try:
+        # exclusive: a proxy still running on a SQLite file would change it during the copy
+        return make_store(settings, exclusive=True)
+    except StoreError as e:
+        raise ConfigError(f"{option}: {e}") from None
 
 
-async def _open(store: Store, option: str, url: str) -> None:
+def _data_dir(url: str) -> Path | None:
+    """A SQLite store's data dir (its file's directory, as in the default layout)."""
+    path = sqlite_path(Settings(store=url))
+    return None if path is None else path.parent
+
+
+async def _open(store: Store, option: str) -> None:
     try:
         await store.open()
     except StoreError as e:
-        raise ConfigError(f"{option} {shown(url)}: {e}") from None
-
-
-def shown(url: str) -> str:
-    """The URL without its password, for output."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+        raise ConfigError(f"{option}: {e}") from None
 
 
 def _scheme(url: str) -> str:
@@ -106,7 +118,7 @@ def _progress(what: str) -> None:
 
 
 def _print_summary(source: str, dest: str, report: CopyReport) -> None:
-    print(f"copied {shown(source)} -> {shown(dest)}")
+    print(f"copied {redacted(source)} -> {redacted(dest)}")
     width = max(len(f"{n:,}") for n in report.source.values())
     for name in COUNTED:
         line = f"  {name:<12} {report.source[name]:>{width},}"
@@ -121,8 +133,5 @@ def _print_summary(source: str, dest: str, report: CopyReport) -> None:
         f"verified: every count, the step, schema and state of {report.sessions_verified:,}"
         " session(s), the ledger's totals and every key"
     )
-    if report.source["keys"]:
-        print(
-            "note: client keys are checked against the auth.secret file of the data_dir that"
-            " made them: give every proxy on the new store a copy of that file"
-        )
+    if report.secret is not None:
+        print(f"client keys: their secret was {report.secret}")

@@ -61,9 +61,10 @@ class KeyHasher:
         return hmac.new(self._secret, data, hashlib.sha256).hexdigest()
 
 
-def server_secret(data_dir: Path) -> bytes:
-    """The server secret in ``data_dir`` (created, 0600, on first use). Raises StoreError
-    (one line) when the file is unsafe or unreadable."""
+def server_secret(data_dir: Path, *, replace: bytes | None = None) -> bytes:
+    """The server secret in ``data_dir`` (created, 0600, on first use; set to ``replace``
+    when given: ``store copy`` brings the one the copied keys were hashed with). Raises
+    StoreError (one line) when the file is unsafe or unreadable."""
     directory = data_dir.expanduser()
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -74,8 +75,8 @@ def server_secret(data_dir: Path) -> bytes:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # two first users must not make two secrets
         data = os.read(fd, 4096)
-        if len(data) < _SECRET_BYTES:
-            data = secrets.token_bytes(_SECRET_BYTES)
+        if len(data) < _SECRET_BYTES or (replace is not None and data != replace):
+            data = secrets.token_bytes(_SECRET_BYTES) if replace is None else replace
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
             os.fsync(fd)

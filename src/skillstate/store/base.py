@@ -191,6 +191,11 @@ class Store(Protocol):
         that shares it (PostgreSQL); None when it is the data dir's file (SQLite)."""
         ...
 
+    async def set_shared_secret(self, secret: bytes) -> bool:
+        """Make ``secret`` the shared one (``store copy``: the copied keys were hashed with
+        it); False when the store keeps none (SQLite: the data dir's file)."""
+        ...
+
     # Export and import, for ``skillstate store copy`` (skillstate.store.copy): everything
     # as it is stored, in pages, so that a big store never has to fit in memory.
     async def counts(self) -> dict[str, int]:

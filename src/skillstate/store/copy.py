@@ -17,9 +17,11 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 
+from ..auth.keys import SECRET_FILE, server_secret
 from ..ledger import LedgerSums
 from .base import COUNTED, SessionRecord, Store, StoreError
 
@@ -40,6 +42,7 @@ class CopyReport:
     after: dict[str, int] = field(default_factory=dict)
     sessions_verified: int = 0
     problems: list[str] = field(default_factory=list)
+    secret: str | None = None  # where the copied keys' secret went, when there were keys
 
 
 Progress = Callable[[str], None]
@@ -56,23 +59,38 @@ async def copy_store(
     merge: bool = False,
     page: int = PAGE,
     progress: Progress = _quiet,
+    source_dir: Path | None = None,
+    dest_dir: Path | None = None,
 ) -> CopyReport:
     """Copy ``source`` into ``dest`` and verify it (see the module docstring). Raises
     CopyRefused before writing when the destination is not empty (without ``merge``) or
     shares ids with the source; StoreError when a read or write fails midway (the
-    destination then holds part of the copy)."""
+    destination then holds part of the copy).
+
+    Client keys are checked against a secret (``skillstate.auth.keys``): a PostgreSQL store
+    keeps it, a SQLite store's is the ``auth.secret`` file of its data dir (``source_dir``,
+    ``dest_dir``: the directory of each SQLite file). The source's goes with its keys."""
     report = CopyReport(await source.counts(), await dest.counts())
     if not merge and any(report.before.values()):
         raise CopyRefused(
             f"the destination is not empty ({_counted(report.before)}): copy into an empty"
             " store, or add to this one with --merge"
         )
+    secret = await _secret(source, source_dir) if report.source["keys"] else None
     if merge:
         await _refuse_shared_ids(source, dest, page)
+        theirs = await _secret(dest, dest_dir) if report.before["keys"] else secret
+        if secret is not None and theirs != secret:
+            raise CopyRefused(
+                "--merge: the keys of the two stores are hashed with different secrets"
+                " (one store can hold only one); nothing was copied"
+            )
     ledger_before = await _ledger_totals(dest)
     progress("keys")
     for key in await source.keys():
         await dest.save_key(key, new=True)
+    if secret is not None:
+        report.secret = await _put_secret(dest, dest_dir, secret)
     progress("sessions and their transitions")
     fingerprints = await _copy_sessions(source, dest, page, progress)
     progress("stored responses")
@@ -166,6 +184,11 @@ async def _verify(
     page: int,
 ) -> None:
     problems = report.problems
+    if report.source["keys"] and report.secret is None:
+        problems.append(
+            "client keys: the secret they were hashed with was not carried over (no"
+            " auth.secret beside the source file?): they are refused until it is in place"
+        )
     report.after = await dest.counts()
     if (now := await source.counts()) != report.source:
         problems.append(
@@ -212,6 +235,25 @@ async def _ledger_totals(store: Store) -> tuple[float, ...]:
         sum(s.cache_read_tokens + s.cache_write_tokens for s in sums),
         math.fsum(s.cost_usd for s in sums),
     )
+
+
+async def _secret(store: Store, data_dir: Path | None) -> bytes | None:
+    """The secret ``store``'s keys are hashed with: its own, else its data dir's file (read
+    only: None when there is none)."""
+    shared = await store.shared_secret()
+    if shared is not None or data_dir is None or not (data_dir / SECRET_FILE).is_file():
+        return shared
+    return server_secret(data_dir)
+
+
+async def _put_secret(dest: Store, data_dir: Path | None, secret: bytes) -> str | None:
+    """Make ``secret`` the destination's; where it went (None: nowhere to put it)."""
+    if await dest.set_shared_secret(secret):
+        return "kept in the destination store"
+    if data_dir is None:
+        return None
+    server_secret(data_dir, replace=secret)
+    return f"written to {data_dir / SECRET_FILE}"
 
 
 def _counted(counts: dict[str, int]) -> str:

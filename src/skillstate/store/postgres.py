@@ -307,6 +307,14 @@ class PostgresStore:
             secret: bytes = await conn.fetchval("SELECT secret FROM server_secret WHERE id = 1")
         return secret
 
+    async def set_shared_secret(self, secret: bytes) -> bool:
+        await self._write(
+            "INSERT INTO server_secret (id, secret) VALUES (1, $1)"
+            " ON CONFLICT (id) DO UPDATE SET secret = EXCLUDED.secret",
+            secret,
+        )
+        return True
+
     # -- sessions -------------------------------------------------------------------------
 
     async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:

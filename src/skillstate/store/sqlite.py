@@ -835,6 +835,9 @@ class SQLiteStore:
         """None: one proxy per data dir, whose secret file (auth.keys.server_secret) it is."""
         return None
 
+    async def set_shared_secret(self, secret: bytes) -> bool:
+        return False
+
 
 _COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
 
