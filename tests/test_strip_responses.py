@@ -6,11 +6,16 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from skillstate.dialects import sse
 from skillstate.dialects.responses import RESPONSES, strip_response
+from skillstate.dialects.responses.stream import ChatToResponsesRelay
+from skillstate.dialects.sse import SSEParser
 from skillstate.strip import strip_envelope, strip_reply, strip_request
+from skillstate.strip_events import StrippingRelay
 
 ENV = '{"state_patch": {"step": 2}, "action": "ask the user"}'
 BLOCK = f"```json\n{ENV}\n```"
@@ -183,3 +188,27 @@ def test_request_strips_earlier_assistant_items_only() -> None:
     assert body["input"][1]["content"][0]["text"] == f"Looked.\n{BLOCK}"  # not mutated
     plain = {"model": "m", "input": [user, message("Looked."), CALL]}
     assert strip_request("openai-responses", plain) is plain
+
+
+def test_relay_keeps_numbering_through_dropped_deltas_and_an_error() -> None:
+    """A chat upstream's stream as Responses events, stripped: the deltas held back as a
+    possible envelope are not sent, and the error event a cut stream ends with carries the
+    next number after the last event the client got."""
+    inner = ChatToResponsesRelay(request_model="m", capture_limit=1 << 20)
+    relay = StrippingRelay(inner, "openai-responses", rewrite=True)
+    said = f"Listing.\n{BLOCK}"
+    chunks = [
+        {"id": "c", "object": "chat.completion.chunk", "model": "m",
+         "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+        for p in pieces(said, [4, 12, 20, 40])
+    ]  # fmt: skip
+    events = [e for c in chunks for e in SSEParser().feed(sse.encode(c))]
+    raw = b"".join(b for e in events for b in relay.feed(e))
+    raw += relay.error("upstream cut")
+    got = [orjson.loads(e.data) for e in SSEParser().feed(raw)]
+    assert [e["sequence_number"] for e in got] == list(range(len(got)))
+    assert got[-1]["type"] == "error"
+    assert "".join(e["delta"] for e in got if e["type"] == "response.output_text.delta") == (
+        "Listing."
+    )
+    assert relay.text == said  # the judge reads the reply as the model wrote it

@@ -112,7 +112,9 @@ class StrippingRelay:
         if not self._rewrite:
             return []
         out = self._events.event(name, data)
-        if len(out) == 1:  # the usual case: one event in, one out
-            name, data = out[0]
-            return [encode(data, event=name)]
-        return [encode(d, event=n) for n, d in out] if out else []
+        if not out:
+            return []
+        if out[1:]:  # a held-back rest or block start with it
+            return [encode(d, event=n) for n, d in out]
+        name, data = out[0]  # the usual case: one event in, one out
+        return [encode(data, event=name)]
