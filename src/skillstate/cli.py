@@ -96,8 +96,10 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     cost.add_argument("--by", choices=GroupBy.values(), default=None)
     cost.add_argument("--json", action="store_true", help="print JSON instead of a table")
     from .auth.keyscli import add_keys_parser
+    from .migratecli import add_migrate_parser
 
     add_keys_parser(sub)
+    add_migrate_parser(sub)
     from .storecli import add_store_parser
 
     add_store_parser(sub)
@@ -127,7 +129,7 @@ def _port(value: str) -> int:
 def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "config", "upstream", "port", "host", "schema", "data_dir", "verbose", "mode",
-        "insecure_no_auth",
+        "insecure_no_auth", "store",
     )  # fmt: skip
     return {k: getattr(args, k, None) for k in keys}
 
@@ -168,6 +170,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .auth.keyscli import run_keys
 
         return run_keys(settings, args)
+    if command == "migrate":
+        from .migratecli import run_migrate
+
+        return run_migrate(settings)
     if not settings.upstreams:
         raise ConfigError(
             "upstreams: none configured; use --upstream URL, SKILLSTATE_UPSTREAM or "

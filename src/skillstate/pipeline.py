@@ -254,10 +254,14 @@ class Pipeline:
 
     async def _load(self, session: str, hold: Hold) -> SessionRecord | None:
         """The session as last committed, for the holder of its lock: read again from the
-        database when the store's copy is behind another replica's commit."""
-        record = await self.store.load(session)
-        if record is not None and not hold.current(record):
-            record = await self.store.load(session, fresh=True)
+        database when the store's copy is behind another replica's commit. A store that
+        cannot answer (a PostgreSQL store down) is the client's 503 before anything is sent."""
+        try:
+            record = await self.store.load(session)
+            if record is not None and not hold.current(record):
+                record = await self.store.load(session, fresh=True)
+        except StoreError as e:
+            raise e.for_client("could not load the session; the turn was not sent") from e
         return record
 
     def _outbound(
@@ -371,7 +375,10 @@ class Pipeline:
             return self.build_context(turn, self.settings.initial_state, [])[0]
         if turn.mode == Mode.AUTO:
             return turn.body  # auto decides a turn's form only when it runs
-        record = await self.store.load(turn.session)
+        try:
+            record = await self.store.load(turn.session)
+        except StoreError as e:
+            raise e.for_client("could not load the session") from e
         state = record.state if record else self.settings.initial_state
         schema = record.schema if record else self.settings.allowed_keys
         return self.build_context(turn, state, schema)[0]

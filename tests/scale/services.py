@@ -85,14 +85,19 @@ class PostgresServer:
         argv = [str(self.bindir / program), *args]
         return ["runuser", "-u", "postgres", "--", *argv] if self._as_root else argv
 
+    def _server_argv(self, program: str, *args: str) -> list[str]:
+        return [str(self.bindir / program), *args]
+
     def _run(self, program: str, *args: str) -> None:
         subprocess.run(self._argv(program, *args), check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
         """Start (or restart, on the same port and data) the server."""
         log = open(self.root / "postgres.log", "ab")  # noqa: SIM115 - the server's stdout
+        # As root, the server itself runs as postgres (Popen's user=), not under runuser:
+        # runuser does not pass stop()'s SIGINT on, and the server would outlive stop().
         self.proc = subprocess.Popen(
-            self._argv(
+            self._server_argv(
                 "postgres",
                 "-D",
                 str(self.data),
@@ -112,9 +117,26 @@ class PostgresServer:
             ),
             stdout=log,
             stderr=subprocess.STDOUT,
+            user="postgres" if self._as_root else None,
+            group="postgres" if self._as_root else None,
         )
         log.close()
         _wait_port(self.port, self.proc, "postgres")
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Until the server accepts sessions: it listens before it has finished starting
+        ("the database system is starting up")."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            ready = subprocess.run(
+                [str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)],
+                timeout=30,
+            )
+            if ready.returncode == 0:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"postgres did not get ready within {START_TIMEOUT:.0f} s")
 
     def stop(self) -> None:
         """Stop the server (fast shutdown: open sessions are cut)."""

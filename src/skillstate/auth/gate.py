@@ -24,7 +24,7 @@ from ..choices import AuthMode
 from ..config import Settings
 from ..errors import ProxyError
 from ..http import dialect_for, error_response
-from ..store import Store
+from ..store import Store, StoreError
 from .keys import KeyHasher, same_digest
 from .record import KeyRecord
 
@@ -88,14 +88,18 @@ class KeyBook:
         return not self.on and self._monotonic() - self._mode_checked >= self.ttl
 
     async def verify(self, key: str) -> Principal:
-        """The key's principal, or ProxyError 401 (unknown, revoked or expired)."""
+        """The key's principal, or ProxyError 401 (unknown, revoked or expired); 503 when
+        the store cannot answer."""
         digest = self.hasher.digest(key)
         now = self._monotonic()
         hit = self._cache.get(digest)
         if hit is not None and now - hit[1] < self.ttl:
             record = hit[0]
         else:
-            record = await self.store.key_by_digest(digest)
+            try:
+                record = await self.store.key_by_digest(digest)
+            except StoreError as e:
+                raise e.for_client("could not verify the API key") from e
             if len(self._cache) >= _MAX_CACHED:
                 self._cache.clear()
             self._cache[digest] = (record, now)
@@ -132,14 +136,29 @@ class KeyGate:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not (
-            await self.keys.refresh_mode() if self.keys.mode_due() else self.keys.on
-        ):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         path: str = scope["path"]
         open_route = path in _OPEN_PATHS or path == "/ui" or path.startswith(_OPEN_PREFIXES)
+        try:
+            on = await self.keys.refresh_mode() if self.keys.mode_due() else self.keys.on
+        except StoreError as e:
+            # Whether keys exist is unknown while the store cannot answer (a PostgreSQL
+            # store down): refused (503), never let through unauthenticated. Open routes
+            # (/health) answer as in the last known mode.
+            on = self.keys.on
+            if not open_route:
+                anthropic = any(n == b"anthropic-version" for n, _ in headers)
+                response = error_response(
+                    e.for_client("could not check the API keys"), dialect_for(path, anthropic)
+                )
+                await response(scope, receive, send)
+                return
+        if not on:
+            await self.app(scope, receive, send)
+            return
         key = presented_key(headers)
         try:
             if key is None:

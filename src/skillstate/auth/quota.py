@@ -26,7 +26,7 @@ from ..coordination.link import CoordinationLink
 from ..errors import ProxyError
 from ..limits import RateLimits, UpstreamLimits
 from ..pricing import PriceBook
-from ..store import Store
+from ..store import Store, StoreError
 from ..tokens import estimate_tokens
 from .gate import Principal
 from .tenancy import SEP
@@ -138,7 +138,10 @@ class KeyQuotas:
             return Grant(caller.name, 0.0, None, None)
         now = self.clock()
         since = now - now % DAY  # this UTC day
-        spent = await self.store.ledger_spend(caller.name + SEP, since)
+        try:
+            spent = await self.store.ledger_spend(caller.name + SEP, since)
+        except StoreError as e:
+            raise e.for_client("could not read the key's spend today") from e
         estimate = self._estimate(body, model, tokens)
         budget = record.budget_usd_per_day
         # The check and the hold are one step (in process: no await between them; shared:

@@ -56,7 +56,7 @@ from .base import (
 )
 from .factory import redacted
 from .ledgersql import GROUP_BY, sums_of, sums_select
-from .migrations import migrate_postgres
+from .migrations import SchemaTooNew, SchemaTooOld, migrate_postgres
 from .rows import (
     KEY_COLUMNS,
     LEDGER_COLUMNS,
@@ -196,7 +196,7 @@ class PostgresStore:
     # -- plumbing -------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection; every failure inside comes out as a StoreError."""
         pool = self._pool
         if pool is None:
@@ -208,11 +208,11 @@ class PostgresStore:
             raise as_store_error(e) from e
 
     async def _fetch(self, sql: str, *args: Any) -> list[Any]:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             return list(await conn.fetch(sql, *args))
 
     async def _fetchval(self, sql: str, *args: Any) -> Any:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             return await conn.fetchval(sql, *args)
 
     async def _write(self, sql: str, *args: Any) -> Any:
@@ -229,10 +229,16 @@ class PostgresStore:
         for a database this code cannot use as it is: see store/migrations.py)."""
         await self.open_pool()
         try:
-            async with self._connection() as conn:
+            async with self.connection() as conn:
                 for line in await migrate_postgres(conn, self.where, upgrade=False):
                     log.info("store: %s", line)
                 self._sessions = int(await conn.fetchval("SELECT count(*) FROM sessions"))
+        except (SchemaTooNew, SchemaTooOld):
+            await self.close()
+            raise  # they name the store already
+        except StoreError as e:
+            await self.close()
+            raise type(e)(f"cannot open store {self.where}: {e}") from e
         except BaseException:
             await self.close()
             raise
@@ -242,7 +248,7 @@ class PostgresStore:
         try:
             self._pool = await asyncpg.create_pool(
                 self.url,
-                min_size=1,
+                min_size=0,  # connects on use: no reconnect loop (and its log) while down
                 max_size=self._pool_size,
                 timeout=self._timeout,
                 command_timeout=self._timeout,
@@ -299,7 +305,7 @@ class PostgresStore:
     async def shared_secret(self) -> bytes:
         """The secret client keys are hashed with, the same for every replica: made by the
         first one that asks, kept in the database."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             await conn.execute(
                 "INSERT INTO server_secret (id, secret) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
                 secrets.token_bytes(32),
@@ -436,7 +442,7 @@ class PostgresStore:
         return bool(deleted)
 
     async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             purged = await conn.fetchval(
                 "WITH gone AS (DELETE FROM sessions WHERE updated < $1 AND id <> ALL($2::text[])"
                 " RETURNING id),"
