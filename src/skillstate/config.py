@@ -8,6 +8,7 @@ the original Node tool are accepted as aliases.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 import stat
@@ -32,6 +33,13 @@ DAY = 86400.0
 
 class ConfigError(Exception):
     """A configuration problem, reported as one line naming the setting."""
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _cache_regime(pricing: CachePricing, ttl_s: float, min_tokens: int) -> CacheRegime:
+    """One (immutable) CacheRegime per setting: every answered turn asks for its upstream's,
+    and building and validating one costs more than the rest of the lookup."""
+    return CacheRegime(pricing, ttl_s, min_tokens)
 
 
 class Upstream(BaseModel):
@@ -77,7 +85,7 @@ class Upstream(BaseModel):
             if model and fnmatch.fnmatchcase(model, pattern):
                 minimum = tokens
                 break
-        return CacheRegime(self.cache_pricing_in_effect, self.cache_ttl_s, minimum)
+        return _cache_regime(self.cache_pricing_in_effect, self.cache_ttl_s, minimum)
 
     @property
     def openai_max_tokens_field(self) -> str:
