@@ -727,11 +727,23 @@ class SQLiteStore:
         return await self._run(find)
 
     async def purge_ledger(self, older_than: float) -> int:
+        """Delete the ledger rows older than ``older_than``, ``PURGE_CHUNK`` at a time, each
+        chunk its own transaction: a big purge (ledger_retention lowered on a big ledger:
+        26 s for 500k rows in one DELETE on a loaded machine) lets the turns' commits in
+        between its chunks instead of holding the store thread the whole time."""
+
         def purge(db: sqlite3.Connection) -> int:
             with _transaction(db):
-                return db.execute("DELETE FROM ledger WHERE ts < ?", (older_than,)).rowcount
+                return db.execute(
+                    "DELETE FROM ledger WHERE rowid IN"
+                    " (SELECT rowid FROM ledger WHERE ts < ? LIMIT ?)",
+                    (older_than, PURGE_CHUNK),
+                ).rowcount
 
-        return await self._run(purge)
+        purged = 0
+        while (deleted := await self._run(purge)) == PURGE_CHUNK:
+            purged += deleted
+        return purged + deleted
 
     # -- export and import (skillstate store copy) ----------------------------------------
 
@@ -840,6 +852,7 @@ class SQLiteStore:
 
 
 _COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
+PURGE_CHUNK = 2000  # ledger rows per purge transaction (see purge_ledger)
 
 
 def _ledger_where(
