@@ -13,11 +13,12 @@ from functools import cache
 class Choice(str, Enum):
     """A ``str`` enum that prints as its value (``f"{Mode.STATE}" == "state"``)."""
 
-    def __str__(self) -> str:
-        return str(self.value)
+    # The member's own string (its value) through str's C methods: ``str(turn.mode)`` runs
+    # several times a turn, and going through ``self.value`` (an enum property) costs more.
+    __str__ = str.__str__
 
     def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
+        return str.__format__(self, spec)
 
     @classmethod
     def values(cls) -> tuple[str, ...]:
