@@ -67,8 +67,11 @@ def _migrate_sqlite(path: Path, where: str, busy_timeout: float) -> list[str]:
 async def _migrate_postgres(settings: Settings) -> list[str]:
     from .store.postgres import PostgresStore
 
-    store = make_store(settings)
-    assert isinstance(store, PostgresStore)
+    make_store(settings)  # asyncpg installed (else one line saying what to install)
+    # No bound on a statement: a migration's DDL on a big table may take long.
+    store = PostgresStore(
+        str(settings.store), pool_size=1, timeout=settings.store_timeout, unbounded_statements=True
+    )
     await store.open_pool()
     try:
         async with store.connection() as conn:

@@ -13,7 +13,7 @@ What happens at start-up (``check`` / ``migrate_*``):
   advisory lock, so exactly one of them runs it), but refuses a non-empty database at an
   older version (:class:`SchemaTooOld`): replicas of the previous release may still be
   running against it, so an upgrade is the operator's step, ``skillstate migrate``, before
-  the rollout; every migration runs in one transaction under the same advisory lock.
+  the rollout; each migration runs in its own transaction, all under that advisory lock.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ POSTGRES_MIGRATIONS = (
     ),
 )
 
-# pg_advisory_xact_lock's key for migrations: "skillsta" as a big-endian int64.
+# pg_advisory_lock's key for migrations: "skillsta" as a big-endian int64.
 MIGRATION_LOCK = int.from_bytes(b"skillsta", "big")
 
 
@@ -319,28 +319,32 @@ async def migrate_postgres(conn: asyncpg.Connection, where: str, *, upgrade: boo
             f" {latest}: run `skillstate migrate --store URL` once before starting it"
         )
     lines = []
-    for migration in POSTGRES_MIGRATIONS:
-        async with conn.transaction():
-            # Replicas starting together: one migrates, the others wait here and then
-            # find nothing left to do.
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
-            version = await postgres_version(conn)
-            _refuse_newer(version, latest, where)
-            if migration.version <= version:
-                continue
-            for statement in migration.statements:
-                await conn.execute(statement)
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
-                " applied DOUBLE PRECISION NOT NULL, description TEXT NOT NULL)"
-            )
-            await conn.execute(
-                "INSERT INTO schema_version VALUES ($1, $2, $3)",
-                migration.version,
-                time.time(),
-                migration.description,
-            )
-        lines.append(_line(where, version, migration, False, None))
+    # Replicas starting together: one migrates, the others wait for the lock and then find
+    # nothing left to do. A session lock, taken before each transaction begins: a
+    # transaction that began before the other's commit could see the catalog as it was.
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+    try:
+        for migration in POSTGRES_MIGRATIONS:
+            async with conn.transaction():
+                version = await postgres_version(conn)
+                _refuse_newer(version, latest, where)
+                if migration.version <= version:
+                    continue
+                for statement in migration.statements:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY,"
+                    " applied DOUBLE PRECISION NOT NULL, description TEXT NOT NULL)"
+                )
+                await conn.execute(
+                    "INSERT INTO schema_version VALUES ($1, $2, $3)",
+                    migration.version,
+                    time.time(),
+                    migration.description,
+                )
+            lines.append(_line(where, version, migration, False, None))
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
     return lines
 
 

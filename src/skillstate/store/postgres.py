@@ -168,8 +168,9 @@ class PostgresStore:
     shared by every replica that points at it.
 
     ``pool_size`` connections at most; ``timeout`` bounds connecting, waiting for a pooled
-    connection and each statement (seconds); ``max_sessions`` (0 = no limit) as in SQLite;
-    ``close_timeout`` bounds how long close() waits for queued ledger writes."""
+    connection and (unless ``unbounded_statements``) each statement, in seconds;
+    ``max_sessions`` (0 = no limit) as in SQLite; ``close_timeout`` bounds how long close()
+    waits for queued ledger writes."""
 
     def __init__(
         self,
@@ -179,11 +180,14 @@ class PostgresStore:
         timeout: float = 5.0,
         max_sessions: int = 0,
         close_timeout: float = 10.0,
+        unbounded_statements: bool = False,
     ) -> None:
         self.url = url
         self.where = redacted(url)
         self._pool_size = pool_size
         self._timeout = timeout
+        # ``skillstate migrate``'s statements are not bounded: DDL on a big table takes long.
+        self._statement_timeout = None if unbounded_statements else timeout
         self._max_sessions = max_sessions
         self._close_timeout = close_timeout
         self._pool: asyncpg.Pool | None = None
@@ -251,7 +255,7 @@ class PostgresStore:
                 min_size=0,  # connects on use: no reconnect loop (and its log) while down
                 max_size=self._pool_size,
                 timeout=self._timeout,
-                command_timeout=self._timeout,
+                command_timeout=self._statement_timeout,
                 reset=_keep_connection,
             )
         except (ValueError, TypeError) as e:  # a malformed URL; the message may quote it

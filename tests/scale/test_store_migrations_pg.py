@@ -1,0 +1,113 @@
+"""Versioned PostgreSQL schemas: an empty database is created at start-up exactly once
+however many replicas start together, an older one is refused until `skillstate migrate`
+upgrades it, and a newer one is refused in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from skillstate.store import TransitionRecord, migrations
+from skillstate.store.migrations import (
+    POSTGRES_MIGRATIONS,
+    Migration,
+    SchemaTooNew,
+    SchemaTooOld,
+    migrate_postgres,
+)
+from skillstate.store.postgres import PostgresStore
+from tests.conftest import proxy_env
+
+LATEST = POSTGRES_MIGRATIONS[-1].version
+HANG = 60.0  # a guard against a hang, not a performance threshold
+
+
+async def versions(url: str) -> list[int]:
+    conn = await asyncpg.connect(url)
+    try:
+        return [r[0] for r in await conn.fetch("SELECT version FROM schema_version ORDER BY 1")]
+    finally:
+        await conn.close()
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "skillstate", *argv],
+        capture_output=True, text=True, timeout=HANG, env=proxy_env(SKILLSTATE_API_KEY="k"),
+    )  # fmt: skip
+
+
+async def test_replicas_starting_together_create_the_schema_once(pg_url: str) -> None:
+    stores = [PostgresStore(pg_url, pool_size=2) for _ in range(6)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(s.open() for s in stores)), HANG)
+        assert await versions(pg_url) == list(range(1, LATEST + 1))
+        assert await stores[0].commit(
+            "s", expected_step=0, state={}, schema=[], now=1.0,
+            transition=TransitionRecord(1, "valid", {}, None, [], 1.0),
+        ) == 1  # fmt: skip
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+def test_migrate_command_on_an_empty_database(pg_url: str) -> None:
+    first = cli("migrate", "--store", pg_url)
+    assert first.returncode == 0, first.stderr
+    (line,) = first.stdout.splitlines()
+    assert line.startswith(f"{pg_url}: schema 0 -> 1: sessions, transitions, ledger")
+    again = cli("migrate", "--store", pg_url)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+async def test_an_older_schema_is_refused_until_migrated(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()  # at this release's version
+    await store.close()
+    # The next release adds a migration: its replicas refuse the database until the
+    # operator's `skillstate migrate`, which applies exactly the missing step.
+    step = Migration(LATEST + 1, "ledger by model", ("CREATE INDEX ledger_model ON ledger(model)",))
+    monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", (*POSTGRES_MIGRATIONS, step))
+    with pytest.raises(SchemaTooOld, match="run `skillstate migrate --store URL`"):
+        await PostgresStore(pg_url).open()
+    conn = await asyncpg.connect(pg_url)
+    try:
+        lines = await migrate_postgres(conn, "db", upgrade=True)
+        assert lines == [f"db: schema {LATEST} -> {LATEST + 1}: ledger by model"]
+        assert await migrate_postgres(conn, "db", upgrade=True) == []
+    finally:
+        await conn.close()
+    assert await versions(pg_url) == list(range(1, LATEST + 2))
+    upgraded = PostgresStore(pg_url)
+    await upgraded.open()
+    await upgraded.close()
+
+
+async def test_a_newer_schema_is_refused_in_one_line(pg_url: str, tmp_path: Path) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    await store.close()
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("INSERT INTO schema_version VALUES ($1, 1.0, 'future')", LATEST + 1)
+    finally:
+        await conn.close()
+    with pytest.raises(SchemaTooNew, match=f"schema version {LATEST + 1}, newer than"):
+        await PostgresStore(pg_url).open()
+    cfg = tmp_path / "skillstate.json"
+    cfg.write_text(json.dumps({"store": pg_url}))
+    for argv in (
+        ["--config", str(cfg), "--port", "0", "--upstream", "http://127.0.0.1:9/v1"],
+        ["migrate", "--store", pg_url],
+    ):
+        r = cli(*argv, "--data-dir", str(tmp_path / "data"))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        (line,) = r.stderr.splitlines()
+        assert f"schema version {LATEST + 1}, newer than this skillstate-proxy knows" in line
