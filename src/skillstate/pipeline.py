@@ -376,7 +376,7 @@ class Pipeline:
         if turn.mode == Mode.AUTO:
             return turn.body  # auto decides a turn's form only when it runs
         try:
-            record = await self.store.load(turn.session)
+            record = await self.load_current(turn.session)
         except StoreError as e:
             raise e.for_client("could not load the session") from e
         state = record.state if record else self.settings.initial_state
