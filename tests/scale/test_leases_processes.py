@@ -15,6 +15,7 @@ from skillstate.coordination.leases import _keys
 from tests.fakeprovider import FakeProvider, Reply
 
 from .replicas import ReplicaSet
+from .turns import check_history, mark, marked_reply, replay
 
 
 def envelope(patch: dict[str, Any]) -> str:
@@ -88,3 +89,27 @@ def test_a_replica_paused_past_its_lease_is_fenced_when_it_resumes(
     # Nothing of the fenced turn was committed on its replica; its call is in the ledger.
     assert reps[0].http.get(reps[0].url + "/state", params={"session": "fenced"}).status_code == 404
     assert reps[0].cost(session="fenced")["totals"]["attempts"]["generation"] == 1
+
+
+def test_concurrent_turns_of_one_session_on_two_replicas_run_one_after_the_other(
+    start_replicas: Callable[..., ReplicaSet], fake: FakeProvider, pg_url: str, redis_url: str
+) -> None:
+    """Two replicas sharing PostgreSQL and Redis: every turn of a session sent at once to
+    either replica commits (the lease queues it; none is a 409), each exactly once, on the
+    state the one before it committed."""
+    fake.responder = marked_reply
+    reps = start_replicas(fake.url + "/v1", pg_url, redis_url, n=2)
+    n = 12
+    threads = [
+        _in_thread(lambda k=k: reps[k % 2].chat("shared", mark("shared", f"r{k}")))
+        for k in range(n)
+    ]
+    for t, _ in threads:
+        t.join(120)
+    statuses = [out[0].status_code for _, out in threads]
+    assert statuses == [200] * n, [out[0].text for _, out in threads]
+    history = reps[1].history("shared")
+    by_step = check_history("shared", history)
+    assert sorted(by_step.values()) == sorted(f"r{k}" for k in range(n))
+    for r in reps:  # both replicas read the same, latest state
+        assert r.state("shared")["state"] == replay(history)
