@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import openai
 
+from tests.conftest import proxy_env
 from tests.fakeprovider import FakeProvider, Reply
 
 from .replicas import Replica, ReplicaSet
@@ -159,3 +165,59 @@ def test_breaker_failing_across_replicas_opens_for_all_and_one_probe_goes_out(
         up = r.upstream("a")
         assert (up["circuit"], up["consecutive_failures"]) == ("closed", 0)
     assert asyncio.run(turn(reps[2])) == 200
+
+
+def test_a_client_keys_rpm_holds_across_replicas(
+    tmp_path: Path, fake: FakeProvider, pg_url: str, redis_url: str
+) -> None:
+    """A key with --rpm 10, used through three replicas sharing PostgreSQL (where the key
+    is) and Redis (where its window is): 10 of 30 turns at once are admitted. The replicas
+    share the server secret that the key's digest is made with."""
+    reps = ReplicaSet(
+        tmp_path, fake.url + "/v1", store=pg_url, coordination=redis_url, n=3,
+        config={"retry_max_attempts": 1},
+    )  # fmt: skip
+    try:
+        secret = os.urandom(32)
+        for r in reps:
+            data = r.root / "data"
+            data.mkdir(mode=0o700, exist_ok=True)
+            (data / "auth.secret").write_bytes(secret)
+            (data / "auth.secret").chmod(0o600)
+        home = reps[0].root
+        made = subprocess.run(
+            [sys.executable, "-m", "skillstate", "keys", "--data-dir", str(home / "data"),
+             "--config", str(home / "skillstate.json"), "create", "--name", "team", "--rpm", "10"],
+            env=proxy_env(), capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        key = re.search(r"sk-ss-\S+", made.stdout)
+        assert key is not None, made.stdout + made.stderr
+        reps.start()
+
+        async def as_the_key(replica: Replica) -> int | openai.APIStatusError:
+            client = openai.AsyncOpenAI(base_url=replica.v1, api_key=key[0], max_retries=0)
+            try:
+                await client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": "hi"}],
+                    extra_headers={"x-skillstate-session": f"k{next(_sessions)}"},
+                )
+                return 200
+            except openai.APIStatusError as e:
+                return e
+            finally:
+                await client.close()
+
+        async def burst_as_key() -> list[int | openai.APIStatusError]:
+            return await asyncio.gather(*(as_the_key(reps[i % 3]) for i in range(30)))
+
+        results = asyncio.run(burst_as_key())
+        refused = [r for r in results if not isinstance(r, int)]
+        assert results.count(200) == 10 and len(refused) == 20, results
+        for e in refused:
+            assert e.status_code == 429 and e.response.json()["error"]["code"] == "key_rate_limit"
+            assert 1 <= int(e.response.headers["retry-after"]) <= 60
+        assert len(fake.requests) == 10
+    finally:
+        reps.close()
+        print(reps.logs())
