@@ -253,3 +253,43 @@ async def test_max_sessions_refuses_a_new_session_but_not_old_ones(
 async def test_health_check_and_writable(store: Store) -> None:
     assert await store.check(timeout=HANG) is None
     await store.ensure_writable(timeout=HANG)
+
+
+# -- PostgreSQL only: what a turn costs the database -------------------------------------
+
+
+async def test_a_turn_is_one_statement_to_load_and_one_to_commit(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted on the connections (asyncpg's query logger): in steady state a load is one
+    statement, a commit (the session's compare-and-set, the transition and the ledger rows)
+    one statement, and concurrent ledger writers share one INSERT."""
+    import asyncpg
+
+    statements: list[str] = []
+    create_pool = asyncpg.create_pool
+
+    def counting_pool(*args: Any, **kwargs: Any) -> Any:
+        async def init(conn: asyncpg.Connection) -> None:
+            conn.add_query_logger(lambda record: statements.append(record.query))
+
+        return create_pool(*args, init=init, **kwargs)
+
+    monkeypatch.setattr(asyncpg, "create_pool", counting_pool)
+    store = PostgresStore(pg_url, pool_size=1)
+    await store.open()
+    try:
+        rows = [ledger_row(ts=1.0), ledger_row(ts=1.5)]
+        assert await commit(store, "s", 0, {"k": 0}, ledger=rows) == 1
+        await store.load("s")
+        statements.clear()
+        for step in range(1, 6):
+            assert await store.load("s") is not None
+            assert await commit(store, "s", step, {"k": step}, ledger=rows) == step + 1
+        assert len(statements) == 10, statements
+        statements.clear()
+        await asyncio.gather(*(store.add_ledger_rows([ledger_row(ts=2.0)]) for _ in range(50)))
+        assert len(statements) == 1, statements
+        assert len(await store.ledger_rows(0, 10)) == 12 + 50
+    finally:
+        await store.close()
