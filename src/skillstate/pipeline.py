@@ -232,9 +232,17 @@ class Pipeline:
     async def purge_expired(self, older_than: float) -> int:
         """Delete the sessions not updated since ``older_than`` (the TTL purge), except those
         with a turn running or waiting: that turn's commit makes them fresh again. New turns
-        wait for the purge (one store transaction)."""
-        async with self.locks.pause_new() as busy:
-            return await self.store.purge_sessions(older_than, keep=busy)
+        wait for the purge (one store transaction). While Redis is unreachable under
+        ``coordination_down: refuse`` the purge cannot pause the other replicas: it is
+        skipped (0), and the next one runs as usual."""
+        try:
+            async with self.locks.pause_new() as busy:
+                return await self.store.purge_sessions(older_than, keep=busy)
+        except ProxyError as e:
+            if e.code != "coordination_unavailable":
+                raise
+            log.warning("session purge skipped: %s", e.message)
+            return 0
 
     async def delete_session(self, session: str) -> bool:
         """Forget a session (``DELETE /state``), after any turn of it in flight. False when

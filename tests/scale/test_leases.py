@@ -6,16 +6,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from skillstate.choices import CoordinationDown
+from skillstate.config import Settings
 from skillstate.coordination.leases import UNKNOWN, Lease, SessionLeases, _keys
 from skillstate.coordination.link import CoordinationLink
 from skillstate.errors import ProxyError
+from skillstate.pipeline import Pipeline
+from skillstate.pricing import PriceBook
 from skillstate.session import LOCAL_HOLD
-from skillstate.store import SessionRecord
+from skillstate.store import SessionRecord, TransitionRecord
+from skillstate.store.sqlite import SQLiteStore
+from skillstate.upstream.client import UpstreamPool
 
 from .services import RedisServer
 
@@ -259,3 +265,39 @@ async def test_redis_down_refuses_or_runs_locally_and_recovers(
 def _record(step: int) -> SessionRecord:
     now = time.time()
     return SessionRecord("s1", {}, [], step, now, now)
+
+
+async def test_the_purge_is_skipped_while_redis_is_down_under_refuse(
+    replica: Replicas, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    leases = replica(policy=CoordinationDown.REFUSE)
+    settings = Settings(data_dir=tmp_path)
+    store = SQLiteStore(tmp_path / "s.db")
+    await store.open()
+    try:
+        now = time.time()
+        transition = TransitionRecord(1, "valid", {}, "a", [], now - 100)
+        await store.commit(
+            "old", expected_step=0, state={}, schema=[], transition=transition, now=now - 100
+        )
+        prices = PriceBook.from_config(settings.prices, settings.upstreams)
+        pipeline = Pipeline(settings, store, UpstreamPool(settings), prices, leases)
+        redis_server.stop()
+        try:
+            # The purge cannot stop the other replicas' turns: it waits for the next round.
+            assert await pipeline.purge_expired(now - 10) == 0
+            assert await store.load("old", fresh=True) is not None
+        finally:
+            redis_server.start()
+        while True:  # Redis answers again (one try per retry_every): the purge runs
+            try:
+                purged = await pipeline.purge_expired(now - 10)
+            except ProxyError:
+                purged = -1
+            if purged >= 0 and leases.link.up:
+                break
+            await asyncio.sleep(0.05)
+        assert purged == 1
+        assert await store.load("old", fresh=True) is None
+    finally:
+        await store.close()
