@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
 from typing import Any
 
-from ..limits import NEVER_FITS, Admission, Clock, RateLimits, Ticket, UpstreamLimits, admitted
+from ..limits import NEVER_FITS, Admission, Clock, Ticket, UpstreamLimits, admitted
 from .link import LOCAL, CoordinationLink
 from .scripts import run_script
 
@@ -245,10 +244,3 @@ def _seconds(wait_us: int) -> float:
     while seconds * US < wait_us:
         seconds = math.nextafter(seconds, math.inf)
     return seconds
-
-
-def windows_factory(link: CoordinationLink) -> Callable[[str, int | None, int | None], RateLimits]:
-    """Shared windows by scope when ``link`` is configured, else in-process ones."""
-    if not link.configured:
-        return lambda _scope, rpm, tpm: UpstreamLimits(rpm, tpm)
-    return lambda scope, rpm, tpm: SharedWindows(link, scope, rpm, tpm)

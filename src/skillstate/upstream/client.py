@@ -102,31 +102,7 @@ class UpstreamRuntime:
         self.dialect = get_dialect(cfg.kind)
         self.max_tokens_field = cfg.openai_max_tokens_field
         self.base = base_url(cfg.url)
-        self.breaker: Breaker
-        self.limits: RateLimits
-        if link is not None and link.configured:
-            from ..coordination.breakers import SharedBreaker
-            from ..coordination.windows import SharedWindows
-
-            self.breaker = SharedBreaker(
-                link,
-                cfg.name,
-                settings.failure_threshold,
-                settings.open_cooldown,
-                probe_ttl=settings.total_timeout + PROBE_TTL_MARGIN,
-                sync=settings.breaker_sync,
-                monotonic=now,
-            )
-            self.limits = SharedWindows(
-                link,
-                "upstream:" + cfg.name,
-                cfg.rpm,
-                cfg.tpm,
-                local=UpstreamLimits(cfg.rpm, cfg.tpm, now),
-            )
-        else:
-            self.breaker = CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now)
-            self.limits = UpstreamLimits(cfg.rpm, cfg.tpm, now)
+        self.breaker, self.limits = _breaker_and_limits(cfg, settings, now, link)
         self.session: aiohttp.ClientSession | None = None
         allowed = {h.lower() for h in settings.forward_scoping_headers}
         self.dropped_scoping = SCOPING_HEADERS - allowed if cfg.api_key else frozenset()
@@ -167,6 +143,29 @@ class UpstreamRuntime:
             **self.breaker.snapshot(time.time()),
             "limits": self.limits.snapshot(),
         }
+
+
+def _breaker_and_limits(
+    cfg: Upstream, settings: Settings, now: Callable[[], float], link: CoordinationLink | None
+) -> tuple[Breaker, RateLimits]:
+    """The upstream's breaker and rate limits: shared through Redis with a configured
+    ``link`` (each with an in-process fallback for a Redis outage), else in-process."""
+    local = UpstreamLimits(cfg.rpm, cfg.tpm, now)
+    if link is None or not link.configured:
+        return CircuitBreaker(settings.failure_threshold, settings.open_cooldown, now), local
+    from ..coordination.breakers import SharedBreaker
+    from ..coordination.windows import SharedWindows
+
+    breaker = SharedBreaker(
+        link,
+        cfg.name,
+        settings.failure_threshold,
+        settings.open_cooldown,
+        probe_ttl=settings.total_timeout + PROBE_TTL_MARGIN,
+        sync=settings.breaker_sync,
+        monotonic=now,
+    )
+    return breaker, SharedWindows(link, "upstream:" + cfg.name, cfg.rpm, cfg.tpm, local=local)
 
 
 def _client_key(headers: Mapping[str, str]) -> str | None:
