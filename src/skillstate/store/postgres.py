@@ -556,7 +556,11 @@ class PostgresStore:
     ) -> list[LedgerSums]:
         where, args = _ledger_where(since, until, session, prefix)
         sql = sums_select("postgresql", group_by) + where + GROUP_BY
-        return [sums_of(r, group_by) for r in await self._fetch(sql, *args)]
+        async with self.connection() as conn:
+            # /cost (and store copy's check) may sum millions of rows: seconds, more than
+            # the fail-fast bound of a turn's statements
+            rows = await conn.fetch(sql, *args, timeout=max(self._timeout, LEDGER_SUMS_TIMEOUT))
+        return [sums_of(r, group_by) for r in rows]
 
     async def ledger_spend(self, prefix: str, since: float) -> float:
         low, high = prefix_range(prefix)
@@ -678,6 +682,7 @@ class PostgresStore:
 
 
 _COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
+LEDGER_SUMS_TIMEOUT = 300.0  # seconds; summing 1M ledger rows took about 1 s (docs/scaling.md)
 
 
 def _ledger_where(
