@@ -301,3 +301,14 @@ async def test_the_purge_is_skipped_while_redis_is_down_under_refuse(
         assert await store.load("old", fresh=True) is None
     finally:
         await store.close()
+
+
+async def test_a_replica_keeps_nothing_for_sessions_no_turn_holds(replica: Replicas) -> None:
+    a, b = replica(), replica(wait=0.1)
+    for k in range(20):
+        async with a.hold(f"s{k}"):
+            with pytest.raises(ProxyError):
+                async with b.hold(f"s{k}"):  # queues, then gives up
+                    pass
+    assert len(a) == 0 and len(b) == 0
+    assert not a._wake and not b._wake

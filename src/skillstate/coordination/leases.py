@@ -304,6 +304,7 @@ class SessionLeases:
             users = self._here[session]
             if users <= 1:
                 del self._here[session]
+                self._wake.pop(session, None)  # nobody here waits for it any more
             else:
                 self._here[session] = users - 1
 
