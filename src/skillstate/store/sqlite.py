@@ -49,6 +49,7 @@ from .rows import (
     prefix_range,
     response_chain_sql,
 )
+from .thread import StoreThread
 
 T = TypeVar("T")
 log = logging.getLogger("skillstate")
@@ -175,7 +176,7 @@ class SQLiteStore:
         self._max_sessions = max_sessions
         self._sessions = 0  # sessions in the database; only the store thread writes it
         self._batch_new = 0  # sessions the running batch created
-        self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skillstate-sqlite")
+        self._exec = StoreThread("skillstate-sqlite")  # its post() is the cheap hand-off
         # Long reads (/cost's sums over the ledger) have their own connection and thread: in
         # WAL mode they read a snapshot while the store thread writes, so summing a big
         # ledger never holds up a turn's commit.
@@ -242,7 +243,7 @@ class SQLiteStore:
         self._writing = True
         self._batch_started = time.monotonic()
         try:
-            self._exec.submit(self._write_batch, batch, loop)
+            self._exec.post(self._write_batch, batch, loop)
         except RuntimeError as e:  # the executor is shut down (close() gave up waiting)
             self._settle(
                 [(fut, None, StoreUnavailable(f"store is closed ({e})")) for _, fut in batch], loop
