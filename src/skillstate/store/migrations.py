@@ -213,7 +213,7 @@ def migrate_sqlite(db: sqlite3.Connection, where: str) -> list[str]:
 
 _POSTGRES_V1 = """
 CREATE TABLE sessions (
-    id TEXT PRIMARY KEY,
+    id TEXT COLLATE "C" PRIMARY KEY,
     state BYTEA NOT NULL,
     schema TEXT NOT NULL,
     step BIGINT NOT NULL,
@@ -236,7 +236,7 @@ CREATE TABLE transitions (
 CREATE TABLE ledger (
     id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     ts DOUBLE PRECISION NOT NULL,
-    session TEXT,
+    session TEXT COLLATE "C",
     upstream TEXT,
     model TEXT,
     kind TEXT NOT NULL,
@@ -285,6 +285,9 @@ CREATE TABLE server_secret (
 )
 """
 
+# Session ids are compared in code-point order (COLLATE "C"), whatever the database's
+# default: a key's sessions and ledger rows are the id range ["alice:", "alice;"), which a
+# language's collation (en_US: punctuation ignored at first) does not keep together.
 POSTGRES_MIGRATIONS = (
     Migration(
         1,
