@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import re
 import subprocess
 import sys
@@ -171,22 +170,16 @@ def test_a_client_keys_rpm_holds_across_replicas(
     tmp_path: Path, fake: FakeProvider, pg_url: str, redis_url: str
 ) -> None:
     """A key with --rpm 10, used through three replicas sharing PostgreSQL (where the key
-    is) and Redis (where its window is): 10 of 30 turns at once are admitted. The replicas
-    share the server secret that the key's digest is made with."""
+    is, with the secret its digest is made with) and Redis (where its window is): 10 of 30
+    turns at once are admitted."""
     reps = ReplicaSet(
         tmp_path, fake.url + "/v1", store=pg_url, coordination=redis_url, n=3,
         config={"retry_max_attempts": 1},
     )  # fmt: skip
     try:
-        secret = os.urandom(32)
-        for r in reps:
-            data = r.root / "data"
-            data.mkdir(mode=0o700, exist_ok=True)
-            (data / "auth.secret").write_bytes(secret)
-            (data / "auth.secret").chmod(0o600)
         home = reps[0].root
         made = subprocess.run(
-            [sys.executable, "-m", "skillstate", "keys", "--data-dir", str(home / "data"),
+            [sys.executable, "-m", "skillstate", "keys", "--data-dir", str(tmp_path / "cli"),
              "--config", str(home / "skillstate.json"), "create", "--name", "team", "--rpm", "10"],
             env=proxy_env(), capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
