@@ -1,8 +1,10 @@
 """Round trips per turn to the shared engines (``--store postgresql://…``,
 ``--coordination redis://…``), counted on the servers themselves, not inferred.
 
-- Redis: ``INFO commandstats`` before and after (every command the replicas sent, by name;
-  our own ``INFO`` is left out). Each command is one round trip unless a client pipelines.
+- Redis: ``MONITOR`` while the turns run: every command a client sent, by name (commands a
+  Lua script runs inside ``EVALSHA`` are shown as ``lua`` and left out: ``INFO
+  commandstats`` would count them too). Each command is one round trip unless a client
+  pipelines (the proxy does not).
 - PostgreSQL: ``pg_stat_statements`` before and after (statements executed by the proxy,
   ``BEGIN``/``COMMIT`` included since utility statements are tracked by default; each is one
   round trip with asyncpg), and ``COMMIT`` calls as transactions. The extension must be in
@@ -18,26 +20,36 @@ from __future__ import annotations
 import asyncio
 import http.client
 import socket
+import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
 _OWN_QUERY_MARK = "skillstate-bench-engines"
 
 
-def _redis_command(url: str, *args: str) -> bytes:
+def _authenticate(sock: socket.socket, url: str) -> None:
     parts = urlsplit(url)
+    if parts.password:
+        user = parts.username or "default"
+        cmd = f"*3\r\n$4\r\nAUTH\r\n${len(user)}\r\n{user}\r\n"
+        cmd += f"${len(parts.password)}\r\n{parts.password}\r\n"
+        sock.sendall(cmd.encode())
+        if not sock.recv(64).startswith(b"+OK"):
+            raise RuntimeError("redis AUTH failed")
+
+
+def _connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 30)
+    _authenticate(sock, url)
+    return sock
+
+
+def _redis_command(url: str, *args: str) -> bytes:
+    """One command whose answer is a bulk string (INFO, ECHO)."""
     cmd = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
-    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 5) as s:
-        if parts.password:
-            user = parts.username or "default"
-            auth = f"*3\r\n$4\r\nAUTH\r\n${len(user)}\r\n{user}\r\n"
-            auth += f"${len(parts.password)}\r\n{parts.password}\r\n"
-            s.sendall(auth.encode())
-            if not s.recv(64).startswith(b"+OK"):
-                raise RuntimeError("redis AUTH failed")
+    with _connect(url) as s:
         s.sendall(cmd.encode())
         head = b""
         while not head.endswith(b"\r\n"):
@@ -54,15 +66,41 @@ def _redis_command(url: str, *args: str) -> bytes:
         return body[:size]
 
 
-def redis_commands(url: str) -> dict[str, int]:
-    """Calls per command name since the server started (``INFO commandstats``)."""
-    out: dict[str, int] = {}
-    for line in _redis_command(url, "INFO", "commandstats").decode().splitlines():
-        if line.startswith("cmdstat_"):
-            name, _, stats = line[len("cmdstat_") :].partition(":")
-            fields = dict(f.split("=", 1) for f in stats.split(","))
-            out[name] = int(fields["calls"])
-    return out
+class RedisMonitor:
+    """Counts the commands clients send to Redis (``MONITOR``) from its creation until
+    ``stop``, by name; a script's own commands are not counted."""
+
+    _END = "skillstate-bench-monitor-end"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.counts: dict[str, int] = {}
+        self._sock = _connect(url)
+        self._sock.settimeout(None)
+        self._sock.sendall(b"*1\r\n$7\r\nMONITOR\r\n")
+        self._file = self._sock.makefile("rb")
+        if not self._file.readline().startswith(b"+OK"):
+            raise RuntimeError("redis MONITOR refused")
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for raw in self._file:
+            line = raw.decode(errors="replace")
+            if self._END in line:
+                return
+            client, sep, rest = line.partition("] ")
+            if not sep or client.endswith(" lua"):
+                continue
+            name = rest.split('"', 2)[1].lower() if rest.startswith('"') else "?"
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    def stop(self) -> dict[str, int]:
+        """Stop counting once every command sent so far has been seen; the counts."""
+        _redis_command(self.url, "ECHO", self._END)
+        self._thread.join(30)
+        self._sock.close()
+        return self.counts
 
 
 async def _pg_statements(url: str) -> dict[str, int] | str:
@@ -137,16 +175,15 @@ def count_turns(
     for s in sessions:  # seed: the measured turns find their session existing
         _turn(base, body, headers, s)
     pg = store if store and urlsplit(store).scheme.startswith("postgres") else None
-    r0 = redis_commands(coordination) if coordination else None
+    monitor = RedisMonitor(coordination) if coordination else None
     p0 = pg_statements(pg) if pg else None
     for s in sessions:
         _turn(base, body, headers, s)
-    r1 = redis_commands(coordination) if coordination else None
     p1 = pg_statements(pg) if pg else None
     out: dict[str, Any] = {"turns": turns}
-    if r0 is not None and r1 is not None:
-        r0.pop("info", None), r1.pop("info", None)
-        per = _delta(r1, r0, turns)
+    if monitor is not None:
+        per = _delta(monitor.stop(), {}, turns)
+        per.pop("echo", None)  # the monitor's own end mark
         out["redis"] = {"commands_per_turn": round(sum(per.values()), 3), "by_command": per}
     if isinstance(p0, str) or isinstance(p1, str):
         out["postgresql"] = {"error": p0 if isinstance(p0, str) else p1}
@@ -159,7 +196,3 @@ def count_turns(
             "by_statement": per,
         }
     return out
-
-
-def dumps(counts: dict[str, Any]) -> str:
-    return orjson.dumps(counts, option=orjson.OPT_INDENT_2).decode()

@@ -333,8 +333,9 @@ def _print_engines(con: Any, eng: dict[str, Any]) -> None:
         con.print(f"  [yellow]PostgreSQL: {pg['error']}[/yellow]")
     elif pg:
         con.print(
-            f"  PostgreSQL: {_f(pg['statements_per_turn'])} statements per turn, "
-            f"{_f(pg['transactions_per_turn'])} explicit transactions (COMMIT) per turn"
+            f"  PostgreSQL: {_f(pg['statements_per_turn'])} statements per turn (each its own "
+            f"transaction unless inside BEGIN…COMMIT: {_f(pg['transactions_per_turn'])} "
+            "COMMITs per turn)"
         )
         for q, v in pg["by_statement"].items():
             con.print(f"    {_f(v)}  {q[:96]}")
