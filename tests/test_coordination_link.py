@@ -130,3 +130,29 @@ def test_health_says_coordination_is_not_configured_by_default(
     h = p.get("/health")
     assert h.status_code == 200
     assert h.json()["coordination"] == {"redis": "not configured", "degraded": False}
+
+
+async def test_attempt_never_refuses_and_keeps_to_the_retry_pace() -> None:
+    """``attempt`` (a settle, a verdict, a release after the turn's call): None while Redis
+    is unreachable, even under ``refuse``, and like ``call`` it tries the dead server once
+    per ``retry_every`` only."""
+    clock = _Clock()
+    link = CoordinationLink(_dead_url(), CoordinationDown.REFUSE, clock=clock)
+    tried = 0
+
+    async def ping(client: Any) -> Any:
+        nonlocal tried
+        tried += 1
+        return await client.ping()
+
+    try:
+        assert await link.attempt(ping) is None
+        assert tried == 1 and not link.up
+        assert await link.attempt(ping) is None  # within retry_every: not tried
+        assert tried == 1
+        clock.now += link.retry_every
+        assert await link.attempt(ping) is None
+        assert tried == 2
+    finally:
+        await link.close()
+    assert await CoordinationLink(None).attempt(ping) is None  # not configured

@@ -251,16 +251,9 @@ class SharedBreaker:
     async def _best_effort(self, script: str, args: list[object]) -> int | None:
         """The script's own answer (the state kept), or None while Redis is unreachable:
         a verdict or a read is never refused."""
-        link = self._link
-        if not link.ready():
-            return None
-        try:
-            reply = await run_script(link.client, script, self._keys, args)
-        except link.errors as e:
-            link.failed(e)
-            return None
-        link.succeeded()
-        return self._seen(reply)
+        keys = self._keys
+        reply = await self._link.attempt(lambda redis: run_script(redis, script, keys, args))
+        return None if reply is None else self._seen(reply)
 
     def _local_changed(self, state: CircuitState) -> None:
         if self._on_local:

@@ -62,12 +62,4 @@ class SharedHolds:
 
     async def release(self, key: str, hold: str) -> None:
         """Drop the hold (idempotent). Redis unreachable: it expires on its own."""
-        link = self._link
-        if not link.ready():
-            return
-        try:
-            await link.client.zrem(PREFIX + key, hold)
-        except link.errors as e:
-            link.failed(e)
-        else:
-            link.succeeded()
+        await self._link.attempt(lambda redis: redis.zrem(PREFIX + key, hold))

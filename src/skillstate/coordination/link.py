@@ -152,6 +152,20 @@ class CoordinationLink:
                 return result
         return self.fallback()
 
+    async def attempt(self, op: Callable[[Redis], Awaitable[T]]) -> T | None:
+        """``op(client)``'s result, or None when Redis is not reachable now (or not
+        configured): never refused, for what comes after a turn's call (settling a window,
+        a breaker's verdict, releasing a hold) or only reads (snapshots)."""
+        if self._client is None or not self.ready():
+            return None
+        try:
+            result = await op(self._client)
+        except self.errors as e:
+            self.failed(e)
+            return None
+        self.succeeded()
+        return result
+
     def fallback(self) -> Literal[_Local.LOCAL]:
         """``LOCAL`` under ``local``; under ``refuse``, raise the client's 503."""
         if self.refuses:

@@ -215,16 +215,7 @@ class SharedWindows:
     async def _best_effort(self, script: str, args: list[object]) -> Any:
         """The script's reply, or None while Redis is unreachable (never a refusal: used
         after a turn, or for a snapshot)."""
-        link = self._link
-        if not link.ready():
-            return None
-        try:
-            reply = await run_script(link.client, script, self._keys, args)
-        except link.errors as e:
-            link.failed(e)
-            return None
-        link.succeeded()
-        return reply
+        return await self._link.attempt(lambda redis: run_script(redis, script, self._keys, args))
 
     def snapshot(self) -> dict[str, Any]:
         """The usage last read from Redis (``refresh`` first for a current one); while
