@@ -85,6 +85,9 @@ def test_rpm_30_across_three_replicas_admits_exactly_30_of_90(
         assert 1 <= int(e.response.headers["retry-after"]) <= 60
     assert len(fake.requests) == 30  # nothing refused reached the upstream
     assert limits_everywhere(reps, "rpm") == [{"limit": 30, "used": 30}] * 3
+    for r in reps:  # /metrics reads the shared window too
+        text = r.http.get(r.url + "/metrics").text
+        assert 'skillstate_upstream_window_used{upstream="a",window="rpm"} 30.0' in text
 
 
 def test_tpm_across_replicas_reserves_the_estimate_then_settles_the_real_usage(
