@@ -6,6 +6,8 @@ half-written, turns work again after)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -182,3 +184,50 @@ def test_health_names_the_store_without_its_password(
     assert "s3cret-pw" not in proxy.get("/health").text
     # (The tier's server trusts loopback: any password is accepted.)
     assert "s3cret-pw" not in proxy.stop()
+
+
+def _server_processes(server: PostgresServer) -> list[int]:
+    """The postmaster and its children (the backends serving the proxy's connections)."""
+    assert server.proc is not None
+    root = server.proc.pid
+    found = [root]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == root:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_hung_postgresql_is_503_not_a_hang(
+    fake: FakeProvider,
+    start_proxy_process: StartProxyProcess,
+    pg_url: str,
+    postgres_server: PostgresServer,
+) -> None:
+    """The server stops answering (every process of it paused, as in a stalled VM):
+    store_timeout bounds the turn, which gets a 503 in its dialect; resumed, turns go on."""
+    config = {"store": pg_url, "store_timeout": 1.0}
+    proxy = start_proxy_process(fake.url + "/v1", *SCHEMA, config=config)
+    c = client(proxy)
+    fake.enqueue(Reply(text=envelope({"step": 1})))
+    turn(c, "hung", "go 1")
+    paused = _server_processes(postgres_server)
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        sent = len(fake.requests)
+        with pytest.raises(openai.APIStatusError) as refused:
+            turn(c, "hung", "go 2")  # the client's own timeout (HANG) is only a guard
+        assert refused.value.status_code == 503
+        assert refused.value.body["code"] == "store_unavailable"  # type: ignore[index]
+        assert len(fake.requests) == sent
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+    fake.enqueue(Reply(text=envelope({"step": 2})))
+    turn(c, "hung", "go 2 again")
+    assert [h["step"] for h in history(proxy, "hung")] == [1, 2]
