@@ -258,12 +258,14 @@ async def test_health_check_and_writable(store: Store) -> None:
 # -- PostgreSQL only: what a turn costs the database -------------------------------------
 
 
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 20])
 async def test_a_turn_is_one_statement_to_load_and_one_to_commit(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, cache_bytes: int
 ) -> None:
     """Counted on the connections (asyncpg's query logger): in steady state a load is one
-    statement, a commit (the session's compare-and-set, the transition and the ledger rows)
-    one statement, and concurrent ledger writers share one INSERT."""
+    statement (none from the cache that leases verify), a commit (the session's
+    compare-and-set, the transition and the ledger rows) one statement, and concurrent
+    ledger writers share one INSERT."""
     import asyncpg
 
     statements: list[str] = []
@@ -276,7 +278,7 @@ async def test_a_turn_is_one_statement_to_load_and_one_to_commit(
         return create_pool(*args, init=init, **kwargs)
 
     monkeypatch.setattr(asyncpg, "create_pool", counting_pool)
-    store = PostgresStore(pg_url, pool_size=1)
+    store = PostgresStore(pg_url, pool_size=1, cache_bytes=cache_bytes)
     await store.open()
     try:
         rows = [ledger_row(ts=1.0), ledger_row(ts=1.5)]
@@ -286,10 +288,55 @@ async def test_a_turn_is_one_statement_to_load_and_one_to_commit(
         for step in range(1, 6):
             assert await store.load("s") is not None
             assert await commit(store, "s", step, {"k": step}, ledger=rows) == step + 1
-        assert len(statements) == 10, statements
+        assert len(statements) == (5 if cache_bytes else 10), statements
         statements.clear()
         await asyncio.gather(*(store.add_ledger_rows([ledger_row(ts=2.0)]) for _ in range(50)))
         assert len(statements) == 1, statements
         assert len(await store.ledger_rows(0, 10)) == 12 + 50
     finally:
         await store.close()
+
+
+async def test_a_cached_copy_behind_another_writer_is_refused_at_commit(
+    backend: str, tmp_path: Path, url: str
+) -> None:
+    """Two processes on one database, each with its session cache (PostgreSQL keeps one
+    when leases verify it): a copy left behind by the other's commit is what load() may
+    return (the caller checks its step: Hold.current), load(fresh=True) reads the database,
+    and a commit built on the stale copy is a StepConflict that drops it."""
+    options: dict[str, Any] = {} if backend == "sqlite" else {"cache_bytes": 1 << 20}
+    a = open_backend(backend, tmp_path, url, **options)
+    b = open_backend(backend, tmp_path, url, **options)
+    await a.open()
+    await b.open()
+    try:
+        assert await commit(a, "s", 0, {"k": "a1"}) == 1
+        assert await commit(b, "s", 1, {"k": "b2"}) == 2
+        stale = await a.load("s")
+        assert stale is not None and (stale.step, stale.state) == (1, {"k": "a1"})
+        fresh = await a.load("s", fresh=True)
+        assert fresh is not None and (fresh.step, fresh.state) == (2, {"k": "b2"})
+        assert await commit(b, "s", 2, {"k": "b3"}) == 3
+        with pytest.raises(StepConflict, match="moved from step 2 to 3"):
+            await commit(a, "s", 2, {"k": "a3"})
+        after = await a.load("s")  # the conflict dropped the copy
+        assert after is not None and (after.step, after.state) == (3, {"k": "b3"})
+        assert await a.delete("s")
+        assert await b.load("s", fresh=True) is None
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_without_cache_bytes_postgresql_reads_every_load(pg_url: str) -> None:
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.open()
+    await b.open()
+    try:
+        assert await commit(a, "s", 0, {"k": "a1"}) == 1
+        assert await commit(b, "s", 1, {"k": "b2"}) == 2
+        rec = await a.load("s")
+        assert rec is not None and rec.step == 2
+    finally:
+        await a.close()
+        await b.close()

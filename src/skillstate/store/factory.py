@@ -69,4 +69,7 @@ def make_store(settings: Settings, *, exclusive: bool = False) -> Store:
         pool_size=settings.store_pool_size,
         timeout=settings.store_timeout,
         max_sessions=settings.max_sessions,
+        # A cached copy is verified by the turn's lease (Redis): without coordination
+        # nothing could tell it is behind another replica's commit, so none is kept.
+        cache_bytes=settings.session_cache_bytes if settings.coordination else 0,
     )

@@ -10,9 +10,15 @@ Same data and semantics as the SQLite store (store/sqlite.py), with these choice
   that lost its lease, committed first) nothing is written and :class:`StepConflict` is
   raised. Concurrent commits on one row serialise on its row lock, and the second one
   re-checks the step after the first committed (READ COMMITTED), so exactly one wins.
-- **No session cache.** Replicas share the database, so a cached state could be behind
-  another replica's commit; each load is one indexed SELECT by primary key (one round trip),
-  which is what a verified cache would cost anyway. Correctness over a saved round trip.
+- **A session cache only when leases verify it** (``cache_bytes`` > 0: the factory gives
+  one when ``coordination`` is set). Replicas share the database, so a cached copy can be
+  behind another replica's commit. Under a Redis lease the turn knows the step the
+  session's last holder committed (``Hold.current``): a copy at that step is used (no round
+  trip), any other is read again with ``load(fresh=True)``; ``GET /state`` checks the same
+  way. Without coordination nothing could verify a copy, so nothing is cached and each load
+  is one indexed SELECT by primary key. Either way the commit's compare-and-set is the
+  guard: a turn built on a stale copy (Redis down under ``coordination_down: local``) gets
+  StepConflict, writes nothing, and its copy is dropped.
 - **Ledger rows written alone are group-committed** (:meth:`add_ledger_rows`): rows that
   arrive while an insert is running go together in the next one, one ``INSERT ... SELECT
   FROM unnest(...)`` for all of them. A turn's own rows go in its commit statement.
@@ -25,9 +31,10 @@ Same data and semantics as the SQLite store (store/sqlite.py), with these choice
 - ``max_sessions`` is checked in the new session's INSERT against ``count(*)`` (new sessions
   only); replicas creating sessions at the same instant can overshoot it by a few.
 
-Round trips: load 1, commit 1 (2 when it conflicts: the second says how the step moved),
-a group of ledger rows 1. Pooled connections keep no session state, so they are returned
-to the pool without asyncpg's reset query (which would be a round trip per use).
+Round trips: load 1 (0 from a verified cached copy), commit 1 (2 when it conflicts: the
+second says how the step moved), a group of ledger rows 1. Pooled connections keep no
+session state, so they are returned to the pool without asyncpg's reset query (which would
+be a round trip per use).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from .base import (
     StoreUnavailable,
     TransitionRecord,
 )
+from .cache import CachedSession, SessionCache
 from .factory import redacted
 from .ledgersql import GROUP_BY, sums_of, sums_select
 from .migrations import SchemaTooNew, SchemaTooOld, migrate_postgres
@@ -170,7 +178,8 @@ class PostgresStore:
     ``pool_size`` connections at most; ``timeout`` bounds connecting, waiting for a pooled
     connection and (unless ``unbounded_statements``) each statement, in seconds;
     ``max_sessions`` (0 = no limit) as in SQLite; ``close_timeout`` bounds how long close()
-    waits for queued ledger writes."""
+    waits for queued ledger writes; ``cache_bytes`` > 0 keeps a session cache, for replicas
+    whose leases verify it (module docstring)."""
 
     def __init__(
         self,
@@ -181,6 +190,8 @@ class PostgresStore:
         max_sessions: int = 0,
         close_timeout: float = 10.0,
         unbounded_statements: bool = False,
+        cache_sessions: int = 4096,
+        cache_bytes: int = 0,
     ) -> None:
         self.url = url
         self.where = redacted(url)
@@ -192,6 +203,7 @@ class PostgresStore:
         self._close_timeout = close_timeout
         self._pool: asyncpg.Pool | None = None
         self._sessions = 0  # sessions in the database, as this replica last knew it
+        self._cache = SessionCache(cache_sessions, cache_bytes)  # see the module docstring
         self._write_failure: StoreError | None = None
         # Group commit of ledger rows written alone: (rows, waiter) queued while one runs.
         self._ledger_queue: list[tuple[list[tuple[Any, ...]], asyncio.Future[None]]] = []
@@ -328,16 +340,21 @@ class PostgresStore:
     # -- sessions -------------------------------------------------------------------------
 
     async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:
-        """Always read from the database (no cache: ``fresh`` changes nothing)."""
+        """The cached copy unless ``fresh`` (the caller verifies its step), else the
+        database's row."""
+        cached = None if fresh else self._cache.get(session)
+        if cached is not None:
+            return cached.record(session)
         rows = await self._fetch(
             "SELECT state, schema, step, created, updated FROM sessions WHERE id = $1", session
         )
         if not rows:
+            self._cache.forget(session)
             return None
         state, schema, step, created, updated = rows[0]
-        return SessionRecord(
-            session, orjson.loads(state), orjson.loads(schema), step, created, updated, len(state)
-        )
+        entry = CachedSession(state, orjson.loads(schema), step, created, updated)
+        self._cache.remember(session, entry)
+        return entry.record(session)
 
     async def commit(
         self,
@@ -364,10 +381,11 @@ class PostgresStore:
         except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
             raise StoreError(f"cannot store the turn: {e}") from e
         new = expected_step == 0
+        stored_state = (state_blob or b"{}") if new else state_blob
         args = (
             session,
             self._max_sessions if new else expected_step,
-            (state_blob or b"{}") if new else state_blob,
+            stored_state,
             now,
             patch_blob,
             _text(transition.action),
@@ -378,11 +396,16 @@ class PostgresStore:
             *((schema_text,) if new else ()),
             *_ledger_arrays(ledger_values),
         )
-        step = await self._write(_COMMIT_NEW if new else _COMMIT_EXISTING, *args)
-        if step is None:
-            raise await self._refusal(session, expected_step)
+        try:
+            step = await self._write(_COMMIT_NEW if new else _COMMIT_EXISTING, *args)
+            if step is None:
+                raise await self._refusal(session, expected_step)
+        except StoreError:
+            self._cache.forget(session)  # the copy may be what is stale
+            raise
         if new:
             self._sessions += 1
+        self._cache.committed(session, stored_state, schema, int(step), now)
         return int(step)
 
     async def _refusal(self, session: str, expected_step: int) -> StoreError:
@@ -442,25 +465,28 @@ class PostgresStore:
             " SELECT count(*) FROM gone",
             session,
         )
+        self._cache.forget(session)
         self._sessions = max(self._sessions - int(deleted), 0)
         return bool(deleted)
 
     async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
         async with self.connection() as conn:
-            purged = await conn.fetchval(
+            purged: list[str] = await conn.fetchval(
                 "WITH gone AS (DELETE FROM sessions WHERE updated < $1 AND id <> ALL($2::text[])"
                 " RETURNING id),"
                 " t AS (DELETE FROM transitions WHERE session IN (SELECT id FROM gone)),"
                 # Stored responses expire with the same TTL (passthrough turns store them
                 # under sessions that have no state row).
                 " r AS (DELETE FROM responses WHERE created < $1)"
-                " SELECT count(*) FROM gone",
+                " SELECT coalesce(array_agg(id), '{}') FROM gone",
                 older_than,
                 list(keep),
             )
             # Other replicas create sessions too: recount while at it.
             self._sessions = int(await conn.fetchval("SELECT count(*) FROM sessions"))
-        return int(purged)
+        for session in purged:
+            self._cache.forget(session)
+        return len(purged)
 
     # -- Responses API responses ----------------------------------------------------------
 

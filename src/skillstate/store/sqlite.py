@@ -13,11 +13,9 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +33,7 @@ from .base import (
     StoreUnavailable,
     TransitionRecord,
 )
+from .cache import CachedSession, SessionCache
 from .datadir import lock_data_dir, prepare_path, unlock_data_dir
 from .ledgersql import GROUP_BY, sums_of, sums_select
 from .migrations import migrate_sqlite
@@ -119,28 +118,6 @@ def connect(
     return db
 
 
-@dataclass(frozen=True, slots=True)
-class _Cached:
-    """A cached session as its stored bytes: what it costs in memory is exactly known
-    (a parsed state can take 20x its JSON size), and each load gets its own copy."""
-
-    state: bytes
-    schema: list[str]
-    step: int
-    created: float
-    updated: float
-
-    @property
-    def cost(self) -> int:
-        return len(self.state) + sum(len(k) for k in self.schema) + 200  # + entry overhead
-
-    def record(self, session: str) -> SessionRecord:
-        return SessionRecord(
-            session, orjson.loads(self.state), self.schema, self.step, self.created,
-            self.updated, len(self.state),
-        )  # fmt: skip
-
-
 class SQLiteStore:
     """Sessions, transitions and the ledger in one SQLite file, on one thread.
 
@@ -169,10 +146,7 @@ class SQLiteStore:
         self._close_timeout = close_timeout
         # Write-through cache of hot sessions: a turn's load needs no thread hop. The store
         # assumes it is the only writer of its database (one proxy per data dir).
-        self._cache: OrderedDict[str, _Cached] = OrderedDict()
-        self._cache_max = cache_sessions
-        self._cache_bytes_max = cache_bytes
-        self._cache_bytes = 0
+        self._cache = SessionCache(cache_sessions, cache_bytes)
         self._max_sessions = max_sessions
         self._sessions = 0  # sessions in the database; only the store thread writes it
         self._batch_new = 0  # sessions the running batch created
@@ -393,43 +367,25 @@ class SQLiteStore:
 
     # -- sessions -------------------------------------------------------------------------
 
-    def _remember(self, session: str, entry: _Cached) -> None:
-        old = self._cache.pop(session, None)
-        if old is not None:
-            self._cache_bytes -= old.cost
-        if entry.cost > self._cache_bytes_max:
-            return  # bigger than the whole cache: loads read it from the database
-        self._cache[session] = entry
-        self._cache_bytes += entry.cost
-        while len(self._cache) > self._cache_max or self._cache_bytes > self._cache_bytes_max:
-            _, evicted = self._cache.popitem(last=False)
-            self._cache_bytes -= evicted.cost
-
-    def _forget(self, session: str) -> None:
-        old = self._cache.pop(session, None)
-        if old is not None:
-            self._cache_bytes -= old.cost
-
     @property
     def cache_bytes(self) -> int:
         """What the session cache holds now (bounded by ``cache_bytes``)."""
-        return self._cache_bytes
+        return self._cache.bytes
 
     async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:
         cached = None if fresh else self._cache.get(session)
         if cached is not None:
-            self._cache.move_to_end(session)
             return cached.record(session)
         entry = await self._run(self._load_sync(session))
         if entry is None:
-            self._forget(session)  # a fresh read of a session deleted by another writer
+            self._cache.forget(session)  # a fresh read of a session deleted by another writer
             return None
-        self._remember(session, entry)
+        self._cache.remember(session, entry)
         return entry.record(session)
 
     @staticmethod
-    def _load_sync(session: str) -> Callable[[sqlite3.Connection], _Cached | None]:
-        def load(db: sqlite3.Connection) -> _Cached | None:
+    def _load_sync(session: str) -> Callable[[sqlite3.Connection], CachedSession | None]:
+        def load(db: sqlite3.Connection) -> CachedSession | None:
             row = db.execute(
                 "SELECT state, schema, step, created, updated FROM sessions WHERE id = ?",
                 (session,),
@@ -437,7 +393,7 @@ class SQLiteStore:
             if row is None:
                 return None
             state, schema, step, created, updated = row
-            return _Cached(state, orjson.loads(schema), step, created, updated)
+            return CachedSession(state, orjson.loads(schema), step, created, updated)
 
         return load
 
@@ -514,14 +470,9 @@ class SQLiteStore:
             step = await self._write(commit)
         except StoreError:
             # The cached copy may be what is stale (the database moved on): reload next time.
-            self._forget(session)
+            self._cache.forget(session)
             raise
-        prev = self._cache.get(session)
-        if prev is not None:
-            blob = state_blob if state_blob is not None else prev.state
-            self._remember(session, _Cached(blob, schema, step, prev.created, now))
-        elif state_blob is not None:
-            self._remember(session, _Cached(state_blob, schema, step, now, now))
+        self._cache.committed(session, state_blob, schema, step, now)
         return step
 
     # -- pages (GET /state and ?history=1) ----------------------------------------------
@@ -586,7 +537,7 @@ class SQLiteStore:
             self._sessions -= cur.rowcount
             return cur.rowcount > 0
 
-        self._forget(session)
+        self._cache.forget(session)
         return await self._run(delete)
 
     async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
@@ -606,7 +557,7 @@ class SQLiteStore:
 
         ids = await self._run(purge)
         for i in ids:
-            self._forget(i)
+            self._cache.forget(i)
         return len(ids)
 
     # -- Responses API responses ----------------------------------------------------------
