@@ -540,7 +540,8 @@ class PostgresStore:
             try:
                 rows = [v for values, _ in group for v in values]
                 await self._write(_LEDGER_INSERT, *_ledger_arrays(rows))
-            except StoreError as e:
+            except Exception as exc:  # whatever it is, every waiter gets an answer
+                e = as_store_error(exc)
                 if len(group) > 1 and not isinstance(e, StoreUnavailable):
                     # A value the server refused: retry each write alone, so that only the
                     # bad one fails.
@@ -558,9 +559,9 @@ class PostgresStore:
     async def _settle_alone(self, values: list[tuple[Any, ...]], fut: asyncio.Future[None]) -> None:
         try:
             await self._write(_LEDGER_INSERT, *_ledger_arrays(values))
-        except StoreError as e:
+        except Exception as e:
             if not fut.done():
-                fut.set_exception(e)
+                fut.set_exception(as_store_error(e))
         else:
             if not fut.done():
                 fut.set_result(None)
