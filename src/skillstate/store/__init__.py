@@ -1,5 +1,7 @@
-"""Persistence behind one narrow interface, so backends (SQLite now, Redis later) are
-interchangeable without touching the pipeline."""
+"""Persistence behind one narrow interface, so backends are interchangeable without
+touching the pipeline: SQLite (store/sqlite.py, the default) and PostgreSQL
+(store/postgres.py, shared by replicas), chosen by the ``store`` URL (store/factory.py),
+with versioned schemas (store/migrations.py)."""
 
 from .base import (
     SessionRecord,
