@@ -378,20 +378,19 @@ class SessionLeases:
         while not lease.lost:
             await asyncio.sleep(self.ttl / 3)
             sent = self._clock()
+
+            async def renew(client: Redis) -> Any:
+                args: list[str | int] = [lease.token, ttl_ms, lease.session]
+                return await self._scripts.renew(keys=[lease_key, LEASES], args=args, client=client)
+
             try:
-                renewed = await self._scripts.renew(
-                    keys=[lease_key, LEASES],
-                    args=[lease.token, ttl_ms, lease.session],
-                    client=self.link.client,
-                )
-            except self.link.errors as e:
-                self.link.failed(e)
-                continue
+                renewed = await self.link.attempt(renew)
             except Exception:
                 log.exception("session %s: renewing the turn's lease", lease.session)
                 lease.lost = True
                 return
-            self.link.succeeded()
+            if renewed is None:
+                continue  # Redis unreachable: try again; the lease may expire meanwhile
             lease.renewals += 1
             if int(renewed):
                 lease.confirmed_until = sent + self.ttl
@@ -405,18 +404,18 @@ class SessionLeases:
     async def _release(self, lease: Lease) -> None:
         lease_key, _, _, meta = _keys(lease.session)
         step = -2 if lease.step_after is None else lease.step_after
-        try:
-            await self._scripts.release(
-                keys=[lease_key, meta, LEASES],
-                args=[lease.token, step, lease.session, META_TTL * 1000],
-                client=self.link.client,
+
+        async def release(client: Redis) -> Any:
+            args: list[str | int] = [lease.token, step, lease.session, META_TTL * 1000]
+            return await self._scripts.release(
+                keys=[lease_key, meta, LEASES], args=args, client=client
             )
-        except self.link.errors as e:
-            self.link.failed(e)  # the lease expires on its own within lease_ttl
+
+        try:
+            # Redis unreachable: nothing released, the lease expires on its own.
+            await self.link.attempt(release)
         except Exception:
             log.exception("session %s: releasing the turn's lease", lease.session)
-        else:
-            self.link.succeeded()
         self._woken(lease.session)
 
     @asynccontextmanager
@@ -470,16 +469,19 @@ class SessionLeases:
         ttl_ms = max(int(self.ttl * 1000), 1)
         while True:
             await asyncio.sleep(self.ttl / 3)
-            with contextlib.suppress(*self.link.errors):
-                await self._scripts.extend(
-                    keys=[PURGING], args=[token, ttl_ms], client=self.link.client
+
+            async def extend(client: Redis) -> Any:
+                return await self._scripts.extend(
+                    keys=[PURGING], args=[token, ttl_ms], client=client
                 )
 
+            await self.link.attempt(extend)
+
     async def _drop_flag(self, token: str) -> None:
-        try:
-            await self._scripts.drop(keys=[PURGING], args=[token], client=self.link.client)
-        except self.link.errors as e:
-            self.link.failed(e)  # the flag expires on its own within lease_ttl
+        async def drop(client: Redis) -> Any:
+            return await self._scripts.drop(keys=[PURGING], args=[token], client=client)
+
+        await self.link.attempt(drop)  # unreachable: the flag expires within lease_ttl
         for session in list(self._wake):
             self._woken(session)
 

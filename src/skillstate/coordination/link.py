@@ -14,9 +14,12 @@ Interface (everything that coordinates through Redis goes through a ``Coordinati
 - While down, no call waits on the dead server: one call per ``RETRY_EVERY`` seconds
   tries it again (and ``/health``'s ``check`` tries it every time), so Redis coming back
   is picked up without a restart.
+- ``await link.attempt(op)``: ``op(client)``'s result, or None when Redis is unreachable
+  (or not configured); never refused. For what comes after a turn's upstream call or must
+  not fail it: settling a window, a breaker's verdict, renewing or releasing a lease.
 - ``link.errors``: the exception types that mean "Redis is unreachable" (for a caller
-  that talks to the client outside ``call``, e.g. a lease's renewal task: it reports them
-  with ``link.failed(e)`` and a success with ``link.succeeded()``).
+  that talks to the client outside ``call``/``attempt``: it reports them with
+  ``link.failed(e)`` and a success with ``link.succeeded()``).
 - ``await link.check(timeout)``: the ``coordination`` section of ``/health``.
 
 Errors Redis itself answers with (a bad script, a wrong type) are bugs, not outages: they
