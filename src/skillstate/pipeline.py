@@ -241,7 +241,7 @@ class Pipeline:
         except ProxyError as e:
             if e.code != "coordination_unavailable":
                 raise
-            log.warning("session purge skipped: %s", e.message)
+            log.warning("session purge skipped (Redis is unreachable); tried again next interval")
             return 0
 
     async def delete_session(self, session: str) -> bool:

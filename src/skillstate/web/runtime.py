@@ -62,11 +62,22 @@ class Runtime:
         s = self.settings
         while True:
             now = time.time()
-            with contextlib.suppress(StoreError):
+            # A purge that fails for any reason is tried again next interval: one failure
+            # (a store or Redis outage, a bug) must not end the purges until a restart.
+            try:
                 if s.session_ttl > 0:
                     await self.pipeline.purge_expired(now - s.session_ttl)
                 if s.ledger_retention > 0:
                     await self.store.purge_ledger(now - s.ledger_retention)
+            except StoreError as e:
+                log.warning("purge skipped: %s", e)
+            except Exception as e:
+                log.error(
+                    "purge failed (%s: %s); trying again in %gs",
+                    type(e).__name__,
+                    e,
+                    s.purge_interval,
+                )
             await asyncio.sleep(s.purge_interval)
 
 
