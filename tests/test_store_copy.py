@@ -274,3 +274,23 @@ async def test_keys_bring_their_secret_and_merge_refuses_two_secrets(tmp_path: P
     finally:
         for store in (source, other, fresh):
             await store.close()
+
+
+@pytest.mark.parametrize("side", ["--from", "--to"])
+def test_a_file_that_is_not_a_database_is_refused_and_left_exactly_as_it_was(
+    tmp_path: Path, side: str
+) -> None:
+    # e.g. a mistyped sqlite:///etc/passwd: neither made private (0600) nor given a lock file
+    victim = tmp_path / "passwd"
+    victim.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    victim.chmod(0o644)
+    other = f"sqlite://{tmp_path / 'other.db'}"
+    src, dst = (f"sqlite://{victim}", other) if side == "--from" else (other, f"sqlite://{victim}")
+    if side == "--to":
+        read_all(tmp_path / "other.db")  # an empty store to copy from
+    r = store_copy("--from", src, "--to", dst, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r
+    assert "file is not a database" in r.stderr
+    assert oct(victim.stat().st_mode & 0o777) == oct(0o644)
+    assert victim.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("passwd")) == ["passwd"]

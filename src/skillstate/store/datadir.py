@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -66,7 +67,36 @@ def prepare_path(path: Path) -> None:
         companion = Path(f"{path}{suffix}")
         if companion.is_symlink():
             raise StoreError(f"{companion} is a symbolic link; refusing to follow it")
+    _refuse_other_files(path)
     os.close(open_private(path))
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _refuse_other_files(path: Path) -> None:
+    """Refuse (sqlite3.DatabaseError) an existing, non-empty file that is not a SQLite
+    database BEFORE anything touches it: making it private (0600) or placing a lock file
+    next to it would change a file that was never ours (a mistyped --data-dir or store URL
+    naming /etc/passwd)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if os.path.islink(path):
+            raise StoreError(f"{path} is a symbolic link; refusing to follow it") from None
+        raise StoreError(f"cannot open {path}: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"{path} is not a regular file")
+        head = os.pread(fd, len(SQLITE_HEADER), 0)
+    finally:
+        os.close(fd)
+    if head and head != SQLITE_HEADER:
+        # SQLite's own error for such a file, raised before SQLite (or we) touched it: every
+        # caller already reports it in one line.
+        raise sqlite3.DatabaseError("file is not a database")
 
 
 # Data-dir locks this process holds: lock file -> [descriptor, holds]. Re-entrant, so the
