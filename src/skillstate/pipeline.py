@@ -29,6 +29,7 @@ from .baseline import (
     envelope_output_share,
 )
 from .cachehints import CacheHints, count_breakpoints, prompt_cache_key
+from .cancelsafe import shielded, uncancellable
 from .choices import CacheBreakpoints, ContextShape, Mode, ReplyEnvelope
 from .config import Settings
 from .context import EnvelopeForm
@@ -674,7 +675,7 @@ class Pipeline:
             turn.telemetry.metered(meter.rows)
             if meter.unwritten():
                 self._spawn(meter.flush(self.store))
-            await _shielded(stack.aclose())
+            await shielded(stack.aclose())
 
     async def _commit_stream(self, meta: _TurnMeta, relay: StreamRelay) -> _StreamNote | bytes:
         """Judge and commit a finished stream. Returns the SSE comment carrying the verdict
@@ -778,7 +779,7 @@ class Pipeline:
             )
         )
         try:
-            return await _uncancellable(work)
+            return await uncancellable(work)
         except StepConflict as e:
             raise ProxyError("conflict", f"the turn was not committed: {e}; retry it") from e
         except StoreError as e:
@@ -979,30 +980,3 @@ def _read_reply(
     except JSONTooDeep as e:
         return f"a reply whose {e}"
     return resp, translated, orjson.dumps(translated)
-
-
-async def _uncancellable(work: asyncio.Future[T]) -> T:
-    """Await ``work`` to its end even if the caller is cancelled meanwhile; a cancellation
-    that arrived is re-raised once ``work`` is done."""
-    cancelled = False
-    while not work.done():
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            if work.cancelled():
-                raise
-            cancelled = True
-        except Exception:
-            break  # work's own failure: work.result() raises it below
-    if cancelled:
-        raise asyncio.CancelledError
-    return work.result()
-
-
-async def _shielded(coro: Any) -> None:
-    """Finish cleanup even if the surrounding task is being cancelled."""
-    task = asyncio.ensure_future(coro)
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.shield(task)
-    if not task.done():
-        await task

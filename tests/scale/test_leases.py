@@ -136,6 +136,54 @@ async def test_a_waiter_that_goes_away_leaves_the_queue_at_once(
             await client.aclose()
 
 
+async def test_a_waiter_cancelled_while_its_poll_is_in_flight_leaves_the_queue(
+    replica: Replicas, redis_url: str
+) -> None:
+    """A poll sent but not answered when the waiter is cancelled still runs in Redis: the
+    leave must follow its answer, not race it on another connection (the poll would run
+    after the leave and queue the ticket again, or take the lease)."""
+    a, b = replica(), replica()
+    real_acquire, real_leave = b._scripts.acquire, b._scripts.leave
+    in_flight, answered = asyncio.Event(), asyncio.Event()
+    events: list[str] = []
+    polls: list[asyncio.Future[object]] = []
+
+    async def sent_poll(kwargs: dict[str, object]) -> object:
+        await answered.wait()  # Redis runs it, whoever still waits for its reply
+        result = await real_acquire(**kwargs)
+        events.append("poll answered")
+        return result
+
+    async def acquire(**kwargs: object) -> object:
+        if not polls:
+            polls.append(asyncio.ensure_future(real_acquire(**kwargs)))  # takes the ticket
+        else:
+            polls.append(asyncio.ensure_future(sent_poll(kwargs)))
+            in_flight.set()
+        return await asyncio.shield(polls[-1])  # once sent, a poll runs to its end
+
+    async def leave(**kwargs: object) -> object:
+        events.append("leave")
+        return await real_leave(**kwargs)
+
+    b._scripts.acquire = acquire  # type: ignore[method-assign]
+    b._scripts.leave = leave  # type: ignore[method-assign]
+    async with a.hold("s1"):
+        gone = asyncio.ensure_future(b.hold("s1").__aenter__())
+        await in_flight.wait()
+        gone.cancel()  # its client disconnected while the poll was on the wire
+        answered.set()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await asyncio.gather(*polls)
+        assert events == ["poll answered", "leave"]
+        client = aioredis.from_url(redis_url)
+        try:
+            assert await client.zcard(_keys("s1")[1]) == 0
+        finally:
+            await client.aclose()
+
+
 async def test_a_killed_holders_lease_expires_and_its_step_is_unknown(replica: Replicas) -> None:
     dead, alive = replica(ttl=0.3), replica(wait=10.0)
     async with alive.hold("s1") as hold:

@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..cancelsafe import shielded, uncancellable
 from ..errors import ProxyError
 from ..session import Hold, SessionLocks
 from .link import LOCAL, CoordinationLink
@@ -299,7 +300,7 @@ class SessionLeases:
                 renewal.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await renewal  # a renewal that failed left the lease to expire: lost
-                await _shielded(self._release(lease))
+                await shielded(self._release(lease))
         finally:
             users = self._here[session]
             if users <= 1:
@@ -317,7 +318,7 @@ class SessionLeases:
         try:
             return await self._queue_for(session, token)
         except BaseException:
-            await _shielded(self._leave(session, token))
+            await shielded(self._leave(session, token))
             raise
 
     async def _queue_for(self, session: str, token: str) -> Lease | None:
@@ -332,7 +333,10 @@ class SessionLeases:
             async def acquire(client: Redis) -> Any:
                 return await self._scripts.acquire(keys=keys, args=args, client=client)
 
-            answer = await self.link.call(acquire)
+            # Cancelled meanwhile (its client went away), the script may still run after
+            # the leave sent on another connection, queueing the ticket (or taking the
+            # lease) again: its answer is awaited first, and the leave follows it.
+            answer = await uncancellable(self.link.call(acquire))
             if answer is LOCAL:
                 return None
             granted, step = int(answer[0]), int(answer[1])
@@ -440,7 +444,7 @@ class SessionLeases:
                     keeper.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await keeper
-                    await _shielded(self._drop_flag(token))
+                    await shielded(self._drop_flag(token))
         finally:
             self._paused = None
             gate.set()
@@ -489,12 +493,3 @@ class SessionLeases:
 def _fresh_enough(record: SessionRecord, session_ttl: float) -> bool:
     """A copy older than the session TTL may have been purged by another replica."""
     return not (session_ttl > 0 and record.updated < time.time() - session_ttl)
-
-
-async def _shielded(coro: Any) -> None:
-    """Finish a release even if the surrounding task is being cancelled."""
-    task = asyncio.ensure_future(coro)
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.shield(task)
-    if not task.done():
-        await task
