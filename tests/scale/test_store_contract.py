@@ -215,7 +215,9 @@ async def test_stored_responses(store: Store) -> None:
 
 async def test_keys(store: Store) -> None:
     key = KeyRecord("alice", "d1", False, 10, None, 1.5, 100.0, None, None)
+    assert not await store.has_keys()
     await store.save_key(key, new=True)
+    assert await store.has_keys()
     with pytest.raises(StoreError, match="a key named 'alice' already exists"):
         await store.save_key(KeyRecord("alice", "d2", True, None, None, None, 1.0), new=True)
     await store.save_key(KeyRecord("bob", "d3", True, None, 100, None, 5.0), new=True)

@@ -79,7 +79,7 @@ class KeyBook:
         """Auth is on once a key exists (checked at most every ``ttl`` seconds while off)."""
         if self.mode_due():
             self._mode_checked = self._monotonic()
-            self.on = self.required or bool(await self.store.keys())
+            self.on = self.required or await self.store.has_keys()
         return self.on
 
     def mode_due(self) -> bool:

@@ -41,7 +41,7 @@ async def _shared_store_has_keys(settings: Settings) -> bool:
     store = make_store(settings)
     await store.open()
     try:
-        return bool(await store.keys())
+        return await store.has_keys()
     finally:
         await store.close()
 

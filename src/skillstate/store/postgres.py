@@ -628,6 +628,9 @@ class PostgresStore:
         rows = await self._fetch(f"SELECT {KEY_COLUMNS} FROM api_keys ORDER BY name")
         return [key_record(r) for r in rows]
 
+    async def has_keys(self) -> bool:
+        return bool(await self._fetchval("SELECT EXISTS (SELECT 1 FROM api_keys)"))
+
     async def key_by_digest(self, digest: str) -> KeyRecord | None:
         rows = await self._fetch(f"SELECT {KEY_COLUMNS} FROM api_keys WHERE digest = $1", digest)
         return key_record(rows[0]) if rows else None

@@ -669,6 +669,12 @@ class SQLiteStore:
 
         return await self._run(keys)
 
+    async def has_keys(self) -> bool:
+        def any_key(db: sqlite3.Connection) -> bool:
+            return bool(db.execute("SELECT EXISTS (SELECT 1 FROM api_keys)").fetchone()[0])
+
+        return await self._run(any_key)
+
     async def key_by_digest(self, digest: str) -> KeyRecord | None:
         def find(db: sqlite3.Connection) -> KeyRecord | None:
             row = db.execute(
