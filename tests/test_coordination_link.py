@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from skillstate.choices import CoordinationDown
-from skillstate.coordination.link import LOCAL, CoordinationLink, redacted
+from skillstate.coordination.link import LOCAL, CoordinationLink
 from skillstate.errors import ProxyError
+from skillstate.urltext import redacted
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider
 
@@ -121,6 +122,7 @@ def test_logs_and_health_never_show_the_password() -> None:
     assert redacted("redis://:s3cret@host:6380/1") == "redis://***@host:6380/1"
     assert redacted("rediss://user:s3cret@host/0") == "rediss://user:***@host/0"
     assert redacted("redis://host:6379/0") == "redis://host:6379/0"
+    assert redacted("postgresql://u:s3cret@[::1]:5432/db") == "postgresql://u:***@[::1]:5432/db"
 
 
 def test_health_says_coordination_is_not_configured_by_default(

@@ -17,7 +17,8 @@ from .config import ConfigError, Settings
 from .store import Store, StoreError
 from .store.base import COUNTED
 from .store.copy import CopyReport, copy_store
-from .store.factory import make_store, redacted, sqlite_path
+from .store.factory import make_store, sqlite_path
+from .urltext import redacted
 
 
 def add_store_parser(sub: Any) -> None:

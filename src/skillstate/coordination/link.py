@@ -34,10 +34,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
-from urllib.parse import urlsplit
 
 from ..choices import CoordinationDown
 from ..errors import ProxyError
+from ..urltext import redacted
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -57,17 +57,6 @@ class _Local(enum.Enum):
 
 
 LOCAL: Final = _Local.LOCAL  # ``call``'s answer when the caller must run on in-process state
-
-
-def redacted(url: str) -> str:
-    """The URL without its password (for logs and /health)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    user = f"{parts.username}:***@" if parts.username else "***@"
-    return parts._replace(netloc=f"{user}{host}{port}").geturl()
 
 
 class CoordinationLink:

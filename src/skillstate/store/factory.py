@@ -5,9 +5,10 @@ shared PostgreSQL store (asyncpg, in the ``scale`` extra, imported only then).""
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from ..config import Settings
+from ..urltext import redacted
 from .base import Store, StoreError
 from .sqlite import SQLiteStore
 
@@ -26,18 +27,6 @@ def store_url(settings: Settings) -> str:
     """The store as a URL (a SQLite one for the data dir's default file)."""
     path = sqlite_path(settings)
     return f"sqlite://{path}" if path is not None else str(settings.store)
-
-
-def redacted(url: str) -> str:
-    """A store URL without its password, for logs, errors and /health."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def describe_store(settings: Settings) -> str:

@@ -51,6 +51,7 @@ import orjson
 
 from ..auth.record import KeyRecord
 from ..ledger import LedgerRow, LedgerSums
+from ..urltext import redacted
 from .base import (
     COUNTED,
     SessionRecord,
@@ -62,7 +63,6 @@ from .base import (
     TransitionRecord,
 )
 from .cache import CachedSession, SessionCache
-from .factory import redacted
 from .ledgersql import GROUP_BY, sums_of, sums_select
 from .migrations import SchemaTooNew, SchemaTooOld, migrate_postgres
 from .rows import (

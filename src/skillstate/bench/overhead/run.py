@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ...coordination.link import redacted
+from ...urltext import redacted
 from ..console import make_console, phase_progress
 from .arguments import validate
 from .client_process import run_client
