@@ -36,7 +36,7 @@ from typing import Any
 
 from ..upstream.breaker import CircuitBreaker, CircuitState, Permit
 from .link import LOCAL, CoordinationLink
-from .scripts import run_script
+from .scripts import lua_now_us, run_script
 
 PREFIX = "skillstate:breaker:"
 US = 1_000_000
@@ -44,15 +44,9 @@ KEEP_MS = 7 * 86400 * 1000  # an idle breaker's hash is dropped after a week
 
 # KEYS: 1 state hash, 2 probe claim. ARGV: 1 now (us; "" = the server's TIME), then own.
 # Every script ends with {its own answer, open (0/1), next probe in (us), failures}.
-_PRELUDE = """
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function n(x) return string.format('%.0f', x) end
+_PRELUDE = (
+    lua_now_us(1)
+    + """
 local h = redis.call('HMGET', KEYS[1], 'open', 'next', 'probed', 'failures')
 local open, nxt = h[1] == '1', tonumber(h[2]) or 0
 local probed, failures = h[3] == '1', tonumber(h[4]) or 0
@@ -67,6 +61,7 @@ local function reply(answer)
   return {answer, open and 1 or 0, n(wait), failures}
 end
 """
+)
 
 # ARGV: 2 probe ttl (ms), 3 this claim's token. Answer: 0 refused, 1 call, 2 the probe,
 # 3 the first probe since the breaker opened (the change to half_open).

@@ -14,6 +14,22 @@ from redis.exceptions import NoScriptError
 _SHA: dict[str, str] = {}
 
 
+def lua_now_us(argv: int) -> str:
+    """Lua setting ``now`` (microseconds) from ``ARGV[argv]``, the caller's clock (a test's),
+    or from the server's TIME when that argument is empty: every replica then shares one
+    clock. ``n(x)`` formats a number for Redis (Lua's default would round microseconds)."""
+    return f"""
+local now
+if ARGV[{argv}] ~= '' then
+  now = tonumber(ARGV[{argv}])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function n(x) return string.format('%.0f', x) end
+"""
+
+
 async def run_script(redis: Redis, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
     """``source``'s reply on ``redis``, with ``keys`` and ``args``: one round trip (two
     the first time a server sees the script)."""

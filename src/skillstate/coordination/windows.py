@@ -26,7 +26,7 @@ from typing import Any
 
 from ..limits import NEVER_FITS, Admission, Clock, Ticket, UpstreamLimits, admitted
 from .link import LOCAL, CoordinationLink
-from .scripts import run_script
+from .scripts import lua_now_us, run_script
 
 PREFIX = "skillstate:win:"
 SPAN_US = 60_000_000  # the window, in microseconds (integers keep the arithmetic exact)
@@ -34,19 +34,12 @@ US = 1_000_000
 
 # KEYS: 1 requests zset, 2 tokens zset, 3 hash (entry id -> tokens, "sum", "last").
 # ARGV: 1 span (us), 2 now (us; "" = the server's TIME), then the script's own.
-_PRELUDE = """
-local span = tonumber(ARGV[1])
-local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+_PRELUDE = (
+    "\nlocal span = tonumber(ARGV[1])"
+    + lua_now_us(2)
+    + """
 local last = tonumber(redis.call('HGET', KEYS[3], 'last'))
 if last and now < last then now = last end
--- Numbers reach Redis as strings; Lua's default formatting would round microseconds.
-local function n(x) return string.format('%.0f', x) end
 -- Entries recorded at t count while now < t + span: drop those with t <= now - span.
 local cutoff = n(now - span)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
@@ -66,6 +59,7 @@ end
 local count = redis.call('ZCARD', KEYS[1])
 local sum = tonumber(redis.call('HGET', KEYS[3], 'sum')) or 0
 """
+)
 
 # ARGV: 3 entry id, 4 tokens, 5 rpm (0 = off), 6 tpm (0 = off).
 # Returns {admitted (0/1), wait (us), requests in the window, tokens in the window}.
