@@ -66,9 +66,14 @@ from .cache import CachedSession, SessionCache
 from .ledgersql import GROUP_BY, sums_of, sums_select
 from .migrations import SchemaTooNew, SchemaTooOld, migrate_postgres
 from .rows import (
+    COUNTED_TABLES,
+    EXPORTED_SESSION_COLUMNS,
     KEY_COLUMNS,
     LEDGER_COLUMNS,
+    RESPONSE_COLUMNS,
+    TRANSITION_COLUMNS,
     clamp_time,
+    exported_session,
     full_message,
     key_record,
     key_values,
@@ -76,6 +81,9 @@ from .rows import (
     ledger_tuple,
     prefix_range,
     response_chain_sql,
+    response_values,
+    stored_response,
+    transition_record,
 )
 
 log = logging.getLogger("skillstate")
@@ -437,25 +445,13 @@ class PostgresStore:
         self, session: str, limit: int, after_step: int = 0
     ) -> list[TransitionRecord]:
         rows = await self._fetch(
-            "SELECT step, status, patch, action, errors, ts, context, estimate FROM transitions"
+            f"SELECT {TRANSITION_COLUMNS} FROM transitions"
             " WHERE session = $1 AND step > $2 ORDER BY step LIMIT $3",
             session,
             after_step,
             limit,
         )
-        return [
-            TransitionRecord(
-                step=r[0],
-                status=r[1],
-                patch=orjson.loads(r[2]) if r[2] else None,
-                action=r[3],
-                errors=orjson.loads(r[4]),
-                ts=r[5],
-                context=r[6],
-                estimate=orjson.loads(r[7]) if r[7] else None,
-            )
-            for r in rows
-        ]
+        return [transition_record(r) for r in rows]
 
     async def delete(self, session: str) -> bool:
         deleted = await self._write(
@@ -492,24 +488,16 @@ class PostgresStore:
 
     async def put_response(self, record: StoredResponse) -> None:
         await self._write(
-            "INSERT INTO responses (id, session, created, previous, input, response)"
+            f"INSERT INTO responses ({RESPONSE_COLUMNS})"
             " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET"
             " session = EXCLUDED.session, created = EXCLUDED.created,"
             " previous = EXCLUDED.previous, input = EXCLUDED.input, response = EXCLUDED.response",
-            record.id,
-            record.session,
-            record.created,
-            record.previous,
-            orjson.dumps(record.input),
-            orjson.dumps(record.response),
+            *response_values(record),
         )
 
     async def response_chain(self, response_id: str, limit: int) -> list[StoredResponse]:
         rows = await self._fetch(_RESPONSE_CHAIN, response_id, limit)
-        return [
-            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
-            for r in rows
-        ]
+        return [stored_response(r) for r in rows]
 
     async def delete_response(self, response_id: str) -> bool:
         deleted = await self._write(
@@ -638,21 +626,17 @@ class PostgresStore:
     # -- export and import (skillstate store copy) ----------------------------------------
 
     async def counts(self) -> dict[str, int]:
-        selects = ", ".join(f"(SELECT count(*) FROM {table})" for table in _COUNTED_TABLES)
+        selects = ", ".join(f"(SELECT count(*) FROM {table})" for table in COUNTED_TABLES)
         rows = await self._fetch(f"SELECT {selects}")
         return {name: int(n) for name, n in zip(COUNTED, rows[0], strict=True)}
 
     async def export_sessions(self, after: str | None, limit: int) -> list[SessionRecord]:
         rows = await self._fetch(
-            "SELECT id, state, schema, step, created, updated FROM sessions"
-            " WHERE id > $1 ORDER BY id LIMIT $2",
+            f"SELECT {EXPORTED_SESSION_COLUMNS} FROM sessions WHERE id > $1 ORDER BY id LIMIT $2",
             "" if after is None else after,
             limit,
         )
-        return [
-            SessionRecord(r[0], orjson.loads(r[1]), orjson.loads(r[2]), r[3], r[4], r[5], len(r[1]))
-            for r in rows
-        ]
+        return [exported_session(r) for r in rows]
 
     async def import_session(self, record: SessionRecord) -> None:
         inserted = await self._write(
@@ -691,15 +675,11 @@ class PostgresStore:
 
     async def export_responses(self, after: str | None, limit: int) -> list[StoredResponse]:
         rows = await self._fetch(
-            "SELECT id, session, created, previous, input, response FROM responses"
-            " WHERE id > $1 ORDER BY id LIMIT $2",
+            f"SELECT {RESPONSE_COLUMNS} FROM responses WHERE id > $1 ORDER BY id LIMIT $2",
             "" if after is None else after,
             limit,
         )
-        return [
-            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
-            for r in rows
-        ]
+        return [stored_response(r) for r in rows]
 
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         rows = await self._fetch(
@@ -711,7 +691,6 @@ class PostgresStore:
         return [LedgerRow(*r[1:]) for r in rows], int(rows[-1][0]) if rows else after
 
 
-_COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
 LEDGER_SUMS_TIMEOUT = 300.0  # seconds; summing 1M ledger rows took about 1 s (docs/scaling.md)
 
 

@@ -1,5 +1,6 @@
 """What every store backend writes the same way: the ledger's columns and the clamping of
-their values, the client keys' columns, id-prefix ranges and the capacity message.
+their values, the client keys' columns, how a transition, a stored response and an exported
+session are read back, the counted tables, id-prefix ranges and the capacity message.
 
 One definition each, so that SQLite and PostgreSQL hold exactly the same data."""
 
@@ -10,9 +11,12 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
+import orjson
+
 from ..auth.record import KeyRecord
 from ..ledger import LedgerRow
 from ..usage import MAX_TOKEN_COUNT
+from .base import SessionRecord, StoredResponse, TransitionRecord
 
 LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
 
@@ -118,6 +122,54 @@ def key_record(row: Any) -> KeyRecord:
     """A KeyRecord from a row of KEY_COLUMNS (a tuple or a database record)."""
     name, digest, admin, rpm, tpm, budget, created, expires, revoked = row
     return KeyRecord(name, digest, bool(admin), rpm, tpm, budget, created, expires, revoked)
+
+
+# The tables behind ``Store.counts`` (base.COUNTED names them), in that order.
+COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
+
+TRANSITION_COLUMNS = "step, status, patch, action, errors, ts, context, estimate"
+
+
+def transition_record(r: Any) -> TransitionRecord:
+    """A TransitionRecord from a row of TRANSITION_COLUMNS."""
+    return TransitionRecord(
+        step=r[0],
+        status=r[1],
+        patch=orjson.loads(r[2]) if r[2] else None,
+        action=r[3],
+        errors=orjson.loads(r[4]),
+        ts=r[5],
+        context=r[6],
+        estimate=orjson.loads(r[7]) if r[7] else None,
+    )
+
+
+RESPONSE_COLUMNS = "id, session, created, previous, input, response"
+
+
+def response_values(record: StoredResponse) -> tuple[Any, ...]:
+    """The response's values in RESPONSE_COLUMNS order."""
+    return (
+        record.id,
+        record.session,
+        record.created,
+        record.previous,
+        orjson.dumps(record.input),
+        orjson.dumps(record.response),
+    )
+
+
+def stored_response(r: Any) -> StoredResponse:
+    """A StoredResponse from a row of RESPONSE_COLUMNS."""
+    return StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
+
+
+EXPORTED_SESSION_COLUMNS = "id, state, schema, step, created, updated"
+
+
+def exported_session(r: Any) -> SessionRecord:
+    """A SessionRecord (with its state's size) from a row of EXPORTED_SESSION_COLUMNS."""
+    return SessionRecord(r[0], orjson.loads(r[1]), orjson.loads(r[2]), r[3], r[4], r[5], len(r[1]))
 
 
 def prefix_range(prefix: str) -> tuple[str, str]:

@@ -38,15 +38,23 @@ from .datadir import lock_data_dir, prepare_path, unlock_data_dir
 from .ledgersql import GROUP_BY, sums_of, sums_select
 from .migrations import migrate_sqlite
 from .rows import (
+    COUNTED_TABLES,
+    EXPORTED_SESSION_COLUMNS,
     KEY_COLUMNS,
     LEDGER_COLUMNS,
+    RESPONSE_COLUMNS,
+    TRANSITION_COLUMNS,
     clamp_time,
+    exported_session,
     full_message,
     key_record,
     key_values,
     ledger_tuple,
     prefix_range,
     response_chain_sql,
+    response_values,
+    stored_response,
+    transition_record,
 )
 from .thread import StoreThread
 
@@ -508,23 +516,11 @@ class SQLiteStore:
 
         def page(db: sqlite3.Connection) -> list[TransitionRecord]:
             rows = db.execute(
-                "SELECT step, status, patch, action, errors, ts, context, estimate FROM transitions"
+                f"SELECT {TRANSITION_COLUMNS} FROM transitions"
                 " WHERE session = ? AND step > ? ORDER BY step LIMIT ?",
                 (session, after_step, limit),
             ).fetchall()
-            return [
-                TransitionRecord(
-                    step=r[0],
-                    status=r[1],
-                    patch=orjson.loads(r[2]) if r[2] else None,
-                    action=r[3],
-                    errors=orjson.loads(r[4]),
-                    ts=r[5],
-                    context=r[6],
-                    estimate=orjson.loads(r[7]) if r[7] else None,
-                )
-                for r in rows
-            ]
+            return [transition_record(r) for r in rows]
 
         return await self._run(page)
 
@@ -563,14 +559,7 @@ class SQLiteStore:
     # -- Responses API responses ----------------------------------------------------------
 
     async def put_response(self, record: StoredResponse) -> None:
-        row = (
-            record.id,
-            record.session,
-            record.created,
-            record.previous,
-            orjson.dumps(record.input),
-            orjson.dumps(record.response),
-        )
+        row = response_values(record)
 
         def put(db: sqlite3.Connection) -> None:
             db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", row)
@@ -582,10 +571,7 @@ class SQLiteStore:
             return db.execute(_RESPONSE_CHAIN, (response_id, limit)).fetchall()
 
         rows = await self._run(chain)
-        return [
-            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
-            for r in rows
-        ]
+        return [stored_response(r) for r in rows]
 
     async def delete_response(self, response_id: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
@@ -709,7 +695,7 @@ class SQLiteStore:
         def counts(db: sqlite3.Connection) -> dict[str, int]:
             return {
                 name: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-                for name, table in zip(COUNTED, _COUNTED_TABLES, strict=True)
+                for name, table in zip(COUNTED, COUNTED_TABLES, strict=True)
             }
 
         return await self._run(counts)
@@ -717,16 +703,10 @@ class SQLiteStore:
     async def export_sessions(self, after: str | None, limit: int) -> list[SessionRecord]:
         def page(db: sqlite3.Connection) -> list[SessionRecord]:
             rows = db.execute(
-                "SELECT id, state, schema, step, created, updated FROM sessions"
-                " WHERE id > ? ORDER BY id LIMIT ?",
+                f"SELECT {EXPORTED_SESSION_COLUMNS} FROM sessions WHERE id > ? ORDER BY id LIMIT ?",
                 ("" if after is None else after, limit),
             ).fetchall()
-            return [
-                SessionRecord(
-                    r[0], orjson.loads(r[1]), orjson.loads(r[2]), r[3], r[4], r[5], len(r[1])
-                )
-                for r in rows
-            ]
+            return [exported_session(r) for r in rows]
 
         return await self._run(page)
 
@@ -778,16 +758,12 @@ class SQLiteStore:
     async def export_responses(self, after: str | None, limit: int) -> list[StoredResponse]:
         def page(db: sqlite3.Connection) -> list[Any]:
             return db.execute(
-                "SELECT id, session, created, previous, input, response FROM responses"
-                " WHERE id > ? ORDER BY id LIMIT ?",
+                f"SELECT {RESPONSE_COLUMNS} FROM responses WHERE id > ? ORDER BY id LIMIT ?",
                 ("" if after is None else after, limit),
             ).fetchall()
 
         rows = await self._run(page)
-        return [
-            StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
-            for r in rows
-        ]
+        return [stored_response(r) for r in rows]
 
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         sql = (
@@ -809,7 +785,6 @@ class SQLiteStore:
         return False
 
 
-_COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
 PURGE_CHUNK = 2000  # ledger rows per purge transaction (see purge_ledger)
 
 
