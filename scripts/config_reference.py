@@ -33,7 +33,8 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "initial_state": "The state a new session starts from; its values also type the keys "
         "(a key that starts as a list must stay a list).",
         "state_schema": "A JSON Schema every new state must satisfy (checked after the merge).",
-        "data_dir": "Where the SQLite store lives. One proxy per data dir.",
+        "data_dir": "Where the default SQLite store lives (when `store` is unset) and, with a "
+        "SQLite store, the client keys' secret (`auth.secret`). One proxy per data dir.",
         "verbose": "One log line per request (never bodies or keys).",
         "metrics_token": "When set, `GET /metrics` needs `Authorization: Bearer <token>` or an "
         "admin key (401 otherwise); unset, it needs an admin key once client keys are on, and "
@@ -96,9 +97,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "max_sessions": "Sessions the store keeps; a turn that would start one more is refused "
         "with 507 before it calls upstream (0 = no cap).",
         "session_cache_bytes": "Bytes of session state kept in memory (the write-through "
-        "cache); states are held as their stored JSON, so this is the real bound.",
-        "store_busy_timeout": "Seconds a write waits for a lock held by another process "
-        "before the turn fails with 503 (nothing committed).",
+        "cache); states are held as their stored JSON, so this is the real bound. A PostgreSQL "
+        "store keeps one only with `coordination` set (a turn's lease tells whether a copy is "
+        "current).",
+        "store_busy_timeout": "SQLite: seconds a write waits for a lock held by another "
+        "process before the turn fails with 503 `store_unavailable` (nothing committed).",
         "store": "Where durable data lives: `sqlite:///path/to/file.db` (the URL's path is the "
         "file), or `postgresql://user:pass@host:port/db` for a store shared by replicas. Unset: "
         "`<data_dir>/skillstate.db`, one proxy process per data directory.",
