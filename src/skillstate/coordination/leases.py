@@ -47,7 +47,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,7 @@ from ..cancelsafe import shielded, uncancellable
 from ..errors import ProxyError
 from ..session import Hold, SessionLocks
 from .link import LOCAL, CoordinationLink
+from .scripts import run_script
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -181,18 +182,28 @@ LEASES = PREFIX + "leases"
 PURGING = PREFIX + "purging"
 
 
-class _Scripts:
-    """The Lua scripts, registered on the link's client (EVALSHA; the client loads a
-    script again when the server lost it, e.g. after a restart)."""
+class _Script:
+    """One of the Lua scripts above, run like every coordination script
+    (``scripts.run_script``: EVALSHA, EVAL when the server does not know it yet)."""
 
-    def __init__(self, client: Redis) -> None:
-        self.acquire = client.register_script(_ACQUIRE)
-        self.renew = client.register_script(_RENEW)
-        self.release = client.register_script(_RELEASE)
-        self.pause = client.register_script(_PAUSE)
-        self.drop = client.register_script(_DROP)
-        self.extend = client.register_script(_EXTEND)
-        self.leave = client.register_script(_LEAVE)
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    async def __call__(self, *, keys: Sequence[str], args: Sequence[Any], client: Redis) -> Any:
+        return await run_script(client, self.source, keys, args)
+
+
+class _Scripts:
+    """The lease scripts, by what they do."""
+
+    def __init__(self) -> None:
+        self.acquire = _Script(_ACQUIRE)
+        self.renew = _Script(_RENEW)
+        self.release = _Script(_RELEASE)
+        self.pause = _Script(_PAUSE)
+        self.drop = _Script(_DROP)
+        self.extend = _Script(_EXTEND)
+        self.leave = _Script(_LEAVE)
 
 
 class Lease(Hold):
@@ -255,7 +266,7 @@ class SessionLeases:
         self.wait = wait
         self.session_ttl = session_ttl
         self._clock = clock
-        self._scripts = _Scripts(link.client)
+        self._scripts = _Scripts()
         self._local = SessionLocks()  # while Redis is down under coordination_down=local
         self._here: dict[str, int] = {}  # session -> turns running or waiting here
         self._wake: dict[str, asyncio.Event] = {}  # session -> set when released here
