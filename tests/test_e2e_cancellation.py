@@ -46,12 +46,18 @@ async def _abort_turns(c: httpx.AsyncClient, url: str, rng: random.Random) -> No
 
 
 async def _rounds(url: str, rng: random.Random, fake: FakeProvider) -> list[httpx.Response]:
-    """Rounds of abandoned turns, each followed by one ordinary turn per session."""
+    """Rounds of abandoned turns, each followed by one ordinary turn per session.
+
+    The abandoned turns have a client of their own per round, with a pool that never makes
+    a request wait: httpcore (1.0.9) leaks a pool slot for good when a request is cancelled
+    while it waits for a connection (encode/httpcore#1093), and enough of those made the
+    ordinary turns fail with PoolTimeout, the proxy never asked."""
     failed: list[httpx.Response] = []
-    limits = httpx.Limits(max_connections=CONCURRENCY + len(SESSIONS), max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as c:
+    no_waiting = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=30, limits=no_waiting) as c:
         for _ in range(ROUNDS):
-            await _abort_turns(c, url, rng)
+            async with httpx.AsyncClient(timeout=30, limits=no_waiting) as aborting:
+                await _abort_turns(aborting, url, rng)
             replies = await asyncio.gather(*(_turn(c, url, s, stream=False) for s in SESSIONS))
             failed += [r for r in replies if r.status_code != 200]
     return failed
