@@ -186,6 +186,9 @@ def reply_and_cuts(draw: st.DrawFn) -> tuple[str, list[int]]:
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reply_and_cuts())
 @example((f"Done.\n\n```json\n{ENV}\n```", []))
+# Found by this test: removing the line-start envelope joined "``" and "```{...}" into a
+# fenced envelope the stripper had read as prose.
+@example(('``\n{"state_patch":{},"action":""}```{"state_patch":{},"action":""}', [3, 40]))
 def test_streaming_equals_stripping_the_whole_reply(case: tuple[str, list[int]]) -> None:
     text, cuts = case
     whole = strip_envelope(text)

@@ -321,8 +321,13 @@ class EnvelopeStripper:
             except orjson.JSONDecodeError:
                 pass
             else:
-                self._decided(self._cand, _as_envelope(value))
-                self._state = _LINE_START if self._fresh else _PROSE
+                envelope = _as_envelope(value)
+                self._decided(self._cand, envelope)
+                # A removed envelope leaves nothing before what follows it on its line, so
+                # that text is read as a line start: a fence or "{" there is judged where
+                # the client will see it (read as prose, "``\n{env}```{env}" became
+                # "`````{env}", an envelope again).
+                self._state = _LINE_START if self._fresh or envelope is not None else _PROSE
                 self._line_blanks = ""
                 return k
         # Not JSON after all: the "{" is prose, and what followed it is read again.
