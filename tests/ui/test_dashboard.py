@@ -97,7 +97,9 @@ def test_overview(proxy: ProxyProcess, tab: Callable[[str], Tab], viewport: str)
     expect(stat).to_have_text("33")
     reasks = t.page.locator(".stat", has_text="Failed attempts").locator(".stat-note")
     expect(reasks).to_have_text("1 re-ask")
-    assert t.page.locator("svg.chart rect.bar").count() == 36
+    # The chart is drawn on the animation frame after its box is laid out (ResizeObserver),
+    # after the stats above: wait for it as a user would (count() alone raced it).
+    expect(t.page.locator("svg.chart rect.bar")).to_have_count(36)
     check_clean(t, f"overview-{viewport}")
 
 
@@ -224,7 +226,8 @@ def test_cost(proxy: ProxyProcess, tab: Callable[[str], Tab], viewport: str) -> 
     totals = httpx.get(proxy.url + "/cost", params={"since": "7d"}).json()["totals"]
     requests = t.page.locator(".stat", has_text="Requests").locator(".stat-value")
     expect(requests).to_have_text(str(totals["requests"]))
-    assert t.page.locator("svg.chart rect.bar").count() == 2  # one day: baseline and actual
+    # one day: baseline and actual (drawn on the frame after layout: waited for)
+    expect(t.page.locator("svg.chart rect.bar")).to_have_count(2)
     t.page.get_by_role("button", name="Upstream").click()
     expect(t.page.locator("table td.strong", has_text="default")).to_be_visible()
     t.page.get_by_role("button", name="Day", exact=True).click()
