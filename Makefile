@@ -22,11 +22,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest tests
 
-# The unit tier: every test module but the end-to-end (test_e2e_*), soak, CLI-process and
-# benchmark ones. .ci/run runs it on each CPython 3.10-3.13 under pyenv other than the one the
-# full suite ran on, each in its own venv: make test-unit PY=python3.X VENV=.venvs/3.X
-UNIT_TESTS = $(filter-out tests/test_e2e_% tests/test_soak.py tests/test_cli.py tests/test_bench%, \
-	$(wildcard tests/test_*.py))
+# The unit tier: every test module of the main suite but the end-to-end ones (tests/e2e: a real
+# proxy over HTTP, the soak), the CLI-process ones (tests/cli) and the benchmarks' (tests/bench).
+# .ci/run runs it on CPython 3.10 and 3.13 under pyenv (unless one is the default), each in its
+# own venv: make test-unit PY=python3.X VENV=.venvs/3.X
+UNIT_TESTS = $(filter-out tests/e2e/% tests/cli/% tests/bench/% tests/real/% tests/scale/% \
+	tests/ui/% tests/agents/%, $(wildcard tests/test_*.py tests/*/test_*.py))
 
 test-unit: $(STAMP)
 	$(BIN)/pytest $(UNIT_TESTS)

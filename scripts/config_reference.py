@@ -1,7 +1,7 @@
 """The configuration reference page, generated from the config model (skillstate.config).
 
 Used by the docs build (docs/hooks.py replaces a marker in docs/configuration.md with
-``render()``) and by tests/test_config_reference.py, which fails when a setting of the model has
+``render()``) and by tests/app/test_config_reference.py, which fails when a setting of the model has
 no description here, or a description names a setting the model no longer has. Run it
 directly to print the page's table: ``python scripts/config_reference.py``.
 """

@@ -49,9 +49,9 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
-from skillstate.cli import _cli_layer, build_parser
+from skillstate.app.server import ProxyServer
+from skillstate.cli.main import _cli_layer, build_parser
 from skillstate.config import Settings, load_settings
-from skillstate.server import ProxyServer
 from tests.fakeprovider import FakeProvider
 
 # No timing thresholds in tests: hypothesis's per-example deadline and its "too slow" health

@@ -12,7 +12,7 @@ from typing import Any
 
 import openai
 
-from skillstate.cli import main
+from skillstate.cli.main import main
 from skillstate.store import Store
 from tests.conftest import Proxy
 from tests.fakeprovider import FakeProvider, Reply

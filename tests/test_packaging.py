@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "skillstate"
+SRC = Path(__file__).resolve().parents[1] / "src" / "skillstate"
 MODULES = sorted(SRC.rglob("*.py"))
 
 

@@ -21,10 +21,16 @@ import jsonschema
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .baseline import CACHE_PRICING, DEFAULT_MIN_TOKENS, DEFAULT_TTL_S, CachePricing, CacheRegime
 from .choices import AuthMode, CacheBreakpoints, Constrain, CoordinationDown, Mode, ReplyEnvelope
+from .cost.baseline import (
+    CACHE_PRICING,
+    DEFAULT_MIN_TOKENS,
+    DEFAULT_TTL_S,
+    CachePricing,
+    CacheRegime,
+)
+from .cost.pricing import PriceOverride
 from .dialects.registry import DIALECTS
-from .pricing import PriceOverride
 
 DEFAULT_PORT = 8789
 MiB = 1024 * 1024

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from skillstate.patch import extract_envelope, merge_patch
+from skillstate.engine.patch import extract_envelope, merge_patch
 from tests.conftest import Proxy
 from tests.real.conftest import INITIAL_STATE
 

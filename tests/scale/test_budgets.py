@@ -14,8 +14,8 @@ from skillstate.auth.quota import BudgetExceeded, Grant, KeyQuotas
 from skillstate.auth.record import KeyRecord
 from skillstate.config import PriceOverride
 from skillstate.coordination.link import CoordinationLink
+from skillstate.cost.pricing import PriceBook
 from skillstate.errors import ProxyError
-from skillstate.pricing import PriceBook
 
 DAY = 86400.0
 

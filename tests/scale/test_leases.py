@@ -15,12 +15,12 @@ from skillstate.choices import CoordinationDown
 from skillstate.config import Settings
 from skillstate.coordination.leases import UNKNOWN, Lease, SessionLeases, _keys
 from skillstate.coordination.link import CoordinationLink
+from skillstate.cost.pricing import PriceBook
 from skillstate.errors import ProxyError
-from skillstate.pipeline import Pipeline
-from skillstate.pricing import PriceBook
-from skillstate.session import LOCAL_HOLD
+from skillstate.sessions.locks import LOCAL_HOLD
 from skillstate.store import SessionRecord, TransitionRecord
 from skillstate.store.sqlite import SQLiteStore
+from skillstate.turn.pipeline import Pipeline
 from skillstate.upstream.client import UpstreamPool
 
 from .services import RedisServer

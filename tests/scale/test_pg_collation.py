@@ -13,7 +13,7 @@ import asyncpg
 from skillstate.store import TransitionRecord
 from skillstate.store.postgres import PostgresStore
 from tests.scale.services import PostgresServer
-from tests.test_ledger_sums import random_row
+from tests.cost.test_ledger_sums import random_row
 
 HANG = 60.0  # a guard against a hang, not a performance threshold
 

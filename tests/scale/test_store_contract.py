@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from skillstate.auth.record import KeyRecord
-from skillstate.ledger import LedgerRow
+from skillstate.cost.ledger import LedgerRow
+from skillstate.cost.usage import MAX_TOKEN_COUNT
 from skillstate.store import (
     StepConflict,
     Store,
@@ -24,7 +25,6 @@ from skillstate.store import (
 from skillstate.store.postgres import PostgresStore
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore
-from skillstate.usage import MAX_TOKEN_COUNT
 
 # A guard against a hang, not a performance threshold.
 HANG = 30.0

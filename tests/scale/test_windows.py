@@ -16,7 +16,7 @@ from skillstate.choices import CoordinationDown
 from skillstate.coordination.link import CoordinationLink
 from skillstate.coordination.windows import SharedWindows
 from skillstate.errors import ProxyError
-from skillstate.limits import Admission, Ticket, UpstreamLimits
+from skillstate.upstream.limits import Admission, Ticket, UpstreamLimits
 
 # These tests are about atomicity, not outages: a burst opens dozens of connections at once
 # on a loaded 2-core machine, where the link's 1 s connect timeout can pass.

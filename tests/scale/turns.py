@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from skillstate.patch import merge_patch
+from skillstate.engine.patch import merge_patch
 from tests.fakeprovider import RecordedRequest, Reply
 
 _MARK = re.compile(r"MARK\[([\w-]+)/([\w-]+)\]")

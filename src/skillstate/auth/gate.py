@@ -23,8 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..choices import AuthMode
 from ..config import Settings
 from ..errors import ProxyError
-from ..http import dialect_for, error_response
 from ..store import Store, StoreError
+from ..web.wire import dialect_for, error_response
 from .keys import KeyHasher, same_digest
 from .record import KeyRecord
 

@@ -6,9 +6,9 @@ import asyncio
 import ipaddress
 import sqlite3
 
+from ..app.guards import LOOPBACK_HOSTS, host_name
 from ..choices import AuthMode
 from ..config import ConfigError, Settings
-from ..guards import LOOPBACK_HOSTS, host_name
 from ..store.factory import make_store, sqlite_path
 
 

@@ -1,5 +1,5 @@
 """Per-key limits, checked before a turn reaches the upstream pool (and its own limits):
-requests and tokens per minute (the exact rolling windows of ``skillstate.limits``, with
+requests and tokens per minute (the exact rolling windows of ``skillstate.upstream.limits``, with
 their Retry-After), and a daily USD budget.
 
 The budget (UTC days) is read from the ledger: what the key's rows cost since midnight, plus
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..coordination.link import CoordinationLink
+from ..cost.pricing import PriceBook
+from ..cost.tokens import estimate_tokens
 from ..errors import ProxyError
-from ..limits import RateLimits, UpstreamLimits
-from ..pricing import PriceBook
 from ..store import Store, StoreError
-from ..tokens import estimate_tokens
+from ..upstream.limits import RateLimits, UpstreamLimits
 from .gate import Principal
 from .tenancy import SEP
 

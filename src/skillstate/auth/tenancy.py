@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProxyError
-from ..session import NAMESPACE_SEP as SEP
-from ..session import split_session
+from ..sessions.locks import NAMESPACE_SEP as SEP
+from ..sessions.locks import split_session
 from .gate import Principal
 from .keys import KEY_NAME
 

@@ -33,7 +33,7 @@ from skillstate.bench.wire import (
 if TYPE_CHECKING:
     from skillstate.bench.simmodel import SimModel
     from skillstate.bench.workloads import ConversationWorkload, ToolsWorkload
-    from skillstate.pricing import Prices
+    from skillstate.cost.pricing import Prices
 
 Progress = Callable[[str, int, int], None]  # (arm, calls done, calls expected)
 
@@ -129,7 +129,7 @@ class BenchRun:
 def regime_prices(model: str | None, regime: str) -> Prices | None:
     """``model``'s input and output rates with the regime's cache multipliers (see the module
     docstring); None when the model or its rates are unknown."""
-    from skillstate.pricing import Prices
+    from skillstate.cost.pricing import Prices
 
     if model is None:
         return None
@@ -150,7 +150,7 @@ def bench_prices(cfg: BenchConfig) -> Prices | None:
 
 def call_usage(rec: CallRecord) -> Any:
     """The call's ``Usage`` (None without a reported prompt count)."""
-    from skillstate.usage import Usage
+    from skillstate.cost.usage import Usage
 
     if rec.prompt_tokens is None or rec.completion_tokens is None:
         return None
@@ -160,7 +160,7 @@ def call_usage(rec: CallRecord) -> Any:
 
 
 def _price(cfg: BenchConfig, rec: CallRecord) -> float | None:
-    from skillstate.pricing import cost_from_prices
+    from skillstate.cost.pricing import cost_from_prices
 
     usage = call_usage(rec)
     if usage is None:
@@ -179,7 +179,7 @@ _BOOK: Any = None
 def _price_book() -> Any:
     global _BOOK
     if _BOOK is None:
-        from skillstate.pricing import PriceBook
+        from skillstate.cost.pricing import PriceBook
 
         _BOOK = PriceBook()
     return _BOOK

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from skillstate.bench.arm import ArmResult, BenchRun, CallRecord
-    from skillstate.pricing import Prices
+    from skillstate.cost.pricing import Prices
 
 REPORT_KEYS = (
     "version",
@@ -424,7 +424,7 @@ def build_report(run: BenchRun) -> dict[str, Any]:
         "inject_failure": f"{cfg.inject_failure[0]}:{cfg.inject_failure[1]}"
         if cfg.inject_failure
         else None,
-        "token_counts": "skillstate.tokens.estimate_tokens (simulated model usage)"
+        "token_counts": "skillstate.cost.tokens.estimate_tokens (simulated model usage)"
         if cfg.offline
         else "provider usage",
     }

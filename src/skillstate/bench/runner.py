@@ -15,7 +15,7 @@ Both arms use the same client (:mod:`skillstate.bench.arm`): the real ``openai``
 the benches, a standard-library one in ``skillstate demo``. Offline (``--offline``, the
 default without ``--upstream``) the upstream is the simulated model
 (``skillstate.bench.simmodel``) and token counts are its usage, i.e.
-``skillstate.tokens.estimate_tokens`` for both arms. Live (``--upstream URL --model M``, key
+``skillstate.cost.tokens.estimate_tokens`` for both arms. Live (``--upstream URL --model M``, key
 from ``SKILLSTATE_API_KEY`` or ``OPENAI_API_KEY``) the counts are the provider's usage; a call
 whose response has no usage FAILS (we refuse a silent 0). Failures are counted and make the
 run INVALID; nothing is retried behind the report's back (the openai client's own retries are
@@ -199,7 +199,7 @@ def run_state_arm(
     in ``mode`` (default: :func:`arm_mode` of ``name``).
 
     ``constrain`` overrides ``cfg.constrain`` (``bench validity`` runs both settings)."""
-    from skillstate.session import SESSION_HEADER
+    from skillstate.sessions.locks import SESSION_HEADER
 
     if target.sim is not None:
         target.sim.reset_cache()
@@ -247,9 +247,9 @@ def open_proxy(
     With ``cfg``, the upstream is of the cache regime's kind (Anthropic-kind under
     ``anthropic``), bills its cache by that regime, and is priced at the bench's own rates,
     so the proxy's ledger prices what the bench bills."""
+    from skillstate.app.server import ProxyServer
     from skillstate.choices import Mode
     from skillstate.config import Settings, Upstream
-    from skillstate.server import ProxyServer
 
     if mode not in {m.value for m in Mode}:
         raise BenchError(f"this proxy has no mode {mode!r} (its modes: {Mode.spelled(', ')})")

@@ -3,7 +3,7 @@ reads and cache writes, under one of three regimes, counted on the request it RE
 
 The benches' cost is what this says, so it is the provider's side of the bill, computed on
 the bytes on the wire and independently of the proxy's own estimates (the proxy's ledger
-models the baseline client's cache with :mod:`skillstate.baseline`; the bench compares the
+models the baseline client's cache with :mod:`skillstate.cost.baseline`; the bench compares the
 two). The rules are the real APIs':
 
 * ``openai``: automatic prefix caching. The longest byte prefix of the request (tool
@@ -14,13 +14,13 @@ two). The rules are the real APIs':
 * ``anthropic``: explicit breakpoints. A prefix is read only if an earlier request WROTE it at
   one of its ``cache_control`` breakpoints (within ``ttl_s`` of its last use); the part from
   there to this request's last breakpoint is written (when that prefix holds at least
-  ``min_tokens``). These are :class:`skillstate.baseline.PrefixCache`'s rules, applied to the
-  received body's own boundaries (:func:`skillstate.baseline.prefix_points`, markers
+  ``min_tokens``). These are :class:`skillstate.cost.baseline.PrefixCache`'s rules, applied to the
+  received body's own boundaries (:func:`skillstate.cost.baseline.prefix_points`, markers
   ignored), cut at every content block (:func:`as_blocks`). Reported as
   ``cache_read_input_tokens`` / ``cache_creation_input_tokens``.
 * ``none``: no cache; everything is input.
 
-Prompt tokens are ``skillstate.tokens`` estimates of the received messages, tool
+Prompt tokens are ``skillstate.cost.tokens`` estimates of the received messages, tool
 definitions and (Anthropic) system; under ``anthropic``, summed over the content blocks
 (4 bytes a token, 4 more per block; ``cache_control`` markers are not tokens), so that a
 prefix read counts exactly the tokens that were written.
@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from skillstate.baseline import (
+from skillstate.cost.baseline import (
     CACHE_PRICING,
     DEFAULT_MIN_TOKENS,
     DEFAULT_TTL_S,
@@ -45,7 +45,7 @@ from skillstate.baseline import (
     PrefixCache,
     prefix_points,
 )
-from skillstate.tokens import estimate_text_tokens, estimate_tokens
+from skillstate.cost.tokens import estimate_text_tokens, estimate_tokens
 
 __all__ = [
     "HISTORY",
@@ -91,7 +91,7 @@ def as_blocks(body: Mapping[str, Any]) -> Mapping[str, Any]:
     block: the same tokens to the provider, so the same prefix), and a string system is one
     text block. Anthropic caches at block granularity: a breakpoint on the proxy's contract
     block inside a merged user message caches the prefix up to that block, not up to the
-    message's end (:func:`skillstate.baseline.prefix_points` cuts only at messages)."""
+    message's end (:func:`skillstate.cost.baseline.prefix_points` cuts only at messages)."""
 
     def blocks(content: Any) -> list[Any]:
         if isinstance(content, str):
@@ -178,7 +178,7 @@ class SimCache:
         live = [(h, t) for h, t in self._history if now - t <= self.regime.ttl_s]
         best = max((_common_prefix_len(h, data) for h, _ in live), default=0)
         self._history = [*live[-(HISTORY - 1) :], (data, now)]
-        tokens = min(best // 4, prompt)  # skillstate.tokens: 4 bytes per token
+        tokens = min(best // 4, prompt)  # skillstate.cost.tokens: 4 bytes per token
         if tokens < self.regime.min_tokens:
             return 0
         return tokens - tokens % STEP_TOKENS

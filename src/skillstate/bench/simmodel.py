@@ -21,7 +21,7 @@ what a context *keeps*, not how good a model is:
   ```` ```json {"state_patch": {...}, "action": "..."}``` ````, reading the current state from
   the ``CURRENT STATE (JSON)`` message.
 
-Usage is ``skillstate.tokens.estimate_tokens``: of the received messages (plus the tool
+Usage is ``skillstate.cost.tokens.estimate_tokens``: of the received messages (plus the tool
 definitions and the system) for the prompt, of the reply for the completion. The prompt cache
 is :class:`skillstate.bench.simcache.SimCache` under the regime the model was started with
 (``none``, ``openai``: automatic prefix cache, ``anthropic``: ``cache_control`` breakpoints),
@@ -46,10 +46,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from skillstate.baseline import CachePricing
 from skillstate.bench.simcache import CacheCount, SimCache
-from skillstate.context import CONTRACT_MARK, STATE_MARK
-from skillstate.tokens import estimate_text_tokens, estimate_tokens
+from skillstate.cost.baseline import CachePricing
+from skillstate.cost.tokens import estimate_text_tokens, estimate_tokens
+from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
 
 SIM_MODEL_ID = "skillstate-sim"
 SIM_HEADER = "x-skillstate-simulated"

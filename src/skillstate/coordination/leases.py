@@ -1,7 +1,7 @@
 """Per-session turn leases in Redis: one turn of a session at a time across replicas.
 
 ``SessionLeases`` is the pipeline's ``TurnLocks`` when ``coordination`` is set
-(``skillstate.session.SessionLocks`` without it). A turn's hold is a lease:
+(``skillstate.sessions.locks.SessionLocks`` without it). A turn's hold is a lease:
 
 - **Acquire** (one script, one round trip): the lease key is set to a random token with
   ``PX lease_ttl`` when it is free and no earlier waiter is queued. The same script
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..cancelsafe import shielded, uncancellable
 from ..errors import ProxyError
-from ..session import Hold, SessionLocks
+from ..sessions.locks import Hold, SessionLocks
 from .link import LOCAL, CoordinationLink
 from .scripts import run_script
 

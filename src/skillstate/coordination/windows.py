@@ -1,5 +1,5 @@
 """Rate windows (requests and tokens per minute) in Redis, shared by every replica: the
-``RateLimits`` of ``skillstate.limits`` with exactly its semantics, for one upstream or one
+``RateLimits`` of ``skillstate.upstream.limits`` with exactly its semantics, for one upstream or one
 client key.
 
 Each window is a sorted set (member: a random entry id, score: the time it was recorded,
@@ -24,7 +24,7 @@ import math
 import secrets
 from typing import Any
 
-from ..limits import NEVER_FITS, Admission, Clock, Ticket, UpstreamLimits, admitted
+from ..upstream.limits import NEVER_FITS, Admission, Clock, Ticket, UpstreamLimits, admitted
 from .link import LOCAL, CoordinationLink
 from .scripts import lua_now_us, run_script
 

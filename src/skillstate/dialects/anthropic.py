@@ -8,16 +8,16 @@ from typing import Any, Final
 
 import orjson
 
-from ..context import DialectContext, Split, correction_text, observation, state_text
-from ..errors import ProxyError
-from ..stripper import (
+from ..cost.usage import Usage, optional_token_count, token_count
+from ..engine.context import DialectContext, Split, correction_text, observation, state_text
+from ..engine.stripper import (
     EnvelopeStripper,
     Known,
     Stripped,
     strip_content,
     strip_request_transcript,
 )
-from ..usage import Usage, optional_token_count, token_count
+from ..errors import ProxyError
 from . import models, sse
 from .base import JSON, Event, StreamRelay, content_chars, json_error_object
 from .capture import RelayCapture

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from ..cost.usage import Usage
+from ..engine.stripper import Known, Stripped
 from ..errors import ProxyError
-from ..stripper import Known, Stripped
-from ..usage import Usage
 from . import sse
 
 if TYPE_CHECKING:
-    from ..context import DialectContext
+    from ..engine.context import DialectContext
 
 JSON = dict[str, Any]
 
@@ -66,7 +66,7 @@ Event = tuple[str | None, JSON]  # an SSE event's name (None: unnamed) and its J
 
 class EventStripper(Protocol):
     """Removes the reply envelope from one client stream, event by event (a dialect's
-    :meth:`Dialect.stream_stripper`; ``skillstate.strip_events.StrippingRelay`` drives it).
+    :meth:`Dialect.stream_stripper`; ``skillstate.engine.strip_events.StrippingRelay`` drives it).
     The events it returns are the client's: their text deltas concatenate to the text
     their closing events carry."""
 

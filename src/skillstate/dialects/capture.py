@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from ..usage import Usage
+from ..cost.usage import Usage
 from . import sse
 
 

@@ -8,7 +8,8 @@ from typing import Any, Final
 
 import orjson
 
-from ..context import (
+from ..cost.usage import Usage, optional_token_count, token_count
+from ..engine.context import (
     DialectContext,
     Split,
     correction_text,
@@ -16,8 +17,7 @@ from ..context import (
     split_transcript,
     state_text,
 )
-from ..errors import ProxyError
-from ..stripper import (
+from ..engine.stripper import (
     NOTHING,
     EnvelopeStripper,
     Known,
@@ -25,7 +25,7 @@ from ..stripper import (
     strip_content,
     strip_request_transcript,
 )
-from ..usage import Usage, optional_token_count, token_count
+from ..errors import ProxyError
 from . import models, sse
 from .base import JSON, Event, StreamRelay, content_chars, json_error_object
 from .capture import RelayCapture

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..auth.record import KeyRecord
+from ..cost.ledger import LedgerRow, LedgerSums
 from ..errors import ProxyError
-from ..ledger import LedgerRow, LedgerSums
 
 
 class StoreError(Exception):
@@ -106,7 +106,7 @@ class Store(Protocol):
     async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:
         """The session as last committed, None when there is none. A store may answer
         from a cache of its own commits; ``fresh`` reads the database (another replica
-        committed since: see ``skillstate.session.Hold.current``)."""
+        committed since: see ``skillstate.sessions.locks.Hold.current``)."""
         ...
 
     async def commit(
@@ -170,7 +170,7 @@ class Store(Protocol):
     ) -> list[LedgerSums]:
         """The rows of ``ledger_rows(since, until, session, prefix)`` summed in the database
         per ``group_by`` group (a ``GroupBy``; None: one group) and kind, for
-        ``skillstate.ledger.summarize_sums``."""
+        ``skillstate.cost.ledger.summarize_sums``."""
         ...
 
     async def ledger_spend(self, prefix: str, since: float) -> float:

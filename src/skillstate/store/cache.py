@@ -3,7 +3,7 @@ recently used evicted, bounded by count and by bytes.
 
 A cached copy is only as good as the store's knowledge that nobody else committed: SQLite
 is the only writer of its file; a PostgreSQL store shared by replicas keeps one only when
-the turn's lease verifies each copy's step (``skillstate.session.Hold.current``)."""
+the turn's lease verifies each copy's step (``skillstate.sessions.locks.Hold.current``)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from ..auth.keys import SECRET_FILE, server_secret
-from ..ledger import LedgerSums
+from ..cost.ledger import LedgerSums
 from .base import COUNTED, SessionRecord, Store, StoreError
 
 PAGE = 500  # rows per page read and written: what the copy holds in memory at once

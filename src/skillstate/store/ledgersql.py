@@ -1,20 +1,20 @@
 """The ledger summed in SQL (``Store.ledger_sums``), one text for both backends: ``/cost``
 and ``skillstate cost`` read one row per group and kind instead of every ledger row of the
-window (see ``skillstate.ledger.summarize_sums`` for what the sums become)."""
+window (see ``skillstate.cost.ledger.summarize_sums`` for what the sums become)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ..ledger import LedgerSums, check_group_by, day_of
-from ..session import NAMESPACE_SEP
+from ..cost.ledger import LedgerSums, check_group_by, day_of
+from ..sessions.locks import NAMESPACE_SEP
 
 Dialect = Literal["sqlite", "postgresql"]
 
 _SEP = f"'{NAMESPACE_SEP}'"
 
-# The group key of a row, as ``skillstate.ledger._key`` computes it in Python: ``day`` is
+# The group key of a row, as ``skillstate.cost.ledger._key`` computes it in Python: ``day`` is
 # the day number since 1970 in UTC (turned into YYYY-MM-DD by sums_of), ``key`` the part of
 # the session id before the namespace separator (None without one).
 _GROUP_KEY: dict[Dialect, dict[str, str]] = {
@@ -29,7 +29,7 @@ _GROUP_KEY: dict[Dialect, dict[str, str]] = {
     },
 }
 
-# B and C of the module docstring of skillstate.ledger.
+# B and C of the module docstring of skillstate.cost.ledger.
 _B = "baseline_input_tokens IS NOT NULL AND input_tokens IS NOT NULL"
 _C = "baseline_cost_usd IS NOT NULL AND cost_usd IS NOT NULL"
 

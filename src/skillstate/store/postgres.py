@@ -50,7 +50,7 @@ import asyncpg
 import orjson
 
 from ..auth.record import KeyRecord
-from ..ledger import LedgerRow, LedgerSums
+from ..cost.ledger import LedgerRow, LedgerSums
 from ..urltext import redacted
 from .base import (
     COUNTED,

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import orjson
 
 from ..auth.record import KeyRecord
-from ..ledger import LedgerRow, LedgerSums
+from ..cost.ledger import LedgerRow, LedgerSums
 from .base import (
     COUNTED,
     SessionRecord,

@@ -19,16 +19,16 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from ..cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..choices import CacheBreakpoints
 from ..config import Settings, Upstream
 from ..coordination.link import CoordinationLink
+from ..cost.cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..dialects.registry import get_dialect, request_for
 from ..errors import ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
-from ..limits import Admission, RateLimits, Ticket, UpstreamLimits
-from ..telemetry import Telemetry
+from ..observability.telemetry import Telemetry
 from .breaker import Breaker, CircuitBreaker
+from .limits import Admission, RateLimits, Ticket, UpstreamLimits
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
 # Never forwarded: hop-by-hop headers, our own, and what aiohttp sets itself.
@@ -254,7 +254,7 @@ class Outbound:
     ) -> bytes:
         """The body as an upstream of ``kind`` gets it (serialised once per variant).
         ``cache_key``: add the hints' ``prompt_cache_key``; ``breakpoint``: mark the end of
-        the stable prefix with a ``cache_control`` breakpoint (see skillstate.cachehints)."""
+        the stable prefix with a ``cache_control`` breakpoint (see skillstate.cost.cachehints)."""
         key = (kind, max_tokens_field, cache_key, breakpoint)
         if key not in self._cache:
             body = request_for(

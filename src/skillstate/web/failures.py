@@ -8,10 +8,10 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..catalog import catalog_dialect
 from ..dialects.registry import dialect_for_path
 from ..errors import Dialect, ProxyError
-from ..http import error_response
+from .catalog import catalog_dialect
+from .wire import error_response
 
 log = logging.getLogger("skillstate")
 

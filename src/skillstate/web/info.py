@@ -12,14 +12,14 @@ from starlette.responses import Response
 from .. import __version__
 from ..auth.gate import principal_of
 from ..auth.tenancy import split_session, view_of
-from ..catalog import catalog_dialect, fetch_models
 from ..choices import GroupBy
+from ..cost.ledger import check_group_by, parse_since, summarize_sums
 from ..errors import ProxyError
-from ..http import JSONResponse, error_response
-from ..ledger import check_group_by, parse_since, summarize_sums
-from ..metrics import CONTENT_TYPE
-from ..session import is_valid_session_id
+from ..observability.metrics import CONTENT_TYPE
+from ..sessions.locks import is_valid_session_id
+from .catalog import catalog_dialect, fetch_models
 from .runtime import Runtime, runtime
+from .wire import JSONResponse, error_response
 
 
 async def models(request: Request) -> Response:

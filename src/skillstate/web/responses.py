@@ -29,13 +29,13 @@ from ..dialects.responses.stream import TERMINAL_EVENTS
 from ..dialects.responses.translate import reject_unsupported_tools, split_tools
 from ..errors import ProxyError
 from ..headertext import header_safe
-from ..http import StreamingProxyResponse, error_response, unless_disconnected
-from ..pipeline import Reply, Turn
-from ..session import SESSION_HEADER, resolve_session_id
+from ..sessions.locks import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
+from ..turn.pipeline import Reply, Turn
 from ..upstream.client import UpstreamRuntime
 from .runtime import runtime
 from .turns import key_name, parse_turn, releasing, streaming
+from .wire import StreamingProxyResponse, error_response, unless_disconnected
 
 DIALECT = RESPONSES.name
 ROUTE = "/v1" + RESPONSES.client_path  # the metrics' route label

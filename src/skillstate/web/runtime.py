@@ -19,12 +19,12 @@ from ..auth.keys import KeyHasher, server_secret
 from ..auth.quota import KeyQuotas
 from ..config import Settings
 from ..coordination.link import CoordinationLink
-from ..pipeline import Pipeline
-from ..pricing import PriceBook
-from ..session import TurnLocks
+from ..cost.pricing import PriceBook
+from ..observability.telemetry import Telemetry
+from ..sessions.locks import TurnLocks
 from ..store import Store, StoreError
 from ..store.factory import make_store, sqlite_path
-from ..telemetry import Telemetry
+from ..turn.pipeline import Pipeline
 from ..upstream.client import UpstreamPool
 
 log = logging.getLogger("skillstate")

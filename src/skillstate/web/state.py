@@ -17,11 +17,11 @@ from starlette.responses import Response
 from ..auth.gate import principal_of
 from ..auth.tenancy import View, view_of
 from ..errors import ProxyError
-from ..http import JSONResponse, error_response, read_json_object
-from ..session import is_valid_session_id
+from ..sessions.locks import is_valid_session_id
 from ..store import StoreError, TransitionRecord
 from .paging import HISTORY_PAGE, SESSIONS_PAGE, decode_cursor, encode_cursor, parse_limit
 from .runtime import Runtime, runtime
+from .wire import JSONResponse, error_response, read_json_object
 
 
 async def state(request: Request) -> Response:

@@ -14,15 +14,15 @@ from ..auth.quota import Grant
 from ..auth.tenancy import store_session
 from ..choices import Choice, Constrain
 from ..config import Settings
-from ..counting import count_tokens
 from ..dialects.anthropic import validate_count_tokens_request
 from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
-from ..http import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
-from ..pipeline import Reply, StreamReply, Turn
-from ..session import SESSION_HEADER, resolve_session_id
-from ..telemetry import NO_TELEMETRY, TurnTelemetry
+from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
+from ..sessions.locks import SESSION_HEADER, resolve_session_id
+from ..turn.pipeline import Reply, StreamReply, Turn
+from .counting import count_tokens
 from .runtime import runtime
+from .wire import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
 
 C = TypeVar("C", bound=Choice)
 COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"  # the metrics' route label

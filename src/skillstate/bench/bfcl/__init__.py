@@ -18,7 +18,7 @@ session per task).
   (so the state has to carry it), and it refuses (HTTP 400) when the context does not match
   the task. When the proxy's contract is in the context it ends every reply with a valid
   state envelope. Token counts are the simulated model's usage
-  (``skillstate.tokens.estimate_tokens`` of messages + tool definitions), as in the other
+  (``skillstate.cost.tokens.estimate_tokens`` of messages + tool definitions), as in the other
   offline benches, so both arms are counted by one estimator.
 * **Grouping.** BFCL's ground truth is one flat list of calls per user turn; how a model
   spreads them over steps is not recorded. ``--grouping same-name`` (default) makes

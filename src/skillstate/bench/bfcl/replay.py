@@ -13,12 +13,12 @@ from typing import Any
 
 import orjson
 
-from skillstate.baseline import CachePricing
 from skillstate.bench.bfcl.constants import HISTORY_CHARS, RESULT_CHARS
 from skillstate.bench.bfcl.tasks import FuncCall, Task, decoded_text, group_calls
 from skillstate.bench.simmodel import SimError, SimModel, SimReply, message_text, read_state
 from skillstate.bench.wire import shorten as _short
-from skillstate.context import CONTRACT_MARK, CORRECTION_MARK, STATE_MARK
+from skillstate.cost.baseline import CachePricing
+from skillstate.engine.context import CONTRACT_MARK, CORRECTION_MARK, STATE_MARK
 
 
 @dataclass

@@ -10,7 +10,7 @@ from skillstate.bench.bfcl.backends import Suite
 from skillstate.bench.bfcl.tasks import Task, decoded_text
 from skillstate.bench.bfcl.tools import openai_tools
 from skillstate.bench.bfcl.workload import TaskRun, Truth
-from skillstate.tokens import estimate_tokens
+from skillstate.cost.tokens import estimate_tokens
 
 
 def run_task(

@@ -9,10 +9,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from ...context import DialectContext, Split, correction_text, observation, state_text
+from ...cost.usage import Usage
+from ...engine.context import DialectContext, Split, correction_text, observation, state_text
+from ...engine.stripper import NOTHING, Known, Stripped, strip_request_transcript, strip_texts
 from ...errors import ProxyError
-from ...stripper import NOTHING, Known, Stripped, strip_request_transcript, strip_texts
-from ...usage import Usage
 from .. import models
 from ..base import JSON, StreamRelay, content_chars
 from ..openai import OPENAI, usage_from_openai
@@ -135,7 +135,7 @@ def _text_parts(output: list[Any]) -> list[tuple[int, int]]:
 
 def strip_response(resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
     """A ``response`` object without envelopes: the output_text parts of its message items,
-    stripped together as one message (:func:`~skillstate.strip.strip_texts`: a reply that
+    stripped together as one message (:func:`~skillstate.engine.strip.strip_texts`: a reply that
     was only the envelope shows its action); reasoning and tool-call items untouched, and
     a part left empty kept (its indexes are the stream's). ``resp`` itself when it had none.
     ``known``: the reply's text already through ``strip_envelope``, and its result."""

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from ...stripper import EnvelopeStripper
-from ...usage import Usage
+from ...cost.usage import Usage
+from ...engine.stripper import EnvelopeStripper
 from .. import sse
 from ..base import JSON, Event, StreamRelay
 from ..capture import RelayCapture
@@ -335,7 +335,7 @@ class ResponsesEventStripper:
     """Strips the envelope from a Responses API event stream, event by event.
 
     Each output_text part (by output index and content index) has its own
-    :class:`~skillstate.strip.EnvelopeStripper`: its ``response.output_text.delta`` events
+    :class:`~skillstate.engine.strip.EnvelopeStripper`: its ``response.output_text.delta`` events
     carry the stripped text (a delta left empty is not sent), and the held-back rest goes
     out as one more delta right before the part's ``response.output_text.done``. That event,
     ``response.content_part.done``, ``response.output_item.done`` and the terminal

@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any
 
-from ...usage import MAX_TOKEN_COUNT
+from ...cost.usage import MAX_TOKEN_COUNT
 from ..checks import is_int as _is_int
 
 JSON = dict[str, Any]

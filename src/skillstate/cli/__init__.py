@@ -1,0 +1,2 @@
+"""The command line: `skillstate` (serve) and its subcommands (cost, store, migrate, keys, demo,
+bench)."""

@@ -1,0 +1,188 @@
+"""The `skillstate` command (alias `skillstate-proxy`). Start-up problems are one line on
+stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .. import __version__
+from ..choices import Constrain, GroupBy, Mode
+from ..config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings
+
+ENDPOINTS = (
+    """endpoints:
+  POST /v1/chat/completions   OpenAI chat completions (JSON and SSE, tools)
+  POST /v1/messages           Anthropic Messages (JSON and SSE, tools)
+  POST /v1/messages/count_tokens   tokens the turn would send upstream
+  GET  /v1/models[/ID]        the upstream's models, in the client's format
+  GET  /health                upstream circuits, limits, store
+  GET  /state[?session=ID[&history=1]]   list sessions, or one session's state
+  PATCH /state?session=ID     operator correction (body: a JSON merge patch)
+  DELETE /state?session=ID    forget a session
+  GET  /metrics               Prometheus metrics (Bearer metrics_token when set)
+  GET  /cost[?since=24h&session=ID&group_by="""
+    + GroupBy.spelled("|")
+    + "]"
+)
+
+SESSION_HELP = f"""session header:
+  x-skillstate-session: ID    ([A-Za-z0-9_-]{{1,128}}) names the session whose state this turn
+                              reads and updates; without it a new session is created. The id in
+                              use comes back in the same response header.
+  x-skillstate-mode: {Mode.spelled("|")}   per-request mode (default from config)
+  x-skillstate-constrain: {"|".join(reversed(Constrain.values()))}     constrained decoding of \
+the state envelope"""
+
+
+def _env_help() -> str:
+    width = max(len(k) for k in ENV_VARS)
+    lines = [f"  {k.ljust(width)}  {v}" for k, v in ENV_VARS.items()]
+    return "environment:\n" + "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line too (no usage dump), like every other start-up error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="skillstate",
+        description=(
+            "skillstate-proxy: a local proxy for OpenAI/Anthropic clients that keeps long agent "
+            "loops flat. Each turn it sends upstream only the task, an explicit JSON state and "
+            "the latest observation. With no command it runs the proxy."
+        ),
+        epilog="\n\n".join([_env_help(), ENDPOINTS, SESSION_HELP]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"skillstate-proxy {__version__}")
+    p.add_argument("--config", metavar="FILE", help="JSON config file (default ./skillstate.json)")
+    p.add_argument("--upstream", metavar="URL", help="upstream base URL (key: SKILLSTATE_API_KEY)")
+    p.add_argument("--port", type=_port, help=f"listen port (default {DEFAULT_PORT}; 0 = any)")
+    p.add_argument("--host", help="listen host (default 127.0.0.1)")
+    p.add_argument("--schema", metavar="KEYS", help="comma-separated allowed state keys")
+    p.add_argument("--data-dir", metavar="DIR", help="store directory (default ~/.skillstate)")
+    p.add_argument("--mode", choices=Mode.values(), help="default mode")
+    p.add_argument("--verbose", action="store_const", const=True, help="log one line per request")
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_const",
+        const=True,
+        help="allow a non-loopback --host without client keys (anyone reaching it spends the keys)",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("serve", help="run the proxy (the default)")
+    demo = sub.add_parser("demo", help="offline demo: real proxy + simulated model, 30 turns")
+    demo.add_argument("--turns", type=int, default=30)
+    demo.add_argument("--out-dir", metavar="DIR", help="where to write the report and chart")
+    demo.add_argument(
+        "--price-as",
+        metavar="MODEL",
+        help="price the tokens as this model, hypothetically (default claude-sonnet-4-5)",
+    )
+    cost = sub.add_parser("cost", help="usage, cost and savings from the store")
+    # Also accepted after the command; SUPPRESS keeps a value given before it.
+    cost.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS)
+    cost.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS)
+    cost.add_argument("--since", default="24h", help="ISO time or duration like 24h (default)")
+    cost.add_argument("--until", default=None)
+    cost.add_argument("--session", default=None)
+    cost.add_argument("--by", choices=GroupBy.values(), default=None)
+    cost.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from .keys import add_keys_parser
+    from .migrate import add_migrate_parser
+
+    add_keys_parser(sub)
+    add_migrate_parser(sub)
+    from .store import add_store_parser
+
+    add_store_parser(sub)
+    bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools, bfcl")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    if with_benches:  # their modules are only imported when a bench is asked for
+        _add_benches(bench_sub)
+    return p
+
+
+def _add_benches(bench_sub: Any) -> None:
+    from ..bench.commands import add_bench_parsers
+
+    add_bench_parsers(bench_sub, overhead=True)
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, got {port}")
+    return port
+
+
+def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
+    keys = (
+        "config", "upstream", "port", "host", "schema", "data_dir", "verbose", "mode",
+        "insecure_no_auth", "store",
+    )  # fmt: skip
+    return {k: getattr(args, k, None) for k in keys}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(with_benches="bench" in argv)
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as e:
+        print(f"skillstate: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    command = args.command or "serve"
+    if command == "demo":
+        from .demo import run_demo
+
+        return run_demo(args)
+    if command == "bench":  # the benches that need the bench extra say so in one line
+        from ..bench.commands import run_bench
+
+        return run_bench(args)
+    if command == "store":  # its URLs are its arguments: no settings needed
+        from .store import run_store
+
+        return run_store(args)
+    settings = load_settings(_cli_layer(args))
+    if command == "cost":
+        from .cost import print_cost
+
+        return print_cost(settings, args)
+    if command == "keys":
+        from .keys import run_keys
+
+        return run_keys(settings, args)
+    if command == "migrate":
+        from .migrate import run_migrate
+
+        return run_migrate(settings)
+    if not settings.upstreams:
+        raise ConfigError(
+            "upstreams: none configured; use --upstream URL, SKILLSTATE_UPSTREAM or "
+            "'upstreams' in skillstate.json (try `skillstate demo` for an offline run)"
+        )
+    from ..app.server import serve
+
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

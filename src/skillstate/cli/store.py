@@ -1,0 +1,138 @@
+"""``skillstate store copy --from URL --to URL``: one store's content into another (e.g. a
+single-node SQLite install into the shared PostgreSQL store), verified, with a short
+summary. Every failure is one line (ConfigError), never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from ..config import ConfigError, Settings
+from ..store import Store, StoreError
+from ..store.base import COUNTED
+from ..store.copy import CopyReport, copy_store
+from ..store.factory import make_store, sqlite_path
+from ..urltext import redacted
+
+
+def add_store_parser(sub: Any) -> None:
+    """The ``store`` command and its ``copy`` subcommand."""
+    store = sub.add_parser("store", help="store maintenance: copy one store into another")
+    actions = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    copy = actions.add_parser(
+        "copy",
+        help="copy sessions (with their history), keys, stored responses and the ledger"
+        " from one store into another, then verify",
+    )
+    urls = "sqlite:///path or postgresql://…"
+    copy.add_argument("--from", dest="source", required=True, metavar="URL",
+                      help=f"{urls} (only read)")  # fmt: skip
+    copy.add_argument("--to", dest="dest", required=True, metavar="URL",
+                      help=f"{urls} (must be empty unless --merge)")  # fmt: skip
+    copy.add_argument(
+        "--merge",
+        action="store_true",
+        help="add to a destination that holds data already (refused when an id is on both"
+        " sides; nothing there is replaced)",
+    )
+
+
+def run_store(args: argparse.Namespace) -> int:
+    """Run ``skillstate store copy``; 0 when the copy verified, 1 when it did not."""
+    if args.source == args.dest:
+        raise ConfigError("store copy: --from and --to are the same store")
+    try:
+        report = asyncio.run(_copy(args.source, args.dest, args.merge))
+    except StoreError as e:
+        raise ConfigError(f"store copy: {e}") from None
+    _print_summary(args.source, args.dest, report)
+    return 1 if report.problems else 0
+
+
+async def _copy(source_url: str, dest_url: str, merge: bool) -> CopyReport:
+    source = open_url(source_url, "--from", must_exist=True)
+    dest = open_url(dest_url, "--to", must_exist=False)
+    await _open(source, "--from")
+    try:
+        await _open(dest, "--to")
+        try:
+            return await copy_store(
+                source,
+                dest,
+                merge=merge,
+                progress=_progress,
+                source_dir=_data_dir(source_url),
+                dest_dir=_data_dir(dest_url),
+            )
+        finally:
+            await dest.close()
+    finally:
+        await source.close()
+
+
+def open_url(url: str, option: str, *, must_exist: bool) -> Store:
+    """The (unopened) store a URL names; ConfigError for a URL that names none."""
+    scheme = urlsplit(url).scheme
+    if scheme not in ("sqlite", "postgresql", "postgres"):
+        raise ConfigError(f"{option}: must be sqlite:///path or postgresql://…, not {_scheme(url)}")
+    try:
+        settings = Settings(store=url)
+    except ValidationError as e:  # its message only: the URL may carry a password
+        reason = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{option}: {reason}") from None
+    path = sqlite_path(settings)
+    if must_exist and path is not None and not path.is_file():
+        raise ConfigError(f"{option}: no store at {path}")
+    try:
+        # exclusive: a proxy still running on a SQLite file would change it during the copy
+        return make_store(settings, exclusive=True)
+    except StoreError as e:
+        raise ConfigError(f"{option}: {e}") from None
+
+
+def _data_dir(url: str) -> Path | None:
+    """A SQLite store's data dir (its file's directory, as in the default layout)."""
+    path = sqlite_path(Settings(store=url))
+    return None if path is None else path.parent
+
+
+async def _open(store: Store, option: str) -> None:
+    try:
+        await store.open()
+    except StoreError as e:
+        raise ConfigError(f"{option}: {e}") from None
+
+
+def _scheme(url: str) -> str:
+    scheme = urlsplit(url).scheme
+    return f"{scheme}:" if scheme else "a URL"
+
+
+def _progress(what: str) -> None:
+    print(f"  … {what}", file=sys.stderr, flush=True)
+
+
+def _print_summary(source: str, dest: str, report: CopyReport) -> None:
+    print(f"copied {redacted(source)} -> {redacted(dest)}")
+    width = max(len(f"{n:,}") for n in report.source.values())
+    for name in COUNTED:
+        line = f"  {name:<12} {report.source[name]:>{width},}"
+        if report.before[name]:
+            line += f"  (the destination had {report.before[name]:,}, now {report.after[name]:,})"
+        print(line)
+    if report.problems:
+        for problem in report.problems:
+            print(f"NOT VERIFIED: {problem}", file=sys.stderr)
+        return
+    print(
+        f"verified: every count, the step, schema and state of {report.sessions_verified:,}"
+        " session(s), the ledger's totals and every key"
+    )
+    if report.secret is not None:
+        print(f"client keys: their secret was {report.secret}")

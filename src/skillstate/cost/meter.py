@@ -1,0 +1,270 @@
+"""The ledger rows of one client turn, owned in one place.
+
+``Pipeline`` decides what happens to a turn (retry, re-ask, commit); the ``TurnMeter`` counts
+what it cost: one row per upstream attempt (see ``skillstate.cost.ledger`` for the kinds and the
+baseline arithmetic). Keeping every row of a turn here means no path of the pipeline can
+forget to meter an attempt it made, and the re-ask bookkeeping (the answered row relabelled
+while a re-ask is out, restored if the re-ask fails) is one pair of methods rather than
+tuples and rows patched by index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
+
+from ..store import Store, StoreError
+from .baseline import (
+    Baseline,
+    CacheRegime,
+    CacheSplit,
+    PrefixCache,
+    baseline_output_tokens,
+    prefix_points,
+    price_baseline,
+    round_ratio,
+)
+from .ledger import Kind, LedgerRow, Usage, make_row
+from .pricing import PriceBook, Prices
+
+
+class _Attempt(Protocol):
+    upstream: str
+    status: int
+
+
+@dataclass(frozen=True)
+class MeterContext:
+    """What every row of one turn shares: who asked, in which mode, the size of the
+    client's own transcript without the proxy's envelopes (None when there is nothing to
+    compare, e.g. passthrough), the context shape sent and the baseline's cache model."""
+
+    session: str
+    mode: str
+    model: str | None
+    est_client: int | None
+    context: str | None = None
+    baseline: BaselineSource | None = None
+
+
+@dataclass
+class BaselineSource:
+    """What the cache-aware baseline of one turn needs (see ``skillstate.cost.baseline``).
+
+    ``client_body``: the client's request with the proxy's envelopes removed; ``untouched``:
+    the upstream got exactly the client's body and it had no envelope to remove, so the
+    baseline IS the call (the cache model still learns the request for later turns).
+    The session's cache is charged once per turn, by the first answer; a re-ask's answer
+    reuses that split, scaled to its own input.
+    """
+
+    cache: PrefixCache
+    client_body: Mapping[str, Any]
+    untouched: bool
+    now: float
+    _charged: tuple[int, CacheSplit] | None = field(default=None, init=False)
+
+    def split(self, baseline_input: int, regime: CacheRegime) -> CacheSplit:
+        if self._charged is None:
+            points = prefix_points(self.client_body)
+            split = self.cache.charge(points, baseline_input, self.now, regime)
+            self._charged = (baseline_input, split)
+            return split
+        first_input, first = self._charged
+        if first_input <= 0:
+            return CacheSplit(baseline_input)
+
+        def scaled(n: int) -> int:
+            return round_ratio(n * baseline_input, first_input)
+
+        return CacheSplit(
+            baseline_input, scaled(first.cache_read_tokens), scaled(first.cache_write_tokens)
+        )
+
+    def model(self, regime: CacheRegime, envelope_share: Fraction) -> Any:
+        """The ``ledger.BaselineModel`` of one answered attempt."""
+
+        def baseline(
+            b_in: int, usage: Usage, prices: Prices | None, cost_usd: float | None
+        ) -> Baseline:
+            split = self.split(b_in, regime)
+            if self.untouched:
+                return Baseline(
+                    usage.input_tokens,
+                    usage.cache_read_tokens,
+                    usage.cache_write_tokens,
+                    usage.output_tokens,
+                    cost_usd,
+                )
+            out = baseline_output_tokens(usage.output_tokens, envelope_share)
+            return price_baseline(split, out, prices)
+
+        return baseline
+
+
+class TurnMeter:
+    """Every ledger row of one turn, in attempt order.
+
+    Exactly one row ends up as the turn's answer (kind ``generation`` or ``stream``); every
+    other attempt is a retry row with a zero baseline. Rows reach the store either inside the
+    turn's commit (``unwritten()``) or best effort on their own (``flush()``), never both.
+    """
+
+    def __init__(self, prices: PriceBook, ctx: MeterContext) -> None:
+        self._prices = prices
+        self._ctx = ctx
+        self._rows: list[LedgerRow] = []
+        self._written = 0  # rows before this index were handed out to be written
+        # The answer a re-ask replaced: its index and its row as the turn's answer.
+        self._held: tuple[int, LedgerRow] | None = None
+        # How the last answer's row was made, to make it again as a rollback-retry.
+        self._last_answer: tuple[Usage | None, int, str, str | None, str | None] | None = None
+        self._answered = False
+
+    @property
+    def rows(self) -> list[LedgerRow]:
+        """The rows so far (a copy: the meter alone changes them)."""
+        return list(self._rows)
+
+    @property
+    def answered_yet(self) -> bool:
+        """True once some attempt's answer is recorded as the turn's answer."""
+        return self._answered
+
+    def failed(self, upstream: str, status: int, kind: Kind = "transport-retry") -> None:
+        """An attempt without usable usage: a transport failure, an error status, or (with
+        ``kind="generation"``) an error answer that is what the client gets."""
+        self._rows.append(self._make(None, kind, status, upstream, None, None, None))
+        if kind in ("generation", "stream"):
+            self._answered = True
+
+    def failed_attempts(self, attempts: Iterable[_Attempt]) -> None:
+        """The upstream layer's failed attempts before the one that answered."""
+        for a in attempts:
+            self.failed(a.upstream, a.status)
+
+    def answered(
+        self,
+        *,
+        upstream: str,
+        provider_hint: str | None,
+        usage: Usage | None,
+        status: int,
+        model: str | None,
+        est_sent: int | None,
+        kind: Kind = "generation",
+        regime: CacheRegime | None = None,
+        envelope_share: Fraction = Fraction(0),
+    ) -> None:
+        """The attempt whose answer goes to the client (unless ``discard_last`` follows).
+
+        ``regime``: how the upstream bills its prompt cache (for the baseline's cache
+        model); ``envelope_share``: the envelope's share of the reply
+        (``baseline.envelope_output_share``), taken off the baseline's output."""
+        source = self._ctx.baseline
+        modelled = (
+            source.model(regime, envelope_share)
+            if source is not None and regime is not None
+            else None
+        )
+        row = self._make(usage, kind, status, upstream, model, est_sent, provider_hint, modelled)
+        self._rows.append(row)
+        self._last_answer = (usage, status, upstream, model, provider_hint)
+        self._answered = True
+
+    def discard_last(self) -> None:
+        """The last answer is discarded for a re-ask: it becomes a rollback-retry row (zero
+        baseline). ``restore`` puts it back if the re-ask brings no better answer."""
+        assert self._last_answer is not None, "discard_last() before any answer"
+        usage, status, upstream, model, hint = self._last_answer
+        i = len(self._rows) - 1
+        self._held = (i, self._rows[i])
+        self._rows[i] = self._make(usage, "rollback-retry", status, upstream, model, None, hint)
+
+    def restore(self) -> None:
+        """The re-ask failed: the discarded answer is the turn's answer again."""
+        if self._held is not None:
+            i, row = self._held
+            self._rows[i] = row
+            self._held = None
+
+    def unwritten(self) -> list[LedgerRow]:
+        """The rows not written yet (the commit writes them in its own transaction)."""
+        return self._rows[self._written :]
+
+    def mark_written(self) -> None:
+        """The rows so far were written (by the commit): ``flush`` leaves them alone."""
+        self._written = len(self._rows)
+
+    async def flush(self, store: Store) -> None:
+        """Write the rows not yet written, best effort: a turn never fails on its ledger."""
+        rows = self.unwritten()
+        self.mark_written()
+        if rows:
+            with contextlib.suppress(StoreError):
+                await store.add_ledger_rows(rows)
+
+    def headers(self) -> dict[str, str]:
+        """The turn's ``x-skillstate-pricing/-cost-usd/-saved-tokens`` headers."""
+        return ledger_headers(self._rows)
+
+    # -- rows ---------------------------------------------------------------------------
+
+    def _make(
+        self,
+        usage: Usage | None,
+        kind: Kind,
+        status: int,
+        upstream: str,
+        model: str | None,
+        est_sent: int | None,
+        provider_hint: str | None,
+        baseline_model: Any = None,
+    ) -> LedgerRow:
+        ctx = self._ctx
+        compare = ctx.est_client is not None and est_sent is not None
+        return make_row(
+            book=self._prices,
+            usage=usage,
+            kind=kind,
+            status=status,
+            mode=ctx.mode,
+            session=ctx.session,
+            upstream=upstream,
+            model=model or ctx.model or None,
+            est_transcript=ctx.est_client if compare else None,
+            est_sent=est_sent if compare else None,
+            provider_hint=provider_hint,
+            baseline_model=baseline_model,
+            context=ctx.context,
+        )
+
+
+def ledger_headers(rows: list[LedgerRow]) -> dict[str, str]:
+    """Pricing status, cost and saved tokens of a turn's rows, as response headers."""
+    if not rows:
+        return {}
+    h: dict[str, str] = {}
+    statuses = {r.pricing for r in rows if r.pricing != "usage-unavailable" or r is rows[-1]}
+    if rows[-1].pricing == "usage-unavailable":
+        h["x-skillstate-pricing"] = "usage-unavailable"
+    elif "unknown" in statuses:
+        h["x-skillstate-pricing"] = "unknown"
+    else:
+        h["x-skillstate-pricing"] = rows[-1].pricing
+    costs = [r.cost_usd for r in rows if r.cost_usd is not None]
+    if costs and h["x-skillstate-pricing"] in ("known", "override"):
+        h["x-skillstate-cost-usd"] = f"{sum(costs):.8f}"
+    # Over all the turn's attempts (retries have a zero baseline), so the headers of a
+    # session's turns add up to its /cost saved_input_tokens.
+    saved = [
+        r.baseline_input_tokens - r.input_tokens
+        for r in rows
+        if r.baseline_input_tokens is not None and r.input_tokens is not None
+    ]
+    if saved:
+        h["x-skillstate-saved-tokens"] = str(sum(saved))
+    return h

@@ -1,0 +1,53 @@
+"""``POST /v1/messages/count_tokens``: the tokens a turn would send upstream now.
+
+In state mode that is the compact context built from the session's current state, not the
+client's transcript, since that is what the proxy would send. An Anthropic-kind upstream
+counts it with its own tokenizer; otherwise the count is the local estimate
+(``skillstate.cost.tokens``) and the response says so in ``x-skillstate-token-count: estimate``.
+Nothing is committed, metered or rate-limited: counting is free at Anthropic too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..cost.tokens import estimate_tokens
+from ..dialects.registry import error_reply
+from ..sessions.locks import SESSION_HEADER
+from ..turn.pipeline import Pipeline, Reply, Turn
+from ..upstream.client import UpstreamPool
+
+# The fields Anthropic's count_tokens accepts; it rejects others (max_tokens, stream, ...).
+COUNT_FIELDS = frozenset(
+    {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"}
+)
+
+
+async def count_tokens(pipeline: Pipeline, pool: UpstreamPool, turn: Turn) -> Reply:
+    body = await pipeline.preview(turn)
+    headers = {SESSION_HEADER: turn.shown_session}
+    model = body.get("model")
+    # Upstreams of the client's own kind whose format has a counting endpoint count natively.
+    native = [
+        up
+        for up in pool.candidates(model if isinstance(model, str) else None)
+        if up.kind == turn.dialect and up.dialect.count_tokens_path is not None
+    ]
+    if native:
+        path = native[0].dialect.count_tokens_path
+        assert path is not None
+        payload = orjson.dumps({k: v for k, v in body.items() if k in COUNT_FIELDS})
+        ex = await pool.fetch(path, turn.headers, post=payload, upstreams=native)
+        raw = await ex.read()
+        ex.release()
+        headers.update(ex.relay_headers())
+        headers["content-type"] = "application/json"
+        if ex.status >= 400:
+            return Reply(*error_reply(raw, ex.status, ex.upstream.kind, turn.dialect), headers)
+        return Reply(ex.status, raw, headers)
+    parts: list[Any] = [body.get("system"), body.get("messages"), body.get("tools")]
+    headers["x-skillstate-token-count"] = "estimate"
+    headers["content-type"] = "application/json"
+    return Reply(200, orjson.dumps({"input_tokens": estimate_tokens(parts)}), headers)

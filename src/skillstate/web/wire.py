@@ -1,0 +1,201 @@
+"""HTTP plumbing for the handlers: bounded body reading, dialect-shaped error responses,
+and responses that notice a client going away (and then cancel the upstream work)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ..dialects.registry import dialect_for_path, get_dialect
+from ..errors import Dialect, ProxyError
+from ..jsondepth import MAX_JSON_DEPTH, nesting_exceeds
+
+T = TypeVar("T")
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def dialect_for(path: str, anthropic_version: bool) -> Dialect:
+    """The dialect of an error answered outside the turn handlers: the one whose routes serve
+    ``path``, else by the header every Anthropic SDK request carries (``anthropic-version``)."""
+    return dialect_for_path(path) or ("anthropic" if anthropic_version else "openai")
+
+
+def error_response(
+    err: ProxyError, dialect: Dialect, headers: Mapping[str, str] | None = None
+) -> Response:
+    """``err`` as the error object of ``dialect`` (a registry name), with its status."""
+    d = get_dialect(dialect)
+    return JSONResponse(
+        d.error_body(err),
+        status_code=d.error_status(err),
+        headers={**(headers or {}), **err.headers()},
+    )
+
+
+async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object; 415 unless it is declared as JSON, 413 as soon as it
+    is known to be too big (without buffering the rest), 400 for anything that is not a JSON
+    object or nests deeper than ``MAX_JSON_DEPTH``."""
+    if not is_json_media_type(request.headers.get("content-type", "")):
+        # text/plain and form bodies are CORS "simple" requests: any web page could send them.
+        raise ProxyError(
+            "invalid_request",
+            "content-type must be application/json",
+            status=415,
+            code="unsupported_media_type",
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    raw = await _read_body(request.receive, max_bytes)
+    if not raw:
+        raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ProxyError("invalid_request", f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ProxyError("invalid_request", "request body must be a JSON object")
+    if nesting_exceeds(body, MAX_JSON_DEPTH, raw):
+        raise ProxyError(
+            "invalid_request", f"request body nests JSON more than {MAX_JSON_DEPTH} levels deep"
+        )
+    return body
+
+
+async def _read_body(receive: Receive, max_bytes: int) -> bytes:
+    """The body's bytes straight from the ASGI messages (Starlette's ``request.stream()`` is
+    an async generator: a per-request object the event loop tracks, on the hot path)."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # http.disconnect
+            # Nobody reads the answer; this only ends the request without an internal error.
+            raise ProxyError("invalid_request", "the client left before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def is_json_media_type(content_type: str) -> bool:
+    """``application/json`` or an ``application/*+json`` type, parameters ignored."""
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _too_large(max_bytes: int) -> ProxyError:
+    return ProxyError(
+        "request_too_large",
+        f"request body exceeds max_body_bytes ({max_bytes} bytes)",
+        code="request_too_large",
+    )
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; if the client disconnects first, cancel it and return None."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+    # What asyncio.wait(FIRST_COMPLETED) does, without its per-call sets and bookkeeping.
+    either: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        if not either.done():
+            either.set_result(None)
+
+    task.add_done_callback(wake)
+    watcher.add_done_callback(wake)
+    try:
+        await either
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
+class StreamingProxyResponse(Response):
+    """Streams an async iterator; a client disconnect cancels the iterator at once, even
+    while it is waiting on a stalled upstream (Starlette's own response only notices on
+    the next send under ASGI 2.4)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        headers: Mapping[str, str],
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.chunks = chunks
+        self.on_close = on_close
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", **headers})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._respond(receive, send)
+        finally:
+            if self.on_close is not None:
+                done = asyncio.ensure_future(self.on_close())
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(done)
+
+    async def _respond(self, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        pump = asyncio.ensure_future(self._pump(send))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (pump, watcher):
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+        if pump.done() and not pump.cancelled():
+            exc = pump.exception()
+            if exc is not None and not isinstance(exc, OSError):
+                raise exc
+
+    async def _pump(self, send: Send) -> None:
+        chunks = self.chunks
+        try:
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()

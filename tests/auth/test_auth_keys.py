@@ -1,0 +1,99 @@
+"""Client keys (issue 16): the `keys` commands, what the store keeps, how keys compare."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from skillstate.auth import keys as keymod
+from skillstate.auth.keys import KeyHasher, parse_duration, same_digest, server_secret
+from skillstate.cli.main import main
+
+
+def keys_cmd(capsys: pytest.CaptureFixture[str], data: Path, *args: str) -> tuple[int, str, str]:
+    rc = main(["keys", "--data-dir", str(data), *args])
+    out, err = capsys.readouterr()
+    return rc, out.strip(), err.strip()
+
+
+def test_create_prints_a_key_once_and_the_store_holds_only_its_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, key, _ = keys_cmd(capsys, tmp_path, "create", "--name", "alice", "--rpm", "5")
+    assert rc == 0 and key.startswith("sk-ss-") and len(key) > 40
+    rc, listing, _ = keys_cmd(capsys, tmp_path, "list", "--json")
+    assert rc == 0 and '"alice"' in listing and key not in listing and "digest" not in listing
+    db = sqlite3.connect(tmp_path / "skillstate.db")
+    raw = (tmp_path / "skillstate.db").read_bytes()
+    rows = db.execute("SELECT * FROM api_keys").fetchall()
+    assert len(rows) == 1
+    assert all(key not in str(v) and key[6:] not in str(v) for v in rows[0])
+    assert key.encode() not in raw and key[6:].encode() not in raw
+    digest = db.execute("SELECT digest FROM api_keys").fetchone()[0]
+    assert digest == KeyHasher(server_secret(tmp_path)).digest(key)
+    mode = stat.S_IMODE(os.stat(tmp_path / keymod.SECRET_FILE).st_mode)
+    assert mode == 0o600
+
+
+def test_rotate_replaces_the_digest_and_revoke_marks_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, old, _ = keys_cmd(capsys, tmp_path, "create", "--name", "bob", "--admin")
+    rc, new, _ = keys_cmd(capsys, tmp_path, "rotate", "bob")
+    assert rc == 0 and new.startswith("sk-ss-") and new != old
+    hasher = KeyHasher(server_secret(tmp_path))
+    db = sqlite3.connect(tmp_path / "skillstate.db")
+    (digest,) = db.execute("SELECT digest FROM api_keys WHERE name='bob'").fetchone()
+    assert digest == hasher.digest(new) and digest != hasher.digest(old)
+    assert keys_cmd(capsys, tmp_path, "revoke", "bob")[:2] == (0, "revoked bob")
+    (revoked,) = db.execute("SELECT revoked FROM api_keys WHERE name='bob'").fetchone()
+    assert revoked is not None
+    assert "revoked" in keys_cmd(capsys, tmp_path, "list")[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("create", "--name", "a b"), "key name must match"),
+        (("create", "--name", "x", "--expires", "soon"), "expected a duration"),
+        (("create", "--name", "x", "--rpm", "0"), "--rpm must be > 0"),
+        (("revoke", "nobody"), "no key named 'nobody'"),
+        (("rotate", "nobody"), "no key named 'nobody'"),
+    ],
+)
+def test_cli_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    rc, _, err = keys_cmd(capsys, tmp_path, *args)
+    assert rc == 2 and message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_taken_name_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys_cmd(capsys, tmp_path, "create", "--name", "alice")
+    rc, out, err = keys_cmd(capsys, tmp_path, "create", "--name", "alice")
+    assert rc == 2 and out == "" and err == "skillstate: keys: a key named 'alice' already exists"
+
+
+def test_digests_are_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, str]] = []
+    real = hmac.compare_digest
+
+    def spy(a: str, b: str) -> bool:
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(keymod.hmac, "compare_digest", spy)
+    assert same_digest("ab", "ab") and not same_digest("ab", "ac")
+    assert calls == [("ab", "ab"), ("ab", "ac")]
+
+
+def test_durations() -> None:
+    assert parse_duration("30d") == 30 * 86400
+    assert parse_duration("90m") == 5400
+    with pytest.raises(ValueError):
+        parse_duration("0d")

@@ -1,0 +1,54 @@
+"""TurnMeter: the rows of one turn (unit tests; the pipeline's use is tested end to end)."""
+
+from __future__ import annotations
+
+from skillstate.cost.ledger import Usage
+from skillstate.cost.meter import MeterContext, TurnMeter
+from skillstate.cost.pricing import PriceBook, PriceOverride
+
+BOOK = PriceBook(overrides_by_model={"m": PriceOverride(input_per_mtok=1.0, output_per_mtok=2.0)})
+CTX = MeterContext(session="s", mode="state", model="m", est_client=400)
+
+
+def answer(meter: TurnMeter, tokens: int) -> None:
+    meter.answered(
+        upstream="u",
+        provider_hint=None,
+        usage=Usage(tokens, 10),
+        status=200,
+        model="m",
+        est_sent=100,
+    )
+
+
+def test_a_re_ask_relabels_the_discarded_answer_and_the_last_answer_is_the_generation() -> None:
+    meter = TurnMeter(BOOK, CTX)
+    meter.failed("u", 503)
+    answer(meter, 100)
+    meter.discard_last()
+    answer(meter, 120)
+    kinds = [r.kind for r in meter.rows]
+    assert kinds == ["transport-retry", "rollback-retry", "generation"]
+    assert meter.rows[1].baseline_input_tokens == 0 and meter.rows[1].input_tokens == 100
+    assert meter.rows[2].baseline_input_tokens == 480  # 120 * 400 / 100
+
+
+def test_restore_brings_back_the_discarded_answer_after_a_failed_re_ask() -> None:
+    meter = TurnMeter(BOOK, CTX)
+    answer(meter, 100)
+    meter.discard_last()
+    meter.failed("u", 502)
+    meter.restore()
+    assert [r.kind for r in meter.rows] == ["generation", "transport-retry"]
+    assert meter.rows[0].baseline_input_tokens == 400
+    assert meter.headers()["x-skillstate-saved-tokens"] == "300"
+
+
+def test_rows_the_commit_took_are_not_flushed_again() -> None:
+    meter = TurnMeter(BOOK, CTX)
+    answer(meter, 100)
+    assert len(meter.unwritten()) == 1
+    meter.mark_written()
+    assert meter.unwritten() == [] and len(meter.rows) == 1
+    meter.failed("u", 500)
+    assert [r.status for r in meter.unwritten()] == [500]

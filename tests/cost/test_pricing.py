@@ -1,0 +1,306 @@
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skillstate.cost import pricing
+from skillstate.cost.ledger import Usage
+from skillstate.cost.pricing import PriceBook, Priced, PriceOverride, Prices, cost_from_prices
+from skillstate.dialects.anthropic import usage_from_anthropic
+from skillstate.dialects.openai import usage_from_openai
+
+# Our own numbers, so the arithmetic below is ours and not the price data's.
+ACME = PriceOverride(
+    input_per_mtok=2.0, output_per_mtok=10.0, cache_read_per_mtok=0.2, cache_write_per_mtok=2.5
+)
+
+# An Anthropic response's usage: input_tokens EXCLUDES the two cache counts.
+ANTHROPIC_USAGE = {
+    "input_tokens": 1_000,
+    "cache_read_input_tokens": 40_000,
+    "cache_creation_input_tokens": 5_000,
+    "output_tokens": 800,
+}
+
+
+def test_worked_anthropic_example_with_override_prices() -> None:
+    usage = usage_from_anthropic(ANTHROPIC_USAGE)
+    assert usage == Usage(
+        input_tokens=46_000, output_tokens=800, cache_read_tokens=40_000, cache_write_tokens=5_000
+    )
+    book = PriceBook(overrides_by_model={"acme-1": ACME})
+    priced = book.price(usage, model="acme-1", upstream=None)
+    # plain input   (46000 - 40000 - 5000) = 1000 * 2.00 =  2000
+    # cache read                          40000 * 0.20 =  8000
+    # cache write                          5000 * 2.50 = 12500
+    # output                                800 * 10.0 =  8000
+    #                                                    -----
+    #                                                    30500 / 1e6 = $0.0305
+    # (Counting cache tokens as input too would add 45000 * 2.00 = 90000 -> $0.1205.)
+    assert priced.status == "override"
+    assert priced.cost_usd == pytest.approx(0.0305, abs=1e-12)
+    assert priced.prices == Prices(2.0, 10.0, 0.2, 2.5)
+
+
+def _bundled_rates(model: str, provider: str) -> dict[str, Decimal]:
+    from genai_prices.data import providers
+
+    prov = next(p for p in providers if p.id == provider)
+    info = prov.find_model(model)
+    assert info is not None
+    mp = info.prices
+    assert not isinstance(mp, list)
+    keys = ("input_mtok", "output_mtok", "cache_read_mtok", "cache_write_mtok")
+    return {k: getattr(mp, k) for k in keys}
+
+
+def test_real_model_claude_sonnet_4_against_bundled_data() -> None:
+    rates = _bundled_rates("claude-sonnet-4", "anthropic")
+    # Anthropic's published list prices, as bundled in genai-prices.
+    assert rates == {
+        "input_mtok": Decimal("3"),
+        "output_mtok": Decimal("15"),
+        "cache_read_mtok": Decimal("0.3"),
+        "cache_write_mtok": Decimal("3.75"),
+    }
+    usage = usage_from_anthropic(ANTHROPIC_USAGE)
+    priced = PriceBook().price(
+        usage, model="claude-sonnet-4-20250514", upstream="anthropic", provider_hint="anthropic"
+    )
+    #  1000 * 3.00 =  3000
+    # 40000 * 0.30 = 12000
+    #  5000 * 3.75 = 18750
+    #   800 * 15.0 = 12000
+    #                -----
+    #                45750 / 1e6 = $0.04575
+    assert priced.status == "known"
+    assert priced.cost_usd == pytest.approx(0.04575, abs=1e-12)
+    assert priced.prices == Prices(3.0, 15.0, 0.3, 3.75)
+    assert priced.source == "genai-prices:anthropic/claude-sonnet-4-0"
+
+
+def test_real_model_gpt_4o_openai_usage_cached_tokens_inside_prompt_tokens() -> None:
+    rates = _bundled_rates("gpt-4o", "openai")
+    assert rates["input_mtok"] == Decimal("2.5")
+    assert rates["cache_read_mtok"] == Decimal("1.25")
+    assert rates["output_mtok"] == Decimal("10")
+    usage = usage_from_openai(
+        {
+            "prompt_tokens": 10_000,
+            "completion_tokens": 500,
+            "prompt_tokens_details": {"cached_tokens": 8_000},
+        }
+    )
+    assert usage == Usage(10_000, 500, 8_000, 0)
+    priced = PriceBook().price(usage, model="gpt-4o", upstream=None, provider_hint="openai")
+    # (10000 - 8000) * 2.50 = 5000; 8000 * 1.25 = 10000; 500 * 10 = 5000 -> 20000 / 1e6
+    assert priced.status == "known"
+    assert priced.cost_usd == pytest.approx(0.02, abs=1e-12)
+    # gpt-4o has no cache-write price: writes (none here) would be billed as plain input.
+    assert priced.prices == Prices(2.5, 10.0, 1.25, 2.5)
+
+
+def test_unknown_model_is_unknown_never_zero() -> None:
+    book = PriceBook()
+    u = Usage(1000, 100)
+    for model in ("my-local-finetune-q4", None, ""):
+        priced = book.price(u, model=model, upstream="local")
+        assert priced.status == "unknown"
+        assert priced.cost_usd is None
+
+
+def test_usage_unavailable() -> None:
+    book = PriceBook(overrides_by_model={"acme-1": ACME})
+    assert book.price(None, model="claude-sonnet-4", upstream=None) == Priced(
+        "usage-unavailable", None
+    )
+    assert book.price(None, model="acme-1", upstream=None).cost_usd is None
+    # inconsistent counts (cache larger than the total input) are treated the same way
+    bad = Usage(input_tokens=10, output_tokens=1, cache_read_tokens=20)
+    assert book.price(bad, model="acme-1", upstream=None).status == "usage-unavailable"
+    negative = Usage(input_tokens=-1, output_tokens=1)
+    assert book.price(negative, model="acme-1", upstream=None).status == "usage-unavailable"
+
+
+def test_local_zero_upstream_is_override_zero_even_for_a_known_model() -> None:
+    book = PriceBook(overrides_by_upstream={"llama": PriceOverride(local_zero=True)})
+    priced = book.price(Usage(5000, 500), model="gpt-4o", upstream="llama")
+    assert priced.status == "override"
+    assert priced.cost_usd == 0.0
+    assert priced.prices == Prices(0.0, 0.0, 0.0, 0.0)
+    # another upstream still gets the bundled price
+    assert book.price(Usage(5000, 500), model="gpt-4o", upstream="openai").status == "known"
+
+
+def test_model_override_beats_upstream_override() -> None:
+    book = PriceBook(
+        overrides_by_upstream={"llama": PriceOverride(local_zero=True)},
+        overrides_by_model={"acme-1": ACME},
+    )
+    priced = book.price(Usage(1_000_000, 0), model="ACME-1", upstream="llama")
+    assert priced.status == "override"
+    assert priced.cost_usd == pytest.approx(2.0)
+    assert priced.source == "override:model=acme-1,upstream=llama"
+
+
+def test_partial_overrides_layer_field_by_field() -> None:
+    book = PriceBook(
+        overrides_by_upstream={"gw": PriceOverride(output_per_mtok=20.0)},
+        overrides_by_model={"claude-sonnet-4": PriceOverride(input_per_mtok=1.0)},
+    )
+    # input from the model override, output from the upstream override, cache from genai-prices
+    priced = book.price(Usage(1_000_000, 1_000_000, 0, 0), model="claude-sonnet-4", upstream="gw")
+    assert priced.status == "override"
+    assert priced.prices == Prices(1.0, 20.0, 0.3, 3.75)
+    assert priced.cost_usd == pytest.approx(21.0)
+
+
+def test_partial_override_of_unknown_model() -> None:
+    only_input = PriceBook(overrides_by_model={"mystery": PriceOverride(input_per_mtok=1.0)})
+    priced = only_input.price(Usage(100, 10), model="mystery", upstream=None)
+    assert priced.status == "unknown"
+    assert priced.cost_usd is None
+    # input + output given, cache prices default to the input price
+    io = PriceBook(
+        overrides_by_model={"mystery": PriceOverride(input_per_mtok=1.0, output_per_mtok=3.0)}
+    )
+    priced = io.price(Usage(1_000_000, 0, 500_000, 0), model="mystery", upstream=None)
+    assert priced.prices == Prices(1.0, 3.0, 1.0, 1.0)
+    assert priced.cost_usd == pytest.approx(1.0)
+
+
+def test_glob_model_override() -> None:
+    book = PriceBook(overrides_by_model={"qwen*": PriceOverride(local_zero=True)})
+    assert book.price(Usage(1, 1), model="Qwen2.5-7B-Instruct", upstream=None).cost_usd == 0.0
+    assert book.price(Usage(1, 1), model="llama-9", upstream=None).status == "unknown"
+
+
+def test_overrides_accept_config_objects_and_dicts() -> None:
+    from skillstate.config import PriceOverride as ConfigOverride
+    from skillstate.config import Upstream
+
+    up = Upstream(name="local", url="http://127.0.0.1:8080", prices=ConfigOverride(local_zero=True))
+    book = PriceBook.from_config({"acme-1": {"input_per_mtok": 2, "output_per_mtok": 10}}, [up])
+    assert book.price(Usage(1, 1), model="gpt-4o", upstream="local").cost_usd == 0.0
+    assert book.price(Usage(10**6, 0), model="acme-1", upstream=None).cost_usd == pytest.approx(2)
+    with pytest.raises(ValueError, match="input_per_mtok"):
+        PriceOverride.coerce({"input_per_mtok": -1})
+
+
+def test_provider_hint_unknown_falls_back_to_model_match_and_url_hint_works() -> None:
+    book = PriceBook()
+    u = Usage(1_000_000, 0)
+    assert book.price(u, model="gpt-4o", upstream=None, provider_hint="llama-server").cost_usd == (
+        pytest.approx(2.5)
+    )
+    by_url = book.price(u, model="gpt-4o", upstream=None, provider_hint="https://api.openai.com/v1")
+    assert by_url.source == "genai-prices:openai/gpt-4o"
+
+
+def test_tiered_price_uses_the_tier_of_this_call() -> None:
+    book = PriceBook()
+    small = book.price(Usage(1000, 10), model="claude-sonnet-4-5", upstream=None)
+    big = book.price(
+        Usage(250_000, 1000, 100_000, 20_000), model="claude-sonnet-4-5", upstream=None
+    )
+    assert small.prices is not None and big.prices is not None
+    assert big.prices.input_per_mtok > small.prices.input_per_mtok
+    assert big.cost_usd == pytest.approx(
+        cost_from_prices(Usage(250_000, 1000, 100_000, 20_000), big.prices)
+    )
+
+
+usages = st.integers(0, 400_000).flatmap(
+    lambda total: st.tuples(
+        st.just(total),
+        st.integers(0, 5_000),
+        st.integers(0, total),
+    ).flatmap(
+        lambda t: st.tuples(
+            st.just(t[0]), st.just(t[1]), st.just(t[2]), st.integers(0, t[0] - t[2])
+        )
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(
+        ["claude-sonnet-4", "claude-sonnet-4-5", "claude-3-5-haiku", "gpt-4o", "gpt-4o-mini"]
+    ),
+    usages,
+)
+def test_effective_rates_reproduce_genai_prices_cost(
+    model: str, u: tuple[int, int, int, int]
+) -> None:
+    """The flat rates we report (used for baselines) agree with genai-prices' own total."""
+    usage = Usage(*u)
+    priced = PriceBook().price(usage, model=model, upstream=None)
+    assert priced.status == "known"
+    assert priced.prices is not None and priced.cost_usd is not None
+    assert priced.cost_usd == pytest.approx(
+        cost_from_prices(usage, priced.prices), rel=1e-9, abs=1e-12
+    )
+
+
+def test_lookups_are_cached() -> None:
+    pricing._lookup_one.cache_clear()
+    book = PriceBook()
+    for i in range(5):
+        book.price(Usage(100 + i, 1), model="gpt-4o", upstream=None, provider_hint="openai")
+    info = pricing._lookup_one.cache_info()
+    assert info.misses == 1
+    assert info.hits == 4
+
+
+def test_offline_bundled_data_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing fetches remote prices, and a custom snapshot installed by genai-prices'
+    updater (by anyone else in the process) is ignored in favour of the bundled data."""
+    import httpx2
+    from genai_prices import data_snapshot, update_prices
+
+    def no_network(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("genai-prices tried to fetch prices over the network")
+
+    monkeypatch.setattr(httpx2, "get", no_network)
+    threads_before = {t.name for t in threading.enumerate()}
+    empty = data_snapshot.DataSnapshot(providers=[], from_auto_update=True)
+    data_snapshot.set_custom_snapshot(empty)
+    try:
+        pricing._lookup_one.cache_clear()
+        priced = PriceBook().price(Usage(1_000_000, 0), model="gpt-4o", upstream=None)
+    finally:
+        data_snapshot.set_custom_snapshot(None)
+    assert priced.status == "known"
+    assert priced.cost_usd == pytest.approx(2.5)
+    assert update_prices._shared_updater.thread is None
+    assert "genai_prices:update" not in {t.name for t in threading.enumerate()} - threads_before
+    assert pricing._snapshot().from_auto_update is False
+
+
+@pytest.mark.parametrize(
+    ("model", "hint", "expected"),
+    [
+        # list prices per million tokens: input, output, cache read, cache write
+        ("gpt-4o", "openai", Prices(2.5, 10.0, 1.25, 2.5)),  # no write price: plain input
+        ("claude-sonnet-4-5", "anthropic", Prices(3.0, 15.0, 0.3, 3.75)),
+    ],
+)
+def test_rates_carry_genai_prices_cache_read_and_write_prices(
+    model: str, hint: str, expected: Prices
+) -> None:
+    assert PriceBook().rates(model=model, upstream=None, provider_hint=hint) == expected
+
+
+def test_rates_honour_overrides_and_say_unknown() -> None:
+    book = PriceBook(overrides_by_model={"claude-sonnet-4-5": {"cache_read_per_mtok": 0.1}})
+    rates = book.rates(model="claude-sonnet-4-5", upstream=None, provider_hint="anthropic")
+    assert rates == Prices(3.0, 15.0, 0.1, 3.75)
+    assert PriceBook().rates(model="no-such-model-xyz", upstream=None) is None
+    local = PriceBook(overrides_by_upstream={"local": {"local_zero": True}})
+    assert local.rates(model="anything", upstream="local") == Prices(0.0, 0.0, 0.0, 0.0)

@@ -1,0 +1,418 @@
+"""Issue 16 end to end: client keys on a real proxy with the real SDKs (loopback only)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from skillstate.app.server import ProxyServer
+from skillstate.cli.main import main
+from tests.conftest import InProcessProxy, StartProxy, proxy_env, settings_from_cli
+from tests.fakeprovider import FakeProvider, Reply
+
+NO_CACHE = {"auth_cache_ttl": 0}
+
+
+def envelope(patch: dict, action: str = "next") -> str:
+    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+
+
+def make_key(data: Path, *args: str) -> str:
+    """`skillstate keys ... ` in this process; its stdout (a new key, or a message)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["keys", "--data-dir", str(data), *args]) == 0
+    return out.getvalue().strip()
+
+
+def oai(proxy: InProcessProxy, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+
+
+def ant(proxy: InProcessProxy, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+
+
+def chat(client: openai.OpenAI, session: str, text: str = "hi") -> openai.types.chat.ChatCompletion:
+    return client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": text}],
+        extra_headers={"x-skillstate-session": session},
+    )
+
+
+def message(client: anthropic.Anthropic, session: str) -> anthropic.types.Message:
+    return client.messages.create(
+        model="m",
+        max_tokens=50,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-skillstate-session": session},
+    )
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+# -- start-up ----------------------------------------------------------------------------
+
+
+def test_a_non_loopback_host_without_keys_fails_in_one_line(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "skillstate", "--upstream", "http://127.0.0.1:9/v1"]
+    r = subprocess.run(
+        [*argv, "--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=proxy_env(),
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("skillstate: host: listening on 0.0.0.0 needs client keys")
+
+
+def test_insecure_no_auth_starts_warns_and_says_so_in_health(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    argv = [sys.executable, "-m", "skillstate", "--upstream", fake.url + "/v1"]
+    argv += ["--data-dir", str(tmp_path / "d"), "--host", "0.0.0.0", "--port", "0"]
+    proc = subprocess.Popen(
+        [*argv, "--insecure-no-auth"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=proxy_env(),
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        port = re.search(r"http://0\.0\.0\.0:(\d+)", proc.stdout.readline())
+        assert port, "no listening line"
+        url = f"http://127.0.0.1:{port.group(1)}"  # only loopback traffic
+        warning = proc.stderr.readline()
+        assert "WARNING: --insecure-no-auth" in warning and "NO client keys" in warning
+        health = httpx.get(url + "/health", timeout=10).json()
+        assert health["auth"].startswith("OFF (--insecure-no-auth)")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# -- 401s ---------------------------------------------------------------------------------
+
+
+def test_wrong_expired_revoked_and_rotated_keys_get_401_in_both_dialects(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    good = make_key(data, "create", "--name", "good")
+    old = make_key(data, "create", "--name", "rotated")
+    new = make_key(data, "rotate", "rotated")
+    revoked = make_key(data, "create", "--name", "revoked")
+    expired = make_key(data, "create", "--name", "expired", "--expires", "1d")
+    db = sqlite3.connect(data / "skillstate.db")
+    db.execute("UPDATE api_keys SET expires = ? WHERE name = 'expired'", (time.time() - 1,))
+    db.commit()
+    proxy = start_proxy(fake.url + "/v1", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({})), Reply(text=envelope({})))
+    assert chat(oai(proxy, good), "s").choices[0].message.content
+    assert message(ant(proxy, new), "s").content
+    make_key(data, "revoke", "revoked")
+    cases = {
+        "sk-ss-wrong": "invalid API key",
+        old: "invalid API key",
+        revoked: "revoked",
+        expired: "expired",
+    }
+    for key, why in cases.items():
+        with pytest.raises(openai.AuthenticationError) as oe:
+            chat(oai(proxy, key), "s")
+        assert oe.value.status_code == 401 and why in oe.value.message
+        assert oe.value.body["type"] == "invalid_request_error" or oe.value.body.get("code")
+        with pytest.raises(anthropic.AuthenticationError) as ae:
+            message(ant(proxy, key), "s")
+        assert ae.value.status_code == 401 and why in ae.value.message
+        assert ae.value.body["type"] == "error"
+        assert ae.value.body["error"]["type"] == "authentication_error"
+    # No key at all: a 401 too, on every data route.
+    for path in ("/state", "/cost", "/v1/models"):
+        r = proxy.get(path)
+        assert r.status_code == 401 and "API key is required" in r.text
+    # Liveness only without an admin key.
+    assert set(proxy.get("/health").json()) == {"ok", "auth"}
+    # The client's key never went upstream (the proxy's own key did).
+    sent = [r.headers for r in fake.requests]
+    assert sent and all(good not in json.dumps(h) and new not in json.dumps(h) for h in sent)
+    assert all(h.get("authorization") == "Bearer sk-upstream" or h.get("x-api-key") for h in sent)
+
+
+def test_auth_turns_on_when_the_first_key_is_created(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    proxy = start_proxy(fake.url + "/v1", config=NO_CACHE)
+    assert proxy.get("/state").status_code == 200
+    assert proxy.get("/health").json()["auth"] == "off"
+    key = make_key(data, "create", "--name", "first", "--admin")
+    assert proxy.get("/state").status_code == 401
+    r = proxy.get("/health", headers={"authorization": f"Bearer {key}"})
+    assert r.json()["auth"] == "on" and "upstreams" in r.json()
+
+
+def test_metrics_takes_an_admin_key_or_its_token(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    admin = make_key(data, "create", "--name", "ops", "--admin")
+    user = make_key(data, "create", "--name", "dev")
+    token = "m" * 20
+    proxy = start_proxy(fake.url + "/v1", config={"metrics_token": token})
+
+    def status(bearer: str | None) -> int:
+        headers = {"authorization": f"Bearer {bearer}"} if bearer else {}
+        return proxy.get("/metrics", headers=headers).status_code
+
+    assert [status(admin), status(token), status(user), status(None)] == [200, 200, 401, 401]
+
+
+# -- tenancy ------------------------------------------------------------------------------
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_two_keys_see_only_their_own_sessions_state_and_cost(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    a = make_key(data, "create", "--name", "alice")
+    b = make_key(data, "create", "--name", "bob")
+    root = make_key(data, "create", "--name", "root", "--admin")
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(
+        Reply(text=envelope({"facts": "alice's"})),
+        Reply(text=envelope({"facts": "bob's"})),
+    )
+    r = oai(proxy, a).chat.completions.with_raw_response.create(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-skillstate-session": "s1"},
+    )
+    assert r.headers["x-skillstate-session"] == "s1"  # the store's id is never shown
+    message(ant(proxy, b), "s1")  # the same client id, another key: another session
+
+    def state(caller: str, **params: str) -> httpx.Response:
+        return proxy.get("/state", params=params, headers=bearer(caller))
+
+    assert state(a, session="s1").json()["state"] == {"facts": "alice's"}
+    assert state(b, session="s1").json()["state"] == {"facts": "bob's"}
+    assert state(a, session="s1").json()["session"] == "s1"
+    assert state(a).json()["sessions"] == [
+        {**state(a).json()["sessions"][0], "session": "s1", "key": "alice"}
+    ]
+    assert [s["key"] for s in state(b).json()["sessions"]] == ["bob"]
+    everyone = state(root).json()["sessions"]
+    assert sorted((s["key"], s["session"]) for s in everyone) == [("alice", "s1"), ("bob", "s1")]
+    assert [s["key"] for s in state(root, key="bob").json()["sessions"]] == ["bob"]
+    assert state(root, key="alice", session="s1").json()["state"] == {"facts": "alice's"}
+
+    def cost(caller: str, **params: str) -> dict:
+        r = proxy.get("/cost", params=params, headers=bearer(caller))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def requests(caller: str, **params: str) -> int:
+        n: int = cost(caller, **params)["totals"]["requests"]
+        return n
+
+    def groups(caller: str) -> list[str]:
+        return sorted(g["key"] for g in cost(caller, group_by="session")["groups"])
+
+    assert [requests(a), requests(b), requests(root), requests(root, key="bob")] == [1, 1, 2, 1]
+    assert groups(a) == ["s1"] and groups(b) == ["s1"]
+    assert groups(root) == ["alice:s1", "bob:s1"]
+
+    def by_key(caller: str, **params: str) -> dict[str, int]:
+        summary = cost(caller, group_by="key", **params)
+        assert summary["group_by"] == "key"
+        return {g["key"]: g["requests"] for g in summary["groups"]}
+
+    assert by_key(root) == {"alice": 1, "bob": 1}
+    assert by_key(root, key="bob") == {"bob": 1}
+    assert by_key(a) == {"alice": 1} and by_key(b) == {"bob": 1}
+    # The ledger rows record the key that spent them.
+    db = sqlite3.connect(data / "skillstate.db")
+    assert sorted(r[0] for r in db.execute("SELECT session FROM ledger")) == [
+        "alice:s1",
+        "bob:s1",
+    ]
+
+
+def test_cross_key_read_patch_and_delete_are_404(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    a = make_key(data, "create", "--name", "alice")
+    b = make_key(data, "create", "--name", "bob")
+    root = make_key(data, "create", "--name", "root", "--admin")
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({"facts": "secret"})))
+    chat(oai(proxy, a), "only-alice")
+    http = proxy.http
+    url = proxy.url + "/state"
+    for params in ({"session": "only-alice"}, {"session": "only-alice", "key": "alice"}):
+        assert http.get(url, params=params, headers=bearer(b)).status_code == 404
+        r = http.patch(url, params=params, headers=bearer(b), json={"facts": "x"})
+        assert r.status_code == 404
+        assert http.delete(url, params=params, headers=bearer(b)).status_code == 404
+    assert http.get(url, params={"key": "alice"}, headers=bearer(b)).status_code == 404
+    assert proxy.get("/cost", params={"key": "alice"}, headers=bearer(b)).status_code == 404
+    # Untouched, and an admin's patch is recorded with the admin's key name.
+    params = {"session": "only-alice", "key": "alice"}
+    r = http.patch(url, params=params, headers=bearer(root), json={"facts": "fixed"})
+    assert r.status_code == 200 and r.json()["session"] == "only-alice"
+    history = http.get(url, params={**params, "history": "1"}, headers=bearer(a)).json()
+    assert history["state"] == {"facts": "fixed"}
+    assert [t["action"] for t in history["history"]][-1] == "operator:root"
+    assert http.delete(url, params=params, headers=bearer(root)).status_code == 204
+
+
+# -- per-key limits -----------------------------------------------------------------------
+
+
+def test_per_key_rpm_is_exact_with_three_concurrent_clients(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    limited = make_key(data, "create", "--name", "limited", "--rpm", "5")
+    other = make_key(data, "create", "--name", "other")
+    proxy = start_proxy(fake.url + "/v1", config=NO_CACHE)
+    fake.responder = lambda rec: envelope({})
+    outcomes: list[int | str] = []
+
+    def client(n: int) -> None:
+        c = oai(proxy, limited)
+        for i in range(3):
+            try:
+                chat(c, f"c{n}-{i}")
+                outcomes.append(200)
+            except openai.RateLimitError as e:
+                assert e.response.headers["retry-after"]
+                assert float(e.response.headers["retry-after-ms"]) > 0
+                assert e.body["code"] == "key_rate_limit"
+                outcomes.append(429)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == [200] * 5 + [429] * 4
+    assert len(fake.requests) == 5  # the refused ones never reached the upstream
+    chat(oai(proxy, other), "free")  # another key has its own window
+    with pytest.raises(anthropic.RateLimitError) as e:  # in the Anthropic dialect too
+        message(ant(proxy, limited), "late")
+    assert e.value.body["error"]["type"] == "rate_limit_error"
+
+
+def test_daily_budget_refuses_the_call_that_would_exceed_it_until_the_day_rolls_over(
+    fake: FakeProvider, tmp_path: Path, data: Path
+) -> None:
+    # $0.01 per output token, input free: a call's estimate is max_tokens x $0.01.
+    config = {**NO_CACHE, "prices": {"m": {"input_per_mtok": 0, "output_per_mtok": 10_000}}}
+    cfg = tmp_path / "skillstate.json"
+    cfg.write_text(json.dumps(config))
+    argv = ["--port", "0", "--data-dir", str(data), "--upstream", fake.url + "/v1"]
+    env = proxy_env(SKILLSTATE_API_KEY="sk-upstream")
+    settings = settings_from_cli([*argv, "--config", str(cfg)], env, tmp_path)
+    key = make_key(data, "create", "--name", "capped", "--budget-usd-per-day", "1")
+    day = 86400.0
+    now = [time.time()]  # the ledger's rows carry the real time; the budget's day is now[0]
+    server = ProxyServer(settings, clock=lambda: now[0]).start()
+    try:
+        c = anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0)
+
+        def ask(max_tokens: int) -> httpx.Response:
+            r = c.messages.with_raw_response.create(
+                model="m", max_tokens=max_tokens, messages=[{"role": "user", "content": "hi"}]
+            )
+            return r.http_response
+
+        fake.enqueue(Reply(text=envelope({}), usage={"completion_tokens": 60}))
+        first = ask(50)  # estimated $0.50 of $1: let through; it costs $0.60
+        assert first.headers["x-skillstate-cost-usd"] == "0.60000000"
+        assert first.headers["x-skillstate-budget-spent-usd"] == "0.60000000"
+        assert first.headers["x-skillstate-budget-remaining"] == "0.40000000"
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            ask(50)  # $0.60 spent + $0.50 estimated > $1
+        assert refused.value.response.headers["x-skillstate-budget-remaining"] == "0.40000000"
+        assert refused.value.body["error"]["type"] == "rate_limit_error"
+        assert "daily budget $1 reached" in refused.value.message
+        assert len(fake.requests) == 1  # refused before the upstream
+        with pytest.raises(openai.RateLimitError) as oe:  # the OpenAI dialect's 429
+            openai.OpenAI(
+                base_url=server.url + "/v1", api_key=key, max_retries=0
+            ).chat.completions.create(
+                model="m", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert oe.value.body["code"] == "budget_exceeded"
+        now[0] += day  # the next UTC day: the same call passes
+        fake.enqueue(Reply(text=envelope({}), usage={"completion_tokens": 10}))
+        assert ask(50).headers["x-skillstate-budget-spent-usd"] == "0.10000000"
+    finally:
+        server.stop()
+
+
+def test_responses_api_ids_and_sessions_are_namespaced_by_key(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    a = make_key(data, "create", "--name", "alice")
+    b = make_key(data, "create", "--name", "bob")
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({"facts": "alice's"})))
+    alice, bob = oai(proxy, a), oai(proxy, b)
+    raw = alice.responses.with_raw_response.create(
+        model="m", input="hi", extra_headers={"x-skillstate-session": "r1"}
+    )
+    assert raw.headers["x-skillstate-session"] == "r1"
+    first = raw.parse()
+    assert alice.responses.retrieve(first.id).id == first.id
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.input_items.list(first.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(model="m", input="more", previous_response_id=first.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.delete(first.id)
+    assert len(fake.requests) == 1  # nothing of bob's reached the upstream
+    r = proxy.get("/state", params={"session": "r1"}, headers=bearer(a))
+    assert r.json()["state"] == {"facts": "alice's"}
+    assert proxy.get("/state", params={"session": "r1"}, headers=bearer(b)).status_code == 404
+
+
+def test_the_request_log_names_the_key_never_the_key_itself(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = make_key(data, "create", "--name", "auditor")
+    proxy = start_proxy(fake.url + "/v1", "--verbose", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({})))
+    with caplog.at_level(logging.INFO, logger="skillstate"):
+        chat(oai(proxy, key), "logged")
+        proxy.get("/state", headers=bearer("sk-ss-not-a-key"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "skillstate"]
+    turn = [line for line in lines if line.startswith("POST /v1/chat/completions")]
+    assert turn and "key=auditor" in turn[0] and "session=logged" in turn[0]
+    refused = [line for line in lines if line.startswith("GET /state")]
+    assert refused and "key=- " in refused[0] and "status=401" in refused[0]
+    assert not any(key in line or "sk-ss-not-a-key" in line for line in lines)

@@ -1,0 +1,124 @@
+"""``mode: auto`` by expected bill (issue 14 §4), end to end: the real proxy (in-process), the
+real openai SDK, the fake provider billing prompt caching like OpenAI's API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from skillstate.engine.context import CONTRACT_MARK
+from tests.conftest import Proxy, StartProxy
+from tests.fakeprovider import FakeProvider, RecordedRequest
+
+PRICES = {
+    "input_per_mtok": 2.0,
+    "output_per_mtok": 10.0,
+    "cache_read_per_mtok": 1.0,
+    "cache_write_per_mtok": 2.0,
+}
+
+
+def envelope(step: int) -> str:
+    body = {"state_patch": {"step": step}, "action": "next"}
+    return f"Step {step}.\n```json\n{json.dumps(body)}\n```"
+
+
+@pytest.fixture
+def cached_fake() -> Iterator[FakeProvider]:
+    fp = FakeProvider(cache="openai").start()
+    yield fp
+    fp.stop()
+
+
+def start(start_proxy: StartProxy, fake: FakeProvider) -> Proxy:
+    return start_proxy(
+        fake.url + "/v1",
+        "--mode",
+        "auto",
+        config={"schema": ["step"], "prices": {"m": PRICES}},
+    )
+
+
+def like_a_model(request: RecordedRequest) -> str:
+    """A model writes the envelope when the request asks for one (the contract), only then."""
+    turn = sum(m["role"] == "user" for m in request.json["messages"])
+    asked = CONTRACT_MARK in json.dumps(request.json)
+    return envelope(turn) if asked else f"Step {turn}."
+
+
+def chat(
+    p: Proxy, fake: FakeProvider, session: str, observations: list[str], mode: str = "auto"
+) -> list[dict[str, str]]:
+    """A session of len(observations) turns; returns each reply's headers."""
+    fake.responder = like_a_model
+    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
+    out = []
+    for obs in observations:
+        transcript.append({"role": "user", "content": obs})
+        raw = c.chat.completions.with_raw_response.create(
+            model="m",
+            messages=transcript,  # type: ignore[arg-type]
+            extra_headers={"x-skillstate-session": session, "x-skillstate-mode": mode},
+        )
+        out.append(dict(raw.headers))
+        transcript.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+    return out
+
+
+def test_a_short_chat_stays_in_passthrough_and_bills_what_passthrough_bills(
+    cached_fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(start_proxy, cached_fake)
+    said = ["Hi!", "What is 2 + 2?", "Thanks."]
+    auto = chat(p, cached_fake, "short-auto", said)
+    n = len(cached_fake.requests)
+    chat(p, cached_fake, "short-pass", said, mode="passthrough")
+    assert [h["x-skillstate-context"] for h in auto] == ["passthrough"] * 3
+    assert all("x-skillstate-transition" not in h for h in auto)  # no envelope, no state
+    # The upstream got exactly what passthrough sends: the client's transcript untouched
+    # (an auto passthrough reply is not stripped: it asked for no envelope).
+    for a, b in zip(cached_fake.requests[:n], cached_fake.requests[n:], strict=True):
+        assert a.json["messages"] == b.json["messages"]
+    totals = {
+        s: p.get("/cost", params={"session": s}).json()["totals"]
+        for s in ("short-auto", "short-pass")
+    }
+    assert totals["short-auto"]["cost_usd"] == totals["short-pass"]["cost_usd"] > 0
+    assert totals["short-auto"]["input_tokens"] == totals["short-pass"]["input_tokens"]
+    # Nothing was added and nothing stripped: the baseline is the call, the saving 0.
+    assert totals["short-auto"]["saved_cost_usd"] == 0
+    assert p.get("/state", params={"session": "short-auto"}).status_code == 404
+
+
+def test_a_long_session_switches_once_through_full_and_stays_compact(
+    cached_fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(start_proxy, cached_fake)
+    observations = [f"Observation {t}: " + "log line with numbers 12345 " * 30 for t in range(100)]
+    headers = chat(p, cached_fake, "long", observations)
+    contexts = [h["x-skillstate-context"] for h in headers]
+    switch = contexts.index("full")
+    assert switch >= 1  # it starts in passthrough
+    assert contexts == ["passthrough"] * switch + ["full"] + ["compact"] * (99 - switch)
+    # The estimates behind each decision are in x-skillstate-auto.
+    decided = headers[switch]["x-skillstate-auto"]
+    assert "form=full" in decided and "saving_usd=" in decided
+    figures = dict(kv.split("=") for kv in decided.split("; "))
+    assert float(figures["saving_usd"]) > 0
+    before = dict(kv.split("=") for kv in headers[switch - 1]["x-skillstate-auto"].split("; "))
+    assert float(before["saving_usd"]) <= 0
+    # The full turn built the state; compact turns keep it.
+    assert "step" in p.state("long")["state"]
+    # ... and in the transition history: the full turn that built the state, with them.
+    history = p.get("/state", params={"session": "long", "history": "1"}).json()["history"]
+    assert history[0]["context"] == "full"
+    assert history[0]["estimate"]["form"] == "full" and history[0]["estimate"]["saving_usd"] > 0
+    assert {h["context"] for h in history[1:]} == {"compact"}
+    by_context = p.get("/cost", params={"session": "long", "group_by": "context"}).json()
+    groups = {g["key"]: g["requests"] for g in by_context["groups"]}
+    assert groups == {"passthrough": switch, "full": 1, "compact": 99 - switch}

@@ -1,0 +1,287 @@
+"""A context built for the provider's prompt cache (issue 14 §2), end to end: the real proxy
+(in-process), the real openai SDK and native /v1/messages, the fake provider (which, with
+``cache=...``, reports cache reads and writes the way the real APIs bill them)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
+from tests.conftest import Proxy, StartProxy
+from tests.fakeprovider import FakeProvider, Reply
+
+PRICES = {
+    "input_per_mtok": 2.0,
+    "output_per_mtok": 10.0,
+    "cache_read_per_mtok": 0.2,
+    "cache_write_per_mtok": 2.5,
+}
+BIG_SYSTEM = "You are a meticulous release engineer. " * 150  # ~1,500 tokens
+TOOLS_ANTHROPIC = [
+    {
+        "name": "run",
+        "description": "Run a shell command",
+        "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+    }
+]
+TOOLS_OPENAI = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+
+
+def envelope(step: int) -> str:
+    body = {"state_patch": {"step": step}, "action": f"step {step}"}
+    return f"Step {step}.\n```json\n{json.dumps(body)}\n```"
+
+
+def start(start_proxy: StartProxy, fp: FakeProvider, *args: str, **upstream: Any) -> Proxy:
+    config = {
+        "schema": ["step"],
+        "upstreams": [
+            {"name": "a", "url": fp.url, "kind": "anthropic", "models": ["claude-*"], **upstream},
+            {"name": "o", "url": fp.url + "/v1", "kind": "openai", **upstream},
+        ],
+        "prices": {"claude-mine": PRICES, "gpt-mine": PRICES},
+    }
+    return start_proxy(None, *args, config=config)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    fp = FakeProvider().start()
+    yield fp
+    fp.stop()
+
+
+def messages_call(
+    p: Proxy, session: str, body: dict[str, Any], stream: bool = False
+) -> httpx.Response:
+    headers = {"x-skillstate-session": session, "anthropic-version": "2023-06-01"}
+    r = httpx.post(
+        p.url + "/v1/messages", json={**body, "stream": stream}, headers=headers, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    return r
+
+
+def breakpoints(body: dict[str, Any]) -> list[str]:
+    """Where a request's cache_control markers are: system[i], tools[i], messages[i][j]."""
+    found = []
+    for i, t in enumerate(body.get("tools") or []):
+        if "cache_control" in t:
+            found.append(f"tools[{i}]")
+    system = body.get("system")
+    for i, b in enumerate(system if isinstance(system, list) else []):
+        if "cache_control" in b:
+            found.append(f"system[{i}]")
+    for i, m in enumerate(body["messages"]):
+        for j, b in enumerate(m["content"] if isinstance(m["content"], list) else []):
+            if "cache_control" in b:
+                found.append(f"messages[{i}][{j}]")
+    return found
+
+
+def test_anthropic_prefix_is_byte_identical_over_50_turns_with_streams_and_tools(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(start_proxy, fake)
+    system = [{"type": "text", "text": BIG_SYSTEM}]
+    transcript: list[dict[str, Any]] = [{"role": "user", "content": "TASK: ship release 7."}]
+    for turn in range(1, 51):
+        if turn % 3 == 0:  # a tool call, answered on the next turn
+            fake.enqueue(Reply(text=envelope(turn), tool_calls=[("run", {"cmd": f"make {turn}"})]))
+        else:
+            fake.enqueue(Reply(text=envelope(turn)))
+        body = {"model": "claude-mine", "max_tokens": 300, "system": system,
+                "tools": TOOLS_ANTHROPIC, "messages": transcript}  # fmt: skip
+        r = messages_call(p, "fifty", body, stream=turn % 2 == 0)
+        if turn % 2 == 0:  # the stream: the assistant turn as the client would rebuild it
+            sent = fake.requests[-1].json
+            reply = fake.requests[-1].reply
+            assert reply is not None
+            content: list[dict[str, Any]] = [{"type": "text", "text": f"Step {turn}."}]
+            content += [
+                {"type": "tool_use", "id": f"t{turn}", "name": c.name, "input": c.arguments}
+                for c in reply.tool_calls
+            ]
+            assert b"event: message_stop" in r.content
+        else:
+            content = r.json()["content"]
+        transcript = [*transcript, {"role": "assistant", "content": content}]
+        uses = [b for b in content if b["type"] == "tool_use"]
+        if uses:
+            results = [
+                {"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses
+            ]
+            transcript.append({"role": "user", "content": results})
+        else:
+            transcript.append({"role": "user", "content": f"Observation {turn}."})
+    assert len(fake.requests) == 50
+    prefixes = set()
+    for req in fake.requests:
+        sent = req.json
+        first = sent["messages"][0]["content"]
+        end = next(k for k, b in enumerate(first) if b.get("text", "").startswith(CONTRACT_MARK))
+        assert first[end + 1]["text"].startswith(STATE_MARK)  # then the state
+        prefix = [sent["tools"], sent["system"], first[: end + 1]]
+        prefixes.add(json.dumps(prefix, separators=(",", ":")))
+        # One proxy-added breakpoint, at the end of the stable prefix.
+        assert breakpoints(sent) == [f"messages[0][{end}]"]
+    assert len(prefixes) == 1
+
+
+def test_openai_prefix_is_byte_identical_and_the_session_has_one_cache_key(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(start_proxy, fake)
+    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    transcript: list[dict[str, Any]] = [
+        {"role": "system", "content": BIG_SYSTEM},
+        {"role": "user", "content": "TASK: ship release 7."},
+    ]
+    hdr = {"x-skillstate-session": "oai-fifty"}
+    for turn in range(1, 51):
+        fake.enqueue(Reply(text=envelope(turn)))
+        if turn % 2:
+            got = c.chat.completions.create(
+                model="gpt-mine",
+                messages=transcript,
+                tools=TOOLS_OPENAI,
+                extra_headers=hdr,  # type: ignore[arg-type]
+            )
+            text = got.choices[0].message.content or ""
+        else:
+            stream = c.chat.completions.create(
+                model="gpt-mine", messages=transcript, tools=TOOLS_OPENAI, stream=True,  # type: ignore[arg-type]
+                extra_headers=hdr,
+            )  # fmt: skip
+            text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        assert text == f"Step {turn}."
+        transcript += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": f"Observation {turn}."},
+        ]
+    key = "skillstate-" + hashlib.sha256(b"oai-fifty").hexdigest()[:32]
+    prefixes = set()
+    for req in fake.requests:
+        sent = req.json
+        assert sent["prompt_cache_key"] == key
+        m = sent["messages"]
+        assert m[0]["content"] == BIG_SYSTEM and m[1]["content"].startswith("TASK")
+        prefix = [sent["tools"], m[:2], m[2]["content"].split(STATE_MARK)[0]]
+        prefixes.add(json.dumps(prefix, separators=(",", ":")))
+    assert len(prefixes) == 1
+
+
+def test_openai_client_cache_key_is_kept(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(start_proxy, fake)
+    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    fake.enqueue(Reply(text=envelope(1)))
+    c.chat.completions.create(
+        model="gpt-mine",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-skillstate-session": "own"},
+        extra_body={"prompt_cache_key": "client-key"},
+    )
+    assert fake.last.json["prompt_cache_key"] == "client-key"
+
+
+def test_anthropic_client_breakpoints_are_kept_and_limited_to_four(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(start_proxy, fake)
+    marked = {"type": "ephemeral"}
+    system = [{"type": "text", "text": BIG_SYSTEM, "cache_control": marked}]
+    task = {
+        "role": "user",
+        "content": [{"type": "text", "text": "TASK: go", "cache_control": marked}],
+    }
+    body = {"model": "claude-mine", "max_tokens": 100, "system": system, "messages": [task]}
+    fake.enqueue(Reply(text=envelope(1)))
+    messages_call(p, "own-bp", body)
+    # The client's two breakpoints are kept (system, task); the proxy adds one after the
+    # contract, which follows the task: three in all.
+    assert breakpoints(fake.last.json) == ["system[0]", "messages[0][0]", "messages[0][1]"]
+
+    # A client that already uses the 4 allowed gets none added.
+    four = [
+        {"type": "text", "text": BIG_SYSTEM[:100] + str(i), "cache_control": marked}
+        for i in range(3)
+    ]
+    body = {"model": "claude-mine", "max_tokens": 100, "system": four, "messages": [task]}
+    fake.enqueue(Reply(text=envelope(1)))
+    messages_call(p, "four-bp", body)
+    assert breakpoints(fake.last.json) == ["system[0]", "system[1]", "system[2]", "messages[0][0]"]
+
+
+def test_no_breakpoint_below_the_minimum_or_when_off(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    p = start(start_proxy, fake)
+    small = {"model": "claude-mine", "max_tokens": 100, "system": "Be brief.",
+             "messages": [{"role": "user", "content": "TASK: go"}]}  # fmt: skip
+    fake.enqueue(Reply(text=envelope(1)))
+    messages_call(p, "small", small)
+    assert breakpoints(fake.last.json) == []  # ~300 tokens of prefix, below 1,024
+    off = start(start_proxy, fake, "--data-dir", str(tmp_path / "off"), cache_breakpoints="off")
+    big = {**small, "system": BIG_SYSTEM}
+    fake.enqueue(Reply(text=envelope(1)))
+    messages_call(off, "off", big)
+    assert breakpoints(fake.last.json) == []
+
+
+def test_sent_side_cache_reads_and_writes_are_recorded_and_priced(
+    start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    fp = FakeProvider(cache="anthropic").start()
+    try:
+        p = start(start_proxy, fp)
+        system = [{"type": "text", "text": BIG_SYSTEM}]
+        transcript: list[dict[str, Any]] = [{"role": "user", "content": "TASK: ship it."}]
+        for turn in (1, 2):
+            fp.enqueue(Reply(text=envelope(turn)))
+            body = {
+                "model": "claude-mine",
+                "max_tokens": 300,
+                "system": system,
+                "messages": transcript,
+            }
+            r = messages_call(p, "billed", body)
+            transcript += [
+                {"role": "assistant", "content": r.json()["content"]},
+                {"role": "user", "content": f"Observation {turn}."},
+            ]
+        usages = [json.loads(req.response_body)["usage"] for req in fp.requests]
+        # The fake billed the proxy's breakpoint: a write on turn 1, a read on turn 2.
+        assert usages[0]["cache_creation_input_tokens"] > 0 == usages[0]["cache_read_input_tokens"]
+        assert usages[1]["cache_read_input_tokens"] == usages[0]["cache_creation_input_tokens"]
+        db = sqlite3.connect(tmp_path / "data" / "skillstate.db")
+        rows = db.execute(
+            "SELECT input_tokens, cache_read_tokens, cache_write_tokens, output_tokens, cost_usd"
+            " FROM ledger WHERE session = 'billed' ORDER BY ts"
+        ).fetchall()
+        db.close()
+        for u, (inp, read, write, out, cost) in zip(usages, rows, strict=True):
+            plain = u["input_tokens"]
+            assert (read, write) == (u["cache_read_input_tokens"], u["cache_creation_input_tokens"])
+            assert inp == plain + read + write
+            expected = (plain * 2.0 + read * 0.2 + write * 2.5 + out * 10.0) / 1e6
+            assert cost == pytest.approx(expected, abs=1e-12)
+    finally:
+        fp.stop()

@@ -1,0 +1,351 @@
+"""The SQLite store: one writer per data dir, and a session cache that never serves a state
+the database has moved past."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skillstate.cost.ledger import LedgerRow
+from skillstate.cost.usage import MAX_TOKEN_COUNT
+from skillstate.store import StoreError, StoreFull, StoreUnavailable, TransitionRecord
+from skillstate.store.datadir import lock_data_dir, unlock_data_dir
+from skillstate.store.rows import MAX_USD
+from skillstate.store.sqlite import SQLiteStore
+
+
+def transition(step: int) -> TransitionRecord:
+    return TransitionRecord(step, "valid", {}, "a", [], float(step))
+
+
+async def commit(store: SQLiteStore, expected: int, state: dict[str, Any]) -> int:
+    return await store.commit(
+        "s", expected_step=expected, state=state, schema=["k"], transition=transition(expected + 1),
+        now=float(expected + 1),
+    )  # fmt: skip
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from skillstate.store.sqlite import lock_data_dir
+lock_data_dir(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+async def test_a_data_dir_held_by_another_process_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "skillstate.db"
+    other = subprocess.Popen([sys.executable, "-c", HOLD, str(db)], stdout=subprocess.PIPE)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"held\n"
+        with pytest.raises(
+            StoreError, match=f"in use by another skillstate proxy .pid {other.pid}"
+        ):
+            await SQLiteStore(db, exclusive=True).open()
+        reader = SQLiteStore(db)  # `skillstate cost` reads while the proxy runs
+        await reader.open()
+        assert await reader.check(timeout=5.0) is None
+        await reader.close()
+    finally:
+        other.kill()
+        other.wait()
+    again = SQLiteStore(db, exclusive=True)  # the holder died: free again
+    await again.open()
+    await again.close()
+
+
+def test_the_lock_is_reentrant_within_a_process(tmp_path: Path) -> None:
+    # The CLI's pre-flight check keeps its hold while the store takes its own.
+    db = tmp_path / "skillstate.db"
+    lock_data_dir(db)
+    lock_data_dir(db)
+    unlock_data_dir(db)
+    probe = subprocess.run([sys.executable, "-c", HOLD, str(db)], capture_output=True, timeout=30)
+    assert b"in use by another skillstate proxy" in probe.stderr  # one hold remains
+    unlock_data_dir(db)
+    lock_data_dir(db)  # and it can be taken again
+    unlock_data_dir(db)
+
+
+async def test_a_commit_conflict_drops_the_stale_cached_session(tmp_path: Path) -> None:
+    db = tmp_path / "skillstate.db"
+    a, b = SQLiteStore(db), SQLiteStore(db)
+    await a.open()
+    await b.open()
+    try:
+        assert await commit(a, 0, {"k": "a1"}) == 1
+        assert (await a.load("s")).step == 1  # type: ignore[union-attr]  # cached in a
+        assert await commit(b, 1, {"k": "b2"}) == 2  # another writer moves the session on
+        with pytest.raises(StoreError, match="moved from step 1 to 2"):
+            await commit(a, 1, {"k": "a2"})
+        fresh = await a.load("s")
+        assert fresh is not None and (fresh.step, fresh.state) == (2, {"k": "b2"})
+        assert await commit(a, 2, {"k": "a3"}) == 3
+    finally:
+        await a.close()
+        await b.close()
+
+
+# -- issue 13 item 3: the store thread survives anything; numbers are clamped ----------------
+
+# A guard against a hang, not a performance threshold: before the fix these waits never end.
+HANG = 30.0
+
+
+def ledger_row(**overrides: Any) -> LedgerRow:
+    row: dict[str, Any] = {
+        "ts": 1.0, "session": "s", "upstream": "u", "model": "m", "kind": "generation",
+        "status": 200, "input_tokens": 10, "output_tokens": 5, "cache_read_tokens": None,
+        "cache_write_tokens": None, "pricing": "known", "cost_usd": 0.5,
+        "baseline_input_tokens": 40, "baseline_cost_usd": 2.0, "mode": "state",
+    }  # fmt: skip
+    return LedgerRow(**{**row, **overrides})
+
+
+async def test_an_unexpected_exception_fails_only_its_own_write(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db")
+    await store.open()
+    try:
+
+        def boom(db: Any) -> None:
+            db.execute("INSERT INTO ledger (ts, kind, status, pricing) VALUES (1, 'x', 0, 'p')")
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+        def fine(db: Any) -> int:
+            db.execute("INSERT INTO ledger (ts, kind, status, pricing) VALUES (2, 'y', 0, 'p')")
+            return 7
+
+        # One batch: the failing write in the middle, its neighbours commit.
+        results = await asyncio.wait_for(
+            asyncio.gather(store._write(fine), store._write(boom), store._write(fine),
+                           return_exceptions=True),
+            HANG,
+        )  # fmt: skip
+        assert results[0] == results[2] == 7
+        assert isinstance(results[1], StoreError) and "OverflowError" in str(results[1])
+        rows = await store.ledger_rows(0, 10)
+        assert [r.kind for r in rows] == ["y", "y"]  # the failed write left nothing behind
+        # And the store keeps writing: later commits are not stuck behind the failure.
+        assert await asyncio.wait_for(commit(store, 0, {"k": 1}), HANG) == 1
+        assert await store.check(timeout=HANG) is None
+    finally:
+        await asyncio.wait_for(store.close(), HANG)
+
+
+async def test_numbers_beyond_what_sqlite_holds_are_clamped(tmp_path: Path) -> None:
+    # The repro: prompt_tokens = 2^53 and a transcript > 1,024x the compact context make
+    # baseline_input_tokens > 2^63, which SQLite refuses with OverflowError.
+    store = SQLiteStore(tmp_path / "skillstate.db")
+    await store.open()
+    try:
+        huge = ledger_row(
+            input_tokens=2**53, baseline_input_tokens=2**64, output_tokens=-5,
+            cost_usd=math.inf, baseline_cost_usd=math.nan, status=10**6, model="m" * 10_000,
+        )  # fmt: skip
+        step = await asyncio.wait_for(
+            store.commit("s", expected_step=0, state={"k": 1}, schema=["k"],
+                         transition=transition(1), now=math.inf, ledger=[huge]),
+            HANG,
+        )  # fmt: skip
+        assert step == 1
+        (row,) = await store.ledger_rows(0, math.inf)
+        assert row.input_tokens == MAX_TOKEN_COUNT and row.baseline_input_tokens == MAX_TOKEN_COUNT
+        assert row.output_tokens == 0 and row.status == 999
+        assert row.cost_usd == MAX_USD and row.baseline_cost_usd is None
+        assert row.model is not None and len(row.model) == 256
+        assert math.isfinite((await store.load("s")).updated)  # type: ignore[union-attr]
+        await store.add_ledger_rows([ledger_row(input_tokens=2**70)])  # not wedged
+    finally:
+        await asyncio.wait_for(store.close(), HANG)
+
+
+async def test_close_finishes_even_when_a_write_never_does(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db", close_timeout=0.2)
+    await store.open()
+    release = threading.Event()
+
+    def stuck(db: Any) -> None:
+        release.wait(HANG)
+
+    first = asyncio.ensure_future(store._write(stuck))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(commit(store, 0, {"k": 1}))  # waits behind it
+    await asyncio.sleep(0)
+    try:
+        await asyncio.wait_for(store.close(), HANG)
+        with pytest.raises(StoreError, match="closed"):
+            await asyncio.wait_for(queued, HANG)
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, return_exceptions=True), HANG)
+
+
+# -- issue 13 item 10: a database locked by another process ------------------------------
+
+LOCK_DB = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+async def test_a_database_locked_by_another_process_is_reported_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db, busy_timeout=0.05)
+    await store.open()
+    other = subprocess.Popen(
+        [sys.executable, "-c", LOCK_DB, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"locked\n"
+        problem = await store.check(timeout=HANG)
+        assert problem is not None and "locked by another process" in problem
+        with pytest.raises(StoreUnavailable, match="locked by another process") as err:
+            await asyncio.wait_for(commit(store, 0, {"k": 1}), HANG)
+        assert err.value.status == 503 and err.value.retry_after
+        assert await store.load("s") is None  # nothing was written
+    finally:
+        other.communicate(b"\n", timeout=HANG)
+    assert await store.check(timeout=HANG) is None
+    assert await commit(store, 0, {"k": 1}) == 1
+    await store.close()
+
+
+# -- issue 13 item 5: the session cache is bounded by bytes; a cap on sessions -------------
+
+
+async def test_the_session_cache_is_bounded_by_bytes(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db", cache_bytes=200_000)
+    await store.open()
+    # The issue's shape: nested empty arrays, which take ~20x their JSON size once parsed.
+    state = {"k": [[[]] for _ in range(6000)]}  # ~36 KB of JSON
+    try:
+        for i in range(40):
+            await store.commit(
+                f"s{i}", expected_step=0, state=state, schema=["k"], transition=transition(1),
+                now=1.0,
+            )  # fmt: skip
+            assert store.cache_bytes <= 200_000
+        assert store.cache_bytes > 100_000  # it does cache what fits
+        for i in range(40):  # evicted or not, every session loads whole
+            rec = await store.load(f"s{i}")
+            assert rec is not None and rec.state == state and rec.step == 1
+            assert store.cache_bytes <= 200_000
+        loaded = await store.load("s39")
+        assert loaded is not None
+        loaded.state["k"].append("mutated")  # a caller's copy is its own
+        assert (await store.load("s39")).state == state  # type: ignore[union-attr]
+    finally:
+        await store.close()
+
+
+async def test_max_sessions_refuses_a_new_session_but_not_old_ones(tmp_path: Path) -> None:
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db, max_sessions=2)
+    await store.open()
+
+    async def start(session: str) -> int:
+        return await store.commit(
+            session, expected_step=0, state={}, schema=[], transition=transition(1), now=1.0
+        )
+
+    try:
+        # Two new sessions in one batch fill it; the third of that batch is refused.
+        results = await asyncio.gather(start("a"), start("b"), start("c"), return_exceptions=True)
+        assert results[:2] == [1, 1]
+        assert isinstance(results[2], StoreFull) and results[2].status == 507
+        assert "max_sessions" in str(results[2])
+        with pytest.raises(StoreFull):
+            store.ensure_room_for_session()
+        assert (
+            await store.commit(  # an existing session goes on
+                "a", expected_step=1, state={"x": 1}, schema=[], transition=transition(2), now=2.0
+            )
+            == 2
+        )
+        assert await store.delete("b")
+        store.ensure_room_for_session()
+        assert await start("c") == 1
+    finally:
+        await store.close()
+    reopened = SQLiteStore(db, max_sessions=2)  # the count survives a restart
+    await reopened.open()
+    with pytest.raises(StoreFull):
+        reopened.ensure_room_for_session()
+    assert await reopened.purge_sessions(older_than=1.5) == 1  # "c" (updated at 1.0)
+    reopened.ensure_room_for_session()
+    await reopened.close()
+
+
+async def test_health_check_answers_while_a_write_is_stuck(tmp_path: Path) -> None:
+    # /health must not queue behind a write that does not finish: it reports it instead.
+    store = SQLiteStore(tmp_path / "skillstate.db", close_timeout=0.2)
+    await store.open()
+    release = threading.Event()
+    stuck = asyncio.ensure_future(store._write(lambda db: release.wait(HANG)))
+    await asyncio.sleep(0)
+    try:
+        problem = await asyncio.wait_for(store.check(timeout=0.05), HANG)
+        assert problem is not None
+        assert "did not answer" in problem or "has been waiting" in problem
+    finally:
+        release.set()
+        await asyncio.wait_for(stuck, HANG)
+    assert await store.check(timeout=HANG) is None
+    await store.close()
+
+
+async def test_a_database_from_before_the_cost_columns_gets_them(tmp_path: Path) -> None:
+    """A ledger and transitions table made before issue 14's columns: opening the store adds
+    them; old rows read as NULL, new rows keep a negative saving and auto's estimate."""
+    import sqlite3
+
+    path = tmp_path / "skillstate.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE ledger (ts REAL NOT NULL, session TEXT, upstream TEXT, model TEXT,"
+        " kind TEXT NOT NULL, status INTEGER NOT NULL, input_tokens INTEGER,"
+        " output_tokens INTEGER, cache_read_tokens INTEGER, cache_write_tokens INTEGER,"
+        " pricing TEXT NOT NULL, cost_usd REAL, baseline_input_tokens INTEGER,"
+        " baseline_cost_usd REAL, mode TEXT);"
+        "INSERT INTO ledger (ts, kind, status, pricing) VALUES (1, 'generation', 200, 'known');"
+        "CREATE TABLE transitions (session TEXT NOT NULL, step INTEGER NOT NULL, patch BLOB,"
+        " action TEXT, status TEXT NOT NULL, errors TEXT NOT NULL, ts REAL NOT NULL,"
+        " PRIMARY KEY (session, step));"
+    )
+    old.close()
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        new = ledger_row(ts=2.0, saved_cost_usd=-0.5, saved_cost_pct=-25.0, context="full")
+        tr = TransitionRecord(1, "valid", {}, "a", [], 2.0, "full", {"form": "full", "turns": 3})
+        await asyncio.wait_for(
+            store.commit("s", expected_step=0, state={"k": 1}, schema=["k"], transition=tr,
+                         now=2.0, ledger=[new]),
+            HANG,
+        )  # fmt: skip
+        first, second = await store.ledger_rows(0, 10)
+        assert first.saved_cost_usd is None and first.context is None
+        assert (second.saved_cost_usd, second.saved_cost_pct, second.context) == (
+            -0.5,
+            -25.0,
+            "full",
+        )
+        (history,) = await store.history_page("s", 10)
+        assert history.context == "full" and history.estimate == {"form": "full", "turns": 3}
+    finally:
+        await asyncio.wait_for(store.close(), HANG)
