@@ -21,6 +21,7 @@ import pytest
 from skillstate.bench import overhead
 from skillstate.bench.fastupstream import FastUpstream, start_fast_upstream
 from skillstate.bench.overhead.arguments import validate
+from skillstate.bench.overhead.transcripts import exchange
 
 TINY = [
     "--warmup", "1",
@@ -220,3 +221,38 @@ def test_floor_arm_is_measured_in_the_same_run(tmp_path: Path) -> None:
 def test_replica_flags_are_checked(argv: list[str], problem: str) -> None:
     assert problem in (validate(overhead.build_parser().parse_args(argv)) or "")
     assert overhead.run_overhead(overhead.build_parser().parse_args(argv)) == 2
+
+
+@pytest.mark.skipif(not _HAS_PROXY, reason="the skillstate proxy is not there")
+def test_transcript_phase_grows_each_session_by_one_exchange(tmp_path: Path) -> None:
+    rep = _run(tmp_path, "--transcript-kb", "6,20", "--transcript-turns", "3", "--floor", "--quiet")
+    tr = rep["transcripts"]
+    rows = {(r["kb"], r["path"]): r for r in tr["rows"]}
+    assert set(rows) == {(kb, p) for kb in (6.0, 20.0) for p in ("passthrough", "state", "floor")}
+    step = len(orjson.dumps(exchange(0)))
+    for (kb, _), r in rows.items():
+        assert r["calls"] == 3
+        # two more exchanges between the first and the last measured call, and the measured
+        # transcripts average about the size asked for
+        assert 2 * step - 200 <= r["body_bytes_last"] - r["body_bytes_first"] <= 2 * step + 200
+        middle = (r["body_bytes_first"] + r["body_bytes_last"]) / 2
+        assert abs(middle - kb * 1024) < 2 * step
+        assert r["cpu_ms_per_call_median"] > 0 and r["wall_ms_p50"] > 0
+    small, large = rows[(6.0, "state")], rows[(20.0, "state")]
+    ratio = round(large["cpu_ms_per_call_median"] / small["cpu_ms_per_call_median"], 3)
+    assert tr["state_largest_vs_smallest_cpu"] == ratio
+    assert rep["targets"]["transcript_growth"]["value"] == ratio
+    assert "sequential" not in rep and "concurrency" not in rep  # this phase only
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--transcript-kb", "10,x"], "could not convert"),
+        (["--transcript-kb", ""], "give 1 to"),
+        (["--transcript-kb", "1"], "between 4 and 8192"),
+        (["--transcript-kb", "10", "--transcript-turns", "2"], "--transcript-turns >= 3"),
+    ],
+)
+def test_transcript_flags_are_checked(argv: list[str], problem: str) -> None:
+    assert problem in (validate(overhead.build_parser().parse_args(argv)) or "")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from urllib.parse import urlsplit
 
+from .transcripts import BLOCKS, parse_sizes
+
 DESCRIPTION = (
     "Added-latency benchmark: direct calls to a fast local upstream vs the same calls "
     "through the proxy, interleaved, from a separate client process."
@@ -149,6 +151,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="turns per CPU-measurement window in --turn-profile (25)",
     )
 
+    g = p.add_argument_group("large transcripts (runs only this phase)")
+    g.add_argument(
+        "--transcript-kb",
+        metavar="KB,KB,...",
+        help="proxy CPU per call, passthrough and state (and the floor with --floor), for "
+        "transcripts of about these sizes that grow by one exchange per call, e.g. 10,100,300",
+    )
+    g.add_argument(
+        "--transcript-turns",
+        type=int,
+        default=24,
+        metavar="N",
+        help="measured calls per size and path (24), after 2 warm-up calls",
+    )
+
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="FILE", help="write the numbers and machine info here")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -178,6 +195,15 @@ def validate(a: argparse.Namespace) -> str | None:
             return f"--{flag}: only http:// URLs are supported, got {url!r}"
     if a.target_pid and not a.target:
         return "--target-pid only makes sense with --target"
+    if a.transcript_kb is not None:
+        try:
+            parse_sizes(a.transcript_kb)
+        except ValueError as e:
+            return f"--transcript-kb: {e}"
+        if a.transcript_turns < BLOCKS or a.target or a.replicas > 1:
+            return (
+                f"--transcript-kb needs --transcript-turns >= {BLOCKS}, no --target or --replicas"
+            )
     if a.replicas < 1 or a.trips < 0:
         return "--replicas must be >= 1 and --trips >= 0"
     shared = a.store is not None and urlsplit(a.store).scheme in ("postgresql", "postgres")

@@ -15,6 +15,7 @@ import orjson
 from .clients import ResponseError, SyncConn, conc_segment, open_conn
 from .cpu_time import proc_cpu_seconds
 from .stats import percentile, round3
+from .transcripts import run_transcripts
 from .workload import Endpoint, build_request, session_ids
 
 
@@ -226,6 +227,12 @@ def client_run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[st
         if status != 200:
             raise RuntimeError(f"{name} path: HTTP {status}: {rbody[:500]!r}")
         out[f"{name}_sample"] = rbody[:2000].decode("utf-8", "replace")
+
+    if spec.get("transcript_kb"):
+        out["transcripts"] = run_transcripts(spec, eps, hs, progress)
+        for c in conns.values():
+            c.close()
+        return out
 
     p = conns["proxied"]
     sids = session_ids(spec["sessions"], secrets.token_hex(3)) if state else []

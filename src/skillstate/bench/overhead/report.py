@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .stats import percentile, round3, round_diff, summarize
+from .transcripts import print_transcripts, summarize_transcripts
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -22,6 +23,8 @@ TARGETS = {
     "stream": {"added_p50_vs_floor_max": 1.3},
 }
 PATHS = ("direct", "proxied", "floor")
+# State-mode CPU per call at the largest --transcript-kb size vs the smallest (issue 22).
+TRANSCRIPT_GROWTH_MAX = 1.5
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -113,6 +116,8 @@ def build_report(
         rep["turn_profile"] = raw["turn_profile"]
     if raw.get("engines"):
         rep["engines"] = raw["engines"]
+    if raw.get("transcripts"):
+        rep["transcripts"] = summarize_transcripts(raw["transcripts"])
     rep["targets"] = _targets(a, rep)
     return rep
 
@@ -141,6 +146,9 @@ def _targets(a: argparse.Namespace, rep: dict[str, Any]) -> dict[str, Any]:
             got = _target(value, t[key], upper)
             if got is not None:
                 res[name] = got
+    growth = (rep.get("transcripts") or {}).get("state_largest_vs_smallest_cpu")
+    if growth is not None:
+        res["transcript_growth"] = _target(growth, TRANSCRIPT_GROWTH_MAX, True)
     return res
 
 
@@ -291,6 +299,8 @@ def print_report(rep: dict[str, Any]) -> None:
         )
     if rep.get("engines"):
         _print_engines(con, rep["engines"])
+    if rep.get("transcripts"):
+        print_transcripts(con, rep["transcripts"], _table)
     sc = rep.get("state_check")
     if sc:
         for label, c in sc.items():
@@ -308,6 +318,7 @@ def print_report(rep: dict[str, Any]) -> None:
         "cpu_vs_floor": "CPU vs floor",
         "rps_vs_floor": "req/s vs floor",
         "added_p50_vs_floor": "added p50 vs floor",
+        "transcript_growth": "state CPU, largest transcript vs smallest",
     }
     parts = []
     for key, label in labels.items():

@@ -21,6 +21,7 @@ from .engines import count_turns
 from .machine import machine_info
 from .report import build_report, print_report
 from .servers import base_of, start_floor, start_proxy
+from .transcripts import parse_sizes
 from .workload import Endpoint, chat_body, initial_state
 
 # Measurement parameters passed to the client process and echoed in the report's config.
@@ -132,6 +133,9 @@ def run_overhead(args: argparse.Namespace) -> int:
             "turn_batch": args.turn_batch,
             "pids": pids,
             "floor_ep": floor_ep,
+            "model": args.model,
+            "transcript_kb": parse_sizes(args.transcript_kb) if args.transcript_kb else None,
+            "transcript_turns": args.transcript_turns,
         }
         info["config"] = {
             "mode": args.mode,
@@ -148,6 +152,8 @@ def run_overhead(args: argparse.Namespace) -> int:
             "state_bytes": len(orjson.dumps(state)) if not args.target else None,
             "request_body_bytes": len(spec["body"]),
             "turn_profile": args.turn_profile,
+            "transcript_kb": spec["transcript_kb"],
+            "transcript_turns": args.transcript_turns if args.transcript_kb else None,
             "proxy_args": args.proxy_arg,
             "store": redacted(args.store) if args.store else "sqlite (temporary data dir)",
             "coordination": redacted(args.coordination) if args.coordination else None,
