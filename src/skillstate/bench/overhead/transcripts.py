@@ -55,21 +55,21 @@ def parse_sizes(text: str) -> list[float]:
 
 
 def exchange(k: int) -> list[dict[str, Any]]:
-    """Turn ``k``'s assistant reply and the tool result that answers it (about 1 KB)."""
+    """Turn ``k``'s assistant reply and the tool result that answers it (about 0.6 KB)."""
     envelope = {
-        "reasoning": f"step {k}: the failing test points at send(); read it next",
-        "state_patch": {"step": k, "files": {f"src/mod_{k % 40:02d}.py": "read, no retries"}},
+        "reasoning": f"step {k}: read send() next",
+        "state_patch": {"step": k, "files": {f"src/mod_{k % 40:02d}.py": "no retries"}},
         "action": "read_file",
     }
     reply = (
-        f"THOUGHT: the output of step {k} shows where the request is sent; look at the "
-        f"handler around line {40 + k % 300}.\n\n```bash\nsed -n '{k},{k + 40}p' "
-        f"src/mod_{k % 40:02d}.py\n```\n\n```json\n{orjson.dumps(envelope).decode()}\n```"
+        f"THOUGHT: step {k} shows where the request is sent.\n\n```bash\nsed -n "
+        f"'{k},{k + 40}p' src/mod_{k % 40:02d}.py\n```\n\n```json\n"
+        f"{orjson.dumps(envelope).decode()}\n```"
     )
     code = "\n".join(
         f"    def handler_{k}_{i}(self, req: dict) -> dict:  # {{'status': {400 + i}}}\n"
-        f"        return {{'ok': req.get('n', {i}) > {k % 7}, 'retry': {i % 2 == 0}}}"
-        for i in range(5)
+        f"        return {{'ok': req.get('n', {i}) > {k % 7}}}"
+        for i in range(2)
     )
     return [
         {"role": "assistant", "content": reply},
