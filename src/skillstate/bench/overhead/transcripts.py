@@ -99,8 +99,8 @@ class _Session:
     def __init__(self, kb: float, path: str, model: str, turns: int) -> None:
         self.kb, self.path, self.model = kb, path, model
         # the measured calls' transcripts average about kb
-        before_middle = len(orjson.dumps(exchange(0))) * (turns // 2 + WARMUP_TURNS)
-        self.messages = transcript(int(kb * 1024) - before_middle)
+        before_middle = len(orjson.dumps(exchange(0))) * (WARMUP_TURNS + 1 + (turns - 1) / 2)
+        self.messages = transcript(int(kb * 1024 - before_middle))
         self.next = len(self.messages)
         self.sizes: list[int] = []
         self.cpu_ms: list[float] = []
