@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests scripts scripts/wheel-smoke
-	$(BIN)/ruff format --check src tests scripts scripts/wheel-smoke
+	$(BIN)/ruff check src tests scripts scripts/wheel-smoke scripts/structure-facts
+	$(BIN)/ruff format --check src tests scripts scripts/wheel-smoke scripts/structure-facts
 	$(BIN)/mypy src
 
 test: lint
