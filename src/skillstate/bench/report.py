@@ -487,10 +487,7 @@ def condensed_rows(n: int, limit: int = 24) -> list[int]:
 
 
 def render_console(report: Mapping[str, Any], console: Console) -> None:
-    from rich import box
-    from rich.json import JSON
     from rich.panel import Panel
-    from rich.table import Table
 
     sim = " [yellow](SIMULATED model)[/yellow]" if report["simulated"] else ""
     params = report["params"]
@@ -500,11 +497,25 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
         f"{'turns' if report['workload'] == 'conversation' else 'steps'} · model "
         f"{report['model']}{sim} · mode {params.get('mode')}"
     )
+    main_arm = primary_arm(report["arms"])
+    console.print(_per_turn_table(report, main_arm))
+    console.print(_totals_table(report))
+    _print_quality(report, console)
+    _print_savings(report, main_arm, console)
+    final = report["arms"][main_arm].get("final_state")
+    if final is not None:
+        console.print(_final_state_panel(final, main_arm))
+    style = "red" if report["verdict"].startswith("INVALID") else "green"
+    console.print(Panel(report["verdict"], title="Verdict", title_align="left", style=style))
+
+
+def _per_turn_table(report: Mapping[str, Any], main_arm: str) -> Any:
+    """Prompt tokens per turn and arm (a condensed selection of the turns), with notes."""
+    from rich import box
+    from rich.table import Table
 
     rows = report["per_turn"]
-    arms = report["arms"]
-    names = list(arms)
-    main_arm = primary_arm(arms)
+    names = list(report["arms"])
     shown = condensed_rows(len(rows))
     caption = f"{len(shown)} of {len(rows)} turns shown" if len(shown) < len(rows) else None
     table = Table(
@@ -522,32 +533,36 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
         cells = {n: r.get(n) or {} for n in names}
         bp, sp = cells["baseline"].get("prompt_tokens"), cells[main_arm].get("prompt_tokens")
         ratio = f"{100 * sp / bp:.0f}%" if bp and sp is not None else "—"
-        notes = []
-        for arm, cell in cells.items():
-            if cell.get("status") == "error":
-                notes.append(f"[red]{arm} FAILED[/red]")
-            if cell.get("retries"):
-                notes.append(f"{arm} re-asked {cell['retries']}x")
-            if (
-                arm != "baseline"
-                and cell.get("context")
-                and cell["context"]
-                not in (
-                    "compact",
-                    arm,
-                )
-            ):
-                notes.append(f"{arm} sent {cell['context']}")
         table.add_row(
             str(r["turn"]),
             *(_fmt(cells[n].get("prompt_tokens")) for n in names),
             ratio,
             _fmt(r["cum_baseline"]),
             _fmt(r[f"cum_{main_arm}"]),
-            " ".join(notes),
+            " ".join(_turn_notes(cells)),
         )
-    console.print(table)
+    return table
 
+
+def _turn_notes(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What a per-turn row says besides the numbers: failures, re-asks, other contexts."""
+    notes = []
+    for arm, cell in cells.items():
+        if cell.get("status") == "error":
+            notes.append(f"[red]{arm} FAILED[/red]")
+        if cell.get("retries"):
+            notes.append(f"{arm} re-asked {cell['retries']}x")
+        if arm != "baseline" and cell.get("context") and cell["context"] not in ("compact", arm):
+            notes.append(f"{arm} sent {cell['context']}")
+    return notes
+
+
+def _totals_table(report: Mapping[str, Any]) -> Any:
+    """Calls, tokens and cost per arm, and each arm's cost against the baseline's."""
+    from rich import box
+    from rich.table import Table
+
+    params, arms = report["params"], report["arms"]
     regime = params.get("cache_regime")
     title = "Totals" + (f" (cache regime {regime})" if regime else "")
     if params.get("price_as"):
@@ -559,8 +574,7 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
     for col in (*heads, "cache write", "cost", "vs baseline"):
         totals.add_column(col, justify="left" if col == "arm" else "right")
     by_arm = report["savings"].get("by_arm") or {}
-    for name in names:
-        a = arms[name]
+    for name, a in arms.items():
         pct = (by_arm.get(name) or {}).get("cost_pct")
         totals.add_row(
             name,
@@ -578,9 +592,12 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
             if name == "baseline"
             else ("other calls" if pct is None else _signed(pct).replace(" fewer", " cheaper")),
         )
-    console.print(totals)
-    for name in names:
-        q = arms[name]["quality"]
+    return totals
+
+
+def _print_quality(report: Mapping[str, Any], console: Console) -> None:
+    for name, arm in report["arms"].items():
+        q = arm["quality"]
         if report["workload"] == "tools":
             match = q.get("end_state_match")
             qual = "end state " + ("[green]as expected[/green]" if match else "[red]DIFFERS[/red]")
@@ -593,13 +610,16 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
             )
         console.print(f"Quality, {name}: {qual}")
 
+
+def _print_savings(report: Mapping[str, Any], main_arm: str, console: Console) -> None:
+    """The savings line, what each arm's ledger said, and what each arm lost."""
     sv = report["savings"]
     console.print(
         f"Savings ({main_arm}): prompt tokens {_fmt(sv['prompt_tokens_pct'])}% · per call "
         f"{_fmt(sv['per_call_pct'])}% · billed cost {_fmt(sv.get('cost_pct'))}% · break-even "
         f"turn {_fmt(sv['break_even_turn'])}"
     )
-    for name, arm_sv in by_arm.items():
+    for name, arm_sv in (sv.get("by_arm") or {}).items():
         if arm_sv.get("ledger_saved_cost_usd") is not None:
             console.print(
                 f"Ledger ({name}): the proxy's /cost says saved "
@@ -607,24 +627,25 @@ def render_console(report: Mapping[str, Any], console: Console) -> None:
                 f"measured {_usd(arm_sv.get('saved_usd'))} "
                 f"(difference {_fmt(arm_sv.get('ledger_vs_measured_pct'))}% of the baseline)"
             )
-    for name in names:
-        lost = arms[name]["quality"].get("facts_lost") or []
+    for name, arm in report["arms"].items():
+        lost = arm["quality"].get("facts_lost") or []
         if lost:
             items = ", ".join(f"{f['key']} ({f['kind']}, turn {f['turn']})" for f in lost)
             console.print(f"[red]Facts lost by the {name} arm:[/red] {items}")
-        mism = arms[name]["quality"].get("mismatch_count")
+        mism = arm["quality"].get("mismatch_count")
         if mism:
             console.print(
                 f"[red]{name} arm: {mism} issue(s) differ from the expected end state[/red]"
             )
 
-    final = arms[main_arm].get("final_state")
-    if final is not None:
-        text = orjson.dumps(final).decode()
-        if len(text) > 3000:
-            text = orjson.dumps({"(truncated)": text[:3000]}).decode()
-        pretty = orjson.dumps(final, option=orjson.OPT_INDENT_2).decode()
-        body = JSON(text) if pretty.count("\n") <= 30 else JSON(text, indent=None)
-        console.print(Panel(body, title=f"Final state ({main_arm} arm)", title_align="left"))
-    style = "red" if report["verdict"].startswith("INVALID") else "green"
-    console.print(Panel(report["verdict"], title="Verdict", title_align="left", style=style))
+
+def _final_state_panel(final: Any, main_arm: str) -> Any:
+    from rich.json import JSON
+    from rich.panel import Panel
+
+    text = orjson.dumps(final).decode()
+    if len(text) > 3000:
+        text = orjson.dumps({"(truncated)": text[:3000]}).decode()
+    pretty = orjson.dumps(final, option=orjson.OPT_INDENT_2).decode()
+    body = JSON(text) if pretty.count("\n") <= 30 else JSON(text, indent=None)
+    return Panel(body, title=f"Final state ({main_arm} arm)", title_align="left")

@@ -216,67 +216,92 @@ def _loads(text: Any) -> Any:
         return None
 
 
+@dataclass
+class _Triage:
+    """What the simulated triage agent knows of the tracker: its state, then every tool
+    result it can see (the whole transcript, or the latest observation)."""
+
+    listed: bool
+    next_cursor: int | None
+    queue: list[int]
+    done: list[int]
+    fetched: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> _Triage:
+        listed = bool(state.get("listed", False))
+        return cls(
+            listed,
+            state.get("next_cursor") if listed else None,
+            [int(i) for i in state.get("queue", []) if isinstance(i, int)],
+            [int(i) for i in state.get("done", []) if isinstance(i, int)],
+        )
+
+    def fold(self, messages: list[dict[str, Any]]) -> None:
+        calls: dict[str, tuple[str, dict[str, Any]]] = {}
+        for msg in messages:
+            for call in msg.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                args = _loads(fn.get("arguments")) or {}
+                calls[str(call.get("id"))] = (str(fn.get("name")), args)
+            if msg.get("role") != "tool":
+                continue
+            name, args = calls.get(str(msg.get("tool_call_id")), ("", {}))
+            result = _loads(message_text(msg))
+            if isinstance(result, dict) and "error" not in result:
+                self._fold_result(name, args, result)
+
+    def _fold_result(self, name: str, args: dict[str, Any], result: dict[str, Any]) -> None:
+        if name == "list_issues":
+            self.listed = True
+            self.next_cursor = result.get("next_cursor")
+            for item in result.get("issues", []):
+                iid = item.get("id")
+                known = iid in self.queue or iid in self.done or iid in self.fetched
+                if isinstance(iid, int) and not known:
+                    self.queue.append(iid)
+        elif name == "get_issue" and isinstance(result.get("id"), int):
+            self.fetched[result["id"]] = result
+            self.queue = [i for i in self.queue if i != result["id"]]
+        elif name == "update_issue" and result.get("ok"):
+            iid = (result.get("issue") or {}).get("id", args.get("id"))
+            if isinstance(iid, int) and iid not in self.done:
+                self.done.append(iid)
+
+    def plan(
+        self, rules: list[tuple[str, dict[str, Any]]], batch: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The next calls: update what was fetched, list (the next page), fetch a batch."""
+        planned: list[tuple[str, dict[str, Any]]] = []
+        for iid in sorted(self.fetched):
+            if iid not in self.done:
+                planned.append(("update_issue", apply_rules(self.fetched[iid], rules)))
+        if not self.listed:
+            planned.append(("list_issues", {"status": "open", "cursor": 0}))
+        elif self.next_cursor is not None:
+            planned.append(("list_issues", {"status": "open", "cursor": self.next_cursor}))
+        fetch_now = self.queue[:batch]
+        planned.extend(("get_issue", {"id": iid}) for iid in fetch_now)
+        self.queue = self.queue[batch:] if fetch_now else self.queue
+        return planned
+
+
 def tools_reply(messages: list[dict[str, Any]]) -> SimReply:
     contract = has_contract(messages)
     state = read_state(messages) or {}
     task = next(
         (message_text(m) for m in messages if m.get("role") == "user" and not _marked(m)), ""
     )
-    rules = parse_rules(task)
     batch_m = _BATCH.search(task)
     batch = max(1, int(batch_m.group(1))) if batch_m else 1
-
-    listed = bool(state.get("listed", False))
-    next_cursor: int | None = state.get("next_cursor") if listed else None
-    queue: list[int] = [int(i) for i in state.get("queue", []) if isinstance(i, int)]
-    done: list[int] = [int(i) for i in state.get("done", []) if isinstance(i, int)]
-    fetched: dict[int, dict[str, Any]] = {}
-
-    # Fold every visible tool result (the whole transcript, or the latest observation).
-    calls: dict[str, tuple[str, dict[str, Any]]] = {}
-    for msg in messages:
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            args = _loads(fn.get("arguments")) or {}
-            calls[str(call.get("id"))] = (str(fn.get("name")), args)
-        if msg.get("role") != "tool":
-            continue
-        name, args = calls.get(str(msg.get("tool_call_id")), ("", {}))
-        result = _loads(message_text(msg))
-        if not isinstance(result, dict) or "error" in result:
-            continue
-        if name == "list_issues":
-            listed = True
-            next_cursor = result.get("next_cursor")
-            for item in result.get("issues", []):
-                iid = item.get("id")
-                known = iid in queue or iid in done or iid in fetched
-                if isinstance(iid, int) and not known:
-                    queue.append(iid)
-        elif name == "get_issue" and isinstance(result.get("id"), int):
-            fetched[result["id"]] = result
-            queue = [i for i in queue if i != result["id"]]
-        elif name == "update_issue" and result.get("ok"):
-            iid = (result.get("issue") or {}).get("id", args.get("id"))
-            if isinstance(iid, int) and iid not in done:
-                done.append(iid)
+    triage = _Triage.from_state(state)
+    triage.fold(messages)
 
     step = state.get("step")
     if not isinstance(step, int):
         step = sum(1 for m in messages if m.get("role") == "assistant")
     step += 1
-
-    planned: list[tuple[str, dict[str, Any]]] = []
-    for iid in sorted(fetched):
-        if iid not in done:
-            planned.append(("update_issue", apply_rules(fetched[iid], rules)))
-    if not listed:
-        planned.append(("list_issues", {"status": "open", "cursor": 0}))
-    elif next_cursor is not None:
-        planned.append(("list_issues", {"status": "open", "cursor": next_cursor}))
-    fetch_now = queue[:batch]
-    planned.extend(("get_issue", {"id": iid}) for iid in fetch_now)
-    queue = queue[batch:] if fetch_now else queue
+    planned = triage.plan(parse_rules(task), batch)
 
     tool_calls = [
         {
@@ -290,15 +315,15 @@ def tools_reply(messages: list[dict[str, Any]]) -> SimReply:
         names = ", ".join(f"{n}({a.get('id', a.get('cursor', ''))})" for n, a in planned)
         text, action = f"[sim] Calling {names}.", "call_tools"
     else:
-        text, action = f"[sim] DONE: triaged {len(done)} issues.", "done"
+        text, action = f"[sim] DONE: triaged {len(triage.done)} issues.", "done"
 
     patch: dict[str, Any] | None = None
     if contract:
         patch = {
-            "listed": listed or any(n == "list_issues" for n, _ in planned),
-            "next_cursor": next_cursor,
-            "queue": queue,
-            "done": sorted(done),
+            "listed": triage.listed or any(n == "list_issues" for n, _ in planned),
+            "next_cursor": triage.next_cursor,
+            "queue": triage.queue,
+            "done": sorted(triage.done),
             "step": step,
         }
     return SimReply(text, tool_calls=tool_calls, action=action, patch=patch)

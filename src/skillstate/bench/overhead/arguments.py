@@ -14,7 +14,16 @@ DESCRIPTION = (
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("what to measure")
+    _add_what(p.add_argument_group("what to measure"))
+    _add_engines(p.add_argument_group("shared engines and replicas (docs/scaling.md)"))
+    _add_sequential(p.add_argument_group("sequential (one keep-alive connection per path)"))
+    _add_concurrency(p.add_argument_group("concurrency"))
+    _add_state(p.add_argument_group("state mode"))
+    _add_transcripts(p.add_argument_group("large transcripts (runs only this phase)"))
+    _add_output(p.add_argument_group("output"))
+
+
+def _add_what(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--mode",
         choices=("forward", "state"),
@@ -63,7 +72,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="extra argument for the skillstate proxy (repeatable; use --proxy-arg=--flag)",
     )
-
     g.add_argument(
         "--proxy-module",
         default="skillstate",
@@ -72,7 +80,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "profiling or experiment wrapper that must be importable)",
     )
 
-    g = p.add_argument_group("shared engines and replicas (docs/scaling.md)")
+
+def _add_engines(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--store",
         metavar="URL",
@@ -99,7 +108,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "counted on the engines themselves (round trips per turn), 0 skips (200)",
     )
 
-    g = p.add_argument_group("sequential (one keep-alive connection per path)")
+
+def _add_sequential(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--warmup", type=int, default=15, metavar="N", help="warm-up requests per path (15)"
     )
@@ -110,7 +120,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--requests", type=int, default=25, metavar="N", help="requests per round per path (25)"
     )
 
-    g = p.add_argument_group("concurrency")
+
+def _add_concurrency(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--concurrency", type=int, default=64, metavar="N", help="connections (64)")
     g.add_argument(
         "--duration",
@@ -125,7 +136,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="segments per path, alternating direct/proxied (2: D P P D)",
     )
 
-    g = p.add_argument_group("state mode")
+
+def _add_state(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--sessions",
         type=int,
@@ -151,7 +163,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="turns per CPU-measurement window in --turn-profile (25)",
     )
 
-    g = p.add_argument_group("large transcripts (runs only this phase)")
+
+def _add_transcripts(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--transcript-kb",
         metavar="KB,KB,...",
@@ -166,7 +179,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="measured calls per size and path (24), after 2 warm-up calls",
     )
 
-    g = p.add_argument_group("output")
+
+def _add_output(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--json", metavar="FILE", help="write the numbers and machine info here")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
     g.add_argument(

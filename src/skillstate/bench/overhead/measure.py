@@ -271,26 +271,39 @@ def client_run(spec: dict[str, Any], progress: Callable[[str], None]) -> dict[st
             out["state_check"]["turn_profile"] = _state_check(eps["proxied"], ph, tp["session"])
 
     if spec["duration"] > 0:
-        n = spec["concurrency"]
-        conc_reqs: dict[str, list[list[bytes]]] = {name: [r] * n for name, r in reqs.items()}
-        conn_eps = {name: [ep] * n for name, ep in eps.items()}
-        replicas = [eps["proxied"], *(Endpoint(*e) for e in spec.get("replica_eps", []))]
-        # connection i goes to replica i % len(replicas)
-        conn_eps["proxied"] = [replicas[i % len(replicas)] for i in range(n)]
-        if state:
-            # connection i owns sessions i, i+n, i+2n, ... so no two in-flight turns share one
-            owned = [sids[i::n] or [sids[i % len(sids)]] for i in range(n)]
-            conc_reqs["proxied"] = [
-                [build_request(conn_eps["proxied"][i], body, [*ph, ("x-skillstate-session", s)])
-                 for s in owned[i]]
-                for i in range(n)
-            ]  # fmt: skip
-        elif len(replicas) > 1:
-            conc_reqs["proxied"] = [[build_request(ep, body, ph)] for ep in conn_eps["proxied"]]
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover
-            out["concurrency"] = asyncio.run(_concurrency(spec, conn_eps, conc_reqs, progress))
-        else:
-            out["concurrency"] = uvloop.run(_concurrency(spec, conn_eps, conc_reqs, progress))
+        out["concurrency"] = _concurrency_phase(spec, eps, reqs, sids, progress)
     return out
+
+
+def _concurrency_phase(
+    spec: dict[str, Any],
+    eps: dict[str, Endpoint],
+    reqs: dict[str, list[bytes]],
+    sids: list[str],
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """``spec["concurrency"]`` connections per path; the proxied ones spread over the
+    replicas, each owning its own sessions in state mode."""
+    body: bytes = spec["body"]
+    ph = [tuple(h) for h in spec["proxied_headers"]]
+    n = spec["concurrency"]
+    conc_reqs: dict[str, list[list[bytes]]] = {name: [r] * n for name, r in reqs.items()}
+    conn_eps = {name: [ep] * n for name, ep in eps.items()}
+    replicas = [eps["proxied"], *(Endpoint(*e) for e in spec.get("replica_eps", []))]
+    # connection i goes to replica i % len(replicas)
+    conn_eps["proxied"] = [replicas[i % len(replicas)] for i in range(n)]
+    if sids:
+        # connection i owns sessions i, i+n, i+2n, ... so no two in-flight turns share one
+        owned = [sids[i::n] or [sids[i % len(sids)]] for i in range(n)]
+        conc_reqs["proxied"] = [
+            [build_request(conn_eps["proxied"][i], body, [*ph, ("x-skillstate-session", s)])
+             for s in owned[i]]
+            for i in range(n)
+        ]  # fmt: skip
+    elif len(replicas) > 1:
+        conc_reqs["proxied"] = [[build_request(ep, body, ph)] for ep in conn_eps["proxied"]]
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(_concurrency(spec, conn_eps, conc_reqs, progress))
+    return uvloop.run(_concurrency(spec, conn_eps, conc_reqs, progress))

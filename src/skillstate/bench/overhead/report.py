@@ -199,119 +199,133 @@ def print_report(rep: dict[str, Any]) -> None:
         f"git {m['git']['revision'][:12]}{'+dirty' if m['git']['dirty'] else ''}, "
         f"load {m['loadavg_start']}[/dim]"
     )
-    seq = rep.get("sequential")
-    if seq:
-        con.print(
-            f"[bold]sequential[/bold]: {cfg['rounds']} interleaved rounds x {cfg['requests']} "
-            f"requests per path, {cfg['warmup']} warm-ups, one keep-alive connection each (ms)"
-        )
-        ad = seq["added"]
-        rows = _path_rows(
-            seq,
-            lambda s: [
-                str(s["n"]),
-                *(_f(s[k]) for k in ("p50_ms", "p99_ms", "mean_ms", "min_ms", "max_ms")),
-            ],
-            [
-                "",
-                f"[bold]{_f(ad['p50_ms'])}[/bold]",
-                f"[bold]{_f(ad['p99_ms'])}[/bold]",
-                _f(ad["mean_ms"]),
-                "",
-                "",
-            ],
-        )
-        con.print(_table(("path", "n", "p50", "p99", "mean", "min", "max"), rows))
-        con.print(
-            f"  added p50, median of per-round differences: {_f(ad['p50_ms_median_of_rounds'])} ms"
-            f"  (rounds: {', '.join(_f(x) for x in ad['p50_ms_per_round'])})"
-        )
-        if seq.get("proxy_cpu_ms_per_request") is not None:
-            con.print(
-                f"  proxy CPU per request: {_f(seq['proxy_cpu_ms_per_request'])} ms "
-                "(less sensitive to a busy machine than wall time)"
-            )
-        if seq.get("vs_floor"):
-            fa, vf = seq["floor_added"], seq["vs_floor"]
-            con.print(
-                f"  floor: added p50 {_f(fa['p50_ms_median_of_rounds'])} ms (median of rounds), "
-                f"CPU {_f(seq['floor_cpu_ms_per_request'])} ms per request; proxy vs floor: "
-                f"added p50 x{_f(vf['added_p50_ratio'])}, CPU x{_f(vf['cpu_ratio'])}"
-            )
-    conc = rep.get("concurrency")
-    if conc:
-        con.print(
-            f"[bold]concurrency[/bold]: {conc['connections']} connections, {cfg['duration']:g} s "
-            f"per path in {cfg['segments']} alternating segments each (ms)"
-        )
-        ad = conc["added"]
-        rows = _path_rows(
-            conc,
-            lambda s: [
-                _f(s["rps"], 0),
-                str(s["n"]),
-                str(s["errors"]),
-                *(_f(s[k]) for k in ("p50_ms", "p99_ms", "mean_ms")),
-            ],
-            [
-                f"x{_f(ad['rps_ratio'])}",
-                "",
-                "",
-                f"[bold]{_f(ad['p50_ms'])}[/bold]",
-                _f(ad["p99_ms"]),
-                "",
-            ],
-        )
-        con.print(_table(("path", "req/s", "n", "errors", "p50", "p99", "mean"), rows))
-        if conc.get("proxy_cpu_ms_per_request") is not None:
-            con.print(
-                f"  proxy CPU per request: {_f(conc['proxy_cpu_ms_per_request'])} ms, so about "
-                f"{conc['proxy_cpu_bound_rps']:,} req/s if the proxy had one core to itself"
-            )
-        if conc.get("vs_floor"):
-            vf = conc["vs_floor"]
-            con.print(
-                f"  proxy vs floor: req/s x{_f(vf['rps_ratio'])}, CPU x{_f(vf['cpu_ratio'])}, "
-                f"added p50 x{_f(vf['added_p50_ratio'])}"
-            )
-        for path in (p for p in PATHS if p in conc):
-            if conc[path].get("first_error"):
-                con.print(f"  [red]{path} first error:[/red] {conc[path]['first_error']}")
-    tp = rep.get("turn_profile")
-    if tp:
-        con.print(
-            f"[bold]turn profile[/bold]: one state session, {tp['turns']} turns, proxy CPU "
-            f"clock: {tp['cpu_clock'] or 'unavailable (no pid)'}"
-        )
-        rows = [
-            [
-                f"{w['turns'][0]}-{w['turns'][1]}",
-                _f(w["proxy_cpu_ms_per_turn"]),
-                _f(w["wall_p50_ms"]),
-                _f(w["wall_mean_ms"]),
-            ]
-            for w in tp["windows"]
-        ]
-        con.print(_table(("turns", "proxy CPU ms/turn", "wall p50 ms", "wall mean ms"), rows))
-        con.print(
-            f"  last/first window: CPU x{_f(tp['cpu_ratio_last_vs_first'])}, "
-            f"wall p50 x{_f(tp['wall_ratio_last_vs_first'])}"
-        )
+    if rep.get("sequential"):
+        _print_sequential(con, cfg, rep["sequential"])
+    if rep.get("concurrency"):
+        _print_concurrency(con, cfg, rep["concurrency"])
+    if rep.get("turn_profile"):
+        _print_turn_profile(con, rep["turn_profile"])
     if rep.get("engines"):
         _print_engines(con, rep["engines"])
     if rep.get("transcripts"):
         print_transcripts(con, rep["transcripts"], _table)
-    sc = rep.get("state_check")
-    if sc:
-        for label, c in sc.items():
-            if "step" in c:
-                con.print(
-                    f"  state check ({label}): session {c['session']} at step {c['step']}, "
-                    f"state {c['state_bytes']:,} bytes"
-                )
-            else:
-                con.print(f"  [yellow]state check ({label}) failed:[/yellow] {c}")
-    tg = rep["targets"]
+    _print_state_checks(con, rep.get("state_check") or {})
+    _print_targets(con, cfg, rep["targets"])
+
+
+def _print_sequential(con: Any, cfg: dict[str, Any], seq: dict[str, Any]) -> None:
+    con.print(
+        f"[bold]sequential[/bold]: {cfg['rounds']} interleaved rounds x {cfg['requests']} "
+        f"requests per path, {cfg['warmup']} warm-ups, one keep-alive connection each (ms)"
+    )
+    ad = seq["added"]
+    rows = _path_rows(
+        seq,
+        lambda s: [
+            str(s["n"]),
+            *(_f(s[k]) for k in ("p50_ms", "p99_ms", "mean_ms", "min_ms", "max_ms")),
+        ],
+        [
+            "",
+            f"[bold]{_f(ad['p50_ms'])}[/bold]",
+            f"[bold]{_f(ad['p99_ms'])}[/bold]",
+            _f(ad["mean_ms"]),
+            "",
+            "",
+        ],
+    )
+    con.print(_table(("path", "n", "p50", "p99", "mean", "min", "max"), rows))
+    con.print(
+        f"  added p50, median of per-round differences: {_f(ad['p50_ms_median_of_rounds'])} ms"
+        f"  (rounds: {', '.join(_f(x) for x in ad['p50_ms_per_round'])})"
+    )
+    if seq.get("proxy_cpu_ms_per_request") is not None:
+        con.print(
+            f"  proxy CPU per request: {_f(seq['proxy_cpu_ms_per_request'])} ms "
+            "(less sensitive to a busy machine than wall time)"
+        )
+    if seq.get("vs_floor"):
+        fa, vf = seq["floor_added"], seq["vs_floor"]
+        con.print(
+            f"  floor: added p50 {_f(fa['p50_ms_median_of_rounds'])} ms (median of rounds), "
+            f"CPU {_f(seq['floor_cpu_ms_per_request'])} ms per request; proxy vs floor: "
+            f"added p50 x{_f(vf['added_p50_ratio'])}, CPU x{_f(vf['cpu_ratio'])}"
+        )
+
+
+def _print_concurrency(con: Any, cfg: dict[str, Any], conc: dict[str, Any]) -> None:
+    con.print(
+        f"[bold]concurrency[/bold]: {conc['connections']} connections, {cfg['duration']:g} s "
+        f"per path in {cfg['segments']} alternating segments each (ms)"
+    )
+    ad = conc["added"]
+    rows = _path_rows(
+        conc,
+        lambda s: [
+            _f(s["rps"], 0),
+            str(s["n"]),
+            str(s["errors"]),
+            *(_f(s[k]) for k in ("p50_ms", "p99_ms", "mean_ms")),
+        ],
+        [
+            f"x{_f(ad['rps_ratio'])}",
+            "",
+            "",
+            f"[bold]{_f(ad['p50_ms'])}[/bold]",
+            _f(ad["p99_ms"]),
+            "",
+        ],
+    )
+    con.print(_table(("path", "req/s", "n", "errors", "p50", "p99", "mean"), rows))
+    if conc.get("proxy_cpu_ms_per_request") is not None:
+        con.print(
+            f"  proxy CPU per request: {_f(conc['proxy_cpu_ms_per_request'])} ms, so about "
+            f"{conc['proxy_cpu_bound_rps']:,} req/s if the proxy had one core to itself"
+        )
+    if conc.get("vs_floor"):
+        vf = conc["vs_floor"]
+        con.print(
+            f"  proxy vs floor: req/s x{_f(vf['rps_ratio'])}, CPU x{_f(vf['cpu_ratio'])}, "
+            f"added p50 x{_f(vf['added_p50_ratio'])}"
+        )
+    for path in (p for p in PATHS if p in conc):
+        if conc[path].get("first_error"):
+            con.print(f"  [red]{path} first error:[/red] {conc[path]['first_error']}")
+
+
+def _print_turn_profile(con: Any, tp: dict[str, Any]) -> None:
+    con.print(
+        f"[bold]turn profile[/bold]: one state session, {tp['turns']} turns, proxy CPU "
+        f"clock: {tp['cpu_clock'] or 'unavailable (no pid)'}"
+    )
+    rows = [
+        [
+            f"{w['turns'][0]}-{w['turns'][1]}",
+            _f(w["proxy_cpu_ms_per_turn"]),
+            _f(w["wall_p50_ms"]),
+            _f(w["wall_mean_ms"]),
+        ]
+        for w in tp["windows"]
+    ]
+    con.print(_table(("turns", "proxy CPU ms/turn", "wall p50 ms", "wall mean ms"), rows))
+    con.print(
+        f"  last/first window: CPU x{_f(tp['cpu_ratio_last_vs_first'])}, "
+        f"wall p50 x{_f(tp['wall_ratio_last_vs_first'])}"
+    )
+
+
+def _print_state_checks(con: Any, sc: dict[str, Any]) -> None:
+    for label, c in sc.items():
+        if "step" in c:
+            con.print(
+                f"  state check ({label}): session {c['session']} at step {c['step']}, "
+                f"state {c['state_bytes']:,} bytes"
+            )
+        else:
+            con.print(f"  [yellow]state check ({label}) failed:[/yellow] {c}")
+
+
+def _print_targets(con: Any, cfg: dict[str, Any], tg: dict[str, Any]) -> None:
     labels = {
         "added_p50_ms": "added p50",
         "proxied_rps": "proxied req/s",
