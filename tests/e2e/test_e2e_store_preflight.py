@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from tests.conftest import StartProxy
-from tests.fakeprovider import FakeProvider, Reply
 from tests.e2e.test_e2e_store_faults import LOCK_DB, chat, envelope, messages
+from tests.fakeprovider import FakeProvider, Reply
 
 
 def test_a_store_that_failed_to_write_refuses_the_next_turn_before_sending_it(

@@ -12,8 +12,8 @@ import asyncpg
 
 from skillstate.store import TransitionRecord
 from skillstate.store.postgres import PostgresStore
-from tests.scale.services import PostgresServer
 from tests.cost.test_ledger_sums import random_row
+from tests.scale.services import PostgresServer
 
 HANG = 60.0  # a guard against a hang, not a performance threshold
 

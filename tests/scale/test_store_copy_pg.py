@@ -18,9 +18,9 @@ from skillstate.store import Store
 from skillstate.store.postgres import PostgresStore
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
+from tests.cost.test_ledger_sums import check_sums_match_rows, random_row
 from tests.fakeprovider import FakeProvider, Reply
 from tests.storefill import SCHEMA, envelope, everything, fill, make_key, turn
-from tests.cost.test_ledger_sums import check_sums_match_rows, random_row
 
 HANG = 60.0  # a guard against a hang, not a performance threshold
 
