@@ -142,6 +142,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "and the reading of a stream included.",
         "prices": "Per-model price overrides (USD per million tokens), keyed by model name; "
         "see *Price overrides* below.",
+        "budget_max_tokens": "Output tokens a budget reserves for a call that sets no "
+        "`max_tokens` (nor `max_completion_tokens`, `max_output_tokens`): with the estimated "
+        "input, the call's worst case, held against the key's and the session's budgets "
+        "until its real cost is in the ledger. A model that writes more than this can pass "
+        "a budget: set `max_tokens` in clients that run under one.",
     },
     Upstream: {
         "name": "Unique name; shown in `x-skillstate-upstream`, `/health` and `/cost`.",

@@ -207,6 +207,9 @@ class Settings(BaseModel):
     total_timeout: float = Field(default=600.0, gt=0)
 
     prices: dict[str, PriceOverride] = Field(default_factory=dict)  # per-model overrides
+    # The output tokens a budget reserves for a call that sets no max_tokens (nor
+    # max_completion_tokens, max_output_tokens): see cost/worstcase.py.
+    budget_max_tokens: int = Field(default=32_768, ge=1)
 
     @field_validator("schema_keys")
     @classmethod

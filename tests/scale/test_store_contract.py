@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,35 @@ async def test_sessions_pages_delete_and_purge(store: Store) -> None:
     assert await store.purge_sessions(older_than=12.5, keep={"a.1"}) == 1
     assert {p["session"] for p in await store.sessions_page(10)} == {"a.1", "a.3"}
     assert await store.history_page("b.1", 10) == []
+
+
+async def test_session_budgets_and_their_spend(store: Store) -> None:
+    assert await store.session_budget("k:run") is None
+    assert await store.set_session_budget("k:run", 5.0, replace=False) == 5.0
+    assert await store.set_session_budget("k:run", 9.0, replace=False) == 5.0  # the first stays
+    assert await store.set_session_budget("k:run", 2.5, replace=True) == 2.5  # PATCH /state
+    assert await store.session_budget("k:run") == 2.5
+    rows = [
+        ledger_row(session="k:run", cost_usd=0.5),
+        ledger_row(session="k:run", pricing="unknown", cost_usd=None),  # 10 in, 5 out
+        ledger_row(session="k:run1", cost_usd=4.0),  # another session sharing the prefix
+    ]
+    await store.add_ledger_rows(rows)
+    assert await store.ledger_spend("k:run", 0, whole=True) == pytest.approx(0.5)
+    counted = await store.ledger_spend("k:run", 0, whole=True, unpriced=(1e5, 1e6))
+    assert counted == pytest.approx(0.5 + (10 * 1e5 + 5 * 1e6) / 1e6)
+    assert await store.ledger_spend("k:", 0) == pytest.approx(4.5)
+    assert await store.set_session_budget("k:run", None, replace=True) is None
+    await store.set_session_budget("k:run", 1.0, replace=False)
+    await commit(store, "k:run", 0, {"k": 1})
+    assert await store.delete("k:run")  # a session's budget goes with it
+    assert await store.session_budget("k:run") is None
+    # One with no state row (passthrough) is purged with the session TTL, unless in use.
+    await store.set_session_budget("k:free", 1.0, replace=False)
+    await store.set_session_budget("k:busy", 1.0, replace=False)
+    await store.purge_sessions(older_than=time.time() + 1, keep={"k:busy"})
+    assert await store.session_budget("k:free") is None
+    assert await store.session_budget("k:busy") == 1.0
 
 
 def link(rid: str, previous: str | None, created: float = 100.0, session: str = "s") -> Any:

@@ -151,8 +151,9 @@ async def test_a_database_from_before_versioning_is_brought_up(tmp_path: Path, s
     make_db(path, script)
     r = migrate(path)
     assert r.returncode == 0, r.stderr
-    (line,) = r.stdout.splitlines()
+    line, *later = r.stdout.splitlines()
     assert line.startswith(f"sqlite://{path}: schema 0 -> 1: adopted the tables made before")
+    assert len(later) == LATEST - 1  # then one line per later migration
     if script is BEFORE_COST_COLUMNS:
         assert "added ledger.baseline_cached_tokens" in line and "transitions.estimate" in line
     else:

@@ -18,6 +18,8 @@ class KeyRecord:
     created: float = 0.0
     expires: float | None = None  # unix time; None = never
     revoked: float | None = None  # unix time of the revocation; None = live
+    max_session_budget_usd: float | None = None  # the most a session's budget may be
+    allow_unpriced: bool = False  # calls to unpriced models under a budget (cost.budgets)
 
     def refusal(self, now: float) -> str | None:
         """Why this key cannot be used at ``now`` (revoked, expired), else None."""

@@ -34,6 +34,19 @@ def add_keys_parser(sub: Any) -> None:
     create.add_argument("--tpm", type=int, default=None, help="tokens per minute")
     create.add_argument("--expires", default=None, metavar="DURATION", help="e.g. 30d, 12h")
     create.add_argument("--admin", action="store_true", help="may see and change every key's data")
+    create.add_argument(
+        "--max-session-budget-usd",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="the most a session's budget may be (also the budget of sessions that set none)",
+    )
+    create.add_argument(
+        "--allow-unpriced",
+        action="store_true",
+        help="under a budget, let calls to models without a price through (counted at the"
+        " most expensive known model's price)",
+    )
     listing = ks.add_parser("list", help="the keys (names and limits, never secrets)")
     listing.add_argument("--json", action="store_true")
     for action, text in (("revoke", "refuse a key from now on"), ("rotate", "new secret")):
@@ -80,7 +93,7 @@ async def _create(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> 
         expires = time.time() + parse_duration(args.expires) if args.expires else None
     except ValueError as e:
         raise ConfigError(f"keys create: {e}") from None
-    for flag in ("rpm", "tpm", "budget_usd_per_day"):
+    for flag in ("rpm", "tpm", "budget_usd_per_day", "max_session_budget_usd"):
         value = getattr(args, flag)
         if value is not None and not value > 0:
             raise ConfigError(f"keys create: --{flag.replace('_', '-')} must be > 0")
@@ -94,6 +107,8 @@ async def _create(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> 
         budget_usd_per_day=args.budget_usd_per_day,
         created=time.time(),
         expires=expires,
+        max_session_budget_usd=args.max_session_budget_usd,
+        allow_unpriced=bool(args.allow_unpriced),
     )
     await store.save_key(record, new=True)
     return key
@@ -130,13 +145,15 @@ async def _list(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> st
         return "no keys (auth is off unless auth: required)"
     lines = []
     for r in rows:
-        limits = " ".join(
-            f"{k}={r[k]}" for k in ("rpm", "tpm", "budget_usd_per_day") if r[k] is not None
-        )
-        flags = " ".join(f for f in ("admin" if r["admin"] else "", r["status"]) if f)
+        limits = " ".join(f"{k}={r[k]}" for k in _LIMITS if r[k] is not None)
+        marks = [m for m in ("admin", "allow_unpriced") if r[m]]
+        flags = " ".join([*marks, r["status"]])
         expires = f" expires={r['expires']}" if r["expires"] else ""
         lines.append(f"{r['name']}  {flags}{expires} {limits}".rstrip())
     return "\n".join(lines)
+
+
+_LIMITS = ("rpm", "tpm", "budget_usd_per_day", "max_session_budget_usd")
 
 
 def _iso(ts: float | None) -> str | None:
@@ -153,6 +170,8 @@ def _shown(r: KeyRecord) -> dict[str, Any]:
         "rpm": r.rpm,
         "tpm": r.tpm,
         "budget_usd_per_day": r.budget_usd_per_day,
+        "max_session_budget_usd": r.max_session_budget_usd,
+        "allow_unpriced": r.allow_unpriced,
         "created": _iso(r.created),
         "expires": _iso(r.expires),
     }

@@ -173,8 +173,30 @@ class Store(Protocol):
         ``skillstate.cost.ledger.summarize_sums``."""
         ...
 
-    async def ledger_spend(self, prefix: str, since: float) -> float:
-        """USD of the rows since ``since`` whose session id starts with ``prefix``."""
+    async def ledger_spend(
+        self,
+        prefix: str,
+        since: float,
+        *,
+        whole: bool = False,
+        unpriced: tuple[float, float] | None = None,
+    ) -> float:
+        """USD of the rows since ``since`` whose session id starts with ``prefix`` (is
+        ``prefix``, when ``whole``). A row without a price counts at ``unpriced`` (input and
+        output USD per million tokens), when given; else as nothing."""
+        ...
+
+    # Session budgets (cost.budgets): kept apart from the session's row, so that sessions
+    # with no state (passthrough) have them too; they go with the session.
+    async def session_budget(self, session: str) -> float | None:
+        """The session's budget in USD; None when it has none."""
+        ...
+
+    async def set_session_budget(
+        self, session: str, usd: float | None, *, replace: bool
+    ) -> float | None:
+        """Set the session's budget (None removes it); unless ``replace``, only when it has
+        none. Returns the budget it has now."""
         ...
 
     # Client keys (skillstate.auth): stored by name, found by the digest of the secret.

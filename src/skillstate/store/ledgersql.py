@@ -74,3 +74,23 @@ def sums_of(row: Sequence[Any], group_by: str | None) -> LedgerSums:
         key = day_of(int(key)) if group_by == "day" else str(key)
     values: list[Any] = [float(v) if i in _FLOATS else int(v) for i, v in enumerate(sums)]
     return LedgerSums(key, kind, int(rows), float(first_ts), *values)
+
+
+def spend_select(whole: bool, unpriced: tuple[float, float] | None, mark: str = "?") -> str:
+    """``SELECT`` of what the rows of one session (``whole``: its id is the first argument)
+    or one id range (the first two arguments: ``rows.prefix_range``) cost since the next
+    argument. A row without a price counts at ``unpriced`` (input, output USD per million
+    tokens) when given (budgets: ``cost.budgets``), else as nothing."""
+    cost = "cost_usd"
+    if unpriced is not None:
+        inp, out = (float(v) for v in unpriced)  # floats: safe to write into the SQL
+        cost = (
+            f"coalesce(cost_usd, (coalesce(input_tokens, 0) * {inp!r}"
+            f" + coalesce(output_tokens, 0) * {out!r}) / 1000000.0)"
+        )
+    marks = [mark.replace("N", str(i)) for i in (1, 2, 3)]
+    if whole:
+        sessions, since = f"session = {marks[0]}", marks[1]
+    else:
+        sessions, since = f"session >= {marks[0]} AND session < {marks[1]}", marks[2]
+    return f"SELECT coalesce(sum({cost}), 0) FROM ledger WHERE {sessions} AND ts >= {since}"

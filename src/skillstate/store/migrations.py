@@ -150,12 +150,28 @@ def _add_missing_columns(db: sqlite3.Connection) -> str | None:
     return f"added {', '.join(added)}" if added else None
 
 
+# Version 2: per-session budgets (issue 26), and what a key allows its sessions.
+_SQLITE_V2 = """
+CREATE TABLE IF NOT EXISTS session_budgets (
+    session TEXT PRIMARY KEY,
+    budget_usd REAL NOT NULL,
+    updated REAL NOT NULL
+);
+ALTER TABLE api_keys ADD COLUMN max_session_budget_usd REAL;
+ALTER TABLE api_keys ADD COLUMN allow_unpriced INTEGER NOT NULL DEFAULT 0
+"""
+
 SQLITE_MIGRATIONS = (
     Migration(
         1,
         "sessions, transitions, ledger, api_keys, responses",
         _statements(_SQLITE_V1),
         _add_missing_columns,
+    ),
+    Migration(
+        2,
+        "session_budgets; api_keys.max_session_budget_usd, api_keys.allow_unpriced",
+        _statements(_SQLITE_V2),
     ),
 )
 
@@ -288,11 +304,26 @@ CREATE TABLE server_secret (
 # Session ids are compared in code-point order (COLLATE "C"), whatever the database's
 # default: a key's sessions and ledger rows are the id range ["alice:", "alice;"), which a
 # language's collation (en_US: punctuation ignored at first) does not keep together.
+_POSTGRES_V2 = """
+CREATE TABLE session_budgets (
+    session TEXT COLLATE "C" PRIMARY KEY,
+    budget_usd DOUBLE PRECISION NOT NULL,
+    updated DOUBLE PRECISION NOT NULL
+);
+ALTER TABLE api_keys ADD COLUMN max_session_budget_usd DOUBLE PRECISION;
+ALTER TABLE api_keys ADD COLUMN allow_unpriced BOOLEAN NOT NULL DEFAULT FALSE
+"""
+
 POSTGRES_MIGRATIONS = (
     Migration(
         1,
         "sessions, transitions, ledger, api_keys, responses, server_secret",
         _statements(_POSTGRES_V1),
+    ),
+    Migration(
+        2,
+        "session_budgets; api_keys.max_session_budget_usd, api_keys.allow_unpriced",
+        _statements(_POSTGRES_V2),
     ),
 )
 

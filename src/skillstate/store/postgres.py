@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
@@ -63,7 +64,7 @@ from .base import (
     TransitionRecord,
 )
 from .cache import CachedSession, SessionCache
-from .ledgersql import GROUP_BY, sums_of, sums_select
+from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
 from .migrations import SchemaTooNew, SchemaTooOld, migrate_postgres
 from .rows import (
     COUNTED_TABLES,
@@ -457,7 +458,8 @@ class PostgresStore:
         deleted = await self._write(
             "WITH gone AS (DELETE FROM sessions WHERE id = $1 RETURNING 1),"
             " t AS (DELETE FROM transitions WHERE session = $1),"
-            " r AS (DELETE FROM responses WHERE session = $1)"
+            " r AS (DELETE FROM responses WHERE session = $1),"
+            " b AS (DELETE FROM session_budgets WHERE session = $1)"
             " SELECT count(*) FROM gone",
             session,
         )
@@ -473,7 +475,12 @@ class PostgresStore:
                 " t AS (DELETE FROM transitions WHERE session IN (SELECT id FROM gone)),"
                 # Stored responses expire with the same TTL (passthrough turns store them
                 # under sessions that have no state row).
-                " r AS (DELETE FROM responses WHERE created < $1)"
+                " r AS (DELETE FROM responses WHERE created < $1),"
+                # Budgets go with their sessions; one of a session with no state row
+                # (passthrough) with the same TTL, counted from when it was set.
+                " b AS (DELETE FROM session_budgets WHERE session IN (SELECT id FROM gone)"
+                " OR (updated < $1 AND session <> ALL($2::text[]) AND NOT EXISTS"
+                " (SELECT 1 FROM sessions s WHERE s.id = session_budgets.session)))"
                 " SELECT coalesce(array_agg(id), '{}') FROM gone",
                 older_than,
                 list(keep),
@@ -577,16 +584,44 @@ class PostgresStore:
             rows = await conn.fetch(sql, *args, timeout=max(self._timeout, LEDGER_SUMS_TIMEOUT))
         return [sums_of(r, group_by) for r in rows]
 
-    async def ledger_spend(self, prefix: str, since: float) -> float:
-        low, high = prefix_range(prefix)
-        spent = await self._fetchval(
-            "SELECT coalesce(sum(cost_usd), 0) FROM ledger"
-            " WHERE session >= $1 AND session < $2 AND ts >= $3",
-            low,
-            high,
-            since,
+    async def ledger_spend(
+        self,
+        prefix: str,
+        since: float,
+        *,
+        whole: bool = False,
+        unpriced: tuple[float, float] | None = None,
+    ) -> float:
+        sql = spend_select(whole, unpriced, mark="$N")
+        args = (prefix, since) if whole else (*prefix_range(prefix), since)
+        return float(await self._fetchval(sql, *args))
+
+    async def session_budget(self, session: str) -> float | None:
+        usd = await self._fetchval(
+            "SELECT budget_usd FROM session_budgets WHERE session = $1", session
         )
-        return float(spent)
+        return None if usd is None else float(usd)
+
+    async def set_session_budget(
+        self, session: str, usd: float | None, *, replace: bool
+    ) -> float | None:
+        if usd is None:
+            await self._write("DELETE FROM session_budgets WHERE session = $1", session)
+            return None
+        conflict = "UPDATE SET budget_usd = EXCLUDED.budget_usd, updated = EXCLUDED.updated"
+        stored = await self._write(
+            "WITH put AS (INSERT INTO session_budgets (session, budget_usd, updated)"
+            f" VALUES ($1, $2, $3) ON CONFLICT (session) DO {conflict if replace else 'NOTHING'}"
+            " RETURNING budget_usd)"
+            " SELECT coalesce((SELECT budget_usd FROM put),"
+            " (SELECT budget_usd FROM session_budgets WHERE session = $1))",
+            session,
+            usd,
+            time.time(),
+        )
+        if stored is None:  # another replica's insert landed after this statement began
+            stored = await self.session_budget(session)
+        return None if stored is None else float(stored)
 
     async def purge_ledger(self, older_than: float) -> int:
         purged = await self._write(

@@ -110,7 +110,10 @@ def ledger_tuple(row: LedgerRow) -> tuple[Any, ...]:
     return tuple([clamp(v) for clamp, v in zip(_LEDGER_CLAMPS, values, strict=True)])
 
 
-KEY_COLUMNS = "name, digest, admin, rpm, tpm, budget_usd_per_day, created, expires, revoked"
+KEY_COLUMNS = (
+    "name, digest, admin, rpm, tpm, budget_usd_per_day, created, expires, revoked,"
+    " max_session_budget_usd, allow_unpriced"
+)
 
 
 def key_values(record: KeyRecord) -> tuple[Any, ...]:
@@ -120,8 +123,20 @@ def key_values(record: KeyRecord) -> tuple[Any, ...]:
 
 def key_record(row: Any) -> KeyRecord:
     """A KeyRecord from a row of KEY_COLUMNS (a tuple or a database record)."""
-    name, digest, admin, rpm, tpm, budget, created, expires, revoked = row
-    return KeyRecord(name, digest, bool(admin), rpm, tpm, budget, created, expires, revoked)
+    name, digest, admin, rpm, tpm, budget, created, expires, revoked, session_cap, unpriced = row
+    return KeyRecord(
+        name,
+        digest,
+        bool(admin),
+        rpm,
+        tpm,
+        budget,
+        created,
+        expires,
+        revoked,
+        session_cap,
+        bool(unpriced),
+    )
 
 
 # The tables behind ``Store.counts`` (base.COUNTED names them), in that order.

@@ -35,7 +35,7 @@ from .base import (
 )
 from .cache import CachedSession, SessionCache
 from .datadir import lock_data_dir, prepare_path, unlock_data_dir
-from .ledgersql import GROUP_BY, sums_of, sums_select
+from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
 from .migrations import migrate_sqlite
 from .rows import (
     COUNTED_TABLES,
@@ -530,6 +530,7 @@ class SQLiteStore:
                 cur = db.execute("DELETE FROM sessions WHERE id = ?", (session,))
                 db.execute("DELETE FROM transitions WHERE session = ?", (session,))
                 db.execute("DELETE FROM responses WHERE session = ?", (session,))
+                db.execute("DELETE FROM session_budgets WHERE session = ?", (session,))
             self._sessions -= cur.rowcount
             return cur.rowcount > 0
 
@@ -548,6 +549,18 @@ class SQLiteStore:
                 # Stored Responses API responses expire with the same TTL (passthrough turns
                 # store them under sessions that have no state row).
                 db.execute("DELETE FROM responses WHERE created < ?", (older_than,))
+                # Budgets go with their sessions; a budget of a session with no state row
+                # (passthrough) with the same TTL, counted from when it was set.
+                db.executemany("DELETE FROM session_budgets WHERE session = ?", [(i,) for i in ids])
+                orphans = db.execute(
+                    "SELECT session FROM session_budgets WHERE updated < ? AND session NOT IN"
+                    " (SELECT id FROM sessions)",
+                    (older_than,),
+                ).fetchall()
+                db.executemany(
+                    "DELETE FROM session_budgets WHERE session = ?",
+                    [(o[0],) for o in orphans if o[0] not in kept],
+                )
             self._sessions -= len(ids)
             return ids
 
@@ -619,18 +632,54 @@ class SQLiteStore:
 
         return await self._read(sums)
 
-    async def ledger_spend(self, prefix: str, since: float) -> float:
-        """USD of the ledger rows since ``since`` whose session id starts with ``prefix``."""
-        low, high = prefix_range(prefix)
+    async def ledger_spend(
+        self,
+        prefix: str,
+        since: float,
+        *,
+        whole: bool = False,
+        unpriced: tuple[float, float] | None = None,
+    ) -> float:
+        """USD of the ledger rows since ``since`` whose session id starts with ``prefix``
+        (``whole``: is ``prefix``); see ``ledgersql.spend_select`` for ``unpriced``."""
+        sql = spend_select(whole, unpriced)
+        args = (prefix, since) if whole else (*prefix_range(prefix), since)
 
         def spend(db: sqlite3.Connection) -> float:
-            row = db.execute(
-                "SELECT total(cost_usd) FROM ledger WHERE session >= ? AND session < ? AND ts >= ?",
-                (low, high, since),
-            ).fetchone()
-            return float(row[0])
+            return float(db.execute(sql, args).fetchone()[0])
 
         return await self._run(spend)
+
+    # -- session budgets (cost.budgets) -------------------------------------------------
+
+    async def session_budget(self, session: str) -> float | None:
+        def read(db: sqlite3.Connection) -> float | None:
+            row = db.execute(
+                "SELECT budget_usd FROM session_budgets WHERE session = ?", (session,)
+            ).fetchone()
+            return None if row is None else float(row[0])
+
+        return await self._run(read)
+
+    async def set_session_budget(
+        self, session: str, usd: float | None, *, replace: bool
+    ) -> float | None:
+        def write(db: sqlite3.Connection) -> float | None:
+            with _transaction(db):
+                if usd is None:
+                    db.execute("DELETE FROM session_budgets WHERE session = ?", (session,))
+                    return None
+                verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
+                db.execute(
+                    f"{verb} INTO session_budgets (session, budget_usd, updated) VALUES (?, ?, ?)",
+                    (session, usd, time.time()),
+                )
+                row = db.execute(
+                    "SELECT budget_usd FROM session_budgets WHERE session = ?", (session,)
+                ).fetchone()
+                return float(row[0])
+
+        return await self._run(write)
 
     # -- client keys ----------------------------------------------------------------------
 
