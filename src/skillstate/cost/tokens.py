@@ -28,6 +28,7 @@ list (186 messages) on the dev box, i.e. negligible next to an upstream call.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -37,6 +38,7 @@ __all__ = [
     "MESSAGE_OVERHEAD_TOKENS",
     "estimate_text_tokens",
     "estimate_tokens",
+    "request_tokens",
 ]
 
 BYTES_PER_TOKEN = 4
@@ -132,3 +134,14 @@ def estimate_tokens(obj: Any) -> int:
         except orjson.JSONDecodeError:
             return _ceil_tokens(len(obj))
     return _ceil_tokens(_dumps_len(obj)) + MESSAGE_OVERHEAD_TOKENS * _count_messages(obj)
+
+
+def request_tokens(body: Mapping[str, Any]) -> int:
+    """Tokens of what an upstream would read of a request body: system, messages and tool
+    definitions (and a Responses API body's instructions and input items)."""
+    parts = [body.get("system"), body.get("messages"), body.get("tools")]
+    if "instructions" in body:  # (no comprehension: this runs twice a turn)
+        parts.append(body["instructions"])
+    if "input" in body:
+        parts.append(body["input"])
+    return estimate_tokens(parts)

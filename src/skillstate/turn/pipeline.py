@@ -17,7 +17,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import orjson
@@ -31,7 +31,7 @@ from ..cost.cachehints import CacheHints, count_breakpoints, prompt_cache_key
 from ..cost.ledger import LedgerRow
 from ..cost.meter import BaselineSource, MeterContext, TurnMeter
 from ..cost.pricing import PriceBook
-from ..cost.tokens import estimate_tokens
+from ..cost.tokens import estimate_tokens, request_tokens
 from ..cost.usage import Usage
 from ..dialects import sse
 from ..dialects.base import StreamRelay
@@ -49,6 +49,9 @@ from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.locks import SESSION_HEADER, Hold, SessionLocks, TurnLocks
 from ..store import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
 from ..upstream.client import Exchange, Outbound, UpstreamPool
+
+if TYPE_CHECKING:
+    from ..cost.budgets import TurnBudgets
 
 log = logging.getLogger("skillstate")
 T = TypeVar("T")
@@ -71,6 +74,7 @@ class Turn:
         NO_TELEMETRY  # /metrics and traces (skillstate.observability.telemetry)
     )
     client_session: str | None = None  # the id the client sent, when it differs from session
+    budgets: TurnBudgets | None = None  # the key's and the session's (cost/budgets.py)
 
     @property
     def shown_session(self) -> str:
@@ -154,15 +158,7 @@ def _cache_hints(turn: Turn, body: dict[str, Any], schema: list[str]) -> CacheHi
     return CacheHints(key, contract, estimate_tokens(prefix))
 
 
-def _est(body: Mapping[str, Any]) -> int:
-    """Tokens of what an upstream would read: system, messages and tool definitions (and a
-    Responses API body's instructions and input items)."""
-    parts = [body.get("system"), body.get("messages"), body.get("tools")]
-    if "instructions" in body:  # (no comprehension: this runs twice a turn)
-        parts.append(body["instructions"])
-    if "input" in body:
-        parts.append(body["input"])
-    return estimate_tokens(parts)
+_est = request_tokens  # tokens of what an upstream would read of a body
 
 
 class Pipeline:
@@ -433,6 +429,8 @@ class Pipeline:
 
             async def abort() -> None:
                 ex.close()
+                if not meta.streamed:  # the stream never started: its close did not run
+                    await self._close_ledger(turn, meter)
                 await stack.aclose()
 
             chunks = self._stream(ex, out, meta, stack)
@@ -441,11 +439,7 @@ class Pipeline:
             if not handed_over:
                 if meter is not None:
                     turn.telemetry.metered(meter.rows)
-                    # Whatever the commit did not take (failures, passthrough, errors):
-                    # off the critical path, and not cancelled with the turn. (No task
-                    # when the commit took every row: the usual state-mode turn.)
-                    if meter.unwritten():
-                        self._spawn(meter.flush(self.store))
+                    await self._close_ledger(turn, meter)
                 await stack.aclose()
 
     def _client_transcript(self, turn: Turn) -> tuple[dict[str, Any], int]:
@@ -480,7 +474,12 @@ class Pipeline:
         )
 
     async def _dispatch(self, out: Outbound, meta: _TurnMeta) -> Exchange:
-        """Send upstream (the pool retries and fails over); failed attempts are metered."""
+        """Send upstream (the pool retries and fails over); failed attempts are metered.
+        The call's worst case is held against the turn's budgets first (or it is refused)."""
+        turn = meta.turn
+        if turn.budgets is not None:
+            upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
+            await turn.budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
         try:
             return await self.pool.dispatch(out)
         except ProxyError as e:
@@ -607,6 +606,7 @@ class Pipeline:
         terminal event. Metered whichever way it ends (a cut is a 499 row)."""
         turn = meta.turn
         meter = meta.meter
+        meta.streamed = True
         relay: StreamRelay = make_relay(
             turn.dialect,
             ex.upstream.kind,
@@ -672,8 +672,7 @@ class Pipeline:
                 if not meter.answered_yet:
                     answered(499)
             turn.telemetry.metered(meter.rows)
-            if meter.unwritten():
-                self._spawn(meter.flush(self.store))
+            await self._close_ledger(turn, meter)
             await shielded(stack.aclose())
 
     async def _commit_stream(self, meta: _TurnMeta, relay: StreamRelay) -> _StreamNote | bytes:
@@ -791,6 +790,15 @@ class Pipeline:
                 else:
                     hold.unsure()
 
+    async def _close_ledger(self, turn: Turn, meter: TurnMeter) -> None:
+        """Write whatever the commit did not take (failures, passthrough, errors) off the
+        critical path, not cancelled with the turn (no task when the commit took every row:
+        the usual state-mode turn); the turn's budget holds end once its rows are in."""
+        if meter.unwritten():
+            self._spawn(_written_then_released(meter.flush(self.store), turn.budgets))
+        elif turn.budgets is not None:
+            await shielded(turn.budgets.release())
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -857,6 +865,15 @@ class Pipeline:
         return Reply(status, raw, h)
 
 
+async def _written_then_released(flush: Awaitable[None], budgets: TurnBudgets | None) -> None:
+    """The ledger rows written, then the budget holds they replace released."""
+    try:
+        await flush
+    finally:
+        if budgets is not None:
+            await budgets.release()
+
+
 @dataclass(frozen=True)
 class OperatorChange:
     """The result of an operator's patch: the new step and state, and what was dropped."""
@@ -880,6 +897,7 @@ class _TurnMeta:
     meter: TurnMeter
     decision: AutoEstimate | None = None  # auto's choice and its estimates
     hold: Hold | None = None  # the session's lock, in the modes that keep state
+    streamed: bool = False  # the stream's relay started (it closes the ledger itself)
 
 
 @dataclass

@@ -20,7 +20,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..auth.gate import Principal, principal_of
-from ..auth.quota import Grant
 from ..auth.tenancy import split_session, store_session
 from ..choices import Mode
 from ..dialects import sse
@@ -34,7 +33,7 @@ from ..store import Store, StoredResponse, StoreError
 from ..turn.pipeline import Reply, Turn
 from ..upstream.client import UpstreamRuntime
 from .runtime import runtime
-from .turns import key_name, parse_turn, releasing, streaming
+from .turns import admit, key_name, parse_turn, streaming, with_budgets
 from .wire import StreamingProxyResponse, error_response, unless_disconnected
 
 DIALECT = RESPONSES.name
@@ -107,8 +106,6 @@ async def responses_turn(request: Request) -> Response:
     rt = runtime(request)
     tel = rt.telemetry.turn(ROUTE, DIALECT, key_name(request))
     session_hdr: dict[str, str] = {}
-    grant: Grant | None = None
-    handed_to_stream = False  # a stream's budget estimate is released when it ends
     try:
         header = request.headers.get(SESSION_HEADER)
         if header is not None:
@@ -126,38 +123,28 @@ async def responses_turn(request: Request) -> Response:
         session_hdr = {SESSION_HEADER: turn.shown_session}
         link = _Link(rt.store, turn.session, prev_id, own_items)
         tel.begin(turn)
-        if caller is not None:  # the key's own limits, before the upstreams'
-            grant = await rt.quotas.admit(caller, turn.body, turn.model)
+        await admit(request, rt, turn)
         with tel.active():
             result = await unless_disconnected(request, rt.pipeline.run(turn))
-        handed_to_stream = result is not None and not isinstance(result, Reply)
     except ProxyError as e:
         response = error_response(e, DIALECT, session_hdr)
         tel.finished(response.status_code)
         return response
-    finally:
-        if grant is not None and not handed_to_stream:
-            await grant.release()
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
     keep = turn.body.get("store") is not False
     if dropped:
         _say_dropped(rt.pool.candidates(turn.model), result.headers, dropped)
+    headers = with_budgets(turn, result)
     if isinstance(result, Reply):
         body = result.body
         if keep and 200 <= result.status < 300:
             body = await _keep_reply(link, body)
         tel.finished(result.status)
-        headers = result.headers
-        if grant is not None:
-            headers = {**headers, **grant.headers(headers.get("x-skillstate-cost-usd"))}
         return Response(body, status_code=result.status, headers=headers)
     chunks = _keep_stream(link, result.chunks) if keep else result.chunks
-    headers, abort = result.headers, result.abort
-    if grant is not None:
-        headers, abort = {**headers, **grant.headers(None)}, releasing(grant, abort)
-    return StreamingProxyResponse(chunks, headers, streaming(tel, abort))
+    return StreamingProxyResponse(chunks, headers, streaming(tel, result.abort))
 
 
 def _reject_unsupported(candidates: list[UpstreamRuntime], body: JSON) -> None:

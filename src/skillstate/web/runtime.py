@@ -19,7 +19,9 @@ from ..auth.keys import KeyHasher, server_secret
 from ..auth.quota import KeyQuotas
 from ..config import Settings
 from ..coordination.link import CoordinationLink
+from ..cost.budgets import Budgets
 from ..cost.pricing import PriceBook
+from ..cost.worstcase import WorstCase
 from ..observability.telemetry import Telemetry
 from ..sessions.locks import TurnLocks
 from ..store import Store, StoreError
@@ -54,8 +56,10 @@ class Runtime:
         local = sqlite_path(settings) is not None
         secret = server_secret(settings.data_dir) if local else secrets.token_bytes(32)
         self.keys = KeyBook(self.store, KeyHasher(secret), settings)
+        self.quotas = KeyQuotas(link=self.coordination)
         # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
-        self.quotas = KeyQuotas(self.store, prices, clock, link=self.coordination)
+        worst = WorstCase(prices, settings.budget_max_tokens)
+        self.budgets = Budgets(self.store, worst, self.coordination, clock)
 
     async def purge_forever(self) -> None:
         """Drop expired sessions and old ledger rows, every ``purge_interval`` seconds."""

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from ..auth.gate import principal_of
 from ..auth.tenancy import View, view_of
+from ..cost.budgets import BUDGET_HEADER, parse_budget, session_budget
 from ..errors import ProxyError
 from ..sessions.locks import is_valid_session_id
 from ..store import StoreError, TransitionRecord
@@ -67,6 +68,9 @@ async def _read(request: Request, rt: Runtime, target: _Target) -> Response:
         "state": record.state,
         "created": record.created,
         "updated": record.updated,
+        # The session's own budget (x-skillstate-budget-usd), and what its ledger rows cost.
+        "budget_usd": await rt.store.session_budget(session),
+        "spent_usd": await rt.budgets.spent(session_budget(session, 0.0)),
     }
     if request.query_params.get("history") in ("1", "true", "yes"):
         history, out["next_cursor"] = await _history_page(request, rt, session)
@@ -137,8 +141,19 @@ async def _delete(request: Request, rt: Runtime, target: _Target) -> Response:
 
 
 async def _patch(request: Request, rt: Runtime, target: _Target) -> Response:
-    patch = await read_json_object(request, rt.settings.max_body_bytes)
+    """A patch of the session's state (the body), and/or a new budget for it (the
+    ``x-skillstate-budget-usd`` header; ``none`` removes it). With the header, the body may
+    be empty: then only the budget changes (a session may get one before its first turn)."""
     caller = principal_of(request.scope)
+    asked = request.headers.get(BUDGET_HEADER)
+    out: dict[str, Any] = {"session": target.shown}
+    if asked is not None:
+        cap = caller.record.max_session_budget_usd if caller is not None else None
+        usd = None if asked.strip().lower() == "none" else parse_budget(asked, cap)
+        out["budget_usd"] = await rt.store.set_session_budget(target.stored, usd, replace=True)
+        if not (await request.body()).strip():
+            return JSONResponse(out)
+    patch = await read_json_object(request, rt.settings.max_body_bytes)
     try:
         done = await rt.pipeline.operator_patch(
             target.stored, patch, by=caller.name if caller else None
@@ -147,9 +162,8 @@ async def _patch(request: Request, rt: Runtime, target: _Target) -> Response:
         if e.kind == "not_found":
             raise ProxyError("not_found", f"unknown session {target.shown}") from None
         raise
-    return JSONResponse(
-        {"session": target.shown, "step": done.step, "state": done.state, "warnings": done.warnings}
-    )
+    out.update(step=done.step, state=done.state, warnings=done.warnings)
+    return JSONResponse(out)
 
 
 _BY_METHOD: dict[str, Callable[[Request, Runtime, _Target], Awaitable[Response]]] = {

@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..auth.gate import principal_of
-from ..auth.quota import Grant
 from ..auth.tenancy import store_session
 from ..choices import Choice, Constrain
 from ..config import Settings
+from ..cost.budgets import BUDGET_HEADER
 from ..dialects.anthropic import validate_count_tokens_request
 from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
@@ -21,7 +21,7 @@ from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.locks import SESSION_HEADER, resolve_session_id
 from ..turn.pipeline import Reply, StreamReply, Turn
 from .counting import count_tokens
-from .runtime import runtime
+from .runtime import Runtime, runtime
 from .wire import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
 
 C = TypeVar("C", bound=Choice)
@@ -79,43 +79,50 @@ async def _turn(
     rt = runtime(request)
     tel = rt.telemetry.turn(route, dialect, key_name(request))
     session_hdr: dict[str, str] = {}
-    grant: Grant | None = None
-    handed_to_stream = False  # a stream's budget estimate is released when the stream ends
     try:
         session = resolve_session_id(single_header(request, SESSION_HEADER))
         session_hdr = {SESSION_HEADER: session}
         turn = await parse_turn(request, rt.settings, dialect, validate, session, tel)
         tel.begin(turn)
-        caller = principal_of(request.scope)
-        if caller is not None:  # the key's own limits, before the upstreams'
-            grant = await rt.quotas.admit(caller, turn.body, turn.model)
+        await admit(request, rt, turn)
         # A disconnect cancels the turn. Decided: the turn is committed iff the proxy had the
         # model's whole answer before that (the commit then finishes: Pipeline.commit_transition);
         # earlier, the upstream call is cancelled and nothing is committed. See README.
         with tel.active():  # the turn's task starts under the turn's span
             result = await unless_disconnected(request, rt.pipeline.run(turn))
-        handed_to_stream = isinstance(result, StreamReply)
     except ProxyError as e:
         response = error_response(e, dialect, session_hdr)
         tel.finished(response.status_code)
         return response
-    finally:
-        if grant is not None and not handed_to_stream:
-            await grant.release()
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
+    headers = with_budgets(turn, result)
     if isinstance(result, Reply):
         tel.finished(result.status)
-        headers = result.headers
-        if grant is not None:
-            headers = {**headers, **grant.headers(headers.get("x-skillstate-cost-usd"))}
         return Response(result.body, status_code=result.status, headers=headers)
-    headers, abort = result.headers, result.abort
-    if grant is not None:  # spent before this turn: its own cost is in the closing comment
-        headers = {**headers, **grant.headers(None)}
-        abort = releasing(grant, abort)
-    return StreamingProxyResponse(result.chunks, headers, streaming(tel, abort))
+    return StreamingProxyResponse(result.chunks, headers, streaming(tel, result.abort))
+
+
+async def admit(request: Request, rt: Runtime, turn: Turn) -> None:
+    """The caller's key's rate limits (before the upstreams'), and the turn's budgets: its
+    key's and its session's (``x-skillstate-budget-usd`` sets the session's), held per
+    upstream call by the pipeline."""
+    caller = principal_of(request.scope)
+    if caller is not None:
+        await rt.quotas.admit(caller, turn.body)
+    asked = single_header(request, BUDGET_HEADER)
+    key, record = (caller.name, caller.record) if caller is not None else (None, None)
+    turn.budgets = await rt.budgets.for_turn(key, record, turn.session, asked)
+
+
+def with_budgets(turn: Turn, result: Reply | StreamReply) -> dict[str, str]:
+    """The reply's headers with what the turn's budgets have spent and have left (a stream:
+    spent before it; its own cost is in its closing comment)."""
+    if turn.budgets is None:
+        return result.headers
+    cost = result.headers.get("x-skillstate-cost-usd") if isinstance(result, Reply) else None
+    return {**result.headers, **turn.budgets.headers(cost)}
 
 
 def key_name(request: Request) -> str | None:
@@ -136,18 +143,6 @@ def streaming(
             await abort()
         finally:
             tel.finished(200)
-
-    return done
-
-
-def releasing(grant: Grant, abort: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-    """``abort``, then the end of the stream's hold on its key's budget."""
-
-    async def done() -> None:
-        try:
-            await abort()
-        finally:
-            await grant.release()
 
     return done
 

@@ -1,0 +1,338 @@
+"""The budgets a turn is held to, and the reservations that make them hold under concurrency.
+
+A turn may be under two budgets: its key's daily budget (``budget_usd_per_day``, UTC days)
+and its session's budget (``x-skillstate-budget-usd``, for the session's whole life; a key's
+``max_session_budget_usd`` caps it, and is the budget of its sessions that set none).
+
+Before each upstream call of the turn (the first, and each re-ask) its worst case
+(``cost.worstcase``) is reserved against every budget: the budget's spend read from the
+ledger, plus what the calls in flight hold, plus this call's worst case, must fit, or the
+call is refused (429) before anything is sent. Check and hold are one step: in process, no
+await between them; across replicas, one Redis script (``coordination.budgets``). The holds
+end once the turn's ledger rows are written (in state mode, in the commit; otherwise just
+after the reply): from then on the ledger has the real cost. At every moment a budget is
+charged the real cost of each call done and the worst case of each call in flight, so the
+only way past it is a call whose real cost was above its worst case (the estimator's error,
+see ``cost.worstcase``).
+
+Unpriced models: a call under any budget to a model without a price is refused (400) unless
+the key has ``allow_unpriced``; then it is reserved, and its ledger rows (which record no
+cost) are counted, at the most expensive known model's rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..auth.record import KeyRecord
+from ..errors import ProxyError
+from ..sessions.locks import NAMESPACE_SEP, split_session
+from ..store import Store, StoreError
+from .worstcase import Rates, WorstCase, unpriced_rates
+
+if TYPE_CHECKING:
+    from ..coordination.budgets import SharedHolds
+    from ..coordination.link import CoordinationLink
+
+DAY = 86400.0
+BUDGET_HEADER = "x-skillstate-budget-usd"
+KEY_REMAINING = "x-skillstate-budget-remaining"
+KEY_SPENT = "x-skillstate-budget-spent-usd"
+SESSION_REMAINING = "x-skillstate-session-budget-remaining"
+SESSION_SPENT = "x-skillstate-session-spent-usd"
+
+
+class BudgetExceeded(ProxyError):
+    """A 429 that says how much of the budget is left."""
+
+    def __init__(
+        self, message: str, remaining: float, retry_after: float | None, budget: Budget
+    ) -> None:
+        super().__init__("rate_limit", message, code=budget.code, retry_after=retry_after)
+        self.remaining = remaining
+        self._header = budget.remaining_header
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), self._header: f"{self.remaining:.8f}"}
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One spending limit: ``limit`` USD of the ledger rows of ``sessions`` since ``since``."""
+
+    holder: str  # the key of its holds ("<key name>" or "session:<store id>")
+    limit: float
+    since: float
+    sessions: str  # a session id prefix (a key's namespace), or one session id (``whole``)
+    whole: bool
+    label: str  # what the refusal calls it
+    code: str
+    spent_header: str
+    remaining_header: str
+    resets: float | None  # when it resets (unix time), None: never
+
+    def refusal(self, spent: float, held: float, call: float, now: float) -> BudgetExceeded:
+        remaining = max(self.limit - spent - held, 0.0)
+        if call > self.limit:
+            why = f"this call alone (worst case ${call:.6f}) is more than the whole budget"
+        else:
+            why = (
+                f"spent ${spent:.6f}, ${held:.6f} held by calls in flight, this call's worst"
+                f" case is ${call:.6f}"
+            )
+        after = None if self.resets is None else max(self.resets - now, 0.0)
+        hint = (
+            "it resets at 00:00 UTC"
+            if self.resets is not None
+            else f"raise it with PATCH /state and {BUDGET_HEADER}"
+        )
+        return BudgetExceeded(
+            f"{self.label} ${self.limit:g} reached ({why}); {hint}", remaining, after, self
+        )
+
+
+def key_budget(name: str, limit: float, now: float) -> Budget:
+    since = now - now % DAY  # this UTC day
+    return Budget(
+        name,
+        limit,
+        since,
+        name + NAMESPACE_SEP,
+        False,
+        f"key {name!r}: daily budget",
+        "budget_exceeded",
+        KEY_SPENT,
+        KEY_REMAINING,
+        since + DAY,
+    )
+
+
+def session_budget(session: str, limit: float) -> Budget:
+    shown = split_session(session)[1]
+    return Budget(
+        "session:" + session,
+        limit,
+        0.0,
+        session,
+        True,
+        f"session {shown!r}: budget",
+        "session_budget_exceeded",
+        SESSION_SPENT,
+        SESSION_REMAINING,
+        None,
+    )
+
+
+def parse_budget(value: str, cap: float | None, name: str = BUDGET_HEADER) -> float:
+    """A budget header's USD (``5.00``), or a 400 that says what is wrong with it."""
+    try:
+        usd = float(value.strip())
+    except ValueError:
+        usd = math.nan
+    if not math.isfinite(usd) or usd <= 0:
+        raise ProxyError(
+            "invalid_request",
+            f"{name} must be a positive number of USD, like 5.00 (got {value[:40]!r})",
+            param=name,
+        )
+    if cap is not None and usd > cap:
+        raise ProxyError(
+            "invalid_request",
+            f"{name} ${usd:g} is more than this key allows a session (max_session_budget_usd"
+            f" ${cap:g})",
+            param=name,
+        )
+    return usd
+
+
+class LocalHolds:
+    """The worst cases of the calls in flight, per budget holder, in this process."""
+
+    def __init__(self) -> None:
+        self._reserved: dict[str, float] = {}
+
+    def hold(self, key: str, amount: float, spent: float, limit: float) -> float | None:
+        """None (held) if ``spent`` + held + ``amount`` fits ``limit``; else what is held
+        by the other calls."""
+        held = self._reserved.get(key, 0.0)
+        if spent + held + amount > limit:
+            return held
+        self._reserved[key] = held + amount
+        return None
+
+    async def release(self, key: str, amount: float) -> None:
+        left = self._reserved.get(key, 0.0) - amount
+        if left <= 1e-12:
+            self._reserved.pop(key, None)
+        else:
+            self._reserved[key] = left
+
+
+Release = Callable[[], Awaitable[None]]
+
+
+class BudgetHolds:
+    """Holds in Redis when coordination is configured (shared by every replica), else, and
+    while Redis is down under ``coordination_down: local``, in this process."""
+
+    def __init__(self, link: CoordinationLink | None = None) -> None:
+        self.local = LocalHolds()
+        self._shared: SharedHolds | None = None
+        if link is not None and link.configured:
+            from ..coordination.budgets import SharedHolds
+
+            self._shared = SharedHolds(link)
+
+    async def hold(
+        self, budget: Budget, amount: float, spent: float
+    ) -> tuple[Release | None, float]:
+        """(its release, held by others) when ``amount`` fits, else (None, held by others)."""
+        key = budget.holder
+        if self._shared is not None:
+            answer = await self._shared.hold(key, amount, spent, budget.limit)
+            if answer is not None:  # None: Redis is down, hold in process
+                hold, held = answer
+                if hold is None:
+                    return None, held
+                return functools.partial(self._shared.release, key, hold), held
+        held_by_others = self.local.hold(key, amount, spent, budget.limit)
+        if held_by_others is not None:
+            return None, held_by_others
+        return functools.partial(self.local.release, key, amount), 0.0
+
+
+@dataclass
+class TurnBudgets:
+    """The budgets of one turn, its holds, and what each budget had spent before it."""
+
+    budgets: list[Budget]
+    book: Budgets
+    allow_unpriced: bool
+    _spent: dict[str, float] = field(default_factory=dict)
+    _releases: list[Release] = field(default_factory=list, repr=False)
+
+    async def reserve(
+        self,
+        model: str,
+        input_tokens: int,
+        body: Mapping[str, Any],
+        upstreams: Iterable[tuple[str, str | None]],
+    ) -> None:
+        """Hold one call's worst case against every budget of the turn, or raise (429 over
+        a budget, 400 for a model without a price); nothing is held when it raises."""
+        if not self.budgets:
+            return
+        rates = self.book.worst.rates(model, upstreams)
+        if rates is None:
+            rates = self._unpriced(model)
+        call = self.book.worst.cost(rates, input_tokens, body)
+        held: list[Release] = []
+        spent_before: dict[str, float] = {}
+        try:
+            for budget in self.budgets:
+                spent = spent_before[budget.holder] = await self.book.spent(budget)
+                release, others = await self.book.holds.hold(budget, call, spent)
+                if release is None:
+                    raise budget.refusal(spent, others, call, self.book.clock())
+                held.append(release)
+        except BaseException:
+            for release in held:
+                await asyncio.shield(release())
+            raise
+        self._releases += held
+        for holder, spent in spent_before.items():  # a re-ask's: the turn's own first call
+            self._spent.setdefault(holder, spent)
+
+    def _unpriced(self, model: str) -> Rates:
+        if self.allow_unpriced:
+            return unpriced_rates()
+        under = " and ".join(b.label.rsplit(":", 1)[0] for b in self.budgets)
+        name = model or "(none)"
+        raise ProxyError(
+            "invalid_request",
+            f"model {name!r} has no known price, and this call is under a budget ({under}):"
+            f' add its price to the config, e.g. "prices": {{"{name}": {{"input_per_mtok":'
+            ' 3, "output_per_mtok": 15}} (or {"local_zero": true} for a free local model),'
+            " or give the key allow_unpriced",
+            param="model",
+            code="model_unpriced",
+        )
+
+    async def release(self) -> None:
+        """End every hold (idempotent): the turn's cost is in the ledger now."""
+        releases, self._releases = self._releases, []
+        for release in releases:
+            # Shielded: a turn being cancelled still gives its holds back.
+            await asyncio.shield(release())
+
+    def headers(self, turn_cost: str | None) -> dict[str, str]:
+        """What each budget has spent, this turn's cost included, and what is left."""
+        cost = float(turn_cost) if turn_cost else 0.0
+        out: dict[str, str] = {}
+        for b in self.budgets:
+            before = self._spent.get(b.holder)
+            if before is not None:
+                spent = before + cost
+                out[b.spent_header] = f"{spent:.8f}"
+                out[b.remaining_header] = f"{max(b.limit - spent, 0.0):.8f}"
+        return out
+
+
+class Budgets:
+    """The budgets of every turn: builds each turn's ``TurnBudgets``."""
+
+    def __init__(
+        self,
+        store: Store,
+        worst: WorstCase,
+        link: CoordinationLink | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.worst = worst
+        self.holds = BudgetHolds(link)
+        self.clock = clock
+
+    async def for_turn(
+        self, key: str | None, record: KeyRecord | None, session: str, asked: str | None
+    ) -> TurnBudgets:
+        """The budgets of a turn of ``session`` by the key ``key`` (None with auth off);
+        ``asked``: the turn's budget header, which sets the session's budget when it has
+        none yet (a 400 when it is not a positive number or above the key's cap)."""
+        budgets: list[Budget] = []
+        if key is not None and record is not None and record.budget_usd_per_day is not None:
+            budgets.append(key_budget(key, record.budget_usd_per_day, self.clock()))
+        cap = record.max_session_budget_usd if record is not None else None
+        usd = parse_budget(asked, cap) if asked is not None else None
+        try:
+            limit = await self.store.session_budget(session)
+            if limit is None and usd is not None:
+                limit = await self.store.set_session_budget(session, usd, replace=False)
+        except StoreError as e:
+            raise e.for_client("could not read the session's budget") from e
+        if cap is not None:  # a budget set before the key's cap was lowered is held to it
+            limit = cap if limit is None else min(limit, cap)
+        if limit is not None:
+            budgets.append(session_budget(session, limit))
+        allow = bool(record is not None and record.allow_unpriced)
+        return TurnBudgets(budgets, self, allow)
+
+    async def spent(self, budget: Budget) -> float:
+        """What the budget's ledger rows cost (a row without a price at the most
+        expensive known model's rates)."""
+        fallback = unpriced_rates()
+        try:
+            return await self.store.ledger_spend(
+                budget.sessions,
+                budget.since,
+                whole=budget.whole,
+                unpriced=(fallback.input_per_mtok, fallback.output_per_mtok),
+            )
+        except StoreError as e:
+            raise e.for_client(f"could not read the spend of the {budget.label}") from e

@@ -1,0 +1,123 @@
+"""The worst-case cost of one upstream call: what a budget reserves before the call is sent
+(``cost.budgets``).
+
+* Input: the body the proxy is about to send, estimated by ``cost.tokens.estimate_tokens``
+  (UTF-8 bytes / 4), times ``INPUT_MARGIN``, at the higher of the model's input and
+  cache-write prices (a cache write is the dearest way to read a token).
+* Output: the request's own limit (``max_tokens``, ``max_completion_tokens`` or
+  ``max_output_tokens``), else the ``budget_max_tokens`` setting, at the output price.
+
+``INPUT_MARGIN`` covers the estimator's error: on the 2,366 requests of the 40 SWE-bench
+agent runs in shared/data (``scripts/estimator-error``), the real input (o200k_base and
+cl100k_base tokenizers) was at most 1.20 times the estimate. Text that tokenizes denser than
+that (CJK, long runs of digits or symbols) can still cost more than it reserved.
+
+A model served by several upstreams (failover) is reserved at the highest of their rates:
+each may carry its own ``prices`` override. A model with no price anywhere is ``None``
+here; ``UNPRICED`` is what an ``allow_unpriced`` key's calls to it are counted at: the rates
+of the most expensive model genai-prices knows (the highest output price, then input price,
+at today's bundled prices; o1-pro, $150/$600 per million tokens, as of genai-prices 0.2.3).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+from .pricing import PriceBook, Prices
+
+__all__ = ["INPUT_MARGIN", "MAX_TOKEN_FIELDS", "Rates", "WorstCase", "most_expensive_known"]
+
+INPUT_MARGIN = 1.25
+MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """USD per million tokens a reservation charges, and where they come from."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    source: str  # "priced", or "unpriced: counted at <model>"
+
+
+@functools.cache
+def most_expensive_known(day: str) -> tuple[str, Prices]:
+    """(provider/model, its prices) of the bundled model with the highest output price
+    (ties: input price, then the first listed) on ``day`` (YYYY-MM-DD, UTC)."""
+    from genai_prices.data import providers
+
+    when = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
+    best: tuple[Decimal, Decimal] | None = None
+    found = ("", Prices(0.0, 0.0, 0.0, 0.0))
+    for provider in providers:
+        for model in provider.models:
+            price = model.get_prices(when)
+            out, inp = price.output_mtok, price.input_mtok
+            if not isinstance(out, Decimal) or not isinstance(inp, Decimal):
+                continue  # tiered or missing: not a flat price to count at
+            if best is None or (out, inp) > best:
+                best = (out, inp)
+                write = price.cache_write_mtok
+                cache_write = float(write) if isinstance(write, Decimal) else float(inp)
+                prices = Prices(float(inp), float(out), float(inp), cache_write)
+                found = (f"{provider.id}/{model.id}", prices)
+    return found
+
+
+def unpriced_rates() -> Rates:
+    """What a call to a model without a price is counted at (``allow_unpriced``)."""
+    name, prices = most_expensive_known(datetime.now(timezone.utc).strftime("%Y-%m-%d"))
+    return Rates(
+        max(prices.input_per_mtok, prices.cache_write_per_mtok),
+        prices.output_per_mtok,
+        f"unpriced: counted at {name}",
+    )
+
+
+def output_limit(body: Mapping[str, Any], default: int) -> int:
+    """The most output tokens the call may produce: its own limit, else ``default``."""
+    for name in MAX_TOKEN_FIELDS:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return default
+
+
+class WorstCase:
+    """Prices calls at their worst case (see the module docstring)."""
+
+    def __init__(self, prices: PriceBook, default_max_tokens: int) -> None:
+        self.prices = prices
+        self.default_max_tokens = default_max_tokens
+
+    def rates(self, model: str, upstreams: Iterable[tuple[str, str | None]]) -> Rates | None:
+        """The highest rates among the upstreams that may serve ``model`` (name, URL);
+        None when any of them has no price for it."""
+        found: Rates | None = None
+        candidates: list[tuple[str | None, str | None]] = [*upstreams] or [(None, None)]
+        for name, url in candidates:
+            p = self.prices.rates(model=model or None, upstream=name, provider_hint=url)
+            if p is None:
+                return None
+            inp = max(p.input_per_mtok, p.cache_write_per_mtok)
+            if found is None:
+                found = Rates(inp, p.output_per_mtok, "priced")
+            else:
+                found = Rates(
+                    max(found.input_per_mtok, inp),
+                    max(found.output_per_mtok, p.output_per_mtok),
+                    "priced",
+                )
+        return found
+
+    def cost(self, rates: Rates, input_tokens: int, body: Mapping[str, Any]) -> float:
+        """USD of a call sending ``input_tokens`` (estimated) with ``body``'s output limit."""
+        out = output_limit(body, self.default_max_tokens)
+        return (
+            input_tokens * INPUT_MARGIN * rates.input_per_mtok + out * rates.output_per_mtok
+        ) / 1e6

@@ -1,0 +1,177 @@
+"""Budgets in isolation (``skillstate.cost.budgets``, ``skillstate.cost.worstcase``): worst cases
+held by calls in flight, the UTC day of a key's budget, session budgets and their cap."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from skillstate.auth.record import KeyRecord
+from skillstate.config import PriceOverride
+from skillstate.cost.budgets import KEY_REMAINING, BudgetExceeded, Budgets, TurnBudgets
+from skillstate.cost.pricing import PriceBook
+from skillstate.cost.tokens import request_tokens
+from skillstate.cost.worstcase import INPUT_MARGIN, WorstCase, most_expensive_known
+from skillstate.errors import ProxyError
+
+DAY = 86400.0
+
+
+class StoreStub:
+    """What Budgets reads of the store: spend by session id (prefix or whole), budgets."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, float]] = []  # (session, ts, usd)
+        self.budgets: dict[str, float] = {}
+
+    async def ledger_spend(
+        self, prefix: str, since: float, *, whole: bool = False, unpriced: Any = None
+    ) -> float:
+        def match(s: str) -> bool:
+            return s == prefix if whole else s.startswith(prefix)
+
+        return sum(usd for s, ts, usd in self.rows if match(s) and ts >= since)
+
+    async def session_budget(self, session: str) -> float | None:
+        return self.budgets.get(session)
+
+    async def set_session_budget(self, session: str, usd: float, *, replace: bool) -> float:
+        if replace or session not in self.budgets:
+            self.budgets[session] = usd
+        return self.budgets[session]
+
+
+# $0.01 per output token, input free: a call's worst case is max_tokens x $0.01.
+PRICES = PriceBook.from_config({"m": PriceOverride(input_per_mtok=0, output_per_mtok=10_000)})
+
+
+def book(store: StoreStub, now: list[float]) -> Budgets:
+    return Budgets(store, WorstCase(PRICES, 1000), clock=lambda: now[0])  # type: ignore[arg-type]
+
+
+def key(budget: float | None = None, **kw: Any) -> KeyRecord:
+    return KeyRecord("k", "d", budget_usd_per_day=budget, **kw)
+
+
+async def reserve(turn: TurnBudgets, max_tokens: int, model: str = "m") -> None:
+    await turn.reserve(model, 1, {"max_tokens": max_tokens}, [])
+
+
+def test_a_call_in_flight_holds_its_worst_case_until_released() -> None:
+    async def run() -> None:
+        store, now = StoreStub(), [100 * DAY + 10.0]
+        b = book(store, now)
+        first = await b.for_turn("k", key(1.0), "k:s1", None)
+        await reserve(first, 60)  # holds $0.60
+        second = await b.for_turn("k", key(1.0), "k:s2", None)
+        with pytest.raises(BudgetExceeded) as e:
+            await reserve(second, 50)  # 0.60 held + 0.50 > 1
+        assert e.value.headers()[KEY_REMAINING] == "0.40000000"
+        assert e.value.code == "budget_exceeded"
+        await first.release()
+        await first.release()  # idempotent: the worst case is given back once
+        store.rows.append(("k:s1", now[0], 0.30))  # what the first call really cost
+        await reserve(second, 50)  # 0.30 + 0.50 <= 1
+        assert second.headers("0.2")["x-skillstate-budget-spent-usd"] == "0.50000000"
+        await second.release()
+
+    asyncio.run(run())
+
+
+def test_a_key_budget_is_per_utc_day() -> None:
+    async def run() -> None:
+        store, now = StoreStub(), [100 * DAY + 100.0]
+        b = book(store, now)
+        store.rows.append(("k:s", now[0] - 50.0, 0.90))
+        with pytest.raises(BudgetExceeded) as e:
+            await reserve(await b.for_turn("k", key(1.0), "k:s", None), 20)
+        assert e.value.retry_after == DAY - 100.0  # until 00:00 UTC
+        store.rows.append(("other:s", now[0], 5.0))  # another key's spend does not count
+        now[0] = 101 * DAY  # midnight
+        turn = await b.for_turn("k", key(1.0), "k:s", None)
+        await reserve(turn, 20)
+        await turn.release()
+
+    asyncio.run(run())
+
+
+def test_a_session_budget_is_set_once_capped_by_its_key_and_never_resets() -> None:
+    async def run() -> None:
+        store, now = StoreStub(), [100 * DAY]
+        b = book(store, now)
+        turn = await b.for_turn("k", key(), "k:run", "0.5")
+        await reserve(turn, 30)
+        await turn.release()
+        store.rows.append(("k:run", now[0], 0.30))
+        store.rows.append(("k:run2", now[0], 9.0))  # another session with the same prefix
+        later = await b.for_turn("k", key(), "k:run", "7")  # set already: the header is moot
+        with pytest.raises(BudgetExceeded) as e:
+            await reserve(later, 30)  # 0.30 + 0.30 > 0.5
+        assert e.value.code == "session_budget_exceeded" and e.value.retry_after is None
+        assert "session 'run': budget $0.5 reached" in e.value.message
+        now[0] += 10 * DAY  # a session's budget is for its whole life
+        with pytest.raises(BudgetExceeded):
+            await reserve(await b.for_turn("k", key(), "k:run", None), 30)
+        # A key's cap: the budget of sessions that set none, and the most one may set.
+        capped = await b.for_turn("k", key(max_session_budget_usd=0.2), "k:new", None)
+        with pytest.raises(BudgetExceeded):
+            await reserve(capped, 30)
+        with pytest.raises(ProxyError, match="max_session_budget_usd"):
+            await b.for_turn("k", key(max_session_budget_usd=0.2), "k:new", "0.3")
+        for bad in ("0", "-1", "nan", "inf", "five", ""):
+            with pytest.raises(ProxyError, match="positive number of USD"):
+                await b.for_turn("k", key(), "k:new", bad)
+
+    asyncio.run(run())
+
+
+def test_the_worst_case_counts_what_is_sent_at_the_dearest_rates() -> None:
+    def upstream(name: str, output: float) -> Any:
+        return type("U", (), {"name": name, "prices": PriceOverride(output_per_mtok=output)})()
+
+    book_ = PriceBook.from_config(
+        {"m": PriceOverride(input_per_mtok=2, cache_write_per_mtok=2.5)},
+        [upstream("a", 8), upstream("b", 20)],
+    )
+    worst = WorstCase(book_, default_max_tokens=500)
+    # A Responses body: its instructions and input items are what the upstream reads.
+    body = {
+        "model": "m",
+        "instructions": "be brief",
+        "input": [{"role": "user", "content": "x" * 400}],
+    }
+    tokens = request_tokens(body)
+    assert tokens > 100
+    rates = worst.rates("m", [("a", None), ("b", None)])
+    assert rates is not None
+    assert (rates.input_per_mtok, rates.output_per_mtok) == (2.5, 20)  # cache write; upstream b
+    expected = (tokens * INPUT_MARGIN * 2.5 + 500 * 20) / 1e6  # no max_output_tokens: 500
+    assert worst.cost(rates, tokens, body) == pytest.approx(expected)
+    assert worst.cost(rates, tokens, {**body, "max_output_tokens": 10}) < expected
+    assert worst.rates("unknown-model-x", [("a", None)]) is None
+
+
+def test_an_unpriced_model_under_a_budget_is_refused_unless_allowed() -> None:
+    async def run() -> None:
+        store, now = StoreStub(), [100 * DAY]
+        b = book(store, now)
+        strict = await b.for_turn("k", key(100.0), "k:s", None)
+        with pytest.raises(ProxyError) as e:
+            await reserve(strict, 10, model="unknown-model-x")
+        assert e.value.status == 400 and e.value.code == "model_unpriced"
+        assert "'unknown-model-x' has no known price" in e.value.message
+        loose = await b.for_turn("k", key(100.0, allow_unpriced=True), "k:s", None)
+        await reserve(loose, 10, model="unknown-model-x")
+        await loose.release()
+        unbudgeted = await b.for_turn("k", key(), "k:s", None)  # no budget: nothing to hold
+        await reserve(unbudgeted, 10, model="unknown-model-x")
+
+    asyncio.run(run())
+
+
+def test_the_most_expensive_known_model_is_the_documented_one() -> None:
+    name, prices = most_expensive_known("2026-12-01")
+    assert name.endswith("o1-pro")
+    assert (prices.input_per_mtok, prices.output_per_mtok) == (150.0, 600.0)

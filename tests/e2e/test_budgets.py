@@ -1,0 +1,251 @@
+"""Issue 26, budgets that hold: a real proxy (in-process uvicorn) in front of the fake
+provider, driven by the real openai and anthropic SDKs and httpx. Reservations on every
+route, per-session budgets and unpriced models under a budget."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from skillstate.cli.main import main
+from tests.conftest import InProcessProxy, StartProxy
+from tests.fakeprovider import FakeProvider, Reply
+
+# $0.001 per output token, input free: a call with max_tokens 100 has a worst case of $0.10,
+# and costs exactly that when the model writes its 100 tokens.
+OUTPUT_PRICED = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
+WORST = 0.10
+SESSION = "x-skillstate-session"
+
+
+def envelope(patch: dict[str, Any], action: str = "next") -> str:
+    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+
+
+def make_key(data: Path, *args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["keys", "--data-dir", str(data), *args]) == 0
+    return out.getvalue().strip()
+
+
+def start(start_proxy: StartProxy, fake: FakeProvider, prices: dict[str, Any]) -> InProcessProxy:
+    return start_proxy(
+        fake.url + "/v1",
+        "--schema",
+        "facts,notes,step",
+        config={"auth_cache_ttl": 0, "prices": prices},
+    )
+
+
+def full_reply(n: int = 100) -> Reply:
+    """An answer that writes ``n`` output tokens (max_tokens' worth: the worst case)."""
+    return Reply(text=envelope({}), usage={"completion_tokens": n})
+
+
+async def one_call(proxy: InProcessProxy, key: str, route: int, session: str) -> int | str:
+    """One turn with max tokens 100 on chat completions, Messages or Responses (by ``route``):
+    200, or the error's status and message."""
+    headers = {SESSION: session}
+    try:
+        if route == 0:
+            oc = openai.AsyncOpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+            async with oc:
+                await oc.chat.completions.create(
+                    model="m", max_tokens=100, messages=[{"role": "user", "content": "hi"}],
+                    extra_headers=headers,
+                )  # fmt: skip
+        elif route == 1:
+            ac = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=key, max_retries=0)
+            async with ac:
+                await ac.messages.create(
+                    model="m", max_tokens=100, messages=[{"role": "user", "content": "hi"}],
+                    extra_headers=headers,
+                )  # fmt: skip
+        else:
+            rc = openai.AsyncOpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+            async with rc:
+                await rc.responses.create(
+                    model="m", max_output_tokens=100, input="hi", extra_headers=headers
+                )
+        return 200
+    except (openai.APIStatusError, anthropic.APIStatusError) as e:
+        return f"{e.status_code} {e.message}"
+
+
+def spent_today(proxy: InProcessProxy, key_name: str) -> float:
+    r = proxy.get("/cost", params={"key": key_name})
+    assert r.status_code == 200, r.text
+    return float(r.json()["totals"]["cost_usd"])
+
+
+def cost_of(proxy: InProcessProxy, key: str) -> float:
+    """What the key's ledger rows cost (GET /cost as the key)."""
+    r = proxy.get("/cost", headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    return float(r.json()["totals"]["cost_usd"] or 0.0)
+
+
+def test_twenty_concurrent_calls_on_every_route_fit_a_budget_of_five(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake, OUTPUT_PRICED)
+    key = make_key(tmp_path / "data", "create", "--name", "team", "--budget-usd-per-day", "0.5")
+    fake.enqueue(*[full_reply() for _ in range(20)])
+
+    async def burst() -> list[int | str]:
+        calls = (one_call(proxy, key, i % 3, f"s{i}") for i in range(20))
+        return list(await asyncio.gather(*calls))
+
+    results = asyncio.run(burst())
+    assert results.count(200) == 5, results
+    refused = [r for r in results if r != 200]
+    assert all(str(r).startswith("429 ") and "daily budget $0.5 reached" in str(r) for r in refused)
+    assert len(fake.requests) == 5  # the refused calls never reached the upstream
+    spent = cost_of(proxy, key)
+    assert spent == pytest.approx(5 * WORST) and spent <= 0.5 + 1e-9
+
+
+def test_a_responses_call_whose_input_alone_is_over_the_budget_is_never_sent(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    # $400 per million input tokens: 100,000 characters of input (about 25,000 tokens) cost
+    # about $10, ten times the key's $1 a day.
+    proxy = start(start_proxy, fake, {"m": {"input_per_mtok": 400, "output_per_mtok": 0}})
+    key = make_key(tmp_path / "data", "create", "--name", "small", "--budget-usd-per-day", "1")
+    client = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.responses.create(model="m", input="x" * 100_000)
+    assert refused.value.body["code"] == "budget_exceeded"
+    assert "this call alone" in refused.value.message
+    assert fake.requests == []
+    fake.enqueue(Reply(text=envelope({})))
+    client.responses.create(model="m", input="a short question")  # a small one fits
+    assert len(fake.requests) == 1
+
+
+def chat(proxy: InProcessProxy, key: str, session: str, **headers: str) -> httpx.Response:
+    """One chat turn with max_tokens 100 (raw: any status)."""
+    return proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer {key}", SESSION: session, **headers},
+    )
+
+
+def test_a_session_budget_stops_its_session_and_not_the_keys_others(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake, OUTPUT_PRICED)
+    key = make_key(tmp_path / "data", "create", "--name", "team")
+    fake.enqueue(*[full_reply() for _ in range(10)])
+    budget = {"x-skillstate-budget-usd": "0.25"}
+    first = chat(proxy, key, "run1", **budget)  # the first turn sets it: room for 2 calls
+    assert first.status_code == 200, first.text
+    assert first.headers["x-skillstate-session-spent-usd"] == "0.10000000"
+    assert first.headers["x-skillstate-session-budget-remaining"] == "0.15000000"
+    second = chat(proxy, key, "run1")  # later turns need not repeat the header
+    assert second.headers["x-skillstate-session-budget-remaining"] == "0.05000000"
+    refused = chat(proxy, key, "run1")
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["code"] == "session_budget_exceeded"
+    assert "session 'run1': budget $0.25 reached" in error["message"]
+    assert "retry-after" not in refused.headers  # it never resets on its own
+    assert refused.headers["x-skillstate-session-budget-remaining"] == "0.05000000"
+    assert len(fake.requests) == 2
+    other = chat(proxy, key, "run2")  # the key's other sessions go on
+    assert other.status_code == 200 and "x-skillstate-session-spent-usd" not in other.headers
+    # The operator raises it (PATCH /state, the same header): the session goes on.
+    raised = proxy.http.patch(
+        proxy.url + "/state",
+        params={"session": "run1"},
+        headers={"authorization": f"Bearer {key}", "x-skillstate-budget-usd": "0.35"},
+    )
+    assert raised.status_code == 200, raised.text
+    assert raised.json()["budget_usd"] == 0.35
+    again = chat(proxy, key, "run1")
+    assert again.status_code == 200
+    assert again.headers["x-skillstate-session-spent-usd"] == "0.30000000"
+    shown = proxy.get(
+        "/state", params={"session": "run1"}, headers={"authorization": f"Bearer {key}"}
+    ).json()
+    assert shown["budget_usd"] == 0.35 and shown["spent_usd"] == pytest.approx(0.30)
+
+
+def test_a_bad_session_budget_is_a_400_in_the_clients_dialect(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake, OUTPUT_PRICED)
+    key = make_key(tmp_path / "data", "create", "--name", "team", "--max-session-budget-usd", "1")
+    bad = {"x-skillstate-budget-usd": "five"}
+    oc = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        oc.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=bad
+        )
+    assert e.value.body["param"] == "x-skillstate-budget-usd"
+    assert "positive number of USD" in e.value.message
+    ac = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    for value, says in (("-1", "positive number"), ("2", "max_session_budget_usd $1")):
+        with pytest.raises(anthropic.BadRequestError) as ae:
+            ac.messages.create(
+                model="m", max_tokens=100, messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-skillstate-budget-usd": value},
+            )  # fmt: skip
+        assert ae.value.body["error"]["type"] == "invalid_request_error"
+        assert says in ae.value.message
+    assert fake.requests == []
+    # A session that sets none is held to the key's cap.
+    fake.enqueue(full_reply())
+    capped = chat(proxy, key, "plain")
+    assert capped.headers["x-skillstate-session-budget-remaining"] == "0.90000000"
+
+
+def test_an_unpriced_model_under_a_budget_is_refused_unless_the_key_allows_it(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake, OUTPUT_PRICED)
+    data = tmp_path / "data"
+    strict = make_key(data, "create", "--name", "strict", "--budget-usd-per-day", "100")
+    loose = make_key(
+        data, "create", "--name", "loose", "--budget-usd-per-day", "100", "--allow-unpriced"
+    )
+    body = {
+        "model": "no-such-model",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+
+    def ask(key: str, session: str) -> httpx.Response:
+        return proxy.http.post(
+            proxy.v1 + "/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {key}", SESSION: session},
+        )
+
+    refused = ask(strict, "a")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "model_unpriced" and error["param"] == "model"
+    assert "'no-such-model' has no known price" in error["message"]
+    assert '"prices": {"no-such-model"' in error["message"]
+    assert fake.requests == []
+    fake.enqueue(Reply(text=envelope({}), usage={"prompt_tokens": 1000, "completion_tokens": 100}))
+    first = ask(loose, "b")
+    assert first.status_code == 200, first.text
+    assert "x-skillstate-cost-usd" not in first.headers  # the ledger has no price for it
+    fake.enqueue(Reply(text=envelope({})))
+    second = ask(loose, "c")
+    # Counted at the most expensive model genai-prices knows: o1-pro, $150 in, $600 out.
+    counted = (1000 * 150 + 100 * 600) / 1e6
+    assert float(second.headers["x-skillstate-budget-spent-usd"]) == pytest.approx(counted)
