@@ -249,3 +249,27 @@ def test_an_unpriced_model_under_a_budget_is_refused_unless_the_key_allows_it(
     # Counted at the most expensive model genai-prices knows: o1-pro, $150 in, $600 out.
     counted = (1000 * 150 + 100 * 600) / 1e6
     assert float(second.headers["x-skillstate-budget-spent-usd"]) == pytest.approx(counted)
+
+
+def test_streamed_turns_hold_and_settle_like_the_others(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake, OUTPUT_PRICED)
+    key = make_key(tmp_path / "data", "create", "--name", "team", "--budget-usd-per-day", "0.25")
+    fake.enqueue(*[full_reply() for _ in range(3)])
+    oc = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+
+    def stream(session: str) -> str:
+        chunks = oc.chat.completions.create(
+            model="m", max_tokens=100, stream=True, messages=[{"role": "user", "content": "hi"}],
+            extra_headers={SESSION: session},
+        )  # fmt: skip
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    assert "ok" in stream("a")
+    assert "ok" in stream("b")  # the first one's hold ended with its stream: $0.10 spent
+    with pytest.raises(openai.RateLimitError) as refused:
+        stream("c")  # $0.20 spent + $0.10 > $0.25
+    assert refused.value.body["code"] == "budget_exceeded"
+    assert len(fake.requests) == 2
+    assert cost_of(proxy, key) == pytest.approx(0.20)

@@ -9,8 +9,8 @@ Before each upstream call of the turn (the first, and each re-ask) its worst cas
 ledger, plus what the calls in flight hold, plus this call's worst case, must fit, or the
 call is refused (429) before anything is sent. Check and hold are one step: in process, no
 await between them; across replicas, one Redis script (``coordination.budgets``). The holds
-end once the turn's ledger rows are written (in state mode, in the commit; otherwise just
-after the reply): from then on the ledger has the real cost. At every moment a budget is
+end once the turn's ledger rows are written (in state mode, in the commit; otherwise before
+the reply's last bytes go out): from then on the ledger has the real cost. At every moment a budget is
 charged the real cost of each call done and the worst case of each call in flight, so the
 only way past it is a call whose real cost was above its worst case (the estimator's error,
 see ``cost.worstcase``).
@@ -263,6 +263,11 @@ class TurnBudgets:
             param="model",
             code="model_unpriced",
         )
+
+    @property
+    def holding(self) -> bool:
+        """Whether a call of the turn holds a reservation."""
+        return bool(self._releases)
 
     async def release(self) -> None:
         """End every hold (idempotent): the turn's cost is in the ledger now."""

@@ -662,6 +662,7 @@ class Pipeline:
                     clean = True
                     return
                 tail.insert(0, note.comment)
+            await self._close_ledger(turn, meter)  # before the last bytes go out
             yield b"".join(tail)
             clean = True
         finally:
@@ -791,13 +792,14 @@ class Pipeline:
                     hold.unsure()
 
     async def _close_ledger(self, turn: Turn, meter: TurnMeter) -> None:
-        """Write whatever the commit did not take (failures, passthrough, errors) off the
+        """Write whatever the commit did not take (failures, passthrough, errors): off the
         critical path, not cancelled with the turn (no task when the commit took every row:
-        the usual state-mode turn); the turn's budget holds end once its rows are in."""
-        if meter.unwritten():
-            self._spawn(_written_then_released(meter.flush(self.store), turn.budgets))
-        elif turn.budgets is not None:
-            await shielded(turn.budgets.release())
+        the usual state-mode turn). A turn holding budget reservations writes them before
+        its reply goes out and then ends its holds: the next call reads the real cost."""
+        if turn.budgets is not None and turn.budgets.holding:
+            await shielded(_written_then_released(meter.flush(self.store), turn.budgets))
+        elif meter.unwritten():
+            self._spawn(meter.flush(self.store))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
