@@ -59,8 +59,9 @@ async def test_replicas_starting_together_create_the_schema_once(pg_url: str) ->
 def test_migrate_command_on_an_empty_database(pg_url: str) -> None:
     first = cli("migrate", "--store", pg_url)
     assert first.returncode == 0, first.stderr
-    (line,) = first.stdout.splitlines()
+    line, *later = first.stdout.splitlines()
     assert line.startswith(f"{pg_url}: schema 0 -> 1: sessions, transitions, ledger")
+    assert len(later) == LATEST - 1  # one line per later migration
     again = cli("migrate", "--store", pg_url)
     assert again.returncode == 0 and "nothing to do" in again.stdout
 
@@ -88,6 +89,33 @@ async def test_an_older_schema_is_refused_until_migrated(
     upgraded = PostgresStore(pg_url)
     await upgraded.open()
     await upgraded.close()
+
+
+async def test_a_version_1_database_gets_session_budgets_with_its_keys_kept(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", POSTGRES_MIGRATIONS[:1])
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await migrate_postgres(conn, "db", upgrade=False)  # what the release before made
+        await conn.execute(
+            "INSERT INTO api_keys (name, digest, admin, budget_usd_per_day, created)"
+            " VALUES ('alice', 'd1', false, 2.5, 1.0)"
+        )
+        monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", POSTGRES_MIGRATIONS)
+        lines = await migrate_postgres(conn, "db", upgrade=True)
+        assert lines == [f"db: schema 1 -> 2: {POSTGRES_MIGRATIONS[1].description}"]
+    finally:
+        await conn.close()
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        (alice,) = await store.keys()
+        assert (alice.budget_usd_per_day, alice.max_session_budget_usd) == (2.5, None)
+        assert alice.allow_unpriced is False
+        assert await store.set_session_budget("alice:s", 5.0, replace=False) == 5.0
+    finally:
+        await store.close()
 
 
 async def test_a_newer_schema_is_refused_in_one_line(pg_url: str, tmp_path: Path) -> None:
