@@ -526,10 +526,19 @@ class SimModel:
             rec.prompt_tokens = count.prompt_tokens
             rec.cached_tokens = count.cache_read_tokens
             rec.cache_write_tokens = count.cache_write_tokens
-            rec.completion_tokens = completion_tokens_of(reply)
+            rec.completion_tokens = self.completion_tokens(reply)
         with self._lock:
             self.requests.append(rec)
+        self.answered(received, rec)
         return rec, reply, error
+
+    def completion_tokens(self, reply: SimReply) -> int:
+        """The output tokens billed for ``reply`` (a subclass may bill what a log recorded)."""
+        return completion_tokens_of(reply)
+
+    def answered(self, received: dict[str, Any], rec: SimRequest) -> None:
+        """Called once per request answered or refused, with its body as received (a
+        subclass measures what reached the model)."""
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._read_body(request)
