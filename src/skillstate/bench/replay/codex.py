@@ -1,0 +1,208 @@
+"""Codex CLI rollouts (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``).
+
+One ``{"timestamp", "type", "payload"}`` a line (codex-rs ``RolloutLine``):
+
+* ``session_meta``: the session's ``id``, ``model_provider`` and ``base_instructions``
+  (``{"text"}``: Codex sends them as the first developer message of every request);
+* ``response_item``: a Responses API item as sent or received: ``message`` (roles
+  developer, user, assistant), ``reasoning``, ``function_call`` / ``function_call_output``
+  (joined by ``call_id``), ``custom_tool_call`` / ``custom_tool_call_output``,
+  ``local_shell_call``, ``web_search_call``;
+* ``event_msg`` with ``payload.type == "token_count"``: after each model call,
+  ``info.last_token_usage`` = that call's ``input_tokens`` (cached included),
+  ``cached_input_tokens``, ``output_tokens`` (``info`` may be null);
+* ``turn_context``: per turn, the ``model``;
+* ``compacted``: the history is replaced (``replacement_history``, or the summary
+  ``message`` as one user message).
+
+A model call is a run of output items (assistant message, reasoning, tool calls); its
+request is every item before it. The tool definitions are not logged, so they are not
+replayed (the truth check shows the tokens they cost). Keys Codex keeps for itself
+(``internal_chat_message_metadata_passthrough``) are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import IO, Any
+
+import orjson
+
+from skillstate.cost.usage import Usage, optional_token_count
+
+from .jsonstream import LogError, iter_json_lines
+from .session import Call, Reply, Session
+
+__all__ = ["LINE_TYPES", "is_codex_line", "read_codex"]
+
+LINE_TYPES = frozenset(
+    {
+        "session_meta",
+        "response_item",
+        "event_msg",
+        "turn_context",
+        "compacted",
+        "world_state",
+        "token_usage_record",
+    }
+)
+OUTPUT_ITEMS = frozenset(
+    {
+        "reasoning",
+        "function_call",
+        "custom_tool_call",
+        "local_shell_call",
+        "web_search_call",
+        "image_generation_call",
+        "tool_search_call",
+    }
+)
+_PRIVATE_KEYS = ("internal_chat_message_metadata_passthrough",)
+
+
+def is_codex_line(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("type") in LINE_TYPES and "payload" in obj
+
+
+def _is_output(item: dict[str, Any]) -> bool:
+    kind = item.get("type")
+    return kind in OUTPUT_ITEMS or (kind == "message" and item.get("role") == "assistant")
+
+
+def _time(stamp: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _usage(info: Any) -> Usage | None:
+    last = info.get("last_token_usage") if isinstance(info, dict) else None
+    if not isinstance(last, dict):
+        return None
+    counts = [
+        optional_token_count(last, k)
+        for k in (
+            "input_tokens",
+            "output_tokens",
+            "cached_input_tokens",
+            "cache_write_input_tokens",
+        )
+    ]
+    if any(c is None for c in counts):
+        return None
+    prompt, out, read, write = (int(c or 0) for c in counts)
+    return Usage(prompt, out, min(read, prompt), min(write, prompt - min(read, prompt)))
+
+
+def reply_of(items: list[dict[str, Any]], usage: Usage | None) -> Reply:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type")
+        if kind == "message":
+            texts.extend(
+                str(c.get("text", ""))
+                for c in item.get("content") or []
+                if isinstance(c, dict) and c.get("type") == "output_text"
+            )
+        elif kind in ("function_call", "custom_tool_call"):
+            args = item.get("arguments")
+            if not isinstance(args, str):
+                args = orjson.dumps({"input": item.get("input")}).decode()
+            fn = {"name": item.get("name"), "arguments": args}
+            calls.append({"id": item.get("call_id"), "type": "function", "function": fn})
+    return Reply("".join(texts), tuple(calls), usage.output_tokens if usage else None)
+
+
+class _Rollout:
+    """The state of one pass over a rollout."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.history: list[int] = []
+        self.out_start: int | None = None  # where the current call's output items begin
+        self.out_at: float | None = None
+        self.pending_usage: Call | None = None  # the last call still without its usage
+
+    def item(self, item: dict[str, Any], at: float | None) -> None:
+        item = {k: v for k, v in item.items() if k not in _PRIVATE_KEYS}
+        if _is_output(item):
+            if self.out_start is None:
+                self.out_start, self.out_at = len(self.history), at
+        else:
+            self.close()
+        self.history.append(self.s.add(item))
+
+    def close(self) -> None:
+        """End the call whose output items are the tail of the history."""
+        if self.out_start is None:
+            return
+        request, out = self.history[: self.out_start], self.history[self.out_start :]
+        self.out_start = None
+        if not request:
+            return
+        call = Call(request, reply_of([self.s.pool[i] for i in out], None), None, self.out_at)
+        self.s.calls.append(call)
+        self.pending_usage = call
+
+    def usage(self, info: Any) -> None:
+        usage = _usage(info)
+        if usage is None:
+            return
+        self.close()
+        call = self.pending_usage
+        if call is not None:
+            call.usage = usage
+            call.reply = Reply(call.reply.text, call.reply.tool_calls, usage.output_tokens)
+            self.pending_usage = None
+
+    def compacted(self, payload: dict[str, Any]) -> None:
+        self.close()
+        history = payload.get("replacement_history")
+        if isinstance(history, list):
+            self.history = [self.s.add(i) for i in history if isinstance(i, dict)]
+        else:
+            text = str(payload.get("message") or "")
+            summary = {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": text}],
+            }
+            self.history = [*self.history[:1], self.s.add(summary)]
+
+
+def read_codex(f: IO[bytes], name: str) -> Session:
+    session = Session(id=name, source="codex", dialect="responses", provider="openai", model=None)
+    run = _Rollout(session)
+    for _, line in iter_json_lines(f, session.skipped):
+        if not isinstance(line, dict) or not isinstance(line.get("payload"), dict):
+            continue
+        kind, payload, at = line.get("type"), line["payload"], _time(line.get("timestamp"))
+        if kind == "session_meta":
+            session.id = str(payload.get("id") or name)
+            text = (payload.get("base_instructions") or {}).get("text")
+            if isinstance(text, str) and text and not run.history:
+                first = {
+                    "type": "message",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": text}],
+                }
+                run.history.append(session.add(first))
+        elif kind == "turn_context" and payload.get("model"):
+            session.model = session.model or str(payload["model"])
+        elif kind == "response_item":
+            run.item(payload, at)
+        elif kind == "event_msg" and payload.get("type") == "token_count":
+            run.usage(payload.get("info"))
+        elif kind == "compacted":
+            run.compacted(payload)
+    run.close()
+    if not session.calls:
+        raise LogError("; ".join([*session.skipped[:1], "no model calls in this Codex rollout"]))
+    return session
+
+
+def iter_sessions(f: IO[bytes], name: str) -> Iterator[Session]:
+    yield read_codex(f, name)

@@ -1,0 +1,176 @@
+"""The replay's readers: format detection, streaming, and one problem line per bad file
+(on the committed real logs, and on broken copies of them)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from skillstate.bench.replay import jsonstream
+from skillstate.bench.replay.jsonstream import LogError, iter_json_array
+from skillstate.bench.replay.session import Session
+from skillstate.bench.replay.sources import Problem, detect, iter_sessions
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
+CLAUDE = FIXTURES / "claude-code.jsonl"
+CODEX = FIXTURES / "codex.jsonl"
+
+
+def sessions_and_problems(*paths: Path) -> tuple[list[Session], list[Problem]]:
+    found = [item for _, item in iter_sessions(paths)]
+    return (
+        [s for s in found if isinstance(s, Session)],
+        [p for p in found if isinstance(p, Problem)],
+    )
+
+
+def test_each_format_is_detected_from_its_content() -> None:
+    assert detect(CLAUDE.read_bytes()[:65536]) == "claude-code"
+    assert detect(CODEX.read_bytes()[:65536]) == "codex"
+    assert detect(b'[{"id": "a", "messages": []}]') == "transcripts"
+    assert detect(b'{\n  "id": "a",\n  "messages": [\n') == "transcript"
+    for head, why in [
+        (b"", "empty"),
+        (b"  \n", "empty"),
+        (b"hello", "unknown format"),
+        (b'{"type": "other"}\n', "unknown format"),
+    ]:
+        with pytest.raises(LogError, match=why):
+            detect(head)
+
+
+def test_the_claude_code_log_is_rebuilt_request_by_request() -> None:
+    from skillstate.bench.replay.forms import RequestBuilder
+
+    (session,), problems = sessions_and_problems(CLAUDE)
+    assert problems == []
+    sent = json.loads((FIXTURES / "claude-code.requests.json").read_text())
+    assert session.source == "claude-code" and session.dialect == "anthropic"
+    assert len(session.calls) == len(sent) == 4
+    assert session.tools and session.system  # the logged request shape
+    builder = RequestBuilder(session, "claude-opus-5-5")
+    for call, messages in zip(session.calls, sent, strict=True):
+        # Byte for byte the messages Claude Code sent, breakpoints included.
+        assert json.loads(builder.body(call))["messages"] == messages
+        assert call.usage is not None and call.usage.output_tokens > 0
+    assert [len(c.reply.tool_calls) for c in session.calls] == [1, 1, 1, 0]
+
+
+def test_the_codex_rollout_is_rebuilt_call_by_call() -> None:
+    (session,), _ = sessions_and_problems(CODEX)
+    sent = json.loads((FIXTURES / "codex.requests.json").read_text())
+    assert session.source == "codex" and session.dialect == "responses"
+    assert len(session.calls) == len(sent) == 4
+    for call, items in zip(session.calls, sent, strict=True):
+        rebuilt = [session.pool[i] for i in call.messages]
+        assert len(rebuilt) == len(items)
+        # Codex sends a shorter version of session_meta.base_instructions first (it drops
+        # sections for the tools it has off); every other item is as logged.
+        assert rebuilt[0]["role"] == items[0]["role"] == "developer"
+        assert rebuilt[1:] == items[1:]
+        assert call.usage is not None
+
+
+def test_a_json_array_streams_an_element_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonstream, "CHUNK", 7)  # elements far longer than a read
+    items = [{"id": str(i), "text": "é" * (i * 13), "n": [1.5, None, True]} for i in range(20)]
+    data = json.dumps(items, ensure_ascii=False).encode()
+    assert list(iter_json_array(io.BytesIO(data))) == items
+    for broken, why in [
+        (data[:-1], "truncated"),
+        (data[:200], "truncated"),
+        (data.replace(b'"n"', b"n", 1), "not JSON"),
+        (b"[1] 2", "after"),
+    ]:
+        with pytest.raises(LogError, match=why):
+            list(iter_json_array(io.BytesIO(broken)))
+
+
+def test_bad_files_are_one_problem_each_and_the_rest_replays(tmp_path: Path) -> None:
+    lines = CODEX.read_bytes().splitlines(keepends=True)
+    (tmp_path / "malformed.jsonl").write_bytes(b"".join([*lines[:5], b"{oops\n", *lines[5:]]))
+    (tmp_path / "truncated.jsonl").write_bytes(CLAUDE.read_bytes()[:5000])
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "unknown.json").write_bytes(b"\x89PNG not a log\n")
+    (tmp_path / "nologs").mkdir()
+    (tmp_path / "nologs" / "readme.txt").write_text("no logs here")
+    sessions, problems = sessions_and_problems(
+        tmp_path, tmp_path / "nologs", tmp_path / "missing.jsonl", CLAUDE
+    )
+    reasons = {Path(p.path).name: p.reason for p in problems}
+    assert reasons == {
+        "malformed.jsonl": (
+            "line 6 is not JSON (unexpected character, expected a string key); "
+            "skipped, the rest replayed"
+        ),
+        "truncated.jsonl": reasons["truncated.jsonl"],
+        "empty.jsonl": "empty file",
+        "unknown.json": "unknown format (not JSON lines or a JSON transcript)",
+        "nologs": "a directory with no .jsonl or .json logs",
+        "missing.jsonl": "no such file or directory",
+    }
+    assert reasons["truncated.jsonl"].startswith("truncated: line ")
+    assert all("\n" not in p.line() for p in problems)
+    # The malformed rollout still replays (its other lines), and so does the good log.
+    assert sorted(s.source for s in sessions) == ["claude-code", "codex"]
+
+
+def _older_claude_code(lines: list[bytes]) -> io.BytesIO:
+    """The fixture as a Claude Code without the api-request lines would have logged it."""
+    kept = [line for line in lines if not json.loads(line)["type"].startswith("api-request")]
+    return io.BytesIO(b"".join(kept))
+
+
+def test_an_older_claude_code_log_is_rebuilt_from_its_message_chain() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    session = read_claude_code(_older_claude_code(CLAUDE.read_bytes().splitlines(True)), "old")
+    assert session.notes == ["no api-request lines: system prompt and tools not logged"]
+    assert session.tools is None and session.system is None
+    assert [len(c.messages) for c in session.calls] == [1, 3, 5, 7]
+    last = [session.pool[i] for i in session.calls[-1].messages]
+    assert [m["role"] for m in last] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
+    assert [b["type"] for b in last[1]["content"]] == ["thinking", "tool_use"]
+
+
+def test_a_compaction_restarts_the_context() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    lines = CLAUDE.read_bytes().splitlines(True)
+    # Before the third assistant message: a compact boundary and the summary it starts with.
+    third = [k for k, line in enumerate(lines) if json.loads(line)["type"] == "assistant"]
+    ids = []
+    for k in third:
+        mid = json.loads(lines[k])["message"]["id"]
+        if mid not in ids:
+            ids.append(mid)
+    at = next(k for k in third if json.loads(lines[k])["message"]["id"] == ids[2])
+    boundary = {
+        "type": "system",
+        "subtype": "compact_boundary",
+        "sessionId": "s",
+        "parentUuid": None,
+    }
+    summary = {
+        "type": "user",
+        "sessionId": "s",
+        "isCompactSummary": True,
+        "parentUuid": None,
+        "message": {"role": "user", "content": "Summary: two files were read."},
+    }
+    extra = [json.dumps(boundary).encode() + b"\n", json.dumps(summary).encode() + b"\n"]
+    session = read_claude_code(_older_claude_code(lines[:at] + extra + lines[at:]), "compacted")
+    assert [len(c.messages) for c in session.calls] == [1, 3, 1, 3]
+    first_after = session.pool[session.calls[2].messages[0]]
+    assert first_after["content"] == "Summary: two files were read."
