@@ -23,6 +23,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "validity": ("openai",),
     "bfcl": ("openai",),  # bfcl-eval itself is checked by the bench (its own install line)
     "overhead": (),
+    "replay": (),
 }
 
 
@@ -58,6 +59,9 @@ def add_bench_parsers(subparsers: Any, *, overhead: bool = False) -> None:
     tools.set_defaults(bench_workload="tools")
     add_bfcl_parser(subparsers)
     add_validity_parser(subparsers)
+    from skillstate.bench.replay.cli import add_bench_replay_parser
+
+    add_bench_replay_parser(subparsers)
 
 
 def missing_extra(bench: str) -> str | None:
@@ -83,6 +87,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from skillstate.bench.bfcl import run_bfcl_bench
 
         return run_bfcl_bench(args)
+    if bench == "replay":
+        from skillstate.bench.replay.cli import run_bench_replay
+
+        return run_bench_replay(args)
     if bench == "validity":
         from skillstate.bench.validity import run_validity_bench
 

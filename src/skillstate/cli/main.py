@@ -103,7 +103,10 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     from .store import add_store_parser
 
     add_store_parser(sub)
-    bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools, bfcl")
+    from ..bench.replay.cli import add_replay_parser
+
+    add_replay_parser(sub)
+    bench = sub.add_parser("bench", help="benchmarks: overhead, conversation, tools, bfcl, replay")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     if with_benches:  # their modules are only imported when a bench is asked for
         _add_benches(bench_sub)
@@ -157,6 +160,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from ..bench.commands import run_bench
 
         return run_bench(args)
+    if command == "replay":  # it runs its own proxies (the --config file's settings)
+        from ..bench.replay.cli import run_replay
+
+        return run_replay(args)
     if command == "store":  # its URLs are its arguments: no settings needed
         from .store import run_store
 

@@ -1,0 +1,510 @@
+"""Replaying sessions: each session through a real in-process proxy once per arm (a proxy
+mode) and cache regime, in front of :class:`~.upstream.ReplayUpstream`; what each arm billed
+and kept, per call.
+
+The proxy runs at its real defaults (or the ``--config`` file's settings) with its own
+store in a temporary directory; one proxy per arm, regime and upstream kind serves all
+sessions (each its own proxy session). The upstream's prompt cache is forgotten between
+sessions, and its clock is the calls' recorded times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from skillstate.bench.arm import regime_prices
+from skillstate.bench.reach import CallReach, ReachMeter, action_tokens, strings_of
+from skillstate.cost.pricing import Prices, cost_from_prices
+from skillstate.cost.usage import Usage
+
+from .forms import RequestBuilder, as_anthropic
+from .session import ENVELOPE_TOKENS, REGIMES, Session
+from .sources import Problem, iter_sessions
+from .upstream import CallScript, ReplayUpstream
+
+__all__ = [
+    "ARMS",
+    "REGIMES",
+    "ArmRun",
+    "ReplayError",
+    "ReplayOptions",
+    "Replayer",
+    "SessionRun",
+    "available_arms",
+]
+
+ARMS = ("passthrough", "mask", "state", "window", "auto")  # in report order
+Progress = Callable[[int, int], None]  # (calls done, calls in all)
+COSTS = ("input", "cache_read", "cache_write", "output")
+
+
+class ReplayError(Exception):
+    """A usage or setup problem, said in one line."""
+
+
+def available_arms() -> tuple[str, ...]:
+    """The arms this proxy has a mode for, in report order."""
+    from skillstate.choices import Mode
+
+    modes = {m.value for m in Mode}
+    return tuple(a for a in ARMS if a in modes)
+
+
+@dataclass
+class ReplayOptions:
+    arms: tuple[str, ...] = ()  # () = every available arm
+    regimes: tuple[str, ...] = ()  # () = each session's own provider's
+    price_as: str | None = None  # () = the model the log names
+    envelope_tokens: int = ENVELOPE_TOKENS
+    config: str | None = None  # the proxy's config file
+    include_text: bool = False
+
+
+@dataclass
+class ArmRun:
+    """One session (or a total) in one arm and regime."""
+
+    calls: int = 0
+    errors: int = 0
+    invalid: int = 0
+    upstream_requests: int = 0
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys((*COSTS, "envelope"), 0))
+    usd: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COSTS, 0.0))
+    per_call_usd: list[float] = field(default_factory=list)
+    reach: list[CallReach] = field(default_factory=list)
+    first_error: str | None = None
+    first_prompt: int | None = None  # the first call's input tokens (the truth check's)
+    requests: list[list[dict[str, Any]]] = field(default_factory=list)  # keep_requests only
+    seconds: float = 0.0  # wall time of the calls (client, proxy and upstream)
+
+    @property
+    def total_usd(self) -> float:
+        return sum(self.usd.values())
+
+    def add(self, other: ArmRun) -> None:
+        self.calls += other.calls
+        self.errors += other.errors
+        self.invalid += other.invalid
+        self.upstream_requests += other.upstream_requests
+        for k in self.tokens:
+            self.tokens[k] += other.tokens[k]
+        for k in self.usd:
+            self.usd[k] += other.usd[k]
+        self.seconds += other.seconds
+        self.per_call_usd.extend(other.per_call_usd)
+        self.reach.extend(other.reach)
+        self.first_error = self.first_error or other.first_error
+
+
+@dataclass
+class SessionRun:
+    """One session's replay: per regime, per arm."""
+
+    file: str
+    id: str
+    source: str
+    model: str | None
+    calls: int
+    arms: dict[str, dict[str, ArmRun]] = field(default_factory=dict)  # regime -> arm -> run
+    recorded_usd: float | None = None  # the log's own usage, priced (its provider's regime)
+    recorded_regime: str | None = None
+    recorded_first_prompt: int | None = None  # the recorded first call's input tokens
+    simulated_first_prompt: int | None = None  # passthrough's first call, as simulated
+    notes: list[str] = field(default_factory=list)
+    texts: list[str] | None = None  # the recorded replies (--include-text only)
+
+
+def _excluded(session: Session) -> list[str]:
+    """The strings of the system prompt, the tool definitions and the first call's request
+    (the system messages, the environment and the task): tokens found there are not the
+    history's."""
+    first = session.calls[0].messages if session.calls else []
+    return list(strings_of([session.system, session.tools, [session.pool[i] for i in first]]))
+
+
+def call_scripts(session: Session, envelope_tokens: int) -> list[CallScript]:
+    """Per call: the recorded reply, the reach targets and the envelope's notes."""
+    meter = ReachMeter()
+    pool_strings: dict[int, tuple[str, ...]] = {}
+
+    def strings(i: int) -> tuple[str, ...]:
+        found = pool_strings.get(i)
+        if found is None:
+            found = pool_strings[i] = tuple(strings_of(session.pool[i]))
+        return found
+
+    excluded = meter.tokens_of(_excluded(session))
+    scripts = []
+    at = 0.0
+    for step, call in enumerate(session.calls, 1):
+        transcript = {s for i in call.messages for s in strings(i)}
+        action = action_tokens(call.reply.tool_inputs())
+        reachable = (action & meter.tokens_of(transcript)) - excluded if action else set()
+        at = call.at if call.at is not None else at + 1.0
+        scripts.append(
+            CallScript(
+                call.reply,
+                step,
+                at,
+                _summary(meter, session, call.messages, strings, excluded, envelope_tokens),
+                reachable,
+                transcript,
+            )
+        )
+    return scripts
+
+
+def _summary(
+    meter: ReachMeter,
+    session: Session,
+    messages: list[int],
+    strings: Callable[[int], tuple[str, ...]],
+    excluded: frozenset[str] | set[str],
+    envelope_tokens: int,
+) -> list[str]:
+    """The envelope's notes: the transcript's distinctive tokens, newest message first."""
+    budget = envelope_tokens * 4
+    seen: set[str] = set()
+    out: list[str] = []
+    size = 0
+    for i in reversed(messages):
+        for s in strings(i):
+            for token in sorted(meter.tokens(s) - excluded - seen):
+                seen.add(token)
+                out.append(token)
+                size += len(token) + 1
+                if size >= budget:
+                    return out
+    return out
+
+
+class _Client:
+    """A keep-alive HTTP/1.1 connection to one proxy."""
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.removeprefix("http://").partition(":")
+        self._host, self._port = host, int(port)
+        self._conn: http.client.HTTPConnection | None = None
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any, bytes]:
+        for attempt in (1, 2):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=300)
+            try:
+                self._conn.request("POST", path, body=body, headers=headers)
+                resp = self._conn.getresponse()
+                return resp.status, resp.headers, resp.read()
+            except (OSError, http.client.HTTPException):
+                self._conn.close()
+                self._conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+def _headers(session: Session, proxy_session: str) -> dict[str, str]:
+    from skillstate.sessions.locks import SESSION_HEADER
+
+    headers = {"content-type": "application/json", SESSION_HEADER: proxy_session}
+    if session.dialect == "anthropic":
+        headers.update({"x-api-key": "replay", "anthropic-version": "2023-06-01"})
+        headers.update(session.headers)
+    else:
+        headers["authorization"] = "Bearer replay"
+    return headers
+
+
+def _error_text(status: int, raw: bytes) -> str:
+    import orjson
+
+    try:
+        data = orjson.loads(raw)
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+    except orjson.JSONDecodeError:
+        message = None
+    text = " ".join(str(message or raw[:200].decode(errors="replace")).split())
+    return f"HTTP {status}: {text[:200]}"
+
+
+def parse_regime(label: str) -> tuple[str, float | None]:
+    """A regime label: ``openai``, ``anthropic``, ``none``, or one of them with its cache
+    read priced at another fraction of the input price (``openai@0.1``)."""
+    base, _, read = label.partition("@")
+    factor: float | None = None
+    if read:
+        try:
+            factor = float(read)
+        except ValueError:
+            factor = -1.0
+        if not 0.0 <= factor <= 1.0:
+            raise ReplayError(f"cache regime {label!r}: the read price after @ is 0..1")
+    if base not in REGIMES:
+        raise ReplayError(
+            f"cache regime {label!r}: one of {', '.join(REGIMES)} (optionally @READ, e.g. "
+            "openai@0.1)"
+        )
+    return base, factor
+
+
+class Replayer:
+    """Runs sessions through the arms; holds the servers (close it, or use ``with``)."""
+
+    def __init__(self, options: ReplayOptions, *, keep_requests: bool = False) -> None:
+        self.options = options
+        self.keep_requests = keep_requests  # keep what the upstream received, per call
+        self.arms = options.arms or available_arms()
+        unknown = [a for a in self.arms if a not in available_arms()]
+        if unknown:
+            have = ", ".join(available_arms())
+            raise ReplayError(
+                f"--arms: this proxy has no mode {', '.join(unknown)} (it has {have})"
+            )
+        for label in options.regimes:
+            parse_regime(label)
+        self._stack = contextlib.ExitStack()
+        self._upstreams: dict[str, ReplayUpstream] = {}
+        self._proxies: dict[tuple[str, str, str], Any] = {}
+        self._clients: dict[tuple[str, str, str], _Client] = {}
+        self._tmp = Path(
+            self._stack.enter_context(tempfile.TemporaryDirectory(prefix="skillstate-replay-"))
+        )
+        self._base = self._base_settings()
+        self._prices: dict[tuple[str, str], Prices] = {}
+
+    def __enter__(self) -> Replayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._stack.close()
+
+    # -- servers --------------------------------------------------------------------------
+    def _base_settings(self) -> dict[str, Any]:
+        from skillstate.config import ConfigError, load_settings
+
+        cli = {"config": self.options.config} if self.options.config else {}
+        try:
+            settings = load_settings(cli, env={}, cwd=self._tmp)
+        except ConfigError as e:
+            raise ReplayError(f"--config: {e}") from None
+        return settings.model_dump(exclude_unset=True)
+
+    def _upstream(self, regime: str) -> ReplayUpstream:
+        base, _ = parse_regime(regime)
+        up = self._upstreams.get(base)
+        if up is None:
+            up = ReplayUpstream(
+                base,
+                envelope_tokens=self.options.envelope_tokens,
+                keep_bodies=self.keep_requests,
+            )
+            self._stack.enter_context(up)
+            self._upstreams[base] = up
+        return up
+
+    def prices(self, model: str | None, regime: str) -> Prices:
+        name = self.options.price_as or model
+        key = (str(name), regime)
+        if key not in self._prices:
+            base, read = parse_regime(regime)
+            prices = regime_prices(name, base) if name else None
+            if prices is not None and read is not None:
+                prices = replace(prices, cache_read_per_mtok=prices.input_per_mtok * read)
+            if prices is None:
+                what = f"no bundled price for model {name!r}" if name else "the log names no model"
+                raise ReplayError(f"{what}: price it as a known model with --price-as MODEL")
+            self._prices[key] = prices
+        return self._prices[key]
+
+    def _prices_for_proxy(self, regime: str) -> Prices | None:
+        """The rates the proxies of a regime are given (the --price-as model's; with no
+        --price-as, the proxy's own price book per model)."""
+        if self.options.price_as is None:
+            return None
+        return self.prices(None, regime)
+
+    def _proxy(self, arm: str, regime: str, kind: str) -> _Client:
+        key = (arm, regime, kind)
+        client = self._clients.get(key)
+        if client is not None:
+            return client
+        from skillstate.app.server import ProxyServer
+        from skillstate.config import Settings, Upstream
+
+        up = self._upstream(regime)
+        prices = self._prices_for_proxy(regime)
+        upstream: dict[str, Any] = {
+            "name": "replay",
+            "url": up.url,
+            "api_key": "replay",
+            "kind": kind,
+            "cache_pricing": parse_regime(regime)[0],
+        }
+        if prices is not None:  # the proxy's own estimates (auto) use the replay's rates
+            upstream["prices"] = {
+                "input_per_mtok": prices.input_per_mtok,
+                "output_per_mtok": prices.output_per_mtok,
+                "cache_read_per_mtok": prices.cache_read_per_mtok,
+                "cache_write_per_mtok": prices.cache_write_per_mtok,
+            }
+        data_dir = self._tmp / f"{arm}-{regime.replace('@', '-')}-{kind}"
+        data_dir.mkdir()
+        settings = Settings.model_validate(
+            {
+                **self._base,
+                "host": "127.0.0.1",
+                "port": 0,
+                "mode": arm,
+                "data_dir": data_dir,
+                "upstreams": [Upstream.model_validate(upstream)],
+            }
+        )
+        proxy = self._stack.enter_context(ProxyServer(settings))
+        self._proxies[key] = proxy
+        client = self._clients[key] = _Client(proxy.url)
+        return client
+
+    # -- replaying --------------------------------------------------------------------------
+    def regimes_for(self, session: Session) -> tuple[str, ...]:
+        return self.options.regimes or (session.provider,)
+
+    def replay_session(
+        self, file: str, session: Session, progress: Callable[[int], None]
+    ) -> SessionRun:
+        run = SessionRun(file, session.id, session.source, session.model, len(session.calls))
+        run.notes = list(session.notes)
+        if self.options.include_text:
+            run.texts = [c.reply.text for c in session.calls]
+        forms: dict[str, tuple[Session, list[CallScript]]] = {}
+        for regime in self.regimes_for(session):
+            form = (
+                as_anthropic(session)
+                if parse_regime(regime)[0] == "anthropic" and session.dialect == "openai"
+                else session
+            )
+            if form.dialect not in forms:
+                forms[form.dialect] = (form, call_scripts(form, self.options.envelope_tokens))
+            form, scripts = forms[form.dialect]
+            prices = self.prices(session.model, regime)
+            run.arms[regime] = {
+                arm: self._replay_arm(arm, regime, form, scripts, prices, progress)
+                for arm in self.arms
+            }
+        self._truth(run, session)
+        return run
+
+    def _truth(self, run: SessionRun, session: Session) -> None:
+        if not session.recorded_usage:
+            return
+        regime = session.provider
+        prices = self.prices(session.model, regime)
+        run.recorded_usd = sum(cost_from_prices(c.usage, prices) for c in session.calls if c.usage)
+        run.recorded_regime = regime
+        first = session.calls[0].usage
+        run.recorded_first_prompt = first.input_tokens if first else None
+
+    def _replay_arm(
+        self,
+        arm: str,
+        regime: str,
+        session: Session,
+        scripts: list[CallScript],
+        prices: Prices,
+        progress: Callable[[int], None],
+    ) -> ArmRun:
+        anthropic = session.dialect == "anthropic" or parse_regime(regime)[0] == "anthropic"
+        kind = "anthropic" if anthropic else "openai"
+        client = self._proxy(arm, regime, kind)
+        upstream = self._upstream(regime)
+        upstream.begin_session()
+        builder = RequestBuilder(session, session.model or "replay-model")
+        headers = _headers(session, f"replay-{uuid.uuid4().hex[:16]}")
+        out = ArmRun()
+        started = time.perf_counter()
+        for call, script in zip(session.calls, scripts, strict=True):
+            upstream.play(script)
+            status, resp_headers, raw = client.post(builder.path, builder.body(call), headers)
+            answers = upstream.answers()
+            out.calls += 1
+            out.upstream_requests += len(answers)
+            if self.keep_requests:
+                out.requests.append([a.body for a in answers if a.body is not None])
+            if status >= 400:
+                out.errors += 1
+                out.first_error = out.first_error or _error_text(status, raw)
+            if (resp_headers.get("x-skillstate-transition") or "") == "invalid":
+                out.invalid += 1
+            usd = 0.0
+            for a in answers:
+                if a.status != 200:
+                    continue
+                usage = Usage(
+                    a.prompt_tokens, a.output_tokens, a.cache_read_tokens, a.cache_write_tokens
+                )
+                plain = usage.uncached_input_tokens
+                out.tokens["input"] += plain
+                out.tokens["cache_read"] += a.cache_read_tokens
+                out.tokens["cache_write"] += a.cache_write_tokens
+                out.tokens["output"] += a.output_tokens
+                out.tokens["envelope"] += a.envelope_tokens
+                out.usd["input"] += plain * prices.input_per_mtok / 1e6
+                out.usd["cache_read"] += a.cache_read_tokens * prices.cache_read_per_mtok / 1e6
+                out.usd["cache_write"] += a.cache_write_tokens * prices.cache_write_per_mtok / 1e6
+                out.usd["output"] += a.output_tokens * prices.output_per_mtok / 1e6
+                usd += cost_from_prices(usage, prices)
+            if out.first_prompt is None:
+                out.first_prompt = sum(a.prompt_tokens for a in answers if a.status == 200)
+            reach = next((a.reach for a in answers if a.reach is not None), None)
+            if reach is not None:
+                out.reach.append(reach)
+            out.per_call_usd.append(usd)
+            progress(1)
+        out.seconds = time.perf_counter() - started
+        return out
+
+
+def count_calls(paths: Iterable[str]) -> int:
+    """How many calls the logs hold (a first, reading-only pass, for the progress bar)."""
+    return sum(len(s.calls) for _, s in iter_sessions(paths) if isinstance(s, Session))
+
+
+def replay(
+    paths: Iterable[str], options: ReplayOptions, progress: Progress | None = None
+) -> Iterator[tuple[str, SessionRun | Problem]]:
+    """Replay every session of the logs named; yields each session's run (or a file's
+    problem) as soon as it is done. Sessions are read one at a time."""
+    paths = list(paths)
+    total = count_calls(paths) if progress else 0
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress:
+            progress(done, total)
+
+    with Replayer(options) as replayer:
+        per_session = len(replayer.arms) * max(1, len(options.regimes))
+        total *= per_session
+        for file, item in iter_sessions(paths):
+            if isinstance(item, Problem):
+                yield file, item
+                continue
+            yield file, replayer.replay_session(file, item, tick)

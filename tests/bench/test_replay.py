@@ -1,0 +1,154 @@
+"""``skillstate replay``: real logs (Claude Code and Codex, written by the pinned agents;
+the shared SWE-bench traces) through a real in-process proxy per arm, against the replay
+upstream. Checks what the upstream received, the bills, reach and the truth check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skillstate.bench.replay.cli import shared_traces
+from skillstate.bench.replay.run import Replayer, ReplayOptions, SessionRun, available_arms
+from skillstate.bench.replay.session import Session
+from skillstate.bench.replay.sources import iter_sessions
+from skillstate.dialects.responses.translate import input_to_messages
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
+PRICE = "claude-sonnet-4-5"
+
+
+def load(path: Path) -> list[Session]:
+    return [s for _, s in iter_sessions([path]) if isinstance(s, Session)]
+
+
+def replay_all(session: Session, **options: Any) -> tuple[SessionRun, Replayer]:
+    replayer = Replayer(ReplayOptions(price_as=PRICE, **options), keep_requests=True)
+    with replayer:
+        run = replayer.replay_session("test", session, lambda n: None)
+    return run, replayer
+
+
+def _unmarked(value: Any) -> Any:
+    """``value`` without breakpoints (a marked string content became its one text block)."""
+    if isinstance(value, dict):
+        out = {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+        if isinstance(out.get("content"), str):
+            out["content"] = [{"type": "text", "text": out["content"]}]
+        return out
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value
+
+
+def assert_every_arm_ran(run: SessionRun, regime: str) -> None:
+    arms = run.arms[regime]
+    assert list(arms) == list(available_arms())
+    for name, arm in arms.items():
+        assert arm.calls == run.calls, name
+        assert arm.errors == 0, (name, arm.first_error)
+        assert arm.total_usd > 0, name
+    assert arms["passthrough"].tokens["envelope"] == 0
+    assert arms["state"].tokens["envelope"] > 0  # state turns ask for the envelope
+
+
+def test_a_claude_code_log_replays_in_every_arm_as_sent() -> None:
+    (session,) = load(FIXTURES / "claude-code.jsonl")
+    run, _ = replay_all(session)
+    assert_every_arm_ran(run, "anthropic")  # the log's own provider's regime by default
+    sent = json.loads((FIXTURES / "claude-code.requests.json").read_text())
+    received = run.arms["anthropic"]["passthrough"].requests
+    assert [len(r) for r in received] == [1] * len(sent)
+    for (body,), messages in zip(received, sent, strict=True):
+        assert body["messages"] == messages  # breakpoints included, as Claude Code sent them
+
+
+def test_a_codex_rollout_replays_in_every_arm_as_sent() -> None:
+    (session,) = load(FIXTURES / "codex.jsonl")
+    run, _ = replay_all(session)
+    assert_every_arm_ran(run, "openai")
+    sent = json.loads((FIXTURES / "codex.requests.json").read_text())
+    received = run.arms["openai"]["passthrough"].requests
+    for (body,), items in zip(received, sent, strict=True):
+        # The proxy translates the Responses request for a chat-completions upstream.
+        want = input_to_messages({"input": items})
+        assert body["messages"][1:] == want[1:]
+        assert body["messages"][0]["role"] == want[0]["role"]  # see test_replay_sources
+    # The second and third reads name files the first one's output listed; the third
+    # reaches back two exchanges: passthrough shows it verbatim, state mode does not.
+    full, compact = (run.arms["openai"][arm].reach for arm in ("passthrough", "state"))
+    assert [r.reachable > 0 for r in full] == [False, True, True, False]
+    assert [r.verbatim_share for r in full if r.reachable] == [1.0, 1.0]
+    assert compact[2].verbatim_share == 0.0
+
+
+@pytest.fixture(scope="module")
+def swe_sessions() -> list[Session]:
+    path = shared_traces()
+    if not path.exists():
+        pytest.fail(f"{path} is missing: the shared data lives beside the repo")
+    sessions = []
+    for _, s in iter_sessions([path]):
+        assert isinstance(s, Session)
+        sessions.append(s)
+        if len(sessions) == 2:
+            break
+    return sessions
+
+
+@pytest.mark.parametrize("regime", ["openai", "anthropic"])
+def test_the_shared_traces_replay_in_every_arm(swe_sessions: list[Session], regime: str) -> None:
+    from skillstate.bench.replay.forms import as_anthropic
+
+    session = swe_sessions[0]
+    run, _ = replay_all(session, regimes=(regime,))
+    assert_every_arm_ran(run, regime)
+    arms = run.arms[regime]
+    form = as_anthropic(session) if regime == "anthropic" else session
+    for call, (body,) in zip(form.calls, arms["passthrough"].requests, strict=True):
+        assert _unmarked(body["messages"]) == _unmarked([form.pool[i] for i in call.messages])
+    # Reach: passthrough sees every message verbatim; state about its latest exchange.
+    full = [r.verbatim_share for r in arms["passthrough"].reach if r.reachable]
+    compact = [r.verbatim_share for r in arms["state"].reach if r.reachable]
+    assert full and all(share == 1.0 for share in full)
+    assert sum(compact) / len(compact) < 0.9
+    assert arms["state"].invalid == 0
+
+
+def test_the_truth_check_compares_the_recorded_bill(tmp_path: Path) -> None:
+    from skillstate.bench.arm import regime_prices
+    from skillstate.bench.replay.report import truth
+    from skillstate.cost.tokens import estimate_tokens
+
+    (session,) = load(FIXTURES / "claude-code.jsonl")
+    # The recorded bill is the log's own usage at the model's prices (hand-summed here).
+    prices = regime_prices(PRICE, "anthropic")
+    assert prices is not None
+    lines = [json.loads(line) for line in (FIXTURES / "claude-code.jsonl").open()]
+    usage = {d["message"]["id"]: d["message"]["usage"] for d in lines if d["type"] == "assistant"}
+    want = (
+        sum(
+            u["input_tokens"] * prices.input_per_mtok
+            + u["cache_read_input_tokens"] * prices.cache_read_per_mtok
+            + u["cache_creation_input_tokens"] * prices.cache_write_per_mtok
+            + u["output_tokens"] * prices.output_per_mtok
+            for u in usage.values()
+        )
+        / 1e6
+    )
+    run, _ = replay_all(session, arms=("passthrough",))
+    check = truth(run)
+    assert check is not None and check["recorded_usd"] == pytest.approx(want, rel=1e-9)
+    # The fake provider that served Claude Code bills no tool definitions; the simulation
+    # does. That is the whole first-call difference, and the check flags it.
+    gap = check["first_call_prompt_tokens"]["simulated_minus_recorded"]
+    assert gap == pytest.approx(estimate_tokens(session.tools), rel=0.05)
+    assert check["off"] is True and check["difference"] > 0.05
+    # Without the tool definitions the simulated passthrough bill is within 5% of the record.
+    session.tools = None
+    run, _ = replay_all(session, arms=("passthrough",))
+    check = truth(run)
+    assert check is not None and check["off"] is False, check
+    assert abs(check["difference"]) <= 0.05

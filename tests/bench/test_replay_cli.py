@@ -1,0 +1,122 @@
+"""The command lines: ``skillstate replay`` on good and bad files (one line per bad file,
+no traceback), and ``skillstate bench replay`` on a few of the shared traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skillstate.bench.replay.cli import shared_traces
+from skillstate.cli.main import main
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
+
+
+def test_replay_reports_each_bad_file_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = (FIXTURES / "codex.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "malformed.jsonl").write_bytes(b"".join([*lines[:3], b"{\n", *lines[3:]]))
+    (tmp_path / "truncated.jsonl").write_bytes((FIXTURES / "claude-code.jsonl").read_bytes()[:900])
+    (tmp_path / "empty.json").write_bytes(b"")
+    (tmp_path / "photo.json").write_bytes(b"GIF89a")
+    (tmp_path / "nothing").mkdir()
+    out = tmp_path / "report.json"
+    code = main(
+        [
+            "replay",
+            str(tmp_path),
+            str(tmp_path / "nothing"),
+            str(FIXTURES / "claude-code.jsonl"),
+            "--arms",
+            "passthrough,state",
+            "--price-as",
+            "claude-sonnet-4-5",
+            "--json",
+            str(out),
+            "--html",
+            str(tmp_path / "report.html"),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 1  # files were not (wholly) replayed
+    assert "Traceback" not in captured.err + captured.out
+    problems = [line for line in captured.err.splitlines() if line.startswith("skillstate replay:")]
+    assert len(problems) == 5, captured.err
+    named = {Path(line.split(": ", 2)[1]).name for line in problems}
+    assert named == {"malformed.jsonl", "truncated.jsonl", "empty.json", "photo.json", "nothing"}
+    report = json.loads(out.read_text())
+    # The good log and the malformed rollout's other lines replayed.
+    assert sorted(s["source"] for s in report["sessions"]) == ["claude-code", "codex"]
+    assert {p["path"].rsplit("/", 1)[-1] for p in report["problems"]} == named
+    # No message text without --include-text.
+    assert "helpers_module" not in out.read_text()
+    assert "replies" not in report["sessions"][0]
+
+
+def test_include_text_puts_the_replies_in_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    code = main(
+        [
+            "replay",
+            str(FIXTURES / "codex.jsonl"),
+            "--arms",
+            "passthrough",
+            "--price-as",
+            "gpt-5",
+            "--include-text",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code in (0, 1)  # 1 only when the truth check is off (see the truth-check test)
+    (session,) = json.loads(out.read_text())["sessions"]
+    assert "helpers_module_version is 3" in session["replies"][-1]
+
+
+def test_an_unknown_arm_or_price_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    log = str(FIXTURES / "codex.jsonl")
+    assert main(["replay", log, "--arms", "passthrough,bogus"]) == 2
+    assert main(["replay", log, "--price-as", "no-such-model-anywhere"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("skillstate replay: --arms: this proxy has no mode bogus")
+    assert err[1] == (
+        "skillstate replay: no bundled price for model 'no-such-model-anywhere': "
+        "price it as a known model with --price-as MODEL"
+    )
+
+
+def test_bench_replay_runs_every_arm_under_both_regimes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = shared_traces()
+    if not path.exists():
+        pytest.fail(f"{path} is missing: the shared data lives beside the repo")
+    two = json.loads(path.read_bytes())[:2]  # read from ../shared, written only to tmp
+    traces = tmp_path / "traces.json"
+    traces.write_text(json.dumps(two))
+    out, page = tmp_path / "bench.json", tmp_path / "bench.html"
+    code = main(
+        ["bench", "replay", "--traces", str(traces), "--json", str(out), "--html", str(page)]
+    )
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert list(report["totals"]) == ["openai", "anthropic"]
+    assert report["options"]["price_as"] == "claude-sonnet-4-5"
+    for arms in report["totals"].values():
+        assert arms["passthrough"]["ratio"] == 1.0 and arms["passthrough"]["reach"] == 1.0
+        assert arms["state"]["usd"] > 0 and arms["state"]["reach"] < 1.0
+    calls = sum(1 for t in two for m in t["messages"][1:] if m["role"] == "assistant")
+    for arms in report["totals"].values():
+        assert all(a["calls"] == calls and a["errors"] == 0 for a in arms.values())
+    text = page.read_text()
+    assert (
+        "<svg" in text
+        and "<script" not in text
+        and "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    )
+    assert "https://" not in text
