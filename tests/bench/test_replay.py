@@ -152,3 +152,21 @@ def test_the_truth_check_compares_the_recorded_bill(tmp_path: Path) -> None:
     check = truth(run)
     assert check is not None and check["off"] is False, check
     assert abs(check["difference"]) <= 0.05
+
+
+def test_the_replay_upstream_writes_an_envelope_only_when_asked() -> None:
+    from skillstate.bench.replay.upstream import CHECKPOINT_MARK, asks_for_envelope
+    from skillstate.engine.context import CONTRACT_MARK
+
+    state_contract = {"role": "system", "content": f"{CONTRACT_MARK}\nEnd every reply with..."}
+    window_contract = {
+        "role": "system",
+        "content": f"{CONTRACT_MARK}\nEnd your reply with the envelope only when the last "
+        "message asks for a checkpoint",
+    }
+    user = {"role": "user", "content": "ls"}
+    checkpoint = {"role": "user", "content": f"{CHECKPOINT_MARK}: the older messages leave"}
+    assert not asks_for_envelope([user])
+    assert asks_for_envelope([state_contract, user])
+    assert not asks_for_envelope([window_contract, user])
+    assert asks_for_envelope([window_contract, user, checkpoint])

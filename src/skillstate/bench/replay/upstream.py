@@ -6,11 +6,12 @@ billing) with a different policy:
 * the reply is the recorded assistant message of the call being replayed (its text and
   tool calls), whatever the request holds;
 * an envelope is appended only when the request asks for one (:func:`asks_for_envelope`:
-  the proxy's state contract is in the context, and in ``window`` mode the last message
-  asks for a checkpoint). Its patch is a deterministic summary: the distinctive tokens of
-  the client's transcript, newest first, filling ``envelope_tokens`` (the prior: 130
-  tokens, the envelopes the simulated coding agent wrote on 60 real SWE-bench traces,
-  issue 23), under ``notes``, with the call number under ``step``;
+  the proxy's state contract is in the context, and with the ``window`` form's contract
+  the last message is the checkpoint instruction). Its patch is a deterministic summary:
+  the distinctive tokens of the client's transcript, newest first, filling
+  ``envelope_tokens`` (the prior: 130 tokens, the envelopes the simulated coding agent
+  wrote on 60 real SWE-bench traces, issue 23), under ``notes``, with the call number
+  under ``step``;
 * output tokens are the recorded ones when the log has them (thinking included), else the
   estimate of the reply; the envelope's estimate is added on top;
 * the clock of the prompt cache is the call's recorded time, so a cache entry expires
@@ -27,17 +28,35 @@ from typing import Any
 import orjson
 
 from skillstate.bench.reach import CallReach, ReachMeter, strings_of
-from skillstate.bench.simmodel import SimError, SimModel, SimReply, SimRequest, has_contract
+from skillstate.bench.simmodel import (
+    SimError,
+    SimModel,
+    SimReply,
+    SimRequest,
+    has_contract,
+    message_text,
+)
 from skillstate.cost.tokens import estimate_text_tokens, estimate_tokens
+from skillstate.engine.context import CONTRACT_MARK
 
 from .session import ENVELOPE_TOKENS, Reply
 
 __all__ = ["ENVELOPE_TOKENS", "Answer", "CallScript", "ReplayUpstream", "asks_for_envelope"]
 
 
+CHECKPOINT_MARK = "[skillstate] CHECKPOINT"  # the window form's checkpoint instruction
+
+
 def asks_for_envelope(messages: list[dict[str, Any]]) -> bool:
-    """Whether a request (chat-completions messages) asks the model for the envelope."""
-    return has_contract(messages)
+    """Whether a request (chat-completions messages) asks the model for the envelope: the
+    state contract is in the context and, when it is the window form's (it speaks of
+    checkpoints), the last message is a checkpoint instruction."""
+    if not has_contract(messages):
+        return False
+    contract = next(message_text(m) for m in messages if CONTRACT_MARK in message_text(m))
+    if "checkpoint" not in contract.lower():
+        return True
+    return bool(messages) and CHECKPOINT_MARK in message_text(messages[-1])
 
 
 @dataclass
