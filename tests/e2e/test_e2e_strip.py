@@ -15,6 +15,7 @@ from typing import Any
 
 import anthropic
 import openai
+import pydantic
 import pytest
 
 from tests.conftest import InProcessProxy, launch_in_process
@@ -207,3 +208,189 @@ def test_passthrough_is_never_stripped(fake: FakeProvider, stripping: InProcessP
         extra_headers={"x-skillstate-mode": "passthrough", "x-skillstate-session": "pt"},
     )
     assert got.choices[0].message.content == said
+
+
+# -- a reply that calls tools: the envelope's action is never shown as text -------------------
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "look_up",
+        "description": "Look a user up.",
+        "parameters": {"type": "object", "properties": {"who": {"type": "string"}}},
+    },
+}
+
+
+def call_tools(p: InProcessProxy, client: str, model: str, session: str, stream: bool) -> Any:
+    """One turn that offers a tool, through an SDK: the reply as the client's SDK parsed it."""
+    headers = {"x-skillstate-session": session}
+    question = [{"role": "user", "content": "who is ann?"}]
+    if client == "openai":
+        oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+        if not stream:
+            return (
+                oc.chat.completions.create(
+                    model=model, messages=question, tools=[TOOL], extra_headers=headers
+                )
+                .choices[0]
+                .message
+            )
+        with oc.chat.completions.stream(
+            model=model, messages=question, tools=[TOOL], extra_headers=headers
+        ) as s:
+            return s.get_final_completion().choices[0].message
+    if client == "anthropic":
+        ac = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+        tool = {"name": "look_up", "input_schema": TOOL["function"]["parameters"]}
+        kw: dict[str, Any] = dict(
+            model=model, max_tokens=500, messages=question, tools=[tool], extra_headers=headers
+        )
+        if not stream:
+            return ac.messages.create(**kw)
+        with ac.messages.stream(**kw) as s:
+            return s.get_final_message()
+    oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    tool = {"type": "function", **TOOL["function"]}
+    kw = dict(model=model, input="who is ann?", tools=[tool], extra_headers=headers)
+    if not stream:
+        return oc.responses.create(**kw)
+    with oc.responses.stream(**kw) as s:
+        return s.get_final_response()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize(("client", "model"), ROUTES)
+def test_a_tool_call_with_an_envelope_only_text_shows_no_text(
+    fake: FakeProvider, stripping: InProcessProxy, client: str, model: str, stream: bool
+) -> None:
+    fake.enqueue(Reply(text=ENVELOPE, tool_calls=[("look_up", {"who": "ann"})]))
+    session = f"calls-{client}-{model}-{stream}"
+    got = call_tools(stripping, client, model, session, stream)
+    if client == "openai":
+        assert got.content is None  # not the action "look"
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in got.tool_calls]
+    elif client == "anthropic":
+        assert [b.type for b in got.content] == ["tool_use"]  # no text block
+        calls = [(b.name, b.input) for b in got.content]
+    else:
+        assert [item.type for item in got.output] == ["function_call"]  # no message item
+        assert got.output_text == ""
+        calls = [(item.name, json.loads(item.arguments)) for item in got.output]
+    assert calls == [("look_up", {"who": "ann"})]
+    assert stripping.state(session)["state"] == {"notes": "n"}  # the envelope was committed
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize(("client", "model"), ROUTES)
+def test_prose_beside_a_tool_call_stays_and_its_envelope_goes(
+    fake: FakeProvider, stripping: InProcessProxy, client: str, model: str, stream: bool
+) -> None:
+    fake.enqueue(Reply(text=f"Checking.\n{ENVELOPE}", tool_calls=[("look_up", {"who": "ann"})]))
+    session = f"prose-calls-{client}-{model}-{stream}"
+    got = call_tools(stripping, client, model, session, stream)
+    if client == "openai":
+        assert got.content == "Checking."
+        assert got.tool_calls[0].function.name == "look_up"
+    elif client == "anthropic":
+        assert [b.type for b in got.content] == ["text", "tool_use"]
+        assert got.content[0].text == "Checking."
+    else:
+        assert [item.type for item in got.output] == ["message", "function_call"]
+        assert got.output_text == "Checking."
+    assert stripping.state(session)["state"] == {"notes": "n"}
+
+
+# -- a turn that brought its own output format (format-noop): never stripped ------------------
+
+
+class Verdict(pydantic.BaseModel):
+    """A client's own output format that an envelope-shaped answer happens to satisfy."""
+
+    state_patch: dict[str, Any]
+    action: str
+
+
+VERDICT_TEXT = json.dumps({"state_patch": {}, "action": "continue"})
+
+
+@pytest.mark.parametrize(("client", "model"), ROUTES)
+def test_a_format_noop_reply_reaches_the_sdk_parser_as_the_model_wrote_it(
+    fake: FakeProvider, stripping: InProcessProxy, client: str, model: str
+) -> None:
+    fake.enqueue(Reply(text=VERDICT_TEXT))
+    headers = {"x-skillstate-session": f"noop-{client}-{model}"}
+    question = [{"role": "user", "content": "judge it"}]
+    if client == "openai":
+        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        raw = oc.chat.completions.with_raw_response.parse(
+            model=model, messages=question, response_format=Verdict, extra_headers=headers
+        )
+        message = raw.parse().choices[0].message
+        text, parsed = message.content, message.parsed
+    elif client == "anthropic":
+        ac = anthropic.Anthropic(base_url=stripping.url, api_key="k", max_retries=0)
+        # Messages' raw-response wrapper has no parse(); a stream commits after its headers.
+        with ac.messages.stream(
+            model=model,
+            max_tokens=200,
+            messages=question,
+            output_format=Verdict,
+            extra_headers=headers,
+        ) as s:
+            msg = s.get_final_message()
+        text, parsed = msg.content[0].text, msg.parsed_output
+        raw = None
+    else:
+        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        raw = oc.responses.with_raw_response.parse(
+            model=model, input="judge it", text_format=Verdict, extra_headers=headers
+        )
+        resp = raw.parse()
+        text, parsed = resp.output_text, resp.output_parsed
+    assert text == VERDICT_TEXT  # byte for byte what the model said
+    assert parsed == Verdict(state_patch={}, action="continue")
+    if raw is not None:
+        assert raw.headers["x-skillstate-transition"] == "format-noop"
+
+
+@pytest.mark.parametrize(("client", "model"), ROUTES)
+def test_a_format_noop_stream_is_not_stripped(
+    fake: FakeProvider, stripping: InProcessProxy, client: str, model: str
+) -> None:
+    fake.enqueue(Reply(text=VERDICT_TEXT))
+    headers = {"x-skillstate-session": f"noop-stream-{client}-{model}"}
+    question = [{"role": "user", "content": "judge it"}]
+    schema = Verdict.model_json_schema()
+    if client == "openai":
+        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        fmt = {"type": "json_schema", "json_schema": {"name": "Verdict", "schema": schema}}
+        chunks = oc.chat.completions.create(
+            model=model,
+            messages=question,
+            response_format=fmt,
+            stream=True,  # type: ignore[arg-type]
+            extra_headers=headers,
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    elif client == "anthropic":
+        ac = anthropic.Anthropic(base_url=stripping.url, api_key="k", max_retries=0)
+        with ac.messages.stream(
+            model=model,
+            max_tokens=200,
+            messages=question,
+            extra_headers=headers,
+            output_config={"format": {"type": "json_schema", "schema": schema}},
+        ) as s:
+            text = "".join(s.text_stream)
+    else:
+        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        fmt = {"format": {"type": "json_schema", "name": "Verdict", "schema": schema}}
+        with oc.responses.stream(
+            model=model,
+            input="judge it",
+            text=fmt,
+            extra_headers=headers,  # type: ignore[arg-type]
+        ) as s:
+            text = s.get_final_response().output_text
+    assert text == VERDICT_TEXT

@@ -308,7 +308,9 @@ def test_strip_reply_anthropic_text_blocks() -> None:
     assert out["content"] == [{"type": "text", "text": "Calling f."}, tool_use]
     assert removed.envelope is not None
     only = {"type": "message", "content": [{"type": "text", "text": BLOCK}, tool_use]}
-    assert strip_reply("anthropic", only)[0]["content"] == [
-        {"type": "text", "text": "ask the user"},
-        tool_use,
+    # Beside a tool call the action was never said to the user: no text block (issue 23).
+    assert strip_reply("anthropic", only)[0]["content"] == [tool_use]
+    alone = {"type": "message", "content": [{"type": "text", "text": BLOCK}]}
+    assert strip_reply("anthropic", alone)[0]["content"] == [
+        {"type": "text", "text": "ask the user"}
     ]

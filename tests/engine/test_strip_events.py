@@ -179,6 +179,13 @@ def test_anthropic_empty_text_block_is_not_sent_and_later_blocks_move_down() -> 
 
 
 def test_anthropic_envelope_only_message_shows_its_action() -> None:
+    content = assemble(run_anthropic(anthropic_events([("text", BLOCK)], [7])))
+    assert content == [{"type": "text", "text": "ask the user"}]
+
+
+def test_anthropic_envelope_only_text_before_a_tool_call_is_dropped() -> None:
+    # The action was never said to the user: no text block, the tool_use renumbered to 0.
     tool = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
-    content = assemble(run_anthropic(anthropic_events([("text", BLOCK), ("tool_use", tool)], [7])))
-    assert content == [{"type": "text", "text": "ask the user"}, tool]
+    out = run_anthropic(anthropic_events([("text", BLOCK), ("tool_use", tool)], [7]))
+    assert assemble(out) == [tool]
+    assert {d["index"] for _, d in out if "index" in d} == {0}

@@ -46,9 +46,10 @@ def pieces(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def events(text: str, cuts: list[int]) -> list[tuple[str, dict[str, Any]]]:
-    """A stream as the API sends it: a reasoning item, the message, a function call."""
-    output = [REASONING, message(text), CALL]
+def events(text: str, cuts: list[int], call: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """A stream as the API sends it: a reasoning item, the message, a function call (unless
+    not ``call``)."""
+    output = [REASONING, message(text), CALL][: 3 if call else 2]
     start = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
     out: list[dict[str, Any]] = [
         {"type": "response.created", "response": start},
@@ -69,6 +70,8 @@ def events(text: str, cuts: list[int]) -> list[tuple[str, dict[str, Any]]]:
         {"type": "response.output_text.done", **ids, "text": text, "logprobs": []},
         {"type": "response.content_part.done", **ids, "part": part},
         {"type": "response.output_item.done", "output_index": 1, "item": output[1]},
+    ]  # fmt: skip
+    out += [
         {"type": "response.output_item.added", "output_index": 2,
          "item": {**CALL, "arguments": ""}},
         {"type": "response.function_call_arguments.delta", "item_id": "fc_1", "output_index": 2,
@@ -76,6 +79,8 @@ def events(text: str, cuts: list[int]) -> list[tuple[str, dict[str, Any]]]:
         {"type": "response.function_call_arguments.done", "item_id": "fc_1", "output_index": 2,
          "arguments": CALL["arguments"]},
         {"type": "response.output_item.done", "output_index": 2, "item": CALL},
+    ] if call else []  # fmt: skip
+    out += [
         {"type": "response.completed", "response": {**start, "status": "completed",
                                                      "output": output}},
     ]  # fmt: skip
@@ -87,22 +92,35 @@ def run(stream: list[tuple[str, dict[str, Any]]]) -> list[tuple[str | None, dict
     return [e for name, data in stream for e in stripper.event(name, data)]
 
 
-def check_stream(out: list[tuple[str | None, dict[str, Any]]], expected: str) -> None:
+def check_stream(
+    out: list[tuple[str | None, dict[str, Any]]], text: str, call: bool = True
+) -> str | None:
     """What a client's accumulator checks: consecutive numbers, deltas adding up to every
-    closing event's text, the other items as they came."""
+    closing event's text, the other items as they came, and the same output as the
+    stripped ``response`` object (:func:`strip_response`). Returns the message's text, or
+    None when the message item was dropped (an envelope-only text beside a tool call)."""
     assert [d["sequence_number"] for _, d in out] == list(range(len(out)))
     assert all(name == d["type"] for name, d in out)
+    expected_output = strip_response(
+        {"output": events(text, [], call)[-1][1]["response"]["output"]}
+    )[0]["output"]
+    by_type = {d["type"]: d for _, d in out}
+    assert by_type["response.completed"]["response"]["output"] == expected_output
+    items = [d["item"] for _, d in out if d["type"] == "response.output_item.done"]
+    assert items == expected_output
+    assert [d["output_index"] for _, d in out if "output_index" in d] == sorted(
+        d["output_index"] for _, d in out if "output_index" in d
+    )
+    messages = [item for item in expected_output if item["type"] == "message"]
+    if not messages:
+        assert not any("content_index" in d for _, d in out)
+        return None
+    expected = messages[0]["content"][0]["text"]
     deltas = "".join(d["delta"] for _, d in out if d["type"] == "response.output_text.delta")
     assert deltas == expected
-    by_type = {d["type"]: d for _, d in out}
     assert by_type["response.output_text.done"]["text"] == expected
     assert by_type["response.content_part.done"]["part"]["text"] == expected
-    items = [d["item"] for _, d in out if d["type"] == "response.output_item.done"]
-    assert items[0] == REASONING and items[2] == CALL
-    assert items[1]["content"][0]["text"] == expected
-    final = by_type["response.completed"]["response"]["output"]
-    assert final[0] == REASONING and final[2] == CALL
-    assert final[1]["content"][0]["text"] == expected
+    return expected
 
 
 replies = st.lists(
@@ -116,24 +134,38 @@ replies = st.lists(
 def test_stream_text_equals_the_stripped_reply_wherever_it_is_cut(
     text: str, cuts: list[int]
 ) -> None:
-    check_stream(run(events(text, cuts)), strip_envelope(text).text)
+    alone = strip_envelope(text).text
+    assert check_stream(run(events(text, cuts, call=False)), text, call=False) == alone
+    beside_a_call = check_stream(run(events(text, cuts)), text)
+    if strip_envelope(text, fallback=False).text:
+        assert beside_a_call == strip_envelope(text, fallback=False).text
+    else:  # nothing said but the envelope: the message item goes, not the action
+        assert beside_a_call in (None, "")
 
 
 def test_stream_of_prose_and_envelope() -> None:
     out = run(events(f"Listing.\n{BLOCK}", [3, 12, 40]))
-    check_stream(out, "Listing.")
+    assert check_stream(out, f"Listing.\n{BLOCK}") == "Listing."
     # the function call's events are the same objects' values, numbered on
     names = [name for name, _ in out]
     assert names.count("response.function_call_arguments.delta") == 1
 
 
 def test_stream_of_only_the_envelope_shows_its_action() -> None:
-    out = run(events(BLOCK, [5, 30]))
-    check_stream(out, "ask the user")
+    out = run(events(BLOCK, [5, 30], call=False))
+    assert check_stream(out, BLOCK, call=False) == "ask the user"
     # the action goes out as one delta right before the part's done event
     names = [name for name, _ in out]
     at = names.index("response.output_text.done")
     assert names[at - 1] == "response.output_text.delta"
+
+
+def test_stream_of_only_the_envelope_and_a_call_drops_the_message_item() -> None:
+    out = run(events(BLOCK, [5, 30]))
+    assert check_stream(out, BLOCK) is None
+    added = [d["item"]["type"] for _, d in out if d["type"] == "response.output_item.added"]
+    assert added == ["reasoning", "function_call"]
+    assert {d["output_index"] for _, d in out if d.get("item_id") == "fc_1"} == {1}
 
 
 def test_stream_without_an_envelope_passes_unchanged() -> None:
@@ -163,8 +195,16 @@ def test_reply_strips_the_message_and_keeps_other_items() -> None:
 
 
 def test_reply_of_only_the_envelope_becomes_its_action() -> None:
-    resp = {"output": [message(BLOCK), CALL]}
+    resp = {"output": [message(BLOCK)]}
     assert strip_response(resp)[0]["output"][0]["content"][0]["text"] == "ask the user"
+
+
+def test_reply_of_only_the_envelope_beside_a_call_has_no_message_item() -> None:
+    resp = {"output": [REASONING, message(BLOCK), CALL], "output_text": BLOCK}
+    out, removed = strip_response(resp)
+    assert out["output"] == [REASONING, CALL]
+    assert out["output_text"] == ""
+    assert removed.envelope is not None
 
 
 def test_reply_without_an_envelope_is_the_same_object() -> None:

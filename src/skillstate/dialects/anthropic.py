@@ -438,6 +438,13 @@ class AnthropicRelay(RelayCapture):
 # -- the reply envelope in a stream -----------------------------------------------------------
 
 
+_TOOL_USE_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+
+
+def _calls_a_tool(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in _TOOL_USE_BLOCKS
+
+
 class AnthropicEventStripper:
     """Strips the envelope from a Messages stream, event by event. Each ``text`` block's
     ``text_delta`` is stripped and the rest flushed before its ``content_block_stop``. A
@@ -445,11 +452,15 @@ class AnthropicEventStripper:
     empty is not sent at all (the API refuses empty text blocks when the client sends the
     message back), and the blocks after it are renumbered. The action fallback (a reply
     that was only the envelope shows its action) applies when nothing was shown before in
-    the same message."""
+    the same message and no tool_use block follows: such a block is held until the next
+    event says which."""
 
     def __init__(self) -> None:
         self._stripper: EnvelopeStripper | None = None  # of the open text block
         self._held_start: dict[str, Any] | None = None  # its content_block_start, not yet sent
+        # A closed envelope-only block whose action shows unless a tool_use block follows:
+        # (its content_block_start, the action, its content_block_stop).
+        self._pending: tuple[dict[str, Any], str, dict[str, Any]] | None = None
         self._dropped = 0  # empty text blocks not sent: later indexes move down
         self._shown = False  # some text of this message went out
         self.removed_chars = 0
@@ -480,6 +491,8 @@ class AnthropicEventStripper:
         """The events to send instead of (``name``, ``data``)."""
         if not name:  # an event without its ``event:`` line: named by its type
             name = str(data.get("type") or "")
+        if self._pending is not None:
+            return [*self._settle_pending(name, data), *self.event(name, data)]
         if name == "message_start":
             self._shown = False
         block = data.get("content_block")
@@ -505,16 +518,32 @@ class AnthropicEventStripper:
             text = delta.get("text")
             return self._text(self._stripper.feed(text if isinstance(text, str) else ""), data)
         if name == "content_block_stop":
-            rest = self._stripper.flush(fallback=not self._shown)
-            self.removed_chars += self._stripper.removed_chars
-            self._stripper = None
-            out = self._text(rest, data)
-            if self._held_start is not None:  # nothing was said: the block is not sent
-                self._held_start = None
+            stripper, self._stripper = self._stripper, None
+            out = self._text(stripper.flush(fallback=False), data)
+            self.removed_chars += stripper.removed_chars
+            if self._held_start is None:
+                return [*out, (name, self._renumber(data))]
+            action = "" if self._shown else stripper.fallback_text()
+            if action:  # shown unless a tool_use block follows (decided at the next event)
+                self._pending = (self._held_start, action, data)
+            else:  # nothing was said: the block is not sent
                 self._dropped += 1
-                return out
-            return [*out, (name, self._renumber(data))]
+            self._held_start = None
+            return out
         return [(name, self._renumber(data))]
+
+    def _settle_pending(self, name: str, data: dict[str, Any]) -> list[Event]:
+        """The held envelope-only block, before (``name``, ``data``): dropped when a tool
+        call follows (the model never said its action to the user), else shown as it."""
+        assert self._pending is not None
+        start, action, stop = self._pending
+        self._pending = None
+        block = data.get("content_block")
+        if name == "content_block_start" and _calls_a_tool(block):
+            self._dropped += 1
+            return []
+        self._held_start = start
+        return [*self._text(action, stop), ("content_block_stop", self._renumber(stop))]
 
     def _text(self, text: str, like: dict[str, Any]) -> list[Event]:
         """A text_delta event for ``text`` (after the held block start, if any)."""
@@ -603,8 +632,11 @@ class AnthropicDialect:
         return models.model_to_anthropic(body) if single else models.models_to_anthropic(body)
 
     def strip_reply(self, resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
-        # The text blocks of content (a block left empty is dropped; tool_use untouched).
-        content, summary = strip_content(resp.get("content"))
+        # The text blocks of content (a block left empty is dropped; tool_use untouched). A
+        # reply that calls a tool gets no action fallback: its envelope-only text block goes.
+        content = resp.get("content")
+        calls = isinstance(content, list) and any(_calls_a_tool(b) for b in content)
+        content, summary = strip_content(content, fallback=not calls)
         return (resp if content is resp.get("content") else {**resp, "content": content}), summary
 
     def strip_request(self, body: JSON) -> JSON:

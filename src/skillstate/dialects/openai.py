@@ -339,10 +339,12 @@ class OpenAIChunkStripper:
     ``delta.content`` is stripped; a chunk left with nothing to say is dropped; the
     held-back rest goes out in the chunk that carries the choice's ``finish_reason`` (or
     from :meth:`finish`, for a stream that ended without one). The action fallback (a reply
-    that was only the envelope shows its action) applies per choice."""
+    that was only the envelope shows its action) applies per choice, to a choice that calls
+    no tool (its tool calls come after its text, before its ``finish_reason``)."""
 
     def __init__(self) -> None:
         self._strippers: dict[int, EnvelopeStripper] = {}
+        self._calling: set[int] = set()  # choices that call tools: no action fallback
         self._last: dict[str, Any] | None = None  # a chunk to model finish() chunks on
 
     @property
@@ -392,6 +394,8 @@ class OpenAIChunkStripper:
             delta = delta if isinstance(delta, dict) else {}
             content = delta.get("content")
             finished = choice.get("finish_reason") is not None
+            if delta.get("tool_calls") or delta.get("function_call"):
+                self._calling.add(index)
             if not isinstance(content, str) and not finished:
                 out.append(choice)
                 speaks = True
@@ -399,7 +403,7 @@ class OpenAIChunkStripper:
             stripper = self._stripper(index)
             text = stripper.feed(content) if isinstance(content, str) else ""
             if finished:
-                text += stripper.flush(fallback=True)
+                text += stripper.flush(fallback=index not in self._calling)
             new_delta = {k: v for k, v in delta.items() if k != "content"}
             if text:
                 new_delta["content"] = text
@@ -427,7 +431,7 @@ class OpenAIChunkStripper:
             return []
         chunks: list[Event] = []
         for index, stripper in self._strippers.items():
-            rest = stripper.flush(fallback=True)
+            rest = stripper.flush(fallback=index not in self._calling)
             if rest:
                 base = self._last or {"object": "chat.completion.chunk"}
                 choice = {"index": index, "delta": {"content": rest}, "finish_reason": None}
@@ -533,10 +537,15 @@ class OpenAIDialect:
             message = choice.get("message") if isinstance(choice, dict) else None
             if not isinstance(message, dict):
                 continue
-            content, summary = strip_content(message.get("content"), known=known)
+            calls = bool(message.get("tool_calls") or message.get("function_call"))
+            content, summary = strip_content(
+                message.get("content"), known=known, fallback=not calls
+            )
             if k == 0:
                 first = summary
             if content is not message.get("content"):
+                if calls and not content:  # the text was only the envelope: nothing was said
+                    content = None
                 out[k] = {**choice, "message": {**message, "content": content}}
         changed = any(a is not b for a, b in zip(out, choices, strict=True))
         return ({**resp, "choices": out} if changed else resp), first

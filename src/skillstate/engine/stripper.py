@@ -24,7 +24,9 @@ start of the output after a removed envelope. A reply that is nothing but envelo
 becomes the last envelope's ``action`` as its text (documented behaviour: under
 constrained decoding, or when a model answers with the bare object), so the client never
 gets an empty message where the model said something; if that envelope has no action, the
-reply is left as it was.
+reply is left as it was. A reply that also calls tools gets no fallback: the model never
+said its action to the user, so the text is left empty (each dialect then drops it: ``null``
+content in chat completions, no text block in Messages, no message item in Responses).
 
 Cost: every character is looked at a bounded number of times (an unfenced ``{`` that turns
 out not to be JSON is re-read once); per-feed work is O(delta) except for the one-off
@@ -167,11 +169,20 @@ class EnvelopeStripper:
         self._run(final=True)
         self._emit(self._ws)
         self._ws = ""
-        if fallback and not self._started and self.envelope is not None:
-            action = self.envelope.action
-            self._out = [action if action else "".join(self._raw or ())]
+        shown = self.fallback_text() if fallback else ""
+        if shown:
+            self._out = [shown]
             self._started = True
         return self._take()
+
+    def fallback_text(self) -> str:
+        """What a reply that was only envelopes shows (the last one's action, else the reply
+        as it was); "" when some text went out or there was no envelope. Read it after
+        ``flush(fallback=False)`` to decide later (a stream that has yet to say whether a
+        tool call follows)."""
+        if self._started or self.envelope is None:
+            return ""
+        return self.envelope.action or "".join(self._raw or ())
 
     # -- output ------------------------------------------------------------------------------
 
@@ -456,17 +467,19 @@ def strip_envelope(text: str, fallback: bool = True) -> Stripped:
     return Stripped(out, stripper.envelope, stripper.removed_chars)
 
 
-def strip_texts(texts: Sequence[str]) -> tuple[list[str], Stripped]:
+def strip_texts(texts: Sequence[str], fallback: bool = True) -> tuple[list[str], Stripped]:
     """Strip the text parts of one message (e.g. an Anthropic reply's text blocks) each on
     its own; the action fallback applies to the message as a whole: when every part is
-    blank afterwards, the part that held the last envelope becomes its action.
+    blank afterwards, the part that held the last envelope becomes its action. Without
+    ``fallback`` (a reply that also calls tools: the action was never said to the user) the
+    parts stay blank.
 
     Returns the new parts and a summary (joined text, last envelope, removed characters).
     """
     results = [strip_envelope(t, fallback=False) for t in texts]
     parts = [r.text for r in results]
     last = next((k for k in range(len(results) - 1, -1, -1) if results[k].envelope), None)
-    if last is not None and all(not p.strip() for p in parts):
+    if fallback and last is not None and all(not p.strip() for p in parts):
         action = results[last].envelope.action  # type: ignore[union-attr]
         parts = list(texts) if not action else [*parts[:last], action, *parts[last + 1 :]]
     envelope = results[last].envelope if last is not None else None
@@ -483,17 +496,21 @@ Known = tuple[str, Stripped] | None
 
 
 def strip_content(
-    content: Any, text_type: str = "text", known: Known = None
+    content: Any, text_type: str = "text", known: Known = None, fallback: bool = True
 ) -> tuple[Any, Stripped]:
     """A message's content without envelopes: a string, or a list of parts / blocks whose
     parts of type ``text_type`` are stripped (others untouched; a part left empty is
     dropped, as Anthropic refuses empty text blocks). The same object if nothing changed.
     ``known``: a text already through ``strip_envelope`` and its result (used if it is
-    this very string)."""
+    this very string). ``fallback``: see :func:`strip_texts` (False for a message that
+    also calls tools)."""
     if isinstance(content, str):
         if "{" not in content:  # every envelope is a JSON object: nothing to strip (fast path)
             return content, NOTHING
-        result = known[1] if known is not None and known[0] is content else strip_envelope(content)
+        if known is not None and known[0] is content and fallback:
+            result = known[1]  # ``known`` was stripped with the fallback
+        else:
+            result = strip_envelope(content, fallback)
         return (content if result.envelope is None else result.text), result
     if not isinstance(content, list):
         return content, NOTHING
@@ -504,7 +521,7 @@ def strip_content(
         and part.get("type") == text_type
         and isinstance(part.get("text"), str)
     ]
-    parts, summary = strip_texts([content[k]["text"] for k in at])
+    parts, summary = strip_texts([content[k]["text"] for k in at], fallback)
     if summary.envelope is None:
         return content, summary
     out = list(content)

@@ -130,6 +130,13 @@ def with_envelope(shape: ContextShape) -> bool:
     return shape in (ContextShape.COMPACT, ContextShape.FULL)
 
 
+def strips(turn: Turn) -> bool:
+    """Whether the client's copy of this turn's reply is stripped of envelopes: never when
+    the request brought its own output format (``format-noop``: the reply must parse as the
+    client's format, and the model was not asked for an envelope)."""
+    return turn.envelope_form != "none"
+
+
 def _cache_hints(turn: Turn, body: dict[str, Any], schema: list[str]) -> CacheHints:
     """The turn's hints for the provider's prompt cache (``skillstate.cost.cachehints``).
 
@@ -617,7 +624,7 @@ class Pipeline:
         envelope = with_envelope(meta.shape)
         stripping: StrippingRelay | None = None
         if envelope:
-            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP
+            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP and strips(turn)
             relay = stripping = StrippingRelay(relay, turn.dialect, rewrite=rewrite)
         clean = False
 
@@ -847,7 +854,11 @@ class Pipeline:
                 h["x-skillstate-action"] = header_safe(outcome.action)
         h.update(meta.meter.headers())
         raw = answer.raw
-        if outcome is not None and self.settings.reply_envelope == ReplyEnvelope.STRIP:
+        if (
+            outcome is not None
+            and self.settings.reply_envelope == ReplyEnvelope.STRIP
+            and strips(meta.turn)
+        ):
             # The verdict above was made on the unstripped text; the client gets the reply
             # without the protocol (an envelope-only reply becomes its action).
             stripped, _ = get_dialect(meta.turn.dialect).strip_reply(answer.resp, answer.stripped)

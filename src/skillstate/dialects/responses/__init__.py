@@ -16,7 +16,7 @@ from ...errors import ProxyError
 from .. import models
 from ..base import JSON, StreamRelay, content_chars
 from ..openai import OPENAI, usage_from_openai
-from .stream import ResponsesEventStripper, ResponsesRelay
+from .stream import ResponsesEventStripper, ResponsesRelay, calls_a_tool
 from .validate import validate_responses_request
 
 NAME: Final = "openai-responses"
@@ -133,11 +133,21 @@ def _text_parts(output: list[Any]) -> list[tuple[int, int]]:
     ]
 
 
+def _all_blank(item: JSON) -> bool:
+    """A message item whose every part is an output_text part left empty."""
+    parts = item.get("content")
+    return isinstance(parts, list) and all(
+        isinstance(p, dict) and p.get("type") == "output_text" and not p.get("text") for p in parts
+    )
+
+
 def strip_response(resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
     """A ``response`` object without envelopes: the output_text parts of its message items,
     stripped together as one message (:func:`~skillstate.engine.strip.strip_texts`: a reply that
-    was only the envelope shows its action); reasoning and tool-call items untouched, and
-    a part left empty kept (its indexes are the stream's). ``resp`` itself when it had none.
+    was only the envelope shows its action, unless the reply calls a tool: then a message
+    item left empty goes, as the stream drops it); reasoning and tool-call items untouched,
+    and a part left empty kept otherwise (its indexes are the stream's). ``resp`` itself
+    when it had none.
     ``known``: the reply's text already through ``strip_envelope``, and its result."""
     output = resp.get("output")
     if not isinstance(output, list):
@@ -146,20 +156,24 @@ def strip_response(resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
     texts = [output[i]["content"][k]["text"] for i, k in at]
     if not any("{" in t for t in texts):  # every envelope is a JSON object (fast path)
         return resp, NOTHING
-    if len(texts) == 1 and known is not None and known[0] is texts[0]:
+    calls = any(calls_a_tool(item) for item in output)
+    if len(texts) == 1 and known is not None and known[0] is texts[0] and not calls:
         # One part: strip_texts' message-wide fallback is strip_envelope's own.
         summary = known[1]
         parts = [summary.text]
     else:
-        parts, summary = strip_texts(texts)
+        parts, summary = strip_texts(texts, fallback=not calls)
     if summary.envelope is None:
         return resp, summary
-    out = list(output)
+    out: list[Any] = list(output)
     for (i, k), old, new in zip(at, texts, parts, strict=True):
         if new != old:
             if out[i] is output[i]:
                 out[i] = {**output[i], "content": list(output[i]["content"])}
             out[i]["content"][k] = {**output[i]["content"][k], "text": new}
+    if calls:  # a message item the envelope was all of goes, as in the stream
+        emptied = {i for i, _ in at if _all_blank(out[i])}
+        out = [item for i, item in enumerate(out) if i not in emptied]
     clean = {**resp, "output": out}
     if isinstance(resp.get("output_text"), str):
         clean["output_text"] = summary.text

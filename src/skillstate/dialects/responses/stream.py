@@ -343,7 +343,11 @@ class ResponsesEventStripper:
     deltas add up to what the closing events say. Reasoning items, tool calls and every
     other event pass unchanged; ``sequence_number`` is renumbered to stay consecutive. The
     action fallback (a reply that was only the envelope shows its action) applies when no
-    text of the response was shown before.
+    text of the response was shown before and no tool call follows. So a message item is
+    held, from its ``response.output_item.added`` on, until it shows text; one that ends
+    having shown none waits for the next event: a tool-call item drops it (the model never
+    said its action to the user; later ``output_index`` values move down), anything else
+    releases it with the action.
     """
 
     def __init__(self) -> None:
@@ -353,6 +357,12 @@ class ResponsesEventStripper:
         self._said = False  # some text of this response went out
         self._seq: int | None = None  # the next sequence_number
         self.removed_chars = 0
+        # The message item held while it has shown nothing: its output index, its events as
+        # received, a stripper per text part to learn whether it would show text, and
+        # whether it ended (then the next event decides).
+        self._held: tuple[Any, list[Event], dict[Any, EnvelopeStripper]] | None = None
+        self._held_done = False
+        self._dropped: list[int] = []  # output indexes of the message items dropped
 
     def end(self, data: str) -> list[Event]:
         return []  # a Responses stream has no end sentinel: its terminal event closes it
@@ -368,6 +378,85 @@ class ResponsesEventStripper:
         return 0
 
     def event(self, name: str | None, data: JSON) -> list[Event]:
+        out = self._hold_or_strip(name, data)
+        # Numbered on from the stream's first event, past the events dropped or added.
+        seq = self._seq
+        for k, (n, d) in enumerate(out):
+            index = d.get("output_index")
+            moved = sum(1 for i in self._dropped if i < index) if isinstance(index, int) else 0
+            if moved and isinstance(index, int):
+                d = {**d, "output_index": index - moved}
+                out[k] = (n, d)
+            number = d.get("sequence_number")
+            if isinstance(number, int):
+                if seq is None:
+                    seq = number
+                if number != seq:
+                    out[k] = (n, {**d, "sequence_number": seq})
+                seq += 1
+        self._seq = seq
+        return out
+
+    def _hold_or_strip(self, name: str | None, data: JSON) -> list[Event]:
+        etype = data.get("type") or name
+        if self._held is not None:
+            index, events, probes = self._held
+            if self._held_done:  # the held item ended: this event decides
+                self._held = None
+                enveloped = any(p.envelope is not None for p in probes.values())
+                if (
+                    enveloped
+                    and etype == "response.output_item.added"
+                    and calls_a_tool(data.get("item"))
+                ):
+                    self._dropped.append(index)
+                    self.removed_chars += sum(p.removed_chars for p in probes.values())
+                    return self._strip(name, data)
+                return [*self._release(events), *self._hold_or_strip(name, data)]
+            if data.get("output_index") == index and etype not in TERMINAL_EVENTS:
+                events.append((name, data))
+                self._held_done = etype == "response.output_item.done"
+                if self._probe_shows(probes, etype, data):
+                    self._held = None
+                    return self._release(events)
+                return []
+            self._held = None  # another item or the end: what was held goes out first
+            return [*self._release(events), *self._hold_or_strip(name, data)]
+        item = data.get("item")
+        if (
+            etype == "response.output_item.added"
+            and not self._said
+            and isinstance(item, dict)
+            and item.get("type") == "message"
+        ):
+            self._held, self._held_done = (data.get("output_index"), [(name, data)], {}), False
+            return []
+        return self._strip(name, data)
+
+    @staticmethod
+    def _probe_shows(probes: dict[Any, EnvelopeStripper], etype: Any, data: JSON) -> bool:
+        """Whether a held item's text event shows text once stripped (fed to a probe)."""
+        key = data.get("content_index")
+        if etype == "response.output_text.delta":
+            piece = data.get("delta")
+            probe = probes.setdefault(key, EnvelopeStripper())
+            return bool(probe.feed(piece if isinstance(piece, str) else ""))
+        if etype == "response.output_text.done":
+            found = probes.pop(key, None)
+            if found is None:  # a part without deltas: its whole text is here
+                text = data.get("text")
+                probe = EnvelopeStripper()
+                shown = probe.feed(text if isinstance(text, str) else "")
+            else:
+                probe, shown = found, ""
+            probes[(key, "done")] = probe
+            return bool(shown + probe.flush(fallback=False))
+        return False
+
+    def _release(self, events: list[Event]) -> list[Event]:
+        return [out for name, data in events for out in self._strip(name, data)]
+
+    def _strip(self, name: str | None, data: JSON) -> list[Event]:
         etype = data.get("type") or name
         if etype == "response.output_text.delta":
             out = self._delta(name, data)
@@ -390,17 +479,6 @@ class ResponsesEventStripper:
             if etype == "response.created":
                 self._said = False
             out = [(name, data)]
-        # Numbered on from the stream's first event, past the deltas dropped or added.
-        seq = self._seq
-        for k, (n, d) in enumerate(out):
-            number = d.get("sequence_number")
-            if isinstance(number, int):
-                if seq is None:
-                    seq = number
-                if number != seq:
-                    out[k] = (n, {**d, "sequence_number": seq})
-                seq += 1
-        self._seq = seq
         return out
 
     def _delta(self, name: str | None, data: JSON) -> list[Event]:
@@ -464,7 +542,16 @@ class ResponsesEventStripper:
 
     def _response(self, resp: JSON) -> JSON:
         output = resp.get("output")
-        if not isinstance(output, list) or not self._final:
+        if not isinstance(output, list) or not (self._final or self._dropped):
             return resp
-        items = [self._item(i, it) if isinstance(it, dict) else it for i, it in enumerate(output)]
+        items = [
+            self._item(i, it) if isinstance(it, dict) else it
+            for i, it in enumerate(output)
+            if i not in self._dropped
+        ]
         return {**resp, "output": items}
+
+
+def calls_a_tool(item: Any) -> bool:
+    """An output item that calls a tool: function_call, custom_tool_call, mcp_call..."""
+    return isinstance(item, dict) and str(item.get("type") or "").endswith("_call")
