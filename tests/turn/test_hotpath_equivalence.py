@@ -14,12 +14,24 @@ import re
 from fractions import Fraction
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from skillstate.choices import CacheBreakpoints, Constrain, Mode, ReplyEnvelope
-from skillstate.cost.baseline import baseline_output_tokens, envelope_output_share, round_ratio
+from skillstate.cost.baseline import (
+    PrefixPoint,
+    baseline_output_tokens,
+    envelope_output_share,
+    prefix_points,
+    round_ratio,
+)
+from skillstate.cost.tokens import estimate_tokens, request_parts
 from skillstate.cost.usage import MAX_TOKEN_COUNT
+from skillstate.dialects.registry import get_dialect
 from skillstate.engine.patch import _FENCE_RUN, _copy_json
+from skillstate.sessions.transcripts import SessionTranscripts
 from skillstate.store.rows import MAX_USD, clamp_amount, clamp_count, clamp_signed
 
 PLAIN_FENCE_RUN = re.compile(r"`{3,}|~{3,}")
@@ -114,3 +126,140 @@ def test_choices_print_and_format_as_their_value(enum: Any) -> None:
     for member in enum:
         assert str(member) == member.value and type(str(member)) is str
         assert f"{member}" == member.value and f"{member:>20}" == f"{member.value:>20}"
+
+
+# --- per-turn work on the new messages only (sessions/transcripts.py) ----------------------
+
+_ENVELOPE = '{"state_patch": {"step": 1}, "action": "run"}'
+_TEXT_BITS = [
+    "THOUGHT: look at it.",
+    "\n",
+    "\n\n",
+    f"```json\n{_ENVELOPE}\n```",
+    f"```\n{_ENVELOPE}\n```",
+    _ENVELOPE,
+    "{not json}",
+    "```python\ndef f(x: dict) -> dict:\n    return {'a': x}\n```",
+    "`` ``",
+    "{",
+    "}",
+    '{"state_patch": 3}',
+]
+_texts = st.lists(st.sampled_from(_TEXT_BITS), max_size=5).map("".join)
+_marker = st.sampled_from([{}, {"cache_control": {"type": "ephemeral"}}])
+_part = st.builds(
+    lambda kind, text, mark: {"type": kind, "text": text, **mark},
+    st.sampled_from(["text", "output_text", "image"]),
+    _texts,
+    _marker,
+)
+_content = st.one_of(_texts, st.lists(_part, max_size=3), st.none())
+_message = st.one_of(
+    st.builds(
+        lambda role, content: {"role": role, "content": content},
+        st.sampled_from(["user", "assistant", "assistant", "tool", "system"]),
+        _content,
+    ),
+    st.builds(
+        lambda args: {"role": "assistant", "content": None, "tool_calls": [{"arguments": args}]},
+        _texts,
+    ),
+    st.integers(min_value=0, max_value=200),  # not a message: its JSON still has to match
+    st.text(max_size=3),
+)
+_tools = st.sampled_from([None, [], [{"name": "run", "schema": {"type": "object"}}]])
+_system = st.sampled_from([None, "", "You are an agent.", [{"type": "text", "text": "S"}]])
+
+
+@st.composite
+def _turns(draw: st.DrawFn) -> list[tuple[str, dict[str, Any]]]:
+    """A session's requests: mostly a transcript growing turn by turn, with rewrites,
+    truncations, edits, other tools or system, a repeated request and a dialect switch."""
+    dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
+    messages: list[Any] = draw(st.lists(_message, max_size=4))
+    tools, system = draw(_tools), draw(_system)
+    turns = []
+    for _ in range(draw(st.integers(min_value=1, max_value=8))):
+        step = draw(st.sampled_from(["grow"] * 5 + ["same", "edit", "cut", "head", "dialect"]))
+        messages = list(messages)
+        if step == "grow":
+            messages += draw(st.lists(_message, max_size=3))
+        elif step == "edit" and messages:
+            messages[draw(st.integers(0, len(messages) - 1))] = draw(_message)
+        elif step == "cut" and messages:
+            messages = messages[: draw(st.integers(0, len(messages) - 1))]
+        elif step == "head":
+            tools, system = draw(_tools), draw(_system)
+        elif step == "dialect":
+            dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
+        body: dict[str, Any] = {"model": "m", "tools": tools, "system": system}
+        body["input" if dialect == "openai-responses" else "messages"] = messages
+        if draw(st.booleans()):
+            body["cache_control"] = {"type": "ephemeral"}
+        # what the proxy sees: a body parsed from the client's bytes, new objects every turn
+        turns.append((dialect, orjson.loads(orjson.dumps(body))))
+    return turns
+
+
+def _plain(dialect: str, body: dict[str, Any]) -> tuple[Any, int, list[PrefixPoint]]:
+    clean = get_dialect(dialect).strip_request(body)
+    return clean, estimate_tokens(request_parts(clean)), prefix_points(clean)
+
+
+@given(st.lists(_turns(), min_size=1, max_size=3))
+def test_transcript_views_match_the_plain_definitions(sessions: list[Any]) -> None:
+    memos = SessionTranscripts(max_sessions=2)  # three sessions: one is dropped now and then
+    for turn in range(max(len(s) for s in sessions)):
+        for i, session in enumerate(sessions):
+            if turn >= len(session):
+                continue
+            dialect, body = session[turn]
+            before = orjson.dumps(body)
+            view = memos.view(f"s{i}", get_dialect(dialect), body)
+            clean, est, points = _plain(dialect, body)
+            assert view.clean == clean and view.est_tokens == est and view.points == points
+            assert (view.clean is body) == (clean is body)  # "untouched" depends on it
+            assert orjson.dumps(body) == before  # nothing mutated
+
+
+def _chat(messages: list[Any]) -> dict[str, Any]:
+    return orjson.loads(orjson.dumps({"model": "m", "messages": messages}))
+
+
+def test_a_growing_transcript_reuses_the_earlier_messages_and_a_rewrite_does_not() -> None:
+    openai = get_dialect("openai")
+    memos = SessionTranscripts()
+    history: list[Any] = [{"role": "user", "content": "task"}]
+    for k in range(5):
+        history += [
+            {"role": "assistant", "content": f"ok {k}\n```json\n{_ENVELOPE}\n```"},
+            {"role": "user", "content": f"output {k}"},
+        ]
+        view = memos.view("s", openai, _chat(history))
+        assert view.kept == (len(history) - 2 if k else 0)
+        assert view.clean["messages"][-2]["content"] == f"ok {k}"
+    assert memos.view("s", openai, _chat(history)).kept == len(history)  # sent again
+    edited = [*history[:3], {"role": "user", "content": "changed"}, *history[4:]]
+    assert memos.view("s", openai, _chat(edited)).kept == 0
+    assert memos.view("s", openai, _chat(edited[:-2])).kept == 0  # truncated
+    assert memos.view("s", openai, _chat([*edited[:-2], 7])).kept == len(edited) - 2
+    # a number that grew is not a message that stayed: [.., 7] then [.., 71]
+    assert memos.view("s", openai, _chat([*edited[:-2], 71])).kept == 0
+    assert memos.view(None, openai, _chat(history)).kept == 0  # an unnamed session
+
+
+def test_transcript_memos_are_bounded_by_sessions_and_bytes() -> None:
+    openai = get_dialect("openai")
+    big = _chat([{"role": "user", "content": "x" * 10_000}])
+    memos = SessionTranscripts(max_sessions=3, max_bytes=50_000)
+    for i in range(5):
+        memos.view(f"s{i}", openai, big)
+    assert len(memos) == 2 and memos.nbytes <= 50_000  # two of ~20 KB each fit
+    memos = SessionTranscripts(max_sessions=3, max_bytes=10**9)
+    for i in range(5):
+        memos.view(f"s{i}", openai, _chat([{"role": "user", "content": "hi"}]))
+    assert len(memos) == 3
+    assert memos.view("s4", openai, _chat([{"role": "user", "content": "hi"}])).kept == 1
+    assert memos.view("s0", openai, _chat([{"role": "user", "content": "hi"}])).kept == 0
+    with pytest.raises(ValueError):
+        SessionTranscripts(max_sessions=0)

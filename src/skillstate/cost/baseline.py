@@ -63,6 +63,7 @@ __all__ = [
     "CacheSplit",
     "PrefixCache",
     "PrefixPoint",
+    "PrefixPointsMemo",
     "SessionPrefixCaches",
     "TurnBaseline",
     "baseline_output_tokens",
@@ -165,24 +166,56 @@ def _text_block(text: str) -> list[dict[str, str]]:
     return [{"type": "text", "text": text}]
 
 
-def _pieces(body: Mapping[str, Any]) -> Iterable[tuple[Any, bool]]:
-    """(piece, is a message) in cache order: tools, system, then each message.
+def _head_pieces(body: Mapping[str, Any]) -> Iterable[Any]:
+    """The pieces before the messages, in cache order: tools, then system.
 
-    A string system or message content is hashed as its one text block: the same tokens to
-    the provider, and how agents mark a message (its string becomes a block carrying
+    A string system (or message content) is hashed as its one text block: the same tokens
+    to the provider, and how agents mark a message (its string becomes a block carrying
     ``cache_control``, sent as a string again the next turn) must not change the prefix."""
     tools = body.get("tools")
     if tools:
-        yield tools, False
+        yield tools
     system = body.get("system")
     if system:
-        yield (_text_block(system) if isinstance(system, str) else system), False
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict) and isinstance(message.get("content"), str):
-                message = {**message, "content": _text_block(message["content"])}
-            yield message, True
+        yield _text_block(system) if isinstance(system, str) else system
+
+
+def _message_piece(message: Any) -> Any:
+    if isinstance(message, dict) and isinstance(message.get("content"), str):
+        return {**message, "content": _text_block(message["content"])}
+    return message
+
+
+class _Running:
+    """The hash and the token estimate of a prefix, one piece at a time."""
+
+    __slots__ = ("hash", "total")
+
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()  # of the prefix so far: each point's digest is a snapshot
+        self.total = 0
+
+    def point(self, piece: Any, is_message: bool) -> PrefixPoint:
+        dumped = orjson.dumps(piece, default=str)
+        marked = False
+        if b'"cache_control"' in dumped:  # rare: only then rebuild the piece without markers
+            clean, marked = _unmarked(piece)
+            if marked:
+                dumped = orjson.dumps(clean, default=str)
+        self.hash.update(dumped)
+        # skillstate.cost.tokens' estimate of the piece, from the bytes already at hand
+        tokens = -(-len(dumped) // BYTES_PER_TOKEN)
+        self.total += tokens + (MESSAGE_OVERHEAD_TOKENS if is_message else 0)
+        return PrefixPoint(self.hash.copy().digest()[:_DIGEST_SIZE], self.total, marked)
+
+
+def _marked_at_end(points: list[PrefixPoint], body: Mapping[str, Any]) -> list[PrefixPoint]:
+    """A top-level ``cache_control`` (Anthropic's automatic caching) is a breakpoint at the
+    last piece."""
+    if points and body.get("cache_control"):
+        last = points[-1]
+        points[-1] = PrefixPoint(last.digest, last.est_tokens, True)
+    return points
 
 
 def prefix_points(body: Mapping[str, Any]) -> list[PrefixPoint]:
@@ -192,25 +225,43 @@ def prefix_points(body: Mapping[str, Any]) -> list[PrefixPoint]:
     ``messages``). A top-level ``cache_control`` (Anthropic's automatic caching) is a
     breakpoint at the last piece. O(size of the body).
     """
-    points: list[PrefixPoint] = []
-    running = hashlib.sha256()  # of the prefix so far: each boundary's digest is a snapshot
-    total = 0
-    for piece, is_message in _pieces(body):
-        dumped = orjson.dumps(piece, default=str)
-        marked = False
-        if b'"cache_control"' in dumped:  # rare: only then rebuild the piece without markers
-            clean, marked = _unmarked(piece)
-            if marked:
-                dumped = orjson.dumps(clean, default=str)
-        running.update(dumped)
-        digest = running.copy().digest()[:_DIGEST_SIZE]
-        # skillstate.cost.tokens' estimate of the piece, from the bytes already at hand
-        total += -(-len(dumped) // BYTES_PER_TOKEN) + (MESSAGE_OVERHEAD_TOKENS if is_message else 0)
-        points.append(PrefixPoint(digest, total, marked))
-    if points and body.get("cache_control"):
-        last = points[-1]
-        points[-1] = PrefixPoint(last.digest, last.est_tokens, True)
-    return points
+    running = _Running()
+    points = [running.point(piece, False) for piece in _head_pieces(body)]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        points += [running.point(_message_piece(m), True) for m in messages]
+    return _marked_at_end(points, body)
+
+
+class PrefixPointsMemo:
+    """:func:`prefix_points` of one session's requests, turn after turn, hashing only the
+    messages that are new since the last call: the running hash after the last call's last
+    piece is kept (a SHA-256 state), with that call's points."""
+
+    __slots__ = ("_count", "_points", "_running")
+
+    def __init__(self) -> None:
+        self._count = 0  # messages of the last call
+        self._points: list[PrefixPoint] = []  # its points (without the top-level marker)
+        self._running = _Running()
+
+    def points(self, body: Mapping[str, Any], kept: int) -> list[PrefixPoint]:
+        """``prefix_points(body)``. ``kept``: 0, or the number of messages of the last
+        call, when they and the pieces before them (tools, system) are equal to this
+        body's."""
+        if kept not in (0, self._count):
+            raise ValueError(f"kept must be 0 or {self._count}, not {kept}")
+        if not kept:
+            self._running = _Running()
+            self._points = [self._running.point(piece, False) for piece in _head_pieces(body)]
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            running = self._running
+            self._points += [running.point(_message_piece(m), True) for m in messages[kept:]]
+            self._count = len(messages)
+        else:
+            self._count = 0
+        return _marked_at_end(list(self._points), body)
 
 
 # --- the per-session cache model ------------------------------------------------------------

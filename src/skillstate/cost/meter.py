@@ -11,7 +11,7 @@ tuples and rows patched by index.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
@@ -22,8 +22,8 @@ from .baseline import (
     CacheRegime,
     CacheSplit,
     PrefixCache,
+    PrefixPoint,
     baseline_output_tokens,
-    prefix_points,
     price_baseline,
     round_ratio,
 )
@@ -54,7 +54,8 @@ class MeterContext:
 class BaselineSource:
     """What the cache-aware baseline of one turn needs (see ``skillstate.cost.baseline``).
 
-    ``client_body``: the client's request with the proxy's envelopes removed; ``untouched``:
+    ``points``: the prefix points (``baseline.prefix_points``) of the client's request with
+    the proxy's envelopes removed; ``untouched``:
     the upstream got exactly the client's body and it had no envelope to remove, so the
     baseline IS the call (the cache model still learns the request for later turns).
     The session's cache is charged once per turn, by the first answer; a re-ask's answer
@@ -62,15 +63,14 @@ class BaselineSource:
     """
 
     cache: PrefixCache
-    client_body: Mapping[str, Any]
+    points: Sequence[PrefixPoint]
     untouched: bool
     now: float
     _charged: tuple[int, CacheSplit] | None = field(default=None, init=False)
 
     def split(self, baseline_input: int, regime: CacheRegime) -> CacheSplit:
         if self._charged is None:
-            points = prefix_points(self.client_body)
-            split = self.cache.charge(points, baseline_input, self.now, regime)
+            split = self.cache.charge(self.points, baseline_input, self.now, regime)
             self._charged = (baseline_input, split)
             return split
         first_input, first = self._charged

@@ -28,7 +28,7 @@ list (186 messages) on the dev box, i.e. negligible next to an upstream call.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -36,8 +36,10 @@ import orjson
 __all__ = [
     "BYTES_PER_TOKEN",
     "MESSAGE_OVERHEAD_TOKENS",
+    "ListSize",
     "estimate_text_tokens",
     "estimate_tokens",
+    "request_parts",
     "request_tokens",
 ]
 
@@ -136,12 +138,51 @@ def estimate_tokens(obj: Any) -> int:
     return _ceil_tokens(_dumps_len(obj)) + MESSAGE_OVERHEAD_TOKENS * _count_messages(obj)
 
 
-def request_tokens(body: Mapping[str, Any]) -> int:
-    """Tokens of what an upstream would read of a request body: system, messages and tool
-    definitions (and a Responses API body's instructions and input items)."""
+def request_parts(body: Mapping[str, Any]) -> list[Any]:
+    """What an upstream reads of a request: system, messages and tool definitions (and a
+    Responses API body's instructions and input items)."""
     parts = [body.get("system"), body.get("messages"), body.get("tools")]
     if "instructions" in body:  # (no comprehension: this runs twice a turn)
         parts.append(body["instructions"])
     if "input" in body:
         parts.append(body["input"])
-    return estimate_tokens(parts)
+    return parts
+
+
+def request_tokens(body: Mapping[str, Any], known: tuple[Any, int] | None = None) -> int:
+    """Tokens of what an upstream would read of a request body: ``estimate_tokens`` of
+    :func:`request_parts`. ``known``: one of the parts (by identity,
+    e.g. the transcript) and its length as compact JSON, already measured (:class:`ListSize`),
+    so that only the other parts are serialised."""
+    parts = request_parts(body)
+    if known is None:
+        return estimate_tokens(parts)
+    obj, length = known
+    total = 1 + len(parts)  # the brackets, and the commas between the parts
+    for part in parts:
+        total += length if part is obj else _dumps_len(part)
+    return _ceil_tokens(total) + MESSAGE_OVERHEAD_TOKENS * _count_messages(parts)
+
+
+class ListSize:
+    """The length of a list as compact JSON (what :func:`estimate_tokens` counts), kept
+    turn after turn for a transcript that grows: only the items that are new since the last
+    call are serialised. The length of a list is its brackets, the commas between its items
+    and the items' own lengths, so the sum over the items seen is all that is kept."""
+
+    __slots__ = ("_count", "_sum")
+
+    def __init__(self) -> None:
+        self._count = 0  # items of the last call's list
+        self._sum = 0  # their lengths as compact JSON
+
+    def size(self, items: Sequence[Any], kept: int) -> int:
+        """``len(orjson.dumps(items))``. ``kept``: 0, or the number of items of the last
+        call, all of them equal to the first ones of ``items``."""
+        if kept not in (0, self._count):
+            raise ValueError(f"kept must be 0 or {self._count}, not {kept}")
+        total = self._sum if kept else 0
+        for k in range(kept, len(items)):
+            total += _dumps_len(items[k])
+        self._sum, self._count = total, len(items)
+        return 2 + total + max(len(items) - 1, 0)

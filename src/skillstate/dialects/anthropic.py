@@ -575,6 +575,7 @@ class AnthropicDialect:
     upstream_path = "/messages"
     count_tokens_path: str | None = "/messages/count_tokens"
     marker_header: str | None = "anthropic-version"  # the Anthropic SDK always sends it
+    transcript = ("messages", "text")
     context: DialectContext = AnthropicContext()
 
     def validate(self, body: JSON) -> None:
@@ -640,7 +641,7 @@ class AnthropicDialect:
         return (resp if content is resp.get("content") else {**resp, "content": content}), summary
 
     def strip_request(self, body: JSON) -> JSON:
-        return strip_request_transcript(body, "messages")
+        return strip_request_transcript(body, *self.transcript)
 
     def stream_stripper(self) -> AnthropicEventStripper:
         return AnthropicEventStripper()

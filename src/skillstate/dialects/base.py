@@ -99,6 +99,9 @@ class Dialect(Protocol):
     # A request header only this format's SDKs send, which tells its clients apart on the
     # routes the formats share (GET /v1/models); None for the default format.
     marker_header: str | None
+    # Where a request keeps its transcript: the body's list, and the type of the text parts
+    # of its assistant messages (what ``strip_request`` strips).
+    transcript: tuple[str, str]
     context: DialectContext  # where a transcript keeps system text and tool results
 
     def validate(self, body: JSON) -> None:

@@ -451,6 +451,7 @@ class OpenAIDialect:
     upstream_path = "/chat/completions"
     count_tokens_path: str | None = None
     marker_header: str | None = None  # the default on shared routes
+    transcript = ("messages", "text")
     context: DialectContext = OpenAIContext()
 
     def validate(self, body: JSON) -> None:
@@ -551,7 +552,7 @@ class OpenAIDialect:
         return ({**resp, "choices": out} if changed else resp), first
 
     def strip_request(self, body: JSON) -> JSON:
-        return strip_request_transcript(body, "messages")
+        return strip_request_transcript(body, *self.transcript)
 
     def stream_stripper(self) -> OpenAIChunkStripper:
         return OpenAIChunkStripper()

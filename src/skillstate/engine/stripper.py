@@ -56,6 +56,7 @@ __all__ = [
     "EnvelopeStripper",
     "Known",
     "Stripped",
+    "TranscriptStripper",
     "strip_content",
     "strip_envelope",
     "strip_request_transcript",
@@ -534,19 +535,66 @@ def strip_content(
     return [part for k, part in enumerate(out) if k not in emptied], summary
 
 
+def _clean_message(msg: Any, text_type: str) -> Any:
+    """One transcript message without envelopes: ``msg`` itself unless it is an assistant
+    message whose content had one."""
+    if isinstance(msg, dict) and msg.get("role") == "assistant":
+        content = msg.get("content")
+        new, _ = strip_content(content, text_type)
+        if new is not content:
+            return {**msg, "content": new}
+    return msg
+
+
 def _clean_assistants(messages: Sequence[Any], text_type: str) -> list[Any] | None:
     """``messages`` with envelopes stripped from its assistant messages, or None when none
     had one (no copy made)."""
     out = None
     for k, msg in enumerate(messages):
-        if isinstance(msg, dict) and msg.get("role") == "assistant":
-            content = msg.get("content")
-            new, _ = strip_content(content, text_type)
-            if new is not content:
-                if out is None:
-                    out = list(messages)
-                out[k] = {**msg, "content": new}
+        new = _clean_message(msg, text_type)
+        if new is not msg:
+            if out is None:
+                out = list(messages)
+            out[k] = new
     return out
+
+
+class TranscriptStripper:
+    """:func:`strip_transcript` of one session's transcript, turn after turn, stripping
+    only the messages that are new since the last call.
+
+    A message's result depends on that message alone, so when the caller vouches that the
+    first ``kept`` messages are the ones the last call ended with (the same JSON: see
+    :mod:`skillstate.sessions.transcripts`), their results are reused. Kept between calls:
+    the stripped copies of the messages that had an envelope, by index.
+    """
+
+    __slots__ = ("_count", "_stripped", "_text_type")
+
+    def __init__(self, text_type: str = "text") -> None:
+        self._text_type = text_type
+        self._count = 0  # messages in the last call's transcript
+        self._stripped: dict[int, Any] = {}  # index -> the message without its envelopes
+
+    def strip(self, messages: Sequence[Any], kept: int) -> list[Any] | None:
+        """``messages`` without envelopes, as ``strip_transcript`` gives them, or None when
+        no message had one. ``kept``: 0, or the number of messages of the last call, all of
+        them equal to the first ones of ``messages``."""
+        if kept not in (0, self._count):
+            raise ValueError(f"kept must be 0 or {self._count}, not {kept}")
+        stripped = self._stripped if kept else {}
+        for k in range(kept, len(messages)):
+            msg = messages[k]
+            new = _clean_message(msg, self._text_type)
+            if new is not msg:
+                stripped[k] = new
+        self._stripped, self._count = stripped, len(messages)
+        if not stripped:
+            return None
+        out = list(messages)
+        for k, new in stripped.items():
+            out[k] = new
+        return out
 
 
 def strip_transcript(messages: Sequence[Any], text_type: str = "text") -> list[Any]:

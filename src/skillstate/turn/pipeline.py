@@ -47,6 +47,7 @@ from ..headertext import header_safe
 from ..jsondepth import MAX_JSON_DEPTH, JSONTooDeep, nesting_exceeds
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.locks import SESSION_HEADER, Hold, SessionLocks, TurnLocks
+from ..sessions.transcripts import SessionTranscripts, TranscriptView
 from ..store import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
 from ..upstream.client import Exchange, Outbound, UpstreamPool
 
@@ -196,6 +197,8 @@ class Pipeline:
         # What each session's baseline request (no proxy) would have in the prompt cache.
         self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
         self.auto = AutoPlanner(max(settings.max_sessions, 1_000))
+        # Each session's last transcript and the results on it, for the next turn's.
+        self.transcripts = SessionTranscripts()
 
     # -- policy and context ----------------------------------------------------------------
 
@@ -415,12 +418,13 @@ class Pipeline:
             state = record.state if record else self.settings.initial_state
             step = record.step if record else 0
             schema = record.schema if record else self.settings.allowed_keys
-            clean, est_client = self._client_transcript(turn)
+            client = self._client_transcript(turn)
+            est_client = client.est_tokens if client is not None else 0
             decision = self._auto_decision(turn, state, schema, est_client, record is not None)
             form = decision.form if decision is not None else None
             sent, shape = self.build_context(turn, state, schema, form)
             turn.telemetry.context(shape)
-            ctx = self._meter_context(turn, sent, shape, clean, est_client)
+            ctx = self._meter_context(turn, sent, shape, client)
             meter = TurnMeter(self.prices, ctx)
             meta = _TurnMeta(
                 turn, state, step, schema, record is None, shape, meter, decision, hold
@@ -449,35 +453,35 @@ class Pipeline:
                     await self._close_ledger(turn, meter)
                 await stack.aclose()
 
-    def _client_transcript(self, turn: Turn) -> tuple[dict[str, Any], int]:
+    def _client_transcript(self, turn: Turn) -> TranscriptView | None:
         """The client's request without the envelopes the proxy caused (the baseline's
-        transcript; the same object when it had none), and its estimated tokens."""
+        transcript), its estimated tokens and prefix hashes; None in passthrough. Worked
+        out on the messages new since the session's last turn (a session the client named)."""
         if turn.mode == Mode.PASSTHROUGH:
-            return turn.body, 0
-        clean = get_dialect(turn.dialect).strip_request(turn.body)
-        return clean, _est(clean)
+            return None
+        named = turn.session if SESSION_HEADER in turn.headers else None
+        return self.transcripts.view(named, get_dialect(turn.dialect), turn.body)
 
     def _meter_context(
         self,
         turn: Turn,
         sent: dict[str, Any],
         shape: ContextShape,
-        clean: dict[str, Any],
-        est_client: int,
+        client: TranscriptView | None,
     ) -> MeterContext:
         """What the turn's ledger rows share. Outside passthrough mode, the baseline is the
         client's transcript without the envelopes the proxy caused, its prompt cache
         modelled per session (``skillstate.cost.baseline``)."""
-        if turn.mode == Mode.PASSTHROUGH:
+        if client is None:
             return MeterContext(turn.session, str(turn.mode), turn.model or None, None, shape)
         source = BaselineSource(
             self.baseline_caches.get(turn.session),
-            clean,
-            untouched=clean is turn.body and sent is turn.body,
+            client.points,
+            untouched=client.clean is turn.body and sent is turn.body,
             now=time.monotonic(),
         )
         return MeterContext(
-            turn.session, str(turn.mode), turn.model or None, est_client, shape, source
+            turn.session, str(turn.mode), turn.model or None, client.est_tokens, shape, source
         )
 
     async def _dispatch(self, out: Outbound, meta: _TurnMeta) -> Exchange:

@@ -188,6 +188,7 @@ class ResponsesDialect:
     upstream_path = "/responses"
     count_tokens_path: str | None = None
     marker_header: str | None = None  # its clients are told apart by the path alone
+    transcript = ("input", "output_text")
     context: DialectContext = ResponsesContext()
 
     def validate(self, body: JSON) -> None:
@@ -248,7 +249,7 @@ class ResponsesDialect:
 
     def strip_request(self, body: JSON) -> JSON:
         # Assistant message items of ``input`` (content a string or output_text parts).
-        return strip_request_transcript(body, "input", "output_text")
+        return strip_request_transcript(body, *self.transcript)
 
     def stream_stripper(self) -> ResponsesEventStripper:
         return ResponsesEventStripper()
