@@ -78,22 +78,22 @@ def reach_svg(arms: Mapping[str, Any]) -> str:
     """Verbatim reach (solid) and reach with the state's text (light) per arm."""
     rows = [(a, s.get("reach"), s.get("reach_with_state")) for a, s in arms.items()]
     height = 24 * len(rows) + 30
-    pw = W - L - R
+    left, pw = 100, W - 100 - 300  # room for the arm names and the figures
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" '
         f'viewBox="0 0 {W} {height}" role="img">'
     ]
     for k, (arm, verbatim, with_state) in enumerate(rows):
         y = 10 + 24 * k
-        out.append(f'<text x="{L - 6}" y="{y + 13}" text-anchor="end">{html.escape(arm)}</text>')
+        out.append(f'<text x="{left - 6}" y="{y + 13}" text-anchor="end">{html.escape(arm)}</text>')
         if with_state is not None:
             out.append(
-                f'<rect x="{L}" y="{y}" width="{pw * with_state:.1f}" height="16" '
+                f'<rect x="{left}" y="{y}" width="{pw * with_state:.1f}" height="16" '
                 f'fill="{_color(arm)}" opacity="0.3"/>'
             )
         if verbatim is not None:
             out.append(
-                f'<rect x="{L}" y="{y}" width="{pw * verbatim:.1f}" height="16" '
+                f'<rect x="{left}" y="{y}" width="{pw * verbatim:.1f}" height="16" '
                 f'fill="{_color(arm)}"/>'
             )
         text = (
@@ -101,7 +101,7 @@ def reach_svg(arms: Mapping[str, Any]) -> str:
             if verbatim is None
             else (f"{100 * verbatim:.0f}% verbatim, {100 * (with_state or 0):.0f}% with the state")
         )
-        out.append(f'<text x="{L + pw + 8}" y="{y + 13}">{text}</text>')
+        out.append(f'<text x="{left + pw + 8}" y="{y + 13}">{text}</text>')
     out.append("</svg>")
     return "".join(out)
 
