@@ -120,3 +120,37 @@ def test_bench_replay_runs_every_arm_under_both_regimes(
         and "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
     )
     assert "https://" not in text
+
+
+def test_the_proxies_run_with_the_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = str(FIXTURES / "codex.jsonl")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"no_such_setting": 1}')
+    assert main(["replay", log, "--config", str(bad), "--price-as", "gpt-5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "skillstate replay: --config: no_such_setting: unknown setting"
+    good = tmp_path / "good.json"
+    good.write_text('{"schema": ["notes"], "constrain": "off"}')
+    out = tmp_path / "r.json"
+    main(
+        [
+            "replay",
+            log,
+            "--config",
+            str(good),
+            "--arms",
+            "passthrough,state",
+            "--price-as",
+            "gpt-5",
+            "--json",
+            str(out),
+        ]
+    )
+    report = json.loads(out.read_text())
+    assert report["options"]["config"] == str(good)
+    state = report["totals"]["openai"]["state"]
+    # The simulated model writes only the keys the contract allows: no invalid turn.
+    assert state["calls"] == 4 and state["errors"] == 0 and state["invalid"] == 0
+    assert state["upstream_requests"] == 4  # no re-ask

@@ -21,6 +21,7 @@ billing) with a different policy:
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,8 +93,25 @@ class _Current:
     envelope: int = 0  # the envelope tokens of the reply being sent
 
 
-def envelope_text(step: int, summary: list[str], tokens: int) -> str:
-    """The envelope appended to a reply: about ``tokens`` tokens (skillstate.tokens)."""
+_ALLOWED = re.compile(r"Allowed top-level state keys: (.+?)\.?$", re.M)
+
+
+def allowed_keys(messages: list[dict[str, Any]]) -> list[str] | None:
+    """The state keys the contract in the request allows (None: any)."""
+    for m in messages:
+        text = message_text(m)
+        if CONTRACT_MARK in text:
+            found = _ALLOWED.search(text)
+            if found and found.group(1).strip() != "any":
+                return [k.strip() for k in found.group(1).split(",") if k.strip()]
+            return None
+    return None
+
+
+def envelope_text(step: int, summary: list[str], tokens: int, keys: list[str] | None) -> str:
+    """The envelope appended to a reply: about ``tokens`` tokens (skillstate.tokens), its
+    notes under ``notes`` (or the first key the contract allows) and the call number under
+    ``step`` when the contract allows it."""
     budget = max(0, tokens * 4 - 80)  # the JSON around the notes is about 20 tokens
     words: list[str] = []
     size = 0
@@ -103,7 +121,13 @@ def envelope_text(step: int, summary: list[str], tokens: int) -> str:
         words.append(word)
         size += len(word) + 1
     notes = " ".join(words)[:budget]
-    patch = {"step": step, "notes": notes}
+    patch: dict[str, Any] = {}
+    if keys is None or "step" in keys:
+        patch["step"] = step
+    notes_key = "notes" if keys is None or "notes" in keys else None
+    notes_key = notes_key or next((k for k in keys or () if k != "step"), None)
+    if notes_key is not None:
+        patch[notes_key] = notes
     body = orjson.dumps({"state_patch": patch, "action": "continue"}).decode()
     return f"\n\n```json\n{body}\n```"
 
@@ -149,7 +173,8 @@ class ReplayUpstream(SimModel):
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         envelope = 0
         if asks_for_envelope(messages):
-            extra = envelope_text(script.step, script.summary, self.envelope_tokens)
+            keys = allowed_keys(messages)
+            extra = envelope_text(script.step, script.summary, self.envelope_tokens, keys)
             envelope = estimate_text_tokens(extra)
             text += extra
         self._cur.envelope = envelope
