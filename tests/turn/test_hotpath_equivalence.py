@@ -29,8 +29,10 @@ from skillstate.cost.baseline import (
 )
 from skillstate.cost.tokens import estimate_tokens, request_parts
 from skillstate.cost.usage import MAX_TOKEN_COUNT
+from skillstate.dialects.openai import _validate_message, validate_openai_request
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.patch import _FENCE_RUN, _copy_json
+from skillstate.errors import ProxyError
 from skillstate.sessions.transcripts import SessionTranscripts
 from skillstate.store.rows import MAX_USD, clamp_amount, clamp_count, clamp_signed
 
@@ -263,3 +265,38 @@ def test_transcript_memos_are_bounded_by_sessions_and_bytes() -> None:
     assert memos.view("s0", openai, _chat([{"role": "user", "content": "hi"}])).kept == 0
     with pytest.raises(ValueError):
         SessionTranscripts(max_sessions=0)
+
+
+_odd_value = st.one_of(
+    st.none(), st.integers(), st.text(max_size=4), st.lists(st.none(), max_size=1)
+)
+_chat_message = st.one_of(
+    _odd_value,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "role": st.one_of(
+                st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"]),
+                _odd_value,
+            ),
+            "content": st.one_of(_texts, _odd_value, st.lists(_part, max_size=2)),
+            "tool_calls": st.one_of(st.none(), st.just([]), _odd_value),
+            "tool_call_id": st.one_of(st.just("call_1"), _odd_value),
+        },
+    ),
+)
+
+
+def _problem(check: Any, *args: Any) -> str | None:
+    try:
+        check(*args)
+    except ProxyError as e:
+        return f"{e.message} ({e.param})"
+    return None
+
+
+@given(_chat_message)
+def test_chat_request_checks_judge_every_message_as_the_full_check_does(message: Any) -> None:
+    body = {"model": "m", "messages": [message]}
+    want = _problem(_validate_message, message, "messages[0]")
+    assert _problem(validate_openai_request, body) == want

@@ -36,6 +36,7 @@ from .checks import is_number as _is_number
 NAME: Final = "openai"
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_TEXT_ROLES = _ROLES - {"tool"}  # the roles that need nothing beside their text
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 _RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 # ProxyError kind -> OpenAI error type
@@ -68,6 +69,10 @@ def validate_openai_request(body: JSON) -> None:
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty array", "messages")
     for i, m in enumerate(messages):
+        if type(m) is dict and m.get("tool_calls") is None and type(m.get("content")) is str:
+            role = m.get("role")
+            if type(role) is str and role in _TEXT_ROLES:
+                continue  # the usual message, which _validate_message would pass as it is
         _validate_message(m, f"messages[{i}]")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise _bad("'stream' must be a boolean", "stream")
