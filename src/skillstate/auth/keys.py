@@ -60,6 +60,11 @@ class KeyHasher:
         data = key.encode("utf-8", "surrogateescape")
         return hmac.new(self._secret, data, hashlib.sha256).hexdigest()
 
+    def derive(self, purpose: bytes) -> bytes:
+        """A key for another use of the server secret (compaction tokens), never equal to a
+        key's digest: HMAC of ``purpose`` under the secret, with a prefix no key has."""
+        return hmac.new(self._secret, b"\x00derive:" + purpose, hashlib.sha256).digest()
+
 
 def server_secret(data_dir: Path, *, replace: bytes | None = None) -> bytes:
     """The server secret in ``data_dir`` (created, 0600, on first use; set to ``replace``
