@@ -55,6 +55,7 @@ from aiohttp import web
 
 DEFAULT_TEXT = '```json\n{"state_patch": {}, "action": "noop"}\n```'
 CHUNK_CHARS = 8  # text / argument fragment size when streaming
+ANTHROPIC_CONTEXT_WINDOW = 200_000  # what the Anthropic models list says of every model
 SYSTEM_FINGERPRINT = "fp_fake0001"
 USAGE_KEYS = {
     "prompt_tokens",
@@ -495,10 +496,12 @@ class FakeProvider:
 
     def _models(self, anthropic: bool) -> dict[str, Any]:
         if anthropic:
+            # max_input_tokens / max_tokens: the Models API's context window and output cap.
             data = [
-                {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
+                {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z",
+                 "max_input_tokens": ANTHROPIC_CONTEXT_WINDOW, "max_tokens": 64000}
                 for m in self.models
-            ]
+            ]  # fmt: skip
             first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
             return {"data": data, "has_more": False, "first_id": first, "last_id": last}
         listed: list[dict[str, Any]] = [

@@ -38,3 +38,19 @@ def test_one_model_and_an_empty_list() -> None:
     assert translate_models({"data": "nope"}, "anthropic", single=False) == {
         "data": [], "has_more": False, "first_id": None, "last_id": None,
     }  # fmt: skip
+
+
+def test_the_context_window_goes_across() -> None:
+    """Anthropic's max_input_tokens <-> an OpenAI-compatible server's window fields."""
+    ant = {"type": "model", "id": "claude", "created_at": "2025-01-01T00:00:00Z",
+           "max_input_tokens": 200000}  # fmt: skip
+    assert translate_models(ant, "openai", single=True)["context_window"] == 200000
+    for listed in (
+        {"id": "m", "max_model_len": 32768},  # vLLM
+        {"id": "m", "context_length": 32768},  # OpenRouter
+        {"id": "m", "meta": {"n_ctx_train": 32768}},  # llama.cpp
+        {"id": "m", "context_window": 32768},
+    ):
+        assert translate_models(listed, "anthropic", single=True)["max_input_tokens"] == 32768
+    assert "max_input_tokens" not in translate_models({"id": "m", "max_model_len": True},
+                                                      "anthropic", single=True)  # fmt: skip
