@@ -43,6 +43,15 @@ class Mode(Choice):
     MASK = "mask"
 
 
+class Compaction(Choice):
+    """Who serves a compaction (a Responses ``compaction_trigger``) for an upstream that has
+    its own: that upstream (``native``), or the proxy, from the session's state (``proxy``).
+    Every other upstream is served by the proxy."""
+
+    NATIVE = "native"
+    PROXY = "proxy"
+
+
 class ReplyEnvelope(Choice):
     """Whether the client sees the model's state envelope (``keep``) or the reply without
     it (``strip``)."""

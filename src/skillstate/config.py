@@ -21,7 +21,15 @@ import jsonschema
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .choices import AuthMode, CacheBreakpoints, Constrain, CoordinationDown, Mode, ReplyEnvelope
+from .choices import (
+    AuthMode,
+    CacheBreakpoints,
+    Compaction,
+    Constrain,
+    CoordinationDown,
+    Mode,
+    ReplyEnvelope,
+)
 from .cost.baseline import (
     CACHE_PRICING,
     DEFAULT_MIN_TOKENS,
@@ -147,6 +155,7 @@ class Settings(BaseModel):
     unsupported_tools: Literal["drop", "reject"] = "drop"
     reply_envelope: ReplyEnvelope = ReplyEnvelope.STRIP
     mask_keep: int = Field(default=3, ge=1)  # mode mask: the last observations kept whole
+    compaction: Compaction = Compaction.NATIVE  # who compacts for openai-responses upstreams
 
     # Which Host and Origin headers are served besides loopback and the proxy's own pages
     # (DNS rebinding and cross-site protection, see guards.py); "*" turns a check off.

@@ -76,6 +76,9 @@ class Turn:
     )
     client_session: str | None = None  # the id the client sent, when it differs from session
     budgets: TurnBudgets | None = None  # the key's and the session's (cost/budgets.py)
+    # A context form fixed by the caller instead of the mode's: a compaction's checkpoint
+    # sends the whole transcript with the contract (skillstate.compaction).
+    shape: ContextShape | None = None
 
     @property
     def shown_session(self) -> str:
@@ -324,8 +327,8 @@ class Pipeline:
     ) -> tuple[dict[str, Any], ContextShape]:
         """The body to send upstream for this turn, and which shape it is. ``chosen``: the
         shape ``auto`` chose (passthrough when it chose none)."""
-        if turn.mode == Mode.AUTO:
-            return self._auto_context(turn, state, schema, chosen)
+        if turn.mode == Mode.AUTO or turn.shape is not None:
+            return self._auto_context(turn, state, schema, turn.shape or chosen)
         if turn.mode == Mode.PASSTHROUGH:
             return turn.body, ContextShape.PASSTHROUGH
         if turn.mode == Mode.MASK:

@@ -32,6 +32,7 @@ from ..sessions.locks import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
 from ..turn.pipeline import Reply, Turn
 from ..upstream.client import UpstreamRuntime
+from .compaction import plan, restore
 from .runtime import runtime
 from .turns import admit, key_name, parse_turn, streaming, with_budgets
 from .wire import StreamingProxyResponse, error_response, unless_disconnected
@@ -102,9 +103,20 @@ def _owned(found: StoredResponse, caller: Principal | None) -> bool:
 
 
 async def responses_turn(request: Request) -> Response:
-    """``POST /v1/responses``: one turn in the Responses API's format."""
+    """``POST /v1/responses``: one turn in the Responses API's format (a compaction when its
+    input ends with ``compaction_trigger``: ``skillstate.web.compaction``)."""
+    return await _responses(request, endpoint=False)
+
+
+async def responses_compact(request: Request) -> Response:
+    """``POST /v1/responses/compact``: the Responses request's transcript compacted into the
+    session's state, answered with its user messages and one ``compaction`` item."""
+    return await _responses(request, endpoint=True)
+
+
+async def _responses(request: Request, *, endpoint: bool) -> Response:
     rt = runtime(request)
-    tel = rt.telemetry.turn(ROUTE, DIALECT, key_name(request))
+    tel = rt.telemetry.turn(ROUTE + ("/compact" if endpoint else ""), DIALECT, key_name(request))
     session_hdr: dict[str, str] = {}
     try:
         header = request.headers.get(SESSION_HEADER)
@@ -120,12 +132,14 @@ async def responses_turn(request: Request) -> Response:
             _reject_unsupported(rt.pool.candidates(turn.model), turn.body)
         caller = principal_of(request.scope)
         turn = await _with_chain(rt.store, turn, header, caller)
+        turn = await restore(rt, turn, caller, adopt=header is None and prev_id is None)
         session_hdr = {SESSION_HEADER: turn.shown_session}
+        turn, run = plan(rt, turn, caller, endpoint=endpoint)
         link = _Link(rt.store, turn.session, prev_id, own_items)
         tel.begin(turn)
         await admit(request, rt, turn)
         with tel.active():
-            result = await unless_disconnected(request, rt.pipeline.run(turn))
+            result = await unless_disconnected(request, run())
     except ProxyError as e:
         response = error_response(e, DIALECT, session_hdr)
         tel.finished(response.status_code)
@@ -133,7 +147,7 @@ async def responses_turn(request: Request) -> Response:
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
-    keep = turn.body.get("store") is not False
+    keep = not endpoint and turn.body.get("store") is not False
     if dropped:
         _say_dropped(rt.pool.candidates(turn.model), result.headers, dropped)
     headers = with_budgets(turn, result)

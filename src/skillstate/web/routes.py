@@ -8,7 +8,7 @@ from ..dialects.registry import DIALECTS
 from ..ui import ui_routes
 from .info import cost, health, metrics, models
 from .responses import DIALECT as RESPONSES
-from .responses import response_input_items, response_item, responses_turn
+from .responses import response_input_items, response_item, responses_compact, responses_turn
 from .state import state
 from .turns import messages_count_tokens, turn_endpoint
 
@@ -36,6 +36,7 @@ ROUTES = [
         route
         for prefix in ("/v1", "")
         for route in (
+            Route(prefix + "/responses/compact", responses_compact, methods=["POST"]),
             Route(prefix + "/responses/{response_id}", response_item, methods=["GET", "DELETE"]),
             Route(prefix + "/responses/{response_id}/input_items", response_input_items),
         )

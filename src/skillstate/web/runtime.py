@@ -17,6 +17,7 @@ from starlette.requests import Request
 from ..auth.gate import KeyBook
 from ..auth.keys import KeyHasher, server_secret
 from ..auth.quota import KeyQuotas
+from ..compaction.pinned import PinnedStates
 from ..config import Settings
 from ..coordination.link import CoordinationLink
 from ..cost.budgets import Budgets
@@ -51,6 +52,8 @@ class Runtime:
         self.pool = UpstreamPool(settings, telemetry=self.telemetry, link=self.coordination)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices, _turn_locks(self))
+        # The states compaction tokens pin (skillstate.compaction.pinned).
+        self.pinned_states = PinnedStates(self.store, settings.initial_state)
         # A shared store keeps the secret itself (every replica hashes keys alike): until
         # the lifespan reads it, a random one that matches no stored key.
         local = sqlite_path(settings) is not None

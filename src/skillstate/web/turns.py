@@ -14,12 +14,13 @@ from ..auth.tenancy import store_session
 from ..choices import Choice, Constrain
 from ..config import Settings
 from ..cost.budgets import BUDGET_HEADER
-from ..dialects.anthropic import validate_count_tokens_request
+from ..dialects.anthropic import ANTHROPIC, validate_count_tokens_request
 from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.locks import SESSION_HEADER, resolve_session_id
 from ..turn.pipeline import Reply, StreamReply, Turn
+from .compaction import AppliedEdits, Run, plan_messages
 from .counting import count_tokens
 from .runtime import Runtime, runtime
 from .wire import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
@@ -79,17 +80,25 @@ async def _turn(
     rt = runtime(request)
     tel = rt.telemetry.turn(route, dialect, key_name(request))
     session_hdr: dict[str, str] = {}
+    edits: AppliedEdits | None = None  # context_management the proxy applied (Messages)
     try:
         session = resolve_session_id(single_header(request, SESSION_HEADER))
         session_hdr = {SESSION_HEADER: session}
         turn = await parse_turn(request, rt.settings, dialect, validate, session, tel)
+        run: Run = lambda: rt.pipeline.run(turn)  # noqa: E731
+        if dialect == ANTHROPIC.name:
+            adopt = request.headers.get(SESSION_HEADER) is None
+            turn, edits, run = await plan_messages(
+                rt, turn, principal_of(request.scope), adopt=adopt
+            )
+            session_hdr = {SESSION_HEADER: turn.shown_session}
         tel.begin(turn)
         await admit(request, rt, turn)
         # A disconnect cancels the turn. Decided: the turn is committed iff the proxy had the
         # model's whole answer before that (the commit then finishes: Pipeline.commit_transition);
         # earlier, the upstream call is cancelled and nothing is committed. See README.
         with tel.active():  # the turn's task starts under the turn's span
-            result = await unless_disconnected(request, rt.pipeline.run(turn))
+            result = await unless_disconnected(request, run())
     except ProxyError as e:
         response = error_response(e, dialect, session_hdr)
         tel.finished(response.status_code)
@@ -99,9 +108,12 @@ async def _turn(
         return Response(status_code=499)  # the client is gone; nobody reads this
     headers = with_budgets(turn, result)
     if isinstance(result, Reply):
+        if edits is not None:
+            result = edits.reply(result)
         tel.finished(result.status)
         return Response(result.body, status_code=result.status, headers=headers)
-    return StreamingProxyResponse(result.chunks, headers, streaming(tel, result.abort))
+    chunks = result.chunks if edits is None else edits.stream(result.chunks)
+    return StreamingProxyResponse(chunks, headers, streaming(tel, result.abort))
 
 
 async def admit(request: Request, rt: Runtime, turn: Turn) -> None:
@@ -170,6 +182,9 @@ async def messages_count_tokens(request: Request) -> Response:
         turn = await parse_turn(
             request, rt.settings, "anthropic", validate_count_tokens_request, session
         )
+        # What would go upstream: compaction blocks restored, the proxy's edits applied.
+        adopt = request.headers.get(SESSION_HEADER) is None
+        turn, _, _ = await plan_messages(rt, turn, principal_of(request.scope), adopt=adopt)
         tel.begin(turn)
         result = await count_tokens(rt.pipeline, rt.pool, turn)
     except ProxyError as e:

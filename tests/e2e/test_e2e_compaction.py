@@ -1,0 +1,301 @@
+"""Compaction served from the session's state, through a real proxy, driven by the openai
+SDK (``responses.compact``, a ``compaction_trigger`` as JSON and as a stream, the item sent
+back later) against the fake provider as a chat-completions and an Anthropic upstream; the
+native pass-through to a Responses upstream; and every bad compaction item refused with a
+400 before anything goes upstream."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from skillstate.cli.main import main as cli_main
+from skillstate.compaction.items import CHECKPOINT_MARK, RESTORED_MARK
+from tests.conftest import InProcessProxy, StartProxy
+from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+
+JSON = dict[str, Any]
+KINDS = ["openai", "anthropic"]
+TRIGGER = {"type": "compaction_trigger"}
+
+
+def envelope(patch: JSON, action: str = "continue") -> str:
+    return f"```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+
+
+def start(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, *args: str, **cfg: Any
+) -> InProcessProxy:
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    up = {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
+    return start_proxy(None, *args, config={"upstreams": [up], **cfg})
+
+
+def client(
+    proxy: InProcessProxy, session: str | None = "s1", key: str = "sk-client"
+) -> openai.OpenAI:
+    headers = {"x-skillstate-session": session} if session else {}
+    return openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0, default_headers=headers)
+
+
+def history(n: int = 3) -> list[Any]:
+    items: list[Any] = [{"role": "user", "content": "Fix the failing test in calc.py"}]
+    for k in range(n):
+        items += [
+            {
+                "type": "function_call",
+                "call_id": f"call_{k}",
+                "name": "sh",
+                "arguments": json.dumps({"cmd": f"cat part{k}.py"}),
+            },
+            {"type": "function_call_output", "call_id": f"call_{k}", "output": f"def f{k}(): ..."},
+        ]
+    return items
+
+
+TOOLS = [{"type": "function", "name": "sh", "parameters": {"type": "object", "properties": {}}}]
+
+
+def upstream_text(rec: RecordedRequest) -> str:
+    return json.dumps(rec.json)
+
+
+def sent_turns(fake: FakeProvider) -> list[RecordedRequest]:
+    return [r for r in fake.requests if r.path in ("/v1/chat/completions", "/v1/messages")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_compact_endpoint_checkpoints_into_the_state(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str
+) -> None:
+    p = start(fake, start_proxy, kind, "--mode", "passthrough")
+    fake.enqueue(Reply(text="Noted.\n" + envelope({"facts": ["calc.py: f2 is wrong"]})))
+    r = client(p).responses.compact(model="m-1", input=history(), instructions="You fix bugs.")
+    assert r.object == "response.compaction"
+    *users, item = r.output
+    assert [u.role for u in users] == ["user"] and item.type == "compaction"
+    assert item.encrypted_content.startswith("ssc1_") and r.usage.input_tokens > 0
+    (sent,) = sent_turns(fake)
+    text = upstream_text(sent)
+    assert "STATE CONTRACT" in text and CHECKPOINT_MARK in text and "cat part2.py" in text
+    state = p.state("s1")
+    assert state["state"] == {"facts": ["calc.py: f2 is wrong"]} and state["step"] == 1
+    assert p.get("/cost", params={"session": "s1"}).json()["totals"]["requests"] == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_trigger_gets_exactly_one_compaction_item(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, stream: bool
+) -> None:
+    p = start(fake, start_proxy, kind, "--mode", "passthrough")
+    fake.enqueue(Reply(text=envelope({"notes": "read part0..2"})))
+    c = client(p)
+    request = {"model": "m-1", "input": [*history(), TRIGGER], "tools": TOOLS}
+    if stream:
+        with c.responses.stream(**request) as events:
+            types = [e.type for e in events]
+            final = events.get_final_response()
+        assert types[0] == "response.created" and types[-1] == "response.completed"
+        assert types.count("response.output_item.done") == 1
+    else:
+        final = c.responses.create(**request)
+    (item,) = final.output
+    assert item.type == "compaction" and item.encrypted_content.startswith("ssc1_")
+    assert p.state("s1")["state"] == {"notes": "read part0..2"}
+    (sent,) = sent_turns(fake)
+    assert "compaction_trigger" not in upstream_text(sent) and sent.json.get("stream") is not True
+
+
+def compact_once(p: InProcessProxy, fake: FakeProvider, patch: JSON, session: str = "s1") -> JSON:
+    fake.enqueue(Reply(text=envelope(patch)))
+    r = client(p, session).responses.create(model="m-1", input=[*history(), TRIGGER])
+    return r.output[0].model_dump()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_later_request_gets_the_pinned_state_in_the_items_place(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str
+) -> None:
+    p = start(fake, start_proxy, kind, "--mode", "passthrough")
+    first = compact_once(p, fake, {"facts": ["one"]})
+    compact_once(p, fake, {"facts": ["one", "two"]})  # the session moves on (step 2)
+    fake.enqueue(Reply(text="carrying on"))
+    later = [{"role": "user", "content": "Fix it"}, first, {"role": "user", "content": "next?"}]
+    r = client(p).responses.create(model="m-1", input=later)
+    assert r.output_text == "carrying on"
+    text = upstream_text(sent_turns(fake)[-1])
+    assert RESTORED_MARK in text and '\\"facts\\":[\\"one\\"]' in text and "two" not in text
+    assert "ssc1_" not in text and "compaction" not in text.replace(RESTORED_MARK, "")
+
+
+def test_the_item_works_after_a_restart(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    item = compact_once(p, fake, {"facts": ["kept"]})
+    p.stop()
+    again = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    fake.enqueue(Reply(text="ok"))
+    client(again).responses.create(model="m-1", input=[item, {"role": "user", "content": "go"}])
+    assert '\\"facts\\":[\\"kept\\"]' in upstream_text(sent_turns(fake)[-1])
+
+
+def test_state_mode_compacts_and_continues(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(fake, start_proxy, "openai", "--mode", "state")
+    fake.enqueue(Reply(text="Looking.\n" + envelope({"notes": "started"})))
+    c = client(p)
+    c.responses.create(model="m-1", input=history(1))
+    item = compact_once(p, fake, {"notes": "folded", "facts": ["f0 fine"]})
+    fake.enqueue(Reply(text="Done.\n" + envelope({"notes": "done"})))
+    r = c.responses.create(model="m-1", input=[item, {"role": "user", "content": "finish"}])
+    assert r.output_text == "Done."
+    state = p.state("s1")
+    assert state["state"] == {"notes": "done", "facts": ["f0 fine"]} and state["step"] == 3
+
+
+def test_native_compaction_passes_through_to_a_responses_upstream(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "openai-responses", "--mode", "state")
+    fake.enqueue(Reply(text="whatever the upstream compacts"))
+    client(p).responses.create(model="m-1", input=[*history(), TRIGGER])
+    (sent,) = [r for r in fake.requests if r.path == "/v1/responses"]
+    assert sent.json["input"][-1] == TRIGGER and "STATE CONTRACT" not in upstream_text(sent)
+    foreign = {"type": "compaction", "id": "cmp_x", "encrypted_content": "gAAAA-openai-own"}
+    fake.enqueue(Reply(text="fine"))
+    client(p).responses.create(
+        model="m-1",
+        input=[foreign, {"role": "user", "content": "go"}],
+        extra_headers={"x-skillstate-mode": "passthrough"},
+    )
+    assert foreign in fake.requests[-1].json["input"]  # the upstream's own: it reads it
+
+
+def test_compaction_proxy_serves_a_responses_upstream_too(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "openai-responses", "--mode", "passthrough", compaction="proxy")
+    item = compact_once(p, fake, {"notes": "from the proxy"})
+    assert item["encrypted_content"].startswith("ssc1_")
+    assert CHECKPOINT_MARK in upstream_text(fake.requests[-1])
+
+
+def make_key(data: Path, name: str) -> str:
+    """A new client key ``name`` (``skillstate keys add``, in this process)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["keys", "--data-dir", str(data), "create", "--name", name]) == 0
+    return out.getvalue().strip()
+
+
+def bad_request(
+    p: InProcessProxy, items: list[Any], session: str | None = "s1", key: str = "sk-client"
+) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"}
+    if session:
+        headers["x-skillstate-session"] = session
+    return p.http.post(p.v1 + "/responses", json={"model": "m-1", "input": items}, headers=headers)
+
+
+def assert_refused(r: httpx.Response, fake: FakeProvider, before: int, says: str) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (
+        err["type"] == "invalid_request_error"
+        and err["param"] == "input"
+        and says in err["message"]
+    )
+    assert len(fake.requests) == before  # nothing went upstream
+
+
+def test_bad_compaction_items_are_refused(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    item = compact_once(p, fake, {"notes": "x"})
+    before = len(fake.requests)
+    token = item["encrypted_content"]
+    tampered = {
+        **item,
+        "encrypted_content": token[:-6] + ("AAAAAA" if token[-6:] != "AAAAAA" else "BBBBBB"),
+    }
+    assert_refused(bad_request(p, [tampered]), fake, before, "does not verify")
+    forged = {**item, "encrypted_content": "TOKEN-V2-1"}
+    assert_refused(bad_request(p, [forged]), fake, before, "not a compaction token")
+    assert_refused(bad_request(p, [item], session="s2"), fake, before, "another session")
+    assert p.http.delete(p.url + "/state", params={"session": "s1"}).status_code in (200, 204)
+    assert_refused(bad_request(p, [item]), fake, before, "no longer exists")
+
+
+def test_a_trigger_not_last_is_refused(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    r = bad_request(p, [TRIGGER, {"role": "user", "content": "hi"}])
+    assert_refused(r, fake, 0, "compaction_trigger")
+
+
+def test_an_item_from_another_key_is_refused(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    alice, bob = make_key(tmp_path / "data", "alice"), make_key(tmp_path / "data", "bob")
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    fake.enqueue(Reply(text=envelope({"notes": "alice's"})))
+    r = client(p, key=alice).responses.create(model="m-1", input=[*history(), TRIGGER])
+    item = r.output[0].model_dump()
+    before = len(fake.requests)
+    assert_refused(bad_request(p, [item], key=bob), fake, before, "another client key")
+    assert_refused(
+        bad_request(p, [item], session=None, key=bob), fake, before, "another client key"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_context_management_compacts_past_its_threshold(
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+) -> None:
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    fake.enqueue(Reply(text=envelope({"notes": "parts 0..2 read"})), Reply(text="All read."))
+    cm = [{"type": "compaction", "compact_threshold": 50}]
+    request: Any = {"model": "m-1", "input": history(), "context_management": cm}
+    c = client(p)
+    if stream:
+        with c.responses.stream(**request) as events:
+            final = events.get_final_response()
+    else:
+        final = c.responses.create(**request)
+    first, answer = final.output
+    assert first.type == "compaction" and first.encrypted_content.startswith("ssc1_")
+    assert answer.type == "message" and final.output_text == "All read."
+    checkpoint, call = sent_turns(fake)
+    assert CHECKPOINT_MARK in upstream_text(checkpoint)
+    text = upstream_text(call)
+    assert RESTORED_MARK in text and "parts 0..2 read" in text and "cat part0.py" not in text
+    assert "cat part2.py" in text  # the latest observation stays whole
+    fake.enqueue(Reply(text="Below the threshold."))
+    big = [{"type": "compaction", "compact_threshold": 10**6}]
+    r = c.responses.create(model="m-1", input=history(), context_management=big)  # type: ignore[arg-type]
+    assert [i.type for i in r.output] == ["message"] and len(sent_turns(fake)) == 3
+    assert "context_management" not in sent_turns(fake)[-1].json
+
+
+def test_models_carry_the_upstreams_context_window(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """Agents set their compaction threshold from the model's window: an Anthropic
+    upstream's ``max_input_tokens`` reaches an OpenAI client as ``context_window``."""
+    from tests.fakeprovider import ANTHROPIC_CONTEXT_WINDOW
+
+    p = start(fake, start_proxy, "anthropic")
+    c = client(p)
+    listed = c.models.list().data
+    assert listed and all(
+        m.model_extra["context_window"] == ANTHROPIC_CONTEXT_WINDOW for m in listed
+    )
+    one = c.models.retrieve(fake.models[0])
+    assert (
+        one.model_extra is not None
+        and one.model_extra["context_window"] == ANTHROPIC_CONTEXT_WINDOW
+    )

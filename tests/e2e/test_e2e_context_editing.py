@@ -1,0 +1,249 @@
+"""Anthropic context editing through a real proxy, driven by the anthropic SDK: applied by
+the proxy (placeholders, tool calls still paired, applied_edits reported, JSON and stream)
+for a chat-completions upstream; passed through byte for byte to an Anthropic upstream."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import orjson
+import pytest
+
+from skillstate.engine.mask import MASK_MARK
+from tests.conftest import InProcessProxy, StartProxy
+from tests.fakeprovider import FakeProvider, Reply
+
+JSON = dict[str, Any]
+EDITS = {
+    "edits": [
+        {
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "tool_uses", "value": 2},
+            "keep": {"type": "tool_uses", "value": 1},
+        }
+    ]
+}
+TOOLS = [{"name": "Read", "input_schema": {"type": "object", "properties": {}}}]
+
+
+def transcript(rounds: int = 4) -> list[JSON]:
+    messages: list[JSON] = [{"role": "user", "content": "Summarise the files"}]
+    for k in range(rounds):
+        messages += [
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_{k}",
+                        "name": "Read",
+                        "input": {"path": f"f{k}"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": f"toolu_{k}",
+                        "content": f"body of f{k} " * 30,
+                    }
+                ],
+            },
+        ]
+    return messages
+
+
+def start(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> InProcessProxy:
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    up = {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
+    return start_proxy(None, "--mode", "passthrough", config={"upstreams": [up]})
+
+
+def ant(p: InProcessProxy) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_proxy_applies_the_edits_for_a_chat_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+) -> None:
+    p = start(fake, start_proxy, "openai")
+    fake.enqueue(Reply(text="Four files, all fine."))
+    request: Any = {
+        "model": "m-1",
+        "max_tokens": 100,
+        "messages": transcript(),
+        "tools": TOOLS,
+        "context_management": EDITS,
+        "betas": ["context-management-2025-06-27"],
+    }
+    if stream:
+        with ant(p).beta.messages.stream(**request) as s:
+            msg = s.get_final_message()
+    else:
+        msg = ant(p).beta.messages.create(**request)
+    assert msg.content[0].text == "Four files, all fine."
+    assert msg.context_management is not None
+    (applied,) = msg.context_management.applied_edits
+    assert applied.type == "clear_tool_uses_20250919" and applied.cleared_tool_uses == 3
+    assert applied.cleared_input_tokens > 0
+    sent = fake.requests[-1].json
+    assert "context_management" not in sent
+    tools = [m for m in sent["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tools] == ["toolu_0", "toolu_1", "toolu_2", "toolu_3"]
+    assert [m["content"].startswith(MASK_MARK) for m in tools] == [True, True, True, False]
+    calls = [c["id"] for m in sent["messages"] if m["role"] == "assistant" for c in m["tool_calls"]]
+    assert calls == ["toolu_0", "toolu_1", "toolu_2", "toolu_3"]  # every call still paired
+
+
+def test_below_the_trigger_nothing_is_cleared_and_none_is_reported(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "openai")
+    fake.enqueue(Reply(text="ok"))
+    msg = ant(p).beta.messages.create(
+        model="m-1",
+        max_tokens=100,
+        messages=transcript(1),
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management=EDITS,  # type: ignore[arg-type]
+    )
+    assert msg.context_management is not None and msg.context_management.applied_edits == []
+    assert "body of f0" in json.dumps(fake.requests[-1].json)
+
+
+def test_an_anthropic_upstream_gets_the_request_byte_for_byte(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "anthropic")
+    fake.enqueue(Reply(text="ok"))
+    body = orjson.dumps(
+        {
+            "model": "m-1",
+            "max_tokens": 100,
+            "messages": transcript(),
+            "tools": TOOLS,
+            "context_management": EDITS,
+        }
+    )
+    headers = {
+        "x-api-key": "sk-client",
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "context-management-2025-06-27",
+        "content-type": "application/json",
+    }
+    r = p.http.post(p.url + "/v1/messages", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert fake.requests[-1].body == body
+    assert "context_management" not in r.json()  # the fake applies nothing; the proxy adds nothing
+
+
+def compact_edit(pause: bool) -> JSON:
+    trigger = {"type": "input_tokens", "value": 400}  # transcript(): about 550 tokens
+    return {
+        "edits": [{"type": "compact_20260112", "trigger": trigger, "pause_after_compaction": pause}]
+    }
+
+
+def checkpoint_reply() -> Reply:
+    env = {"state_patch": {"notes": "read f0..f3"}, "action": "continue"}
+    return Reply(text=f"```json\n{json.dumps(env)}\n```")
+
+
+def test_compaction_paused_then_carried_on(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    """``compact_20260112`` for a chat-completions upstream: the checkpoint folds the
+    history into the state, the reply is the compaction block alone (``pause``), and the
+    next request, carrying the block, reaches the upstream as the state and what follows."""
+    from skillstate.compaction.items import CHECKPOINT_MARK, RESTORED_MARK
+
+    p = start(fake, start_proxy, "openai")
+    fake.enqueue(checkpoint_reply())
+    c = ant(p)
+    msg = c.beta.messages.create(
+        model="m-1",
+        max_tokens=100,
+        messages=transcript(),
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management=compact_edit(pause=True),  # type: ignore[arg-type]
+        extra_headers={"x-skillstate-session": "ant-1"},
+    )
+    assert msg.stop_reason == "compaction"
+    (block,) = msg.content
+    assert block.type == "compaction" and block.encrypted_content.startswith("ssc1_")
+    assert CHECKPOINT_MARK in json.dumps(fake.requests[-1].json)
+    assert p.state("ant-1")["state"] == {"notes": "read f0..f3"}
+    fake.enqueue(Reply(text="Carrying on."))
+    later = [
+        *transcript(),
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True)]},
+        {"role": "user", "content": "And now?"},
+    ]
+    r = c.beta.messages.create(
+        model="m-1",
+        max_tokens=100,
+        messages=later,
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management=compact_edit(pause=True),  # type: ignore[arg-type]
+        extra_headers={"x-skillstate-session": "ant-1"},
+    )
+    assert r.content[0].text == "Carrying on." and r.stop_reason == "end_turn"
+    sent = json.dumps(fake.requests[-1].json)
+    assert RESTORED_MARK in sent and "read f0..f3" in sent and "And now?" in sent
+    assert "body of f0" not in sent and "ssc1_" not in sent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_compaction_then_the_answer(
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+) -> None:
+    p = start(fake, start_proxy, "openai")
+    fake.enqueue(checkpoint_reply(), Reply(text="All four read."))
+    request: Any = {
+        "model": "m-1",
+        "max_tokens": 100,
+        "messages": transcript(),
+        "tools": TOOLS,
+        "context_management": compact_edit(pause=False),
+    }
+    if stream:
+        with ant(p).beta.messages.stream(**request) as s:
+            msg = s.get_final_message()
+    else:
+        msg = ant(p).beta.messages.create(**request)
+    block, text = msg.content
+    assert block.type == "compaction" and block.encrypted_content.startswith("ssc1_")
+    assert text.type == "text" and text.text == "All four read."
+    sent = json.dumps(fake.requests[-1].json)
+    assert "read f0..f3" in sent and "body of f3" in sent and "body of f0" not in sent
+
+
+def test_a_bad_compaction_block_is_refused(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(fake, start_proxy, "openai")
+    bad = {"type": "compaction", "content": "x", "encrypted_content": "forged"}
+    messages = [
+        *transcript(1),
+        {"role": "assistant", "content": [bad]},
+        {"role": "user", "content": "go"},
+    ]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        ant(p).beta.messages.create(model="m-1", max_tokens=10, messages=messages)  # type: ignore[arg-type]
+    assert "compaction" in e.value.message and fake.requests == []
+
+
+def test_count_tokens_counts_what_goes_upstream(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "openai")
+    c = ant(p)
+    edited = c.beta.messages.count_tokens(
+        model="m-1",
+        messages=transcript(),
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management=EDITS,  # type: ignore[arg-type]
+    )
+    whole = c.beta.messages.count_tokens(model="m-1", messages=transcript(), tools=TOOLS)  # type: ignore[arg-type]
+    assert 0 < edited.input_tokens < whole.input_tokens
