@@ -12,6 +12,7 @@ from openai import AsyncOpenAI
 
 from agents import (
     Agent,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     OpenAIResponsesModel,
     Runner,
@@ -44,11 +45,16 @@ async def run(args: argparse.Namespace) -> None:
         if args.api == "responses"
         else OpenAIChatCompletionsModel("gpt-test", client)
     )
+    settings = ModelSettings()
+    if args.compact_threshold:  # the Responses API's server-side compaction
+        cm = [{"type": "compaction", "compact_threshold": args.compact_threshold}]
+        settings = ModelSettings(extra_args={"context_management": cm})
     agent = Agent(
         name="helper",
         instructions="Answer with the tools' help.",
         tools=[get_weather, get_time],
         model=model,
+        model_settings=settings,
     )
     result = await Runner.run(agent, args.prompt, previous_response_id=args.previous)
     out = {"final_output": result.final_output, "last_response_id": result.last_response_id}
@@ -62,6 +68,7 @@ def main() -> None:
     ap.add_argument("--session", required=True)
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--previous", default=None, help="previous_response_id for the run")
+    ap.add_argument("--compact-threshold", type=int, default=0, help="context_management")
     set_tracing_disabled(True)  # no trace upload to api.openai.com
     asyncio.run(run(ap.parse_args()))
 

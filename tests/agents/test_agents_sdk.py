@@ -104,3 +104,43 @@ def test_previous_response_id_continues_on_a_chat_completions_upstream(
     for earlier in ("Weather and time in Oslo?", "sunny in Oslo", "12:00 in CET", ANSWER):
         assert earlier in texts
     assert sent["messages"][-1] == {"role": "user", "content": "Sunglasses?"}
+
+
+def test_responses_compaction_through_context_management_on_a_chat_upstream(
+    sdk_python: Path, fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """``context_management: [{"type": "compaction", "compact_threshold"}]`` (ModelSettings'
+    extra_args) on a chat-completions upstream: once the input passes the threshold the
+    proxy compacts it into the state before the call, the response starts with the
+    compaction item, and the SDK carries that item on; the proxy puts the state there."""
+    from skillstate.compaction.items import CHECKPOINT_MARK, RESTORED_MARK
+
+    up = {"name": "up", "url": fake.url + "/v1", "kind": "openai"}
+    proxy = start_proxy(None, config={"mode": "passthrough", "upstreams": [up]})
+    asked = {"calls": 0, "checkpoints": 0}
+
+    def model(rec: Any) -> Reply:
+        if CHECKPOINT_MARK in json.dumps(rec.json):
+            asked["checkpoints"] += 1
+            env = json.dumps(
+                {"state_patch": {"notes": f"{asked['calls']} lookups"}, "action": "go"}
+            )
+            return Reply(text=f"```json\n{env}\n```")
+        if asked["calls"] < 3:
+            asked["calls"] += 1
+            return Reply(tool_calls=[ToolCall("get_weather", {"city": f"Oslo{asked['calls']}"})])
+        return Reply(text=ANSWER)
+
+    fake.responder = model
+    argv = [str(sdk_python), str(DRIVER), "--base-url", proxy.v1, "--api", "responses"]
+    argv += ["--session", "sdk-compact", "--prompt", "Weather?", "--compact-threshold", "150"]
+    done = run_program(argv, env={}, cwd=DRIVER.parent)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["final_output"] == ANSWER
+    assert asked["calls"] == 3 and asked["checkpoints"] >= 1
+    sent = [r for r in fake.requests if r.path == "/v1/chat/completions"]
+    texts = [json.dumps(r.json) for r in sent]
+    first = next(k for k, t in enumerate(texts) if CHECKPOINT_MARK in t)
+    assert all(RESTORED_MARK in t for t in texts[first + 1 :])
+    assert not any("ssc1_" in t or "context_management" in t for t in texts)
+    assert proxy.state("sdk-compact")["step"] == asked["checkpoints"]
