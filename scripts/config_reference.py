@@ -58,10 +58,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "`action`); `keep`: the reply as the model wrote it.",
         "mask_keep": "Mode `mask`: the last observations kept whole; older ones are masked in "
         "blocks of this many, so the prefix stays cacheable between re-masks.",
-        "compaction": "Who compacts a `/v1/responses` request that ends with "
-        "`compaction_trigger` when the upstream is of kind `openai-responses`: `native` "
-        "(passed through, the upstream compacts) or `proxy` (a checkpoint into the session's "
-        "state, as for every other upstream). See [Compaction](compaction.md).",
+        "compaction": "Who compacts for an upstream that can itself (a `/v1/responses` "
+        "`compaction_trigger` or `context_management` to an `openai-responses` upstream, the "
+        "`compact_20260112` edit to an `anthropic` one): `native` (passed through, the upstream "
+        "compacts) or `proxy` (a checkpoint into the session's state, as for every other "
+        "upstream). See [Compaction](compaction.md).",
         "schema_violation": "What a patch key outside the allowed keys does: `reject` the whole "
         "transition (the model is re-asked), or `drop` the key with a warning.",
         "unsupported_tools": "`/v1/responses` tools that only the Responses API has "

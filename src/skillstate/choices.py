@@ -44,9 +44,10 @@ class Mode(Choice):
 
 
 class Compaction(Choice):
-    """Who serves a compaction (a Responses ``compaction_trigger``) for an upstream that has
-    its own: that upstream (``native``), or the proxy, from the session's state (``proxy``).
-    Every other upstream is served by the proxy."""
+    """Who serves a compaction for an upstream that has its own (a Responses
+    ``compaction_trigger`` for ``openai-responses``, the ``compact_20260112`` edit for
+    ``anthropic``): that upstream (``native``), or the proxy, from the session's state
+    (``proxy``). Every other upstream is served by the proxy."""
 
     NATIVE = "native"
     PROXY = "proxy"

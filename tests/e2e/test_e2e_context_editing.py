@@ -247,3 +247,31 @@ def test_count_tokens_counts_what_goes_upstream(
     )
     whole = c.beta.messages.count_tokens(model="m-1", messages=transcript(), tools=TOOLS)  # type: ignore[arg-type]
     assert 0 < edited.input_tokens < whole.input_tokens
+
+
+@pytest.mark.parametrize("compaction", ["native", "proxy"])
+def test_an_anthropic_upstream_compacts_itself_unless_compaction_proxy(
+    fake: FakeProvider, start_proxy: StartProxy, compaction: str
+) -> None:
+    from skillstate.compaction.items import CHECKPOINT_MARK
+
+    up = {"name": "up", "url": fake.url, "kind": "anthropic", "api_key": "sk-upstream"}
+    cfg = {"upstreams": [up], "compaction": compaction}
+    p = start_proxy(None, "--mode", "passthrough", config=cfg)
+    edits = [*EDITS["edits"], *compact_edit(pause=True)["edits"]]
+    fake.enqueue(checkpoint_reply() if compaction == "proxy" else Reply(text="upstream's own"))
+    msg = ant(p).beta.messages.create(
+        model="m-1",
+        max_tokens=100,
+        messages=transcript(),
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management={"edits": edits},  # type: ignore[arg-type]
+    )
+    sent = fake.requests[-1].json
+    if compaction == "native":
+        assert sent["context_management"] == {"edits": edits}  # as sent: Anthropic applies it
+        assert msg.content[0].type == "text"
+    else:
+        assert CHECKPOINT_MARK in json.dumps(sent)
+        assert sent.get("context_management") in (None, {"edits": EDITS["edits"]})
+        assert msg.stop_reason == "compaction" and msg.content[0].type == "compaction"
