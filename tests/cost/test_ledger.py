@@ -7,20 +7,20 @@ import orjson
 import pytest
 from rich.console import Console
 
+from skillstate.cli.cost import render_table
 from skillstate.cost.ledger import (
     NOTE,
-    LedgerRow,
     Usage,
     baseline_cost_usd,
     baseline_input_tokens,
     make_row,
     parse_since,
-    render_table,
     summarize,
 )
 from skillstate.cost.pricing import PriceBook, PriceOverride, Prices
 from skillstate.dialects.anthropic import usage_from_anthropic
 from skillstate.dialects.openai import usage_from_openai
+from skillstate.store.records import LedgerRow
 
 # --- usage normalisation ------------------------------------------------------------------
 

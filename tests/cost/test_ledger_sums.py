@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from skillstate.choices import GroupBy
-from skillstate.cost.ledger import KINDS, LedgerRow, summarize, summarize_sums
+from skillstate.cost.ledger import KINDS, summarize, summarize_sums
 from skillstate.store import Store
+from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 
 DAY = 86400.0

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from skillstate.auth.record import KeyRecord
-from skillstate.cost.ledger import LedgerRow
 from skillstate.cost.usage import MAX_TOKEN_COUNT
 from skillstate.store import (
     StepConflict,
@@ -24,6 +23,7 @@ from skillstate.store import (
     TransitionRecord,
 )
 from skillstate.store.postgres import PostgresStore
+from skillstate.store.records import LedgerRow
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore
 

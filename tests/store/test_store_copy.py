@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from skillstate.auth.keys import SECRET_FILE
-from skillstate.cost.ledger import LedgerRow
 from skillstate.store import SessionRecord, StoredResponse, TransitionRecord
 from skillstate.store.copy import CopyRefused, copy_store
+from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
 from tests.fakeprovider import FakeProvider

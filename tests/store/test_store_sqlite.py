@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from skillstate.cost.ledger import LedgerRow
 from skillstate.cost.usage import MAX_TOKEN_COUNT
 from skillstate.store import StoreError, StoreFull, StoreUnavailable, TransitionRecord
 from skillstate.store.datadir import lock_data_dir, unlock_data_dir
+from skillstate.store.records import LedgerRow
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore
 

@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from skillstate.app import create_app
 from skillstate.config import Settings, Upstream
-from skillstate.cost.ledger import LedgerRow
 from skillstate.store import StepConflict, StoreError
+from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 from tests.fakeprovider import FakeProvider, Reply
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProxyError
-from ..sessions.locks import NAMESPACE_SEP as SEP
-from ..sessions.locks import split_session
+from ..sessions.ids import NAMESPACE_SEP as SEP
+from ..sessions.ids import split_session
 from .gate import Principal
 from .keys import KEY_NAME
 

@@ -199,7 +199,7 @@ def run_state_arm(
     in ``mode`` (default: :func:`arm_mode` of ``name``).
 
     ``constrain`` overrides ``cfg.constrain`` (``bench validity`` runs both settings)."""
-    from skillstate.sessions.locks import SESSION_HEADER
+    from skillstate.sessions.ids import SESSION_HEADER
 
     if target.sim is not None:
         target.sim.reset_cache()

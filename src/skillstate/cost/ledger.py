@@ -72,43 +72,34 @@ USD figures are rounded to 9 decimals to drop float noise.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skillstate.choices import GroupBy
 from skillstate.cost.baseline import round_ratio
 from skillstate.cost.pricing import PriceBook, Prices
 from skillstate.cost.usage import Usage
-from skillstate.sessions.locks import split_session
+from skillstate.store.records import Kind, LedgerRow, LedgerSums
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from skillstate.cost.baseline import Baseline
 
 __all__ = [
     "GROUP_BY",
     "KINDS",
     "NOTE",
-    "Kind",
-    "LedgerRow",
-    "LedgerSums",
     "Usage",
     "baseline_cost_usd",
     "baseline_input_tokens",
     "make_row",
     "parse_since",
-    "render_table",
     "summarize",
     "summarize_sums",
 ]
 
-Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
 KINDS: tuple[Kind, ...] = ("generation", "stream", "rollback-retry", "transport-retry")
 TURN_KINDS: frozenset[str] = frozenset({"generation", "stream"})
 RETRY_KINDS: frozenset[str] = frozenset({"rollback-retry", "transport-retry"})
@@ -139,45 +130,6 @@ class BaselineModel(Protocol):
     def __call__(
         self, baseline_input: int, usage: Usage, prices: Prices | None, cost_usd: float | None
     ) -> Baseline: ...
-
-
-@dataclass
-class LedgerRow:
-    """One upstream attempt. Token fields are None when the upstream reported no usage."""
-
-    ts: float
-    session: str | None
-    upstream: str | None
-    model: str | None
-    kind: Kind
-    status: int
-    input_tokens: int | None
-    output_tokens: int | None
-    cache_read_tokens: int | None
-    cache_write_tokens: int | None
-    pricing: str
-    cost_usd: float | None
-    baseline_input_tokens: int | None
-    baseline_cost_usd: float | None
-    mode: str
-    baseline_cached_tokens: int | None = None  # the baseline's cache reads (in its input)
-    baseline_output_tokens: int | None = None  # the output without the envelope's share
-    saved_cost_usd: float | None = None  # baseline_cost_usd - cost_usd; negative: cost more
-    saved_cost_pct: float | None = None  # of baseline_cost_usd
-    context: str | None = None  # the context shape sent (skillstate.choices.ContextShape)
-
-    @property
-    def key(self) -> str | None:
-        """The name of the client key that spent this row (None without client keys)."""
-        return split_session(self.session)[0] if self.session else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> LedgerRow:
-        """From a dict / sqlite3.Row-like mapping with these field names (extra keys ignored)."""
-        return cls(**{f.name: m[f.name] for f in dataclasses.fields(cls)})
 
 
 def baseline_input_tokens(actual_input: int, est_transcript: int, est_sent: int) -> int:
@@ -452,38 +404,6 @@ def _summary(group_by: str | None, total: _Acc, groups: dict[str | None, _Acc]) 
     }
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerSums:
-    """The sums ``summarize`` needs over the rows of one group and one kind, as a store
-    computes them in SQL (``Store.ledger_sums``) instead of handing over every row.
-
-    ``b_*`` are over the rows with a baseline input and an input (B in the module
-    docstring; ``b_output_tokens`` counts a row's output when it has no baseline output),
-    ``c_*`` over the rows with a cost and a baseline cost (C); ``first_ts`` is the earliest
-    row's time (an unexpected kind is listed in ``attempts`` in order of appearance)."""
-
-    key: str | None
-    kind: str
-    rows: int
-    first_ts: float
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    cost_usd: float = 0.0
-    cost_rows: int = 0
-    unknown_pricing_rows: int = 0
-    usage_unavailable_rows: int = 0
-    b_rows: int = 0
-    b_input_tokens: int = 0
-    b_saved_tokens: int = 0
-    b_cached_tokens: int = 0
-    b_output_tokens: int = 0
-    c_rows: int = 0
-    c_baseline_cost_usd: float = 0.0
-    c_cost_usd: float = 0.0
-
-
 def check_group_by(group_by: str | None) -> None:
     """Raise ValueError unless ``group_by`` is None or one of ``GROUP_BY``."""
     if group_by is not None and group_by not in GROUP_BY:
@@ -549,111 +469,3 @@ def parse_since(
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
-
-
-# --- rendering ------------------------------------------------------------------------------
-
-
-def _fmt_int(v: int | None) -> str:
-    return "—" if v is None else f"{v:,}"
-
-
-def _fmt_usd(v: float | None) -> str:
-    if v is None:
-        return "—"
-    sign = "-" if v < 0 else ""
-    a = abs(v)
-    return f"{sign}${a:,.4f}" if a < 100 else f"{sign}${a:,.2f}"
-
-
-def _fmt_pct(v: float | None) -> str:
-    return "—" if v is None else f"{v:.1f}%"
-
-
-_TOKEN_COLUMNS = (
-    "requests",
-    "retries",
-    "input",
-    "cache\nread",
-    "cache\nwrite",
-    "output",
-    "saved\ntokens",
-    "saved\ntokens %",
-)
-_MONEY_COLUMNS = ("cost", "baseline\ncost", "saved\n$", "saved\n$ %")
-
-
-def _cells(m: Mapping[str, Any]) -> list[str]:
-    """The figures of one summary line, in ``_TOKEN_COLUMNS + _MONEY_COLUMNS`` order."""
-    attempts = m.get("attempts") or {}
-    retries = sum(v for k, v in attempts.items() if k in RETRY_KINDS)
-    cost = _fmt_usd(m.get("cost_usd"))
-    if m.get("unknown_pricing_rows") or m.get("usage_unavailable_rows"):
-        cost += "*"
-    return [
-        _fmt_int(m.get("requests")),
-        _fmt_int(retries),
-        _fmt_int(m.get("input_tokens")),
-        _fmt_int(m.get("cache_read_tokens")),
-        _fmt_int(m.get("cache_write_tokens")),
-        _fmt_int(m.get("output_tokens")),
-        _fmt_int(m.get("saved_input_tokens")),
-        _fmt_pct(m.get("saved_pct")),
-        cost,
-        _fmt_usd(m.get("baseline_cost_usd")),
-        _fmt_usd(m.get("saved_cost_usd")),
-        _fmt_pct(m.get("saved_cost_pct")),
-    ]
-
-
-def render_table(summary: Mapping[str, Any], console: Console) -> None:
-    """Print ``summarize()`` output as a rich table (groups, then a bold total row).
-
-    Figures are never cut: when one table does not fit the console width it is split into a
-    token table and a money table (label column in both; long labels fold)."""
-    from rich import box
-    from rich.measure import Measurement
-    from rich.table import Table
-
-    group_by = summary.get("group_by")
-    groups = summary.get("groups") or []
-    totals = summary.get("totals") or {}
-    lines = [("(none)" if g.get("key") is None else str(g.get("key")), _cells(g)) for g in groups]
-    lines.append(("total", _cells(totals)))
-
-    def build(title: str, picks: list[int], caption: str | None) -> Table:
-        headers = _TOKEN_COLUMNS + _MONEY_COLUMNS
-        table = Table(title=title, caption=caption, caption_justify="left", box=box.SIMPLE_HEAD)
-        table.add_column(group_by or "", style="cyan", overflow="fold", min_width=6)
-        for i in picks:
-            table.add_column(headers[i], justify="right", no_wrap=True)
-        for n, (label, figures) in enumerate(lines):
-            last = n == len(lines) - 1
-            table.add_row(
-                label,
-                *(figures[i] for i in picks),
-                style="bold" if last else None,
-                end_section=n == len(lines) - 2,
-            )
-        return table
-
-    note = summary.get("note")
-    n_tok, n_all = len(_TOKEN_COLUMNS), len(_TOKEN_COLUMNS) + len(_MONEY_COLUMNS)
-    table = build("skillstate cost", list(range(n_all)), note)
-    natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
-    if natural > console.width:
-        console.print(build("skillstate cost: tokens", list(range(n_tok)), None))
-        table = build("skillstate cost: spend and savings", list(range(n_tok, n_all)), note)
-    console.print(table)
-    unknown = totals.get("unknown_pricing_rows") or 0
-    unavailable = totals.get("usage_unavailable_rows") or 0
-    if unknown or unavailable:
-        console.print(
-            f"* cost excludes {unknown} row(s) with unknown prices and {unavailable} row(s) "
-            "without usage; add a price override (prices / upstreams[].prices) to include them."
-        )
-    console.print(
-        "saved tokens % = input tokens saved / baseline input tokens; saved $ % = of the "
-        "baseline cost; negative = the proxy cost more."
-    )
-    console.print(BASELINE_MODEL_NOTE)

@@ -17,6 +17,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from ..store import Store, StoreError
+from ..store.records import Kind, LedgerRow
 from .baseline import (
     Baseline,
     CacheRegime,
@@ -27,7 +28,7 @@ from .baseline import (
     price_baseline,
     round_ratio,
 )
-from .ledger import Kind, LedgerRow, Usage, make_row
+from .ledger import Usage, make_row
 from .pricing import PriceBook, Prices
 
 

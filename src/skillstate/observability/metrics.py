@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 if TYPE_CHECKING:
-    from ..cost.ledger import LedgerRow
+    from ..store.records import LedgerRow
 
 __all__ = ["CONTENT_TYPE", "Metrics", "attempt_outcome"]
 

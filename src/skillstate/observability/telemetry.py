@@ -26,7 +26,7 @@ from .metrics import Metrics, attempt_outcome
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..cost.ledger import LedgerRow
+    from ..store.records import LedgerRow
 
 __all__ = ["NO_TELEMETRY", "Telemetry", "TurnTelemetry"]
 

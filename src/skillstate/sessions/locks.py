@@ -1,4 +1,4 @@
-"""Session ids and per-session turn serialisation.
+"""Per-session turn serialisation (session ids live in skillstate.sessions.ids).
 
 ``TurnLocks`` is what the pipeline holds a session with: ``SessionLocks`` (here, one
 process) or ``skillstate.coordination.leases.SessionLeases`` (Redis leases shared by
@@ -7,48 +7,12 @@ replicas). Both yield a ``Hold`` the turn reports its commit to."""
 from __future__ import annotations
 
 import asyncio
-import re
-import secrets
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import ProxyError
-
 if TYPE_CHECKING:
-    from ..store import SessionRecord
-
-SESSION_HEADER = "x-skillstate-session"
-_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-
-
-# Keyed clients' sessions are stored as ``<key name>:<client id>`` (skillstate.auth.tenancy);
-# ``:`` is not allowed in a client's id, so the split below is unambiguous.
-NAMESPACE_SEP = ":"
-
-
-def split_session(store_id: str) -> tuple[str | None, str]:
-    """``(key name or None, client session id)`` of a store id."""
-    key, sep, session = store_id.partition(NAMESPACE_SEP)
-    return (key, session) if sep else (None, store_id)
-
-
-def is_valid_session_id(value: str) -> bool:
-    """Session ids are short and header-, URL- and log-safe: ``[A-Za-z0-9_-]{1,128}``."""
-    return _SESSION_ID.fullmatch(value) is not None
-
-
-def resolve_session_id(header: str | None) -> str:
-    """The id from the request header, or a new random one when absent."""
-    if header is None:
-        return "s_" + secrets.token_urlsafe(12).replace("-", "_")
-    if not is_valid_session_id(header):
-        raise ProxyError(
-            "invalid_request",
-            f"invalid {SESSION_HEADER} header: must match ^[A-Za-z0-9_-]{{1,128}}$",
-            param=SESSION_HEADER,
-        )
-    return header
+    from ..store.records import SessionRecord
 
 
 class Hold:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..auth.record import KeyRecord
-from ..cost.ledger import LedgerRow, LedgerSums
 from ..errors import ProxyError
+from .records import (
+    LedgerRow,
+    LedgerSums,
+    SessionRecord,
+    StoredResponse,
+    TransitionRecord,
+)
 
 
 class StoreError(Exception):
@@ -46,43 +51,6 @@ class StoreFull(StoreError):
 class StepConflict(StoreError):
     """A commit expected a step the session is no longer at: another writer committed
     first. Nothing was written."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    session: str
-    state: dict[str, Any]
-    schema: list[str]
-    step: int
-    created: float
-    updated: float
-    state_bytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionRecord:
-    step: int
-    status: str  # valid | invalid | tool-noop | format-noop | operator
-    patch: Any
-    action: str | None
-    errors: list[str]
-    ts: float
-    context: str | None = None  # the context form the turn sent (ContextShape)
-    estimate: dict[str, Any] | None = None  # auto's decision and estimates (AutoEstimate)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredResponse:
-    """A Responses API response kept for ``previous_response_id`` and ``GET /v1/responses``:
-    the request's own input items (not its chain's: each link is stored once), the
-    response it chained on, and the response object."""
-
-    id: str
-    session: str
-    created: float
-    previous: str | None
-    input: list[Any]
-    response: dict[str, Any]
 
 
 class Store(Protocol):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from .base import SessionRecord
+from .records import SessionRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from pathlib import Path
 import orjson
 
 from ..auth.keys import SECRET_FILE, server_secret
-from ..cost.ledger import LedgerSums
-from .base import COUNTED, SessionRecord, Store, StoreError
+from .base import COUNTED, Store, StoreError
+from .records import LedgerSums, SessionRecord
 
 PAGE = 500  # rows per page read and written: what the copy holds in memory at once
 

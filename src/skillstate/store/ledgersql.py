@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ..cost.ledger import LedgerSums, check_group_by, day_of
-from ..sessions.locks import NAMESPACE_SEP
+from ..cost.ledger import check_group_by, day_of
+from ..sessions.ids import NAMESPACE_SEP
+from .records import LedgerSums
 
 Dialect = Literal["sqlite", "postgresql"]
 

@@ -51,7 +51,6 @@ import asyncpg
 import orjson
 
 from ..auth.record import KeyRecord
-from ..cost.ledger import LedgerRow, LedgerSums
 from ..urltext import redacted
 from .base import (
     COUNTED,
@@ -66,6 +65,7 @@ from .base import (
 from .cache import CachedSession, SessionCache
 from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
 from .migrations import SchemaTooNew, SchemaTooOld, migrate_postgres
+from .records import LedgerRow, LedgerSums
 from .rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,

@@ -14,9 +14,8 @@ from typing import Any
 import orjson
 
 from ..auth.record import KeyRecord
-from ..cost.ledger import LedgerRow
 from ..cost.usage import MAX_TOKEN_COUNT
-from .base import SessionRecord, StoredResponse, TransitionRecord
+from .records import LedgerRow, SessionRecord, StoredResponse, TransitionRecord
 
 LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
 

@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import orjson
 
 from ..auth.record import KeyRecord
-from ..cost.ledger import LedgerRow, LedgerSums
 from .base import (
     COUNTED,
     SessionRecord,
@@ -37,6 +36,7 @@ from .cache import CachedSession, SessionCache
 from .datadir import lock_data_dir, prepare_path, unlock_data_dir
 from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
 from .migrations import migrate_sqlite
+from .records import LedgerRow, LedgerSums
 from .rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,

@@ -28,7 +28,6 @@ from ..config import Settings
 from ..cost.auto import AutoEstimate, AutoPlanner, TurnSizes
 from ..cost.baseline import SessionPrefixCaches, envelope_output_share
 from ..cost.cachehints import CacheHints, count_breakpoints, prompt_cache_key
-from ..cost.ledger import LedgerRow
 from ..cost.meter import BaselineSource, MeterContext, TurnMeter
 from ..cost.pricing import PriceBook
 from ..cost.tokens import estimate_tokens, request_tokens
@@ -46,9 +45,11 @@ from ..errors import ProxyError
 from ..headertext import header_safe
 from ..jsondepth import MAX_JSON_DEPTH, JSONTooDeep, nesting_exceeds
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
-from ..sessions.locks import SESSION_HEADER, Hold, SessionLocks, TurnLocks
+from ..sessions.ids import SESSION_HEADER
+from ..sessions.locks import Hold, SessionLocks, TurnLocks
 from ..sessions.transcripts import SessionTranscripts, TranscriptView
 from ..store import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
+from ..store.records import LedgerRow
 from ..upstream.client import Exchange, Outbound, UpstreamPool
 
 if TYPE_CHECKING:

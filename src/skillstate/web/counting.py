@@ -15,7 +15,7 @@ import orjson
 
 from ..cost.tokens import estimate_tokens
 from ..dialects.registry import error_reply
-from ..sessions.locks import SESSION_HEADER
+from ..sessions.ids import SESSION_HEADER
 from ..turn.pipeline import Pipeline, Reply, Turn
 from ..upstream.client import UpstreamPool
 

@@ -16,7 +16,7 @@ from ..choices import GroupBy
 from ..cost.ledger import check_group_by, parse_since, summarize_sums
 from ..errors import ProxyError
 from ..observability.metrics import CONTENT_TYPE
-from ..sessions.locks import is_valid_session_id
+from ..sessions.ids import is_valid_session_id
 from .catalog import catalog_dialect, fetch_models
 from .runtime import Runtime, runtime
 from .wire import JSONResponse, error_response

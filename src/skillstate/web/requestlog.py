@@ -8,7 +8,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..auth.gate import principal_of
-from ..sessions.locks import SESSION_HEADER
+from ..sessions.ids import SESSION_HEADER
 
 log = logging.getLogger("skillstate")
 

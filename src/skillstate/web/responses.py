@@ -28,7 +28,7 @@ from ..dialects.responses.stream import TERMINAL_EVENTS
 from ..dialects.responses.translate import reject_unsupported_tools, split_tools
 from ..errors import ProxyError
 from ..headertext import header_safe
-from ..sessions.locks import SESSION_HEADER, resolve_session_id
+from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
 from ..turn.pipeline import Reply, Turn
 from ..upstream.client import UpstreamRuntime

@@ -18,7 +18,7 @@ from ..auth.gate import principal_of
 from ..auth.tenancy import View, view_of
 from ..cost.budgets import BUDGET_HEADER, parse_budget, session_budget
 from ..errors import ProxyError
-from ..sessions.locks import is_valid_session_id
+from ..sessions.ids import is_valid_session_id
 from ..store import StoreError, TransitionRecord
 from .paging import HISTORY_PAGE, SESSIONS_PAGE, decode_cursor, encode_cursor, parse_limit
 from .runtime import Runtime, runtime

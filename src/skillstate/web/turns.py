@@ -18,7 +18,7 @@ from ..dialects.anthropic import ANTHROPIC, validate_count_tokens_request
 from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
-from ..sessions.locks import SESSION_HEADER, resolve_session_id
+from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..turn.pipeline import Reply, StreamReply, Turn
 from .compaction import AppliedEdits, Run, plan_messages
 from .counting import count_tokens

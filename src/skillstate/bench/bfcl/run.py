@@ -105,7 +105,7 @@ def _proxy_arm(
 ) -> ArmResult:
     """Every task through one fresh in-process proxy in the arm's mode, one session (and
     client) per task."""
-    from skillstate.sessions.locks import SESSION_HEADER
+    from skillstate.sessions.ids import SESSION_HEADER
 
     bc, t = r.cfg.bench, r.target
     if r.replay is not None:

@@ -1,0 +1,122 @@
+"""The records a store keeps, as the rest of the proxy reads and writes them: sessions, their
+transitions, stored Responses API responses and ledger rows (with the per-group sums a store
+computes for ``/cost``). Plain data: no store, pricing or rendering logic here."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..sessions.ids import split_session
+
+Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    session: str
+    state: dict[str, Any]
+    schema: list[str]
+    step: int
+    created: float
+    updated: float
+    state_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRecord:
+    step: int
+    status: str  # valid | invalid | tool-noop | format-noop | operator
+    patch: Any
+    action: str | None
+    errors: list[str]
+    ts: float
+    context: str | None = None  # the context form the turn sent (ContextShape)
+    estimate: dict[str, Any] | None = None  # auto's decision and estimates (AutoEstimate)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A Responses API response kept for ``previous_response_id`` and ``GET /v1/responses``:
+    the request's own input items (not its chain's: each link is stored once), the
+    response it chained on, and the response object."""
+
+    id: str
+    session: str
+    created: float
+    previous: str | None
+    input: list[Any]
+    response: dict[str, Any]
+
+
+@dataclass
+class LedgerRow:
+    """One upstream attempt. Token fields are None when the upstream reported no usage."""
+
+    ts: float
+    session: str | None
+    upstream: str | None
+    model: str | None
+    kind: Kind
+    status: int
+    input_tokens: int | None
+    output_tokens: int | None
+    cache_read_tokens: int | None
+    cache_write_tokens: int | None
+    pricing: str
+    cost_usd: float | None
+    baseline_input_tokens: int | None
+    baseline_cost_usd: float | None
+    mode: str
+    baseline_cached_tokens: int | None = None  # the baseline's cache reads (in its input)
+    baseline_output_tokens: int | None = None  # the output without the envelope's share
+    saved_cost_usd: float | None = None  # baseline_cost_usd - cost_usd; negative: cost more
+    saved_cost_pct: float | None = None  # of baseline_cost_usd
+    context: str | None = None  # the context shape sent (skillstate.choices.ContextShape)
+
+    @property
+    def key(self) -> str | None:
+        """The name of the client key that spent this row (None without client keys)."""
+        return split_session(self.session)[0] if self.session else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> LedgerRow:
+        """From a dict / sqlite3.Row-like mapping with these field names (extra keys ignored)."""
+        return cls(**{f.name: m[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSums:
+    """The sums ``summarize`` needs over the rows of one group and one kind, as a store
+    computes them in SQL (``Store.ledger_sums``) instead of handing over every row.
+
+    ``b_*`` are over the rows with a baseline input and an input (B in the module
+    docstring; ``b_output_tokens`` counts a row's output when it has no baseline output),
+    ``c_*`` over the rows with a cost and a baseline cost (C); ``first_ts`` is the earliest
+    row's time (an unexpected kind is listed in ``attempts`` in order of appearance)."""
+
+    key: str | None
+    kind: str
+    rows: int
+    first_ts: float
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_rows: int = 0
+    unknown_pricing_rows: int = 0
+    usage_unavailable_rows: int = 0
+    b_rows: int = 0
+    b_input_tokens: int = 0
+    b_saved_tokens: int = 0
+    b_cached_tokens: int = 0
+    b_output_tokens: int = 0
+    c_rows: int = 0
+    c_baseline_cost_usd: float = 0.0
+    c_cost_usd: float = 0.0
