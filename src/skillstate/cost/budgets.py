@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth.record import KeyRecord
 from ..errors import ProxyError
-from ..sessions.locks import NAMESPACE_SEP, split_session
+from ..sessions.ids import NAMESPACE_SEP, split_session
 from ..store import Store, StoreError
 from .worstcase import Rates, WorstCase, unpriced_rates
 
