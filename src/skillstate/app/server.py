@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import sqlite3
 import sys
 import threading
 import time
@@ -20,10 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..auth.listen import check_listen
 from ..config import ConfigError, Settings
-from ..store import StoreError, StoreUnavailable
-from ..store.datadir import lock_data_dir, prepare_path
-from ..store.factory import describe_store, make_store, sqlite_path
-from ..store.sqlite import as_store_error, connect
+from ..store import StoreError
+from ..store.factory import describe_store, make_store
 from .factory import create_app
 from .httplimits import HttpLimits, limited_protocol
 
@@ -45,39 +42,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 def preflight_store(settings: Settings) -> None:
     """Open the store once, exactly as the proxy will, so that an unusable store is one
-    line before binding rather than a traceback after "listening": for SQLite an unusable
-    data dir (unsafe permissions, links, a corrupt or locked database), for PostgreSQL an
-    unreachable server or a schema this code cannot use."""
-    path = sqlite_path(settings)
-    if path is None:
-        _preflight_shared_store(settings)
-        return
+    line before binding rather than a traceback after "listening" (``Store.preflight``)."""
     try:
-        prepare_path(path)
-        # Another proxy on it: say so before binding. The hold lasts until this process
-        # exits, so no other proxy slips in before the store takes its own.
-        lock_data_dir(path)
-        connect(path, busy_timeout=settings.store_busy_timeout).close()
-    except StoreError as e:
-        raise ConfigError(f"data_dir: {e}") from None
-    except sqlite3.Error as e:
-        if isinstance(as_store_error(e), StoreUnavailable):  # locked, read-only, disk full
-            raise ConfigError(f"data_dir: cannot use {path}: {as_store_error(e)}") from None
-        raise ConfigError(f"data_dir: {path} is not a usable SQLite database ({e})") from None
-    except OSError as e:
-        raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
-
-
-def _preflight_shared_store(settings: Settings) -> None:
-    async def probe() -> None:
         store = make_store(settings)
-        await store.open()  # reachable, and its schema is one this code knows
-        await store.close()
-
-    try:
-        asyncio.run(probe())
     except StoreError as e:
         raise ConfigError(f"store: {e}") from None
+    store.preflight()
 
 
 class StartupErrors:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import sqlite3
 
 from ..app.guards import LOOPBACK_HOSTS, host_name
 from ..choices import AuthMode
 from ..config import ConfigError, Settings
-from ..store.factory import make_store, sqlite_path
+from ..store import StoreError
+from ..store.factory import make_store
 
 
 def is_loopback(host: str) -> bool:
@@ -25,25 +25,19 @@ def is_loopback(host: str) -> bool:
 
 def has_keys(settings: Settings) -> bool:
     """Whether the store holds any client key (after the store's pre-flight check)."""
-    path = sqlite_path(settings)
-    if path is None:
-        return asyncio.run(_shared_store_has_keys(settings))
-    db = sqlite3.connect(path)
-    try:
-        return bool(db.execute("SELECT count(*) FROM api_keys").fetchone()[0])
-    except sqlite3.OperationalError:
-        return False  # no keys table yet: a store no key was ever created in
-    finally:
-        db.close()
 
+    async def ask() -> bool:
+        store = make_store(settings)
+        await store.open()
+        try:
+            return await store.has_keys()
+        finally:
+            await store.close()
 
-async def _shared_store_has_keys(settings: Settings) -> bool:
-    store = make_store(settings)
-    await store.open()
     try:
-        return await store.has_keys()
-    finally:
-        await store.close()
+        return asyncio.run(ask())
+    except StoreError as e:
+        raise ConfigError(f"store: {e}") from None
 
 
 def check_listen(settings: Settings) -> None:

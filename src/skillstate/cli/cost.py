@@ -15,7 +15,7 @@ from ..config import ConfigError, Settings
 from ..cost.ledger import BASELINE_MODEL_NOTE, RETRY_KINDS, parse_since, summarize_sums
 from ..sessions.ids import is_valid_session_id
 from ..store import StoreError
-from ..store.factory import make_store, sqlite_path
+from ..store.factory import describe_store, make_store
 
 
 def print_cost(settings: Settings, args: argparse.Namespace) -> int:
@@ -27,12 +27,14 @@ def print_cost(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from None
     if args.session is not None and not is_valid_session_id(args.session):
         raise ConfigError(f"session: invalid id {args.session!r}")
-    path = sqlite_path(settings)
-    if path is not None and not path.exists():
-        raise ConfigError(f"data_dir: no store at {path}")
+    try:
+        store = make_store(settings)
+    except StoreError as e:
+        raise ConfigError(f"store: {e}") from None
+    if not store.exists():
+        raise ConfigError(f"data_dir: no store at {describe_store(settings)}")
 
     async def read() -> dict[str, object]:
-        store = make_store(settings)
         await store.open()
         try:
             sums = await store.ledger_sums(since, until, args.session, group_by=args.by)

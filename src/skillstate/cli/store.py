@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +16,7 @@ from ..config import ConfigError, Settings
 from ..store import Store, StoreError
 from ..store.base import COUNTED
 from ..store.copy import CopyReport, copy_store
-from ..store.factory import make_store, sqlite_path
+from ..store.factory import describe_store, make_store
 from ..urltext import redacted
 
 
@@ -67,8 +66,8 @@ async def _copy(source_url: str, dest_url: str, merge: bool) -> CopyReport:
                 dest,
                 merge=merge,
                 progress=_progress,
-                source_dir=_data_dir(source_url),
-                dest_dir=_data_dir(dest_url),
+                source_dir=source.home,
+                dest_dir=dest.home,
             )
         finally:
             await dest.close()
@@ -86,20 +85,14 @@ def open_url(url: str, option: str, *, must_exist: bool) -> Store:
     except ValidationError as e:  # its message only: the URL may carry a password
         reason = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
         raise ConfigError(f"{option}: {reason}") from None
-    path = sqlite_path(settings)
-    if must_exist and path is not None and not path.is_file():
-        raise ConfigError(f"{option}: no store at {path}")
     try:
         # exclusive: a proxy still running on a SQLite file would change it during the copy
-        return make_store(settings, exclusive=True)
+        store = make_store(settings, exclusive=True)
     except StoreError as e:
         raise ConfigError(f"{option}: {e}") from None
-
-
-def _data_dir(url: str) -> Path | None:
-    """A SQLite store's data dir (its file's directory, as in the default layout)."""
-    path = sqlite_path(Settings(store=url))
-    return None if path is None else path.parent
+    if must_exist and not store.exists():
+        raise ConfigError(f"{option}: no store at {describe_store(settings)}")
+    return store
 
 
 async def _open(store: Store, option: str) -> None:

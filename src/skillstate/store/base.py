@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..auth.record import KeyRecord
@@ -54,6 +55,31 @@ class StepConflict(StoreError):
 
 
 class Store(Protocol):
+    """What the proxy asks of a backend. store/factory.py makes one from the settings,
+    unopened; the first four are asked before the proxy runs (no event loop yet)."""
+
+    @property
+    def home(self) -> Path | None:
+        """The directory of a store kept in local files, where the client keys' secret file
+        lives beside it; None for a server's store, which keeps the secret itself."""
+        ...
+
+    def exists(self) -> bool:
+        """Whether there is a store to read (commands that only read refuse to make one)."""
+        ...
+
+    def preflight(self) -> None:
+        """Check that the proxy can open the store as it will, before it binds its port:
+        an unusable store is one line (ConfigError) rather than a traceback after
+        "listening". Runs outside any event loop."""
+        ...
+
+    def migrate(self) -> list[str]:
+        """``skillstate migrate``: bring the schema to this release's version; a line per
+        migration applied, or one saying there was nothing to do. A failure is one line
+        (ConfigError). Runs outside any event loop."""
+        ...
+
     async def open(self) -> None: ...
     async def close(self) -> None: ...
     async def check(self, timeout: float) -> str | None:

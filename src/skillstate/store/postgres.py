@@ -51,6 +51,7 @@ import asyncpg
 import orjson
 
 from ..auth.record import KeyRecord
+from ..config import ConfigError
 from ..urltext import redacted
 from .base import (
     COUNTED,
@@ -64,7 +65,7 @@ from .base import (
 )
 from .cache import CachedSession, SessionCache
 from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
-from .migrations import SchemaTooNew, SchemaTooOld, migrate_postgres
+from .migrations import POSTGRES_MIGRATIONS, SchemaTooNew, SchemaTooOld, migrate_postgres
 from .records import LedgerRow, LedgerSums
 from .rows import (
     COUNTED_TABLES,
@@ -217,6 +218,49 @@ class PostgresStore:
         # Group commit of ledger rows written alone: (rows, waiter) queued while one runs.
         self._ledger_queue: list[tuple[list[tuple[Any, ...]], asyncio.Future[None]]] = []
         self._ledger_writer: asyncio.Future[None] | None = None
+
+    # -- before the proxy runs (Store: home, exists, preflight, migrate) -----------------
+
+    @property
+    def home(self) -> None:
+        return None  # the server keeps the client keys' secret (shared_secret)
+
+    def exists(self) -> bool:
+        return True  # the server's database is there to ask; open() says when it is not
+
+    def preflight(self) -> None:
+        """The server is reachable and its schema is one this code can use."""
+
+        async def probe() -> None:
+            await self.open()
+            await self.close()
+
+        try:
+            asyncio.run(probe())
+        except StoreError as e:
+            raise ConfigError(f"store: {e}") from None
+
+    def migrate(self) -> list[str]:
+        """Each migration in its own transaction, under the advisory lock (migrations.py)."""
+
+        async def run() -> list[str]:
+            # No bound on a statement: a migration's DDL on a big table may take long.
+            store = PostgresStore(
+                self.url, pool_size=1, timeout=self._timeout, unbounded_statements=True
+            )
+            await store.open_pool()
+            try:
+                async with store.connection() as conn:
+                    return await migrate_postgres(conn, store.where, upgrade=True)
+            finally:
+                await store.close()
+
+        try:
+            lines = asyncio.run(run())
+        except StoreError as e:
+            raise ConfigError(f"store: {e}") from None
+        latest = POSTGRES_MIGRATIONS[-1].version
+        return lines or [f"{self.where}: at schema {latest}, this release's: nothing to do"]
 
     # -- plumbing -------------------------------------------------------------------------
 

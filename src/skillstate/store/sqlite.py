@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import orjson
 
 from ..auth.record import KeyRecord
+from ..config import ConfigError
 from .base import (
     COUNTED,
     SessionRecord,
@@ -35,7 +36,7 @@ from .base import (
 from .cache import CachedSession, SessionCache
 from .datadir import lock_data_dir, prepare_path, unlock_data_dir
 from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
-from .migrations import migrate_sqlite
+from .migrations import SQLITE_MIGRATIONS, migrate_sqlite
 from .records import LedgerRow, LedgerSums
 from .rows import (
     COUNTED_TABLES,
@@ -173,6 +174,50 @@ class SQLiteStore:
         self._batch_started = 0.0  # monotonic time the running batch was handed over
         self._write_failure: StoreError | None = None  # why the last batch failed, if it did
         self._probe: asyncio.Future[None] | None = None
+
+    # -- before the proxy runs (Store: home, exists, preflight, migrate) -----------------
+
+    @property
+    def home(self) -> Path:
+        """The file's directory: the client keys' secret lives beside a SQLite store."""
+        return self.path.parent
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def preflight(self) -> None:
+        """The data dir is safe, no other proxy holds it (the hold taken here lasts until
+        this process exits, so none slips in before the store takes its own), and the file
+        is a database this code can use (migrated to this release's schema)."""
+        path = self.path
+        try:
+            prepare_path(path)
+            lock_data_dir(path)
+            connect(path, busy_timeout=self._busy_timeout).close()
+        except StoreError as e:
+            raise ConfigError(f"data_dir: {e}") from None
+        except sqlite3.Error as e:
+            err = as_store_error(e)
+            if isinstance(err, StoreUnavailable):  # locked, read-only, disk full
+                raise ConfigError(f"data_dir: cannot use {path}: {err}") from None
+            raise ConfigError(f"data_dir: {path} is not a usable SQLite database ({e})") from None
+        except OSError as e:
+            raise ConfigError(f"data_dir: cannot open the store at {path}: {e}") from None
+
+    def migrate(self) -> list[str]:
+        try:
+            prepare_path(self.path)
+            db = connect(self.path, busy_timeout=self._busy_timeout, migrate=False)
+            try:
+                lines = migrate_sqlite(db, f"sqlite://{self.path}")
+            finally:
+                db.close()
+        except StoreError as e:
+            raise ConfigError(f"store: {e}") from None
+        except sqlite3.Error as e:
+            raise ConfigError(f"store: {self.path} is not a usable SQLite database ({e})") from None
+        latest = SQLITE_MIGRATIONS[-1].version
+        return lines or [f"{self.path}: at schema {latest}, this release's: nothing to do"]
 
     # -- plumbing -------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from ..cost.worstcase import WorstCase
 from ..observability.telemetry import Telemetry
 from ..sessions.locks import TurnLocks
 from ..store import Store, StoreError
-from ..store.factory import make_store, sqlite_path
+from ..store.factory import make_store
 from ..turn.pipeline import Pipeline
 from ..upstream.client import UpstreamPool
 
@@ -56,7 +56,7 @@ class Runtime:
         self.pinned_states = PinnedStates(self.store, settings.initial_state)
         # A shared store keeps the secret itself (every replica hashes keys alike): until
         # the lifespan reads it, a random one that matches no stored key.
-        local = sqlite_path(settings) is not None
+        local = self.store.home is not None
         secret = server_secret(settings.data_dir) if local else secrets.token_bytes(32)
         self.keys = KeyBook(self.store, KeyHasher(secret), settings)
         self.quotas = KeyQuotas(link=self.coordination)
