@@ -215,7 +215,7 @@ class _Client:
 
 
 def _headers(session: Session, proxy_session: str) -> dict[str, str]:
-    from skillstate.sessions.locks import SESSION_HEADER
+    from skillstate.sessions.ids import SESSION_HEADER
 
     headers = {"content-type": "application/json", SESSION_HEADER: proxy_session}
     if session.dialect == "anthropic":
