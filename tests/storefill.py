@@ -84,6 +84,11 @@ async def everything(store: Store) -> dict[str, Any]:
     while rpage := await store.export_responses(after, 2):
         responses += rpage
         after = rpage[-1].id
+    budgets: list[tuple[str, float]] = []
+    after = None
+    while bpage := await store.export_session_budgets(after, 2):
+        budgets += bpage
+        after = bpage[-1][0]
     position = 0
     while True:
         rows, position = await store.export_ledger(position, 3)
@@ -95,6 +100,7 @@ async def everything(store: Store) -> dict[str, Any]:
         "history": history,
         "responses": responses,
         "ledger": ledger,
+        "budgets": budgets,
         "keys": await store.keys(),
         "counts": await store.counts(),
     }

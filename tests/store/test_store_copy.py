@@ -172,6 +172,8 @@ async def filled(path: Path, names: list[str], steps: int = 7) -> SQLiteStore:
 
 async def test_pages_smaller_than_every_table_copy_everything(tmp_path: Path) -> None:
     source = await filled(tmp_path / "a.db", ["s1", "s2", "s3", "k:s4", "s5"])
+    for session, usd in (("s1", 5.0), ("k:s4", 0.25), ("k:passthrough", 2.0)):
+        await source.set_session_budget(session, usd, replace=False)
     dest = SQLiteStore(tmp_path / "b.db")
     await dest.open()
     seen: list[str] = []
@@ -180,10 +182,14 @@ async def test_pages_smaller_than_every_table_copy_everything(tmp_path: Path) ->
         assert report.problems == []
         assert report.sessions_verified == 5
         assert report.after == report.source == {
-            "sessions": 5, "transitions": 35, "ledger": 23, "keys": 0, "responses": 5
+            "sessions": 5, "transitions": 35, "ledger": 23, "keys": 0, "responses": 5,
+            "session_budgets": 3,
         }  # fmt: skip
         assert await everything(dest) == await everything(source)
+        assert await dest.session_budget("k:passthrough") == 2.0  # no session row needed
         assert "verifying" in seen
+        with pytest.raises(CopyRefused, match=r"--merge: 13 id\(s\)"):  # 5 + 5 + 3 budgets
+            await copy_store(source, dest, merge=True)
     finally:
         await source.close()
         await dest.close()

@@ -115,7 +115,7 @@ def _print_summary(source: str, dest: str, report: CopyReport) -> None:
     print(f"copied {redacted(source)} -> {redacted(dest)}")
     width = max(len(f"{n:,}") for n in report.source.values())
     for name in COUNTED:
-        line = f"  {name:<12} {report.source[name]:>{width},}"
+        line = f"  {name:<15} {report.source[name]:>{width},}"
         if report.before[name]:
             line += f"  (the destination had {report.before[name]:,}, now {report.after[name]:,})"
         print(line)

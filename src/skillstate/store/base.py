@@ -239,6 +239,12 @@ class Store(Protocol):
         """Up to ``limit`` stored responses, by id, after the id ``after``."""
         ...
 
+    async def export_session_budgets(
+        self, after: str | None, limit: int
+    ) -> list[tuple[str, float]]:
+        """Up to ``limit`` (session, budget in USD), by session id, after the id ``after``."""
+        ...
+
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         """Up to ``limit`` ledger rows in insertion order after position ``after`` (0: from
         the first), and the position to ask for the next page."""
@@ -246,4 +252,4 @@ class Store(Protocol):
 
 
 # The kinds of data ``Store.counts`` counts.
-COUNTED = ("sessions", "transitions", "ledger", "keys", "responses")
+COUNTED = ("sessions", "transitions", "ledger", "keys", "responses", "session_budgets")

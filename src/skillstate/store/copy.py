@@ -1,10 +1,10 @@
 """``skillstate store copy``: everything one store holds (sessions with their whole
-transition history, client keys, stored responses, the ledger) copied into another,
-backend to backend through the ``Store`` protocol, in pages, then verified.
+transition history, client keys, stored responses, session budgets, the ledger) copied into
+another, backend to backend through the ``Store`` protocol, in pages, then verified.
 
 The destination must be empty unless ``merge``: then the copy adds to it, and refuses
-before writing anything when a session id, key name or response id exists on both sides
-(nothing in the destination is ever replaced). The source is only read.
+before writing anything when a session id, key name, response id or session budget exists
+on both sides (nothing in the destination is ever replaced). The source is only read.
 
 Verification, after the copy: every count of the destination grew by the source's count;
 every copied session has the source's step, schema and state (compared as canonical JSON);
@@ -99,6 +99,8 @@ async def copy_store(
         for response in responses:
             await dest.put_response(response)
         after = responses[-1].id
+    progress("session budgets")
+    await _copy_budgets(source, dest, page)
     progress("ledger")
     position, copied = 0, 0
     while True:
@@ -133,6 +135,31 @@ async def _copy_sessions(
     return fingerprints
 
 
+async def _shared_budgets(source: Store, dest: Store, page: int) -> list[str]:
+    """The sessions with a budget on both sides (a session with no state row, in
+    ``passthrough``, has one without being a session of ``export_sessions``)."""
+    theirs: set[str] = set()
+    after: str | None = None
+    while budgets := await dest.export_session_budgets(after, page):
+        theirs.update(s for s, _ in budgets)
+        after = budgets[-1][0]
+    shared: list[str] = []
+    after = None
+    while budgets := await source.export_session_budgets(after, page):
+        shared += [f"session budget {s}" for s, _ in budgets if s in theirs]
+        after = budgets[-1][0]
+    return shared
+
+
+async def _copy_budgets(source: Store, dest: Store, page: int) -> None:
+    """Every session budget (``--merge`` refused shared ones before anything was written)."""
+    after: str | None = None
+    while budgets := await source.export_session_budgets(after, page):
+        for session, usd in budgets:
+            await dest.set_session_budget(session, usd, replace=False)
+        after = budgets[-1][0]
+
+
 def _fingerprint(record: SessionRecord) -> bytes:
     """Step, schema and state as canonical JSON, hashed: equal on both sides of a copy
     whatever each backend does to key order or spacing."""
@@ -143,7 +170,8 @@ def _fingerprint(record: SessionRecord) -> bytes:
 
 
 async def _refuse_shared_ids(source: Store, dest: Store, page: int) -> None:
-    """CopyRefused when a session id, key name or digest, or response id is on both sides."""
+    """CopyRefused when a session id, key name or digest, response id or session budget is
+    on both sides."""
     shared: list[str] = []
     src_keys = {k.name: k.digest for k in await source.keys()}
     for k in await dest.keys():
@@ -167,6 +195,7 @@ async def _refuse_shared_ids(source: Store, dest: Store, page: int) -> None:
     while responses := await source.export_responses(after, page):
         shared += [f"response {r.id}" for r in responses if r.id in dest_responses]
         after = responses[-1].id
+    shared += await _shared_budgets(source, dest, page)
     if shared:
         more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
         raise CopyRefused(

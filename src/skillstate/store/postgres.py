@@ -760,6 +760,17 @@ class PostgresStore:
         )
         return [stored_response(r) for r in rows]
 
+    async def export_session_budgets(
+        self, after: str | None, limit: int
+    ) -> list[tuple[str, float]]:
+        rows = await self._fetch(
+            "SELECT session, budget_usd FROM session_budgets WHERE session > $1"
+            " ORDER BY session LIMIT $2",
+            "" if after is None else after,
+            limit,
+        )
+        return [(str(s), float(usd)) for s, usd in rows]
+
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         rows = await self._fetch(
             f"SELECT id, {', '.join(LEDGER_COLUMNS)} FROM ledger"

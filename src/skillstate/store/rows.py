@@ -139,7 +139,14 @@ def key_record(row: Any) -> KeyRecord:
 
 
 # The tables behind ``Store.counts`` (base.COUNTED names them), in that order.
-COUNTED_TABLES = ("sessions", "transitions", "ledger", "api_keys", "responses")
+COUNTED_TABLES = (
+    "sessions",
+    "transitions",
+    "ledger",
+    "api_keys",
+    "responses",
+    "session_budgets",
+)
 
 TRANSITION_COLUMNS = "step, status, patch, action, errors, ts, context, estimate"
 

@@ -859,6 +859,18 @@ class SQLiteStore:
         rows = await self._run(page)
         return [stored_response(r) for r in rows]
 
+    async def export_session_budgets(
+        self, after: str | None, limit: int
+    ) -> list[tuple[str, float]]:
+        def page(db: sqlite3.Connection) -> list[tuple[str, float]]:
+            return db.execute(
+                "SELECT session, budget_usd FROM session_budgets WHERE session > ?"
+                " ORDER BY session LIMIT ?",
+                ("" if after is None else after, limit),
+            ).fetchall()
+
+        return [(str(s), float(usd)) for s, usd in await self._run(page)]
+
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         sql = (
             f"SELECT rowid, {', '.join(LEDGER_COLUMNS)} FROM ledger"
