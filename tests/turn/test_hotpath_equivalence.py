@@ -33,6 +33,7 @@ from skillstate.dialects.openai import _validate_message, validate_openai_reques
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.patch import _FENCE_RUN, _copy_json
 from skillstate.errors import ProxyError
+from skillstate.jsondepth import nesting_exceeds
 from skillstate.sessions.transcripts import SessionTranscripts
 from skillstate.store.rows import MAX_USD, clamp_amount, clamp_count, clamp_signed
 
@@ -300,3 +301,51 @@ def test_chat_request_checks_judge_every_message_as_the_full_check_does(message:
     body = {"model": "m", "messages": [message]}
     want = _problem(_validate_message, message, "messages[0]")
     assert _problem(validate_openai_request, body) == want
+
+
+def _plain_depth(value: Any) -> int:
+    """How deep containers nest in ``value`` (``[]`` and ``{}``: 1, a scalar: 0)."""
+    if isinstance(value, dict):
+        return 1 + max((_plain_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_plain_depth(v) for v in value), default=0)
+    return 0
+
+
+def _nested(depth: int, leaf: Any, as_dict: bool) -> Any:
+    for _ in range(depth):
+        leaf = {"k": leaf} if as_dict else [leaf]
+    return leaf
+
+
+_tree = st.recursive(
+    st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=2)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=2), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(
+    st.integers(min_value=0, max_value=140),
+    _tree,
+    st.booleans(),
+    st.sampled_from([0, 1, 2, 5, 127, 128, 129, 254, 300]),
+    st.booleans(),
+)
+def test_nesting_check_matches_the_plain_depth(
+    depth: int, leaf: Any, as_dict: bool, limit: int, with_raw: bool
+) -> None:
+    value = _nested(depth, leaf, as_dict)
+    raw = orjson.dumps(value) if with_raw else None
+    assert nesting_exceeds(value, limit, raw) == (_plain_depth(value) > limit)
+
+
+def test_nesting_check_walks_what_orjson_cannot_write() -> None:
+    assert not nesting_exceeds({"n": 2**70, "s": [[1]]}, 3)  # >64-bit int: orjson refuses
+    assert nesting_exceeds({"n": 2**70, "s": [[1]]}, 2)
+    assert nesting_exceeds(_nested(300, 1, False), 128)  # deeper than orjson writes
+    big = {"messages": [{"content": "{[" * 20_000}], "x": _nested(129, 0, True)}
+    assert nesting_exceeds(big, 128, orjson.dumps(big))
+    assert not nesting_exceeds(big, 130, orjson.dumps(big))
