@@ -32,7 +32,7 @@ async def test_a_failed_purge_is_tried_again_next_interval(
             raise error
         return 0
 
-    monkeypatch.setattr(rt.pipeline, "purge_expired", purge)
+    monkeypatch.setattr(rt.sessions, "purge_expired", purge)
     task = asyncio.ensure_future(rt.purge_forever())
     try:
         while len(rounds) < 3:

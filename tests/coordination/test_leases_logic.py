@@ -1,5 +1,5 @@
 """What a turn's hold decides without Redis: when a lease counts as lost, when a loaded copy
-is current, and that the pipeline commits nothing under a lost hold (its 409) and reads the
+is current, and that a session's commit takes nothing under a lost hold (its 409) and reads the
 store again when its copy is behind. (Leases against a real Redis: tests/scale/.)"""
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import pytest
 
 from skillstate.config import Settings
 from skillstate.coordination.leases import UNKNOWN, Lease
-from skillstate.cost.pricing import PriceBook
 from skillstate.errors import ProxyError
 from skillstate.sessions.locks import Hold, SessionLocks
+from skillstate.sessions.operator import SessionOperator
 from skillstate.store import SessionRecord, TransitionRecord
 from skillstate.store.sqlite import SQLiteStore
-from skillstate.turn.pipeline import Pipeline
-from skillstate.upstream.client import UpstreamPool
 
 
 class _Clock:
@@ -114,17 +112,16 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
     await s.close()
 
 
-def _pipeline(store: SQLiteStore, hold: Hold, tmp_path: Path) -> Pipeline:
+def _sessions(store: SQLiteStore, hold: Hold, tmp_path: Path) -> SessionOperator:
     settings = Settings(data_dir=tmp_path, schema=["n"])
-    prices = PriceBook.from_config(settings.prices, settings.upstreams)
-    return Pipeline(settings, store, UpstreamPool(settings), prices, _ScriptedLocks(hold))
+    return SessionOperator(settings, store, _ScriptedLocks(hold))
 
 
 async def test_a_lost_hold_commits_nothing_and_is_a_409(store: SQLiteStore, tmp_path: Path) -> None:
     hold = _ScriptedHold(lost=True)
-    pipeline = _pipeline(store, hold, tmp_path)
+    sessions = _sessions(store, hold, tmp_path)
     with pytest.raises(ProxyError) as err:
-        await pipeline.operator_patch("s", {"n": 2})
+        await sessions.operator_patch("s", {"n": 2})
     assert (err.value.status, err.value.code) == (409, "lease_lost")
     record = await store.load("s", fresh=True)
     assert record is not None and (record.step, record.state) == (1, {"n": 1})
@@ -133,7 +130,7 @@ async def test_a_lost_hold_commits_nothing_and_is_a_409(store: SQLiteStore, tmp_
 
 async def test_a_commit_reports_its_step_to_the_hold(store: SQLiteStore, tmp_path: Path) -> None:
     hold = _ScriptedHold()
-    change = await _pipeline(store, hold, tmp_path).operator_patch("s", {"n": 2})
+    change = await _sessions(store, hold, tmp_path).operator_patch("s", {"n": 2})
     assert change.step == 2 and hold.reported == [2]
 
 
@@ -156,7 +153,7 @@ async def test_a_copy_behind_another_writer_is_read_again(
         await other.close()
     stale = await store.load("s")
     assert stale is not None and stale.step == 1  # this store's cache is behind
-    change = await _pipeline(store, _ScriptedHold(current=False), tmp_path).operator_patch(
+    change = await _sessions(store, _ScriptedHold(current=False), tmp_path).operator_patch(
         "s", {"n": 6}
     )
     assert change.step == 3 and change.state == {"n": 6}

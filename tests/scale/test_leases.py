@@ -15,13 +15,11 @@ from skillstate.choices import CoordinationDown
 from skillstate.config import Settings
 from skillstate.coordination.leases import UNKNOWN, Lease, SessionLeases, _keys
 from skillstate.coordination.link import CoordinationLink
-from skillstate.cost.pricing import PriceBook
 from skillstate.errors import ProxyError
 from skillstate.sessions.locks import LOCAL_HOLD
+from skillstate.sessions.operator import SessionOperator
 from skillstate.store import SessionRecord, TransitionRecord
 from skillstate.store.sqlite import SQLiteStore
-from skillstate.turn.pipeline import Pipeline
-from skillstate.upstream.client import UpstreamPool
 
 from .services import RedisServer
 
@@ -328,18 +326,17 @@ async def test_the_purge_is_skipped_while_redis_is_down_under_refuse(
         await store.commit(
             "old", expected_step=0, state={}, schema=[], transition=transition, now=now - 100
         )
-        prices = PriceBook.from_config(settings.prices, settings.upstreams)
-        pipeline = Pipeline(settings, store, UpstreamPool(settings), prices, leases)
+        sessions = SessionOperator(settings, store, leases)
         redis_server.stop()
         try:
             # The purge cannot stop the other replicas' turns: it waits for the next round.
-            assert await pipeline.purge_expired(now - 10) == 0
+            assert await sessions.purge_expired(now - 10) == 0
             assert await store.load("old", fresh=True) is not None
         finally:
             redis_server.start()
         while True:  # Redis answers again (one try per retry_every): the purge runs
             try:
-                purged = await pipeline.purge_expired(now - 10)
+                purged = await sessions.purge_expired(now - 10)
             except ProxyError:
                 purged = -1
             if purged >= 0 and leases.link.up:

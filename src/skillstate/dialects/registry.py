@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import orjson
 
 from ..errors import ProxyError, kind_for_status
+from ..jsondepth import MAX_JSON_DEPTH, JSONTooDeep, nesting_exceeds
 from .anthropic import ANTHROPIC
 from .base import JSON, Bridge, Dialect, StreamRelay, error_message
 from .openai import OPENAI
@@ -134,6 +135,30 @@ def reply_for(client: str, upstream: str, resp: JSON, request_model: str) -> JSO
     if client == upstream:
         return resp
     return bridge(client, upstream).response(resp, request_model)
+
+
+def read_reply(
+    raw: bytes, upstream_kind: str, client: str, request_model: str
+) -> tuple[JSON, JSON, bytes] | str:
+    """An upstream's non-streamed 2xx body: (the reply, the reply in the client's dialect and
+    its bytes), or what is wrong with it. Upstream bytes are hostile: JSON nested past
+    ``MAX_JSON_DEPTH`` (in the body, or in tool-call arguments a translation parses) would
+    not serialise for the client, so it is refused like a body that is no reply."""
+    try:
+        resp = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        resp = None
+    if not isinstance(resp, dict):
+        return "a body that is not a JSON object"
+    if nesting_exceeds(resp, MAX_JSON_DEPTH, raw):
+        return f"a reply nesting JSON more than {MAX_JSON_DEPTH} levels deep"
+    if upstream_kind == client:
+        return resp, resp, raw
+    try:
+        translated = reply_for(client, upstream_kind, resp, request_model)
+    except JSONTooDeep as e:
+        return f"a reply whose {e}"
+    return resp, translated, orjson.dumps(translated)
 
 
 def make_relay(

@@ -32,7 +32,7 @@ __all__ = ["NO_TELEMETRY", "Telemetry", "TurnTelemetry"]
 
 
 class TurnView(Protocol):
-    """What a turn's telemetry reads of it (``pipeline.Turn``): a protocol, so that the
+    """What a turn's telemetry reads of it (``turn.types.Turn``): a protocol, so that the
     pipeline, which reports here, is not imported back."""
 
     @property

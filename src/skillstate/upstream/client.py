@@ -22,8 +22,11 @@ import orjson
 from ..choices import CacheBreakpoints
 from ..config import Settings, Upstream
 from ..coordination.link import CoordinationLink
+from ..cost.baseline import CacheRegime
 from ..cost.cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
+from ..cost.usage import Usage
 from ..dialects.registry import get_dialect, request_for
+from ..dialects.streaming import StreamCut
 from ..errors import ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
 from ..observability.telemetry import Telemetry
@@ -202,6 +205,46 @@ class Exchange:
     @property
     def ok(self) -> bool:
         return 200 <= self.response.status < 300
+
+    # -- what a turn reads of the upstream that answered (not the upstream itself) -------
+
+    @property
+    def upstream_name(self) -> str:
+        return self.upstream.name
+
+    @property
+    def kind(self) -> str:
+        """The answering upstream's wire format (its dialect's name)."""
+        return self.upstream.kind
+
+    @property
+    def provider_hint(self) -> str:
+        """The answering upstream's URL (the price book's hint at its provider)."""
+        return self.upstream.cfg.url
+
+    def regime(self, model: str | None) -> CacheRegime:
+        """How the answering upstream bills the prompt cache for ``model``."""
+        return self.upstream.cfg.cache_regime(model)
+
+    def usage_of(self, resp: Mapping[str, Any]) -> Usage | None:
+        """The usage a non-streamed reply (in the upstream's format) reports."""
+        return self.upstream.dialect.usage(resp.get("usage"))
+
+    async def settle(self, usage: Usage | None) -> None:
+        """Correct the upstream's token-per-minute window with the real usage."""
+        if self.ticket is not None and usage is not None:
+            await self.upstream.limits.settle(self.ticket, usage.input_tokens + usage.output_tokens)
+
+    async def read_chunk(self) -> bytes:
+        """The next piece of a streamed body, as it arrives (b"" at its end). A failed
+        connection or a timeout raises ``StreamCut``, saying which."""
+        try:
+            return await self.response.content.readany()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            problem = "upstream timed out" if isinstance(e, asyncio.TimeoutError) else (
+                f"upstream connection failed mid-stream ({type(e).__name__})"
+            )  # fmt: skip
+            raise StreamCut(problem) from e
 
     def relay_headers(self) -> dict[str, str]:
         """The response headers a client may see, plus which upstream answered."""

@@ -16,7 +16,7 @@ import orjson
 
 from ..dialects.registry import dialect_for_headers, error_reply, get_dialect
 from ..errors import Dialect, ProxyError
-from ..turn.pipeline import Reply
+from ..turn.types import Reply
 from ..upstream.client import UpstreamPool
 
 

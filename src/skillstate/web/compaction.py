@@ -32,7 +32,7 @@ from ..dialects.responses.translate import new_id
 from ..engine.context import split_transcript
 from ..errors import ProxyError
 from ..store import StoreError
-from ..turn.pipeline import Reply, StreamReply, Turn
+from ..turn.types import Reply, StreamReply, Turn
 from .runtime import Runtime
 
 JSON = dict[str, Any]
@@ -120,7 +120,7 @@ def _in_session(turn: Turn, session: str, caller: Principal | None) -> Turn:
 
 async def _state_at(rt: Runtime, ref: CompactionRef, where: str, param: str) -> JSON:
     try:
-        record = await rt.pipeline.load_current(ref.session)
+        record = await rt.sessions.load_current(ref.session)
     except StoreError as e:
         raise e.for_client("could not load the session") from e
     if record is None:
@@ -195,7 +195,7 @@ async def _checkpoint(
     checkpoint instruction ``ask(state now)`` (until the ``window`` form's checkpoint turn
     lands: a full turn with the contract)."""
     try:
-        record = await rt.pipeline.load_current(turn.session)
+        record = await rt.sessions.load_current(turn.session)
     except StoreError:
         record = None  # the checkpoint's own turn reports the store
     body = {k: v for k, v in turn.body.items() if k not in _NOT_FOR_CHECKPOINT}
@@ -358,7 +358,7 @@ async def compact_messages(
             events = b"".join(sse.encode(e, event=e["type"]) for e in cm.message_events(message))
             return StreamReply(headers, _once(events), _nothing)
         return Reply(200, orjson.dumps(message), {**headers, "content-type": "application/json"})
-    record = await rt.pipeline.load_current(turn.session)
+    record = await rt.sessions.load_current(turn.session)
     state = record.state if record is not None else {}
     split = split_transcript(messages, ANTHROPIC.context)
     restored = cm.after_compaction([{"role": "assistant", "content": [block]}], (0, 0), state, step)
@@ -405,7 +405,7 @@ async def compact_then_run(
         return reply
     step = int(reply.headers["x-skillstate-step"])
     item = ci.compaction_item(sealer(rt).seal(CompactionRef(turn.session, step, key_of(caller))))
-    record = await rt.pipeline.load_current(turn.session)
+    record = await rt.sessions.load_current(turn.session)
     state = record.state if record is not None else {}
     ctx = RESPONSES.context
     split = split_transcript(items, ctx)

@@ -16,7 +16,9 @@ import orjson
 from ..cost.tokens import estimate_tokens
 from ..dialects.registry import error_reply
 from ..sessions.ids import SESSION_HEADER
-from ..turn.pipeline import Pipeline, Reply, Turn
+from ..sessions.operator import SessionOperator
+from ..turn.plan import Planner
+from ..turn.types import Reply, Turn
 from ..upstream.client import UpstreamPool
 
 # The fields Anthropic's count_tokens accepts; it rejects others (max_tokens, stream, ...).
@@ -25,8 +27,10 @@ COUNT_FIELDS = frozenset(
 )
 
 
-async def count_tokens(pipeline: Pipeline, pool: UpstreamPool, turn: Turn) -> Reply:
-    body = await pipeline.preview(turn)
+async def count_tokens(
+    planner: Planner, sessions: SessionOperator, pool: UpstreamPool, turn: Turn
+) -> Reply:
+    body = await planner.preview(turn, sessions.load_current)
     headers = {SESSION_HEADER: turn.shown_session}
     model = body.get("model")
     # Upstreams of the client's own kind whose format has a counting endpoint count natively.

@@ -61,7 +61,7 @@ async def health(request: Request) -> Response:
             "upstreams": rt.pool.health(),
             "store": "ok" if store_problem is None else f"error: {store_problem}",
             "coordination": coordination,
-            "active_sessions": rt.pipeline.active_sessions,
+            "active_sessions": rt.sessions.active_sessions,
         },
         status_code=status,
     )

@@ -30,7 +30,7 @@ from ..errors import ProxyError
 from ..headertext import header_safe
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
-from ..turn.pipeline import Reply, Turn
+from ..turn.types import Reply, Turn
 from ..upstream.client import UpstreamRuntime
 from .compaction import plan, restore
 from .runtime import runtime

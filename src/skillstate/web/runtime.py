@@ -25,6 +25,7 @@ from ..cost.pricing import PriceBook
 from ..cost.worstcase import WorstCase
 from ..observability.telemetry import Telemetry
 from ..sessions.locks import TurnLocks
+from ..sessions.operator import SessionOperator
 from ..store import Store, StoreError
 from ..store.factory import make_store
 from ..turn.pipeline import Pipeline
@@ -54,6 +55,8 @@ class Runtime:
         self.pipeline = Pipeline(settings, self.store, self.pool, prices, _turn_locks(self))
         # The states compaction tokens pin (skillstate.compaction.pinned).
         self.pinned_states = PinnedStates(self.store, settings.initial_state)
+        # The operator's reads and changes (/state, the TTL purge), under the turns' locks.
+        self.sessions = SessionOperator(settings, self.store, self.pipeline.locks)
         # A shared store keeps the secret itself (every replica hashes keys alike): until
         # the lifespan reads it, a random one that matches no stored key.
         local = self.store.home is not None
@@ -73,7 +76,7 @@ class Runtime:
             # (a store or Redis outage, a bug) must not end the purges until a restart.
             try:
                 if s.session_ttl > 0:
-                    await self.pipeline.purge_expired(now - s.session_ttl)
+                    await self.sessions.purge_expired(now - s.session_ttl)
                 if s.ledger_retention > 0:
                     await self.store.purge_ledger(now - s.ledger_retention)
             except StoreError as e:

@@ -58,7 +58,7 @@ class _Target:
 
 async def _read(request: Request, rt: Runtime, target: _Target) -> Response:
     session = target.stored
-    record = await rt.pipeline.load_current(session)
+    record = await rt.sessions.load_current(session)
     if record is None:
         raise ProxyError("not_found", f"unknown session {target.shown}")
     out: dict[str, Any] = {
@@ -135,7 +135,7 @@ def _transition(t: TransitionRecord) -> dict[str, Any]:
 
 
 async def _delete(request: Request, rt: Runtime, target: _Target) -> Response:
-    if not await rt.pipeline.delete_session(target.stored):
+    if not await rt.sessions.delete_session(target.stored):
         raise ProxyError("not_found", f"unknown session {target.shown}")
     return Response(status_code=204)
 
@@ -155,7 +155,7 @@ async def _patch(request: Request, rt: Runtime, target: _Target) -> Response:
             return JSONResponse(out)
     patch = await read_json_object(request, rt.settings.max_body_bytes)
     try:
-        done = await rt.pipeline.operator_patch(
+        done = await rt.sessions.operator_patch(
             target.stored, patch, by=caller.name if caller else None
         )
     except ProxyError as e:

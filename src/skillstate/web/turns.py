@@ -19,7 +19,7 @@ from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
-from ..turn.pipeline import Reply, StreamReply, Turn
+from ..turn.types import Reply, StreamReply, Turn
 from .compaction import AppliedEdits, Run, plan_messages
 from .counting import count_tokens
 from .runtime import Runtime, runtime
@@ -186,7 +186,7 @@ async def messages_count_tokens(request: Request) -> Response:
         adopt = request.headers.get(SESSION_HEADER) is None
         turn, _, _ = await plan_messages(rt, turn, principal_of(request.scope), adopt=adopt)
         tel.begin(turn)
-        result = await count_tokens(rt.pipeline, rt.pool, turn)
+        result = await count_tokens(rt.pipeline.planner, rt.sessions, rt.pool, turn)
     except ProxyError as e:
         response = error_response(e, "anthropic", session_hdr)
         tel.finished(response.status_code)

@@ -1,0 +1,163 @@
+"""The session's side of a turn: read it for the holder of its lock, refuse a turn the store
+could not commit before it is sent, and commit the judged turn with its ledger rows, under
+the cancellation rules (once started, a commit finishes; the lock is released only after).
+The rows a commit did not take are written when the turn is over (``close_ledger``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from ..cancelsafe import shielded, uncancellable
+from ..config import Settings
+from ..cost.meter import TurnMeter
+from ..engine.verdict import Outcome
+from ..errors import ProxyError
+from ..sessions.locks import Hold
+from ..store import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
+from ..store.records import LedgerRow
+from .types import Turn, TurnMeta
+
+if TYPE_CHECKING:
+    from ..cost.budgets import TurnBudgets
+
+
+class Committer:
+    """Reads and commits a session for the turn (or the operator) holding its lock, and
+    writes the ledger rows a commit did not take."""
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def load(self, session: str, hold: Hold) -> SessionRecord | None:
+        """The session as last committed, for the holder of its lock: read again from the
+        database when the store's copy is behind another replica's commit. A store that
+        cannot answer (a PostgreSQL store down) is the client's 503 before anything is sent."""
+        try:
+            record = await self.store.load(session)
+            if record is not None and not hold.current(record):
+                record = await self.store.load(session, fresh=True)
+        except StoreError as e:
+            raise e.for_client("could not load the session; the turn was not sent") from e
+        return record
+
+    async def ensure_writable(self) -> None:
+        """A store known unable to write refuses the turn before it is sent (and billed):
+        its commit would fail."""
+        try:
+            await self.store.ensure_writable(self.settings.health_timeout)
+        except StoreError as e:
+            raise e.for_client("the store cannot write; the turn was not sent") from e
+
+    def ensure_room(self) -> None:
+        """A new session beyond ``max_sessions`` is refused before it spends tokens."""
+        try:
+            self.store.ensure_room_for_session()
+        except StoreError as e:
+            raise e.for_client("cannot start a new session") from e
+
+    async def commit(self, meta: TurnMeta, outcome: Outcome) -> int:
+        """Commit the judged turn with its ledger rows (see ``commit_transition``)."""
+        new_state = outcome.state
+        if new_state is None and meta.is_new:
+            new_state = meta.state  # create the session with its initial state
+        transition = TransitionRecord(
+            step=meta.step + 1,
+            status=outcome.status,
+            patch=outcome.patch,
+            action=outcome.action,
+            errors=outcome.errors,
+            ts=time.time(),
+            context=str(meta.shape),
+            estimate=meta.decision.as_dict() if meta.decision is not None else None,
+        )
+        rows = meta.meter.unwritten()
+        tel = meta.turn.telemetry
+        with tel.span("commit state"):
+            step = await self.commit_transition(
+                meta.turn.session, meta.step, new_state, meta.schema, transition, rows, meta.hold
+            )
+        tel.transition(outcome.status, outcome.patch, outcome.action)
+        meta.meter.mark_written()
+        return step
+
+    async def commit_transition(
+        self,
+        session: str,
+        expected_step: int,
+        state: dict[str, Any] | None,
+        schema: list[str],
+        transition: TransitionRecord,
+        rows: list[LedgerRow] | None = None,
+        hold: Hold | None = None,
+    ) -> int:
+        """Commit one transition of a session whose lock (``hold``) the caller holds.
+
+        The store's commit and its cache update are one unit that cancellation cannot split:
+        a client that goes away while it runs does not release the session (the caller's
+        lock stays held until it is done), so the next turn never sees the cache behind the
+        database. Once started, the commit finishes; the cancellation is re-raised after.
+        A step conflict (another writer of the same database) is a 409, never a 500; so is
+        a lock lost meanwhile (a Redis lease not renewed in time), found out before the
+        commit. Either way the turn's ledger rows stay unwritten here, and the caller's
+        meter writes them: the upstream call was made and billed.
+        """
+        if hold is not None:
+            hold.check()
+        work = asyncio.ensure_future(
+            self.store.commit(
+                session,
+                expected_step=expected_step,
+                state=state,
+                schema=schema,
+                transition=transition,
+                now=transition.ts,
+                ledger=rows,
+            )
+        )
+        try:
+            return await uncancellable(work)
+        except StepConflict as e:
+            raise ProxyError("conflict", f"the turn was not committed: {e}; retry it") from e
+        except StoreError as e:
+            raise e.for_client("could not commit the turn") from e
+        finally:
+            if hold is not None:  # also when cancelled after the commit finished
+                ok = work.done() and not work.cancelled() and work.exception() is None
+                if ok:
+                    hold.committed(work.result())
+                else:
+                    hold.unsure()
+
+    async def close_ledger(self, turn: Turn, meter: TurnMeter) -> None:
+        """Write whatever the commit did not take (failures, passthrough, errors): off the
+        critical path, not cancelled with the turn (no task when the commit took every row:
+        the usual state-mode turn). A turn holding budget reservations writes them before
+        its reply goes out and then ends its holds: the next call reads the real cost."""
+        if turn.budgets is not None and turn.budgets.holding:
+            await shielded(_written_then_released(meter.flush(self.store), turn.budgets))
+        elif meter.unwritten():
+            self._spawn(meter.flush(self.store))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def settle(self) -> None:
+        """Wait for the ledger writes already started off the critical path."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+async def _written_then_released(flush: Awaitable[None], budgets: TurnBudgets | None) -> None:
+    """The ledger rows written, then the budget holds they replace released."""
+    try:
+        await flush
+    finally:
+        if budgets is not None:
+            await budgets.release()

@@ -1,0 +1,159 @@
+"""A non-streamed turn's call: send upstream (the pool retries and fails over), read and meter
+the answer, judge it, and re-ask while it is invalid (up to ``max_retries``)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ..config import Settings
+from ..cost.baseline import envelope_output_share
+from ..dialects.registry import error_reply, read_reply
+from ..engine import context
+from ..engine.stripper import Stripped, strip_envelope
+from ..engine.verdict import Verdicts
+from ..errors import ProxyError
+from ..upstream.client import Exchange, Outbound, UpstreamPool
+from . import render
+from .plan import Planner
+from .types import Answer, Reply, TurnMeta, with_envelope
+
+CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-ask
+
+
+class Completer:
+    """Calls upstream for a turn and re-asks; it judges each answer (``Verdicts``)."""
+
+    def __init__(
+        self, settings: Settings, pool: UpstreamPool, planner: Planner, verdicts: Verdicts
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.planner = planner
+        self.verdicts = verdicts
+
+    async def dispatch(self, out: Outbound, meta: TurnMeta) -> Exchange:
+        """Send upstream (the pool retries and fails over); failed attempts are metered.
+        The call's worst case is held against the turn's budgets first (or it is refused)."""
+        turn = meta.turn
+        if turn.budgets is not None:
+            upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
+            await turn.budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
+        try:
+            return await self.pool.dispatch(out)
+        except ProxyError as e:
+            meta.meter.failed_attempts(e.attempts)
+            raise
+
+    async def ask(self, out: Outbound, meta: TurnMeta) -> tuple[Answer, int] | Reply:
+        """Call, judge, re-ask while the answer is invalid (up to ``max_retries``): the answer
+        to reply with (judged when the turn has an envelope) and the re-asks it took, or an
+        upstream error's reply."""
+        turn = meta.turn
+        retries = 0
+        # The last model answer: a re-ask that fails upstream still answers the client with
+        # it (an invalid turn) instead of an error.
+        previous: Answer | None = None
+        while True:
+            answer = await self._attempt(out, meta, reasking=previous is not None)
+            if isinstance(answer, Reply):
+                return answer  # an upstream error, relayed
+            if answer is None:  # the re-ask failed: the previous answer stands
+                meta.meter.restore()
+                break
+            if not with_envelope(meta.shape):
+                return answer, retries
+            answer.outcome = self.verdicts.judge(
+                answer.text, answer.has_tool_calls, meta.state, meta.schema, turn.envelope_form
+            )
+            previous = answer
+            if answer.outcome.status != "invalid" or retries >= self.settings.max_retries:
+                break
+            # The discarded answer becomes a rollback-retry row (zero baseline): the attempt
+            # whose answer reaches the client is the turn's one "generation" row.
+            meta.meter.discard_last()
+            retries += 1
+            out = self._reask(out, meta, answer)
+        assert previous is not None and previous.outcome is not None
+        return previous, retries
+
+    async def _attempt(
+        self, out: Outbound, meta: TurnMeta, *, reasking: bool
+    ) -> Answer | Reply | None:
+        """One upstream call, metered. A first call that fails gives the error reply (or
+        raises ProxyError); a re-ask that fails gives None, so the turn keeps its answer."""
+        meter = meta.meter
+        try:
+            ex = await self.dispatch(out, meta)
+        except ProxyError:
+            if not reasking:
+                raise
+            return None
+        meter.failed_attempts(ex.failed_attempts)
+        try:
+            raw = await ex.read()
+        except BaseException:
+            ex.close()  # cancelled or failed mid-body: the upstream sees it go away
+            raise
+        ex.release()
+        if not ex.ok:
+            if not reasking:
+                return await relay_error(ex, meta, raw)
+            meter.failed(ex.upstream_name, ex.status)
+            return None
+        read = read_reply(raw, ex.kind, meta.turn.dialect, meta.turn.model)
+        if isinstance(read, str):
+            # The upstream answered (and may bill the call) with something that is no reply
+            # the client can be given.
+            meter.failed(ex.upstream_name, 502, "transport-retry" if reasking else "generation")
+            if reasking:
+                return None
+            raise ProxyError("upstream_unreachable", f"upstream {ex.upstream_name} returned {read}")
+        resp, client_resp, raw = read
+        usage = ex.usage_of(resp)
+        await ex.settle(usage)
+        model = resp.get("model") if isinstance(resp.get("model"), str) else None
+        share = Fraction(0)
+        stripped: tuple[str, Stripped] | None = None
+        has_tool_calls = False
+        if with_envelope(meta.shape):
+            wire = meta.turn.wire
+            text, has_tool_calls = wire.reply_text(client_resp)
+            tools = wire.tool_call_chars(client_resp)
+            stripped = (text, strip_envelope(text))  # kept: the client's copy strips it too
+            share = envelope_output_share(text, stripped[1].removed_chars, tools)
+            self.planner.envelope_seen(meta, usage, share)
+        meter.answered(
+            upstream=ex.upstream_name,
+            provider_hint=ex.provider_hint,
+            usage=usage,
+            status=ex.status,
+            model=model,
+            est_sent=out.est_tokens,
+            regime=ex.regime(model or meta.turn.model),
+            envelope_share=share,
+        )
+        return Answer(ex, raw, client_resp, stripped=stripped, has_tool_calls=has_tool_calls)
+
+    def _reask(self, out: Outbound, meta: TurnMeta, answer: Answer) -> Outbound:
+        """The request again, with the invalid answer and what was wrong with it."""
+        turn = meta.turn
+        assert answer.outcome is not None
+        text = answer.text
+        errors = answer.outcome.errors
+        if turn.wire.reply_cut_off(answer.resp):
+            # Echoing a reply that ran to max_tokens costs those tokens again on the re-ask
+            # and shows the model its own loop; its opening is enough to say what went wrong.
+            text = text[:CUT_OFF_ECHO_CHARS] + " …"
+            errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
+        asked = context.add_correction(turn.wire.context, out.body, text, errors)
+        return self.planner.outbound(turn, asked, meta.schema, meta.state, bounded=True)
+
+
+async def relay_error(ex: Exchange, meta: TurnMeta, raw: bytes | None = None) -> Reply:
+    """An upstream error answer, relayed with its status in the client's dialect."""
+    if raw is None:
+        raw = await ex.read()
+    ex.release()
+    meta.meter.failed(ex.upstream_name, ex.status, "generation")
+    status, raw = error_reply(raw, ex.status, ex.kind, meta.turn.dialect)
+    return render.error(status, raw, meta, ex)

@@ -1,0 +1,274 @@
+"""What a turn sends upstream: the mode's context form (``auto``'s choice among them), built
+once per turn, and the outbound request around it (token estimate, grammar, cache hints).
+
+Also what ``auto`` learns from a turn (the envelope's output cost, the commit's verdict) and
+what the turn's ledger rows share (the baseline: the client's transcript without the
+envelopes the proxy caused)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from ..choices import CacheBreakpoints, ContextShape, Mode
+from ..config import Settings
+from ..cost.auto import AutoEstimate, AutoPlanner, TurnSizes
+from ..cost.baseline import SessionPrefixCaches
+from ..cost.cachehints import CacheHints, count_breakpoints, prompt_cache_key
+from ..cost.meter import BaselineSource, MeterContext, TurnMeter
+from ..cost.pricing import PriceBook
+from ..cost.tokens import estimate_tokens, request_tokens
+from ..cost.usage import Usage
+from ..engine import constrain, context
+from ..engine.mask import mask_transcript
+from ..sessions.ids import SESSION_HEADER
+from ..sessions.transcripts import SessionTranscripts, TranscriptView
+from ..store import SessionRecord, StoreError
+from ..upstream.client import Outbound, UpstreamPool
+from .types import Turn, TurnMeta
+
+CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
+
+
+@dataclass
+class Plan:
+    """A turn's plan: the body to send, its shape, auto's choice and the turn's meter."""
+
+    sent: dict[str, Any]
+    shape: ContextShape
+    decision: AutoEstimate | None
+    meter: TurnMeter
+
+
+class Planner:
+    """Plans each turn: mode -> context form (``auto``'s decision included), the outbound
+    request, and the meter's baseline. It keeps what ``auto`` and the baseline remember per
+    session."""
+
+    def __init__(self, settings: Settings, pool: UpstreamPool, prices: PriceBook) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.prices = prices
+        # What each session's baseline request (no proxy) would have in the prompt cache.
+        self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
+        self.auto = AutoPlanner(max(settings.max_sessions, 1_000))
+        # Each session's last transcript and the results on it, for the next turn's.
+        self.transcripts = SessionTranscripts()
+
+    def plan(self, turn: Turn, state: dict[str, Any], schema: list[str], has_state: bool) -> Plan:
+        """The turn's context (built once) and its meter."""
+        client = self._client_transcript(turn)
+        est_client = client.est_tokens if client is not None else 0
+        decision, compact = self._auto_decision(turn, state, schema, est_client, has_state)
+        form = decision.form if decision is not None else None
+        sent, shape = self.build_context(turn, state, schema, form, compact)
+        turn.telemetry.context(shape)
+        ctx = self._meter_context(turn, sent, shape, client)
+        return Plan(sent, shape, decision, TurnMeter(self.prices, ctx))
+
+    def build_context(
+        self,
+        turn: Turn,
+        state: dict[str, Any],
+        schema: list[str],
+        chosen: ContextShape | None = None,
+        compact: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], ContextShape]:
+        """The body to send upstream for this turn, and which shape it is. ``chosen``: the
+        shape ``auto`` chose (passthrough when it chose none); ``compact``: the compact
+        context auto already built to size it."""
+        if turn.mode == Mode.AUTO or turn.shape is not None:
+            return self._auto_context(turn, state, schema, turn.shape or chosen, compact)
+        if turn.mode == Mode.PASSTHROUGH:
+            return turn.body, ContextShape.PASSTHROUGH
+        if turn.mode == Mode.MASK:
+            masked = mask_transcript(turn.dialect, turn.body, self.settings.mask_keep)
+            return masked, ContextShape.MASK
+        form = turn.envelope_form
+        adapter = turn.wire.context
+        return context.build_compact(adapter, turn.body, schema, state, form), ContextShape.COMPACT
+
+    def _auto_context(
+        self,
+        turn: Turn,
+        state: dict[str, Any],
+        schema: list[str],
+        form: ContextShape | None,
+        compact: dict[str, Any] | None,
+    ) -> tuple[dict[str, Any], ContextShape]:
+        adapter = turn.wire.context
+        if form == ContextShape.FULL:
+            body = context.build_full(adapter, turn.body, schema, turn.envelope_form)
+            return body, ContextShape.FULL
+        if form == ContextShape.COMPACT:
+            if compact is None:
+                compact = context.build_compact(
+                    adapter, turn.body, schema, state, turn.envelope_form
+                )
+            return compact, ContextShape.COMPACT
+        return turn.body, ContextShape.PASSTHROUGH
+
+    def _auto_decision(
+        self, turn: Turn, state: dict[str, Any], schema: list[str], est_client: int, has_state: bool
+    ) -> tuple[AutoEstimate | None, dict[str, Any] | None]:
+        """``auto``'s choice for this turn (``skillstate.cost.auto``), from the sizes of its
+        candidates and the first upstream that serves the model (its cache regime and
+        rates), with the compact context it built to size them (sent if chosen). None
+        outside auto mode or when no upstream serves the model."""
+        if turn.mode != Mode.AUTO:
+            return None, None
+        candidates = self.pool.candidates(turn.model or None)
+        if not candidates:
+            return None, None
+        cfg = candidates[0].cfg
+        adapter = turn.wire.context
+        compact = context.build_compact(adapter, turn.body, schema, state, turn.envelope_form)
+        anthropic_client = turn.dialect == "anthropic"
+        sizes = TurnSizes(
+            transcript=est_client,
+            compact=_est(compact),
+            state=estimate_tokens(context.state_text(state)),
+            contract=estimate_tokens(context.contract_text(schema, turn.envelope_form)),
+            client_breakpoints=anthropic_client and count_breakpoints(turn.body) > 0,
+            proxy_breakpoint=anthropic_client and cfg.cache_breakpoints == CacheBreakpoints.AUTO,
+        )
+        rates = self.prices.rates(
+            model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
+        )
+        regime = cfg.cache_regime(turn.model or None)
+        decision = self.auto.decide(
+            turn.session, sizes, has_state=has_state, regime=regime, prices=rates
+        )
+        return decision, compact
+
+    def _client_transcript(self, turn: Turn) -> TranscriptView | None:
+        """The client's request without the envelopes the proxy caused (the baseline's
+        transcript), its estimated tokens and prefix hashes; None in passthrough. Worked
+        out on the messages new since the session's last turn (a session the client named)."""
+        if turn.mode == Mode.PASSTHROUGH:
+            return None
+        named = turn.session if SESSION_HEADER in turn.headers else None
+        return self.transcripts.view(named, turn.wire, turn.body)
+
+    def _meter_context(
+        self,
+        turn: Turn,
+        sent: dict[str, Any],
+        shape: ContextShape,
+        client: TranscriptView | None,
+    ) -> MeterContext:
+        """What the turn's ledger rows share. Outside passthrough mode, the baseline is the
+        client's transcript without the envelopes the proxy caused, its prompt cache
+        modelled per session (``skillstate.cost.baseline``)."""
+        if client is None:
+            return MeterContext(turn.session, str(turn.mode), turn.model or None, None, shape)
+        source = BaselineSource(
+            self.baseline_caches.get(turn.session),
+            client.points,
+            untouched=client.clean is turn.body and sent is turn.body,
+            now=time.monotonic(),
+        )
+        return MeterContext(
+            turn.session, str(turn.mode), turn.model or None, client.est_tokens, shape, source
+        )
+
+    def outbound(
+        self,
+        turn: Turn,
+        body: dict[str, Any],
+        schema: list[str],
+        state: dict[str, Any],
+        *,
+        bounded: bool = False,
+    ) -> Outbound:
+        """The request to send: the body, its token estimate, the envelope's grammar (when
+        the turn is constrained) and the prompt cache's hints."""
+        grammar: dict[str, Any] | None = None
+        if turn.constrain and constrain.should_constrain(body):
+            # No "reasoning" field and a short action: under a grammar, small models (the reason
+            # to constrain) run a free-text field to its maxLength, and the envelope then gets
+            # cut off at max_tokens. Measured with SmolLM2-135M: docs/benchmarks.md.
+            # A re-ask is bounded: its grammar is finite, so the model cannot run away again
+            # by adding keys to an open map.
+            schema_doc = constrain.envelope_schema(
+                schema,
+                self.settings.initial_state,
+                self.settings.state_schema,
+                CONSTRAINED_ACTION_MAX_LENGTH,
+                reasoning="off",
+                state=state,
+                bounded=bounded,
+            )
+            # strict=False: OpenAI rejects strict schemas with optional keys; llama.cpp ignores it.
+            grammar = constrain.response_format_for(schema_doc, strict=False)
+        return Outbound(
+            client_dialect=turn.dialect,
+            body=body,
+            stream=turn.stream,
+            est_tokens=_est(body),
+            client_headers=turn.headers,
+            grammar=grammar,
+            cache_hints=_cache_hints(turn, body, schema),
+        )
+
+    def envelope_seen(self, meta: TurnMeta, usage: Usage | None, share: Fraction) -> None:
+        """What an envelope cost in output tokens, for ``auto``'s estimates."""
+        if meta.turn.mode == Mode.AUTO and usage is not None:
+            self.auto.envelope_cost(meta.turn.session, float(usage.output_tokens * share))
+
+    def committed(self, meta: TurnMeta, status: str) -> None:
+        """A turn was committed with this verdict (``auto`` learns from it)."""
+        if meta.turn.mode == Mode.AUTO:
+            self.auto.committed(meta.turn.session, meta.shape, status)
+
+    async def preview(
+        self, turn: Turn, read: Callable[[str], Awaitable[SessionRecord | None]]
+    ) -> dict[str, Any]:
+        """The body this turn would send upstream now (in the client's dialect), its session
+        read with ``read``: nothing is sent or committed and no lock is taken (e.g. for
+        ``/v1/messages/count_tokens``)."""
+        if not turn.keeps_state:
+            return self.build_context(turn, self.settings.initial_state, [])[0]
+        if turn.mode == Mode.AUTO:
+            return turn.body  # auto decides a turn's form only when it runs
+        try:
+            record = await read(turn.session)
+        except StoreError as e:
+            raise e.for_client("could not load the session") from e
+        state = record.state if record else self.settings.initial_state
+        schema = record.schema if record else self.settings.allowed_keys
+        return self.build_context(turn, state, schema)[0]
+
+
+def _cache_hints(turn: Turn, body: dict[str, Any], schema: list[str]) -> CacheHints:
+    """The turn's hints for the provider's prompt cache (``skillstate.cost.cachehints``).
+
+    The cache key: only for a session the client named (a generated id is new on every
+    request, and would scatter its calls over caches). The breakpoint: at the contract's
+    text block of a compact context in the Anthropic format (the contract ends the stable
+    prefix: system, tools, task, contract); its tokens are estimated from those parts."""
+    key = prompt_cache_key(turn.session) if SESSION_HEADER in turn.headers else None
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    content = first.get("content") if isinstance(first, dict) else None
+    if not isinstance(content, list):
+        return CacheHints(key)
+    contract = context.contract_text(schema, turn.envelope_form)
+    at = next(
+        (
+            k
+            for k, b in enumerate(content)
+            if isinstance(b, dict) and b.get("type") == "text" and b.get("text") == contract
+        ),
+        None,
+    )
+    if at is None:
+        return CacheHints(key)
+    prefix = [body.get("tools"), body.get("system"), content[: at + 1]]
+    return CacheHints(key, contract, estimate_tokens(prefix))
+
+
+_est = request_tokens  # tokens of what an upstream would read of a body

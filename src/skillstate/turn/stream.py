@@ -1,0 +1,147 @@
+"""A streamed turn after the upstream said yes: relay its stream in the client's dialect,
+then judge and commit before the terminal event (the verdict and cost go out in a closing
+SSE comment). Metered whichever way it ends (a cut is a 499 row)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from fractions import Fraction
+
+from ..cancelsafe import shielded
+from ..choices import ReplyEnvelope
+from ..config import Settings
+from ..cost.baseline import envelope_output_share
+from ..dialects.base import StreamRelay
+from ..dialects.registry import make_relay
+from ..dialects.streaming import relay_events
+from ..engine.strip_events import StrippingRelay
+from ..engine.stripper import strip_envelope
+from ..engine.verdict import Outcome, Verdicts
+from ..errors import ProxyError
+from ..upstream.client import Exchange, Outbound
+from . import render
+from .commit import Committer
+from .plan import Planner
+from .types import TurnMeta, strips, with_envelope
+
+log = logging.getLogger("skillstate")
+
+
+class StreamPath:
+    """Relays a turn's 2xx stream; ``commit`` commits the judged turn (the pipeline's), and
+    ``commits`` writes the ledger rows it did not take (``Committer.close_ledger``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        verdicts: Verdicts,
+        planner: Planner,
+        commit: Callable[[TurnMeta, Outcome], Awaitable[int]],
+        commits: Committer,
+    ) -> None:
+        self.settings = settings
+        self.verdicts = verdicts
+        self.planner = planner
+        self.commit = commit
+        self.commits = commits
+
+    async def relay(
+        self, ex: Exchange, out: Outbound, meta: TurnMeta, stack: AsyncExitStack
+    ) -> AsyncIterator[bytes]:
+        """Relay a 2xx stream in the client's dialect, then judge and commit before the
+        terminal event. Metered whichever way it ends (a cut is a 499 row)."""
+        turn = meta.turn
+        meter = meta.meter
+        meta.streamed = True
+        relay: StreamRelay = make_relay(
+            turn.dialect,
+            ex.kind,
+            request_model=turn.model,
+            client_wants_usage=turn.wire.stream_usage_requested(turn.body),
+            capture_limit=self.settings.capture_limit_bytes,
+        )
+        envelope = with_envelope(meta.shape)
+        stripping: StrippingRelay | None = None
+        if envelope:
+            rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP and strips(turn)
+            relay = stripping = StrippingRelay(relay, turn.dialect, rewrite=rewrite)
+        clean = False
+
+        def answered(status: int) -> None:
+            share = Fraction(0)
+            if stripping is not None:
+                text = relay.text
+                removed = strip_envelope(text).removed_chars
+                share = envelope_output_share(text, removed, stripping.tool_chars)
+                self.planner.envelope_seen(meta, relay.usage, share)
+            meter.answered(
+                upstream=ex.upstream_name,
+                provider_hint=ex.provider_hint,
+                usage=relay.usage,
+                status=status,
+                model=relay.model,
+                est_sent=out.est_tokens,
+                kind="stream",
+                regime=ex.regime(relay.model or turn.model),
+                envelope_share=share,
+            )
+
+        try:
+            problem = None
+            events = relay_events(ex.first_chunk, ex.read_chunk, relay, ex.upstream_name)
+            async with contextlib.aclosing(events):
+                async for ready in events:
+                    if isinstance(ready, bytes):
+                        yield ready
+                    else:
+                        problem = ready.problem
+            await ex.settle(relay.usage)
+            answered(ex.status if problem is None else 502)
+            if problem is not None:
+                if not relay.error_forwarded:
+                    yield relay.error(problem)
+                return
+            tail = relay.finish()
+            if envelope:
+                note, committed = await self._commit(meta, relay)
+                if not committed:
+                    yield note  # the error event: the reply is out but not committed
+                    clean = True
+                    return
+                tail.insert(0, note)
+            await self.commits.close_ledger(turn, meter)  # before the last bytes go out
+            yield b"".join(tail)
+            clean = True
+        finally:
+            if clean:
+                ex.release()
+            else:
+                ex.close()  # the upstream sees the request cancelled
+                if not meter.answered_yet:
+                    answered(499)
+            turn.telemetry.metered(meter.rows)
+            await self.commits.close_ledger(turn, meter)
+            await shielded(stack.aclose())
+
+    async def _commit(self, meta: TurnMeta, relay: StreamRelay) -> tuple[bytes, bool]:
+        """Judge and commit a finished stream: the SSE comment carrying the verdict and cost
+        (headers are long gone) and True, or the error event and False when that failed."""
+        turn = meta.turn
+        try:
+            outcome = self.verdicts.judge(
+                relay.text, relay.has_tool_calls, meta.state, meta.schema, turn.envelope_form
+            )
+            # Commit before the terminal event: a client that reads /state right after the
+            # stream ends sees the new state.
+            step = await self.commit(meta, outcome)
+        except Exception as e:
+            # Say so in-band, as an upstream error would be, rather than by cutting the
+            # connection.
+            if not isinstance(e, ProxyError):
+                log.exception("turn %s: judging or committing a stream", turn.session)
+            internal = f"internal proxy error ({type(e).__name__})"
+            return relay.error(str(e) if isinstance(e, ProxyError) else internal), False
+        return render.stream_note(outcome, step, meta.meter), True

@@ -1,0 +1,143 @@
+"""What the stages of one turn hand each other: the parsed request (``Turn``), the replies
+(``Reply``, ``StreamReply``), what the stages share (``TurnMeta``) and one upstream answer
+(``Answer``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from ..choices import ContextShape, Mode
+from ..cost.auto import AutoEstimate
+from ..cost.meter import TurnMeter
+from ..dialects.base import Dialect as Wire
+from ..dialects.registry import get_dialect
+from ..engine import constrain
+from ..engine.context import EnvelopeForm
+from ..engine.stripper import Stripped
+from ..engine.verdict import Outcome
+from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
+from ..sessions.locks import Hold
+from ..upstream.client import Exchange
+
+if TYPE_CHECKING:
+    from ..cost.budgets import TurnBudgets
+
+
+@dataclass
+class Turn:
+    """A parsed client request."""
+
+    dialect: str  # "openai" | "anthropic"
+    body: dict[str, Any]
+    headers: Mapping[str, str]  # lower-case names
+    session: str  # the store's id (namespaced by the caller's key: skillstate.auth.tenancy)
+    mode: Mode
+    constrain: bool = False
+    telemetry: TurnTelemetry = NO_TELEMETRY  # /metrics and traces (skillstate.telemetry)
+    client_session: str | None = None  # the id the client sent, when it differs from session
+    budgets: TurnBudgets | None = None  # the key's and the session's (cost/budgets.py)
+    # A context form fixed by the caller instead of the mode's: a compaction's checkpoint
+    # sends the whole transcript with the contract (skillstate.compaction).
+    shape: ContextShape | None = None
+
+    @property
+    def shown_session(self) -> str:
+        """The session id the client knows (what the session header answers)."""
+        return self.client_session or self.session
+
+    @property
+    def stream(self) -> bool:
+        """Whether the client asked for a streamed (SSE) reply."""
+        return bool(self.body.get("stream"))
+
+    @property
+    def model(self) -> str:
+        """The model the client asked for ("" when the body names none)."""
+        m = self.body.get("model")
+        return m if isinstance(m, str) else ""
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether this turn's mode keeps the session's state (and so holds its lock)."""
+        return self.mode in (Mode.STATE, Mode.AUTO)
+
+    @cached_property
+    def envelope_form(self) -> EnvelopeForm:
+        """How the reply carries the envelope (see skillstate.engine.context.EnvelopeForm)."""
+        return "none" if constrain.has_own_format(self.body) else "block"
+
+    @cached_property
+    def wire(self) -> Wire:
+        """The client's dialect (looked up once per turn)."""
+        return get_dialect(self.dialect)
+
+
+@dataclass
+class Reply:
+    """A complete reply for the client: status, body in its dialect, and headers."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class StreamReply:
+    """A streamed reply: headers now, body chunks as the upstream sends them (the turn is
+    judged and committed before the last chunk)."""
+
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+    # Idempotent: drops the upstream and releases the session. The response calls it when
+    # it is done, so nothing leaks even if `chunks` was never started (early disconnect).
+    abort: Callable[[], Awaitable[None]]
+
+
+def with_envelope(shape: ContextShape) -> bool:
+    """Whether a turn sent in this shape asks the model for the state envelope (and so is
+    judged and committed)."""
+    return shape in (ContextShape.COMPACT, ContextShape.FULL)
+
+
+def strips(turn: Turn) -> bool:
+    """Whether the client's copy of this turn's reply is stripped of envelopes: never when
+    the request brought its own output format (``format-noop``: the reply must parse as the
+    client's format, and the model was not asked for an envelope)."""
+    return turn.envelope_form != "none"
+
+
+@dataclass
+class TurnMeta:
+    """What the stages of one turn share: the request, the session as loaded, the context
+    shape sent and the turn's meter."""
+
+    turn: Turn
+    state: dict[str, Any]
+    step: int
+    schema: list[str]
+    is_new: bool
+    shape: ContextShape
+    meter: TurnMeter
+    decision: AutoEstimate | None = None  # auto's choice and its estimates
+    hold: Hold | None = None  # the session's lock, in the modes that keep state
+    streamed: bool = False  # the stream's relay started (it closes the ledger itself)
+
+
+@dataclass
+class Answer:
+    """One upstream answer (already in the client's dialect) and, once judged, its verdict."""
+
+    ex: Exchange
+    raw: bytes
+    resp: dict[str, Any]
+    outcome: Outcome | None = None
+    stripped: tuple[str, Stripped] | None = None  # its text and strip_envelope(text)
+    has_tool_calls: bool = False  # read with its text (only when the turn has an envelope)
+
+    @property
+    def text(self) -> str:
+        """The reply's text (read once, when the turn has an envelope; else "")."""
+        return self.stripped[0] if self.stripped is not None else ""

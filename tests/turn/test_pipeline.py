@@ -1,0 +1,451 @@
+"""``Pipeline`` alone: the sequence of one turn (lock, load, plan, call and re-ask, judge,
+commit) against a fake ``Store`` and a fake ``UpstreamPool`` (unit tests; the same turns over
+HTTP with the real store and the fake provider are in tests/e2e/).
+
+What is checked here is what only the sequence decides: the re-ask, what a cancellation at
+each stage leaves behind, a step conflict, and ``auto``'s switch (with its context built once
+and the dialect looked up once per turn)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from skillstate.choices import Mode
+from skillstate.config import Settings
+from skillstate.cost.pricing import PriceBook
+from skillstate.cost.usage import Usage
+from skillstate.dialects.registry import get_dialect
+from skillstate.errors import ProxyError
+from skillstate.store import SessionRecord, StepConflict, TransitionRecord
+from skillstate.store.records import LedgerRow
+from skillstate.turn import plan as plan_module
+from skillstate.turn import types as types_module
+from skillstate.turn.pipeline import Pipeline
+from skillstate.turn.types import Reply, StreamReply, Turn
+from skillstate.upstream.client import Outbound
+
+JSON = dict[str, Any]
+
+
+def envelope(n: int, action: str = "next") -> str:
+    body = {"state_patch": {"n": n}, "action": action}
+    return f"Done.\n```json\n{json.dumps(body)}\n```"
+
+
+def completion(text: str) -> JSON:
+    """A chat completion, as an OpenAI-kind upstream sends it."""
+    return {
+        "id": "c1",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+    }
+
+
+# -- the fake store ---------------------------------------------------------------------------
+
+
+@dataclass
+class FakeStore:
+    """The ``Store`` methods a turn uses, in memory; ``gate`` (per method name) holds a call
+    until set, ``conflict`` makes the next commit a step conflict."""
+
+    sessions: dict[str, SessionRecord] = field(default_factory=dict)
+    transitions: list[TransitionRecord] = field(default_factory=list)
+    ledger: list[LedgerRow] = field(default_factory=list)
+    gates: dict[str, asyncio.Event] = field(default_factory=dict)
+    entered: dict[str, asyncio.Event] = field(default_factory=dict)
+    conflict: bool = False
+
+    async def _at(self, name: str) -> None:
+        self.entered.setdefault(name, asyncio.Event()).set()
+        gate = self.gates.get(name)
+        if gate is not None:
+            await gate.wait()
+
+    async def load(self, session: str, *, fresh: bool = False) -> SessionRecord | None:
+        await self._at("load")
+        return self.sessions.get(session)
+
+    async def ensure_writable(self, timeout: float) -> None:
+        return None
+
+    def ensure_room_for_session(self) -> None:
+        return None
+
+    async def commit(
+        self,
+        session: str,
+        *,
+        expected_step: int,
+        state: dict[str, Any] | None,
+        schema: list[str],
+        transition: TransitionRecord,
+        now: float,
+        ledger: list[LedgerRow] | None = None,
+    ) -> int:
+        await self._at("commit")
+        current = self.sessions.get(session)
+        if self.conflict or (current.step if current else 0) != expected_step:
+            raise StepConflict(f"expected step {expected_step}")
+        kept = state if state is not None else (current.state if current else {})
+        created = current.created if current else now
+        self.sessions[session] = SessionRecord(session, kept, schema, transition.step, created, now)
+        self.transitions.append(transition)
+        self.ledger.extend(ledger or ())
+        return transition.step
+
+    async def add_ledger_rows(self, rows: list[LedgerRow]) -> None:
+        self.ledger.extend(rows)
+
+
+# -- the fake upstream pool -------------------------------------------------------------------
+
+
+class FakeExchange:
+    """What the pipeline reads of an upstream's answer (``upstream.client.Exchange``)."""
+
+    def __init__(self, status: int, body: bytes, chunks: list[bytes], gate: asyncio.Event | None):
+        self.status = status
+        self.body = body
+        self.first_chunk = chunks[0] if chunks else b""
+        self._more = list(chunks[1:])
+        self._gate = gate
+        self.failed_attempts: list[Any] = []
+        self.ticket = None
+        self.closed = False
+        self.released = False
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    upstream_name = "up"
+    kind = "openai"
+    provider_hint = "http://upstream.invalid/v1"
+
+    def regime(self, model: str | None) -> Any:
+        return UPSTREAM.cache_regime(model)
+
+    def usage_of(self, resp: JSON) -> Usage | None:
+        return get_dialect("openai").usage(resp.get("usage"))
+
+    async def settle(self, usage: Usage | None) -> None:
+        return None
+
+    def relay_headers(self) -> dict[str, str]:
+        return {"x-skillstate-upstream": self.upstream_name}
+
+    async def read(self) -> bytes:
+        if self._gate is not None:
+            await self._gate.wait()
+        return self.body
+
+    async def read_chunk(self) -> bytes:
+        if self._gate is not None:
+            await self._gate.wait()
+        return self._more.pop(0) if self._more else b""
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release(self) -> None:
+        self.released = True
+
+
+UPSTREAM = Settings(upstreams=[{"name": "up", "url": "http://upstream.invalid/v1"}]).upstreams[0]
+
+
+class _Candidate:
+    """One ``UpstreamRuntime`` as ``auto`` reads it (its config)."""
+
+    cfg = UPSTREAM
+    name = "up"
+    kind = "openai"
+
+
+@dataclass
+class FakePool:
+    """``UpstreamPool.dispatch`` answering from ``answer(outbound)``; ``gate`` holds the call
+    (``dispatch``) or the body's read (``read``) until set."""
+
+    answer: Callable[[Outbound], str]
+    sent: list[Outbound] = field(default_factory=list)
+    exchanges: list[FakeExchange] = field(default_factory=list)
+    gates: dict[str, asyncio.Event] = field(default_factory=dict)
+    entered: dict[str, asyncio.Event] = field(default_factory=dict)
+    stream_chunks: list[bytes] | None = None
+
+    def candidates(self, model: str | None = None) -> list[Any]:
+        return [_Candidate()]
+
+    async def dispatch(self, out: Outbound) -> FakeExchange:
+        self.sent.append(out)
+        self.entered.setdefault("dispatch", asyncio.Event()).set()
+        gate = self.gates.get("dispatch")
+        if gate is not None:
+            await gate.wait()
+        body = orjson.dumps(completion(self.answer(out)))
+        ex = FakeExchange(200, body, self.stream_chunks or [], self.gates.get("read"))
+        self.exchanges.append(ex)
+        return ex
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def make(tmp_path: Path, answer: Callable[[Outbound], str], **settings: Any) -> Pipeline:
+    s = Settings(data_dir=tmp_path, schema=["n"], initial_state={"n": 0}, **settings)
+    prices = PriceBook.from_config(s.prices, s.upstreams)
+    return Pipeline(s, FakeStore(), FakePool(answer), prices)  # type: ignore[arg-type]
+
+
+def store_of(p: Pipeline) -> FakeStore:
+    assert isinstance(p.store, FakeStore)
+    return p.store
+
+
+def pool_of(p: Pipeline) -> FakePool:
+    assert isinstance(p.pool, FakePool)
+    return p.pool
+
+
+def turn(messages: list[JSON], mode: Mode = Mode.STATE, stream: bool = False) -> Turn:
+    body: JSON = {"model": "m", "messages": messages}
+    if stream:
+        body["stream"] = True
+    return Turn("openai", body, {"x-skillstate-session": "s"}, "s", mode)
+
+
+def said(text: str) -> list[JSON]:
+    return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+
+
+async def run_json(p: Pipeline, t: Turn) -> Reply:
+    reply = await p.run(t)
+    assert isinstance(reply, Reply)
+    return reply
+
+
+# -- re-ask -----------------------------------------------------------------------------------
+
+
+async def test_an_invalid_answer_is_re_asked_with_what_was_wrong_and_the_next_one_committed(
+    tmp_path: Path,
+) -> None:
+    answers = iter(["I forgot the envelope.", envelope(1)])
+    p = make(tmp_path, lambda out: next(answers))
+    reply = await run_json(p, turn(said("go")))
+    assert reply.status == 200
+    assert reply.headers["x-skillstate-retries"] == "1"
+    assert reply.headers["x-skillstate-transition"] == "valid"
+    assert reply.headers["x-skillstate-step"] == "1"
+    first, again = pool_of(p).sent
+    asked = json.dumps(again.body)
+    assert "I forgot the envelope." in asked and "no valid state envelope" in asked
+    assert "I forgot the envelope." not in json.dumps(first.body)
+    assert store_of(p).sessions["s"].state == {"n": 1}
+    # Both calls are in the ledger: the discarded one as a rollback-retry row.
+    await p.settle()
+    kinds = sorted(r.kind for r in store_of(p).ledger)
+    assert kinds == ["generation", "rollback-retry"]
+
+
+async def test_re_asks_stop_at_max_retries_and_the_last_answer_is_committed_invalid(
+    tmp_path: Path,
+) -> None:
+    p = make(tmp_path, lambda out: "never an envelope", max_retries=1)
+    reply = await run_json(p, turn(said("go")))
+    assert len(pool_of(p).sent) == 2
+    assert reply.headers["x-skillstate-transition"] == "invalid"
+    assert reply.headers["x-skillstate-retries"] == "1"
+    assert store_of(p).sessions["s"].step == 1
+    assert store_of(p).sessions["s"].state == {"n": 0}  # an invalid turn keeps the state
+
+
+# -- cancellation at each stage ---------------------------------------------------------------
+
+
+async def _cancelled_at(p: Pipeline, entered: asyncio.Event, t: Turn) -> asyncio.Task[Any]:
+    task = asyncio.ensure_future(p.run(t))
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return task
+
+
+async def test_cancelled_while_waiting_for_the_session_nothing_is_sent(tmp_path: Path) -> None:
+    p = make(tmp_path, lambda out: envelope(1))
+    store = store_of(p)
+    store.gates["commit"] = asyncio.Event()
+    first = asyncio.ensure_future(p.run(turn(said("one"))))
+    await asyncio.wait_for(store.entered.setdefault("commit", asyncio.Event()).wait(), 5)
+    waiting = asyncio.ensure_future(p.run(turn(said("two"))))
+    await asyncio.sleep(0)  # it waits for the first turn's hold
+    assert p.locks.__len__() == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    store.gates["commit"].set()
+    assert isinstance(await first, Reply)
+    assert len(pool_of(p).sent) == 1  # the cancelled turn never called upstream
+    assert store.sessions["s"].step == 1
+    assert len(p.locks) == 0
+
+
+async def test_cancelled_while_loading_nothing_is_sent_and_the_session_is_free(
+    tmp_path: Path,
+) -> None:
+    p = make(tmp_path, lambda out: envelope(1))
+    store = store_of(p)
+    store.gates["load"] = asyncio.Event()
+    await _cancelled_at(p, store.entered.setdefault("load", asyncio.Event()), turn(said("go")))
+    assert pool_of(p).sent == [] and store.transitions == []
+    assert len(p.locks) == 0
+    store.gates.pop("load")
+    assert (await run_json(p, turn(said("go")))).headers["x-skillstate-step"] == "1"
+
+
+async def test_cancelled_during_the_upstream_call_nothing_is_committed(tmp_path: Path) -> None:
+    p = make(tmp_path, lambda out: envelope(1))
+    pool = pool_of(p)
+    pool.gates["dispatch"] = asyncio.Event()
+    await _cancelled_at(p, pool.entered.setdefault("dispatch", asyncio.Event()), turn(said("go")))
+    assert store_of(p).transitions == [] and "s" not in store_of(p).sessions
+    assert len(p.locks) == 0
+
+
+async def test_cancelled_while_reading_the_answer_the_upstream_sees_it_go(tmp_path: Path) -> None:
+    p = make(tmp_path, lambda out: envelope(1))
+    pool = pool_of(p)
+    pool.gates["read"] = asyncio.Event()
+    await _cancelled_at(p, pool.entered.setdefault("dispatch", asyncio.Event()), turn(said("go")))
+    (ex,) = pool.exchanges
+    assert ex.closed and not ex.released
+    assert store_of(p).transitions == []
+    assert len(p.locks) == 0
+
+
+async def test_cancelled_during_the_commit_the_commit_finishes_before_the_session_is_free(
+    tmp_path: Path,
+) -> None:
+    p = make(tmp_path, lambda out: envelope(len(pool_of(p).sent)))
+    store = store_of(p)
+    store.gates["commit"] = asyncio.Event()
+    task = asyncio.ensure_future(p.run(turn(said("one"))))
+    await asyncio.wait_for(store.entered.setdefault("commit", asyncio.Event()).wait(), 5)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    assert not task.done()  # the commit runs on; the turn still holds the session
+    assert len(p.locks) == 1
+    store.gates["commit"].set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert store.sessions["s"].step == 1 and store.sessions["s"].state == {"n": 1}
+    assert len(p.locks) == 0
+    # The next turn builds on the committed step (no conflict).
+    reply = await run_json(p, turn(said("two")))
+    assert reply.headers["x-skillstate-step"] == "2"
+
+
+async def test_a_stream_cut_by_the_client_is_not_committed_and_is_metered(
+    tmp_path: Path,
+) -> None:
+    chunk = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":' + (
+        b'[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n'
+    )
+    p = make(tmp_path, lambda out: "")
+    pool = pool_of(p)
+    pool.stream_chunks = [chunk, chunk]
+    pool.gates["read"] = asyncio.Event()  # the second chunk never comes
+    reply = await p.run(turn(said("go"), stream=True))
+    assert isinstance(reply, StreamReply)
+    first = await reply.chunks.__anext__()
+    assert b"Hi" in first
+    await reply.chunks.aclose()  # type: ignore[attr-defined]
+    await reply.abort()
+    (ex,) = pool.exchanges
+    assert ex.closed
+    assert store_of(p).transitions == []
+    await p.settle()
+    assert [r.status for r in store_of(p).ledger] == [499]
+    assert len(p.locks) == 0
+
+
+# -- step conflict ----------------------------------------------------------------------------
+
+
+async def test_a_step_conflict_is_a_409_and_the_billed_call_is_still_in_the_ledger(
+    tmp_path: Path,
+) -> None:
+    p = make(tmp_path, lambda out: envelope(1))
+    store = store_of(p)
+    store.conflict = True
+    with pytest.raises(ProxyError) as err:
+        await p.run(turn(said("go")))
+    assert (err.value.status, err.value.code) == (409, "conflict")
+    assert store.transitions == []
+    await p.settle()
+    assert [r.kind for r in store.ledger] == ["generation"]
+    assert len(p.locks) == 0
+
+
+# -- auto's switch ----------------------------------------------------------------------------
+
+
+async def test_auto_switches_to_full_then_compact_building_each_context_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compacts: list[JSON] = []
+    build_compact = plan_module.context.build_compact
+
+    def counted(*args: Any, **kwargs: Any) -> JSON:
+        compacts.append(build_compact(*args, **kwargs))
+        return compacts[-1]
+
+    monkeypatch.setattr(plan_module.context, "build_compact", counted)
+    lookups: list[str] = []
+    monkeypatch.setattr(types_module, "get_dialect", lambda n: lookups.append(n) or get_dialect(n))
+
+    def like_a_model(out: Outbound) -> str:
+        asked = "state_patch" in json.dumps(out.body)
+        return envelope(len(pool_of(p).sent)) if asked else "Noted."
+
+    p = make(tmp_path, like_a_model, mode=Mode.AUTO)
+    transcript: list[JSON] = [{"role": "system", "content": "Be brief."}]
+    shapes: list[str] = []
+    for k in range(40):
+        transcript.append({"role": "user", "content": f"observation {k}: " + "x" * 4_000})
+        before = len(compacts)
+        lookups.clear()
+        reply = await run_json(p, turn(list(transcript), Mode.AUTO))
+        shapes.append(reply.headers["x-skillstate-context"])
+        assert lookups == ["openai"]  # one dialect lookup per turn
+        assert len(compacts) - before == 1  # auto sizes compact once, and sends that one
+        sent = pool_of(p).sent[-1].body
+        if shapes[-1] == "compact":
+            assert sent is compacts[-1]
+            break
+        transcript.append({"role": "assistant", "content": "Noted."})
+    # passthrough until compact pays, one full turn that builds the state, then compact.
+    full = shapes.index("full")
+    assert full > 0 and set(shapes[:full]) == {"passthrough"}
+    assert shapes[full + 1 :] == ["compact"]
+    assert store_of(p).transitions[-1].context == "compact"
+    assert store_of(p).transitions[0].context == "full"
