@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,9 @@ from skillstate.cli.main import main
 from skillstate.store import Store
 from tests.conftest import Proxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 SCHEMA = "facts,notes,step"
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def make_key(data: Path, name: str) -> str:
@@ -37,7 +33,7 @@ def turn(client: openai.OpenAI, fake: FakeProvider, session: str, reply: str) ->
     return client.chat.completions.with_raw_response.create(
         model="gpt-4o-mini",
         messages=[{"role": "user", "content": f"next step of {session}"}],
-        extra_headers={"x-skillstate-session": session},
+        extra_headers={SESSION_HEADER: session},
     )
 
 
@@ -58,14 +54,14 @@ def fill(proxy: Proxy, fake: FakeProvider, key: str) -> dict[str, int]:
     steps["short"] = int(r.headers["x-skillstate-step"])
     fake.enqueue(Reply(text=envelope({"notes": "from responses"})))
     first = client.responses.create(
-        model="gpt-4o-mini", input="hi", extra_headers={"x-skillstate-session": "resp"}
+        model="gpt-4o-mini", input="hi", extra_headers={SESSION_HEADER: "resp"}
     )
     fake.enqueue(Reply(text=envelope({"step": 2})))
     raw = client.responses.with_raw_response.create(
         model="gpt-4o-mini",
         input="more",
         previous_response_id=first.id,
-        extra_headers={"x-skillstate-session": "resp"},
+        extra_headers={SESSION_HEADER: "resp"},
     )
     steps["resp"] = int(raw.headers["x-skillstate-step"])
     return steps

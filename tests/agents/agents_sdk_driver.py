@@ -19,6 +19,7 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
+from tests.helpers import SESSION_HEADER
 
 
 @function_tool
@@ -38,7 +39,7 @@ async def run(args: argparse.Namespace) -> None:
         base_url=args.base_url,
         api_key="sk-dummy",
         max_retries=0,
-        default_headers={"x-skillstate-session": args.session},
+        default_headers={SESSION_HEADER: args.session},
     )
     model = (
         OpenAIResponsesModel("gpt-test", client)

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import StartProxyProcess, proxy_env
 from tests.fakeprovider import FakeProvider
+from tests.helpers import SESSION_HEADER
 
 BIN = Path(sys.executable).parent
 
@@ -61,7 +62,7 @@ def test_help_lists_flags_env_endpoints_and_session_header() -> None:
         "/cost",
     ):
         assert path in out
-    assert "x-skillstate-session" in out
+    assert SESSION_HEADER in out
 
 
 @pytest.mark.parametrize(
@@ -164,7 +165,7 @@ def test_verbose_logs_one_line_per_request_without_secrets(
     httpx.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "TOPSECRET-BODY"}]},
-        headers={"authorization": "Bearer sk-client-secret", "x-skillstate-session": "logme"},
+        headers={"authorization": "Bearer sk-client-secret", SESSION_HEADER: "logme"},
         timeout=10,
     )
     err = p.stop()

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider
+from tests.helpers import SESSION_HEADER
 
 MSGS = [{"role": "user", "content": "x"}]
 FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -39,7 +40,7 @@ def test_openai_shapes_are_a_400_and_nothing_is_sent_or_saved(
     r = proxy.http.post(
         proxy.v1 + "/chat/completions",
         json={"model": "m", "messages": MSGS, **extra},
-        headers={"x-skillstate-session": "shapes"},
+        headers={SESSION_HEADER: "shapes"},
         timeout=10,
     )
     assert r.status_code == 400, r.text
@@ -87,7 +88,7 @@ def test_anthropic_shapes_are_a_400_and_nothing_is_sent_or_saved(
     r = anthropic_proxy.http.post(
         anthropic_proxy.v1 + "/messages",
         json={"model": "m", "max_tokens": 5, "messages": MSGS, **extra},
-        headers={"x-api-key": "k", "x-skillstate-session": "shapes"},
+        headers={"x-api-key": "k", SESSION_HEADER: "shapes"},
         timeout=10,
     )
     assert r.status_code == 400, r.text

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +18,13 @@ import pytest
 from skillstate.cli.main import main
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 # $0.001 per output token, input free: a call with max_tokens 100 has a worst case of $0.10,
 # and costs exactly that when the model writes its 100 tokens.
 OUTPUT_PRICED = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
 WORST = 0.10
-SESSION = "x-skillstate-session"
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+SESSION = SESSION_HEADER
 
 
 def make_key(data: Path, *args: str) -> str:

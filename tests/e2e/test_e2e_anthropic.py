@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
+from tests.helpers import SESSION_HEADER
 
 TOOLS = [
     {"name": "get_weather", "description": "w", "input_schema": {"type": "object"}},
@@ -66,7 +67,7 @@ def test_stream_final_message_equals_non_streamed(
         "max_tokens": 256,
         "tools": TOOLS,
         "messages": [{"role": "user", "content": "weather and time?"}],
-        "extra_headers": {"x-skillstate-session": "eq"},
+        "extra_headers": {SESSION_HEADER: "eq"},
     }
     fake.enqueue(reply)
     plain = c.messages.create(**kw)
@@ -87,7 +88,7 @@ def test_three_parallel_tool_calls_stream_and_pair_next_turn(
     fake: FakeProvider, aproxy: Proxy, upstream_kind: str
 ) -> None:
     c = client(aproxy)
-    hdr = {"x-skillstate-session": "par"}
+    hdr = {SESSION_HEADER: "par"}
     fake.enqueue(Reply(tool_calls=[("get_weather", {"city": x}) for x in ("A", "B", "C")]))
     messages: list[dict[str, Any]] = [{"role": "user", "content": "three cities"}]
     with c.messages.stream(
@@ -134,7 +135,7 @@ def test_state_updates_visible_like_chat_completions(fake: FakeProvider, aproxy:
         max_tokens=50,
         system=[{"type": "text", "text": "sys"}],
         messages=[{"role": "user", "content": "go"}],
-        extra_headers={"x-skillstate-session": "vis"},
+        extra_headers={SESSION_HEADER: "vis"},
     )
     assert raw.headers["x-skillstate-transition"] == "valid"
     assert aproxy.state("vis")["state"] == {"facts": {"x": 1}}
@@ -142,7 +143,7 @@ def test_state_updates_visible_like_chat_completions(fake: FakeProvider, aproxy:
     fake.enqueue(Reply(text=envelope({"notes": "s"})))
     with client(aproxy).messages.stream(
         model="m", max_tokens=50, messages=[{"role": "user", "content": "again"}],
-        extra_headers={"x-skillstate-session": "vis"},
+        extra_headers={SESSION_HEADER: "vis"},
     ) as s:  # fmt: skip
         s.get_final_message()
     assert aproxy.state("vis")["state"] == {"facts": {"x": 1}, "notes": "s"}
@@ -290,7 +291,7 @@ def test_openai_client_against_anthropic_upstream(
         model="claude-x",
         messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "go"}],
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-        extra_headers={"x-skillstate-session": "x1"},
+        extra_headers={SESSION_HEADER: "x1"},
     )
     msg = r.choices[0].message
     assert msg.tool_calls and json.loads(msg.tool_calls[0].function.arguments) == {"a": 1}
@@ -299,7 +300,7 @@ def test_openai_client_against_anthropic_upstream(
     chunks = list(
         c.chat.completions.create(
             model="claude-x", messages=[{"role": "user", "content": "go"}], stream=True,
-            stream_options={"include_usage": True}, extra_headers={"x-skillstate-session": "x1"},
+            stream_options={"include_usage": True}, extra_headers={SESSION_HEADER: "x1"},
         )
     )  # fmt: skip
     assert chunks[-1].usage is not None
@@ -310,7 +311,7 @@ def test_count_tokens_counts_what_would_be_sent(
     fake: FakeProvider, aproxy: Proxy, upstream_kind: str
 ) -> None:
     c = client(aproxy)
-    hdr = {"x-skillstate-session": "count"}
+    hdr = {SESSION_HEADER: "count"}
     long_transcript: list[Any] = [{"role": "user", "content": "TASK: watch the logs."}]
     for i in range(12):
         long_transcript += [
@@ -331,7 +332,7 @@ def test_count_tokens_counts_what_would_be_sent(
         extra_headers={**hdr, "x-skillstate-mode": "passthrough"},
     ).input_tokens
     assert 0 < compact < full / 3  # state mode counts the compact context, not the transcript
-    assert raw.headers["x-skillstate-session"] == "count"
+    assert raw.headers[SESSION_HEADER] == "count"
     if upstream_kind == "anthropic":
         # counted by the upstream's own endpoint, with only the fields it accepts
         counted = [r for r in fake.requests[n_before:] if r.path == "/v1/messages/count_tokens"]

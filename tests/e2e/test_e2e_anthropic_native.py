@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
+from tests.helpers import SESSION_HEADER
 
 BETA = "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27"
 ENVELOPE = '```json\n{"state_patch": {"notes": "n"}, "action": "a"}\n```'
@@ -106,7 +107,7 @@ def anthropic_proxy(start_proxy: StartProxy, fake: FakeProvider, mode: str, **up
 def post(
     p: Proxy, body: dict[str, Any], headers: dict[str, str] | None = None, query: str = ""
 ) -> Any:
-    h = {"content-type": "application/json", "x-skillstate-session": "s1"}
+    h = {"content-type": "application/json", SESSION_HEADER: "s1"}
     h.setdefault("anthropic-version", "2023-06-01")
     return p.http.post(
         p.v1 + "/messages" + query, content=js_json(body), headers={**h, **(headers or {})}

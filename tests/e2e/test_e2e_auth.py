@@ -21,12 +21,9 @@ from skillstate.app.server import ProxyServer
 from skillstate.cli.main import main
 from tests.conftest import InProcessProxy, StartProxy, proxy_env, settings_from_cli
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 NO_CACHE = {"auth_cache_ttl": 0}
-
-
-def envelope(patch: dict, action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def make_key(data: Path, *args: str) -> str:
@@ -52,7 +49,7 @@ def chat(client: openai.OpenAI, session: str, text: str = "hi") -> openai.types.
     return client.chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": text}],
-        extra_headers={"x-skillstate-session": session},
+        extra_headers={SESSION_HEADER: session},
     )
 
 
@@ -61,7 +58,7 @@ def message(client: anthropic.Anthropic, session: str) -> anthropic.types.Messag
         model="m",
         max_tokens=50,
         messages=[{"role": "user", "content": "hi"}],
-        extra_headers={"x-skillstate-session": session},
+        extra_headers={SESSION_HEADER: session},
     )
 
 
@@ -208,9 +205,9 @@ def test_two_keys_see_only_their_own_sessions_state_and_cost(
     r = oai(proxy, a).chat.completions.with_raw_response.create(
         model="m",
         messages=[{"role": "user", "content": "hi"}],
-        extra_headers={"x-skillstate-session": "s1"},
+        extra_headers={SESSION_HEADER: "s1"},
     )
-    assert r.headers["x-skillstate-session"] == "s1"  # the store's id is never shown
+    assert r.headers[SESSION_HEADER] == "s1"  # the store's id is never shown
     message(ant(proxy, b), "s1")  # the same client id, another key: another session
 
     def state(caller: str, **params: str) -> httpx.Response:
@@ -382,9 +379,9 @@ def test_responses_api_ids_and_sessions_are_namespaced_by_key(
     fake.enqueue(Reply(text=envelope({"facts": "alice's"})))
     alice, bob = oai(proxy, a), oai(proxy, b)
     raw = alice.responses.with_raw_response.create(
-        model="m", input="hi", extra_headers={"x-skillstate-session": "r1"}
+        model="m", input="hi", extra_headers={SESSION_HEADER: "r1"}
     )
-    assert raw.headers["x-skillstate-session"] == "r1"
+    assert raw.headers[SESSION_HEADER] == "r1"
     first = raw.parse()
     assert alice.responses.retrieve(first.id).id == first.id
     with pytest.raises(openai.NotFoundError):

@@ -13,6 +13,7 @@ import pytest
 from skillstate.engine.context import CONTRACT_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest
+from tests.helpers import SESSION_HEADER
 
 PRICES = {
     "input_per_mtok": 2.0,
@@ -63,7 +64,7 @@ def chat(
         raw = c.chat.completions.with_raw_response.create(
             model="m",
             messages=transcript,  # type: ignore[arg-type]
-            extra_headers={"x-skillstate-session": session, "x-skillstate-mode": mode},
+            extra_headers={SESSION_HEADER: session, "x-skillstate-mode": mode},
         )
         out.append(dict(raw.headers))
         transcript.append({"role": "assistant", "content": raw.parse().choices[0].message.content})

@@ -29,6 +29,7 @@ from skillstate.cost.tokens import estimate_tokens
 from skillstate.engine.context import CONTRACT_MARK
 from tests.conftest import InProcessProxy, launch_in_process, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 PRICES = {  # USD per million tokens, our own
     "input_per_mtok": 2.0,
@@ -164,7 +165,7 @@ def oai(p: InProcessProxy) -> openai.OpenAI:
 def test_ten_turn_baseline_is_the_envelope_free_transcript(env: Any) -> None:
     fake, p, db = env
     fake.reset()
-    session = {"x-skillstate-session": "ten"}
+    session = {SESSION_HEADER: "ten"}
     transcript: list[dict[str, Any]] = [
         {"role": "system", "content": "You plan migrations."},
         {"role": "user", "content": "TASK: move billing to the new cluster."},
@@ -205,7 +206,7 @@ def test_ten_turn_baseline_is_the_envelope_free_transcript(env: Any) -> None:
 def test_openai_cached_prefix_baseline_and_a_negative_saving(env: Any) -> None:
     fake, p, db = env
     fake.reset()
-    session = {"x-skillstate-session": "oai-cache"}
+    session = {SESSION_HEADER: "oai-cache"}
     system = {"role": "system", "content": "You review code. " * 40}
     task = {"role": "user", "content": "TASK: review the diff."}
     first = reply_text(1)
@@ -241,7 +242,7 @@ def test_openai_cached_prefix_baseline_and_a_negative_saving(env: Any) -> None:
 def test_anthropic_cached_prefix_baseline_reads_what_a_breakpoint_wrote(env: Any) -> None:
     fake, p, db = env
     fake.reset()
-    headers = {"x-skillstate-session": "ant-cache", "anthropic-version": "2023-06-01"}
+    headers = {SESSION_HEADER: "ant-cache", "anthropic-version": "2023-06-01"}
     system = [
         {"type": "text", "text": "You review code. " * 40, "cache_control": {"type": "ephemeral"}}
     ]
@@ -291,7 +292,7 @@ def test_cost_command_shows_token_and_dollar_savings_negative_as_negative(
     oai(p).chat.completions.create(
         model="gpt-mine",
         messages=[{"role": "user", "content": "hi"}],
-        extra_headers={"x-skillstate-session": "neg"},
+        extra_headers={SESSION_HEADER: "neg"},
     )
     saved = httpx.get(p.url + "/cost", params={"session": "neg"}).json()["totals"]
     assert saved["saved_cost_usd"] < 0

@@ -18,6 +18,7 @@ import pytest
 from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 PRICES = {
     "input_per_mtok": 2.0,
@@ -72,7 +73,7 @@ def fake() -> Iterator[FakeProvider]:
 def messages_call(
     p: Proxy, session: str, body: dict[str, Any], stream: bool = False
 ) -> httpx.Response:
-    headers = {"x-skillstate-session": session, "anthropic-version": "2023-06-01"}
+    headers = {SESSION_HEADER: session, "anthropic-version": "2023-06-01"}
     r = httpx.post(
         p.url + "/v1/messages", json={**body, "stream": stream}, headers=headers, timeout=30
     )
@@ -155,7 +156,7 @@ def test_openai_prefix_is_byte_identical_and_the_session_has_one_cache_key(
         {"role": "system", "content": BIG_SYSTEM},
         {"role": "user", "content": "TASK: ship release 7."},
     ]
-    hdr = {"x-skillstate-session": "oai-fifty"}
+    hdr = {SESSION_HEADER: "oai-fifty"}
     for turn in range(1, 51):
         fake.enqueue(Reply(text=envelope(turn)))
         if turn % 2:
@@ -196,7 +197,7 @@ def test_openai_client_cache_key_is_kept(fake: FakeProvider, start_proxy: StartP
     c.chat.completions.create(
         model="gpt-mine",
         messages=[{"role": "user", "content": "hi"}],
-        extra_headers={"x-skillstate-session": "own"},
+        extra_headers={SESSION_HEADER: "own"},
         extra_body={"prompt_cache_key": "client-key"},
     )
     assert fake.last.json["prompt_cache_key"] == "client-key"

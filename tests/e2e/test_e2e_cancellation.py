@@ -13,6 +13,7 @@ import httpx
 
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import SESSION_HEADER
 
 SESSIONS = [f"c{i}" for i in range(16)]
 CONCURRENCY = 64  # abandoned turns in flight at once, over the 16 sessions
@@ -27,8 +28,8 @@ def envelope(n: int) -> str:
 async def _turn(c: httpx.AsyncClient, url: str, session: str, stream: bool) -> httpx.Response:
     body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": stream}
     if not stream:
-        return await c.post(url, json=body, headers={"x-skillstate-session": session})
-    async with c.stream("POST", url, json=body, headers={"x-skillstate-session": session}) as r:
+        return await c.post(url, json=body, headers={SESSION_HEADER: session})
+    async with c.stream("POST", url, json=body, headers={SESSION_HEADER: session}) as r:
         await r.aread()
         return r
 

@@ -20,6 +20,7 @@ from skillstate.cli.main import main as cli_main
 from skillstate.compaction.items import CHECKPOINT_MARK, RESTORED_MARK
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import SESSION_HEADER
 
 JSON = dict[str, Any]
 KINDS = ["openai", "anthropic"]
@@ -41,7 +42,7 @@ def start(
 def client(
     proxy: InProcessProxy, session: str | None = "s1", key: str = "sk-client"
 ) -> openai.OpenAI:
-    headers = {"x-skillstate-session": session} if session else {}
+    headers = {SESSION_HEADER: session} if session else {}
     return openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0, default_headers=headers)
 
 
@@ -199,7 +200,7 @@ def bad_request(
 ) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"}
     if session:
-        headers["x-skillstate-session"] = session
+        headers[SESSION_HEADER] = session
     return p.http.post(p.v1 + "/responses", json={"model": "m-1", "input": items}, headers=headers)
 
 

@@ -12,6 +12,7 @@ import openai
 from skillstate.engine.context import CONTRACT_MARK, CORRECTION_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 STATE_SCHEMA = {
     "type": "object",
@@ -20,7 +21,7 @@ STATE_SCHEMA = {
         "facts": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 24}},
     },
 }
-SESSION = {"x-skillstate-session": "c1"}
+SESSION = {SESSION_HEADER: "c1"}
 
 
 def bare(patch: dict[str, Any], action: str = "next") -> str:

@@ -14,6 +14,7 @@ import pytest
 from skillstate.engine.mask import MASK_MARK
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 JSON = dict[str, Any]
 EDITS = {
@@ -169,7 +170,7 @@ def test_compaction_paused_then_carried_on(fake: FakeProvider, start_proxy: Star
         messages=transcript(),
         tools=TOOLS,  # type: ignore[arg-type]
         context_management=compact_edit(pause=True),  # type: ignore[arg-type]
-        extra_headers={"x-skillstate-session": "ant-1"},
+        extra_headers={SESSION_HEADER: "ant-1"},
     )
     assert msg.stop_reason == "compaction"
     (block,) = msg.content
@@ -188,7 +189,7 @@ def test_compaction_paused_then_carried_on(fake: FakeProvider, start_proxy: Star
         messages=later,
         tools=TOOLS,  # type: ignore[arg-type]
         context_management=compact_edit(pause=True),  # type: ignore[arg-type]
-        extra_headers={"x-skillstate-session": "ant-1"},
+        extra_headers={SESSION_HEADER: "ant-1"},
     )
     assert r.content[0].text == "Carrying on." and r.stop_reason == "end_turn"
     sent = json.dumps(fake.requests[-1].json)

@@ -26,6 +26,7 @@ from skillstate.cost.tokens import estimate_tokens
 from tests.conftest import InProcessProxy, Proxy, StartProxy, launch_in_process, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
 from tests.fakeprovider import estimate_tokens as fake_prompt_tokens
+from tests.helpers import SESSION_HEADER, envelope
 
 # Prices of our own (USD per million tokens), so every number below is ours.
 MY_PRICES = {
@@ -34,10 +35,6 @@ MY_PRICES = {
     "cache_read_per_mtok": 0.2,
     "cache_write_per_mtok": 2.5,
 }
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def oai(p: Proxy) -> openai.OpenAI:
@@ -126,7 +123,7 @@ def ask(
 
     OpenAI clients use the openai SDK; the native Anthropic path is plain HTTP (the wire
     format is what matters here, and the anthropic SDK takes seconds to import)."""
-    hdr = {"x-skillstate-session": session}
+    hdr = {SESSION_HEADER: session}
     if client_kind == "openai":
         c = oai(p)
         if streamed:
@@ -233,7 +230,7 @@ def test_anthropic_cache_tokens_use_cache_prices_without_double_counting(shared:
     raw = oai(p).chat.completions.with_raw_response.create(
         model="claude-mine",
         messages=msgs,
-        extra_headers={"x-skillstate-session": "cache-mine"},
+        extra_headers={SESSION_HEADER: "cache-mine"},
     )
     assert raw.headers["x-skillstate-pricing"] == "override"
     assert raw.headers["x-skillstate-cost-usd"] == "0.01470000"
@@ -255,7 +252,7 @@ def test_anthropic_cache_tokens_use_cache_prices_without_double_counting(shared:
     raw = oai(p).chat.completions.with_raw_response.create(
         model="claude-sonnet-4-5",
         messages=msgs,
-        extra_headers={"x-skillstate-session": "cache-real"},
+        extra_headers={SESSION_HEADER: "cache-real"},
     )
     assert raw.headers["x-skillstate-pricing"] == "known"
     assert raw.headers["x-skillstate-cost-usd"] == "0.02205000"
@@ -284,7 +281,7 @@ def test_unknown_model_is_unknown_never_free(shared: Shared) -> None:
     raw = oai(p).chat.completions.with_raw_response.create(
         model="gpt-4o",
         messages=[{"role": "user", "content": "hi"}],
-        extra_headers={"x-skillstate-session": "unk"},
+        extra_headers={SESSION_HEADER: "unk"},
     )
     assert raw.headers["x-skillstate-pricing"] == "unknown"
     assert "x-skillstate-cost-usd" not in raw.headers
@@ -307,7 +304,7 @@ def test_unknown_model_is_unknown_never_free(shared: Shared) -> None:
     oai(p).chat.completions.create(
         model="gpt-4o-mini",
         messages=[{"role": "user", "content": "hi"}],
-        extra_headers={"x-skillstate-session": "unk"},
+        extra_headers={SESSION_HEADER: "unk"},
     )
     t = cost_of(p, session="unk")["totals"]
     # gpt-4o-mini list price: $0.15 input, $0.60 output per million.
@@ -318,7 +315,7 @@ def test_unknown_model_is_unknown_never_free(shared: Shared) -> None:
 def test_eight_turn_session_baseline_and_saved_pct(shared: Shared) -> None:
     fake, p = shared.fake, shared.proxy
     c = oai(p)
-    hdr = {"x-skillstate-session": "eight"}
+    hdr = {SESSION_HEADER: "eight"}
     transcript: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a careful migration planner."},
         {"role": "user", "content": "TASK: move the billing service to the new cluster."},
@@ -403,14 +400,14 @@ def test_cost_endpoint_and_cli_agree(
         c.chat.completions.create(
             model="m",
             messages=msgs,
-            extra_headers={"x-skillstate-session": "agree"},
+            extra_headers={SESSION_HEADER: "agree"},
         )
         msgs += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"obs {i}"}]
     fake.enqueue(Reply(text=envelope({"notes": "z"})))
     c.chat.completions.create(
         model="m",
         messages=msgs,
-        extra_headers={"x-skillstate-session": "other"},
+        extra_headers={SESSION_HEADER: "other"},
     )
     data = tmp_path / "data"
 
@@ -468,7 +465,7 @@ def test_retries_are_separate_attempts_counted_against_savings(shared: Shared) -
     raw = p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "gpt-mine", "messages": [{"role": "user", "content": "x"}]},
-        headers={"x-skillstate-session": "retry"},
+        headers={SESSION_HEADER: "retry"},
         timeout=10,
     )
     assert raw.status_code == 200, raw.text
@@ -513,7 +510,7 @@ def test_ledger_retention_purges_old_rows(shared: Shared) -> None:
     oai(p).chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "x"}],
-        extra_headers={"x-skillstate-session": "retention"},
+        extra_headers={SESSION_HEADER: "retention"},
     )
     # Two rows written "in the past" next to the running proxy: 91 and 89 days old.
     day = 86400

@@ -7,11 +7,12 @@ import pytest
 
 from tests.conftest import Proxy
 from tests.fakeprovider import FakeProvider
+from tests.helpers import SESSION_HEADER
 
 
 @pytest.mark.parametrize(
     ("name", "values"),
-    [("x-skillstate-session", ("a", "b")), ("x-skillstate-mode", ("state", "passthrough"))],
+    [(SESSION_HEADER, ("a", "b")), ("x-skillstate-mode", ("state", "passthrough"))],
 )
 def test_a_control_header_sent_twice_is_a_400(
     fake: FakeProvider, proxy: Proxy, name: str, values: tuple[str, str]

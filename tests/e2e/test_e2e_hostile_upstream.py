@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
+from tests.helpers import SESSION_HEADER
 
 DEEP = 300  # past orjson's 255 levels, under its parser's 1,024
 
@@ -27,12 +28,10 @@ def _proxy(start_proxy: StartProxy, fake: FakeProvider, kind: str, mode: str) ->
 def _turn(p: Proxy, client: str, session: str = "s1") -> Any:
     if client == "anthropic":
         body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-        headers = {"x-skillstate-session": session, "anthropic-version": "2023-06-01"}
+        headers = {SESSION_HEADER: session, "anthropic-version": "2023-06-01"}
         return p.http.post(p.url + "/v1/messages", json=body, headers=headers)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    return p.http.post(
-        p.url + "/v1/chat/completions", json=body, headers={"x-skillstate-session": session}
-    )
+    return p.http.post(p.url + "/v1/chat/completions", json=body, headers={SESSION_HEADER: session})
 
 
 def _assert_502_in_dialect(r: Any, client: str) -> str:
@@ -153,12 +152,10 @@ def _stream(p: Proxy, client: str, session: str) -> Any:
     if client == "anthropic":
         body = {"model": "m", "max_tokens": 10, "stream": True,
                 "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
-        headers = {"x-skillstate-session": session, "anthropic-version": "2023-06-01"}
+        headers = {SESSION_HEADER: session, "anthropic-version": "2023-06-01"}
         return p.http.post(p.url + "/v1/messages", json=body, headers=headers)
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    return p.http.post(
-        p.url + "/v1/chat/completions", json=body, headers={"x-skillstate-session": session}
-    )
+    return p.http.post(p.url + "/v1/chat/completions", json=body, headers={SESSION_HEADER: session})
 
 
 TEXT_A_LIST = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":[1]}}'

@@ -14,6 +14,7 @@ import openai
 from skillstate.engine.mask import MASK_MARK
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 BIG = "line of build output\n" * 40  # an observation worth masking
 
@@ -32,7 +33,7 @@ def test_openai_mask_keeps_pairing_and_masks_in_blocks(
     for turn in range(1, 13):
         fake.enqueue(Reply(text="", tool_calls=[("run", {"n": turn})]))
         raw = c.chat.completions.with_raw_response.create(
-            model="m", messages=transcript, extra_headers={"x-skillstate-session": "mask-o"}
+            model="m", messages=transcript, extra_headers={SESSION_HEADER: "mask-o"}
         )
         contexts.append(raw.headers["x-skillstate-context"])
         assert "x-skillstate-transition" not in raw.headers  # mask keeps no state
@@ -64,7 +65,7 @@ def test_openai_mask_keeps_pairing_and_masks_in_blocks(
 def test_anthropic_mask_per_request_header(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start_proxy(config={"upstreams": [{"name": "a", "url": fake.url, "kind": "anthropic"}]})
     headers = {
-        "x-skillstate-session": "mask-a",
+        SESSION_HEADER: "mask-a",
         "x-skillstate-mode": "mask",
         "anthropic-version": "2023-06-01",
     }

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
@@ -18,14 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from skillstate.cli.main import main
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 TOKEN = "metrics-token-0123456789"
 USAGE = {"prompt_tokens": 100, "completion_tokens": 10, "cached_tokens": 40}
 MODEL = "gpt-4o-mini"
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def valid(i: int) -> Reply:
@@ -99,7 +94,7 @@ def test_ten_turns_two_invalid_one_retry_one_failover(
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=[{"role": "user", "content": f"turn {i}"}],
-            extra_headers={"x-skillstate-session": f"s{i % 3}"},
+            extra_headers={SESSION_HEADER: f"s{i % 3}"},
         )
         statuses.append(raw.headers["x-skillstate-transition"])
     assert statuses == ["valid"] * 6 + ["invalid"] * 2 + ["valid"] * 2

@@ -10,6 +10,7 @@ import httpx
 from skillstate.upstream.client import base_url
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 
 def envelope(patch: dict) -> str:
@@ -41,7 +42,7 @@ def test_passthrough_forwards_untouched_and_keeps_no_state(
     msgs = long_transcript(3)
     r = post(proxy, msgs, x_skillstate_mode="passthrough", x_skillstate_session="pt")
     assert r.status_code == 200
-    assert r.headers["x-skillstate-session"] == "pt"
+    assert r.headers[SESSION_HEADER] == "pt"
     assert "x-skillstate-transition" not in r.headers
     assert fake.last.json["messages"] == msgs
     assert proxy.get("/state", params={"session": "pt"}).status_code == 404

@@ -13,8 +13,9 @@ import pytest
 from skillstate.engine.context import CONTRACT_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
-SESSION = {"x-skillstate-session": "sess_1"}
+SESSION = {SESSION_HEADER: "sess_1"}
 
 
 def envelope(patch: dict, action: str = "next", prefix: str = "Thinking.") -> str:
@@ -34,7 +35,7 @@ def test_non_streaming_turn_commits_state(fake: FakeProvider, proxy: Proxy) -> N
     )
     reply = raw.parse()
     assert reply.choices[0].message.content == "Thinking."  # the envelope is stripped
-    assert raw.headers["x-skillstate-session"] == "sess_1"
+    assert raw.headers[SESSION_HEADER] == "sess_1"
     assert raw.headers["x-skillstate-transition"] == "valid"
     assert raw.headers["x-skillstate-step"] == "1"
     assert raw.headers["x-skillstate-upstream"] == "default"
@@ -49,7 +50,7 @@ def test_missing_session_header_creates_one(fake: FakeProvider, proxy: Proxy) ->
     raw = client(proxy).chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "hi"}]
     )
-    sid = raw.headers["x-skillstate-session"]
+    sid = raw.headers[SESSION_HEADER]
     assert sid and proxy.state(sid)["step"] == 1
 
 
@@ -237,9 +238,9 @@ def test_bad_session_id_is_400(proxy: Proxy) -> None:
         client(proxy).chat.completions.create(
             model="m",
             messages=[{"role": "user", "content": "x"}],
-            extra_headers={"x-skillstate-session": "bad id!"},
+            extra_headers={SESSION_HEADER: "bad id!"},
         )
-    assert "x-skillstate-session" in str(e.value)
+    assert SESSION_HEADER in str(e.value)
     r = proxy.get("/state", params={"session": "bad id!"})
     assert r.status_code == 400
 

@@ -11,6 +11,7 @@ import httpx
 
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import SESSION_HEADER
 
 
 def _turn(url: str, session: str) -> httpx.Response:
@@ -18,7 +19,7 @@ def _turn(url: str, session: str) -> httpx.Response:
     return httpx.post(
         url + "/v1/chat/completions",
         json=body,
-        headers={"x-skillstate-session": session},
+        headers={SESSION_HEADER: session},
         timeout=60,
     )
 

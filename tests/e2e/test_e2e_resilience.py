@@ -21,15 +21,12 @@ import pytest
 
 from tests.conftest import InProcessProxy, StartProxy, launch_in_process
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 # Event-loop timers (uvloop/libuv) have millisecond granularity and may fire up to about a
 # millisecond early; this is the only slack allowed in the Retry-After lower bounds.
 TIMER_SLACK = 0.005
 DEAD = "http://127.0.0.1:9"  # the discard port: connection refused
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def upstream(name: str, url: str, **kw: Any) -> dict[str, Any]:
@@ -137,7 +134,7 @@ def chat(
     return proxy.http.post(
         proxy.v1 + "/chat/completions",
         json=body,
-        headers={"x-skillstate-session": session},
+        headers={SESSION_HEADER: session},
         timeout=timeout,
     )
 
@@ -147,7 +144,7 @@ def messages(proxy: InProcessProxy, session: str, model: str = "m", **kw: Any) -
     return proxy.http.post(
         proxy.v1 + "/messages",
         json={**body, **kw},
-        headers={"x-skillstate-session": session},
+        headers={SESSION_HEADER: session},
         timeout=20,
     )
 
@@ -157,7 +154,7 @@ def stream_lines(proxy: InProcessProxy, path: str, body: dict[str, Any], session
         "POST",
         proxy.v1 + path,
         json={**body, "stream": True},
-        headers={"x-skillstate-session": session},
+        headers={SESSION_HEADER: session},
         timeout=20,
     ) as r:
         assert r.status_code == 200, r.read()
@@ -387,7 +384,7 @@ def test_client_disconnect_mid_stream_cancels_upstream_and_commits_nothing(
         "POST",
         main.v1 + "/chat/completions",
         json={**CHAT, "stream": True},
-        headers={"x-skillstate-session": "cmid"},
+        headers={SESSION_HEADER: "cmid"},
         timeout=20,
     ) as r:
         lines = r.iter_lines()
@@ -574,7 +571,7 @@ def test_breaker_opens_stays_open_probes_once_and_closes(
                     c.post(
                         proxy.v1 + "/chat/completions",
                         json=CHAT,
-                        headers={"x-skillstate-session": f"burst{i}"},
+                        headers={SESSION_HEADER: f"burst{i}"},
                     )
                     for i in range(5)
                 )

@@ -14,6 +14,7 @@ import pytest
 from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 KINDS = ["openai-responses", "openai", "anthropic"]
 UPSTREAM_PATH = {
@@ -375,14 +376,14 @@ def test_previous_response_id_continues_that_responses_session(
     c = client(p)
     fake.enqueue(Reply(text=envelope({"notes": "one"})))
     raw = c.responses.with_raw_response.create(
-        model="m", input="one", extra_headers={"x-skillstate-session": "codex_1"}
+        model="m", input="one", extra_headers={SESSION_HEADER: "codex_1"}
     )
     first = raw.parse()
     fake.enqueue(Reply(text=envelope({"facts": "two"})))
     raw = c.responses.with_raw_response.create(
         model="m", input="two", previous_response_id=first.id
     )
-    assert raw.headers["x-skillstate-session"] == "codex_1"
+    assert raw.headers[SESSION_HEADER] == "codex_1"
     assert raw.headers["x-skillstate-step"] == "2"
     assert p.state("codex_1")["state"] == {"notes": "one", "facts": "two"}
 
@@ -417,7 +418,7 @@ def test_state_mode_compacts_a_responses_transcript(
     ]  # fmt: skip
     fake.enqueue(Reply(text=envelope({"facts": "sunny at noon"})))
     raw = client(p).responses.with_raw_response.create(
-        model="m", input=items, tools=TOOLS, extra_headers={"x-skillstate-session": "st1"}
+        model="m", input=items, tools=TOOLS, extra_headers={SESSION_HEADER: "st1"}
     )
     assert raw.headers["x-skillstate-transition"] == "valid"
     assert p.state("st1")["state"] == {"facts": "sunny at noon"}
@@ -450,7 +451,7 @@ def test_cost_meters_stream_and_json_alike(
     usage = {"prompt_tokens": 1200, "cached_tokens": 200, "completion_tokens": 30}
     totals = []
     for i, streamed in enumerate((False, True)):
-        session = {"x-skillstate-session": f"cost{i}"}
+        session = {SESSION_HEADER: f"cost{i}"}
         fake.enqueue(Reply(text="Metered.", usage=usage))
         if streamed:
             with c.responses.stream(model="gpt-4o", input="hi", extra_headers=session) as s:
@@ -489,7 +490,7 @@ def test_state_mode_stream_commits_before_the_terminal_event(
     fake.enqueue(Reply(text=envelope({"notes": "streamed"})))
     seen: list[str] = []
     with client(p).responses.stream(
-        model="m", input="go", extra_headers={"x-skillstate-session": "sst"}
+        model="m", input="go", extra_headers={SESSION_HEADER: "sst"}
     ) as stream:
         for event in stream:
             seen.append(event.type)
@@ -538,7 +539,7 @@ def test_a_codex_shaped_turn_against_a_chat_completions_upstream(
     }  # fmt: skip
     fake.enqueue(Reply(text=envelope({"notes": "listing"}) if mode == "state" else "",
                        tool_calls=[("exec_command", {"cmd": "ls"})]))  # fmt: skip
-    session = {"x-skillstate-session": "codex"}
+    session = {SESSION_HEADER: "codex"}
     with p.http.stream("POST", p.v1 + "/responses", json=body, headers=session) as r:
         assert r.status_code == 200
         assert r.headers["x-skillstate-dropped-tools"] == "multi_agent_v1,web_search"
@@ -602,7 +603,7 @@ def test_cost_baseline_counts_a_responses_transcript(
     fake.enqueue(Reply(text=envelope({"notes": "read"})))
     client(p).responses.create(
         model="gpt-4o", instructions="Be careful. " * 20, input=items, tools=TOOLS,
-        extra_headers={"x-skillstate-session": "base"},
+        extra_headers={SESSION_HEADER: "base"},
     )  # fmt: skip
     totals = p.get("/cost", params={"session": "base"}).json()["totals"]
     assert totals["baseline_input_tokens"] > 2 * totals["input_tokens"]
@@ -628,7 +629,7 @@ def test_cost_baseline_of_a_responses_transcript_leaves_out_earlier_envelopes(
         ]  # fmt: skip
         fake.enqueue(Reply(text=envelope({"notes": "read"}), usage={"prompt_tokens": 500}))
         client(p).responses.create(
-            model="gpt-4o", input=items, extra_headers={"x-skillstate-session": session}
+            model="gpt-4o", input=items, extra_headers={SESSION_HEADER: session}
         )
         totals = p.get("/cost", params={"session": session}).json()["totals"]
         baselines.append(totals["baseline_input_tokens"])

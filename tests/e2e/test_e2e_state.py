@@ -12,10 +12,7 @@ import openai
 
 from tests.conftest import Proxy, StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
-
-
-def envelope(patch: dict, action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
+from tests.helpers import SESSION_HEADER, envelope
 
 
 def oai(proxy: Proxy) -> openai.OpenAI:
@@ -28,7 +25,7 @@ def sent_text(req: RecordedRequest) -> str:
 
 def test_100_turn_conversation_stays_flat(fake: FakeProvider, proxy: Proxy) -> None:
     c = oai(proxy)
-    hdr = {"x-skillstate-session": "long"}
+    hdr = {SESSION_HEADER: "long"}
     transcript = [
         {"role": "system", "content": "You are a planner."},
         {"role": "user", "content": "TASK: plan the warehouse migration."},
@@ -61,7 +58,7 @@ def test_100_turn_conversation_stays_flat(fake: FakeProvider, proxy: Proxy) -> N
 
 def test_tool_loop_60_cycles_keeps_native_pairs(fake: FakeProvider, proxy: Proxy) -> None:
     c = oai(proxy)
-    hdr = {"x-skillstate-session": "tools"}
+    hdr = {SESSION_HEADER: "tools"}
     tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
     msgs: list[dict] = [{"role": "user", "content": "List everything."}]
     for cycle in range(60):
@@ -92,7 +89,7 @@ def _try(proxy: Proxy, fake: FakeProvider, text: str, session: str) -> httpx.Res
     return proxy.http.post(
         proxy.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
-        headers={"x-skillstate-session": session},
+        headers={SESSION_HEADER: session},
         timeout=10,
     )
 
@@ -129,7 +126,7 @@ def test_rollback_retry_recovers(fake: FakeProvider, proxy: Proxy) -> None:
     r = proxy.http.post(
         proxy.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
-        headers={"x-skillstate-session": "rr"},
+        headers={SESSION_HEADER: "rr"},
     )
     assert r.headers["x-skillstate-transition"] == "valid"
     assert r.headers["x-skillstate-retries"] == "1"
@@ -140,7 +137,7 @@ def test_rollback_retry_recovers(fake: FakeProvider, proxy: Proxy) -> None:
 
 def test_merge_semantics(fake: FakeProvider, proxy: Proxy) -> None:
     c = oai(proxy)
-    hdr = {"x-skillstate-session": "merge"}
+    hdr = {SESSION_HEADER: "merge"}
     for patch in (
         {"facts": {"a": 1, "b": {"c": 2}, "list": [1, 2, 3]}, "notes": "n"},
         {"facts": {"b": {"d": 3}, "list": [9]}, "notes": None},
@@ -168,7 +165,7 @@ def test_concurrent_sessions_no_cross_talk(fake: FakeProvider, proxy: Proxy) -> 
                 r = c.chat.completions.with_raw_response.create(
                     model="m",
                     messages=[{"role": "user", "content": f"SESSION-s{i}-END turn"}],
-                    extra_headers={"x-skillstate-session": f"s{i}"},
+                    extra_headers={SESSION_HEADER: f"s{i}"},
                 )
                 assert r.headers["x-skillstate-step"] == str(t + 1)
         except BaseException as e:
@@ -195,7 +192,7 @@ def test_state_survives_kill9(fake: FakeProvider, start_proxy_process: StartProx
     oai(p).chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "x"}],
-        extra_headers={"x-skillstate-session": "dur"},
+        extra_headers={SESSION_HEADER: "dur"},
     )
     p.kill9()
     p.start()
@@ -207,7 +204,7 @@ def test_state_endpoint_crud(fake: FakeProvider, proxy: Proxy) -> None:
     oai(proxy).chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "x"}],
-        extra_headers={"x-skillstate-session": "crud"},
+        extra_headers={SESSION_HEADER: "crud"},
     )
     listed = proxy.get("/state").json()["sessions"]
     assert [s["session"] for s in listed] == ["crud"] and listed[0]["step"] == 1
@@ -236,7 +233,7 @@ def test_failed_rollback_retry_still_answers_with_the_last_reply(
     r = p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
-        headers={"x-skillstate-session": "rf"},
+        headers={SESSION_HEADER: "rf"},
         timeout=10,
     )
     assert r.status_code == 200

@@ -4,7 +4,6 @@ committed twice."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import httpx
 
 from tests.conftest import Proxy, StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 LOCK_DB = """
 import sqlite3, sys
@@ -24,15 +24,11 @@ db.execute("ROLLBACK")
 """
 
 
-def envelope(patch: dict) -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': 'next'})}\n```"
-
-
 def chat(p: Proxy, session: str) -> httpx.Response:
     return p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
-        headers={"x-skillstate-session": session},
+        headers={SESSION_HEADER: session},
         timeout=30,
     )
 
@@ -41,7 +37,7 @@ def messages(p: Proxy, session: str) -> httpx.Response:
     return p.http.post(
         p.v1 + "/messages",
         json={"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}]},
-        headers={"x-skillstate-session": session, "anthropic-version": "2023-06-01"},
+        headers={SESSION_HEADER: session, "anthropic-version": "2023-06-01"},
         timeout=30,
     )
 
@@ -145,7 +141,7 @@ def test_an_absurd_usage_report_wedges_neither_the_store_nor_shutdown(
     r = p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [*transcript, {"role": "user", "content": "x"}]},
-        headers={"x-skillstate-session": "big"},
+        headers={SESSION_HEADER: "big"},
         timeout=60,
     )
     assert r.status_code == 200, r.text

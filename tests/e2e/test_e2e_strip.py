@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import InProcessProxy, launch_in_process
 from tests.fakeprovider import CHUNK_CHARS, FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 ENVELOPE = "```json\n" + json.dumps({"state_patch": {"notes": "n"}, "action": "look"}) + "\n```"
 # (client, model): the upstream for claude-* is Anthropic-kind, for resp-* Responses-kind, for
@@ -76,7 +77,7 @@ def ask(
     p: InProcessProxy, client: str, model: str, session: str, stream: bool
 ) -> tuple[str, dict[str, str]]:
     """One turn through an SDK: (the text the client got, the response headers)."""
-    headers = {"x-skillstate-session": session}
+    headers = {SESSION_HEADER: session}
     messages = [{"role": "user", "content": "look around"}]
     if client == "responses":
         return ask_responses(p, model, headers, stream)
@@ -205,7 +206,7 @@ def test_passthrough_is_never_stripped(fake: FakeProvider, stripping: InProcessP
     got = oc.chat.completions.create(
         model="gpt-x",
         messages=[{"role": "user", "content": "hi"}],
-        extra_headers={"x-skillstate-mode": "passthrough", "x-skillstate-session": "pt"},
+        extra_headers={"x-skillstate-mode": "passthrough", SESSION_HEADER: "pt"},
     )
     assert got.choices[0].message.content == said
 
@@ -224,7 +225,7 @@ TOOL = {
 
 def call_tools(p: InProcessProxy, client: str, model: str, session: str, stream: bool) -> Any:
     """One turn that offers a tool, through an SDK: the reply as the client's SDK parsed it."""
-    headers = {"x-skillstate-session": session}
+    headers = {SESSION_HEADER: session}
     question = [{"role": "user", "content": "who is ann?"}]
     if client == "openai":
         oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
@@ -319,7 +320,7 @@ def test_a_format_noop_reply_reaches_the_sdk_parser_as_the_model_wrote_it(
     fake: FakeProvider, stripping: InProcessProxy, client: str, model: str
 ) -> None:
     fake.enqueue(Reply(text=VERDICT_TEXT))
-    headers = {"x-skillstate-session": f"noop-{client}-{model}"}
+    headers = {SESSION_HEADER: f"noop-{client}-{model}"}
     question = [{"role": "user", "content": "judge it"}]
     if client == "openai":
         oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
@@ -359,7 +360,7 @@ def test_a_format_noop_stream_is_not_stripped(
     fake: FakeProvider, stripping: InProcessProxy, client: str, model: str
 ) -> None:
     fake.enqueue(Reply(text=VERDICT_TEXT))
-    headers = {"x-skillstate-session": f"noop-stream-{client}-{model}"}
+    headers = {SESSION_HEADER: f"noop-stream-{client}-{model}"}
     question = [{"role": "user", "content": "judge it"}]
     schema = Verdict.model_json_schema()
     if client == "openai":

@@ -25,13 +25,10 @@ from skillstate.app.server import ProxyServer
 from skillstate.config import load_settings
 from skillstate.observability.tracing import enabled, traces_url
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 USAGE = {"prompt_tokens": 120, "completion_tokens": 12}
 SECRET = "the launch code is 0000"
-
-
-def envelope(patch: dict[str, Any]) -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': 'next'})}\n```"
 
 
 class Traced:
@@ -76,7 +73,7 @@ def test_a_turn_is_one_trace_with_load_attempt_and_commit(
     client.chat.completions.create(
         model="gpt-4o-mini",
         messages=[{"role": "user", "content": SECRET}],
-        extra_headers={"x-skillstate-session": "traced-1"},
+        extra_headers={SESSION_HEADER: "traced-1"},
     )
     spans = traced.spans()
     [turn] = by_name(spans, "chat gpt-4o-mini")

@@ -9,26 +9,21 @@ own), never speed.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import threading
 import time
-from typing import Any
 
 import httpx
 
 from tests.conftest import StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 STEP_COMMENT = re.compile(rb": skillstate transition=(\S+) step=(\d+)")
 # What a 5xx caused by the proxy itself says (an internal error, a lost commit); an upstream
 # fault relayed after the retries ran out names the upstream instead.
 PROXY_FAULT = re.compile(r"internal proxy error|could not commit", re.IGNORECASE)
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def _faults(rng: random.Random, n: int, rate: float) -> list[Reply]:
@@ -54,7 +49,7 @@ async def _turn(
     client: httpx.AsyncClient, base: str, session: str, anthropic: bool, stream: bool
 ) -> tuple[int, int | None, str]:
     """One turn; returns (status, acknowledged step or None, error text)."""
-    headers = {"x-skillstate-session": session}
+    headers = {SESSION_HEADER: session}
     msgs = [{"role": "user", "content": f"observation for {session}"}]
     if anthropic:
         url, body = base + "/v1/messages", {"model": "m", "max_tokens": 64, "messages": msgs}
@@ -144,7 +139,7 @@ def test_kill9_soak_loses_no_acknowledged_transition(
                     r = c.post(
                         url + "/v1/chat/completions",
                         json={"model": "m", "messages": [{"role": "user", "content": f"{s} {i}"}]},
-                        headers={"x-skillstate-session": s, "authorization": "Bearer k"},
+                        headers={SESSION_HEADER: s, "authorization": "Bearer k"},
                     )
                 except httpx.HTTPError:
                     return  # the proxy died under us: this turn was never acknowledged
@@ -188,7 +183,7 @@ def test_kill9_soak_loses_no_acknowledged_transition(
         r = p.http.post(
             p.url + "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "after"}]},
-            headers={"x-skillstate-session": s, "authorization": "Bearer k"},
+            headers={SESSION_HEADER: s, "authorization": "Bearer k"},
             timeout=10,
         )
         assert r.status_code == 200 and int(r.headers["x-skillstate-step"]) == before + 1

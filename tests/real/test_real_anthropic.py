@@ -10,6 +10,7 @@ import anthropic
 import anthropic._base_client
 import pytest
 
+from tests.helpers import SESSION_HEADER
 from tests.real.conftest import MAX_TOKENS, MODEL, Tap, Tee
 from tests.real.wire import (
     anthropic_input_of_stream,
@@ -42,7 +43,7 @@ def client(p, tee: Tee) -> anthropic.Anthropic:  # type: ignore[no-untyped-def]
 
 
 def params(session: str, constrain: bool = True) -> dict[str, Any]:
-    headers = {"x-skillstate-session": session}
+    headers = {SESSION_HEADER: session}
     if constrain:
         headers["x-skillstate-constrain"] = "json_schema"
     return {
@@ -181,7 +182,7 @@ def test_count_tokens_native(real_proxy, tap: Tap, tee: Tee) -> None:  # type: i
     p = real_proxy(kind="anthropic")
     mark = tap.mark()
     c = client(p, tee)
-    hdr = {"x-skillstate-session": "an-count"}
+    hdr = {SESSION_HEADER: "an-count"}
     kw: dict[str, Any] = {"model": MODEL, "system": params("x")["system"], "messages": MESSAGES}
     raw = c.messages.with_raw_response.count_tokens(**kw, extra_headers=hdr)
     counted = raw.parse().input_tokens

@@ -10,6 +10,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.helpers import SESSION_HEADER
 from tests.real.conftest import MODEL, SEED, Tap
 from tests.real.wire import TRANSITIONS, cost, history
 
@@ -50,7 +51,7 @@ def test_twenty_turns_stay_flat(real_proxy, tap: Tap) -> None:  # type: ignore[n
             max_tokens=48,
             temperature=0,
             seed=SEED,
-            extra_headers={"x-skillstate-session": session},
+            extra_headers={SESSION_HEADER: session},
         )
         completion = raw.parse()
         assert completion.usage is not None

@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 
+from tests.helpers import SESSION_HEADER
 from tests.real.conftest import MAX_TOKENS, MODEL, SEED, Tap, Tee
 from tests.real.wire import (
     check_commit,
@@ -42,7 +43,7 @@ def params(session: str, **extra: object) -> dict[str, object]:
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
         "seed": SEED,
-        "extra_headers": {"x-skillstate-session": session},
+        "extra_headers": {SESSION_HEADER: session},
         **extra,
     }
 
@@ -114,7 +115,7 @@ def test_stream_passes_llama_bytes_through(
     extra: dict[str, object] = {"stream": True}
     if client_usage:
         extra["stream_options"] = {"include_usage": True}
-    headers = {"x-skillstate-session": session, "x-skillstate-constrain": "json_schema"}
+    headers = {SESSION_HEADER: session, "x-skillstate-constrain": "json_schema"}
     mark = tap.mark()
     kwargs = {**params(session, **extra), "extra_headers": headers}
     chunks = list(c.chat.completions.create(messages=messages(), **kwargs))

@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.helpers import SESSION_HEADER
 from tests.real.conftest import MODEL, Tap, Tee
 from tests.real.wire import check_commit, cost, history
 
@@ -82,7 +83,7 @@ def test_tool_call_round_trip(real_proxy, tap: Tap, tee: Tee) -> None:  # type: 
             max_tokens=48,
             temperature=0.8,
             seed=seed,
-            extra_headers={"x-skillstate-session": session, "x-skillstate-mode": "passthrough"},
+            extra_headers={SESSION_HEADER: session, "x-skillstate-mode": "passthrough"},
         )
         [ex] = tap.generations(mark)
         assert ex.request is not None  # the client's request, untouched:
@@ -117,7 +118,7 @@ def test_tool_call_round_trip(real_proxy, tap: Tap, tee: Tee) -> None:  # type: 
         max_tokens=48,
         temperature=0,
         seed=1,
-        extra_headers={"x-skillstate-session": session, "x-skillstate-constrain": "json_schema"},
+        extra_headers={SESSION_HEADER: session, "x-skillstate-constrain": "json_schema"},
     )
     [ex] = tap.generations(mark)
     assert ex.status == 200 and ex.request is not None

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import proxy_argv, proxy_env
+from tests.helpers import SESSION_HEADER
 
 START_TIMEOUT = 60.0
 _URL = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -154,7 +155,7 @@ class Replica:
         return (http or self.http).post(
             self.v1 + "/chat/completions",
             json={"model": model, "messages": [{"role": "user", "content": content}]},
-            headers={"x-skillstate-session": session, "authorization": "Bearer sk-client"},
+            headers={SESSION_HEADER: session, "authorization": "Bearer sk-client"},
             timeout=timeout,
         )
 

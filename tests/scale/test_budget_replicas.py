@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import proxy_env
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 from .replicas import Replica, ReplicaSet
 
@@ -93,7 +94,7 @@ def test_a_key_budget_holds_across_three_replicas(
         key = make_key(reps, tmp_path, "--name", "team", "--budget-usd-per-day", "0.5")
         reps.start()
         fake.enqueue(*[Reply(usage={"completion_tokens": 100}) for _ in range(20)])
-        results = burst(reps, key, lambda i: {"x-skillstate-session": f"k{i}"})
+        results = burst(reps, key, lambda i: {SESSION_HEADER: f"k{i}"})
         assert results.count(200) == 5, results
         refused = [r for r in results if r != 200]
         assert all(str(r).startswith("429 ") and "daily budget $0.5" in str(r) for r in refused)
@@ -121,16 +122,16 @@ def test_a_session_budget_holds_across_three_replicas(
         first = reps[0].http.post(
             reps[0].v1 + "/chat/completions",
             json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]},
-            headers={"authorization": f"Bearer {key}", "x-skillstate-session": "run",
+            headers={"authorization": f"Bearer {key}", SESSION_HEADER: "run",
                      "x-skillstate-budget-usd": "0.6"},
         )  # fmt: skip
         assert first.status_code == 200, first.text  # $0.10 of $0.60 spent: room for 5
-        results = burst(reps, key, lambda i: {"x-skillstate-session": "run"})
+        results = burst(reps, key, lambda i: {SESSION_HEADER: "run"})
         assert results.count(200) == 5, results
         refused = [r for r in results if r != 200]
         assert all(str(r).startswith("429 ") and "session 'run': budget" in str(r) for r in refused)
         assert spent(reps, key, session="run") <= 0.6 + 1e-9
-        assert asyncio.run(call(reps[1], key, 0, {"x-skillstate-session": "other"})) == 200
+        assert asyncio.run(call(reps[1], key, 0, {SESSION_HEADER: "other"})) == 200
     finally:
         reps.close()
         print(reps.logs())

@@ -7,7 +7,6 @@ what a replica has), and share one Redis."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -27,19 +26,16 @@ from skillstate.coordination.leases import _keys
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 from .services import RedisServer
 
 LOCAL = "http://localhost"
 
 
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
-
-
 def _turn(c: TestClient, session: str) -> httpx.Response:
     body = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
-    return c.post("/v1/chat/completions", json=body, headers={"x-skillstate-session": session})
+    return c.post("/v1/chat/completions", json=body, headers={SESSION_HEADER: session})
 
 
 @pytest.fixture
@@ -88,7 +84,7 @@ def test_a_turn_whose_lease_was_lost_gets_a_409_and_is_still_metered(
         config={"coordination": redis_url, "lease_ttl": 0.6},
     )
     c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
-    hdr = {"x-skillstate-session": "fenced"}
+    hdr = {SESSION_HEADER: "fenced"}
     msgs: Any = [{"role": "user", "content": "go"}]
     fake.enqueue(Reply(text=envelope({"facts": {"one": 1}})))
     c.chat.completions.create(model="m", messages=msgs, extra_headers=hdr)
@@ -143,7 +139,7 @@ def test_redis_down_refuses_turns_in_each_dialect_until_it_is_back(
     p = start_proxy(fake.url + "/v1", "--schema", "facts", config={"coordination": redis_url})
     oai = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
     ant = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
-    hdr = {"x-skillstate-session": "down"}
+    hdr = {SESSION_HEADER: "down"}
     assert _health(p).json()["coordination"] == {
         "redis": "ok",
         "degraded": False,
@@ -192,7 +188,7 @@ def test_redis_down_under_local_runs_degraded_then_recovers(
         config={"coordination": redis_url, "coordination_down": "local"},
     )
     oai = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
-    hdr = {"x-skillstate-session": "degraded"}
+    hdr = {SESSION_HEADER: "degraded"}
     redis_server.stop()
     try:
         fake.enqueue(Reply(text=envelope({"facts": {"n": 1}})))

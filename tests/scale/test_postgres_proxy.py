@@ -19,16 +19,13 @@ import pytest
 
 from tests.conftest import ProxyProcess, StartProxyProcess, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
 
 from .services import PostgresServer
 
 SCHEMA = ("--schema", "facts,notes,step")
 # A guard against a hang, not a performance threshold.
 HANG = 60.0
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def client(proxy: ProxyProcess, key: str = "k") -> openai.OpenAI:
@@ -39,7 +36,7 @@ def turn(c: openai.OpenAI, session: str, text: str) -> Any:
     return c.chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": text}],
-        extra_headers={"x-skillstate-session": session},
+        extra_headers={SESSION_HEADER: session},
     )
 
 

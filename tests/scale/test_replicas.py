@@ -16,6 +16,7 @@ import httpx
 import openai
 
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import SESSION_HEADER
 
 from .replicas import ReplicaSet, seeded
 from .turns import check_history, envelope, mark, marked, marked_reply, patch_for, replay
@@ -48,7 +49,7 @@ def test_sessions_spread_over_three_replicas_keep_exact_steps(
         raw = clients[target].chat.completions.with_raw_response.create(
             model="m",
             messages=[{"role": "user", "content": mark(session, rid)}],
-            extra_headers={"x-skillstate-session": session},
+            extra_headers={SESSION_HEADER: session},
         )
         assert raw.headers["x-skillstate-transition"] == "valid", raw.headers
         assert raw.parse().choices[0].message.content == "ok"

@@ -20,6 +20,7 @@ import openai
 
 from tests.conftest import proxy_env
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 from .replicas import Replica, ReplicaSet
 
@@ -51,7 +52,7 @@ async def turn(replica: Replica, content: str = "hello") -> int | openai.APIStat
         await client.chat.completions.create(
             model="m",
             messages=[{"role": "user", "content": content}],
-            extra_headers={"x-skillstate-session": f"s{next(_sessions)}"},
+            extra_headers={SESSION_HEADER: f"s{next(_sessions)}"},
             timeout=60,
         )
         return 200
@@ -196,7 +197,7 @@ def test_a_client_keys_rpm_holds_across_replicas(
                 await client.chat.completions.create(
                     model="m",
                     messages=[{"role": "user", "content": "hi"}],
-                    extra_headers={"x-skillstate-session": f"k{next(_sessions)}"},
+                    extra_headers={SESSION_HEADER: f"k{next(_sessions)}"},
                 )
                 return 200
             except openai.APIStatusError as e:

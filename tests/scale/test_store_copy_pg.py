@@ -20,6 +20,7 @@ from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
 from tests.cost.test_ledger_sums import check_sums_match_rows, random_row
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 from tests.storefill import SCHEMA, envelope, everything, fill, make_key, turn
 
 HANG = 60.0  # a guard against a hang, not a performance threshold
@@ -92,7 +93,7 @@ def test_a_proxy_filled_sqlite_store_moves_to_postgresql_and_continues_there(
         model="gpt-4o-mini",
         input="and then?",
         previous_response_id=max(want["responses"], key=lambda r: r.created).response["id"],
-        extra_headers={"x-skillstate-session": "resp"},
+        extra_headers={SESSION_HEADER: "resp"},
     )
     assert chained.output_text
     auth = {"authorization": f"Bearer {key}"}

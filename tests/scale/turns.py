@@ -12,6 +12,7 @@ from typing import Any
 
 from skillstate.engine.patch import merge_patch
 from tests.fakeprovider import RecordedRequest, Reply
+from tests.helpers import envelope
 
 _MARK = re.compile(r"MARK\[([\w-]+)/([\w-]+)\]")
 
@@ -24,10 +25,6 @@ def marked(req: RecordedRequest) -> tuple[str, str] | None:
     """The (session, request id) of the last marker in what the proxy sent upstream."""
     found = _MARK.findall(json.dumps(req.json.get("messages", []) if req.json else []))
     return found[-1] if found else None
-
-
-def envelope(patch: dict[str, Any], action: str = "next") -> str:
-    return f"ok\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
 def patch_for(rid: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import ProxyProcess, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 from tests.ui.conftest import VIEWPORTS, Tab
 
 MODEL = "gpt-4o-mini"  # priced by genai-prices, so the ledger has costs and baselines
@@ -27,7 +28,7 @@ def envelope(patch: dict, action: str) -> str:
 def turn(client: openai.OpenAI, session: str, history: list[dict], observation: str) -> None:
     history.append({"role": "user", "content": observation})
     r = client.chat.completions.create(
-        model=MODEL, messages=history, extra_headers={"x-skillstate-session": session}
+        model=MODEL, messages=history, extra_headers={SESSION_HEADER: session}
     )
     history.append({"role": "assistant", "content": r.choices[0].message.content or ""})
 

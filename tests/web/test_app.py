@@ -17,6 +17,7 @@ from skillstate.store import StepConflict, StoreError
 from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 LOCAL = "http://localhost"  # TestClient's default Host, "testserver", is not a loopback name
 SLOW_WRITE = 0.3  # seconds; the reply returns long before the row is written
@@ -32,7 +33,7 @@ def passthrough(c: TestClient, session: str) -> None:
     r = c.post(
         "/v1/chat/completions",
         json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
-        headers={"x-skillstate-mode": "passthrough", "x-skillstate-session": session},
+        headers={"x-skillstate-mode": "passthrough", SESSION_HEADER: session},
     )
     assert r.status_code == 200, r.text
 
@@ -102,7 +103,7 @@ def test_a_step_conflict_is_a_409_in_the_clients_dialect(
     fake.enqueue(Reply(text='```json\n{"state_patch": {}, "action": "a"}\n```'))
     body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
     with TestClient(create_app(s, ConcurrentWriterStore(s.db_path)), base_url=LOCAL) as c:
-        r = c.post(path, json=body, headers={"x-skillstate-session": "sc"})
+        r = c.post(path, json=body, headers={SESSION_HEADER: "sc"})
         assert r.status_code == 409, r.text
         doc = r.json()
         if path == "/v1/messages":

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ProxyProcess, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER
 
 OAI = "/v1/chat/completions"
 ANT = "/v1/messages"
@@ -94,8 +95,8 @@ def _openai_cases() -> list[Case]:
         oai("oai-text-plain", m, 415, **{"content-type": "text/plain"}),
         oai("oai-form", m, 415, **{"content-type": "application/x-www-form-urlencoded"}),
         oai("oai-no-content-type", m, 415, **{"content-type": ""}),
-        oai("oai-bad-session", m, 400, **{"x-skillstate-session": "bad id!"}),
-        oai("oai-long-session", m, 400, **{"x-skillstate-session": "s" * 500}),
+        oai("oai-bad-session", m, 400, **{SESSION_HEADER: "bad id!"}),
+        oai("oai-long-session", m, 400, **{SESSION_HEADER: "s" * 500}),
         oai("oai-bad-mode", m, 400, **{"x-skillstate-mode": "bogus"}),
         oai("oai-bad-constrain", m, 400, **{"x-skillstate-constrain": "bogus"}),
         oai("oai-too-large", {**m, "pad": "x" * (17 * 1024 * 1024)}, 413),
@@ -125,7 +126,7 @@ def _anthropic_cases() -> list[Case]:
         ant("ant-stream-string", {**m, "stream": "yes"}),
         ant("ant-deep-content", {**m, "messages": [{"role": "user", "content": nested(300)}]}),
         ant("ant-text-plain", m, 415, **{"content-type": "text/plain"}),
-        ant("ant-bad-session", m, 400, **{"x-skillstate-session": "ba d"}),
+        ant("ant-bad-session", m, 400, **{SESSION_HEADER: "ba d"}),
         ant("ant-bad-mode", m, 400, **{"x-skillstate-mode": "nope"}),
         ant("ant-foreign-origin", m, None, origin="https://evil.example"),
         ant("count-not-json", b"[", path=COUNT),
@@ -205,7 +206,7 @@ def corpus_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pro
     r = httpx.post(
         p.url + OAI,
         json={"model": "m", "messages": OK_MSGS},
-        headers={"x-skillstate-session": "seed", "authorization": "Bearer k"},
+        headers={SESSION_HEADER: "seed", "authorization": "Bearer k"},
         timeout=10,
     )
     assert r.status_code == 200, r.text
