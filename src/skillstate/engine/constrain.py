@@ -162,31 +162,8 @@ def envelope_schema(
     if reasoning not in ("first", "optional", "off"):
         raise ValueError(f"invalid reasoning mode: {reasoning!r}")
 
-    declared: Mapping[str, Any] = {}
-    if state_schema is not None:
-        props = state_schema.get("properties")
-        if isinstance(props, Mapping):
-            declared = props
-
-    state_patch: dict[str, Any] = {"type": "object"}
-    keys = list(dict.fromkeys(allowed_keys))  # dedupe, keep order
     current = initial_state if state is None else state
-    if not keys:
-        if bounded:
-            state_patch = patch_schema(state_patch, current, bounded=True)
-    else:
-        properties: dict[str, Any] = {}
-        for key in keys:
-            if key in declared:
-                value_schema = dict(declared[key])
-            elif key in initial_state:
-                value_schema = infer_schema(initial_state[key])
-            else:
-                value_schema = {}
-            value_schema = patch_schema(value_schema, current.get(key), bounded=bounded)
-            properties[key] = nullable(value_schema)
-        state_patch["properties"] = properties
-        state_patch["additionalProperties"] = False
+    state_patch = _state_patch_schema(allowed_keys, initial_state, state_schema, current, bounded)
 
     properties_out: dict[str, Any] = {}
     required: list[str] = []
@@ -209,6 +186,41 @@ def envelope_schema(
             if defs_key in state_schema:
                 schema[defs_key] = copy.deepcopy(state_schema[defs_key])
     return schema
+
+
+def _state_patch_schema(
+    allowed_keys: Sequence[str],
+    initial_state: Mapping[str, Any],
+    state_schema: Mapping[str, Any] | None,
+    current: Mapping[str, Any],
+    bounded: bool,
+) -> dict[str, Any]:
+    """The ``state_patch`` member of :func:`envelope_schema` (its docstring says how)."""
+    declared: Mapping[str, Any] = {}
+    if state_schema is not None:
+        props = state_schema.get("properties")
+        if isinstance(props, Mapping):
+            declared = props
+
+    state_patch: dict[str, Any] = {"type": "object"}
+    keys = list(dict.fromkeys(allowed_keys))  # dedupe, keep order
+    if not keys:
+        if bounded:
+            state_patch = patch_schema(state_patch, current, bounded=True)
+    else:
+        properties: dict[str, Any] = {}
+        for key in keys:
+            if key in declared:
+                value_schema = dict(declared[key])
+            elif key in initial_state:
+                value_schema = infer_schema(initial_state[key])
+            else:
+                value_schema = {}
+            value_schema = patch_schema(value_schema, current.get(key), bounded=bounded)
+            properties[key] = nullable(value_schema)
+        state_patch["properties"] = properties
+        state_patch["additionalProperties"] = False
+    return state_patch
 
 
 def _is_object(schema: Mapping[str, Any]) -> bool:

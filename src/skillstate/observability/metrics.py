@@ -145,6 +145,14 @@ class Metrics:
     one process, as in the tests, never mix their numbers)."""
 
     def __init__(self) -> None:
+        self._requests()
+        self._upstreams()
+        self._turns()
+        self._usage()
+        self._keys()
+        self._families = [v for v in vars(self).values() if isinstance(v, (_Counter, _Histogram))]
+
+    def _requests(self) -> None:
         route = ("route", "dialect", "mode")
         self.requests = _Counter(
             "requests", "Client requests on the turn routes, by final HTTP status.",
@@ -162,6 +170,8 @@ class Metrics:
             route,
             LATENCY_BUCKETS,
         )
+
+    def _upstreams(self) -> None:
         self.attempts = _Counter(
             "upstream_attempts",
             "Requests sent to an upstream, by outcome.",
@@ -184,6 +194,8 @@ class Metrics:
             "breaker_transitions", "Circuit breaker state changes, by the state entered.",
             ("upstream", "state"),
         )  # fmt: skip
+
+    def _turns(self) -> None:
         self.transitions = _Counter(
             "transitions", "Committed turns, by transition status.", ("mode", "status")
         )
@@ -193,6 +205,8 @@ class Metrics:
         self.contexts = _Counter(
             "context", "Turns by the context form sent upstream.", ("mode", "form")
         )
+
+    def _usage(self) -> None:
         usage = ("upstream", "mode")
         self.tokens = _Counter(
             "tokens",
@@ -218,6 +232,8 @@ class Metrics:
             "saved_cost_usd", "Baseline minus actual cost in USD since start (may be negative).",
             usage,
         )  # fmt: skip
+
+    def _keys(self) -> None:
         # Only with metrics_key_label: by the caller's key name (operator-made, so bounded).
         self.key_requests = _Counter(
             "key_requests", "Requests on the turn routes by client key name and status.",
@@ -230,7 +246,6 @@ class Metrics:
         self.key_cost = _Counter(
             "key_cost_usd", "Estimated spend in USD by client key name.", ("key",)
         )
-        self._families = [v for v in vars(self).values() if isinstance(v, (_Counter, _Histogram))]
 
     # -- updates (the turn path) ---------------------------------------------------------
 

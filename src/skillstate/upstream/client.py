@@ -30,7 +30,7 @@ from ..dialects.streaming import StreamCut
 from ..errors import ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
 from ..observability.telemetry import Telemetry
-from .breaker import Breaker, CircuitBreaker
+from .breaker import Breaker, CircuitBreaker, Permit
 from .limits import Admission, RateLimits, Ticket, UpstreamLimits
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
@@ -453,15 +453,49 @@ class UpstreamPool:
             e.attempts = _real(failures)
             raise
 
-    async def _dispatch(self, out: Outbound, failures: list[AttemptRecord]) -> Exchange:
-        candidates = self.candidates(out.model)
+    async def _admit(
+        self,
+        up: UpstreamRuntime,
+        out: Outbound,
+        failures: list[AttemptRecord],
+        held: list[Admission],
+    ) -> tuple[Permit, Ticket] | None:
+        """The breaker's permit and the local limits' ticket for one attempt on ``up``; None
+        when either refuses (recorded in ``failures`` or ``held``, and in the telemetry)."""
+        # Only a half-open breaker hands out a slot (a probe) that must be given back.
+        permit = await up.breaker.acquire()
+        if permit is None:
+            failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
+            self.telemetry.skipped(up.name, "circuit_open")
+            return None
+        try:
+            admission = await up.limits.reserve(out.est_tokens)
+        except BaseException:
+            if permit == "probe":
+                await _released(up)
+            raise
+        if admission.ticket is None:
+            self.telemetry.skipped(up.name, "local_limit")
+            if permit == "probe":
+                await _released(up)
+            held.append(admission)
+            return None
+        return permit, admission.ticket
+
+    def _serving(self, model: str | None) -> list[UpstreamRuntime]:
+        """The upstreams that serve ``model``, in order; a 404 when none does."""
+        candidates = self.candidates(model)
         if not candidates:
             raise ProxyError(
                 "invalid_request",
-                f"no configured upstream serves model {out.model!r}",
+                f"no configured upstream serves model {model!r}",
                 code="model_not_found",
                 status=404,
             )
+        return candidates
+
+    async def _dispatch(self, out: Outbound, failures: list[AttemptRecord]) -> Exchange:
+        candidates = self._serving(out.model)
         last_error: Exchange | None = None  # the last HTTP error answer, body already read
         last_record: AttemptRecord | None = None
         held: list[Admission] = []  # the local-limit verdicts of upstreams that could not admit
@@ -481,26 +515,10 @@ class UpstreamPool:
                     if remaining <= 0:
                         expired = True
                         break
-                    # Only a half-open breaker hands out a slot (a probe) that must be
-                    # given back.
-                    permit = await up.breaker.acquire()
-                    if permit is None:
-                        failures.append(AttemptRecord(up.name, 0, CIRCUIT_OPEN))
-                        tel.skipped(up.name, "circuit_open")
+                    admitted = await self._admit(up, out, failures, held)
+                    if admitted is None:
                         break
-                    try:
-                        admission = await up.limits.reserve(out.est_tokens)
-                    except BaseException:
-                        if permit == "probe":
-                            await _released(up)
-                        raise
-                    ticket = admission.ticket
-                    if ticket is None:
-                        tel.skipped(up.name, "local_limit")
-                        if permit == "probe":
-                            await _released(up)
-                        held.append(admission)
-                        break
+                    permit, ticket = admitted
                     delay: float | None
                     try:
                         ex = await self._observed_send(up, out, ticket, remaining, attempt)
