@@ -1,17 +1,22 @@
-"""mode: mask (issue 14 §5) end to end: the real proxy (in-process), the real openai SDK and
-native /v1/messages, the fake provider. What the upstream receives is checked: every tool
-call stays paired with its result, and old observations are masked in blocks of
-``mask_keep``, so between re-masks each request is a byte-prefix of the next."""
+"""mode: mask (issue 14 §5, issue 23) end to end: the real proxy (in-process), the real openai
+SDK and native /v1/messages, the fake provider. What the upstream receives is checked: every
+tool call stays paired with its result, and old observations are masked only when the re-mask
+rule (skillstate.cost.remask) says it pays under the upstream's cache regime, so between
+re-masks each request is a byte-prefix of the next."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
 import httpx
 import openai
 
-from skillstate.engine.mask import MASK_MARK
+from skillstate.cost.baseline import CacheRegime
+from skillstate.cost.pricing import PriceBook
+from skillstate.cost.remask import RemaskRule
+from skillstate.engine.mask import MASK_MARK, mask_transcript
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, Reply
 from tests.helpers import SESSION_HEADER
@@ -30,8 +35,10 @@ def test_openai_mask_keeps_pairing_and_masks_in_blocks(
     c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
     transcript: list[dict[str, Any]] = [{"role": "user", "content": "TASK: build it."}]
     contexts = []
+    sent: list[list[dict[str, Any]]] = []  # what the client sent, turn by turn
     for turn in range(1, 13):
         fake.enqueue(Reply(text="", tool_calls=[("run", {"n": turn})]))
+        sent.append(list(transcript))
         raw = c.chat.completions.with_raw_response.create(
             model="m", messages=transcript, extra_headers={SESSION_HEADER: "mask-o"}
         )
@@ -51,10 +58,18 @@ def test_openai_mask_keeps_pairing_and_masks_in_blocks(
         assert sorted(results) == sorted(calls)  # every call keeps its result
         assert not masked(msgs[0])  # the task never is
         counts.append(sum(masked(m) for m in msgs))
-    # Request g holds g observations (the task, then one tool result per turn). With
-    # keep = 2 the first M = ((g - 2) // 2) * 2 are masked (none while g < 4), except the
-    # task, which never is.
-    assert counts == [0, 0, 0, 1, 1, 3, 3, 5, 5, 7, 7, 9]
+    # The upstream is OpenAI-kind with the model unpriced: the rule weighs the saving at the
+    # relative cache-read rate against resending what follows the first newly masked message.
+    rule = RemaskRule(CacheRegime("openai"), None, client_breakpoints=False)
+    expected = [
+        sum(
+            masked(m)
+            for m in mask_transcript("openai", {"messages": s}, 2, pays=rule.pays)["messages"]
+        )
+        for s in sent
+    ]
+    assert counts == expected
+    assert counts[-1] > 0 and counts == sorted(counts)  # it does mask, and never unmasks
     # Between re-masks a request is a byte-prefix of the next (cache-friendly).
     for k in range(len(counts) - 1):
         if counts[k] == counts[k + 1]:
@@ -88,6 +103,74 @@ def test_anthropic_mask_per_request_header(fake: FakeProvider, start_proxy: Star
     uses = [b["id"] for m in last if m["role"] == "assistant" for b in m["content"]]
     results = [b["tool_use_id"] for m in last[1:] if m["role"] == "user" for b in m["content"]]
     assert results == uses
-    # 8 observations, keep = 3 (the default): the first ((8 - 3) // 3) * 3 = 3, less the
-    # task, which never is masked.
-    assert sum(masked(m) for m in last) == 2
+    # The client marks no cache_control breakpoint, so Anthropic caches none of its
+    # transcript and a re-mask costs nothing: every observation but the last 3 (the default
+    # keep) is masked at once, the task excepted: 8 observations, 5 masked, less the task.
+    assert sum(masked(m) for m in last) == 4
+
+
+def test_mask_keeps_a_cached_anthropic_transcript_until_a_re_mask_pays(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A client that marks its newest message for the cache (as Claude Code does), priced as
+    claude-sonnet-4-5: re-masking rewrites the transcript at 1.25x input, so the proxy masks
+    only when the reads it saves over the coming turns pay for that, and every other
+    request extends the previous one byte for byte."""
+    p = start_proxy(config={"upstreams": [{"name": "a", "url": fake.url, "kind": "anthropic"}]})
+    headers = {"x-skillstate-session": "mask-cached", "x-skillstate-mode": "mask"}
+    transcript: list[dict[str, Any]] = [{"role": "user", "content": "TASK: build it."}]
+    sent: list[list[dict[str, Any]]] = []
+    for turn in range(1, 25):
+        fake.enqueue(Reply(text="", tool_calls=[("run", {"n": turn})]))
+        marked = [*transcript[:-1], breakpoint_on(transcript[-1])]
+        sent.append(marked)
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": marked}
+        r = httpx.post(p.url + "/v1/messages", json=body, headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        use = r.json()["content"][0]
+        transcript += [
+            {"role": "assistant", "content": [use]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": BIG}],
+            },
+        ]
+    got = [req.json["messages"] for req in fake.requests[-len(sent) :]]
+    counts = [sum(masked(m) for m in msgs) for msgs in got]
+    prices = PriceBook().rates(model="claude-sonnet-4-5", upstream="a")
+    assert prices is not None and prices.cache_write_per_mtok > prices.input_per_mtok
+    rule = RemaskRule(CacheRegime("anthropic"), prices, client_breakpoints=True)
+    expected = [
+        sum(
+            masked(m)
+            for m in mask_transcript("anthropic", {"messages": s}, pays=rule.pays)["messages"]
+        )
+        for s in sent
+    ]
+    assert counts == expected
+    eager = [
+        sum(
+            masked(m)
+            for m in mask_transcript("anthropic", {"messages": s}, pays=lambda *a: True)["messages"]
+        )
+        for s in sent
+    ]
+    # Fewer re-masks than masking whenever it can (each one a rewrite of the cache) ...
+    remasks = sum(1 for a, b in itertools.pairwise(counts) if b != a)
+    assert remasks < sum(1 for a, b in itertools.pairwise(eager) if b != a)
+    # ... and between them each request extends the previous one (cache_control aside).
+    for k in range(len(got) - 1):
+        if counts[k] == counts[k + 1]:
+            assert unmarked(got[k + 1][: len(got[k]) - 1]) == unmarked(got[k][:-1])
+
+
+def breakpoint_on(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with a cache_control breakpoint on its last block."""
+    content = message["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    blocks[-1] = {**blocks[-1], "cache_control": {"type": "ephemeral"}}
+    return {**message, "content": blocks}
+
+
+def unmarked(messages: list[dict[str, Any]]) -> str:
+    return json.dumps(messages).replace(', "cache_control": {"type": "ephemeral"}', "")

@@ -10,6 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from skillstate.cost.baseline import CacheRegime
+from skillstate.cost.pricing import Prices
+from skillstate.cost.remask import RemaskRule
 from skillstate.engine.mask import MASK_MARK, mask_transcript, masked_count, placeholder
 
 LONG = "observation " * 50  # 600 characters
@@ -169,3 +172,79 @@ def test_prefix_is_byte_identical_between_re_masks(
     assert all(b - a >= keep for a, b in itertools.pairwise(breaks))
     # and a break happens only where the masked count moves (observations = t + 1)
     assert all(masked_count(t + 1, keep) != masked_count(t, keep) for t in breaks)
+
+
+# -- the re-mask rule: re-mask only when the saving pays for the rewrite (issue 23) ------------
+
+SONNET = Prices(3.0, 15.0, 0.30, 3.75)  # USD per million tokens, Anthropic's cache rates
+
+
+def rule(pricing: str, breakpoints: bool = True) -> RemaskRule:
+    return RemaskRule(CacheRegime(pricing, min_tokens=0), SONNET, client_breakpoints=breakpoints)  # type: ignore[arg-type]
+
+
+def test_the_rule_re_masks_at_once_where_nothing_is_cached() -> None:
+    for r in (rule("none"), rule("anthropic", breakpoints=False)):
+        assert r.pays(saving=1, rewrite=10**6, whole=2 * 10**6, turns=1)
+        assert not r.pays(saving=0, rewrite=0, whole=10**6, turns=100)
+
+
+def test_the_rule_weighs_the_saving_against_the_rewrite() -> None:
+    # anthropic: saving * 0.30 * turns against rewrite * (3.75 - 0.30)
+    r = rule("anthropic")
+    assert not r.pays(saving=1_000, rewrite=100_000, whole=200_000, turns=100)  # 30,000 < 345,000
+    assert r.pays(saving=20_000, rewrite=100_000, whole=200_000, turns=100)  # 600,000 > 345,000
+    # openai: the rewrite is sent uncached (input 3.00 less the read 0.30 it would have cost)
+    assert rule("openai").pays(
+        saving=10_000, rewrite=100_000, whole=200_000, turns=100
+    )  # 300,000 > 270,000
+    assert not rule("openai").pays(saving=9_000, rewrite=100_000, whole=200_000, turns=100)
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_a_rule_that_always_pays_masks_all_but_the_last_keep(dialect: str) -> None:
+    body = SESSIONS[dialect]([("tools", 1)] * 8)
+    out = mask_transcript(dialect, body, keep=2, pays=lambda saving, rewrite, whole, turns: True)
+    masked = [k for k, m in enumerate(out["messages"]) if MASK_MARK in orjson.dumps(m).decode()]
+    # 9 observations: the task, then 8 rounds of tool results. All but the last 2 are masked,
+    # the task excepted (it never is): the results of rounds 1-6.
+    assert len(masked) == 6
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_a_rule_that_never_pays_masks_nothing(dialect: str) -> None:
+    body = SESSIONS[dialect]([("tools", 1)] * 8)
+    out = mask_transcript(dialect, body, keep=2, pays=lambda saving, rewrite, whole, turns: False)
+    assert out["messages"] == body["messages"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["openai", "anthropic"]),
+    rounds_strategy,
+    st.integers(1, 4),
+    st.sampled_from(["anthropic", "openai", "none"]),
+)
+def test_under_the_rule_a_request_rewrites_the_cache_only_when_it_pays(
+    dialect: str, rounds: list[tuple[str, int]], keep: int, pricing: str
+) -> None:
+    """Replaying a growing session under the rule: each request's masked transcript is a
+    byte-prefix of the next one's, except where the rule said a re-mask pays, computed
+    here from the plain sizes of the transcript."""
+    r = rule(pricing)
+    calls: list[tuple[int, int, int, bool]] = []
+
+    def pays(saving: int, rewrite: int, whole: int, turns: int) -> bool:
+        verdict = r.pays(saving, rewrite, whole, turns)
+        calls.append((saving, rewrite, turns, verdict))
+        return verdict
+
+    previous: list[bytes] | None = None
+    for t in range(1, len(rounds) + 1):
+        calls.clear()
+        out = mask_transcript(dialect, SESSIONS[dialect](rounds[:t]), keep=keep, pays=pays)
+        sent = [orjson.dumps(m) for m in out["messages"]]
+        remasked_now = bool(calls) and calls[-1][3]  # the last call is for this request
+        if previous is not None and sent[: len(previous)] != previous:
+            assert remasked_now  # the cache is rewritten only where the rule said it pays
+        previous = sent

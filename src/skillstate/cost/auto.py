@@ -131,7 +131,7 @@ class AutoPlanner:
     def _weigh(
         self, s: _Session, sizes: TurnSizes, regime: CacheRegime, prices: Prices | None
     ) -> AutoEstimate:
-        inp, out, read, write = _rates(regime, prices)
+        inp, out, read, write = rates(regime, prices)
         coming = s.turns
         g = s.growth
         minimum = regime.min_tokens
@@ -177,7 +177,7 @@ class AutoPlanner:
             s.envelope += (output_tokens - s.envelope) / s.envelopes
 
 
-def _rates(regime: CacheRegime, prices: Prices | None) -> tuple[float, float, float, float]:
+def rates(regime: CacheRegime, prices: Prices | None) -> tuple[float, float, float, float]:
     """(input, output, cache read, cache write) in USD per million tokens."""
     if prices is not None and prices.input_per_mtok > 0:
         return (

@@ -13,6 +13,16 @@ byte-prefix of the next one's until the next re-mask, and the provider's prompt 
 keeps hitting in between. The latest ``keep`` to ``2 * keep - 1`` observations are always
 whole.
 
+With a re-mask rule (``pays``, the proxy's: :class:`skillstate.cost.remask.RemaskRule`)
+M moves only when the rule says the saving pays for the rewrite. A re-mask rewrites every
+message from the first newly masked one on into the provider's cache, and under the
+Anthropic cache that write (1.25x input) of a long transcript every ``keep`` turns cost more
+than the masking saved. The mask point is then a function of the transcript alone, walked
+request by request from its start: at the request with g observations, M becomes
+``g - keep`` if ``pays(saved per turn, rewritten, the whole request, g)`` (in tokens). A
+request that extends the previous one walks the same steps first, so it lands on the same M
+(the cache keeps hitting) unless this request re-masks; no per-session memory is needed.
+
 Masked: tool results (always) and user text of at least ``min_chars`` characters; the
 task (the first user message) never is, nor is anything an assistant said. A masked
 message keeps its role, position and tool-call ids (``tool_call_id`` / ``tool_use_id``,
@@ -22,13 +32,19 @@ user message is, and where its content sits, is the dialect's (``Dialect.mask_ob
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from itertools import accumulate
 from typing import Any
 
 import orjson
 
+from ..cost.tokens import estimate_tokens
 from ..dialects.registry import get_dialect
 from .context import DialectContext
+
+# pays(tokens saved per coming turn, tokens rewritten into the cache, tokens of the whole
+# request, observations so far)
+RemaskPays = Callable[[int, int, int, int], bool]
 
 __all__ = [
     "DEFAULT_MASK_KEEP",
@@ -76,13 +92,17 @@ def mask_transcript(
     body: Mapping[str, Any],
     keep: int = DEFAULT_MASK_KEEP,
     min_chars: int = DEFAULT_MASK_MIN_CHARS,
+    pays: RemaskPays | None = None,
 ) -> dict[str, Any]:
-    """``body`` with its old observations masked (see the module docstring).
+    """``body`` with its old observations masked (see the module docstring; ``pays``: the
+    re-mask rule, None for the fixed blocks of ``keep``).
 
     ``dialect`` is a registry name (chat completions, Messages, Responses). Returns
     a new body; unchanged messages are the same objects and nothing is mutated.
     O(size of the transcript).
     """
+    if keep < 1:
+        raise ValueError(f"mask_keep must be a positive integer, not {keep!r}")
     wire = get_dialect(dialect)
     d = wire.context
     key = d.transcript_key
@@ -90,13 +110,47 @@ def mask_transcript(
     if not isinstance(messages, list):
         return dict(body)
     runs = _observations(messages, d)
-    masked = masked_count(len(runs), keep)
+    task = next((k for run in runs for k in run if d.is_user_turn(messages[k])), None)
+    masked_messages: dict[int, Any] = {}
+    for run in runs[: max(len(runs) - keep, 0)]:
+        for k in run:
+            if k != task or d.is_tool_result(messages[k]):
+                masked_messages[k] = wire.mask_observation(messages[k], min_chars, placeholder)
+    if pays is None:
+        masked = masked_count(len(runs), keep)
+    else:
+        masked = _paying_mask_point(messages, runs, masked_messages, keep, pays)
     if masked == 0:
         return dict(body)
-    task = next((k for run in runs for k in run if d.is_user_turn(messages[k])), None)
     out = list(messages)
     for run in runs[:masked]:
         for k in run:
-            if k != task or d.is_tool_result(messages[k]):
-                out[k] = wire.mask_observation(messages[k], min_chars, placeholder)
+            if k in masked_messages:
+                out[k] = masked_messages[k]
     return {**body, key: out}
+
+
+def _paying_mask_point(
+    messages: list[Any],
+    runs: list[list[int]],
+    masked_messages: dict[int, Any],
+    keep: int,
+    pays: RemaskPays,
+) -> int:
+    """The mask point M under the rule ``pays``, walked from the transcript's start (see
+    the module docstring)."""
+    sizes = [estimate_tokens(m) for m in messages]
+    before = [0, *accumulate(sizes)]  # before[k]: tokens of messages[:k]
+    saved = [0, *accumulate(
+        sum(sizes[k] - estimate_tokens(masked_messages[k]) for k in run if k in masked_messages)
+        for run in runs
+    )]  # fmt: skip
+    point = 0
+    for g in range(keep + 1, len(runs) + 1):  # the request with g observations
+        candidate = g - keep
+        saving = saved[candidate] - saved[point]
+        whole = before[runs[g - 1][-1] + 1] - saved[point]
+        rewrite = whole - before[runs[point][0]] - saving
+        if pays(saving, rewrite, whole, g):
+            point = candidate
+    return point

@@ -17,9 +17,10 @@ from ..choices import CacheBreakpoints, ContextShape, Mode
 from ..config import Settings
 from ..cost.auto import AutoEstimate, AutoPlanner, TurnSizes
 from ..cost.baseline import SessionPrefixCaches
-from ..cost.cachehints import CacheHints, count_breakpoints, prompt_cache_key
+from ..cost.cachehints import CacheHints, count_breakpoints, marked_message, prompt_cache_key
 from ..cost.meter import BaselineSource, MeterContext, TurnMeter
 from ..cost.pricing import PriceBook
+from ..cost.remask import RemaskRule
 from ..cost.tokens import estimate_tokens, request_tokens
 from ..cost.usage import Usage
 from ..engine import constrain, context
@@ -85,7 +86,14 @@ class Planner:
         if turn.mode == Mode.PASSTHROUGH:
             return turn.body, ContextShape.PASSTHROUGH
         if turn.mode == Mode.MASK:
-            masked = mask_transcript(turn.dialect, turn.body, self.settings.mask_keep)
+            rule = self._remask_rule(turn)
+            masked = mask_transcript(
+                turn.dialect,
+                turn.body,
+                self.settings.mask_keep,
+                pays=rule.pays if rule is not None else None,
+                mark=marked_message if rule is not None and rule.marks(turn.body) else None,
+            )
             return masked, ContextShape.MASK
         form = turn.envelope_form
         adapter = turn.wire.context
@@ -110,6 +118,23 @@ class Planner:
                 )
             return compact, ContextShape.COMPACT
         return turn.body, ContextShape.PASSTHROUGH
+
+    def _remask_rule(self, turn: Turn) -> RemaskRule | None:
+        """``mask``'s re-mask rule (``skillstate.cost.remask``) under the cache regime and
+        rates of the first upstream that serves the model, as ``auto`` estimates; None when
+        no upstream serves it (the fixed blocks of ``mask_keep`` then)."""
+        candidates = self.pool.candidates(turn.model or None)
+        if not candidates:
+            return None
+        cfg = candidates[0].cfg
+        return RemaskRule(
+            regime=cfg.cache_regime(turn.model or None),
+            prices=self.prices.rates(
+                model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
+            ),
+            client_breakpoints=count_breakpoints(turn.body) > 0,
+            anthropic_client=turn.dialect == "anthropic",
+        )
 
     def _auto_decision(
         self, turn: Turn, state: dict[str, Any], schema: list[str], est_client: int, has_state: bool
