@@ -235,6 +235,7 @@ def test_under_the_rule_a_request_rewrites_the_cache_only_when_it_pays(
     calls: list[tuple[int, int, int, bool]] = []
 
     def pays(saving: int, rewrite: int, whole: int, turns: int) -> bool:
+        assert 0 <= rewrite <= whole  # a tail of the request as it would be sent
         verdict = r.pays(saving, rewrite, whole, turns)
         calls.append((saving, rewrite, turns, verdict))
         return verdict

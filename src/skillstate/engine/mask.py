@@ -149,8 +149,9 @@ def _paying_mask_point(
     for g in range(keep + 1, len(runs) + 1):  # the request with g observations
         candidate = g - keep
         saving = saved[candidate] - saved[point]
-        whole = before[runs[g - 1][-1] + 1] - saved[point]
-        rewrite = whole - before[runs[point][0]] - saving
+        end = before[runs[g - 1][-1] + 1]  # the request's tokens as the client sent them
+        whole = end - saved[point]  # as masked so far
+        rewrite = end - before[runs[point][0]] - saving  # from the first newly masked on
         if pays(saving, rewrite, whole, g):
             point = candidate
     return point
