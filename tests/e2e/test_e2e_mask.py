@@ -158,7 +158,14 @@ def test_mask_keeps_a_cached_anthropic_transcript_until_a_re_mask_pays(
     # Fewer re-masks than masking whenever it can (each one a rewrite of the cache) ...
     remasks = sum(1 for a, b in itertools.pairwise(counts) if b != a)
     assert remasks < sum(1 for a, b in itertools.pairwise(eager) if b != a)
-    # ... and between them each request extends the previous one (cache_control aside).
+    # The masked part ends on a breakpoint of the proxy's, beside the client's on its newest
+    # message, so that the next re-mask finds everything before it in Anthropic's cache.
+    for msgs, count in zip(got, counts, strict=True):
+        marks = [k for k, m in enumerate(msgs) if "cache_control" in json.dumps(m)]
+        assert marks == ([len(msgs) - 1] if count == 0 else [marks[0], len(msgs) - 1])
+        if count:
+            assert masked(msgs[marks[0] - 1]) and not masked(msgs[marks[0] + 1])
+    # ... and between re-masks each request extends the previous one (cache_control aside).
     for k in range(len(got) - 1):
         if counts[k] == counts[k + 1]:
             assert unmarked(got[k + 1][: len(got[k]) - 1]) == unmarked(got[k][:-1])

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_BREAKPOINTS",
     "CacheHints",
     "count_breakpoints",
+    "marked_message",
     "prompt_cache_key",
     "with_breakpoint",
     "with_prompt_cache_key",
@@ -109,3 +110,23 @@ def with_breakpoint(body: dict[str, Any], prefix_end: str) -> dict[str, Any]:
     blocks[at] = {**content[at], "cache_control": dict(EPHEMERAL)}
     first = {**messages[0], "content": blocks}
     return {**body, "messages": [first, *messages[1:]]}
+
+
+def marked_message(message: Any) -> Any:
+    """An Anthropic message with a breakpoint on its last content block (a string content
+    becomes one text block); unchanged when that block is marked already or there is none.
+    ``mask`` marks where its masked part ends, so that the next re-mask finds that prefix in
+    the cache (Anthropic reads the cache only at breakpoints)."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        content = [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not content or not isinstance(content[-1], dict):
+        return message
+    if "cache_control" in content[-1]:
+        return message
+    return {
+        **message,
+        "content": [*content[:-1], {**content[-1], "cache_control": dict(EPHEMERAL)}],
+    }

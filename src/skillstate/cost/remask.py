@@ -20,10 +20,13 @@ marks no breakpoints; then a re-mask costs nothing and pays at once). Unknown pr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .auto import rates
 from .baseline import CacheRegime
+from .cachehints import MAX_BREAKPOINTS, count_breakpoints
 from .pricing import Prices
 
 __all__ = ["RemaskRule"]
@@ -37,6 +40,20 @@ class RemaskRule:
     regime: CacheRegime
     prices: Prices | None
     client_breakpoints: bool  # the client marks cache_control breakpoints (anthropic)
+    anthropic_client: bool = False  # the request is in the Messages format
+
+    def marks(self, body: Mapping[str, Any]) -> bool:
+        """Whether ``mask`` marks the end of its masked part with a breakpoint: on an
+        Anthropic cache that the client uses, which reads the cache only at breakpoints
+        (without one there a re-mask would find nothing before it cached and rewrite the
+        whole transcript, not the tail this rule reckons with), while a breakpoint is free
+        (at most 4 a request)."""
+        return (
+            self.anthropic_client
+            and self.cached
+            and self.regime.pricing == "anthropic"
+            and count_breakpoints(dict(body)) < MAX_BREAKPOINTS
+        )
 
     @property
     def cached(self) -> bool:

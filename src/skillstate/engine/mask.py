@@ -93,9 +93,12 @@ def mask_transcript(
     keep: int = DEFAULT_MASK_KEEP,
     min_chars: int = DEFAULT_MASK_MIN_CHARS,
     pays: RemaskPays | None = None,
+    mark: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """``body`` with its old observations masked (see the module docstring; ``pays``: the
-    re-mask rule, None for the fixed blocks of ``keep``).
+    re-mask rule, None for the fixed blocks of ``keep``; ``mark``: puts a cache breakpoint
+    on the message that ends the masked part, so that the next re-mask finds the prefix
+    before it cached where the provider caches only at breakpoints).
 
     ``dialect`` is a registry name (chat completions, Messages, Responses). Returns
     a new body; unchanged messages are the same objects and nothing is mutated.
@@ -127,6 +130,9 @@ def mask_transcript(
         for k in run:
             if k in masked_messages:
                 out[k] = masked_messages[k]
+    if mark is not None and 0 < masked < len(runs):
+        end = runs[masked][0] - 1  # the message before the first observation kept whole
+        out[end] = mark(out[end])
     return {**body, key: out}
 
 
