@@ -2,10 +2,12 @@
 chains and ``store`` kept by the proxy, for every upstream kind) and
 ``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``.
 
-The chain is rebuilt here, before the turn: the stored response's input and output items
-come first, then the request's own input, and ``previous_response_id`` is not sent upstream
-(an upstream without server-side state, such as llama.cpp, gets the whole chain). In state
-mode that chain is the session's transcript, which the compact context then shortens."""
+A Responses turn runs through the shared turn handler (``web.turns``) with ``ResponsesTurn``
+as its hooks. The chain is rebuilt there, before the turn: the stored response's input and
+output items come first, then the request's own input, and ``previous_response_id`` is not
+sent upstream (an upstream without server-side state, such as llama.cpp, gets the whole
+chain). In state mode that chain is the session's transcript, which the compact context then
+shortens."""
 
 from __future__ import annotations
 
@@ -28,17 +30,17 @@ from ..dialects.responses.stream import TERMINAL_EVENTS
 from ..dialects.responses.translate import reject_unsupported_tools, split_tools
 from ..errors import ProxyError
 from ..headertext import header_safe
+from ..observability.telemetry import TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
-from ..turn.types import Reply, Turn
-from ..upstream.client import UpstreamRuntime
-from .compaction import plan, restore
-from .runtime import runtime
-from .turns import admit, key_name, parse_turn, streaming, with_budgets
-from .wire import StreamingProxyResponse, error_response, unless_disconnected
+from ..turn.types import Reply, StreamReply, Turn
+from ..upstream.client import UpstreamPool, UpstreamRuntime
+from .compaction import Run, plan, restore
+from .runtime import Runtime, runtime
+from .turns import parse_turn
+from .wire import error_response
 
 DIALECT = RESPONSES.name
-ROUTE = "/v1" + RESPONSES.client_path  # the metrics' route label
 JSON = dict[str, Any]
 
 
@@ -102,23 +104,21 @@ def _owned(found: StoredResponse, caller: Principal | None) -> bool:
     return caller is None or split_session(found.session)[0] == caller.name
 
 
-async def responses_turn(request: Request) -> Response:
-    """``POST /v1/responses``: one turn in the Responses API's format (a compaction when its
-    input ends with ``compaction_trigger``: ``skillstate.web.compaction``)."""
-    return await _responses(request, endpoint=False)
+class ResponsesTurn:
+    """The Responses route's hooks around the shared turn (``web.turns``): the chain rebuilt
+    from ``previous_response_id`` before it (and compaction items restored, or the request
+    served as a compaction: ``skillstate.web.compaction``), the response stored after it.
+    ``endpoint``: ``POST /v1/responses/compact``, which stores nothing."""
 
+    def __init__(self, endpoint: bool = False) -> None:
+        self.endpoint = endpoint
+        self.link: _Link | None = None
+        self.dropped: list[str] = []  # tools an upstream of another kind cannot take
+        self.pool: UpstreamPool | None = None
 
-async def responses_compact(request: Request) -> Response:
-    """``POST /v1/responses/compact``: the Responses request's transcript compacted into the
-    session's state, answered with its user messages and one ``compaction`` item."""
-    return await _responses(request, endpoint=True)
-
-
-async def _responses(request: Request, *, endpoint: bool) -> Response:
-    rt = runtime(request)
-    tel = rt.telemetry.turn(ROUTE + ("/compact" if endpoint else ""), DIALECT, key_name(request))
-    session_hdr: dict[str, str] = {}
-    try:
+    async def start(
+        self, request: Request, rt: Runtime, tel: TurnTelemetry, shown: dict[str, str]
+    ) -> tuple[Turn, Run]:
         header = request.headers.get(SESSION_HEADER)
         if header is not None:
             resolve_session_id(header)  # a malformed header is a 400 before the body is read
@@ -127,38 +127,34 @@ async def _responses(request: Request, *, endpoint: bool) -> Response:
         )
         prev_id = turn.body.get("previous_response_id")
         own_items = _input_items(turn.body.get("input"))
-        _, dropped = split_tools(turn.body.get("tools"))
-        if dropped and rt.settings.unsupported_tools == "reject":
+        _, self.dropped = split_tools(turn.body.get("tools"))
+        if self.dropped and rt.settings.unsupported_tools == "reject":
             _reject_unsupported(rt.pool.candidates(turn.model), turn.body)
         caller = principal_of(request.scope)
         turn = await _with_chain(rt.store, turn, header, caller)
         turn = await restore(rt, turn, caller, adopt=header is None and prev_id is None)
-        session_hdr = {SESSION_HEADER: turn.shown_session}
-        turn, run = plan(rt, turn, caller, endpoint=endpoint)
-        link = _Link(rt.store, turn.session, prev_id, own_items)
-        tel.begin(turn)
-        await admit(request, rt, turn)
-        with tel.active():
-            result = await unless_disconnected(request, run())
-    except ProxyError as e:
-        response = error_response(e, DIALECT, session_hdr)
-        tel.finished(response.status_code)
-        return response
-    if result is None:
-        tel.finished(499)
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    keep = not endpoint and turn.body.get("store") is not False
-    if dropped:
-        _say_dropped(rt.pool.candidates(turn.model), result.headers, dropped)
-    headers = with_budgets(turn, result)
-    if isinstance(result, Reply):
-        body = result.body
-        if keep and 200 <= result.status < 300:
-            body = await _keep_reply(link, body)
-        tel.finished(result.status)
-        return Response(body, status_code=result.status, headers=headers)
-    chunks = _keep_stream(link, result.chunks) if keep else result.chunks
-    return StreamingProxyResponse(chunks, headers, streaming(tel, result.abort))
+        shown[SESSION_HEADER] = turn.shown_session
+        turn, run = plan(rt, turn, caller, endpoint=self.endpoint)
+        self.link = _Link(rt.store, turn.session, prev_id, own_items)
+        self.pool = rt.pool
+        return turn, run
+
+    async def finish(self, turn: Turn, result: Reply | StreamReply) -> Reply | StreamReply:
+        if self.dropped and self.pool is not None:
+            _say_dropped(self.pool.candidates(turn.model), result.headers, self.dropped)
+        if self.endpoint or turn.body.get("store") is False or self.link is None:
+            return result
+        if isinstance(result, StreamReply):
+            return dataclasses.replace(result, chunks=_keep_stream(self.link, result.chunks))
+        if 200 <= result.status < 300:
+            return dataclasses.replace(result, body=await _keep_reply(self.link, result.body))
+        return result
+
+
+def compact_hooks() -> ResponsesTurn:
+    """The hooks of ``POST /v1/responses/compact``: the request's transcript compacted into
+    the session's state, answered with its user messages and one ``compaction`` item."""
+    return ResponsesTurn(endpoint=True)
 
 
 def _reject_unsupported(candidates: list[UpstreamRuntime], body: JSON) -> None:

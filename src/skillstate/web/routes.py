@@ -8,18 +8,18 @@ from ..dialects.registry import DIALECTS
 from ..ui import ui_routes
 from .info import cost, health, metrics, models
 from .responses import DIALECT as RESPONSES
-from .responses import response_input_items, response_item, responses_compact, responses_turn
+from .responses import ResponsesTurn, compact_hooks, response_input_items, response_item
 from .state import state
 from .turns import messages_count_tokens, turn_endpoint
 
-# Dialects whose turn route does more than the shared handler (Responses: stored chains).
-_TURN_HANDLERS = {RESPONSES: responses_turn}
+# Dialects whose turn route does more around the shared turn (Responses: stored chains).
+_TURN_HOOKS = {RESPONSES: ResponsesTurn}
 
 # One turn route per dialect in the registry (/v1/chat/completions, /v1/messages, ...).
 _TURN_ROUTES = [
     Route(
         prefix + d.client_path,
-        _TURN_HANDLERS.get(d.name) or turn_endpoint(d.name),
+        turn_endpoint(d.name, _TURN_HOOKS.get(d.name)),
         methods=["POST"],
     )
     for d in DIALECTS.values()
@@ -27,6 +27,8 @@ _TURN_ROUTES = [
 ]
 # Path -> handler of the turn routes, for the direct entry in front of the router (fastpath).
 TURN_HANDLERS = {r.path: r.endpoint for r in _TURN_ROUTES}
+# The Responses API's compaction endpoint: a turn route of its own (web.compaction).
+_COMPACT = turn_endpoint(RESPONSES, compact_hooks, "/responses/compact")
 
 ROUTES = [
     *_TURN_ROUTES,
@@ -36,7 +38,7 @@ ROUTES = [
         route
         for prefix in ("/v1", "")
         for route in (
-            Route(prefix + "/responses/compact", responses_compact, methods=["POST"]),
+            Route(prefix + "/responses/compact", _COMPACT, methods=["POST"]),
             Route(prefix + "/responses/{response_id}", response_item, methods=["GET", "DELETE"]),
             Route(prefix + "/responses/{response_id}/input_items", response_input_items),
         )

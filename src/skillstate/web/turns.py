@@ -1,10 +1,14 @@
-"""The turn routes (``/v1/chat/completions``, ``/v1/messages``) and ``count_tokens``:
-parse the request into a ``Turn``, hand it to the pipeline, render what comes back."""
+"""The turn routes (``/v1/chat/completions``, ``/v1/messages``, ``/v1/responses`` and
+``/v1/responses/compact``) and ``count_tokens``: parse the request into a ``Turn``, hand it to
+the pipeline, render what comes back. One handler serves every turn route; what a dialect's
+route does around the turn is its ``TurnHooks`` (``PlainTurn`` here; the Responses chain and
+stored responses: ``web.responses.ResponsesTurn``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -74,24 +78,61 @@ async def parse_turn(
     )
 
 
-async def _turn(
-    request: Request, dialect: Dialect, route: str, validate: Callable[[Any], None]
-) -> Response:
+class TurnHooks(Protocol):
+    """What one dialect's turn route does around the shared turn (one object per request)."""
+
+    async def start(
+        self, request: Request, rt: Runtime, tel: TurnTelemetry, shown: dict[str, str]
+    ) -> tuple[Turn, Run]:
+        """The request as a ``Turn``, and what runs it (the pipeline, or a compaction).
+        ``shown`` gets the session header as soon as the session is known: an error reply
+        carries it from then on."""
+        ...
+
+    async def finish(self, turn: Turn, result: Reply | StreamReply) -> Reply | StreamReply:
+        """The reply as the client gets it."""
+        ...
+
+
+class PlainTurn:
+    """The hooks of chat completions and Messages: the session is the header's (else a new
+    one); a Messages request's ``context_management`` edits and compaction blocks are the
+    proxy's to apply (``web.compaction.plan_messages``) and its reply reports the edits."""
+
+    def __init__(self, dialect: Dialect, validate: Callable[[Any], None]) -> None:
+        self.dialect = dialect
+        self.validate = validate
+        self.edits: AppliedEdits | None = None  # context_management the proxy applied
+
+    async def start(
+        self, request: Request, rt: Runtime, tel: TurnTelemetry, shown: dict[str, str]
+    ) -> tuple[Turn, Run]:
+        session = resolve_session_id(single_header(request, SESSION_HEADER))
+        shown[SESSION_HEADER] = session
+        turn = await parse_turn(request, rt.settings, self.dialect, self.validate, session, tel)
+        if self.dialect != ANTHROPIC.name:
+            return turn, lambda: rt.pipeline.run(turn)
+        adopt = request.headers.get(SESSION_HEADER) is None
+        turn, self.edits, run = await plan_messages(
+            rt, turn, principal_of(request.scope), adopt=adopt
+        )
+        shown[SESSION_HEADER] = turn.shown_session
+        return turn, run
+
+    async def finish(self, turn: Turn, result: Reply | StreamReply) -> Reply | StreamReply:
+        if self.edits is None:
+            return result
+        if isinstance(result, Reply):
+            return self.edits.reply(result)
+        return dataclasses.replace(result, chunks=self.edits.stream(result.chunks))
+
+
+async def _turn(request: Request, dialect: Dialect, route: str, hooks: TurnHooks) -> Response:
     rt = runtime(request)
     tel = rt.telemetry.turn(route, dialect, key_name(request))
     session_hdr: dict[str, str] = {}
-    edits: AppliedEdits | None = None  # context_management the proxy applied (Messages)
     try:
-        session = resolve_session_id(single_header(request, SESSION_HEADER))
-        session_hdr = {SESSION_HEADER: session}
-        turn = await parse_turn(request, rt.settings, dialect, validate, session, tel)
-        run: Run = lambda: rt.pipeline.run(turn)  # noqa: E731
-        if dialect == ANTHROPIC.name:
-            adopt = request.headers.get(SESSION_HEADER) is None
-            turn, edits, run = await plan_messages(
-                rt, turn, principal_of(request.scope), adopt=adopt
-            )
-            session_hdr = {SESSION_HEADER: turn.shown_session}
+        turn, run = await hooks.start(request, rt, tel, session_hdr)
         tel.begin(turn)
         await admit(request, rt, turn)
         # A disconnect cancels the turn. Decided: the turn is committed iff the proxy had the
@@ -106,14 +147,12 @@ async def _turn(
     if result is None:
         tel.finished(499)
         return Response(status_code=499)  # the client is gone; nobody reads this
+    result = await hooks.finish(turn, result)
     headers = with_budgets(turn, result)
     if isinstance(result, Reply):
-        if edits is not None:
-            result = edits.reply(result)
         tel.finished(result.status)
         return Response(result.body, status_code=result.status, headers=headers)
-    chunks = result.chunks if edits is None else edits.stream(result.chunks)
-    return StreamingProxyResponse(chunks, headers, streaming(tel, result.abort))
+    return StreamingProxyResponse(result.chunks, headers, streaming(tel, result.abort))
 
 
 async def admit(request: Request, rt: Runtime, turn: Turn) -> None:
@@ -159,15 +198,23 @@ def streaming(
     return done
 
 
-def turn_endpoint(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
-    """The handler of one dialect's turn route (``Dialect.client_path``)."""
+def turn_endpoint(
+    dialect: Dialect, hooks: Callable[[], TurnHooks] | None = None, path: str | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    """The handler of one dialect's turn route (``path``, by default
+    ``Dialect.client_path``); ``hooks`` makes each request's hooks (by default the
+    dialect's ``PlainTurn``)."""
     d = get_dialect(dialect)
-    validate, route = d.validate, "/v1" + d.client_path
+    route = "/v1" + (path or d.client_path)  # the metrics' route label
+
+    def hooks_of() -> TurnHooks:
+        return PlainTurn(dialect, d.validate) if hooks is None else hooks()
 
     async def handle(request: Request) -> Response:
-        return await _turn(request, dialect, route, validate)
+        return await _turn(request, dialect, route, hooks_of())
 
-    handle.__name__ = handle.__qualname__ = f"{dialect}_turn"
+    name = (path or d.client_path).strip("/").replace("/", "_")
+    handle.__name__ = handle.__qualname__ = f"{dialect}_turn" if path is None else name
     return handle
 
 
