@@ -31,11 +31,11 @@ def envelope(patch: Any, action: str = "next", prefix: str = "ok") -> str:
     return f"{prefix}\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
 
 
-def oai(proxy: _HasURL, key: str = "k", **kw: Any) -> openai.OpenAI:
+def oai(proxy: _HasURL, key: str = "sk-client", **kw: Any) -> openai.OpenAI:
     """An OpenAI SDK client of the proxy's /v1 that does not retry (a test sees each answer)."""
     return openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0, **kw)
 
 
-def ant(proxy: _HasURL, key: str = "k", **kw: Any) -> anthropic.Anthropic:
+def ant(proxy: _HasURL, key: str = "sk-client", **kw: Any) -> anthropic.Anthropic:
     """An Anthropic SDK client of the proxy that does not retry."""
     return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0, **kw)

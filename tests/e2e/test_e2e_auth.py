@@ -19,9 +19,9 @@ import pytest
 
 from skillstate.app.server import ProxyServer
 from skillstate.cli.main import main
-from tests.conftest import InProcessProxy, StartProxy, proxy_env, settings_from_cli
+from tests.conftest import StartProxy, proxy_env, settings_from_cli
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, ant, envelope, oai
 
 NO_CACHE = {"auth_cache_ttl": 0}
 
@@ -35,14 +35,6 @@ def make_key(data: Path, *args: str) -> str:
     with contextlib.redirect_stdout(out):
         assert main(["keys", "--data-dir", str(data), *args]) == 0
     return out.getvalue().strip()
-
-
-def oai(proxy: InProcessProxy, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
-
-
-def ant(proxy: InProcessProxy, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
 
 
 def chat(client: openai.OpenAI, session: str, text: str = "hi") -> openai.types.chat.ChatCompletion:

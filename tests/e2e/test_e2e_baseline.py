@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import orjson
 import pytest
 
@@ -29,7 +28,7 @@ from skillstate.cost.tokens import estimate_tokens
 from skillstate.engine.context import CONTRACT_MARK
 from tests.conftest import InProcessProxy, launch_in_process, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, oai
 
 PRICES = {  # USD per million tokens, our own
     "input_per_mtok": 2.0,
@@ -156,10 +155,6 @@ def rows_of(db_path: Path, session: str) -> list[tuple[Any, ...]]:
         ).fetchall()
     finally:
         db.close()
-
-
-def oai(p: InProcessProxy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
 
 
 def test_ten_turn_baseline_is_the_envelope_free_transcript(env: Any) -> None:

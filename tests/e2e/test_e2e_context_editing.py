@@ -14,7 +14,7 @@ import pytest
 from skillstate.engine.mask import MASK_MARK
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, ant
 
 JSON = dict[str, Any]
 EDITS = {
@@ -62,10 +62,6 @@ def start(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> InProcessPr
     url = fake.url if kind == "anthropic" else fake.url + "/v1"
     up = {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
     return start_proxy(None, "--mode", "passthrough", config={"upstreams": [up]})
-
-
-def ant(p: InProcessProxy) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -19,14 +19,13 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from skillstate.cost.tokens import estimate_tokens
 from tests.conftest import InProcessProxy, Proxy, StartProxy, launch_in_process, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
 from tests.fakeprovider import estimate_tokens as fake_prompt_tokens
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, envelope, oai
 
 # Prices of our own (USD per million tokens), so every number below is ours.
 MY_PRICES = {
@@ -35,10 +34,6 @@ MY_PRICES = {
     "cache_read_per_mtok": 0.2,
     "cache_write_per_mtok": 2.5,
 }
-
-
-def oai(p: Proxy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
 
 
 def cost_of(p: Proxy, **params: Any) -> dict[str, Any]:
