@@ -136,7 +136,7 @@ async def _turn(request: Request, dialect: Dialect, route: str, hooks: TurnHooks
         tel.begin(turn)
         await admit(request, rt, turn)
         # A disconnect cancels the turn. Decided: the turn is committed iff the proxy had the
-        # model's whole answer before that (the commit then finishes: Pipeline.commit_transition);
+        # model's whole answer before that (the commit then finishes: Committer.commit_transition);
         # earlier, the upstream call is cancelled and nothing is committed. See README.
         with tel.active():  # the turn's task starts under the turn's span
             result = await unless_disconnected(request, run())
