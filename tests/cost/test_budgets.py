@@ -20,6 +20,8 @@ DAY = 86400.0
 
 
 class StoreStub:
+    during_read: Any = None
+
     """What Budgets reads of the store: spend by session id (prefix or whole), budgets."""
 
     def __init__(self) -> None:
@@ -175,3 +177,36 @@ def test_the_most_expensive_known_model_is_the_documented_one() -> None:
     name, prices = most_expensive_known("2026-12-01")
     assert name.endswith("o1-pro")
     assert (prices.input_per_mtok, prices.output_per_mtok) == (150.0, 600.0)
+
+
+def test_a_call_that_ends_while_another_reads_the_ledger_is_still_counted() -> None:
+    """The reservation read the ledger before the first call's row was written, and the
+    first call's hold ended before the reservation's check: its cost is in neither, unless
+    the holds released meanwhile count."""
+
+    class RacingStore(StoreStub):
+        async def ledger_spend(self, prefix: str, since: float, **kw: Any) -> float:
+            spent = await super().ledger_spend(prefix, since, **kw)
+            if self.during_read is not None:
+                await self.during_read()  # the other call ends now: row written, hold gone
+                self.during_read = None
+            return spent
+
+    async def run() -> None:
+        store, now = RacingStore(), [100 * DAY]
+        store.during_read = None
+        b = book(store, now)
+        first = await b.for_turn("k", key(1.0), "k:s1", None)
+        await reserve(first, 60)  # $0.60 held
+
+        async def first_ends() -> None:
+            store.rows.append(("k:s1", now[0], 0.60))
+            await first.release()
+
+        store.during_read = first_ends
+        second = await b.for_turn("k", key(1.0), "k:s2", None)
+        with pytest.raises(BudgetExceeded):
+            await reserve(second, 50)  # read $0 spent, but $0.60 ended meanwhile: 1.10 > 1
+        await reserve(second, 40)  # read again: $0.60 spent + $0.40 fits
+
+    asyncio.run(run())

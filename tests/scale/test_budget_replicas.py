@@ -76,6 +76,18 @@ def burst(reps: ReplicaSet, key: str, headers_of: Any) -> list[int | str]:
     return asyncio.run(run())
 
 
+def check_burst(results: list[int | str], budget_refusal: str) -> int:
+    """At most 5 of the 20 calls passed, every other one was refused by the budget (429) or,
+    on a machine loaded enough for a Redis call to time out, by the coordination (503:
+    nothing sent); exactly 5 passed unless the latter happened. Returns how many passed."""
+    passed = results.count(200)
+    by_budget = [r for r in results if str(r).startswith("429 ") and budget_refusal in str(r)]
+    unreachable = [r for r in results if str(r).startswith("503 ") and "(Redis)" in str(r)]
+    assert passed + len(by_budget) + len(unreachable) == 20, results
+    assert passed <= 5 and (passed == 5 or unreachable), results
+    return passed
+
+
 def spent(reps: ReplicaSet, key: str, **params: str) -> float:
     r = reps[0].http.get(
         reps[0].url + "/cost", params=params, headers={"authorization": f"Bearer {key}"}
@@ -95,12 +107,10 @@ def test_a_key_budget_holds_across_three_replicas(
         reps.start()
         fake.enqueue(*[Reply(usage={"completion_tokens": 100}) for _ in range(20)])
         results = burst(reps, key, lambda i: {SESSION_HEADER: f"k{i}"})
-        assert results.count(200) == 5, results
-        refused = [r for r in results if r != 200]
-        assert all(str(r).startswith("429 ") and "daily budget $0.5" in str(r) for r in refused)
-        assert len(fake.requests) == 5
+        passed = check_burst(results, "daily budget $0.5 reached")
+        assert len(fake.requests) == passed
         total = spent(reps, key)
-        assert total == pytest.approx(0.5) and total <= 0.5 + 1e-9  # five calls' worth
+        assert total == pytest.approx(0.1 * passed) and total <= 0.5 + 1e-9
     finally:
         reps.close()
         print(reps.logs())
@@ -127,9 +137,7 @@ def test_a_session_budget_holds_across_three_replicas(
         )  # fmt: skip
         assert first.status_code == 200, first.text  # $0.10 of $0.60 spent: room for 5
         results = burst(reps, key, lambda i: {SESSION_HEADER: "run"})
-        assert results.count(200) == 5, results
-        refused = [r for r in results if r != 200]
-        assert all(str(r).startswith("429 ") and "session 'run': budget" in str(r) for r in refused)
+        check_burst(results, "session 'run': budget $0.6 reached")
         assert spent(reps, key, session="run") <= 0.6 + 1e-9
         assert asyncio.run(call(reps[1], key, 0, {SESSION_HEADER: "other"})) == 200
     finally:

@@ -152,18 +152,27 @@ def parse_budget(value: str, cap: float | None, name: str = BUDGET_HEADER) -> fl
 
 
 class LocalHolds:
-    """The worst cases of the calls in flight, per budget holder, in this process."""
+    """The worst cases of the calls in flight, per budget holder, in this process; and the
+    holds released lately (see ``mark``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._reserved: dict[str, float] = {}
+        self._released: dict[str, list[tuple[int, float, float]]] = {}  # (seq, USD, when)
+        self._seq = 0
+        self._monotonic = monotonic
 
-    def hold(self, key: str, amount: float, spent: float, limit: float) -> float | None:
+    def mark(self) -> int:
+        """Taken before a reservation reads the ledger: the holds released after it count
+        as held (their cost may have reached the ledger after the read)."""
+        return self._seq
+
+    def hold(self, key: str, amount: float, spent: float, limit: float, since: int) -> float | None:
         """None (held) if ``spent`` + held + ``amount`` fits ``limit``; else what is held
-        by the other calls."""
-        held = self._reserved.get(key, 0.0)
+        by the other calls (and was released since ``since``)."""
+        held = self._reserved.get(key, 0.0) + self._released_since(key, since)
         if spent + held + amount > limit:
             return held
-        self._reserved[key] = held + amount
+        self._reserved[key] = self._reserved.get(key, 0.0) + amount
         return None
 
     async def release(self, key: str, amount: float) -> None:
@@ -172,9 +181,20 @@ class LocalHolds:
             self._reserved.pop(key, None)
         else:
             self._reserved[key] = left
+        self._seq += 1
+        self._released.setdefault(key, []).append((self._seq, amount, self._monotonic()))
+
+    def _released_since(self, key: str, since: int) -> float:
+        recent = [r for r in self._released.get(key, ()) if r[2] > self._monotonic() - RECENT]
+        if recent:
+            self._released[key] = recent
+        else:
+            self._released.pop(key, None)
+        return sum(usd for seq, usd, _ in recent if seq > since)
 
 
 Release = Callable[[], Awaitable[None]]
+RECENT = 120.0  # seconds a released hold is remembered: far past a ledger read's bound
 
 
 class BudgetHolds:
@@ -189,19 +209,25 @@ class BudgetHolds:
 
             self._shared = SharedHolds(link)
 
+    async def mark(self) -> tuple[int | None, int]:
+        """Taken before a reservation reads the ledger (see ``LocalHolds.mark``): Redis's
+        time (None while it is down), and this process's."""
+        shared = await self._shared.mark() if self._shared is not None else None
+        return shared, self.local.mark()
+
     async def hold(
-        self, budget: Budget, amount: float, spent: float
+        self, budget: Budget, amount: float, spent: float, since: tuple[int | None, int]
     ) -> tuple[Release | None, float]:
         """(its release, held by others) when ``amount`` fits, else (None, held by others)."""
         key = budget.holder
-        if self._shared is not None:
-            answer = await self._shared.hold(key, amount, spent, budget.limit)
+        if self._shared is not None and since[0] is not None:
+            answer = await self._shared.hold(key, amount, spent, budget.limit, since[0])
             if answer is not None:  # None: Redis is down, hold in process
                 hold, held = answer
                 if hold is None:
                     return None, held
                 return functools.partial(self._shared.release, key, hold), held
-        held_by_others = self.local.hold(key, amount, spent, budget.limit)
+        held_by_others = self.local.hold(key, amount, spent, budget.limit, since[1])
         if held_by_others is not None:
             return None, held_by_others
         return functools.partial(self.local.release, key, amount), 0.0
@@ -236,8 +262,9 @@ class TurnBudgets:
         spent_before: dict[str, float] = {}
         try:
             for budget in self.budgets:
+                since = await self.book.holds.mark()  # before the ledger is read
                 spent = spent_before[budget.holder] = await self.book.spent(budget)
-                release, others = await self.book.holds.hold(budget, call, spent)
+                release, others = await self.book.holds.hold(budget, call, spent, since)
                 if release is None:
                     raise budget.refusal(spent, others, call, self.book.clock())
                 held.append(release)
