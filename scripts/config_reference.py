@@ -48,7 +48,8 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "otel_capture_content": "Put the client's messages, the state patch and the action on "
         "the turn's span. Off by default: spans carry sizes, tokens and statuses only.",
         "mode": "Default mode: `state` (compact context), `passthrough` (untouched transcript), "
-        "`auto` (passthrough, then compact once it is expected to cost less), `mask` (the "
+        "`window` (the state plus the recent messages verbatim, checkpointed), `auto` "
+        "(passthrough, then `window` once it is expected to cost less), `mask` (the "
         "transcript with tool results and long observations older than the last `mask_keep` "
         "replaced by a placeholder; no state). Per request: `x-skillstate-mode`.",
         "constrain": "`json_schema` asks the upstream for a grammar-constrained envelope "
@@ -63,6 +64,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "`compact_20260112` edit to an `anthropic` one): `native` (passed through, the upstream "
         "compacts) or `proxy` (a checkpoint into the session's state, as for every other "
         "upstream). See [Compaction](compaction.md).",
+        "window_keep": "Modes `window` and `auto`: the exchanges (an assistant message with its "
+        "tool results, or a user message with its reply) kept verbatim after a checkpoint; a "
+        "window never checkpoints while it holds no more than this many. 0 keeps none.",
+        "window_max_tokens": "Modes `window` and `auto`: the window's bound (estimated tokens "
+        "of its messages); a turn that would pass it checkpoints whatever the bill says.",
         "schema_violation": "What a patch key outside the allowed keys does: `reject` the whole "
         "transition (the model is re-asked), or `drop` the key with a warning.",
         "unsupported_tools": "`/v1/responses` tools that only the Responses API has "

@@ -34,13 +34,15 @@ class Choice(str, Enum):
 
 class Mode(Choice):
     """How a turn is sent upstream: the compact context, the client's transcript untouched,
-    the transcript with old observations masked, or whichever form ``auto`` expects to be
-    billed least (state kept in state and auto modes)."""
+    the transcript with old observations masked, the state plus a window of recent messages
+    verbatim (checkpointed), or whichever form ``auto`` expects to be billed least (state
+    kept in state, window and auto modes)."""
 
     STATE = "state"
     PASSTHROUGH = "passthrough"
     AUTO = "auto"
     MASK = "mask"
+    WINDOW = "window"
 
 
 class Compaction(Choice):
@@ -99,12 +101,16 @@ class GroupBy(Choice):
 class ContextShape(Choice):
     """What a turn sent upstream (the ``x-skillstate-context`` header): the compact context,
     the full transcript plus the contract (``auto`` mode), the client's body as is, or the
-    transcript with old observations masked."""
+    transcript with old observations masked; in the window form, ``window`` (the state and
+    the recent messages, no envelope asked) or ``checkpoint`` (the same, asking for the
+    envelope)."""
 
     COMPACT = "compact"
-    FULL = "full"
+    FULL = "full"  # the transcript plus the contract (a compaction's checkpoint)
     PASSTHROUGH = "passthrough"
     MASK = "mask"
+    WINDOW = "window"
+    CHECKPOINT = "checkpoint"
 
 
 class AuthMode(Choice):

@@ -156,6 +156,9 @@ class Settings(BaseModel):
     reply_envelope: ReplyEnvelope = ReplyEnvelope.STRIP
     mask_keep: int = Field(default=3, ge=1)  # mode mask: the last observations kept whole
     compaction: Compaction = Compaction.NATIVE  # who compacts for openai-responses upstreams
+    # mode window: exchanges kept verbatim after a checkpoint, and the window's bound (tokens)
+    window_keep: int = Field(default=3, ge=0)
+    window_max_tokens: int = Field(default=32_000, ge=1_000)
 
     # Which Host and Origin headers are served besides loopback and the proxy's own pages
     # (DNS rebinding and cross-site protection, see guards.py); "*" turns a check off.

@@ -155,8 +155,9 @@ def test_the_truth_check_compares_the_recorded_bill(tmp_path: Path) -> None:
 
 
 def test_the_replay_upstream_writes_an_envelope_only_when_asked() -> None:
-    from skillstate.bench.replay.upstream import CHECKPOINT_MARK, asks_for_envelope
+    from skillstate.bench.simmodel import asks_for_envelope
     from skillstate.engine.context import CONTRACT_MARK
+    from skillstate.engine.window import CHECKPOINT_MARK
 
     state_contract = {"role": "system", "content": f"{CONTRACT_MARK}\nEnd every reply with..."}
     window_contract = {

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from skillstate.engine.context import CONTRACT_MARK
+from skillstate.engine.window import CHECKPOINT_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest
 from tests.helpers import SESSION_HEADER
@@ -45,9 +45,9 @@ def start(start_proxy: StartProxy, fake: FakeProvider) -> Proxy:
 
 
 def like_a_model(request: RecordedRequest) -> str:
-    """A model writes the envelope when the request asks for one (the contract), only then."""
+    """A model writes the envelope when the request asks for one (a checkpoint), only then."""
     turn = sum(m["role"] == "user" for m in request.json["messages"])
-    asked = CONTRACT_MARK in json.dumps(request.json)
+    asked = CHECKPOINT_MARK in json.dumps(request.json["messages"][-1])
     return envelope(turn) if asked else f"Step {turn}."
 
 
@@ -96,30 +96,38 @@ def test_a_short_chat_stays_in_passthrough_and_bills_what_passthrough_bills(
     assert p.get("/state", params={"session": "short-auto"}).status_code == 404
 
 
-def test_a_long_session_switches_once_through_full_and_stays_compact(
+def test_a_long_session_switches_once_into_the_window_and_stays(
     cached_fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start(start_proxy, cached_fake)
     observations = [f"Observation {t}: " + "log line with numbers 12345 " * 30 for t in range(100)]
     headers = chat(p, cached_fake, "long", observations)
     contexts = [h["x-skillstate-context"] for h in headers]
-    switch = contexts.index("full")
+    switch = contexts.index("checkpoint")
     assert switch >= 1  # it starts in passthrough
-    assert contexts == ["passthrough"] * switch + ["full"] + ["compact"] * (99 - switch)
+    assert contexts[:switch] == ["passthrough"] * switch
+    # The switch is a checkpoint that builds the state; the window form from then on.
+    assert set(contexts[switch:]) == {"window", "checkpoint"}
+    assert contexts.count("checkpoint") < (100 - switch) / 2  # checkpoints, not every turn
+    # The switch turn's request is the client's transcript as it was, plus the instruction
+    # (the prefix the passthrough turns cached is read again).
+    before, at = cached_fake.requests[switch - 1].json, cached_fake.requests[switch].json
+    assert at["messages"][: len(before["messages"])] == before["messages"]
     # The estimates behind each decision are in x-skillstate-auto.
     decided = headers[switch]["x-skillstate-auto"]
-    assert "form=full" in decided and "saving_usd=" in decided
+    assert "form=window" in decided and "saving_usd=" in decided
     figures = dict(kv.split("=") for kv in decided.split("; "))
     assert float(figures["saving_usd"]) > 0
-    before = dict(kv.split("=") for kv in headers[switch - 1]["x-skillstate-auto"].split("; "))
-    assert float(before["saving_usd"]) <= 0
-    # The full turn built the state; compact turns keep it.
+    before_f = dict(kv.split("=") for kv in headers[switch - 1]["x-skillstate-auto"].split("; "))
+    assert float(before_f["saving_usd"]) <= 0
+    # The switch built the state; window turns keep it.
     assert "step" in p.state("long")["state"]
-    # ... and in the transition history: the full turn that built the state, with them.
+    # ... and in the transition history: the checkpoint that built it, with the estimates.
     history = p.get("/state", params={"session": "long", "history": "1"}).json()["history"]
-    assert history[0]["context"] == "full"
-    assert history[0]["estimate"]["form"] == "full" and history[0]["estimate"]["saving_usd"] > 0
-    assert {h["context"] for h in history[1:]} == {"compact"}
+    assert history[0]["context"] == "checkpoint" and history[0]["status"] == "valid"
+    assert history[0]["estimate"]["saving_usd"] > 0
+    assert {h["context"] for h in history[1:]} == {"window", "checkpoint"}
     by_context = p.get("/cost", params={"session": "long", "group_by": "context"}).json()
     groups = {g["key"]: g["requests"] for g in by_context["groups"]}
-    assert groups == {"passthrough": switch, "full": 1, "compact": 99 - switch}
+    assert groups["passthrough"] == switch
+    assert groups["window"] + groups["checkpoint"] == 100 - switch

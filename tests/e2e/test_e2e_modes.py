@@ -51,18 +51,26 @@ def test_passthrough_forwards_untouched_and_keeps_no_state(
     assert cost["totals"]["requests"] == 1 and cost["totals"]["input_tokens"] > 0
 
 
-def test_auto_mode_resumes_a_session_with_state_in_compact(
+def test_auto_mode_resumes_a_session_with_state_in_the_window(
     fake: FakeProvider, proxy: Proxy
 ) -> None:
     fake.responder = lambda _req: Reply(text=envelope({"notes": "n"}))
     r = post(proxy, [{"role": "user", "content": "hi"}], x_skillstate_session="au")
     assert r.headers["x-skillstate-context"] == "compact"  # state mode builds the state
-    # auto on a session whose state exists: compact, not passthrough (issue 14 §4; the
-    # choice for new sessions is tested in test_e2e_auto.py).
+    # auto on a session whose state exists: the window form, not passthrough (issue 23; the
+    # choice for new sessions is tested in test_e2e_auto.py). Its window has no start yet,
+    # so the first turn is a checkpoint over the transcript as the client sent it.
     r = post(proxy, long_transcript(20), x_skillstate_mode="auto", x_skillstate_session="au")
-    assert r.headers["x-skillstate-context"] == "compact"
-    assert "reply 0 " not in json.dumps(fake.last.json)
+    assert r.headers["x-skillstate-context"] == "checkpoint"
+    assert "reply 0 " in json.dumps(fake.last.json)
     assert proxy.state("au")["step"] == 2 and proxy.state("au")["state"] == {"notes": "n"}
+    fake.responder = lambda _req: Reply(text="plain")
+    more = [*long_transcript(20), {"role": "assistant", "content": "ok"}]
+    more.append({"role": "user", "content": "and now?"})
+    r = post(proxy, more, x_skillstate_mode="auto", x_skillstate_session="au")
+    assert r.headers["x-skillstate-context"] == "window"
+    assert r.headers["x-skillstate-transition"] == "window"
+    assert "reply 0 " not in json.dumps(fake.last.json)  # the window kept the last exchanges
 
 
 def test_bad_mode_header_is_400(proxy: Proxy) -> None:

@@ -39,7 +39,7 @@ Progress = Callable[[str, int, int], None]  # (arm, calls done, calls expected)
 
 # baseline: the full transcript, no proxy; the others go through a proxy in that mode
 # (``state``: the bench's --mode, state by default).
-ARMS = ("baseline", "mask", "state", "auto")
+ARMS = ("baseline", "mask", "state", "window", "auto")
 DEFAULT_ARMS = ("baseline", "state")
 CLIENTS = ("openai", "plain")  # the openai SDK (the benches) | http.client (the demo)
 CACHE_REGIMES = ("none", "openai", "anthropic")

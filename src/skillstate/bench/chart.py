@@ -14,11 +14,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-COLORS = {"baseline": "#c0392b", "mask": "#27ae60", "state": "#2471a3", "auto": "#8e44ad"}
+COLORS = {
+    "baseline": "#c0392b",
+    "mask": "#27ae60",
+    "state": "#2471a3",
+    "window": "#d68910",
+    "auto": "#8e44ad",
+}
 LABELS = {
     "baseline": "baseline (full transcript)",
     "mask": "mask (old observations masked)",
     "state": "state (through the proxy)",
+    "window": "window (state + recent messages)",
     "auto": "auto (cheapest form)",
 }
 

@@ -94,7 +94,7 @@ def cost_args(p: argparse.ArgumentParser) -> None:
         metavar="A,B",
         default=",".join(DEFAULT_ARMS),
         help=f"which arms to run, of {', '.join(ARMS)}, or all (those this proxy has) (default "
-        f"{','.join(DEFAULT_ARMS)}); mask/state/auto run through the proxy in that mode",
+        f"{','.join(DEFAULT_ARMS)}); mask/state/window/auto run through the proxy in that mode",
     )
 
 
@@ -113,7 +113,7 @@ def parse_arms(value: str | None) -> tuple[str, ...]:
         raise BenchError(f"--arms: unknown arm(s) {', '.join(unknown)} (of {', '.join(ARMS)})")
     ordered = tuple(a for a in ARMS if a in names or a == "baseline")
     if len(ordered) < 2:
-        raise BenchError("--arms: baseline and at least one of mask, state, auto")
+        raise BenchError("--arms: baseline and at least one of mask, state, window, auto")
     return ordered
 
 

@@ -180,9 +180,9 @@ def available_arms() -> tuple[str, ...]:
 
 
 def arm_mode(cfg: BenchConfig, name: str) -> str:
-    """The proxy mode of a proxied arm (``mask`` and ``auto`` run their mode; ``state`` and
-    any other name the bench's ``--mode``)."""
-    return name if name in ("mask", "auto") else cfg.mode
+    """The proxy mode of a proxied arm (``mask``, ``window`` and ``auto`` run their mode;
+    ``state`` and any other name the bench's ``--mode``)."""
+    return name if name in ("mask", "window", "auto") else cfg.mode
 
 
 def run_state_arm(

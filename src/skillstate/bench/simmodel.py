@@ -50,6 +50,7 @@ from skillstate.bench.simcache import CacheCount, SimCache
 from skillstate.cost.baseline import CachePricing
 from skillstate.cost.tokens import estimate_text_tokens, estimate_tokens
 from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
+from skillstate.engine.window import CHECKPOINT_MARK
 
 SIM_MODEL_ID = "skillstate-sim"
 SIM_HEADER = "x-skillstate-simulated"
@@ -85,6 +86,23 @@ def has_contract(messages: list[dict[str, Any]]) -> bool:
     return any(CONTRACT_MARK in message_text(m) for m in messages)
 
 
+def asks_for_envelope(messages: list[dict[str, Any]]) -> bool:
+    """Whether a request (chat-completions messages) asks the model for the envelope: the
+    state contract is in the context and, when it is the window form's (it speaks of
+    checkpoints), the last message is a checkpoint instruction."""
+    if not has_contract(messages):
+        return False
+    contract = next(message_text(m) for m in messages if CONTRACT_MARK in message_text(m))
+    if "checkpoint" not in contract.lower():
+        return True
+    return bool(messages) and CHECKPOINT_MARK in message_text(messages[-1])
+
+
+def at_checkpoint(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last message is the window form's checkpoint instruction."""
+    return bool(messages) and CHECKPOINT_MARK in message_text(messages[-1])
+
+
 def read_state(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The state the proxy put into the context (last occurrence), or None when absent."""
     found: dict[str, Any] | None = None
@@ -111,7 +129,7 @@ def _raw_decode(text: str) -> tuple[Any, int]:
 
 def _marked(msg: dict[str, Any]) -> bool:
     text = message_text(msg)
-    return CONTRACT_MARK in text or STATE_MARK in text
+    return CONTRACT_MARK in text or STATE_MARK in text or CHECKPOINT_MARK in text
 
 
 def _last_user_index(messages: list[dict[str, Any]]) -> int | None:
@@ -154,7 +172,7 @@ def _envelope(patch: dict[str, Any], action: str) -> str:
 
 
 def conversation_reply(messages: list[dict[str, Any]]) -> SimReply:
-    contract = has_contract(messages)
+    contract = asks_for_envelope(messages)
     state = read_state(messages) or {}
     last = _last_user_index(messages)
     latest = message_text(messages[last]) if last is not None else ""
@@ -178,6 +196,11 @@ def conversation_reply(messages: list[dict[str, Any]]) -> SimReply:
         if not isinstance(prev, int):
             prev = sum(1 for m in messages if m.get("role") == "user" and not _marked(m)) - 1
         patch = {"step": prev + 1}
+        if at_checkpoint(messages):
+            # The window form: fold every record still in the window into the state before
+            # the older messages leave it.
+            seen = [message_text(m) for m in messages if m.get("role") == "user" and not _marked(m)]
+            records = {k: v for text in seen for k, v in _RECORD.findall(text)}
         if records:
             patch["facts"] = records
     return SimReply("[sim] " + "\n".join(lines), action=action, patch=patch)
@@ -287,7 +310,7 @@ class _Triage:
 
 
 def tools_reply(messages: list[dict[str, Any]]) -> SimReply:
-    contract = has_contract(messages)
+    contract = asks_for_envelope(messages)
     state = read_state(messages) or {}
     task = next(
         (message_text(m) for m in messages if m.get("role") == "user" and not _marked(m)), ""

@@ -52,6 +52,8 @@ def run_demo(args: argparse.Namespace) -> int:
         "baseline": "the client's full transcript goes straight to the model",
         "mask": "the same client through a skillstate proxy that masks old observations",
         "state": "the same client through a skillstate proxy (task + state + latest observation)",
+        "window": "the same client through a skillstate proxy (task + state + the recent "
+        "messages verbatim, checkpointed)",
         "auto": "the same client through a skillstate proxy that sends whichever form it "
         "expects to be billed least",
     }

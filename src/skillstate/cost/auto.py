@@ -9,19 +9,23 @@ rates:
 * passthrough: the transcript (growing by the session's mean growth per turn), its prefix
   read from the cache when the provider caches it (``openai``: always; ``anthropic``: only
   when the client marks breakpoints);
-* compact: the stable prefix (system, tools, task, contract; cached, the proxy marks it on
-  ``anthropic``), the state and the latest observation (about one turn's growth), plus the
-  envelope's extra output (a running mean of what the session's envelopes cost, with a
-  prior before the first one).
+* window (``skillstate.engine.window``): the stable prefix (system, tools, task, contract) and the
+  state, cached (the proxy marks them on ``anthropic``), then the recent messages: the
+  ``window_keep`` exchanges a checkpoint keeps plus what the window grew since (half the
+  checkpoint interval on average), read from the cache where the provider caches the
+  client's transcript; and one checkpoint per interval (its envelope, a running mean of what
+  the session's envelopes cost, with a prior before the first one, and the state and kept
+  exchanges written into the cache again). The interval is the one that minimises the bill
+  per turn (``skillstate.cost.checkpoint``).
 
 Over the expected coming turns (as many as the session has had: a session that has run n
-turns is expected to run about n more), when compact's saving exceeds the cost of the
-switch (one ``full + contract`` turn, whose transcript prefix is still cache-warm, plus the
-contract's tokens, an envelope, and a cold compact prefix once), the session switches: one
-``full`` turn builds the state from the whole history; once a full turn's envelope is
-committed valid, the session goes ``compact`` and stays there (hysteresis: switching back
-would throw away a warm prefix and the state's upkeep, so it never flaps). A session whose
-state already exists (e.g. after a restart) resumes in compact.
+turns is expected to run about n more), when the window's saving exceeds the cost of the
+switch (the contract and an envelope on one checkpoint turn sent after the client's
+transcript as it is, whose prefix is still cache-warm, and the window's prefix written into
+the cache once), the session moves to ``window`` and stays there (hysteresis: switching back
+would throw away a warm prefix and the state's upkeep, so it never flaps). Its first window
+turn is a checkpoint, which builds the state. A session whose state already exists (e.g.
+after a restart) resumes in window.
 
 All estimates are in the estimator's tokens (``skillstate.cost.tokens``) and USD per million
 tokens; unknown prices fall back to relative rates (input 1, output 4, cache read and
@@ -30,6 +34,7 @@ write as the regime's multipliers), which is enough to compare forms.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -41,6 +46,7 @@ from .pricing import Prices
 __all__ = ["AutoEstimate", "AutoPlanner", "TurnSizes"]
 
 ENVELOPE_PRIOR_TOKENS = 40.0  # the envelope's output before the session has shown one
+WINDOW_KEEP = 3  # exchanges a checkpoint keeps (the default window_keep), for the estimates
 _READ = {"none": 1.0, "openai": 0.5, "anthropic": 0.1}  # relative to input, prices unknown
 _WRITE = {"none": 1.0, "openai": 1.0, "anthropic": 1.25}
 
@@ -55,6 +61,7 @@ class TurnSizes:
     contract: int  # the contract alone (what full adds to the transcript)
     client_breakpoints: bool  # the client marks cache_control breakpoints itself
     proxy_breakpoint: bool  # the proxy may mark compact's stable prefix (anthropic)
+    keep: int = WINDOW_KEEP  # window_keep
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +72,7 @@ class AutoEstimate:
     turns: int  # turns of the session so far, this one included
     expected_turns: int  # coming turns the saving is reckoned over
     passthrough_usd: float | None = None  # per coming turn
-    compact_usd: float | None = None  # per coming turn
+    window_usd: float | None = None  # per coming turn
     switch_usd: float | None = None  # once
     saving_usd: float | None = None  # over the coming turns, the switch paid
 
@@ -118,7 +125,7 @@ class AutoPlanner:
         """The form of this turn, and the estimates behind it."""
         s = self._get(session)
         if s.turns == 0 and has_state:
-            s.form = ContextShape.COMPACT
+            s.form = ContextShape.WINDOW
         if s.last_transcript is not None:
             delta = max(sizes.transcript - s.last_transcript, 0)
             s.growth += (delta - s.growth) / s.turns
@@ -150,24 +157,30 @@ class AutoPlanner:
         passthrough = billed(mean_transcript, mean_transcript - g if pass_caches else 0.0)
         # The stable prefix: the compact context less the state and the latest observation.
         prefix = max(sizes.compact - sizes.state - g, 0.0)
-        compact = billed(sizes.compact, prefix if compact_caches else 0.0)
-        compact += s.envelope * out / 1e6
-        # The switch: the full turn's contract and envelope, and a cold compact prefix once.
-        cold = prefix * ((write if regime.pricing == "anthropic" else inp) - read) / 1e6
-        switch = (sizes.contract * inp + s.envelope * out) / 1e6
-        switch += cold if compact_caches and prefix >= minimum else 0.0
-        saving = coming * (passthrough - compact) - switch
-        form = ContextShape.FULL if saving > 0 else ContextShape.PASSTHROUGH
-        if form == ContextShape.FULL:
-            s.form = ContextShape.FULL
-        return AutoEstimate(form, s.turns, coming, passthrough, compact, switch, saving)
-
-    def committed(self, session: str, shape: ContextShape, status: str) -> None:
-        """A judged turn was committed: a valid full turn has built the state, so the
-        session goes compact from the next turn on."""
-        s = self._sessions.get(session)
-        if s is not None and shape == ContextShape.FULL and status == "valid":
-            s.form = ContextShape.COMPACT
+        head = prefix + sizes.state  # cached behind the proxy's breakpoint
+        kept = sizes.keep * g
+        rewrite = (write if regime.pricing == "anthropic" else inp) - read
+        checkpoint = s.envelope * out / 1e6
+        if pass_caches:
+            checkpoint += (sizes.state + kept) * rewrite / 1e6
+        carry = read if pass_caches else inp
+        interval = float(max(coming, 1))
+        if g > 0 and carry > 0:
+            interval = max(min(interval, math.sqrt(2 * checkpoint * 1e6 / (carry * g))), 1.0)
+        recent = kept + g * interval / 2
+        # Cached: up to the previous turn where the client's transcript is cached, else the
+        # prefix and the state behind the proxy's breakpoint.
+        cached = head + recent if pass_caches else (head if compact_caches else 0.0)
+        window = billed(head + recent + g, cached) + checkpoint / interval
+        # The switch: the checkpoint turn's contract and envelope after the transcript as it
+        # is, and the window's prefix written into the cache once.
+        cold = head * rewrite / 1e6 if compact_caches and head >= minimum else 0.0
+        switch = (sizes.contract * inp + s.envelope * out) / 1e6 + cold
+        saving = coming * (passthrough - window) - switch
+        form = ContextShape.WINDOW if saving > 0 else ContextShape.PASSTHROUGH
+        if form == ContextShape.WINDOW:
+            s.form = ContextShape.WINDOW
+        return AutoEstimate(form, s.turns, coming, passthrough, window, switch, saving)
 
     def envelope_cost(self, session: str, output_tokens: float) -> None:
         """The output tokens one of the session's envelopes took (running mean)."""

@@ -350,6 +350,16 @@ class AnthropicContext:
         ]
         return {**body, "messages": [*body["messages"], *extra]}
 
+    def instruct(self, body: dict[str, Any], text: str) -> dict[str, Any]:
+        # Joined to a trailing user turn (after its tool results), so roles keep alternating.
+        msgs = body["messages"]
+        note = {"type": "text", "text": text}
+        last = msgs[-1] if msgs else None
+        if isinstance(last, dict) and last.get("role") == "user":
+            joined = {**last, "content": [*_blocks(last.get("content")), note]}
+            return {**body, "messages": [*msgs[:-1], joined]}
+        return {**body, "messages": [*msgs, {"role": "user", "content": [note]}]}
+
 
 # -- usage ------------------------------------------------------------------------------------
 

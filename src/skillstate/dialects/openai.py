@@ -241,6 +241,9 @@ class OpenAIContext:
         ]
         return {**body, "messages": [*body["messages"], *extra]}
 
+    def instruct(self, body: dict[str, Any], text: str) -> dict[str, Any]:
+        return {**body, "messages": [*body["messages"], {"role": "user", "content": text}]}
+
 
 # -- usage ------------------------------------------------------------------------------------
 

@@ -73,7 +73,7 @@ class Committer:
             errors=outcome.errors,
             ts=time.time(),
             context=str(meta.shape),
-            estimate=meta.decision.as_dict() if meta.decision is not None else None,
+            estimate=meta.figures(outcome.status),
         )
         rows = meta.meter.unwritten()
         tel = meta.turn.telemetry

@@ -10,7 +10,7 @@ from ..cost.baseline import envelope_output_share
 from ..dialects.registry import error_reply, read_reply
 from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
-from ..engine.verdict import Verdicts
+from ..engine.verdict import Outcome, Verdicts
 from ..errors import ProxyError
 from ..upstream.client import Exchange, Outbound, UpstreamPool
 from . import render
@@ -60,6 +60,10 @@ class Completer:
             if answer is None:  # the re-ask failed: the previous answer stands
                 meta.meter.restore()
                 break
+            if meta.window is not None and not with_envelope(meta.shape):
+                # A window turn: no envelope asked, the reply untouched, the turn recorded.
+                answer.outcome = Outcome("window")
+                return answer, retries
             if not with_envelope(meta.shape):
                 return answer, retries
             answer.outcome = self.verdicts.judge(

@@ -13,7 +13,7 @@ from ..config import Settings
 from ..cost.pricing import PriceBook
 from ..engine.verdict import Outcome, Verdicts
 from ..sessions.locks import SessionLocks, TurnLocks
-from ..store import Store
+from ..store import Store, StoreError
 from ..upstream.client import Outbound, UpstreamPool
 from . import render
 from .commit import Committer
@@ -71,7 +71,13 @@ class Pipeline:
             state = record.state if record else self.settings.initial_state
             step = record.step if record else 0
             schema = record.schema if record else self.settings.allowed_keys
-            plan = self.planner.plan(turn, state, schema, record is not None)
+            mark = None
+            if self.planner.in_window(turn):
+                try:
+                    mark = await self.planner.windows.mark(self.store, record)
+                except StoreError as e:
+                    raise e.for_client("could not load the session; the turn was not sent") from e
+            plan = self.planner.plan(turn, state, schema, record, mark)
             meta = TurnMeta(
                 turn,
                 state,
@@ -82,8 +88,9 @@ class Pipeline:
                 plan.meter,
                 plan.decision,
                 hold,
+                window=plan.window,
             )
-            out = self.planner.outbound(turn, plan.sent, schema, state)
+            out = self.planner.outbound(turn, plan.sent, schema, state, shape=plan.shape)
             if not turn.stream:
                 return await self._complete(out, meta)
             ex = await self.calls.dispatch(out, meta)
@@ -124,7 +131,7 @@ class Pipeline:
         """Commit the judged turn with its ledger rows (``Committer.commit``); ``auto``
         learns the verdict."""
         step = await self.commits.commit(meta, outcome)
-        self.planner.committed(meta, outcome.status)
+        self.planner.committed(meta, outcome.status, step)
         return step
 
     async def settle(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from ..choices import CacheBreakpoints, ContextShape, Mode
 from ..config import Settings
 from ..cost.auto import AutoEstimate, AutoPlanner, TurnSizes
-from ..cost.baseline import SessionPrefixCaches
+from ..cost.baseline import CacheRegime, SessionPrefixCaches
 from ..cost.cachehints import CacheHints, count_breakpoints, marked_message, prompt_cache_key
 from ..cost.meter import BaselineSource, MeterContext, TurnMeter
 from ..cost.pricing import PriceBook
@@ -25,11 +25,13 @@ from ..cost.tokens import estimate_tokens, request_tokens
 from ..cost.usage import Usage
 from ..engine import constrain, context
 from ..engine.mask import mask_transcript
+from ..engine.window import build_window, plan_window
 from ..sessions.ids import SESSION_HEADER
 from ..sessions.transcripts import SessionTranscripts, TranscriptView
 from ..store import SessionRecord, StoreError
 from ..upstream.client import Outbound, UpstreamPool
 from .types import Turn, TurnMeta
+from .window import WindowKeeper, WindowMark, WindowTurn
 
 CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
 
@@ -42,6 +44,7 @@ class Plan:
     shape: ContextShape
     decision: AutoEstimate | None
     meter: TurnMeter
+    window: WindowTurn | None = None  # the window form's turn
 
 
 class Planner:
@@ -58,17 +61,76 @@ class Planner:
         self.auto = AutoPlanner(max(settings.max_sessions, 1_000))
         # Each session's last transcript and the results on it, for the next turn's.
         self.transcripts = SessionTranscripts()
+        self.windows = WindowKeeper(
+            settings.window_keep, settings.window_max_tokens, max(settings.max_sessions, 1_000)
+        )
 
-    def plan(self, turn: Turn, state: dict[str, Any], schema: list[str], has_state: bool) -> Plan:
-        """The turn's context (built once) and its meter."""
+    def plan(
+        self,
+        turn: Turn,
+        state: dict[str, Any],
+        schema: list[str],
+        record: SessionRecord | None,
+        mark: WindowMark | None = None,
+    ) -> Plan:
+        """The turn's context (built once) and its meter. ``mark``: where the session's
+        window starts (the window form)."""
         client = self._client_transcript(turn)
         est_client = client.est_tokens if client is not None else 0
+        has_state = record is not None
         decision, compact = self._auto_decision(turn, state, schema, est_client, has_state)
         form = decision.form if decision is not None else None
-        sent, shape = self.build_context(turn, state, schema, form, compact)
+        window = self._window_turn(turn, record, state, schema, form, mark)
+        if window is not None:
+            sent, shape = window.body, window.shape
+        else:
+            sent, shape = self.build_context(turn, state, schema, form, compact)
         turn.telemetry.context(shape)
         ctx = self._meter_context(turn, sent, shape, client)
-        return Plan(sent, shape, decision, TurnMeter(self.prices, ctx))
+        return Plan(sent, shape, decision, TurnMeter(self.prices, ctx), window)
+
+    def in_window(self, turn: Turn) -> bool:
+        """Whether this turn may be a window turn (its session's mark is then read)."""
+        return turn.shape is None and turn.mode in (Mode.WINDOW, Mode.AUTO)
+
+    def _window_turn(
+        self,
+        turn: Turn,
+        record: SessionRecord | None,
+        state: dict[str, Any],
+        schema: list[str],
+        form: ContextShape | None,
+        mark: WindowMark | None,
+    ) -> WindowTurn | None:
+        """This turn in the window form (``mode: window``, or ``auto`` once it chose it):
+        None in the other forms. ``auto``'s first window turn is a checkpoint: it builds the
+        state the window starts from."""
+        if turn.shape is not None or (turn.mode != Mode.WINDOW and form != ContextShape.WINDOW):
+            return None
+        candidates = self.pool.candidates(turn.model or None)
+        cfg = candidates[0].cfg if candidates else None
+        regime = cfg.cache_regime(turn.model or None) if cfg else CacheRegime("none")
+        rates = None
+        if cfg is not None:
+            rates = self.prices.rates(
+                model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
+            )
+        client_marks = turn.dialect == "anthropic" and count_breakpoints(turn.body) > 0
+        caches = regime.pricing == "openai" or (regime.pricing == "anthropic" and client_marks)
+        return self.windows.plan(
+            turn.session,
+            turn.wire.context,
+            turn.body,
+            mark,
+            state,
+            schema,
+            turns=(record.step if record else 0) + 1,
+            regime=regime,
+            prices=rates,
+            window_caches=caches,
+            force=turn.mode == Mode.AUTO and mark is None,
+            can_checkpoint=turn.envelope_form != "none",
+        )
 
     def build_context(
         self,
@@ -83,7 +145,7 @@ class Planner:
         context auto already built to size it."""
         if turn.mode == Mode.AUTO or turn.shape is not None:
             return self._auto_context(turn, state, schema, turn.shape or chosen, compact)
-        if turn.mode == Mode.PASSTHROUGH:
+        if turn.mode in (Mode.PASSTHROUGH, Mode.WINDOW):  # window turns: _window_turn
             return turn.body, ContextShape.PASSTHROUGH
         if turn.mode == Mode.MASK:
             rule = self._remask_rule(turn)
@@ -208,11 +270,14 @@ class Planner:
         state: dict[str, Any],
         *,
         bounded: bool = False,
+        shape: ContextShape | None = None,
     ) -> Outbound:
         """The request to send: the body, its token estimate, the envelope's grammar (when
-        the turn is constrained) and the prompt cache's hints."""
+        the turn is constrained and asks for the envelope: a window turn that is no
+        checkpoint does not) and the prompt cache's hints."""
         grammar: dict[str, Any] | None = None
-        if turn.constrain and constrain.should_constrain(body):
+        asks_envelope = shape != ContextShape.WINDOW
+        if turn.constrain and asks_envelope and constrain.should_constrain(body):
             # No "reasoning" field and a short action: under a grammar, small models (the reason
             # to constrain) run a free-text field to its maxLength, and the envelope then gets
             # cut off at max_tokens. Measured with SmolLM2-135M: docs/benchmarks.md.
@@ -236,18 +301,24 @@ class Planner:
             est_tokens=_est(body),
             client_headers=turn.headers,
             grammar=grammar,
-            cache_hints=_cache_hints(turn, body, schema),
+            cache_hints=_cache_hints(turn, body, schema, _window_prefix_end(shape, state)),
         )
 
     def envelope_seen(self, meta: TurnMeta, usage: Usage | None, share: Fraction) -> None:
-        """What an envelope cost in output tokens, for ``auto``'s estimates."""
-        if meta.turn.mode == Mode.AUTO and usage is not None:
+        """What an envelope cost in output tokens, for ``auto``'s and the checkpoint
+        policy's estimates."""
+        if usage is None:
+            return
+        if meta.window is not None:
+            self.windows.envelope_cost(meta.turn.session, float(usage.output_tokens * share))
+        elif meta.turn.mode == Mode.AUTO:
             self.auto.envelope_cost(meta.turn.session, float(usage.output_tokens * share))
 
-    def committed(self, meta: TurnMeta, status: str) -> None:
-        """A turn was committed with this verdict (``auto`` learns from it)."""
-        if meta.turn.mode == Mode.AUTO:
-            self.auto.committed(meta.turn.session, meta.shape, status)
+    def committed(self, meta: TurnMeta, status: str, step: int) -> None:
+        """A turn was committed with this verdict at ``step``: the window form keeps the
+        window mark it leaves."""
+        if meta.window is not None:
+            self.windows.committed(meta.turn.session, step, meta.window.next_mark(status))
 
     async def preview(
         self, turn: Turn, read: Callable[[str], Awaitable[SessionRecord | None]]
@@ -265,23 +336,38 @@ class Planner:
             raise e.for_client("could not load the session") from e
         state = record.state if record else self.settings.initial_state
         schema = record.schema if record else self.settings.allowed_keys
+        if turn.mode == Mode.WINDOW:  # the window as it stands (no checkpoint is decided)
+            adapter = turn.wire.context
+            mark = self.windows.cached_mark(record)
+            plan = plan_window(turn.body[adapter.transcript_key], adapter, mark)
+            return build_window(adapter, turn.body, plan, schema, state)
         return self.build_context(turn, state, schema)[0]
 
 
-def _cache_hints(turn: Turn, body: dict[str, Any], schema: list[str]) -> CacheHints:
+def _window_prefix_end(shape: ContextShape | None, state: dict[str, Any]) -> str | None:
+    """Where the proxy's cache breakpoint goes in a window turn: after the state block."""
+    if shape in (ContextShape.WINDOW, ContextShape.CHECKPOINT):
+        return context.state_text(state)
+    return None
+
+
+def _cache_hints(
+    turn: Turn, body: dict[str, Any], schema: list[str], prefix_end: str | None = None
+) -> CacheHints:
     """The turn's hints for the provider's prompt cache (``skillstate.cost.cachehints``).
 
     The cache key: only for a session the client named (a generated id is new on every
     request, and would scatter its calls over caches). The breakpoint: at the contract's
     text block of a compact context in the Anthropic format (the contract ends the stable
-    prefix: system, tools, task, contract); its tokens are estimated from those parts."""
+    prefix: system, tools, task, contract), or at ``prefix_end`` (the window form: the state
+    block, which changes only at checkpoints); its tokens are estimated from those parts."""
     key = prompt_cache_key(turn.session) if SESSION_HEADER in turn.headers else None
     messages = body.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
     content = first.get("content") if isinstance(first, dict) else None
     if not isinstance(content, list):
         return CacheHints(key)
-    contract = context.contract_text(schema, turn.envelope_form)
+    contract = prefix_end or context.contract_text(schema, turn.envelope_form)
     at = next(
         (
             k

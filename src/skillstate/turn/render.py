@@ -12,7 +12,7 @@ from ..engine.verdict import Outcome
 from ..headertext import header_safe
 from ..sessions.ids import SESSION_HEADER
 from ..upstream.client import Exchange
-from .types import Answer, Reply, TurnMeta, strips
+from .types import Answer, Reply, TurnMeta, strips, with_envelope
 
 
 def base_headers(meta: TurnMeta, ex: Exchange | None) -> dict[str, str]:
@@ -50,7 +50,8 @@ def reply(
             h["x-skillstate-action"] = header_safe(outcome.action)
     h.update(meta.meter.headers())
     raw = answer.raw
-    if outcome is not None and reply_envelope == ReplyEnvelope.STRIP and strips(meta.turn):
+    strip = outcome is not None and with_envelope(meta.shape) and strips(meta.turn)
+    if strip and reply_envelope == ReplyEnvelope.STRIP:
         # The verdict above was made on the unstripped text; the client gets the reply
         # without the protocol (an envelope-only reply becomes its action).
         stripped, _ = meta.turn.wire.strip_reply(answer.resp, answer.stripped)

@@ -105,7 +105,7 @@ class StreamPath:
                     yield relay.error(problem)
                 return
             tail = relay.finish()
-            if envelope:
+            if envelope or meta.window is not None:
                 note, committed = await self._commit(meta, relay)
                 if not committed:
                     yield note  # the error event: the reply is out but not committed
@@ -131,9 +131,12 @@ class StreamPath:
         (headers are long gone) and True, or the error event and False when that failed."""
         turn = meta.turn
         try:
-            outcome = self.verdicts.judge(
-                relay.text, relay.has_tool_calls, meta.state, meta.schema, turn.envelope_form
-            )
+            if with_envelope(meta.shape):
+                outcome = self.verdicts.judge(
+                    relay.text, relay.has_tool_calls, meta.state, meta.schema, turn.envelope_form
+                )
+            else:
+                outcome = Outcome("window")  # a window turn: recorded, no envelope asked
             # Commit before the terminal event: a client that reads /state right after the
             # stream ends sees the new state.
             step = await self.commit(meta, outcome)

@@ -24,6 +24,7 @@ from ..upstream.client import Exchange
 
 if TYPE_CHECKING:
     from ..cost.budgets import TurnBudgets
+    from .window import WindowTurn
 
 
 @dataclass
@@ -62,7 +63,7 @@ class Turn:
     @property
     def keeps_state(self) -> bool:
         """Whether this turn's mode keeps the session's state (and so holds its lock)."""
-        return self.mode in (Mode.STATE, Mode.AUTO)
+        return self.mode in (Mode.STATE, Mode.AUTO, Mode.WINDOW)
 
     @cached_property
     def envelope_form(self) -> EnvelopeForm:
@@ -99,7 +100,7 @@ class StreamReply:
 def with_envelope(shape: ContextShape) -> bool:
     """Whether a turn sent in this shape asks the model for the state envelope (and so is
     judged and committed)."""
-    return shape in (ContextShape.COMPACT, ContextShape.FULL)
+    return shape in (ContextShape.COMPACT, ContextShape.FULL, ContextShape.CHECKPOINT)
 
 
 def strips(turn: Turn) -> bool:
@@ -124,6 +125,15 @@ class TurnMeta:
     decision: AutoEstimate | None = None  # auto's choice and its estimates
     hold: Hold | None = None  # the session's lock, in the modes that keep state
     streamed: bool = False  # the stream's relay started (it closes the ledger itself)
+    window: WindowTurn | None = None  # the window form's turn (window, checkpoint)
+
+    def figures(self, status: str) -> dict[str, Any] | None:
+        """What the transition records of how the turn was decided: auto's estimates, and
+        a window turn's decision and the window mark it leaves (read back after a restart)."""
+        figures = self.decision.as_dict() if self.decision is not None else None
+        if self.window is not None:
+            figures = {**(figures or {}), **self.window.figures(status)}
+        return figures
 
 
 @dataclass

@@ -34,7 +34,7 @@ from skillstate.bench.simmodel import (
     SimModel,
     SimReply,
     SimRequest,
-    has_contract,
+    asks_for_envelope,
     message_text,
 )
 from skillstate.cost.tokens import estimate_text_tokens, estimate_tokens
@@ -43,21 +43,6 @@ from skillstate.engine.context import CONTRACT_MARK
 from .session import ENVELOPE_TOKENS, Reply
 
 __all__ = ["ENVELOPE_TOKENS", "Answer", "CallScript", "ReplayUpstream", "asks_for_envelope"]
-
-
-CHECKPOINT_MARK = "[skillstate] CHECKPOINT"  # the window form's checkpoint instruction
-
-
-def asks_for_envelope(messages: list[dict[str, Any]]) -> bool:
-    """Whether a request (chat-completions messages) asks the model for the envelope: the
-    state contract is in the context and, when it is the window form's (it speaks of
-    checkpoints), the last message is a checkpoint instruction."""
-    if not has_contract(messages):
-        return False
-    contract = next(message_text(m) for m in messages if CONTRACT_MARK in message_text(m))
-    if "checkpoint" not in contract.lower():
-        return True
-    return bool(messages) and CHECKPOINT_MARK in message_text(messages[-1])
 
 
 @dataclass

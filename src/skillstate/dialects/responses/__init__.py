@@ -106,6 +106,9 @@ class ResponsesContext:
         ]
         return {**body, "input": [*body["input"], *extra]}
 
+    def instruct(self, body: dict[str, Any], text: str) -> dict[str, Any]:
+        return {**body, "input": [*body["input"], _user_message(text)]}
+
 
 def output_text(resp: JSON) -> str:
     """All output_text of a ``response`` object's message items (the SDK's ``output_text``)."""

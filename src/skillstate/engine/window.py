@@ -1,0 +1,199 @@
+"""The window context (``mode: window``): what goes upstream each turn, and where the window
+of verbatim messages starts. Pure: functions of (request body, state, window mark).
+
+Each turn sends, in the client's wire format:
+
+1. the stable prefix (system text, tools, the task = the first user message, the window
+   contract), byte-identical on every turn;
+2. the state as committed at the last checkpoint;
+3. every message of the client's transcript since the window's start, verbatim.
+
+Between checkpoints a request is the previous one plus the new messages (append-only), so a
+provider's prompt cache reads everything up to the previous turn. A checkpoint turn appends
+one instruction after the latest observation (the cached prefix stays intact) asking for
+the envelope; after a valid checkpoint the window restarts at the last ``keep`` exchanges.
+
+An *exchange* is an assistant message with its tool results, or a user message with the
+reply to it: it starts at a user message that is no tool result, or at an assistant-side
+message right after a tool result. Starting a window only there keeps every tool call
+paired with its result (and a Responses reasoning item with its calls).
+
+The window's start is kept as a :class:`WindowMark`: a position in the client's transcript
+plus a digest of the messages before it. A client that compacts, edits or restarts its
+transcript changes those messages; the mark then no longer holds, and a fresh window starts
+at the client's latest exchange, with the state as it is: no message is sent twice, none out
+of order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .context import CONTRACT_MARK, DialectContext, Split, split_transcript
+
+__all__ = [
+    "CHECKPOINT_MARK",
+    "WindowMark",
+    "WindowPlan",
+    "build_window",
+    "checkpoint_text",
+    "exchange_starts",
+    "kept_start",
+    "plan_window",
+    "transcript_digest",
+    "window_contract_text",
+]
+
+CHECKPOINT_MARK = "[skillstate] CHECKPOINT"
+_ENVELOPE = '{"state_patch": {...}, "action": "..."}'
+
+
+def window_contract_text(allowed_keys: Sequence[str]) -> str:
+    """The window form's contract. Byte-identical for a given schema (prompt caching)."""
+    keys = ", ".join(allowed_keys) if allowed_keys else "any"
+    return (
+        f"{CONTRACT_MARK}\n"
+        "Older messages are not shown: the CURRENT STATE below is your memory of them. The "
+        "messages after it are the recent conversation, as it happened.\n"
+        "Reply normally. End your reply with the envelope only when the last message asks "
+        "for a checkpoint; then finish it with exactly one ```json block:\n"
+        f"{_ENVELOPE}\n"
+        "- state_patch: a JSON object merged into the state (RFC 7386): null deletes a key; "
+        "arrays are replaced whole, so resend the full array.\n"
+        "- action: a short string naming what you do next.\n"
+        f"Allowed top-level state keys: {keys}."
+    )
+
+
+def checkpoint_text() -> str:
+    """The instruction a checkpoint turn appends after the latest observation."""
+    return (
+        f"{CHECKPOINT_MARK}: the older messages above leave your context after this reply. "
+        "Reply as you would, then end your reply with exactly one ```json block: "
+        f"{_ENVELOPE} whose state_patch keeps in the state everything from them that you "
+        "will still need (facts, file contents you will quote, decisions, progress)."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WindowMark:
+    """Where a session's window starts in the client's transcript: ``start`` (an index into
+    its message list) and the digest of the messages before it."""
+
+    start: int
+    digest: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "digest": self.digest}
+
+    @classmethod
+    def from_dict(cls, value: Any) -> WindowMark | None:
+        """The mark stored with a session; None for anything that is not one."""
+        if not isinstance(value, dict):
+            return None
+        start, digest = value.get("start"), value.get("digest")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            return None
+        return cls(start, digest) if isinstance(digest, str) else None
+
+
+def _without_cache_control(value: Any) -> Any:
+    """A message as the digest sees it: ``cache_control`` markers dropped (a client such as
+    Claude Code moves its breakpoints to its newest messages on every turn)."""
+    if isinstance(value, dict):
+        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_cache_control(v) for v in value]
+    return value
+
+
+def transcript_digest(messages: Sequence[Any], end: int) -> str:
+    """A digest of ``messages[:end]`` (keys sorted, cache markers ignored)."""
+    h = hashlib.sha256()
+    for message in messages[:end]:
+        h.update(orjson.dumps(_without_cache_control(message), option=orjson.OPT_SORT_KEYS))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _user_side(msg: Any, d: DialectContext) -> bool:
+    return isinstance(msg, dict) and d.is_user_turn(msg)
+
+
+def exchange_starts(messages: Sequence[Any], d: DialectContext, lo: int = 0) -> list[int]:
+    """The indexes from ``lo`` on where an exchange starts (see the module docstring)."""
+    starts = []
+    for k in range(lo, len(messages)):
+        msg = messages[k]
+        if not isinstance(msg, dict) or d.is_system(msg):
+            continue
+        if d.is_user_turn(msg):
+            if not d.is_tool_result(msg):
+                starts.append(k)
+        elif k > 0 and _user_side(messages[k - 1], d) and d.is_tool_result(messages[k - 1]):
+            starts.append(k)
+    return starts
+
+
+def kept_start(messages: Sequence[Any], d: DialectContext, lo: int, keep: int) -> int:
+    """Where a window that keeps the last ``keep`` exchanges after ``lo`` starts (``lo``
+    itself when there are no more than ``keep``)."""
+    starts = exchange_starts(messages, d, lo)
+    if keep <= 0:
+        return starts[-1] if starts else lo
+    return starts[-keep] if len(starts) > keep else lo
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPlan:
+    """Where this turn's window starts, and why.
+
+    ``reason``: ``kept`` (the stored mark holds), ``new`` (no mark: the whole transcript
+    after the task is the window) or ``changed`` (the client's transcript changed before
+    the mark: a fresh window from its latest exchange)."""
+
+    split: Split
+    start: int
+    reason: str
+    exchanges: int  # exchanges in the window
+
+    def mark(self, messages: Sequence[Any]) -> WindowMark:
+        return WindowMark(self.start, transcript_digest(messages, self.start))
+
+
+def plan_window(messages: list[Any], d: DialectContext, mark: WindowMark | None) -> WindowPlan:
+    """Where the window of this transcript starts, given the session's stored mark."""
+    split = split_transcript(messages, d)
+    if mark is None:
+        start, reason = split.system_end, "new"
+    elif mark.start <= len(messages) and transcript_digest(messages, mark.start) == mark.digest:
+        start, reason = mark.start, "kept"
+    else:
+        starts = exchange_starts(messages, d, split.system_end)
+        start, reason = (starts[-1] if starts else split.system_end), "changed"
+    return WindowPlan(split, start, reason, len(exchange_starts(messages, d, start)))
+
+
+def build_window(
+    d: DialectContext,
+    body: dict[str, Any],
+    plan: WindowPlan,
+    allowed_keys: Sequence[str],
+    state: dict[str, Any],
+) -> dict[str, Any]:
+    """The window context of ``body`` (in the format whose adapter is ``d``): the stable
+    prefix, the state, and the messages from ``plan.start`` on (the task, always in the
+    prefix, is not sent twice). Each dialect lays it out as its compact context, with the
+    window in place of the latest observation."""
+    split = Split(plan.split.system_end, plan.split.task, plan.start)
+    return d.compact(body, split, window_contract_text(allowed_keys), state)
+
+
+def with_checkpoint(d: DialectContext, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the checkpoint instruction after its latest message."""
+    return d.instruct(body, checkpoint_text())

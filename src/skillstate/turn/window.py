@@ -1,0 +1,234 @@
+"""One turn of the window form (``mode: window``, and ``auto`` once it moved a session
+there): where the window starts, whether this turn checkpoints, the body sent, and the
+window mark the turn's commit leaves for the next one.
+
+The mark is stored with each of the session's transitions (its ``estimate``: the figures the
+turn was decided on), so it survives a restart and is shared by replicas; this process keeps
+the latest one per session in memory and reads the store only when that copy is not the
+session's latest step.
+
+A checkpoint turn is one callable unit (:meth:`WindowKeeper.checkpoint_body`): the context,
+then the instruction after the latest observation. The first checkpoint of a session with no
+window yet (``auto``'s switch) sends the client's transcript as it is, the contract, the state
+and the instruction after it, so the transcript's cached prefix is still read.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..choices import ContextShape
+from ..cost.baseline import CacheRegime
+from ..cost.checkpoint import CheckpointDecision, CheckpointPolicy, WindowSizes
+from ..cost.pricing import Prices
+from ..cost.tokens import estimate_tokens
+from ..engine import context
+from ..engine.context import DialectContext
+from ..engine.window import (
+    WindowMark,
+    WindowPlan,
+    build_window,
+    checkpoint_text,
+    kept_start,
+    plan_window,
+    window_contract_text,
+)
+from ..store import SessionRecord, Store
+
+__all__ = ["WindowKeeper", "WindowTurn"]
+
+ENVELOPE_PRIOR_TOKENS = 130.0  # a coding agent's envelope (issue 23), before one is seen
+MARK_LOOKBACK = 16  # transitions read back for the mark (an operator's patch carries none)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTurn:
+    """What one window turn sends, and what it was decided on."""
+
+    adapter: DialectContext
+    messages: list[Any]  # the client's transcript
+    plan: WindowPlan
+    decision: CheckpointDecision
+    body: dict[str, Any]  # the context sent upstream (checkpoint instruction included)
+    keep: int
+
+    @property
+    def shape(self) -> ContextShape:
+        return ContextShape.CHECKPOINT if self.decision.checkpoint else ContextShape.WINDOW
+
+    def next_mark(self, status: str) -> WindowMark:
+        """The window the next turn continues: after a valid checkpoint, the last ``keep``
+        exchanges of this turn's transcript; otherwise this turn's."""
+        if self.decision.checkpoint and status == "valid":
+            start = kept_start(self.messages, self.adapter, self.plan.start, self.keep)
+            return WindowPlan(self.plan.split, start, "kept", 0).mark(self.messages)
+        return self.plan.mark(self.messages)
+
+    def figures(self, status: str) -> dict[str, Any]:
+        """The transition's record of this turn: the mark it leaves, and the decision."""
+        return {
+            "form": str(self.shape),
+            "window": self.next_mark(status).as_dict(),
+            "window_start": self.plan.reason,
+            "exchanges": self.plan.exchanges,
+            **{k: v for k, v in self.decision.as_dict().items() if k != "checkpoint"},
+        }
+
+
+@dataclass(slots=True)
+class _Session:
+    step: int = -1  # the step the mark was committed at
+    mark: WindowMark | None = None
+    envelope: float = ENVELOPE_PRIOR_TOKENS
+    envelopes: int = 0
+
+
+class WindowKeeper:
+    """The window turns of one proxy: the checkpoint policy and each session's mark."""
+
+    def __init__(self, keep: int, max_tokens: int, max_sessions: int = 10_000) -> None:
+        self.keep = keep
+        self.policy = CheckpointPolicy(keep, max_tokens)
+        self._max = max(max_sessions, 1)
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    def _get(self, session: str) -> _Session:
+        s = self._sessions.pop(session, None)
+        if s is None:
+            s = _Session()
+            while len(self._sessions) >= self._max:
+                self._sessions.popitem(last=False)
+        self._sessions[session] = s
+        return s
+
+    async def mark(self, store: Store, record: SessionRecord | None) -> WindowMark | None:
+        """The window mark the session's latest transition left (None: no window yet)."""
+        if record is None:
+            return None
+        s = self._get(record.session)
+        if s.step == record.step:
+            return s.mark
+        after = max(record.step - MARK_LOOKBACK, 0)
+        history = await store.history_page(record.session, MARK_LOOKBACK, after_step=after)
+        found = None
+        for t in reversed(history):
+            if isinstance(t.estimate, Mapping) and "window" in t.estimate:
+                found = WindowMark.from_dict(t.estimate["window"])
+                break
+        s.step, s.mark = record.step, found
+        return found
+
+    def cached_mark(self, record: SessionRecord | None) -> WindowMark | None:
+        """The session's mark as this process last committed it (None when it has none or
+        another process committed since): for a preview, which reads nothing more."""
+        if record is None:
+            return None
+        s = self._sessions.get(record.session)
+        return s.mark if s is not None and s.step == record.step else None
+
+    def committed(self, session: str, step: int, mark: WindowMark) -> None:
+        s = self._get(session)
+        s.step, s.mark = step, mark
+
+    def envelope_cost(self, session: str, output_tokens: float) -> None:
+        """The output tokens one of the session's checkpoint envelopes took (running mean)."""
+        s = self._get(session)
+        if output_tokens >= 0:
+            s.envelopes += 1
+            s.envelope += (output_tokens - s.envelope) / s.envelopes
+
+    def plan(
+        self,
+        session: str,
+        adapter: DialectContext,
+        body: dict[str, Any],
+        mark: WindowMark | None,
+        state: dict[str, Any],
+        schema: list[str],
+        *,
+        turns: int,
+        regime: CacheRegime,
+        prices: Prices | None,
+        window_caches: bool,
+        force: bool = False,
+        can_checkpoint: bool = True,
+        context_limit: int | None = None,
+    ) -> WindowTurn:
+        """This turn of ``session``: its window, the checkpoint decision and the body.
+        ``force``: checkpoint now (``auto``'s switch builds the state this way).
+        ``can_checkpoint`` False: the request brought its own output format, which leaves
+        no room for an envelope."""
+        messages = body[adapter.transcript_key]
+        plan = plan_window(messages, adapter, mark)
+        window = build_window(adapter, body, plan, schema, state)
+        if not can_checkpoint:
+            decision = CheckpointDecision(False, "format")
+        elif force:
+            decision = CheckpointDecision(True, "switch")
+        else:
+            sizes = self._sizes(plan, messages, adapter, window, state, turns, window_caches)
+            decision = self.policy.decide(
+                sizes,
+                regime=regime,
+                prices=prices,
+                envelope_tokens=self._get(session).envelope,
+                context_limit=context_limit,
+            )
+        if decision.checkpoint:
+            window = self.checkpoint_body(adapter, body, window, plan, schema, state)
+        return WindowTurn(adapter, messages, plan, decision, window, self.keep)
+
+    @staticmethod
+    def checkpoint_body(
+        adapter: DialectContext,
+        body: dict[str, Any],
+        window: dict[str, Any],
+        plan: WindowPlan,
+        schema: list[str],
+        state: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A checkpoint turn's body: the window context and the instruction after the
+        latest observation. A session with no window yet (``plan.reason == "new"``) sends
+        the client's transcript as it is instead, with the contract and the state in the
+        instruction, so the prefix its earlier turns cached is read again."""
+        if plan.reason == "new":
+            note = "\n\n".join(
+                (window_contract_text(schema), context.state_text(state), checkpoint_text())
+            )
+            return adapter.instruct(body, note)
+        return adapter.instruct(window, checkpoint_text())
+
+    def _sizes(
+        self,
+        plan: WindowPlan,
+        messages: list[Any],
+        adapter: DialectContext,
+        window: dict[str, Any],
+        state: dict[str, Any],
+        turns: int,
+        window_caches: bool,
+    ) -> WindowSizes:
+        first = plan.start if plan.split.task is None or plan.start > plan.split.task else (
+            plan.split.task + 1
+        )  # fmt: skip
+        window_tokens = estimate_tokens(messages[first:])
+        kept = estimate_tokens(
+            messages[max(first, kept_start(messages, adapter, first, self.keep)) :]
+        )
+        state_tokens = estimate_tokens(context.state_text(state))
+        total = estimate_tokens([window.get("system"), window.get(adapter.transcript_key)])
+        total += estimate_tokens([window.get("tools"), window.get("instructions")])
+        return WindowSizes(
+            prefix=max(total - window_tokens - state_tokens, 0),
+            state=state_tokens,
+            window=window_tokens,
+            kept=kept,
+            exchanges=plan.exchanges,
+            growth=window_tokens / max(plan.exchanges, 1),
+            turns=turns,
+            instruction=estimate_tokens(checkpoint_text()),
+            window_caches=window_caches,
+        )

@@ -1,0 +1,536 @@
+"""``mode: window`` (issue 23) end to end: the real proxy (in-process), the real openai and
+anthropic SDKs on every route (chat completions, Messages, Responses), JSON and streams,
+the fake provider as each upstream kind. What the upstream receives is checked: between
+checkpoints each request is the previous one plus the new messages; a checkpoint asks for
+the envelope after the latest observation and restarts the window at the kept exchanges; a
+client that changes its transcript never gets a message sent twice or lost."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from skillstate.engine.context import CORRECTION_MARK, STATE_MARK
+from skillstate.engine.window import CHECKPOINT_MARK
+from tests.conftest import Proxy, StartProxy
+from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+
+SYSTEM = "You are a careful builder. " * 250  # a prefix the provider caches (>= 1024 tokens)
+BIG = "line of build output 0123456789\n" * 12  # ~100 tokens per tool result
+TOOL = {
+    "name": "run",
+    "description": "Run a command.",
+    "schema": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+}
+
+
+def upstream(fake: FakeProvider, kind: str) -> dict[str, Any]:
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    return {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
+
+
+def start(start_proxy: StartProxy, fake: FakeProvider, kind: str, **config: Any) -> Proxy:
+    cfg = {
+        "upstreams": [upstream(fake, kind)],
+        "mode": "window",
+        "schema": ["notes", "facts", "step"],
+        "window_max_tokens": 1000,
+        **config,
+    }
+    return start_proxy(config=cfg)
+
+
+def request_text(req: RecordedRequest) -> str:
+    return json.dumps(req.json)
+
+
+def last_message_text(req: RecordedRequest) -> str:
+    key = "input" if req.dialect == "responses" else "messages"
+    return json.dumps(req.json[key][-1])
+
+
+def asks_checkpoint(req: RecordedRequest) -> bool:
+    last = last_message_text(req)
+    return CHECKPOINT_MARK in last or CORRECTION_MARK in last
+
+
+def envelope(patch: dict[str, Any]) -> str:
+    return "Noted.\n```json\n" + json.dumps({"state_patch": patch, "action": "continue"}) + "\n```"
+
+
+class Model:
+    """A fake model that works only from what it receives: a tool call per turn, and the
+    envelope only when the last message asks for a checkpoint."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def __call__(self, req: RecordedRequest) -> Reply:
+        self.turn += 1
+        call = ("run", {"cmd": f"step {self.turn}"})
+        if asks_checkpoint(req):
+            return Reply(text=envelope({"step": self.turn}), tool_calls=[call])
+        return Reply(text=f"Running step {self.turn}.", tool_calls=[call])
+
+
+# -- the three client dialects, driven through their SDKs ------------------------------------
+
+
+@dataclass
+class Client:
+    """One agent loop through the proxy in one dialect: each turn sends the transcript and
+    appends the reply and a tool result for each of its calls."""
+
+    proxy: Proxy
+    dialect: str
+    session: str
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    marks_breakpoints: bool = True  # anthropic: Claude Code's moving breakpoint on the newest
+
+    def __post_init__(self) -> None:
+        task = "TASK: build the project, one step at a time."
+        if self.dialect == "openai":
+            self.transcript = [{"role": "system", "content": "You are a builder."}]
+            self.transcript.append({"role": "user", "content": task})
+        elif self.dialect == "anthropic":
+            self.transcript = [{"role": "user", "content": task}]
+        else:
+            self.transcript = [{"type": "message", "role": "user", "content": task}]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-skillstate-session": self.session}
+
+    def say(self, text: str) -> None:
+        """A user message (after the last reply)."""
+        if self.dialect == "responses":
+            self.transcript.append({"type": "message", "role": "user", "content": text})
+        else:
+            self.transcript.append({"role": "user", "content": text})
+
+    def turn(self, stream: bool, result: str = BIG) -> tuple[str, list[tuple[str, str]]]:
+        """One turn: returns the reply's text and its calls (id, arguments)."""
+        if self.dialect == "openai":
+            return self._openai(stream, result)
+        if self.dialect == "anthropic":
+            return self._anthropic(stream, result)
+        return self._responses(stream, result)
+
+    def _openai(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
+        c = openai.OpenAI(base_url=self.proxy.v1, api_key="k", max_retries=0)
+        tools = [
+            {"type": "function", "function": {"name": TOOL["name"], "parameters": TOOL["schema"]}}
+        ]
+        kw: dict[str, Any] = {"model": "m", "messages": self.transcript, "tools": tools}
+        if stream:
+            with c.chat.completions.stream(**kw, extra_headers=self.headers) as s:
+                msg = s.get_final_completion().choices[0].message
+        else:
+            msg = c.chat.completions.create(**kw, extra_headers=self.headers).choices[0].message
+        calls = [(t.id, t.function.arguments) for t in msg.tool_calls or []]  # type: ignore[union-attr]
+        self.transcript.append(
+            {
+                "role": "assistant",
+                "content": msg.content,
+                "tool_calls": [t.model_dump() for t in msg.tool_calls or []],
+            }
+        )
+        for cid, _ in calls:
+            self.transcript.append({"role": "tool", "tool_call_id": cid, "content": result})
+        return msg.content or "", calls
+
+    def _anthropic(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
+        c = anthropic.Anthropic(base_url=self.proxy.url, api_key="k", max_retries=0)
+        msgs = json.loads(json.dumps(self.transcript))
+        if self.marks_breakpoints:  # like Claude Code: on the newest message only
+            last = msgs[-1]
+            if isinstance(last["content"], str):
+                last["content"] = [{"type": "text", "text": last["content"]}]
+            last["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        tools = [{"name": TOOL["name"], "input_schema": TOOL["schema"]}]
+        kw: dict[str, Any] = {
+            "model": "claude-x",
+            "max_tokens": 500,
+            "messages": msgs,
+            "tools": tools,
+            "system": SYSTEM,
+        }
+        if stream:
+            with c.messages.stream(**kw, extra_headers=self.headers) as s:
+                m = s.get_final_message()
+        else:
+            m = c.messages.create(**kw, extra_headers=self.headers)
+        content = [b.model_dump(exclude_none=True) for b in m.content]
+        self.transcript.append({"role": "assistant", "content": content})
+        calls = [(b.id, json.dumps(b.input)) for b in m.content if b.type == "tool_use"]
+        if calls:
+            results = [
+                {"type": "tool_result", "tool_use_id": cid, "content": result} for cid, _ in calls
+            ]
+            self.transcript.append({"role": "user", "content": results})
+        text = "".join(b.text for b in m.content if b.type == "text")
+        return text, calls
+
+    def _responses(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
+        c = openai.OpenAI(base_url=self.proxy.v1, api_key="k", max_retries=0)
+        tools = [{"type": "function", "name": TOOL["name"], "parameters": TOOL["schema"]}]
+        kw: dict[str, Any] = {"model": "m", "input": self.transcript, "tools": tools}
+        if stream:
+            with c.responses.stream(**kw, extra_headers=self.headers) as s:
+                r = s.get_final_response()
+        else:
+            r = c.responses.create(**kw, extra_headers=self.headers)
+        calls = []
+        for item in r.output:
+            d = item.model_dump(exclude_none=True)
+            d.pop("status", None)
+            if item.type == "message":
+                d = {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": p["text"]} for p in d["content"]],
+                }
+            self.transcript.append(d)
+            if item.type == "function_call":
+                calls.append((item.call_id, item.arguments))
+        for cid, _ in calls:
+            self.transcript.append(
+                {"type": "function_call_output", "call_id": cid, "output": result}
+            )
+        return r.output_text, calls
+
+
+# -- what the upstream received ----------------------------------------------------------
+
+
+def _no_marks(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _no_marks(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_no_marks(v) for v in value]
+    return value
+
+
+def sent_prefix(req: RecordedRequest, *, drop_instruction: bool) -> str:
+    """The request as a provider's cache sees it (cache markers aside): system, tools and
+    the transcript, without the trailing ``]`` so that a longer transcript extends it. A
+    checkpoint request's instruction is left out (it follows the latest observation)."""
+    body = _no_marks(req.json)
+    key = "input" if req.dialect == "responses" else "messages"
+    items = list(body[key])
+    if drop_instruction and asks_checkpoint(req):
+        last = items[-1]
+        if req.dialect == "anthropic" and isinstance(last.get("content"), list):
+            kept = [b for b in last["content"] if CHECKPOINT_MARK not in json.dumps(b)]
+            items[-1] = {**last, "content": kept}
+        else:
+            items.pop()
+    head = [body.get("system"), body.get("instructions"), body.get("tools")]
+    return json.dumps([head, items])[:-2]
+
+
+PAIRS = [
+    ("openai", "openai"),
+    ("anthropic", "anthropic"),
+    ("responses", "openai-responses"),
+    ("anthropic", "openai"),
+    ("openai", "anthropic"),
+    ("responses", "openai"),
+]
+
+
+@pytest.mark.parametrize(("dialect", "kind"), PAIRS)
+def test_thirty_window_turns_are_append_only_between_checkpoints(
+    fake: FakeProvider, start_proxy: StartProxy, dialect: str, kind: str
+) -> None:
+    p = start(start_proxy, fake, kind)
+    fake.responder = Model()
+    client = Client(p, dialect, f"append-{dialect}-{kind}")
+    for t in range(30):
+        client.turn(stream=t % 2 == 1)
+    reqs = fake.requests
+    assert len(reqs) == 30
+    checkpoints = [k for k, r in enumerate(reqs) if asks_checkpoint(r)]
+    assert len(checkpoints) >= 3, checkpoints  # window_max_tokens forces them
+    for k in range(29):
+        if k in checkpoints:
+            continue  # right after a checkpoint the window restarts
+        a = sent_prefix(reqs[k], drop_instruction=False)
+        b = sent_prefix(reqs[k + 1], drop_instruction=True)
+        assert b.startswith(a), f"request {k + 1} does not extend request {k}"
+    for k in checkpoints:
+        assert k + 1 == 30 or STATE_MARK in request_text(reqs[k + 1])
+        nxt = request_text(reqs[k + 1]) if k + 1 < 30 else ""
+        if nxt:  # the state committed at the checkpoint is what the next turn carries
+            assert f'\\"step\\":{k + 1}' in nxt or f'"step":{k + 1}' in nxt
+    if kind == dialect == "anthropic":
+        for r in reqs:
+            marks = json.dumps(r.json).count('"cache_control"')
+            assert 1 <= marks <= 4
+            head = r.json["messages"][0]["content"]
+            state = next(b for b in head if b.get("text", "").startswith(STATE_MARK))
+            assert state.get("cache_control") == {"type": "ephemeral"}
+    history = p.get("/state", params={"session": client.session, "history": "1"}).json()
+    statuses = [h["status"] for h in history["history"]]
+    assert statuses.count("valid") == len(checkpoints)
+    assert statuses.count("window") == 30 - len(checkpoints)
+
+
+def test_checkpoint_turns_and_untouched_window_replies(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(start_proxy, fake, "openai", window_keep=2)
+    fake.responder = Model()
+    client = Client(p, "openai", "cp")
+    raw_replies = []
+    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    for _ in range(12):
+        r = c.chat.completions.with_raw_response.create(
+            model="m",
+            messages=client.transcript,
+            extra_headers=client.headers,  # type: ignore[arg-type]
+        )
+        msg = r.parse().choices[0].message
+        raw_replies.append((r.headers, r.http_response.content))
+        client.transcript.append(
+            {
+                "role": "assistant",
+                "content": msg.content,
+                "tool_calls": [t.model_dump() for t in msg.tool_calls or []],
+            }
+        )
+        for t in msg.tool_calls or []:
+            client.transcript.append({"role": "tool", "tool_call_id": t.id, "content": BIG})
+    checkpoint_seen = False
+    for k, (req, (headers, body)) in enumerate(zip(fake.requests, raw_replies, strict=True)):
+        if headers["x-skillstate-context"] == "checkpoint":
+            checkpoint_seen = True
+            msgs = req.json["messages"]
+            # the instruction after the latest observation (a tool result)
+            assert CHECKPOINT_MARK in msgs[-1]["content"] and msgs[-2]["role"] == "tool"
+            assert headers["x-skillstate-transition"] == "valid"
+            assert "```json" not in body.decode()  # stripped for the client
+            if k + 1 == len(fake.requests):
+                continue
+            nxt = fake.requests[k + 1].json["messages"]
+            # after the state: the last 2 exchanges (assistant call + result) and the new one
+            after_state = [m for m in nxt[3:] if CHECKPOINT_MARK not in json.dumps(m)]
+            assert STATE_MARK in nxt[2]["content"]
+            assert [m["role"] for m in after_state] == ["assistant", "tool"] * 3, nxt
+        else:
+            assert headers["x-skillstate-context"] == "window"
+            assert headers["x-skillstate-transition"] == "window"
+            assert CHECKPOINT_MARK not in request_text(req)
+            assert body == req.response_body  # the model's reply, byte for byte
+            assert "response_format" not in req.json
+    assert checkpoint_seen
+    assert "step" in p.state("cp")["state"]
+
+
+# -- memory: a model that answers only from what it receives ---------------------------------
+
+FILE_LINE = "def compute_total(alpha, beta): return alpha * BETA_FACTOR_9921"
+
+
+class Editor:
+    """Reads a file, runs three more commands, then edits the file quoting the line it
+    read, if it can still see it; at checkpoints it keeps only its progress in the state."""
+
+    def __init__(self, reads_at: int) -> None:
+        self.reads_at = reads_at
+        self.n = 0
+
+    def __call__(self, req: RecordedRequest) -> Reply:
+        text = request_text(req)
+        self.n += 1
+        if asks_checkpoint(req):
+            return Reply(
+                text=envelope({"notes": f"progress {self.n}"}), tool_calls=[("run", {"cmd": "ls"})]
+            )
+        if self.n == self.reads_at:
+            return Reply(tool_calls=[("read", {"path": "calc.py"})])
+        if self.n == self.reads_at + 4:
+            seen = re.search(r"def compute_total\([^\\\"]*BETA_FACTOR_\d+", text)
+            old = seen.group(0) if seen else "UNKNOWN"
+            return Reply(tool_calls=[("edit", {"path": "calc.py", "old_string": old})])
+        return Reply(tool_calls=[("run", {"cmd": f"cmd {self.n}"})])
+
+
+def edit_session(
+    p: Proxy, fake: FakeProvider, session: str, mode: str, reads_at: int
+) -> tuple[str, list[str]]:
+    """Returns the Edit call's old_string and each turn's context form."""
+    fake.responder = Editor(reads_at)
+    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    transcript: list[dict[str, Any]] = [{"role": "user", "content": "TASK: fix calc.py"}]
+    forms = []
+    headers = {"x-skillstate-session": session, "x-skillstate-mode": mode}
+    for _ in range(reads_at + 4):
+        r = c.chat.completions.with_raw_response.create(
+            model="m",
+            messages=transcript,
+            extra_headers=headers,  # type: ignore[arg-type]
+        )
+        forms.append(r.headers.get("x-skillstate-context", ""))
+        msg = r.parse().choices[0].message
+        transcript.append(
+            {
+                "role": "assistant",
+                "content": msg.content,
+                "tool_calls": [t.model_dump() for t in msg.tool_calls or []],
+            }
+        )
+        for t in msg.tool_calls or []:
+            args = json.loads(t.function.arguments)
+            if t.function.name == "edit":
+                return args["old_string"], forms
+            out = FILE_LINE + "\n" if t.function.name == "read" else BIG
+            transcript.append({"role": "tool", "tool_call_id": t.id, "content": out})
+    raise AssertionError("no edit")
+
+
+@pytest.mark.parametrize("mode", ["window", "state", "auto"])
+def test_an_edit_quotes_a_tool_result_from_three_exchanges_earlier(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    p = start_proxy(
+        fake.url + "/v1",
+        config={
+            "schema": ["notes"],
+            "window_max_tokens": 4000,
+            "prices": {
+                "m": {
+                    "input_per_mtok": 3,
+                    "output_per_mtok": 15,
+                    "cache_read_per_mtok": 0.3,
+                    "cache_write_per_mtok": 3.75,
+                }
+            },
+        },
+    )
+    reads_at = 16 if mode == "auto" else 3
+    old, forms = edit_session(p, fake, f"edit-{mode}", mode, reads_at)
+    if mode == "state":
+        assert old == "UNKNOWN"  # one-turn memory: the Read left the context
+    else:
+        assert old.startswith("def compute_total(") and "BETA_FACTOR_9921" in old
+    if mode == "auto":  # it switched to the window before the Read
+        assert forms[0] == "passthrough"
+        assert {"window", "checkpoint"} & set(forms[: reads_at - 1]), forms
+
+
+def test_a_fact_checkpointed_into_the_state_is_answered_forty_turns_later(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(start_proxy, fake, "openai")
+
+    def model(req: RecordedRequest) -> Reply:
+        text = request_text(req)
+        codes = sorted(set(re.findall(r"ZEBRA-\d+", text)))
+        key = "messages"
+        asked = [m for m in req.json[key] if m["role"] == "user"][
+            -1 if not asks_checkpoint(req) else -2
+        ]
+        if "deploy code?" in json.dumps(asked):
+            answer = f"The deploy code is {codes[0]}." if codes else "I do not know."
+        else:
+            answer = "OK, noted: " + "filler words " * 30
+        if asks_checkpoint(req):
+            patch = {"facts": codes} if codes else {}
+            answer += "\n```json\n" + json.dumps({"state_patch": patch, "action": "go"}) + "\n```"
+        return Reply(text=answer)
+
+    fake.responder = model
+    client = Client(p, "openai", "fact")
+    client.transcript[-1]["content"] = "Remember: the deploy code is ZEBRA-7731."
+    client.turn(stream=False)
+    for t in range(40):
+        client.say(f"Message {t}: " + "chatter " * 40)
+        client.turn(stream=t % 3 == 0)
+    client.say("What is the deploy code?")
+    text, _ = client.turn(stream=False)
+    assert text == "The deploy code is ZEBRA-7731."
+    last = fake.requests[-1].json["messages"]
+    # It came from the state: the message that said it is long out of the window.
+    assert not any("Remember: the deploy code" in json.dumps(m) for m in last[2:])
+    assert p.state("fact")["state"]["facts"] == ["ZEBRA-7731"]
+
+
+# -- the client's transcript changes under the proxy -----------------------------------------
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    """A transcript message as the SDK sends it (no nulls it would leave out)."""
+    return {k: v for k, v in message.items() if v is not None or k == "content"}
+
+
+def ids_in(req: RecordedRequest) -> list[str]:
+    return [m["tool_call_id"] for m in req.json["messages"] if m.get("role") == "tool"]
+
+
+@pytest.mark.parametrize("change", ["compaction", "edit", "restart"])
+def test_a_changed_transcript_sends_no_message_twice_and_none_missing(
+    fake: FakeProvider, start_proxy: StartProxy, change: str
+) -> None:
+    p = start(start_proxy, fake, "openai")
+    fake.responder = Model()
+    client = Client(p, "openai", f"change-{change}")
+    for t in range(14):
+        client.turn(stream=t % 2 == 0)
+    state_before = p.state(client.session)["state"]
+    assert state_before  # a checkpoint committed
+    sys_msg = client.transcript[0]
+    if change == "compaction":  # the client summarised its history itself
+        client.transcript = [sys_msg, {"role": "user", "content": "SUMMARY: steps 1-14 ran."}]
+    elif change == "edit":  # an earlier message edited, the rest as it was
+        client.transcript[1] = {"role": "user", "content": "TASK: build it, edited."}
+    else:  # a new conversation on the same session
+        client.transcript = [sys_msg, {"role": "user", "content": "TASK: a new start."}]
+    client.turn(stream=False)
+    sent = [json.loads(json.dumps(m)) for m in client.transcript]
+    client.turn(stream=True)
+    for req in fake.requests[-2:]:
+        msgs = req.json["messages"]
+        ids = ids_in(req)
+        assert len(ids) == len(set(ids))  # no tool result twice
+        calls = [c["id"] for m in msgs if m.get("tool_calls") for c in m["tool_calls"]]
+        assert sorted(calls) == sorted(ids)  # every call with its result
+        texts = [json.dumps(m) for m in msgs]
+        assert len(texts) == len(set(texts))  # no message twice
+        assert STATE_MARK in request_text(req)
+    last = fake.requests[-1].json["messages"]
+    # The window restarted at the client's latest exchange; since then every message is
+    # sent, in order.
+    after_state = [m for m in last[3:]]
+    assert after_state == [_plain(m) for m in sent[-(len(after_state)) :]]
+    assert len(after_state) >= 2 and after_state[-1]["role"] == "tool"
+    if change != "edit":  # the new transcript is short: all of it after the task is there
+        assert after_state == [_plain(m) for m in sent[2:]]
+    assert p.state(client.session)["state"]["step"] >= state_before["step"]
+
+
+def test_the_window_survives_a_proxy_restart(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(start_proxy, fake, "openai")
+    fake.responder = Model()
+    client = Client(p, "openai", "restart")
+    for _ in range(20):  # until a checkpoint has restarted the window, and a turn followed
+        client.turn(stream=False)
+        if any(asks_checkpoint(r) for r in fake.requests) and not asks_checkpoint(fake.last):
+            break
+    before = fake.last
+    assert not asks_checkpoint(before)
+    p.stop()  # type: ignore[attr-defined]
+    p.start()  # type: ignore[attr-defined]
+    client.turn(stream=False)
+    after = fake.last
+    # The window continues where it was (read back from the store): append-only still.
+    assert sent_prefix(after, drop_instruction=True).startswith(
+        sent_prefix(before, drop_instruction=False)
+    )
+    assert STATE_MARK + '\n{"step":' in after.json["messages"][2]["content"]

@@ -1,0 +1,180 @@
+"""The window context builder (skillstate.engine.window): exchanges, marks, append-only
+layouts in each dialect, and the checkpoint instruction."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from skillstate.dialects.registry import get_dialect
+from skillstate.engine.window import (
+    CHECKPOINT_MARK,
+    WindowMark,
+    build_window,
+    exchange_starts,
+    kept_start,
+    plan_window,
+    transcript_digest,
+    with_checkpoint,
+)
+
+
+def openai_round(k: int) -> list[dict[str, Any]]:
+    call = {"id": f"c{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{k}", "content": f"result {k}"},
+    ]
+
+
+def anthropic_round(k: int) -> list[dict[str, Any]]:
+    use = {"type": "tool_use", "id": f"t{k}", "name": "run", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": f"t{k}", "content": f"result {k}"}
+    return [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+
+
+def responses_round(k: int) -> list[dict[str, Any]]:
+    return [
+        {"type": "reasoning", "id": f"rs{k}", "summary": []},
+        {"type": "function_call", "call_id": f"c{k}", "name": "run", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": f"c{k}", "output": f"result {k}"},
+    ]
+
+
+TRANSCRIPTS = {
+    "openai": (
+        [{"role": "system", "content": "SYS"}, {"role": "user", "content": "TASK"}],
+        openai_round,
+    ),
+    "anthropic": ([{"role": "user", "content": "TASK"}], anthropic_round),
+    "openai-responses": ([{"type": "message", "role": "user", "content": "TASK"}], responses_round),
+}
+
+
+def transcript(dialect: str, rounds: int) -> list[dict[str, Any]]:
+    head, one = TRANSCRIPTS[dialect]
+    return [*head, *(m for k in range(rounds) for m in one(k))]
+
+
+def body_of(dialect: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    key = get_dialect(dialect).context.transcript_key
+    return {"model": "m", key: messages}
+
+
+def sent(dialect: str, body: dict[str, Any]) -> list[Any]:
+    return body[get_dialect(dialect).context.transcript_key]
+
+
+def test_exchanges_start_at_user_messages_and_after_tool_results() -> None:
+    d = get_dialect("openai").context
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "TASK"},  # 1
+        *openai_round(0),  # 2 (reply to the task), 3
+        *openai_round(1),  # 4, 5
+        {"role": "assistant", "content": "done"},  # 6
+        {"role": "user", "content": "thanks"},  # 7
+        {"role": "assistant", "content": "ok"},  # 8
+    ]
+    assert exchange_starts(msgs, d) == [1, 4, 6, 7]
+    assert kept_start(msgs, d, 1, 2) == 6
+    assert kept_start(msgs, d, 1, 4) == 1  # no more than 4: the window stays whole
+    assert kept_start(msgs, d, 4, 1) == 7
+
+
+@pytest.mark.parametrize("dialect", list(TRANSCRIPTS))
+def test_window_is_append_only_between_checkpoints(dialect: str) -> None:
+    d = get_dialect(dialect).context
+    mark: WindowMark | None = None
+    previous: str | None = None
+    for rounds in range(0, 8):
+        msgs = transcript(dialect, rounds)
+        plan = plan_window(msgs, d, mark)
+        assert plan.reason == ("new" if mark is None else "kept")
+        mark = plan.mark(msgs)
+        out = build_window(d, body_of(dialect, msgs), plan, ["notes"], {"notes": "x"})
+        text = json.dumps(sent(dialect, out))
+        assert text.count("TASK") == 1  # the task is in the prefix, once
+        if previous is not None:
+            assert text.startswith(previous[:-1])  # the previous list is a prefix
+        previous = text
+        for k in range(rounds):
+            assert text.count(f"result {k}") == 1
+
+
+@pytest.mark.parametrize("dialect", list(TRANSCRIPTS))
+def test_restarted_window_keeps_the_last_exchanges_paired(dialect: str) -> None:
+    d = get_dialect(dialect).context
+    msgs = transcript(dialect, 6)
+    plan = plan_window(msgs, d, None)
+    start = kept_start(msgs, d, plan.start, 3)
+    mark = WindowMark(start, transcript_digest(msgs, start))
+    later = transcript(dialect, 7)
+    plan = plan_window(later, d, mark)
+    assert plan.reason == "kept" and plan.exchanges == 4
+    text = json.dumps(sent(dialect, build_window(d, body_of(dialect, later), plan, [], {})))
+    assert "result 2" not in text
+    for k in (3, 4, 5, 6):
+        assert text.count(f"result {k}") == 1
+    ids = ["c3", "c4", "c5", "c6"] if dialect != "anthropic" else ["t3", "t4", "t5", "t6"]
+    for i in ids:  # each call with its result
+        assert text.count(f'"{i}"') == 2
+
+
+def test_mark_ignores_moved_cache_breakpoints() -> None:
+    d = get_dialect("anthropic").context
+    msgs = transcript("anthropic", 4)
+    mark = WindowMark(3, transcript_digest(msgs, 3))
+    moved = json.loads(json.dumps(msgs))
+    moved[2]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    assert plan_window(moved, d, mark).reason == "kept"
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["compaction", "edit", "restart"],
+)
+def test_a_changed_transcript_starts_a_fresh_window_at_its_latest_exchange(change: str) -> None:
+    d = get_dialect("openai").context
+    msgs = transcript("openai", 6)
+    start = kept_start(msgs, d, 1, 3)
+    mark = WindowMark(start, transcript_digest(msgs, start))
+    if change == "compaction":
+        new = [msgs[0], {"role": "user", "content": "SUMMARY of the work so far"}, *openai_round(9)]
+    elif change == "edit":
+        new = json.loads(json.dumps(transcript("openai", 7)))
+        new[3]["content"] = "result 0, edited"
+    else:
+        new = [msgs[0], {"role": "user", "content": "A NEW TASK"}]
+    plan = plan_window(new, d, mark)
+    assert plan.reason == "changed"
+    out = sent("openai", build_window(d, body_of("openai", new), plan, [], {"k": 1}))
+    text = json.dumps(out)
+    if change == "compaction":
+        assert [m.get("tool_call_id") for m in out if m["role"] == "tool"] == ["c9"]
+        assert text.count("SUMMARY") == 1
+    elif change == "edit":
+        assert [m.get("tool_call_id") for m in out if m["role"] == "tool"] == ["c6"]
+    else:
+        assert text.count("A NEW TASK") == 1 and "result" not in text
+    assert '{\\"k\\":1}' in text or '{"k":1}' in text  # the state as it is
+
+
+@pytest.mark.parametrize("dialect", list(TRANSCRIPTS))
+def test_checkpoint_instruction_follows_the_latest_observation(dialect: str) -> None:
+    d = get_dialect(dialect).context
+    msgs = transcript(dialect, 3)
+    plan = plan_window(msgs, d, None)
+    window = build_window(d, body_of(dialect, msgs), plan, [], {})
+    asked = with_checkpoint(d, window)
+    before, after = sent(dialect, window), sent(dialect, asked)
+    assert CHECKPOINT_MARK not in json.dumps(before)
+    assert CHECKPOINT_MARK in json.dumps(after[-1])
+    if dialect == "anthropic":  # joined to the last user turn: roles keep alternating
+        assert len(after) == len(before)
+        assert after[-1]["content"][: len(before[-1]["content"])] == before[-1]["content"]
+        assert after[:-1] == before[:-1]
+    else:
+        assert after[: len(before)] == before
