@@ -90,6 +90,13 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "session; the log and `/health` say so.",
         "auth_cache_ttl": "Seconds a verified key is trusted without asking the store: how "
         "soon a key revoked or rotated by `skillstate keys` is refused by a running proxy.",
+        "wrong_key_limit": "Wrong client keys accepted from one client address per "
+        "`wrong_key_window`; past it the address gets a 429 with `Retry-After`, answered "
+        "before the key is hashed (a right key from another address is unaffected). 0 turns "
+        "the limit off. Behind a load balancer every client shares its address: see "
+        "docs/security.md.",
+        "wrong_key_window": "Seconds over which `wrong_key_limit` counts an address's wrong "
+        "keys (a fixed window from its first failure).",
         "max_body_bytes": "Largest request body accepted (413 above).",
         "max_header_bytes": "Largest request head (request line and headers) accepted; "
         "431 above, refused before it is buffered.",
@@ -136,7 +143,14 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "health_timeout": "Longest wait of `/health` for the store; a store that cannot "
         "write is a 503, not a stall.",
         "ledger_retention": "Seconds the cost ledger keeps rows (0 = forever).",
-        "purge_interval": "Seconds between purges of expired sessions and ledger rows.",
+        "idempotency_ttl": "Seconds a turn's reply is kept under its `Idempotency-Key`: a "
+        "retry with the key within this time gets the kept reply (nothing sent upstream); "
+        "after it the key is purged and a retry is a new turn. See docs/endpoints.md.",
+        "idempotency_max_reply_bytes": "Largest reply (a JSON body or a stream's bytes) kept "
+        "under an `Idempotency-Key`. A larger one is still committed with its key, but a "
+        "retry gets a 409 `idempotency_reply_not_kept` instead of the reply.",
+        "purge_interval": "Seconds between purges of expired sessions, ledger rows and "
+        "replies kept under an `Idempotency-Key`.",
         "retry_max_attempts": "Attempts per upstream request (transport errors, 5xx, 429).",
         "retry_base_delay": "Backoff base in seconds: full jitter, uniform in "
         "[0, min(retry_max_delay, base × 2^attempt)].",

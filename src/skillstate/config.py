@@ -172,6 +172,10 @@ class Settings(BaseModel):
     auth: AuthMode = AuthMode.AUTO
     insecure_no_auth: bool = False
     auth_cache_ttl: float = Field(default=5.0, ge=0)  # seconds a verified key is trusted
+    # Wrong keys from one client address (auth/failures.py): after this many in a window,
+    # a 429 before any hashing; 0 = no limit.
+    wrong_key_limit: int = Field(default=20, ge=0)
+    wrong_key_window: float = Field(default=60.0, gt=0)  # seconds
 
     max_body_bytes: int = Field(default=16 * MiB, ge=1024)
     # HTTP limits uvicorn does not enforce itself (httplimits.py).
@@ -203,6 +207,9 @@ class Settings(BaseModel):
     lease_wait: float = Field(default=30.0, ge=0)  # seconds a turn queues for its session's lease
     health_timeout: float = Field(default=1.0, gt=0)  # /health's wait for the store
     ledger_retention: float = Field(default=90 * DAY, ge=0)
+    # Replies kept under a client's Idempotency-Key (turn/idempotency.py).
+    idempotency_ttl: float = Field(default=DAY, gt=0)  # seconds a key's reply is kept
+    idempotency_max_reply_bytes: int = Field(default=4 * MiB, ge=1024)  # larger: not kept
     purge_interval: float = Field(default=3600.0, gt=0)
 
     retry_max_attempts: int = Field(default=3, ge=1, le=20)

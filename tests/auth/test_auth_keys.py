@@ -61,7 +61,7 @@ def test_rotate_replaces_the_digest_and_revoke_marks_the_key(
     [
         (("create", "--name", "a b"), "key name must match"),
         (("create", "--name", "x", "--expires", "soon"), "expected a duration"),
-        (("create", "--name", "x", "--rpm", "0"), "--rpm must be > 0"),
+        (("create", "--name", "x", "--rpm", "0"), "keys create: rpm must be > 0"),
         (("revoke", "nobody"), "no key named 'nobody'"),
         (("rotate", "nobody"), "no key named 'nobody'"),
     ],
@@ -76,7 +76,8 @@ def test_cli_errors_are_one_line(
 def test_a_taken_name_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     keys_cmd(capsys, tmp_path, "create", "--name", "alice")
     rc, out, err = keys_cmd(capsys, tmp_path, "create", "--name", "alice")
-    assert rc == 2 and out == "" and err == "skillstate: keys: a key named 'alice' already exists"
+    assert rc == 2 and out == ""
+    assert err == "skillstate: keys create: a key named 'alice' already exists"
 
 
 def test_digests_are_compared_with_hmac_compare_digest(monkeypatch: pytest.MonkeyPatch) -> None:

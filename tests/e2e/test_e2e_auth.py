@@ -405,3 +405,121 @@ def test_the_request_log_names_the_key_never_the_key_itself(
     refused = [line for line in lines if line.startswith("GET /state")]
     assert refused and "key=- " in refused[0] and "status=401" in refused[0]
     assert not any(key in line or "sk-ss-not-a-key" in line for line in lines)
+
+
+# -- wrong keys ---------------------------------------------------------------------------
+
+
+def test_wrong_keys_from_one_address_get_429_before_hashing_in_bounded_memory(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    good = make_key(data, "create", "--name", "good")
+    proxy = start_proxy(fake.url + "/v1", config={"wrong_key_limit": 10})
+    keys = proxy._server._app.app.state.runtime.keys  # type: ignore[union-attr]
+    hashed = []
+    digest = keys.hasher.digest
+    keys.hasher.digest = lambda key: hashed.append(key) or digest(key)  # counts the HMACs
+    statuses = []
+    with httpx.Client(base_url=proxy.url, timeout=30) as one_address:
+        for i in range(1000):
+            r = one_address.get("/state", headers=bearer(f"sk-ss-wrong-{i}"))
+            statuses.append(r.status_code)
+            if r.status_code == 429:
+                assert r.json()["error"]["code"] == "too_many_wrong_keys"
+                assert 1 <= int(r.headers["retry-after"]) <= 60
+        # The right key from the limited address waits out the window too (the key is not
+        # even hashed there).
+        assert one_address.get("/state", headers=bearer(good)).status_code == 429
+        # The Anthropic SDK's route answers in its own dialect.
+        with pytest.raises(anthropic.RateLimitError) as ae:
+            message(ant(proxy, "sk-ss-wrong"), "s")
+        assert ae.value.body["error"]["type"] == "rate_limit_error"
+    assert statuses == [401] * 10 + [429] * 990
+    assert len(hashed) == 10  # the 990 refused were never hashed
+    assert len(keys.wrong_keys) == 1 and len(keys) <= 10  # one address; 10 digests cached
+    # A right key from another address (127.0.0.2 is loopback too) is unaffected.
+    fake.enqueue(Reply(text=envelope({})))
+    other = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(base_url=proxy.url, transport=other, timeout=30) as another_address:
+        assert another_address.get("/state", headers=bearer(good)).status_code == 200
+        client = openai.OpenAI(
+            base_url=proxy.v1, api_key=good, max_retries=0, http_client=another_address
+        )
+        assert chat(client, "s").choices[0].message.content
+        assert another_address.get("/state", headers=bearer("sk-ss-wrong")).status_code == 401
+
+
+# -- /admin/keys ---------------------------------------------------------------------------
+
+
+def test_admin_keys_create_list_rotate_revoke_over_http_with_audit_lines(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = make_key(data, "create", "--name", "root", "--admin")
+    user = make_key(data, "create", "--name", "user")
+    proxy = start_proxy(fake.url + "/v1", config={"auth_cache_ttl": 60})
+    caplog.set_level(logging.INFO, logger="skillstate.audit")
+    with httpx.Client(base_url=proxy.url, timeout=30, headers=bearer(root)) as admin:
+        r = admin.post("/admin/keys", json={"name": "ci", "rpm": 5, "expires": "30d"})
+        assert r.status_code == 201 and r.headers["cache-control"] == "no-store"
+        made = r.json()
+        assert made["name"] == "ci" and made["rpm"] == 5 and made["status"] == "active"
+        ci = made["key"]
+        assert ci.startswith("sk-ss-")
+        # The new key works at once, and its secret is never shown again.
+        fake.enqueue(Reply(text=envelope({})))
+        assert chat(oai(proxy, ci), "s").choices[0].message.content
+        listed = admin.get("/admin/keys").json()["data"]
+        assert [k["name"] for k in listed] == ["ci", "root", "user"]
+        assert ci not in json.dumps(listed) and all("digest" not in k for k in listed)
+        # Rotate: a new secret; the old one is refused at once here (auth_cache_ttl is 60 s).
+        r = admin.post("/admin/keys/ci/rotate")
+        assert r.status_code == 200 and r.json()["key"] not in (ci, None)
+        rotated = r.json()["key"]
+        assert proxy.get("/state", headers=bearer(ci)).status_code == 401
+        assert proxy.get("/state", headers=bearer(rotated)).status_code == 200
+        # Revoke: refused at once too.
+        r = admin.delete("/admin/keys/ci")
+        assert r.status_code == 200 and r.json()["status"] == "revoked"
+        assert proxy.get("/state", headers=bearer(rotated)).status_code == 401
+        # Errors are one line in the OpenAI error shape.
+        assert admin.post("/admin/keys/ci/rotate").status_code == 409
+        assert admin.delete("/admin/keys/nobody").status_code == 404
+        assert admin.post("/admin/keys", json={"name": "ci"}).status_code == 409
+        assert admin.post("/admin/keys", json={"name": "a b"}).status_code == 400
+        assert admin.post("/admin/keys", json={"name": "x", "rpm": "5"}).status_code == 400
+        assert admin.post("/admin/keys", json={"name": "x", "secret": "y"}).status_code == 400
+    # Any other key: a 403, and nothing changed.
+    with httpx.Client(base_url=proxy.url, timeout=30, headers=bearer(user)) as other:
+        for r in (
+            other.get("/admin/keys"),
+            other.post("/admin/keys", json={"name": "mine", "admin": True}),
+            other.post("/admin/keys/root/rotate"),
+            other.delete("/admin/keys/root"),
+        ):
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["code"] == "admin_key_required"
+    assert proxy.get("/state", headers=bearer(root)).status_code == 200
+    # The same audit lines as the CLI's, naming the admin key (never a secret).
+    lines = [r.getMessage() for r in caplog.records if r.name == "skillstate.audit"]
+    assert lines[:2] == [  # the keys made with the CLI above
+        "audit: key created name=root admin=true by=cli",
+        "audit: key created name=user admin=false by=cli",
+    ]
+    assert lines[2:] == [
+        "audit: key created name=ci admin=false rpm=5 by=key:root from 127.0.0.1",
+        "audit: key rotated name=ci by=key:root from 127.0.0.1",
+        "audit: key revoked name=ci by=key:root from 127.0.0.1",
+    ]
+    assert not any(ci in line or rotated in line for line in lines)
+
+
+def test_cli_key_changes_write_the_same_audit_lines(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "skillstate", "keys", "--data-dir", str(tmp_path)]
+    env = proxy_env()
+    create = [*argv, "create", "--name", "ci", "--rpm", "5"]
+    r = subprocess.run(create, env=env, capture_output=True)
+    assert r.returncode == 0 and r.stdout.decode().startswith("sk-ss-")
+    assert r.stderr.decode() == "audit: key created name=ci admin=false rpm=5 by=cli\n"
+    r = subprocess.run([*argv, "revoke", "ci"], env=env, capture_output=True)
+    assert r.stderr.decode() == "audit: key revoked name=ci by=cli\n"

@@ -228,3 +228,34 @@ def test_a_hung_postgresql_is_503_not_a_hang(
     fake.enqueue(Reply(text=envelope({"step": 2})))
     turn(c, "hung", "go 2 again")
     assert [h["step"] for h in history(proxy, "hung")] == [1, 2]
+
+
+def test_admin_keys_over_http_on_one_replica_hold_on_another(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, pg_url: str, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "keys.json"
+    cfg.write_text(json.dumps({"store": pg_url}))
+    made = subprocess.run(
+        [sys.executable, "-m", "skillstate", "keys", "--config", str(cfg),
+         "--data-dir", str(tmp_path / "cli-data"), "create", "--name", "root", "--admin"],
+        capture_output=True, text=True, timeout=HANG, env=proxy_env(),
+    )  # fmt: skip
+    root = made.stdout.strip()
+    config = {"store": pg_url, "auth_cache_ttl": 0}
+    a = start_proxy_process(fake.url + "/v1", *SCHEMA, config=config)
+    b = start_proxy_process(fake.url + "/v1", *SCHEMA, config=config)
+    admin = {"authorization": f"Bearer {root}"}
+    r = a.http.post(a.url + "/admin/keys", json={"name": "ci"}, headers=admin)
+    assert r.status_code == 201, r.text
+    ci = r.json()["key"]
+    fake.enqueue(Reply(text=envelope({"step": 1})))
+    turn(client(b, ci), "s1", "hi")  # made on one replica, verified on the other
+    listed = b.get("/admin/keys", headers=admin).json()["data"]
+    assert [k["name"] for k in listed] == ["ci", "root"]
+    rotated = b.http.post(b.url + "/admin/keys/ci/rotate", headers=admin).json()["key"]
+    with pytest.raises(openai.AuthenticationError):
+        turn(client(a, ci), "s1", "old secret")
+    assert a.get("/admin/keys", headers={"authorization": f"Bearer {rotated}"}).status_code == 403
+    assert a.http.delete(a.url + "/admin/keys/ci", headers=admin).status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        turn(client(b, rotated), "s1", "revoked")

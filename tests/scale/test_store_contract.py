@@ -372,3 +372,55 @@ async def test_without_cache_bytes_postgresql_reads_every_load(pg_url: str) -> N
     finally:
         await a.close()
         await b.close()
+
+
+def kept(key: str = "k1", *, scope: str = "alice:s", session: str = "alice:s", **kw: Any) -> Any:
+    from skillstate.store import KeptReply
+
+    fields: dict[str, Any] = {
+        "fingerprint": "f" * 64, "created": 10.0, "status": 200, "stream": False,
+        "headers": {"x-skillstate-step": "1"}, "body": b'{"id":"x"}\x00\xff', "step": None,
+    }  # fmt: skip
+    return KeptReply(scope, key, session=session, **{**fields, **kw})
+
+
+async def test_a_kept_reply_is_written_with_the_commit_or_not_at_all(store: Store) -> None:
+    from skillstate.store import KeptAlready
+
+    reply = kept(step=1)
+    assert await commit(store, "alice:s", 0, {"k": 1}, kept=reply, ledger=[ledger_row()]) == 1
+    assert await store.kept_reply("alice:s", "k1") == reply
+    assert await store.kept_reply("alice:s", "k2") is None
+    assert await store.kept_reply("bob:s", "k1") is None  # another key's scope
+    # The same key again: nothing of the second commit is written (no step, no ledger row).
+    with pytest.raises(KeptAlready):
+        await commit(store, "alice:s", 1, {"k": 2}, kept=kept(step=2), ledger=[ledger_row()])
+    assert (await store.load("alice:s", fresh=True)).step == 1  # type: ignore[union-attr]
+    assert len(await store.ledger_rows(0, 100)) == 1
+    # A conflicting step writes no kept reply either.
+    with pytest.raises(StepConflict):
+        await commit(store, "alice:s", 0, {"k": 2}, kept=kept("k3", step=1))
+    assert await store.kept_reply("alice:s", "k3") is None
+
+
+async def test_keep_reply_writes_the_reply_and_its_ledger_rows_together(store: Store) -> None:
+    from skillstate.store import KeptAlready
+
+    reply = kept(stream=True, body=None)
+    await store.keep_reply(reply, [ledger_row(), ledger_row(ts=2.0)])
+    assert await store.kept_reply("alice:s", "k1") == reply
+    assert len(await store.ledger_rows(0, 100)) == 2
+    with pytest.raises(KeptAlready):
+        await store.keep_reply(reply, [ledger_row(ts=3.0)])
+    assert len(await store.ledger_rows(0, 100)) == 2
+
+
+async def test_kept_replies_expire_and_go_with_their_session(store: Store) -> None:
+    await commit(store, "alice:s", 0, {"k": 1}, kept=kept("old", created=5.0, step=1))
+    await store.keep_reply(kept("new", created=50.0), [])
+    await store.keep_reply(kept("other", session="alice:t", created=5.0), [])
+    assert await store.purge_kept_replies(10.0) == 2
+    assert await store.kept_reply("alice:s", "old") is None
+    assert await store.kept_reply("alice:s", "new") is not None
+    assert await store.delete("alice:s")
+    assert await store.kept_reply("alice:s", "new") is None

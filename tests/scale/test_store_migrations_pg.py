@@ -56,11 +56,38 @@ async def test_replicas_starting_together_create_the_schema_once(pg_url: str) ->
         await asyncio.gather(*(s.close() for s in stores))
 
 
+async def test_a_replica_finding_the_schema_half_made_waits_for_it(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another replica is creating the schema, one migration (one transaction) at a time:
+    # version 1 of LATEST is committed and it still holds the migration lock.
+    creator = await asyncpg.connect(pg_url)
+    try:
+        await creator.execute("SELECT pg_advisory_lock($1)", migrations.MIGRATION_LOCK)
+        monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", POSTGRES_MIGRATIONS[:1])
+        await migrate_postgres(creator, "db", upgrade=False)
+        monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", POSTGRES_MIGRATIONS)
+        replica = PostgresStore(pg_url)
+        opening = asyncio.ensure_future(replica.open())
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        while not await creator.fetchval(waiting):  # not SchemaTooOld: it waits for the lock
+            assert not opening.done(), opening.exception()
+            await asyncio.sleep(0.01)
+        await migrate_postgres(creator, "db", upgrade=True)  # the creator finishes
+        await creator.execute("SELECT pg_advisory_unlock_all()")
+        await asyncio.wait_for(opening, HANG)
+        await replica.close()
+    finally:
+        await creator.close()
+    assert await versions(pg_url) == list(range(1, LATEST + 1))
+
+
 def test_migrate_command_on_an_empty_database(pg_url: str) -> None:
     first = cli("migrate", "--store", pg_url)
     assert first.returncode == 0, first.stderr
     line, *later = first.stdout.splitlines()
     assert line.startswith(f"{pg_url}: schema 0 -> 1: sessions, transitions, ledger")
+    assert later[1:2] == [f"{pg_url}: schema 2 -> 3: idempotency_keys"]
     assert len(later) == LATEST - 1  # one line per later migration
     again = cli("migrate", "--store", pg_url)
     assert again.returncode == 0 and "nothing to do" in again.stdout
@@ -104,7 +131,8 @@ async def test_a_version_1_database_gets_session_budgets_with_its_keys_kept(
         )
         monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", POSTGRES_MIGRATIONS)
         lines = await migrate_postgres(conn, "db", upgrade=True)
-        assert lines == [f"db: schema 1 -> 2: {POSTGRES_MIGRATIONS[1].description}"]
+        assert lines[:1] == [f"db: schema 1 -> 2: {POSTGRES_MIGRATIONS[1].description}"]
+        assert len(lines) == len(POSTGRES_MIGRATIONS) - 1  # and each later one
     finally:
         await conn.close()
     store = PostgresStore(pg_url)

@@ -98,7 +98,9 @@ class FakeStore:
         transition: TransitionRecord,
         now: float,
         ledger: list[LedgerRow] | None = None,
+        kept: Any = None,  # an Idempotency-Key's reply: these turns send none
     ) -> int:
+        assert kept is None
         await self._at("commit")
         current = self.sessions.get(session)
         if self.conflict or (current.step if current else 0) != expected_step:

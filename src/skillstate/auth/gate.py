@@ -7,6 +7,9 @@ admin key) and the dashboard's static files needs a key, sent the way its SDK se
 or revoked key is a 401 in the caller's dialect. The key is removed from the request before
 any handler sees it, so it never reaches an upstream.
 
+Wrong keys are counted per client address (``auth.failures``): past ``wrong_key_limit`` in
+``wrong_key_window`` the address gets a 429 with ``Retry-After`` before its key is hashed.
+
 Cost per request: one HMAC-SHA256 of the key and a dict lookup; the store is only asked on
 a cache miss or after ``auth_cache_ttl`` seconds, which is also how soon a revocation made
 by ``skillstate keys`` in another process takes effect.
@@ -25,6 +28,7 @@ from ..config import Settings
 from ..errors import ProxyError
 from ..store import Store, StoreError
 from ..web.wire import dialect_for, error_response
+from .failures import WrongKeyLimiter
 from .keys import KeyHasher, same_digest
 from .record import KeyRecord
 
@@ -74,6 +78,17 @@ class KeyBook:
         self._wall = wall
         self._cache: dict[str, tuple[KeyRecord | None, float]] = {}
         self._mode_checked = -float("inf")
+        self.wrong_keys = WrongKeyLimiter(settings.wrong_key_limit, settings.wrong_key_window)
+
+    def __len__(self) -> int:
+        """Digests cached now, wrong keys' included (at most ``_MAX_CACHED``)."""
+        return len(self._cache)
+
+    def forget(self, name: str) -> None:
+        """Drop what is cached of the key ``name`` (revoked or rotated here: the change
+        takes effect at once on this replica)."""
+        for digest in [d for d, (r, _) in self._cache.items() if r is not None and r.name == name]:
+            del self._cache[digest]
 
     async def refresh_mode(self) -> bool:
         """Auth is on once a key exists (checked at most every ``ttl`` seconds while off)."""
@@ -160,6 +175,13 @@ class KeyGate:
             await self.app(scope, receive, send)
             return
         key = presented_key(headers)
+        address = _address(scope)
+        wait = None if key is None else self.keys.wrong_keys.refused_for(address)
+        if wait is not None:
+            key = None  # not hashed: this address sent too many wrong keys lately
+            if not open_route:
+                await self._refuse(scope, receive, send, _too_many_wrong_keys(wait))
+                return
         try:
             if key is None:
                 if not open_route:
@@ -170,11 +192,33 @@ class KeyGate:
             else:
                 scope[PRINCIPAL] = await self.keys.verify(key)
         except ProxyError as e:
+            if key is not None and e.status == 401:
+                self.keys.wrong_keys.failed(address)
             if not open_route:
-                anthropic = any(n == b"anthropic-version" for n, _ in headers)
-                response = error_response(e, dialect_for(path, anthropic))
-                await response(scope, receive, send)
+                await self._refuse(scope, receive, send, e)
                 return
         if not open_route:
             scope["headers"] = [(n, v) for n, v in headers if n not in _CREDENTIALS]
         await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, err: ProxyError) -> None:
+        """Answer ``err`` in the dialect of the route asked for."""
+        anthropic = any(n == b"anthropic-version" for n, _ in scope["headers"])
+        response = error_response(err, dialect_for(scope["path"], anthropic))
+        await response(scope, receive, send)
+
+
+def _address(scope: Scope) -> str:
+    """The client's address (the TCP peer; "" when the server does not say)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def _too_many_wrong_keys(wait: float) -> ProxyError:
+    return ProxyError(
+        "rate_limit",
+        "too many wrong API keys from this address; try again after the Retry-After delay",
+        code="too_many_wrong_keys",
+        retry_after=wait,
+    )

@@ -1,21 +1,21 @@
 """`skillstate keys create|list|revoke|rotate`: client keys managed straight in the store
 (the proxy may be running: it sees a change within ``auth_cache_ttl``). Every failure is one
-line (ConfigError); a new key is printed once and never stored."""
+line (ConfigError); a new key is printed once and never stored. The operations and their
+audit lines (on stderr) are ``skillstate.auth.admin``'s, shared with ``/admin/keys``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import time
+import logging
+import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 
-from ..auth.keys import KeyHasher, check_name, new_key, parse_duration, server_secret
-from ..auth.record import KeyRecord
+from ..auth.admin import LIMITS, KeyAdmin, KeyRefused, KeySpec, shown
+from ..auth.keys import KeyHasher, server_secret
 from ..config import ConfigError, Settings
 from ..store import Store, StoreError
 from ..store.factory import make_store
@@ -56,15 +56,16 @@ def add_keys_parser(sub: Any) -> None:
 
 def run_keys(settings: Settings, args: argparse.Namespace) -> int:
     """Run one ``keys`` subcommand against the store in the data dir."""
-    action: Callable[[Store, KeyHasher, argparse.Namespace], Awaitable[str]] = _ACTIONS[
-        args.keys_command
-    ]
+    action = _ACTIONS[args.keys_command]
+    # The audit line goes to stderr (the output to stdout); a no-op when logging is set up.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
 
     async def run() -> str:
         store = make_store(settings)
         try:
             await store.open()
-            return await action(store, await _hasher(settings, store), args)
+            admin = KeyAdmin(store, await _hasher(settings, store), by="cli")
+            return await action(admin, args)
         finally:
             await store.close()
 
@@ -72,6 +73,8 @@ def run_keys(settings: Settings, args: argparse.Namespace) -> int:
         out = asyncio.run(run())
     except StoreError as e:
         raise ConfigError(f"keys: {e}") from None
+    except KeyRefused as e:
+        raise ConfigError(f"keys {args.keys_command}: {e}") from None
     print(out)
     return 0
 
@@ -87,65 +90,41 @@ async def _hasher(settings: Settings, store: Store) -> KeyHasher:
         raise ConfigError(f"data_dir: {e}") from None
 
 
-async def _create(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
-    try:
-        name = check_name(args.name)
-        expires = time.time() + parse_duration(args.expires) if args.expires else None
-    except ValueError as e:
-        raise ConfigError(f"keys create: {e}") from None
-    for flag in ("rpm", "tpm", "budget_usd_per_day", "max_session_budget_usd"):
-        value = getattr(args, flag)
-        if value is not None and not value > 0:
-            raise ConfigError(f"keys create: --{flag.replace('_', '-')} must be > 0")
-    key = new_key()
-    record = KeyRecord(
-        name=name,
-        digest=hasher.digest(key),
+async def _create(admin: KeyAdmin, args: argparse.Namespace) -> str:
+    spec = KeySpec(
+        name=args.name,
         admin=bool(args.admin),
         rpm=args.rpm,
         tpm=args.tpm,
         budget_usd_per_day=args.budget_usd_per_day,
-        created=time.time(),
-        expires=expires,
+        expires=args.expires,
         max_session_budget_usd=args.max_session_budget_usd,
         allow_unpriced=bool(args.allow_unpriced),
     )
-    await store.save_key(record, new=True)
-    return key
+    change = await admin.create(spec)
+    assert change.secret is not None
+    return change.secret
 
 
-async def _find(store: Store, name: str) -> KeyRecord:
-    for record in await store.keys():
-        if record.name == name:
-            return record
-    raise ConfigError(f"keys: no key named {name!r}")
+async def _revoke(admin: KeyAdmin, args: argparse.Namespace) -> str:
+    return f"revoked {(await admin.revoke(args.name)).record.name}"
 
 
-async def _revoke(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
-    record = await _find(store, args.name)
-    if record.revoked is None:
-        await store.save_key(dataclasses.replace(record, revoked=time.time()), new=False)
-    return f"revoked {record.name}"
+async def _rotate(admin: KeyAdmin, args: argparse.Namespace) -> str:
+    change = await admin.rotate(args.name)
+    assert change.secret is not None
+    return change.secret
 
 
-async def _rotate(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
-    record = await _find(store, args.name)
-    if record.revoked is not None:
-        raise ConfigError(f"keys rotate: {record.name!r} is revoked; create a new key instead")
-    key = new_key()
-    await store.save_key(dataclasses.replace(record, digest=hasher.digest(key)), new=False)
-    return key
-
-
-async def _list(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> str:
-    rows = [_shown(r) for r in await store.keys()]
+async def _list(admin: KeyAdmin, args: argparse.Namespace) -> str:
+    rows = [shown(r) for r in await admin.list()]
     if args.json:
         return orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode()
     if not rows:
         return "no keys (auth is off unless auth: required)"
     lines = []
     for r in rows:
-        limits = " ".join(f"{k}={r[k]}" for k in _LIMITS if r[k] is not None)
+        limits = " ".join(f"{k}={r[k]}" for k in LIMITS if r[k] is not None)
         marks = [m for m in ("admin", "allow_unpriced") if r[m]]
         flags = " ".join([*marks, r["status"]])
         expires = f" expires={r['expires']}" if r["expires"] else ""
@@ -153,31 +132,7 @@ async def _list(store: Store, hasher: KeyHasher, args: argparse.Namespace) -> st
     return "\n".join(lines)
 
 
-_LIMITS = ("rpm", "tpm", "budget_usd_per_day", "max_session_budget_usd")
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
-
-
-def _shown(r: KeyRecord) -> dict[str, Any]:
-    """What ``keys list`` shows of a key: everything but its digest."""
-    status = r.refusal(time.time())
-    return {
-        "name": r.name,
-        "admin": r.admin,
-        "status": "revoked" if r.revoked else ("expired" if status else "active"),
-        "rpm": r.rpm,
-        "tpm": r.tpm,
-        "budget_usd_per_day": r.budget_usd_per_day,
-        "max_session_budget_usd": r.max_session_budget_usd,
-        "allow_unpriced": r.allow_unpriced,
-        "created": _iso(r.created),
-        "expires": _iso(r.expires),
-    }
-
-
-_ACTIONS: dict[str, Callable[[Store, KeyHasher, argparse.Namespace], Awaitable[str]]] = {
+_ACTIONS: dict[str, Callable[[KeyAdmin, argparse.Namespace], Awaitable[str]]] = {
     "create": _create,
     "list": _list,
     "revoke": _revoke,

@@ -4,10 +4,19 @@ touching the pipeline: SQLite (store/sqlite.py, the default) and PostgreSQL
 with versioned schemas (store/migrations.py). The records they keep are plain data in
 store/records.py."""
 
-from .base import StepConflict, Store, StoreError, StoreFull, StoreUnavailable
-from .records import LedgerRow, LedgerSums, SessionRecord, StoredResponse, TransitionRecord
+from .base import KeptAlready, StepConflict, Store, StoreError, StoreFull, StoreUnavailable
+from .records import (
+    KeptReply,
+    LedgerRow,
+    LedgerSums,
+    SessionRecord,
+    StoredResponse,
+    TransitionRecord,
+)
 
 __all__ = [
+    "KeptAlready",
+    "KeptReply",
     "LedgerRow",
     "LedgerSums",
     "SessionRecord",

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from ..auth.record import KeyRecord
 from ..errors import ProxyError
 from .records import (
+    KeptReply,
     LedgerRow,
     LedgerSums,
     SessionRecord,
@@ -52,6 +53,11 @@ class StoreFull(StoreError):
 class StepConflict(StoreError):
     """A commit expected a step the session is no longer at: another writer committed
     first. Nothing was written."""
+
+
+class KeptAlready(StepConflict):
+    """A turn's Idempotency-Key was kept already (by another turn with the same key that
+    ran at the same time: a lost lease). Nothing was written."""
 
 
 class Store(Protocol):
@@ -113,10 +119,27 @@ class Store(Protocol):
         transition: TransitionRecord,
         now: float,
         ledger: list[LedgerRow] | None = None,
+        kept: KeptReply | None = None,
     ) -> int:
         """Create the session if needed, append the transition and (when `state` is not
-        None) replace the state, with the turn's ledger rows, atomically. Fails if the
-        step moved meanwhile. Returns the new step."""
+        None) replace the state, with the turn's ledger rows and its kept reply (``kept``:
+        a turn sent with an Idempotency-Key), atomically. Fails if the step moved
+        meanwhile (StepConflict) or the key is kept already (KeptAlready). Returns the new
+        step."""
+        ...
+
+    async def kept_reply(self, scope: str, key: str) -> KeptReply | None:
+        """The reply kept under ``key`` in ``scope``, read from the database (another
+        replica may have kept it); None when there is none."""
+        ...
+
+    async def keep_reply(self, kept: KeptReply, ledger: list[LedgerRow]) -> None:
+        """Keep the reply of a turn that commits no transition (passthrough, mask) with its
+        ledger rows, in one transaction; KeptAlready when the key is kept already."""
+        ...
+
+    async def purge_kept_replies(self, older_than: float) -> int:
+        """Delete the replies kept before ``older_than`` (``idempotency_ttl``)."""
         ...
 
     async def sessions_page(
@@ -133,7 +156,10 @@ class Store(Protocol):
         """Up to ``limit`` transitions of ``session`` after step ``after_step``, in order."""
         ...
 
-    async def delete(self, session: str) -> bool: ...
+    async def delete(self, session: str) -> bool:
+        """Forget a session: its state, transitions, stored responses and kept replies."""
+        ...
+
     async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
         """Delete the sessions not updated since ``older_than``, except those in ``keep``."""
         ...

@@ -161,6 +161,26 @@ ALTER TABLE api_keys ADD COLUMN max_session_budget_usd REAL;
 ALTER TABLE api_keys ADD COLUMN allow_unpriced INTEGER NOT NULL DEFAULT 0
 """
 
+# Replies kept under their Idempotency-Key (skillstate.turn.idempotency), for
+# idempotency_ttl: one row per keyed turn, written in the turn's commit.
+_SQLITE_IDEMPOTENCY = """
+CREATE TABLE idempotency_keys (
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    session TEXT NOT NULL,
+    created REAL NOT NULL,
+    status INTEGER NOT NULL,
+    stream INTEGER NOT NULL,
+    headers BLOB NOT NULL,
+    body BLOB,
+    step INTEGER,
+    PRIMARY KEY (scope, key)
+);
+CREATE INDEX idempotency_keys_created ON idempotency_keys(created);
+CREATE INDEX idempotency_keys_session ON idempotency_keys(session)
+"""
+
 SQLITE_MIGRATIONS = (
     Migration(
         1,
@@ -173,6 +193,7 @@ SQLITE_MIGRATIONS = (
         "session_budgets; api_keys.max_session_budget_usd, api_keys.allow_unpriced",
         _statements(_SQLITE_V2),
     ),
+    Migration(3, "idempotency_keys", _statements(_SQLITE_IDEMPOTENCY)),
 )
 
 _SQLITE_VERSION_TABLE = (
@@ -314,6 +335,24 @@ ALTER TABLE api_keys ADD COLUMN max_session_budget_usd DOUBLE PRECISION;
 ALTER TABLE api_keys ADD COLUMN allow_unpriced BOOLEAN NOT NULL DEFAULT FALSE
 """
 
+_POSTGRES_IDEMPOTENCY = """
+CREATE TABLE idempotency_keys (
+    scope TEXT COLLATE "C" NOT NULL,
+    key TEXT COLLATE "C" NOT NULL,
+    fingerprint TEXT NOT NULL,
+    session TEXT COLLATE "C" NOT NULL,
+    created DOUBLE PRECISION NOT NULL,
+    status INTEGER NOT NULL,
+    stream BOOLEAN NOT NULL,
+    headers BYTEA NOT NULL,
+    body BYTEA,
+    step BIGINT,
+    PRIMARY KEY (scope, key)
+);
+CREATE INDEX idempotency_keys_created ON idempotency_keys(created);
+CREATE INDEX idempotency_keys_session ON idempotency_keys(session)
+"""
+
 POSTGRES_MIGRATIONS = (
     Migration(
         1,
@@ -325,6 +364,7 @@ POSTGRES_MIGRATIONS = (
         "session_budgets; api_keys.max_session_budget_usd, api_keys.allow_unpriced",
         _statements(_POSTGRES_V2),
     ),
+    Migration(3, "idempotency_keys", _statements(_POSTGRES_IDEMPOTENCY)),
 )
 
 # pg_advisory_lock's key for migrations: "skillsta" as a big-endian int64.
@@ -347,17 +387,22 @@ async def migrate_postgres(conn: asyncpg.Connection, where: str, *, upgrade: boo
     _refuse_newer(version, latest, where)
     if version == latest:
         return []
-    if version and not upgrade:
-        raise SchemaTooOld(
-            f"{where} has schema version {version}, older than this skillstate-proxy's"
-            f" {latest}: run `skillstate migrate --store URL` once before starting it"
-        )
     lines = []
     # Replicas starting together: one migrates, the others wait for the lock and then find
     # nothing left to do. A session lock, taken before each transaction begins: a
     # transaction that began before the other's commit could see the catalog as it was.
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
     try:
+        # Read again under the lock: a version between 0 and the latest seen before it may
+        # be another replica creating the schema one migration at a time (done by now),
+        # not a database left by an older release.
+        version = await postgres_version(conn)
+        _refuse_newer(version, latest, where)
+        if version and version < latest and not upgrade:
+            raise SchemaTooOld(
+                f"{where} has schema version {version}, older than this skillstate-proxy's"
+                f" {latest}: run `skillstate migrate --store URL` once before starting it"
+            )
         for migration in POSTGRES_MIGRATIONS:
             async with conn.transaction():
                 version = await postgres_version(conn)

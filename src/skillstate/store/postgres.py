@@ -55,6 +55,8 @@ from ..config import ConfigError
 from ..urltext import redacted
 from .base import (
     COUNTED,
+    KeptAlready,
+    KeptReply,
     SessionRecord,
     StepConflict,
     StoredResponse,
@@ -70,6 +72,7 @@ from .records import LedgerRow, LedgerSums
 from .rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
+    KEPT_COLUMNS,
     KEY_COLUMNS,
     LEDGER_COLUMNS,
     RESPONSE_COLUMNS,
@@ -77,6 +80,8 @@ from .rows import (
     clamp_time,
     exported_session,
     full_message,
+    kept_reply,
+    kept_values,
     key_record,
     key_values,
     ledger_column_kind,
@@ -110,9 +115,17 @@ def _ledger_arrays(values: list[tuple[Any, ...]]) -> list[list[Any]]:
 _LEDGER_INSERT = f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)}) {_unnest(1)}"
 
 
+# A kept reply's parameters (KEPT_COLUMNS but session and step, which the commit has):
+# scope, key, fingerprint, created, status, stream, headers, body.
+_KEPT_TYPES = ("text", "text", "text", "float8", "int4", "bool", "bytea", "bytea")
+
+
 def _commit_rest(ledger_first: int) -> str:
     """A commit after ``moved`` (the session row it changed, RETURNING the new step): the
-    transition and the ledger rows, written only when the session row was changed."""
+    transition, the ledger rows and the kept reply (when its scope is not NULL), written
+    only when the session row was changed."""
+    k = ledger_first + len(LEDGER_COLUMNS)
+    kept = ", ".join(f"${k + i}::{t}" for i, t in enumerate(_KEPT_TYPES))
     return f"""
 , transition AS (
     INSERT INTO transitions (session, step, patch, action, status, errors, ts, context, estimate)
@@ -120,9 +133,21 @@ def _commit_rest(ledger_first: int) -> str:
 ), spent AS (
     INSERT INTO ledger ({", ".join(LEDGER_COLUMNS)})
     {_unnest(ledger_first)} WHERE EXISTS (SELECT 1 FROM moved)
+), kept AS (
+    INSERT INTO idempotency_keys
+    (scope, key, fingerprint, created, status, stream, headers, body, session, step)
+    SELECT {kept}, $1, step FROM moved WHERE ${k}::text IS NOT NULL
 )
 SELECT step FROM moved
 """
+
+
+def _kept_args(kept: KeptReply | None) -> tuple[Any, ...]:
+    """The commit's kept-reply parameters (all NULL without one)."""
+    if kept is None:
+        return (None,) * len(_KEPT_TYPES)
+    v = kept_values(kept)
+    return (*v[:3], *v[4:9])
 
 
 # $1 session, $2 expected step, $3 state (NULL: unchanged), $4 now, $5-$10 the transition
@@ -145,6 +170,16 @@ WITH moved AS (
 )""" + _commit_rest(12)
 
 _RESPONSE_CHAIN = response_chain_sql("$1", "$2")
+
+_KEEP = f"""
+WITH kept AS (
+    INSERT INTO idempotency_keys ({KEPT_COLUMNS})
+    VALUES ({", ".join(f"${i + 1}" for i in range(len(KEPT_COLUMNS.split(","))))})
+), spent AS (
+    INSERT INTO ledger ({", ".join(LEDGER_COLUMNS)}) {_unnest(len(KEPT_COLUMNS.split(",")) + 1)}
+)
+SELECT 1
+"""
 
 
 # SQLSTATE classes and codes for "cannot write now, nothing written": connection problems
@@ -419,10 +454,12 @@ class PostgresStore:
         transition: TransitionRecord,
         now: float,
         ledger: list[LedgerRow] | None = None,
+        kept: KeptReply | None = None,
     ) -> int:
-        """One statement, one transaction: the compare-and-set of the step, the transition
-        and the ledger rows (see the module's docstring). StepConflict when the step moved,
-        StoreFull past max_sessions; nothing is written in either case."""
+        """One statement, one transaction: the compare-and-set of the step, the transition,
+        the ledger rows and the kept reply (see the module's docstring). StepConflict when
+        the step moved, KeptAlready when the reply's key is kept, StoreFull past
+        max_sessions; nothing is written in any of these cases."""
         now = clamp_time(now)
         try:
             ledger_values = [ledger_tuple(r) for r in ledger or []]
@@ -448,9 +485,13 @@ class PostgresStore:
             estimate,
             *((schema_text,) if new else ()),
             *_ledger_arrays(ledger_values),
+            *_kept_args(kept),
         )
         try:
-            step = await self._write(_COMMIT_NEW if new else _COMMIT_EXISTING, *args)
+            try:
+                step = await self._write(_COMMIT_NEW if new else _COMMIT_EXISTING, *args)
+            except StoreError as e:
+                raise _kept_already(e, kept) from e
             if step is None:
                 raise await self._refusal(session, expected_step)
         except StoreError:
@@ -460,6 +501,29 @@ class PostgresStore:
             self._sessions += 1
         self._cache.committed(session, stored_state, schema, int(step), now)
         return int(step)
+
+    async def kept_reply(self, scope: str, key: str) -> KeptReply | None:
+        rows = await self._fetch(
+            f"SELECT {KEPT_COLUMNS} FROM idempotency_keys WHERE scope = $1 AND key = $2",
+            scope,
+            key,
+        )
+        return kept_reply(rows[0]) if rows else None
+
+    async def keep_reply(self, kept: KeptReply, ledger: list[LedgerRow]) -> None:
+        rows = _ledger_arrays([ledger_tuple(r) for r in ledger])
+        try:
+            await self._write(_KEEP, *kept_values(kept), *rows)
+        except StoreError as e:
+            raise _kept_already(e, kept) from e
+
+    async def purge_kept_replies(self, older_than: float) -> int:
+        purged = await self._write(
+            "WITH gone AS (DELETE FROM idempotency_keys WHERE created < $1 RETURNING 1)"
+            " SELECT count(*) FROM gone",
+            older_than,
+        )
+        return int(purged)
 
     async def _refusal(self, session: str, expected_step: int) -> StoreError:
         """Why a commit wrote nothing: the step moved, or the store is full."""
@@ -503,7 +567,8 @@ class PostgresStore:
             "WITH gone AS (DELETE FROM sessions WHERE id = $1 RETURNING 1),"
             " t AS (DELETE FROM transitions WHERE session = $1),"
             " r AS (DELETE FROM responses WHERE session = $1),"
-            " b AS (DELETE FROM session_budgets WHERE session = $1)"
+            " b AS (DELETE FROM session_budgets WHERE session = $1),"
+            " k AS (DELETE FROM idempotency_keys WHERE session = $1)"
             " SELECT count(*) FROM gone",
             session,
         )
@@ -779,6 +844,18 @@ class PostgresStore:
             limit,
         )
         return [LedgerRow(*r[1:]) for r in rows], int(rows[-1][0]) if rows else after
+
+
+def _kept_already(e: StoreError, kept: KeptReply | None) -> StoreError:
+    """A unique violation on the kept replies' key as KeptAlready; any other error as is."""
+    cause = e.__cause__
+    if (
+        kept is not None
+        and isinstance(cause, asyncpg.UniqueViolationError)
+        and cause.constraint_name == "idempotency_keys_pkey"
+    ):
+        return KeptAlready(f"Idempotency-Key {kept.key!r} was kept by another turn")
+    return e
 
 
 LEDGER_SUMS_TIMEOUT = 300.0  # seconds; summing 1M ledger rows took about 1 s (docs/scaling.md)

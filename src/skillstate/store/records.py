@@ -120,3 +120,26 @@ class LedgerSums:
     c_rows: int = 0
     c_baseline_cost_usd: float = 0.0
     c_cost_usd: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class KeptReply:
+    """A turn's reply kept under its ``Idempotency-Key`` (``skillstate.turn.idempotency``),
+    written with the turn's commit: what a retry with the same key is answered with.
+
+    ``scope`` is the caller's key namespace and the session id the client named ("" when
+    it named none); ``fingerprint`` identifies the request (its route and body), so the
+    same key sent with another body is refused. ``body`` is what the client got (a JSON
+    body, or a stream's bytes); None when it was too big to keep. ``step``: the step the
+    turn committed (None for a turn that keeps no state)."""
+
+    scope: str
+    key: str
+    fingerprint: str
+    session: str
+    created: float
+    status: int
+    stream: bool
+    headers: dict[str, str]
+    body: bytes | None
+    step: int | None = None

@@ -15,7 +15,7 @@ import orjson
 
 from ..auth.record import KeyRecord
 from ..cost.usage import MAX_TOKEN_COUNT
-from .records import LedgerRow, SessionRecord, StoredResponse, TransitionRecord
+from .records import KeptReply, LedgerRow, SessionRecord, StoredResponse, TransitionRecord
 
 LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
 
@@ -183,6 +183,31 @@ def response_values(record: StoredResponse) -> tuple[Any, ...]:
 def stored_response(r: Any) -> StoredResponse:
     """A StoredResponse from a row of RESPONSE_COLUMNS."""
     return StoredResponse(r[0], r[1], r[2], r[3], orjson.loads(r[4]), orjson.loads(r[5]))
+
+
+KEPT_COLUMNS = "scope, key, fingerprint, session, created, status, stream, headers, body, step"
+
+
+def kept_values(kept: KeptReply) -> tuple[Any, ...]:
+    """The kept reply's values in KEPT_COLUMNS order."""
+    return (
+        kept.scope,
+        kept.key,
+        kept.fingerprint,
+        kept.session,
+        clamp_time(kept.created),
+        kept.status,
+        kept.stream,
+        orjson.dumps(kept.headers),
+        kept.body,
+        kept.step,
+    )
+
+
+def kept_reply(r: Any) -> KeptReply:
+    """A KeptReply from a row of KEPT_COLUMNS."""
+    body = None if r[8] is None else bytes(r[8])
+    return KeptReply(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), orjson.loads(r[7]), body, r[9])
 
 
 EXPORTED_SESSION_COLUMNS = "id, state, schema, step, created, updated"

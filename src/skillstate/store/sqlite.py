@@ -25,6 +25,8 @@ from ..auth.record import KeyRecord
 from ..config import ConfigError
 from .base import (
     COUNTED,
+    KeptAlready,
+    KeptReply,
     SessionRecord,
     StepConflict,
     StoredResponse,
@@ -41,6 +43,7 @@ from .records import LedgerRow, LedgerSums
 from .rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
+    KEPT_COLUMNS,
     KEY_COLUMNS,
     LEDGER_COLUMNS,
     RESPONSE_COLUMNS,
@@ -48,6 +51,8 @@ from .rows import (
     clamp_time,
     exported_session,
     full_message,
+    kept_reply,
+    kept_values,
     key_record,
     key_values,
     ledger_tuple,
@@ -66,6 +71,18 @@ _LEDGER_INSERT = (
     f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(LEDGER_COLUMNS))})"
 )
+_KEPT_INSERT = (
+    f"INSERT INTO idempotency_keys ({KEPT_COLUMNS})"
+    f" VALUES ({', '.join('?' * len(KEPT_COLUMNS.split(',')))})"
+)
+
+
+def _insert_kept(db: sqlite3.Connection, values: tuple[Any, ...]) -> None:
+    """Keep a reply (inside the caller's transaction); KeptAlready when its key is kept."""
+    try:
+        db.execute(_KEPT_INSERT, values)
+    except sqlite3.IntegrityError:
+        raise KeptAlready(f"Idempotency-Key {values[1]!r} was kept by another turn") from None
 
 
 Batch = list[tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]]
@@ -460,10 +477,12 @@ class SQLiteStore:
         transition: TransitionRecord,
         now: float,
         ledger: list[LedgerRow] | None = None,
+        kept: KeptReply | None = None,
     ) -> int:
         now = clamp_time(now)
         try:
             ledger_values = [ledger_tuple(r) for r in ledger or []]
+            kept_row = None if kept is None else kept_values(kept)
             state_blob = orjson.dumps(state) if state is not None else None
             patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
             errors = orjson.dumps(transition.errors).decode()
@@ -515,6 +534,8 @@ class SQLiteStore:
             )
             if ledger_values:
                 db.executemany(_LEDGER_INSERT, ledger_values)
+            if kept_row is not None:  # under this commit's session and step
+                _insert_kept(db, (*kept_row[:3], session, *kept_row[4:9], step))
             if row is None:
                 self._batch_new += 1  # last: a write that failed above created nothing
             return step
@@ -576,6 +597,7 @@ class SQLiteStore:
                 db.execute("DELETE FROM transitions WHERE session = ?", (session,))
                 db.execute("DELETE FROM responses WHERE session = ?", (session,))
                 db.execute("DELETE FROM session_budgets WHERE session = ?", (session,))
+                db.execute("DELETE FROM idempotency_keys WHERE session = ?", (session,))
             self._sessions -= cur.rowcount
             return cur.rowcount > 0
 
@@ -613,6 +635,37 @@ class SQLiteStore:
         for i in ids:
             self._cache.forget(i)
         return len(ids)
+
+    # -- replies kept under an Idempotency-Key ---------------------------------------------
+
+    async def kept_reply(self, scope: str, key: str) -> KeptReply | None:
+        def find(db: sqlite3.Connection) -> KeptReply | None:
+            row = db.execute(
+                f"SELECT {KEPT_COLUMNS} FROM idempotency_keys WHERE scope = ? AND key = ?",
+                (scope, key),
+            ).fetchone()
+            return None if row is None else kept_reply(row)
+
+        return await self._run(find)
+
+    async def keep_reply(self, kept: KeptReply, ledger: list[LedgerRow]) -> None:
+        values = [ledger_tuple(r) for r in ledger]
+        row = kept_values(kept)
+
+        def keep(db: sqlite3.Connection) -> None:
+            _insert_kept(db, row)
+            if values:
+                db.executemany(_LEDGER_INSERT, values)
+
+        await self._write(keep)
+
+    async def purge_kept_replies(self, older_than: float) -> int:
+        def purge(db: sqlite3.Connection) -> int:
+            with _transaction(db):
+                sql = "DELETE FROM idempotency_keys WHERE created < ?"
+                return int(db.execute(sql, (older_than,)).rowcount)
+
+        return await self._run(purge)
 
     # -- Responses API responses ----------------------------------------------------------
 

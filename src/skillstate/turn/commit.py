@@ -16,7 +16,7 @@ from ..cost.meter import TurnMeter
 from ..engine.verdict import Outcome
 from ..errors import ProxyError
 from ..sessions.locks import Hold
-from ..store import SessionRecord, StepConflict, Store, StoreError, TransitionRecord
+from ..store import KeptReply, SessionRecord, StepConflict, Store, StoreError, TransitionRecord
 from ..store.records import LedgerRow
 from .types import Turn, TurnMeta
 
@@ -60,8 +60,9 @@ class Committer:
         except StoreError as e:
             raise e.for_client("cannot start a new session") from e
 
-    async def commit(self, meta: TurnMeta, outcome: Outcome) -> int:
-        """Commit the judged turn with its ledger rows (see ``commit_transition``)."""
+    async def commit(self, meta: TurnMeta, outcome: Outcome, kept: KeptReply | None) -> int:
+        """Commit the judged turn with its ledger rows and its kept reply (a turn sent with
+        an Idempotency-Key), see ``commit_transition``."""
         new_state = outcome.state
         if new_state is None and meta.is_new:
             new_state = meta.state  # create the session with its initial state
@@ -77,10 +78,22 @@ class Committer:
         )
         rows = meta.meter.unwritten()
         tel = meta.turn.telemetry
+        idem = meta.turn.idempotency
+        if idem is not None:
+            idem.test_hook("before-commit")
         with tel.span("commit state"):
             step = await self.commit_transition(
-                meta.turn.session, meta.step, new_state, meta.schema, transition, rows, meta.hold
+                meta.turn.session,
+                meta.step,
+                new_state,
+                meta.schema,
+                transition,
+                rows,
+                meta.hold,
+                kept,
             )
+        if idem is not None:
+            idem.test_hook("after-commit")
         tel.transition(outcome.status, outcome.patch, outcome.action)
         meta.meter.mark_written()
         return step
@@ -94,6 +107,7 @@ class Committer:
         transition: TransitionRecord,
         rows: list[LedgerRow] | None = None,
         hold: Hold | None = None,
+        kept: KeptReply | None = None,
     ) -> int:
         """Commit one transition of a session whose lock (``hold``) the caller holds.
 
@@ -117,6 +131,7 @@ class Committer:
                 transition=transition,
                 now=transition.ts,
                 ledger=rows,
+                kept=kept,
             )
         )
         try:

@@ -13,11 +13,12 @@ from ..config import Settings
 from ..cost.pricing import PriceBook
 from ..engine.verdict import Outcome, Verdicts
 from ..sessions.locks import SessionLocks, TurnLocks
-from ..store import Store, StoreError
+from ..store import KeptReply, Store, StoreError
 from ..upstream.client import Outbound, UpstreamPool
 from . import render
 from .commit import Committer
 from .complete import Completer, relay_error
+from .idempotency import hold_key, keep_uncommitted, kept_of, replay
 from .plan import Planner
 from .stream import StreamPath
 from .types import Reply, StreamReply, Turn, TurnMeta
@@ -59,6 +60,11 @@ class Pipeline:
         handed_over = False
         meta: TurnMeta | None = None
         try:
+            if turn.idempotency is not None:  # a retry of a kept turn: its reply again
+                wait = self.settings.lease_wait
+                kept = await hold_key(turn.idempotency, self.locks, self.store, stack, wait)
+                if kept is not None:
+                    return replay(kept)
             if turn.keeps_state:
                 hold = await stack.enter_async_context(self.locks.hold(turn.session))
                 with turn.telemetry.span("load state"):
@@ -121,16 +127,24 @@ class Pipeline:
         if isinstance(asked, Reply):
             return asked  # an upstream error, relayed
         answer, retries = asked
-        step = None
-        if answer.outcome is not None:
-            step = await self._commit(meta, answer.outcome)
-        strip = self.settings.reply_envelope
-        return render.reply(answer, meta, answer.outcome, step, retries, strip)
+        strip, limit = self.settings.reply_envelope, self.settings.idempotency_max_reply_bytes
+        if answer.outcome is None:  # nothing to commit (passthrough): kept with its rows
+            reply = render.reply(answer, meta, None, None, retries, strip)
+            kept = kept_of(meta, reply.status, reply.headers, reply.body, limit)
+            await keep_uncommitted(self.store, meta, kept)
+            return reply
+        # Made before the commit (its step is the one the commit writes): a turn sent with
+        # an Idempotency-Key keeps it in the commit's transaction.
+        step = meta.step + 1
+        reply = render.reply(answer, meta, answer.outcome, step, retries, strip)
+        kept = kept_of(meta, reply.status, reply.headers, reply.body, limit, step=step)
+        await self._commit(meta, answer.outcome, kept)
+        return reply
 
-    async def _commit(self, meta: TurnMeta, outcome: Outcome) -> int:
-        """Commit the judged turn with its ledger rows (``Committer.commit``); ``auto``
-        learns the verdict."""
-        step = await self.commits.commit(meta, outcome)
+    async def _commit(self, meta: TurnMeta, outcome: Outcome, kept: KeptReply | None) -> int:
+        """Commit the judged turn with its ledger rows and kept reply (``Committer.commit``);
+        ``auto`` learns the verdict."""
+        step = await self.commits.commit(meta, outcome, kept)
         self.planner.committed(meta, outcome.status, step)
         return step
 

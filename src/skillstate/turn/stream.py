@@ -21,9 +21,11 @@ from ..engine.strip_events import StrippingRelay
 from ..engine.stripper import strip_envelope
 from ..engine.verdict import Outcome, Verdicts
 from ..errors import ProxyError
+from ..store import KeptReply
 from ..upstream.client import Exchange, Outbound
 from . import render
 from .commit import Committer
+from .idempotency import StreamCapture, keep_uncommitted, kept_of
 from .plan import Planner
 from .types import TurnMeta, strips, with_envelope
 
@@ -39,7 +41,7 @@ class StreamPath:
         settings: Settings,
         verdicts: Verdicts,
         planner: Planner,
-        commit: Callable[[TurnMeta, Outcome], Awaitable[int]],
+        commit: Callable[[TurnMeta, Outcome, KeptReply | None], Awaitable[int]],
         commits: Committer,
     ) -> None:
         self.settings = settings
@@ -69,6 +71,8 @@ class StreamPath:
             rewrite = self.settings.reply_envelope == ReplyEnvelope.STRIP and strips(turn)
             relay = stripping = StrippingRelay(relay, turn.dialect, rewrite=rewrite)
         clean = False
+        limit = self.settings.idempotency_max_reply_bytes
+        capture = None if turn.idempotency is None else StreamCapture(limit)
 
         def answered(status: int) -> None:
             share = Fraction(0)
@@ -95,6 +99,8 @@ class StreamPath:
             async with contextlib.aclosing(events):
                 async for ready in events:
                     if isinstance(ready, bytes):
+                        if capture is not None:
+                            capture.add(ready)
                         yield ready
                     else:
                         problem = ready.problem
@@ -106,12 +112,16 @@ class StreamPath:
                 return
             tail = relay.finish()
             if envelope or meta.window is not None:
-                note, committed = await self._commit(meta, relay)
+                note, committed = await self._commit(meta, relay, ex, b"".join(tail), capture)
                 if not committed:
                     yield note  # the error event: the reply is out but not committed
                     clean = True
                     return
                 tail.insert(0, note)
+            elif capture is not None:
+                headers, body = render.base_headers(meta, ex), capture.body(b"".join(tail))
+                kept = kept_of(meta, ex.status, headers, body, limit, stream=True)
+                await keep_uncommitted(self.commits.store, meta, kept)
             await self.commits.close_ledger(turn, meter)  # before the last bytes go out
             yield b"".join(tail)
             clean = True
@@ -126,9 +136,18 @@ class StreamPath:
             await self.commits.close_ledger(turn, meter)
             await shielded(stack.aclose())
 
-    async def _commit(self, meta: TurnMeta, relay: StreamRelay) -> tuple[bytes, bool]:
+    async def _commit(
+        self,
+        meta: TurnMeta,
+        relay: StreamRelay,
+        ex: Exchange,
+        tail: bytes,
+        capture: StreamCapture | None,
+    ) -> tuple[bytes, bool]:
         """Judge and commit a finished stream: the SSE comment carrying the verdict and cost
-        (headers are long gone) and True, or the error event and False when that failed."""
+        (headers are long gone) and True, or the error event and False when that failed.
+        With ``capture`` (an Idempotency-Key) the whole stream, the comment and ``tail``
+        that follow it, is kept in the commit."""
         turn = meta.turn
         try:
             if with_envelope(meta.shape):
@@ -137,9 +156,16 @@ class StreamPath:
                 )
             else:
                 outcome = Outcome("window")  # a window turn: recorded, no envelope asked
+            step = meta.step + 1  # what the commit writes
+            note = render.stream_note(outcome, step, meta.meter)
+            kept = None
+            if capture is not None:
+                headers, body = render.base_headers(meta, ex), capture.body(note + tail)
+                limit = self.settings.idempotency_max_reply_bytes
+                kept = kept_of(meta, ex.status, headers, body, limit, step=step, stream=True)
             # Commit before the terminal event: a client that reads /state right after the
             # stream ends sees the new state.
-            step = await self.commit(meta, outcome)
+            await self.commit(meta, outcome, kept)
         except Exception as e:
             # Say so in-band, as an upstream error would be, rather than by cutting the
             # connection.
@@ -147,4 +173,4 @@ class StreamPath:
                 log.exception("turn %s: judging or committing a stream", turn.session)
             internal = f"internal proxy error ({type(e).__name__})"
             return relay.error(str(e) if isinstance(e, ProxyError) else internal), False
-        return render.stream_note(outcome, step, meta.meter), True
+        return note, True

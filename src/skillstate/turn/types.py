@@ -24,6 +24,7 @@ from ..upstream.client import Exchange
 
 if TYPE_CHECKING:
     from ..cost.budgets import TurnBudgets
+    from .idempotency import Idempotency
     from .window import WindowTurn
 
 
@@ -43,6 +44,7 @@ class Turn:
     # A context form fixed by the caller instead of the mode's: a compaction's checkpoint
     # sends the whole transcript with the contract (skillstate.compaction).
     shape: ContextShape | None = None
+    idempotency: Idempotency | None = None  # its Idempotency-Key (turn/idempotency.py)
 
     @property
     def shown_session(self) -> str:

@@ -33,6 +33,7 @@ from ..headertext import header_safe
 from ..observability.telemetry import TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
+from ..turn.idempotency import REPLAYED_HEADER
 from ..turn.types import Reply, StreamReply, Turn
 from ..upstream.client import UpstreamPool, UpstreamRuntime
 from .compaction import Run, plan, restore
@@ -144,10 +145,14 @@ class ResponsesTurn:
             _say_dropped(self.pool.candidates(turn.model), result.headers, self.dropped)
         if self.endpoint or turn.body.get("store") is False or self.link is None:
             return result
+        replayed = REPLAYED_HEADER in result.headers  # kept under its Idempotency-Key: as it was
         if isinstance(result, StreamReply):
+            if replayed:
+                return result
             return dataclasses.replace(result, chunks=_keep_stream(self.link, result.chunks))
         if 200 <= result.status < 300:
-            return dataclasses.replace(result, body=await _keep_reply(self.link, result.body))
+            body = await _keep_reply(self.link, result.body, store=not replayed)
+            return dataclasses.replace(result, body=body)
         return result
 
 
@@ -192,8 +197,9 @@ class _Link:
         await self.store.put_response(record)
 
 
-async def _keep_reply(link: _Link, raw: bytes) -> bytes:
-    """Store a JSON reply's response; the body the client gets names the previous id."""
+async def _keep_reply(link: _Link, raw: bytes, *, store: bool = True) -> bytes:
+    """Store a JSON reply's response (not when ``store`` is False: a replayed reply was
+    stored the first time); the body the client gets names the previous id."""
     try:
         resp = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -203,7 +209,8 @@ async def _keep_reply(link: _Link, raw: bytes) -> bytes:
     if link.previous is not None:
         resp["previous_response_id"] = link.previous
     try:
-        await link.keep(resp)
+        if store:
+            await link.keep(resp)
     except StoreError:
         return raw  # the answer stands; only a later previous_response_id will miss it
     return orjson.dumps(resp) if link.previous is not None else raw

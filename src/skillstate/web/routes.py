@@ -6,6 +6,7 @@ from starlette.routing import Route
 
 from ..dialects.registry import DIALECTS
 from ..ui import ui_routes
+from .adminkeys import admin_key, admin_keys
 from .info import cost, health, metrics, models
 from .responses import DIALECT as RESPONSES
 from .responses import ResponsesTurn, compact_hooks, response_input_items, response_item
@@ -51,5 +52,8 @@ ROUTES = [
     Route("/state", state, methods=["GET", "DELETE", "PATCH"]),
     Route("/cost", cost, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/admin/keys", admin_keys, methods=["GET", "POST"]),
+    Route("/admin/keys/{name}", admin_key, methods=["DELETE"]),
+    Route("/admin/keys/{name}/rotate", admin_key, methods=["POST"]),
     *ui_routes(),
 ]

@@ -68,7 +68,8 @@ class Runtime:
         self.budgets = Budgets(self.store, worst, self.coordination, clock)
 
     async def purge_forever(self) -> None:
-        """Drop expired sessions and old ledger rows, every ``purge_interval`` seconds."""
+        """Drop expired sessions, old ledger rows and replies kept past ``idempotency_ttl``,
+        every ``purge_interval`` seconds."""
         s = self.settings
         while True:
             now = time.time()
@@ -79,6 +80,7 @@ class Runtime:
                     await self.sessions.purge_expired(now - s.session_ttl)
                 if s.ledger_retention > 0:
                     await self.store.purge_ledger(now - s.ledger_retention)
+                await self.store.purge_kept_replies(now - s.idempotency_ttl)
             except StoreError as e:
                 log.warning("purge skipped: %s", e)
             except Exception as e:

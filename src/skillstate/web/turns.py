@@ -23,6 +23,7 @@ from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
+from ..turn.idempotency import IDEMPOTENCY_HEADER, idempotency_of
 from ..turn.types import Reply, StreamReply, Turn
 from .compaction import AppliedEdits, Run, plan_messages
 from .counting import count_tokens
@@ -61,20 +62,25 @@ async def parse_turn(
     telemetry: TurnTelemetry = NO_TELEMETRY,
 ) -> Turn:
     """The request as a ``Turn``: a validated body plus the per-request mode headers; the
-    session in the caller's key's namespace."""
+    session in the caller's key's namespace. Its Idempotency-Key applies to the session the
+    client named ("" when it named none: a retry gets the session the first try made)."""
     body = await read_json_object(request, settings.max_body_bytes)
     validate(body)
     mode = _header_choice(request, "x-skillstate-mode", settings.mode)
     constrain = _header_choice(request, "x-skillstate-constrain", settings.constrain)
+    caller = principal_of(request.scope)
+    named = store_session(caller, single_header(request, SESSION_HEADER) or "")
+    idem = idempotency_of(single_header(request, IDEMPOTENCY_HEADER), named, dialect, body)
     return Turn(
         dialect=dialect,
         body=body,
         headers={k.lower(): v for k, v in request.headers.items()},
-        session=store_session(principal_of(request.scope), session),
+        session=store_session(caller, session),
         mode=mode,
         constrain=constrain != Constrain.OFF,
         telemetry=telemetry,
         client_session=session,
+        idempotency=idem,
     )
 
 
