@@ -19,7 +19,6 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from tests.helpers import SESSION_HEADER
 
 
 @function_tool
@@ -39,7 +38,9 @@ async def run(args: argparse.Namespace) -> None:
         base_url=args.base_url,
         api_key="sk-dummy",
         max_retries=0,
-        default_headers={SESSION_HEADER: args.session},
+        default_headers={
+            "x-skillstate-session": args.session
+        },  # a program of its own venv: no tests/ import
     )
     model = (
         OpenAIResponsesModel("gpt-test", client)

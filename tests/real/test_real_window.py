@@ -39,7 +39,7 @@ def test_a_window_session_commits_constrained_checkpoints(real_proxy, tap: Tap) 
         raw = c.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=msgs,  # type: ignore[arg-type]
-            max_tokens=64,
+            max_tokens=160,  # room for a whole envelope: 64 cut every checkpoint off in "action"
             temperature=0,
             seed=SEED,
             extra_headers={"x-skillstate-session": session},
