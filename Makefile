@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests scripts scripts/wheel-smoke scripts/structure-facts
-	$(BIN)/ruff format --check src tests scripts scripts/wheel-smoke scripts/structure-facts
+	$(BIN)/ruff check src tests scripts scripts/wheel-smoke scripts/structure-facts scripts/auto-vs-cheapest
+	$(BIN)/ruff format --check src tests scripts scripts/wheel-smoke scripts/structure-facts scripts/auto-vs-cheapest
 	$(BIN)/mypy src
 
 test: lint

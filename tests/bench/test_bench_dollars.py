@@ -351,3 +351,31 @@ def test_small_bench_run_per_regime(regime: str) -> None:
     for name in ("state", "auto"):
         sv = report["savings"]["by_arm"][name]
         assert sv["saved_usd"] == pytest.approx(base["cost_usd"] - arms[name]["cost_usd"])
+
+
+def test_cache_read_fraction_prices_reads_at_that_share_of_the_input() -> None:
+    """--cache-regime openai@0.1: the same simulated cache, reads billed at 0.1x input."""
+    from skillstate.bench.arm import BenchError, split_regime
+
+    assert split_regime("openai@0.1") == ("openai", 0.1)
+    assert split_regime("anthropic") == ("anthropic", None)
+    for bad in ("openai@2", "openai@x", "azure@0.1"):
+        with pytest.raises(BenchError, match="cache regime"):
+            split_regime(bad)
+    reports = {}
+    for read in (None, 0.1):
+        cfg = BenchConfig(
+            turns=4,
+            distractor_bytes=6000,
+            cache_regime="openai",
+            cache_read=read,
+            price_as="claude-sonnet-4-5",
+            arms=("baseline", "state"),
+        )
+        reports[read] = rep.build_report(run_benchmark(cfg))
+    cheap, dear = reports[0.1]["arms"]["baseline"], reports[None]["arms"]["baseline"]
+    assert cheap["cached_tokens"] == dear["cached_tokens"] > 0
+    assert reports[0.1]["params"]["cache_regime"] == "openai@0.1"
+    assert reports[0.1]["params"]["prices_per_mtok"]["cache_read_per_mtok"] == pytest.approx(0.3)
+    read_usd = cheap["cost_breakdown"]["cache_read_usd"]
+    assert read_usd == pytest.approx(dear["cost_breakdown"]["cache_read_usd"] / 5)

@@ -10,7 +10,8 @@ silent 0).
 Billing (:func:`regime_prices`): offline, a call is priced as ``--price-as MODEL`` (its input
 and output rates from the price book) under the cache regime's multipliers of the input rate
 (``REGIME_FACTORS``: cache reads 1.0/0.5/0.1, cache writes 1.0/1.0/1.25 for
-none/openai/anthropic), so every regime prices one model the same way but for its cache.
+none/openai/anthropic; ``openai@0.1``: the cache read at another fraction of the input
+rate), so every regime prices one model the same way but for its cache.
 Live, the model's own rates (cache prices included) apply.
 """
 
@@ -55,6 +56,26 @@ class BenchError(Exception):
     """A usage or setup problem, reported as one line."""
 
 
+def split_regime(label: str) -> tuple[str, float | None]:
+    """A cache regime label: one of ``CACHE_REGIMES``, optionally with its cache read priced
+    at another fraction of the input rate (``openai@0.1``): (regime, read fraction or None)."""
+    base, at, read = label.partition("@")
+    factor: float | None = None
+    if at:
+        try:
+            factor = float(read)
+        except ValueError:
+            factor = -1.0
+        if not 0.0 <= factor <= 1.0:
+            raise BenchError(f"cache regime {label!r}: the read price after @ is 0..1")
+    if base not in CACHE_REGIMES:
+        raise BenchError(
+            f"cache regime {label!r}: one of {', '.join(CACHE_REGIMES)} (optionally @READ, "
+            "e.g. openai@0.1)"
+        )
+    return base, factor
+
+
 @dataclass
 class BenchConfig:
     workload: str = "conversation"  # conversation | tools
@@ -76,6 +97,14 @@ class BenchConfig:
     client: str = "openai"  # one of CLIENTS
     cache_regime: str = "openai"  # the simulated provider's prompt cache (one of CACHE_REGIMES)
     arms: tuple[str, ...] = DEFAULT_ARMS
+    cache_read: float | None = None  # the cache read's fraction of the input rate (@READ)
+
+    @property
+    def regime_label(self) -> str:
+        """The regime as ``--cache-regime`` spells it (``openai@0.1``)."""
+        if self.cache_read is None:
+            return self.cache_regime
+        return f"{self.cache_regime}@{self.cache_read:g}"
 
     @property
     def offline(self) -> bool:
@@ -126,9 +155,10 @@ class BenchRun:
 # -- pricing ---------------------------------------------------------------------------------
 
 
-def regime_prices(model: str | None, regime: str) -> Prices | None:
+def regime_prices(model: str | None, regime: str, read: float | None = None) -> Prices | None:
     """``model``'s input and output rates with the regime's cache multipliers (see the module
-    docstring); None when the model or its rates are unknown."""
+    docstring; ``read``: the cache read's own fraction of the input rate); None when the model
+    or its rates are unknown."""
     from skillstate.cost.pricing import Prices
 
     if model is None:
@@ -136,7 +166,8 @@ def regime_prices(model: str | None, regime: str) -> Prices | None:
     rates = _price_book().rates(model=model, upstream=None)
     if rates is None:
         return None
-    read, write = REGIME_FACTORS[regime]
+    factor, write = REGIME_FACTORS[regime]
+    read = factor if read is None else read
     base = rates.input_per_mtok
     return Prices(base, rates.output_per_mtok, base * read, base * write)
 
@@ -144,7 +175,7 @@ def regime_prices(model: str | None, regime: str) -> Prices | None:
 def bench_prices(cfg: BenchConfig) -> Prices | None:
     """The rates a run's calls are billed at: offline, ``--price-as`` under the regime."""
     if cfg.offline:
-        return regime_prices(cfg.price_as, cfg.cache_regime)
+        return regime_prices(cfg.price_as, cfg.cache_regime, cfg.cache_read)
     return None
 
 

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from skillstate.bench.arm import ARMS, CACHE_REGIMES, DEFAULT_ARMS, BenchConfig, BenchError
+from skillstate.bench.arm import (
+    ARMS,
+    CACHE_REGIMES,
+    DEFAULT_ARMS,
+    BenchConfig,
+    BenchError,
+    split_regime,
+)
 
 EPILOG = (
     "Live runs read the key from SKILLSTATE_API_KEY or OPENAI_API_KEY. Exit status: 0 valid "
@@ -82,12 +90,13 @@ def cost_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cache-regime",
-        choices=CACHE_REGIMES,
+        metavar="{" + ",".join(CACHE_REGIMES) + "}[@READ]",
         default="openai",
         help="how the simulated provider caches and bills prompt prefixes: none; openai "
         "(automatic prefix cache, reads at 0.5x input); anthropic (cache_control breakpoints, "
         "reads 0.1x, writes 1.25x; the client speaks the Messages API and marks the end of "
-        "system and of the last message). TTL 300 s, minimum 1,024 tokens (default openai)",
+        "system and of the last message); @READ prices the cache read at that fraction of "
+        "the input instead (openai@0.1). TTL 300 s, minimum 1,024 tokens (default openai)",
     )
     p.add_argument(
         "--arms",
@@ -153,6 +162,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_tokens=getattr(args, "max_tokens", 512),
         price_as=getattr(args, "price_as", None),
         inject_failure=parse_injection(getattr(args, "inject_failure", None)),
-        cache_regime=getattr(args, "cache_regime", "openai") or "openai",
+        **regime_fields(args),
         arms=parse_arms(getattr(args, "arms", None)),
     )
+
+
+def regime_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """``--cache-regime REGIME[@READ]`` as ``BenchConfig``'s cache_regime and cache_read."""
+    regime, read = split_regime(getattr(args, "cache_regime", "openai") or "openai")
+    return {"cache_regime": regime, "cache_read": read}

@@ -418,7 +418,7 @@ def build_report(run: BenchRun) -> dict[str, Any]:
         "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature,
         "price_as": cfg.price_as,
-        "cache_regime": cfg.cache_regime if cfg.offline else None,
+        "cache_regime": cfg.regime_label if cfg.offline else None,
         "prices_per_mtok": None if prices is None else dataclasses.asdict(prices),
         "arms": list(run.arms),
         "inject_failure": f"{cfg.inject_failure[0]}:{cfg.inject_failure[1]}"

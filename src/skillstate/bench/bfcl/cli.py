@@ -12,7 +12,13 @@ from skillstate.bench.bfcl.constants import CATEGORIES, GROUPINGS, INSTALL_HINT,
 from skillstate.bench.bfcl.report import build_bfcl_report, render_bfcl_console
 from skillstate.bench.bfcl.run import BfclConfig, run_bfcl
 from skillstate.bench.console import emit_report, make_console, progress_bar
-from skillstate.bench.options import EPILOG, cost_args, parse_arms, parse_injection
+from skillstate.bench.options import (
+    EPILOG,
+    cost_args,
+    parse_arms,
+    parse_injection,
+    regime_fields,
+)
 
 
 def add_bfcl_parser(subparsers: Any) -> None:
@@ -76,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> BfclConfig:
         max_tokens=getattr(args, "max_tokens", 512),
         price_as=getattr(args, "price_as", None),
         inject_failure=parse_injection(getattr(args, "inject_failure", None)),
-        cache_regime=getattr(args, "cache_regime", "openai") or "openai",
+        **regime_fields(args),
         arms=parse_arms(getattr(args, "arms", None)),
     )
     return BfclConfig(

@@ -242,21 +242,12 @@ def _error_text(status: int, raw: bytes) -> str:
 def parse_regime(label: str) -> tuple[str, float | None]:
     """A regime label: ``openai``, ``anthropic``, ``none``, or one of them with its cache
     read priced at another fraction of the input price (``openai@0.1``)."""
-    base, _, read = label.partition("@")
-    factor: float | None = None
-    if read:
-        try:
-            factor = float(read)
-        except ValueError:
-            factor = -1.0
-        if not 0.0 <= factor <= 1.0:
-            raise ReplayError(f"cache regime {label!r}: the read price after @ is 0..1")
-    if base not in REGIMES:
-        raise ReplayError(
-            f"cache regime {label!r}: one of {', '.join(REGIMES)} (optionally @READ, e.g. "
-            "openai@0.1)"
-        )
-    return base, factor
+    from skillstate.bench.arm import BenchError, split_regime
+
+    try:
+        return split_regime(label)
+    except BenchError as e:
+        raise ReplayError(str(e)) from None
 
 
 class Replayer:
