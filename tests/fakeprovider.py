@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
 import contextlib
 import json
@@ -65,6 +66,13 @@ USAGE_KEYS = {
     "cache_write",
     "reasoning_tokens",
 }
+COMPACT_PATH = "/v1/responses/compact"
+# What ``POST /v1/responses/compact`` takes (the openai SDK's ResponseCompactParams); any
+# other field is the API's "Unknown parameter" 400 (it does not stream, for one).
+COMPACT_FIELDS = {
+    "model", "input", "instructions", "previous_response_id", "prompt_cache_key",
+    "prompt_cache_options", "prompt_cache_retention", "service_tier",
+}  # fmt: skip
 _OPENAI_FINISH = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
 _ANTHROPIC_STOP = {v: k for k, v in _OPENAI_FINISH.items()}
 _ALNUM = string.ascii_letters + string.digits
@@ -294,6 +302,7 @@ class FakeProvider:
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/messages", self._handle)
         app.router.add_post("/v1/responses", self._handle)
+        app.router.add_post("/v1/responses/compact", self._handle)
         app.router.add_post("/v1/messages/count_tokens", self._handle)
         app.router.add_get("/v1/models", self._handle)
         app.router.add_get("/v1/models/{model_id}", self._handle)
@@ -341,7 +350,7 @@ class FakeProvider:
             request.path.startswith("/v1/models") and "anthropic-version" in rec.headers
         )
         rec.dialect = "anthropic" if anthropic else "openai"
-        if request.path == "/v1/responses":
+        if request.path in ("/v1/responses", "/v1/responses/compact"):
             rec.dialect = "responses"
         with self._cond:
             self.requests.append(rec)
@@ -373,7 +382,7 @@ class FakeProvider:
                 return await self._send(request, rec, reply, reply.status, payload)
             build = self._anthropic if anthropic else self._openai
             if rec.dialect == "responses":
-                build = self._responses
+                build = self._compact if rec.path == COMPACT_PATH else self._responses
             return await self._send(request, rec, reply, 200, build(rec.json, reply, rec.stream))
         except asyncio.CancelledError:
             rec.disconnected = not (rec.dropped or self._stopping)
@@ -481,6 +490,10 @@ class FakeProvider:
             )
         if rec.path == "/v1/messages/count_tokens":
             _check_count_tokens(body)
+        elif rec.path == COMPACT_PATH:
+            _check_compact(body)  # unknown parameters are refused even with validate off
+            if self.validate:
+                _check_responses(body)
         elif rec.path == "/v1/responses":
             if self.validate:
                 _check_responses(body)
@@ -746,6 +759,48 @@ class FakeProvider:
             for n, e in enumerate(events)
         ]  # fmt: skip
 
+    def _compact(self, req: dict[str, Any], reply: Reply, stream: bool) -> Any:
+        """``POST /v1/responses/compact``: a ``response.compaction`` object whose output is
+        every user message of the input (as output items), then one ``compaction`` item
+        with opaque ``encrypted_content`` (here: the reply's text, base64 after OpenAI's
+        Fernet-like ``gAAAAA`` prefix). Shapes: the openai SDK's CompactedResponse and
+        ResponseCompactionItem; the API reference's example."""
+        items = req.get("input")
+        if isinstance(items, str):
+            items = [{"role": "user", "content": items}]
+        users = []
+        for item in items or ():
+            if not isinstance(item, dict) or item.get("type", "message") != "message":
+                continue
+            if item.get("role") != "user":
+                continue
+            content = item.get("content")
+            parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else (
+                content or []
+            )  # fmt: skip
+            users.append(
+                {"id": _rid("msg_", 32), "type": "message", "status": "completed",
+                 "content": parts, "role": "user"}
+            )  # fmt: skip
+        summary = reply.text if reply.text is not None else DEFAULT_TEXT
+        opaque = "gAAAAA" + base64.urlsafe_b64encode(summary.encode()).decode()
+        u = reply.usage
+        prompt = u.get("prompt_tokens", estimate_tokens([req.get("instructions"), items]))
+        completion = u.get("completion_tokens", max(1, ntokens(summary)))
+        return {
+            "id": _rid("resp_", 32), "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*users, {"id": _rid("cmp_", 32), "type": "compaction",
+                                "encrypted_content": opaque}],
+            "usage": {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": u.get("reasoning_tokens", 0)},
+                "total_tokens": prompt + completion,
+            },
+        }  # fmt: skip
+
     @staticmethod
     def _responses_item_events(i: int, item: dict[str, Any]) -> list[dict[str, Any]]:
         ids = {"item_id": item["id"], "output_index": i}
@@ -982,6 +1037,14 @@ def _check_responses(body: dict[str, Any]) -> None:
                 f"No tool call found for function call output with call_id {item.get('call_id')}.",
                 f"input[{i}]",
             )
+
+
+def _check_compact(body: dict[str, Any]) -> None:
+    """What ``/v1/responses/compact`` refuses before the input checks: a field it does not
+    take (the API's ``unknown_parameter``)."""
+    for key in body:
+        if key not in COMPACT_FIELDS:
+            raise _Rejected(400, f"Unknown parameter: '{key}'.", key, "unknown_parameter")
 
 
 def _check_count_tokens(body: dict[str, Any]) -> None:

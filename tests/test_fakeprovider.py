@@ -230,6 +230,44 @@ def test_max_tokens_truncates(fp, oai, ant):
     assert m.stop_reason == "max_tokens" and m.content[0].text == "y" * 20
 
 
+def test_responses_compact_wire_shape(fp, oai):
+    """``POST /v1/responses/compact`` as the openai SDK's ``responses.compact`` reads it: the
+    user messages, then one opaque compaction item, and the pass's usage."""
+    fp.enqueue(Reply(text="the summary", usage={"completion_tokens": 7, "reasoning_tokens": 3}))
+    history = [
+        {"role": "user", "content": "fix calc.py"},
+        {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": [{"type": "input_text", "text": "thanks"}]},
+    ]
+    r = oai.responses.compact(model="gpt-5", input=history, instructions="be brief")
+    assert r.object == "response.compaction" and r.id.startswith("resp_")
+    *users, item = r.output
+    assert [(u.type, u.role, u.content[0].text) for u in users] == [
+        ("message", "user", "fix calc.py"),
+        ("message", "user", "thanks"),
+    ]
+    assert item.type == "compaction" and item.id.startswith("cmp_")
+    assert item.encrypted_content.startswith("gAAAAA") and "summary" not in item.encrypted_content
+    assert r.usage.output_tokens == 7 and r.usage.output_tokens_details.reasoning_tokens == 3
+    assert r.usage.input_tokens == estimate_tokens(["be brief", history])
+    assert r.usage.total_tokens == r.usage.input_tokens + 7
+    assert fp.last.path == "/v1/responses/compact" and fp.last.json["input"] == history
+
+
+def test_responses_compact_refuses_what_the_api_refuses(fp, oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.compact(model="gpt-5", input="hi", extra_body={"stream": True})
+    assert e.value.body["code"] == "unknown_parameter" and e.value.body["param"] == "stream"
+    orphan = [{"type": "function_call_output", "call_id": "nope", "output": "x"}]
+    with pytest.raises(openai.BadRequestError, match="No tool call found"):
+        oai.responses.compact(model="gpt-5", input=orphan)
+    fp.enqueue(Reply(status=429, error_body="slow down"))
+    with pytest.raises(openai.RateLimitError, match="slow down"):
+        oai.responses.compact(model="gpt-5", input="hi")
+
+
 # ---- Anthropic ---------------------------------------------------------------------------
 
 

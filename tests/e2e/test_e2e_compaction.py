@@ -178,6 +178,82 @@ def test_native_compaction_passes_through_to_a_responses_upstream(
     assert foreign in fake.requests[-1].json["input"]  # the upstream's own: it reads it
 
 
+@pytest.mark.parametrize("mode", ["state", "window", "passthrough"])
+def test_the_compact_endpoint_passes_through_to_a_responses_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    """``compaction: native`` (the default): ``POST /responses/compact`` goes to the
+    upstream's own ``/responses/compact`` as it came, its answer comes back as it is, the
+    call is metered, and the session's state is not touched."""
+    p = start(fake, start_proxy, "openai-responses", "--mode", mode)
+    c = client(p)
+    if mode != "passthrough":
+        fake.enqueue(Reply(text="Looking.\n" + envelope({"notes": "started"})))
+        c.responses.create(model="gpt-4o", input=history(1))
+    before = p.state("s1") if mode != "passthrough" else {}
+    fake.enqueue(Reply(text="the upstream's summary", usage={"prompt_tokens": 900}))
+    raw = c.responses.with_raw_response.compact(
+        model="gpt-4o", input=history(), instructions="You fix bugs."
+    )
+    r = raw.parse()
+    assert r.object == "response.compaction" and r.usage.input_tokens == 900
+    *users, item = r.output
+    assert [u.role for u in users] == ["user"] and item.type == "compaction"
+    assert item.encrypted_content.startswith("gAAAAA")  # the upstream's own, not a token
+    sent = fake.requests[-1]
+    assert sent.path == "/v1/responses/compact"
+    assert {k: v for k, v in sent.json.items() if k != "prompt_cache_key"} == {
+        "model": "gpt-4o",
+        "input": history(),
+        "instructions": "You fix bugs.",
+    }
+    if before:  # no checkpoint (the upstream compacted); the call is in the session's spend
+        after = p.state("s1")
+        assert (after["state"], after["step"]) == (before["state"], before["step"])
+        assert after["spent_usd"] > before["spent_usd"]
+    rows = p.get("/cost", params={"session": "s1"}).json()["totals"]
+    assert rows["requests"] == (1 if mode == "passthrough" else 2)
+    assert rows["input_tokens"] >= 900 and rows["cost_usd"] > 0
+    fake.enqueue(Reply(text="carrying on"))
+    compacted = raw.http_response.json()["output"]  # as the upstream wrote it
+    later = c.responses.create(model="gpt-4o", input=[*compacted, TRIGGER])
+    assert later.output_text == "carrying on"
+    assert fake.requests[-1].json["input"] == [*compacted, TRIGGER]  # the upstream's to read
+
+
+def test_native_compact_errors_reach_the_client_in_its_dialect(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "openai-responses", "--mode", "state")
+    c = client(p)
+    with pytest.raises(openai.BadRequestError) as e:  # the API's own refusal, relayed
+        c.responses.compact(model="gpt-4o", input=history(), extra_body={"stream": True})
+    assert e.value.body["code"] == "unknown_parameter" and e.value.body["param"] == "stream"
+    fake.enqueue(Reply(status=400, error_body="context too long to compact"))
+    with pytest.raises(openai.BadRequestError, match="context too long to compact") as e:
+        c.responses.compact(model="gpt-4o", input=history())
+    assert e.value.body["type"] == "invalid_request_error"
+    assert [r.path for r in fake.requests] == ["/v1/responses/compact"] * 2
+    rows = p.get("/cost", params={"session": "s1"}).json()["totals"]
+    assert rows["requests"] == 2  # the failed calls are in the ledger too
+
+
+def test_native_compact_is_for_responses_upstreams_only(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A failover target of another kind never gets the native endpoint's request: with the
+    Responses upstream down, the client gets the failure, nothing went to the chat one."""
+    ups = [
+        {"name": "r", "url": fake.url + "/v1", "kind": "openai-responses", "api_key": "k"},
+        {"name": "c", "url": fake.url + "/v1", "kind": "openai", "api_key": "k", "priority": 1},
+    ]
+    p = start_proxy(None, "--mode", "state", config={"upstreams": ups, "retry_max_attempts": 1})
+    fake.enqueue(Reply(status=503, error_body="down"))
+    with pytest.raises(openai.InternalServerError):
+        client(p).responses.compact(model="gpt-4o", input=history())
+    assert [r.path for r in fake.requests] == ["/v1/responses/compact"]
+
+
 def test_compaction_proxy_serves_a_responses_upstream_too(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
@@ -185,6 +261,11 @@ def test_compaction_proxy_serves_a_responses_upstream_too(
     item = compact_once(p, fake, {"notes": "from the proxy"})
     assert item["encrypted_content"].startswith("ssc1_")
     assert CHECKPOINT_MARK in upstream_text(fake.requests[-1])
+    fake.enqueue(Reply(text=envelope({"notes": "the endpoint, from the proxy"})))
+    r = client(p).responses.compact(model="m-1", input=history())
+    assert r.output[-1].encrypted_content.startswith("ssc1_")
+    assert fake.requests[-1].path == "/v1/responses"
+    assert p.state("s1")["state"] == {"notes": "the endpoint, from the proxy"}
 
 
 def make_key(data: Path, name: str) -> str:

@@ -302,6 +302,7 @@ class Planner:
             client_headers=turn.headers,
             grammar=grammar,
             cache_hints=_cache_hints(turn, body, schema, _window_prefix_end(shape, state)),
+            path=turn.upstream_path,
         )
 
     def envelope_seen(self, meta: TurnMeta, usage: Usage | None, share: Fraction) -> None:

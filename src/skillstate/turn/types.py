@@ -45,6 +45,9 @@ class Turn:
     # sends the whole transcript with the contract (skillstate.compaction).
     shape: ContextShape | None = None
     idempotency: Idempotency | None = None  # its Idempotency-Key (turn/idempotency.py)
+    # A native endpoint of the client's API to call instead of its dialect's turn path (a
+    # passthrough turn: ``POST /responses/compact`` to a Responses upstream).
+    upstream_path: str | None = None
 
     @property
     def shown_session(self) -> str:

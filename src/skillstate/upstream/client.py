@@ -280,6 +280,10 @@ class Outbound:
     client_headers: Mapping[str, str]
     grammar: dict[str, Any] | None = None  # the envelope's constrained-decoding format
     cache_hints: CacheHints | None = None  # for the provider's prompt cache
+    # Where to POST under the upstream's base URL when it is not its dialect's turn path: a
+    # native endpoint of the client's own API (``/responses/compact``), which only upstreams
+    # of the client's kind serve.
+    path: str | None = None
     _cache: dict[tuple[str, str, bool, bool], bytes] = field(default_factory=dict)
 
     @property
@@ -482,9 +486,13 @@ class UpstreamPool:
             return None
         return permit, admission.ticket
 
-    def _serving(self, model: str | None) -> list[UpstreamRuntime]:
-        """The upstreams that serve ``model``, in order; a 404 when none does."""
+    def _serving(self, out: Outbound) -> list[UpstreamRuntime]:
+        """The upstreams that serve the request's model, in order (for a native endpoint:
+        those of the client's kind); a 404 when none does."""
+        model = out.model
         candidates = self.candidates(model)
+        if out.path is not None:
+            candidates = [up for up in candidates if up.kind == out.client_dialect]
         if not candidates:
             raise ProxyError(
                 "invalid_request",
@@ -495,7 +503,7 @@ class UpstreamPool:
         return candidates
 
     async def _dispatch(self, out: Outbound, failures: list[AttemptRecord]) -> Exchange:
-        candidates = self._serving(out.model)
+        candidates = self._serving(out)
         last_error: Exchange | None = None  # the last HTTP error answer, body already read
         last_record: AttemptRecord | None = None
         held: list[Admission] = []  # the local-limit verdicts of upstreams that could not admit
@@ -632,7 +640,7 @@ class UpstreamPool:
         before then (the body read included) is a retryable transport error; the response
         is closed on any failure or cancellation so the upstream sees the request end."""
         assert up.session is not None
-        url = up.base + up.dialect.upstream_path
+        url = up.base + (out.path or up.dialect.upstream_path)
         timeout = aiohttp.ClientTimeout(
             total=min(remaining, self.settings.total_timeout),
             sock_connect=self.settings.connect_timeout,

@@ -7,6 +7,9 @@ whole transcript (the compaction's own input), whose patch folds that history in
 state, committed as a transition and metered like any turn. The client gets one
 ``compaction`` item whose ``encrypted_content`` is a token pinning that step; a later
 request that carries the item gets, upstream, the state of that step in its place.
+
+To an ``openai-responses`` upstream under ``compaction: native`` the upstream compacts: the
+trigger and ``/responses/compact`` go to it as they came (a metered passthrough turn).
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ def sealer(rt: Runtime) -> TokenSealer:
 
 def key_of(caller: Principal | None) -> str:
     return caller.name if caller is not None else ""
+
+
+# The Responses API's compaction endpoint under an upstream's base URL (``.../v1``).
+NATIVE_COMPACT_PATH = "/responses/compact"
 
 
 def native(rt: Runtime, model: str) -> bool:
@@ -458,8 +465,15 @@ def plan(
     """What serves a Responses request, and the turn as it goes: a compaction (the
     ``/responses/compact`` endpoint, or an input that ends with the trigger), a compaction
     and then the turn (the input passed its ``context_management`` threshold), or the turn.
-    A native upstream gets a trigger, and the field, as they came."""
+    A native upstream gets the endpoint's request (at its own ``/responses/compact``), a
+    trigger and the field as they came, metered like any passthrough call; the session's
+    state is not touched (the upstream's compaction item is opaque to the proxy)."""
     if endpoint:
+        if native(rt, turn.model):
+            turn = dataclasses.replace(
+                turn, mode=Mode.PASSTHROUGH, upstream_path=NATIVE_COMPACT_PATH
+            )
+            return turn, lambda: rt.pipeline.run(turn)
         return turn, lambda: compact(rt, turn, caller, endpoint=True)
     if trigger_of(turn):
         if native(rt, turn.model):  # the upstream compacts: the request goes as it came
