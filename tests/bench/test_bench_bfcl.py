@@ -46,6 +46,7 @@ from skillstate.bench.simmodel import SIM_MODEL_ID, SimError
 from skillstate.dialects.openai import OPENAI
 from skillstate.engine.context import CONTRACT_MARK, STATE_MARK, build_compact
 from skillstate.engine.patch import extract_envelope
+from skillstate.engine.window import transcript_digest
 
 # -- a tiny backend in BFCL's style ----------------------------------------------------------
 
@@ -351,6 +352,58 @@ def test_replay_reads_its_position_from_the_state_and_writes_valid_envelopes() -
         replay_reply(body["messages"], script)
 
 
+def _window_body(transcript: list[dict[str, Any]], start: int, state: dict[str, Any]) -> Any:
+    from skillstate.engine.window import WindowMark, build_window, plan_window
+
+    mark = WindowMark(start, transcript_digest(transcript, start))
+    plan = plan_window(transcript, OPENAI.context, mark)
+    assert plan.reason == "kept"
+    return build_window(
+        OPENAI.context, {"messages": transcript}, plan, list(bfcl.SCHEMA_KEYS), state
+    )
+
+
+def test_replay_reads_its_position_from_a_window_and_writes_envelopes_at_checkpoints() -> None:
+    """The window form: the state as of the last checkpoint, then the window's messages,
+    some of which (the kept exchanges) the state already holds."""
+    from skillstate.engine.window import kept_start, with_checkpoint
+
+    task = _tasks()[0]
+    script = make_script(task, "call")  # one call per step: more exchanges
+    state = dict(bfcl.INITIAL_STATE)
+    transcript = task.turn_messages(0)
+    start = 1  # after the task, which leads the stable prefix
+    checkpoints = 0
+    for call, outputs in enumerate([["{}"]] * 3 + [None]):
+        body = _window_body(transcript, start, state)
+        checkpoint = call == 2  # at turn 1's third call
+        if checkpoint:
+            body = with_checkpoint(OPENAI.context, body)
+        reply = replay_reply(body["messages"], script)
+        env = extract_envelope(reply.content).envelope
+        assert (env is not None) == checkpoint, call  # the envelope only when asked
+        if env is not None:
+            state.update(env.state_patch)
+            checkpoints += 1
+            start = kept_start(transcript, OPENAI.context, start, 1)
+        if outputs is not None:
+            assert reply.tool_calls, call
+            transcript += _tool_msgs(reply, outputs[0:1] * len(reply.tool_calls))
+        else:
+            assert reply.content.startswith(f"[replay] turn {len(state.get('history') or []) + 1}")
+            transcript += [{"role": "assistant", "content": reply.content}]
+            transcript += task.turn_messages(1)
+    assert checkpoints == 1
+    assert state["turn"] == 1 and state["calls_done"] == 3
+    # turn 2, its first call: the position read past the kept exchanges of turn 1
+    body = with_checkpoint(OPENAI.context, _window_body(transcript, start, state))
+    nxt = replay_reply(body["messages"], script)
+    assert json.loads(nxt.tool_calls[0]["function"]["arguments"]) == {"name": "pear"}
+    patch = extract_envelope(nxt.content).envelope.state_patch  # type: ignore[union-attr]
+    assert patch["turn"] == 2 and patch["calls_done"] == 1
+    assert len(patch["history"]) == 1 and patch["history"][0].startswith("turn 1 (")
+
+
 def test_replay_model_answers_out_of_sync_requests_with_http_400() -> None:
     task = _tasks()[0]
     with ReplayModel() as sim:
@@ -459,11 +512,6 @@ def test_grouping_changes_the_number_of_model_calls(grouping: str, calls: int) -
     assert report["arms"]["state"]["quality"]["tasks_matched"] == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="auto now moves sessions into the window form, and the BFCL replay backend reads a "
-    "call's position from the state or the whole transcript, not from a window (to be filed)",
-)
 def test_mode_auto_sends_the_full_transcript_when_smaller() -> None:
     run, runs = run_bfcl(_cfg(bench={"mode": "auto"}), _suite())
     report = bfcl.build_bfcl_report(run, runs)

@@ -1,12 +1,17 @@
 """The offline model of ``bench bfcl``: it replays a task's ground truth, step by step.
 
 It finds its place (turn, calls done) only from what it receives: the transcript in the
-baseline arm, the state in the state arm (so the state has to carry it), and refuses
-(``SimError``, HTTP 400) when the context does not match the task.
+baseline arm, the state in the state arm (so the state has to carry it), the state as of the
+last checkpoint and the messages after it in the window form (the call ids ``call_T_K`` and
+the answers' ``turn T done`` say where each message of the window stands, so a kept exchange
+the state already holds is not counted twice), and refuses (``SimError``, HTTP 400) when the
+context does not match the task. It writes the envelope only when asked for it: on every
+turn of a state contract, at checkpoints of the window's.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +20,21 @@ import orjson
 
 from skillstate.bench.bfcl.constants import HISTORY_CHARS, RESULT_CHARS
 from skillstate.bench.bfcl.tasks import FuncCall, Task, decoded_text, group_calls
-from skillstate.bench.simmodel import SimError, SimModel, SimReply, message_text, read_state
+from skillstate.bench.simmodel import (
+    SimError,
+    SimModel,
+    SimReply,
+    asks_for_envelope,
+    message_text,
+    read_state,
+)
 from skillstate.bench.wire import shorten as _short
 from skillstate.cost.baseline import CachePricing
 from skillstate.engine.context import CONTRACT_MARK, CORRECTION_MARK, STATE_MARK
+from skillstate.engine.window import CHECKPOINT_MARK
+
+_CALL_ID = re.compile(r"call_(\d+)_(\d+)")  # the ids replay_reply gives: turn, call number
+_DONE = re.compile(r"\[replay\] turn (\d+) done")  # a turn's answer
 
 
 @dataclass
@@ -48,7 +64,7 @@ def make_script(task: Task, grouping: str) -> Script:
 
 def _marked(msg: Mapping[str, Any]) -> bool:
     text = message_text(dict(msg))
-    return CONTRACT_MARK in text or STATE_MARK in text or CORRECTION_MARK in text
+    return any(m in text for m in (CONTRACT_MARK, STATE_MARK, CORRECTION_MARK, CHECKPOINT_MARK))
 
 
 def _result_line(call: str, output: str) -> str:
@@ -102,6 +118,78 @@ def _observation_calls(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str,
     return out[::-1]
 
 
+@dataclass
+class _Position:
+    """Where a window context stands: the turn (0-based), its calls done, its request and
+    results by call number, and the history of the turns answered."""
+
+    turn: int
+    done: int
+    request: str
+    results: dict[int, str]
+    history: list[str]
+
+
+def _window_start(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The index of the first window message: after the last one holding the state (the
+    stable prefix and the state come before it), or 0 when the state follows the transcript
+    (``auto``'s switch: the transcript as it is, then the contract and the state)."""
+    at = max((i for i, m in enumerate(messages) if STATE_MARK in message_text(dict(m))), default=-1)
+    if not any(not _marked(m) for m in messages[at + 1 :]):
+        return 0
+    return at + 1
+
+
+def _window_position(messages: Sequence[Mapping[str, Any]], state: Mapping[str, Any]) -> _Position:
+    """The position of a window context: the state's, then every window message in turn."""
+    turn_no, done = state.get("turn", 0), state.get("calls_done", 0)
+    if not isinstance(turn_no, int) or not isinstance(done, int):
+        raise SimError("replay: the state has no integer turn/calls_done")
+    results = [str(r) for r in state.get("results") or []]
+    start = _window_start(messages)
+    request = str(state.get("request") or "")
+    if not turn_no:  # no checkpoint yet: the first turn's request is the task, in the prefix
+        users = (m for m in messages[:start] if m.get("role") == "user" and not _marked(m))
+        task = next(users, None)
+        request = message_text(dict(task)) if task is not None else request
+    pos = _Position(
+        max(turn_no - 1, 0),
+        done,
+        request,
+        dict(enumerate(results, 1)),
+        [str(h) for h in state.get("history") or []],
+    )
+    window = [m for m in messages[start:] if not _marked(m)]
+    ids = _calls_by_id(window)
+    for m in window:
+        role = m.get("role")
+        if role == "user":  # a turn starts: the one after every turn answered
+            pos = _Position(len(pos.history), 0, message_text(dict(m)), {}, pos.history)
+        elif role == "tool":
+            call_id = str(m.get("tool_call_id"))
+            found = _CALL_ID.fullmatch(call_id)
+            if found is None:
+                raise SimError(f"replay: a tool result for an unknown call {call_id!r}")
+            t, k = int(found[1]) - 1, int(found[2])
+            if t < len(pos.history):  # a kept exchange of a turn the state has answered
+                continue
+            if t != pos.turn:
+                raise SimError(f"replay: a result of turn {t + 1} in turn {pos.turn + 1}")
+            pos.results[k] = _result_line(ids.get(call_id, "?"), message_text(dict(m)))
+            pos.done = max(pos.done, k)
+        elif role == "assistant" and (answer := _DONE.match(message_text(dict(m)))):
+            n = int(answer[1])
+            if n > len(pos.history):  # answered after the state was written
+                outcomes = [(*r.split(" -> ", 1), "")[:2] for r in _ordered(pos.results)]
+                line = _history_line(n, pos.request, [(a, b) for a, b in outcomes])
+                pos.history = [*pos.history, line]
+    return pos
+
+
+def _ordered(results: Mapping[int, str]) -> list[str]:
+    return [results[k] for k in sorted(results)]
+
+
 def _first_turn_request(messages: Sequence[Mapping[str, Any]]) -> str | None:
     """The one unmarked user message of a compact context with no tool results (the first
     turn's request, in the stable prefix), or None."""
@@ -127,6 +215,14 @@ def _envelope(patch: dict[str, Any], action: str) -> str:
     return f"```json\n{body}\n```"
 
 
+def _window_form(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the context holds the window form's contract (it speaks of checkpoints)."""
+    return any(
+        CONTRACT_MARK in (text := message_text(dict(m))) and "checkpoint" in text.lower()
+        for m in messages
+    )
+
+
 def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
     """The replay model's reply: a pure function of the context and the task's script.
 
@@ -134,11 +230,20 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
     messages = _drop_corrections([m for m in messages if isinstance(m, dict)])
     if not messages:
         raise SimError("replay: no messages")
-    contract = any(CONTRACT_MARK in message_text(m) for m in messages)
+    contract = asks_for_envelope(messages)
     state = read_state(messages)
     last = messages[-1]
     history: list[str]
-    if state is not None:  # the proxy's compact context: the position comes from the state
+    window = _window_form(messages)
+    if window:
+        unmarked = [m for m in messages if not _marked(m)]
+        last = unmarked[-1] if unmarked else last
+        if last.get("role") not in ("user", "tool"):
+            raise SimError(f"replay: cannot read the position from a {last.get('role')} message")
+        pos = _window_position(messages, state or {})
+        t, k, request, history = pos.turn, pos.done, pos.request, pos.history
+        results = _ordered(pos.results)
+    elif state is not None:  # the proxy's compact context: the position comes from the state
         turn_no = state.get("turn")
         done = state.get("calls_done")
         if not isinstance(turn_no, int) or not isinstance(done, int):
@@ -181,6 +286,8 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
         raise SimError(f"replay: {k} calls done in turn {t + 1}, not a step boundary {bounds}")
     i = bounds.index(k)
     patch: dict[str, Any] = {"turn": t + 1, "request": request}
+    if window:  # a checkpoint folds the turns answered in the window into the history
+        patch["history"] = history
     if i < len(turn.steps):
         step = turn.steps[i]
         calls = [
