@@ -84,12 +84,15 @@ def get_dialect(name: str) -> Dialect:
 
 
 def dialect_for_path(path: str) -> str | None:
-    """The dialect whose client routes serve ``path`` (its turn or token-counting path)."""
+    """The dialect whose client routes serve ``path``: its turn path, its token-counting path,
+    or a path under its turn path (``/v1/responses/compact``, ``/v1/responses/{id}``)."""
     path = path.rstrip("/")
+    path = path[3:] if path.startswith("/v1/") else path
     for d in DIALECTS.values():
-        if path.endswith(d.client_path) or (
-            d.count_tokens_path is not None and path.endswith(d.count_tokens_path)
-        ):
+        if path == d.count_tokens_path:
+            return d.name
+    for d in DIALECTS.values():
+        if path == d.client_path or path.startswith(d.client_path + "/"):
             return d.name
     return None
 

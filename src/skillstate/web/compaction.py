@@ -30,7 +30,7 @@ from ..compaction.token import CompactionRef, TokenError, TokenSealer, looks_lik
 from ..cost.tokens import estimate_tokens
 from ..dialects import sse
 from ..dialects.anthropic import ANTHROPIC
-from ..dialects.responses import RESPONSES
+from ..dialects.responses import RESPONSES, input_items
 from ..dialects.responses.translate import new_id
 from ..engine.context import split_transcript
 from ..errors import ProxyError
@@ -175,7 +175,7 @@ async def compact(
     """Serve a compaction: the checkpoint turn, then the answer with one compaction item
     (``endpoint``: ``POST /responses/compact``'s ``response.compaction`` object; else the
     ``response`` of a request that ended with the trigger, streamed if it asked to be)."""
-    items = list(turn.body.get("input") or ())
+    items = input_items(turn.body.get("input"))
     if not endpoint:
         items = items[:-1]  # the trigger
     reply = await _checkpoint(rt, turn, "input", items, ci.checkpoint_request)
@@ -406,7 +406,7 @@ async def compact_then_run(
     """The input passed its compaction threshold: checkpoint it, then run the turn on the
     compacted input (system text, the state, the latest observation); the response's
     output starts with the compaction item, as the API's does."""
-    items = list(turn.body.get("input") or ())
+    items = input_items(turn.body.get("input"))
     reply = await _checkpoint(rt, turn, "input", items, ci.checkpoint_request)
     if not 200 <= reply.status < 300:
         return reply

@@ -25,7 +25,7 @@ from ..auth.gate import Principal, principal_of
 from ..auth.tenancy import split_session, store_session
 from ..choices import Mode
 from ..dialects import sse
-from ..dialects.responses import RESPONSES
+from ..dialects.responses import RESPONSES, input_items
 from ..dialects.responses.stream import TERMINAL_EVENTS
 from ..dialects.responses.translate import reject_unsupported_tools, split_tools
 from ..errors import ProxyError
@@ -43,15 +43,6 @@ from .wire import error_response
 
 DIALECT = RESPONSES.name
 JSON = dict[str, Any]
-
-
-def _input_items(raw: Any) -> list[Any]:
-    """The request's ``input`` as a list of items (a string is one user message)."""
-    if isinstance(raw, str):
-        return [
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}
-        ]
-    return list(raw or ())
 
 
 MAX_CHAIN = 10_000  # responses followed back from a previous_response_id
@@ -76,7 +67,7 @@ async def _with_chain(
     and its session: the header's, else the previous response's, else a new one (in the
     caller's key's namespace: another key's response id is not found)."""
     body = turn.body
-    items = _input_items(body.get("input"))
+    items = input_items(body.get("input"))
     session = resolve_session_id(session_header) if session_header is not None else None
     session = None if session is None else store_session(caller, session)
     prev_id = body.get("previous_response_id")
@@ -127,7 +118,7 @@ class ResponsesTurn:
             request, rt.settings, DIALECT, RESPONSES.validate, session="", telemetry=tel
         )
         prev_id = turn.body.get("previous_response_id")
-        own_items = _input_items(turn.body.get("input"))
+        own_items = input_items(turn.body.get("input"))
         _, self.dropped = split_tools(turn.body.get("tools"))
         if self.dropped and rt.settings.unsupported_tools == "reject":
             _reject_unsupported(rt.pool.candidates(turn.model), turn.body)

@@ -53,6 +53,11 @@ def _user_message(text: str) -> JSON:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
+def input_items(raw: Any) -> list[Any]:
+    """A request's ``input`` as a list of items (a string is one user message)."""
+    return [_user_message(raw)] if isinstance(raw, str) else list(raw or ())
+
+
 class ResponsesContext:
     """The transcript is ``input`` (a list of items; the route turns a string into one user
     message). System text is ``instructions`` plus leading system/developer messages; tool

@@ -14,6 +14,8 @@ from ..checks import is_number as _is_number
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 _FORMATS = frozenset({"text", "json_object", "json_schema"})
+# Content parts whose text the translations to other upstream kinds read (and join).
+_TEXT_OF_PART = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 
 def validate_responses_request(body: JSON) -> None:
@@ -69,8 +71,7 @@ def _validate_item(item: Any, path: str) -> None:
         content = item.get("content")
         if isinstance(content, list):
             for k, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise _bad(f"{path}.content[{k}] must be an object with a type", path)
+                _validate_part(part, f"{path}.content[{k}]")
         elif not isinstance(content, str):
             raise _bad(f"{path}.content must be a string or an array of parts", path)
     elif itype == "function_call":
@@ -82,9 +83,21 @@ def _validate_item(item: Any, path: str) -> None:
     elif itype == "function_call_output":
         if not isinstance(item.get("call_id"), str) or not item["call_id"]:
             raise _bad(f"{path}.call_id: required, a non-empty string", f"{path}.call_id")
-        if not isinstance(item.get("output"), (str, list)):
+        output = item.get("output")
+        if not isinstance(output, (str, list)):
             raise _bad(f"{path}.output: required, a string or an array", f"{path}.output")
+        for k, part in enumerate(output if isinstance(output, list) else ()):
+            _validate_part(part, f"{path}.output[{k}]")
     # reasoning, compaction and other item types are relayed as they are
+
+
+def _validate_part(part: Any, path: str) -> None:
+    """A content part: an object with a type, its text (or refusal) a string when it has one."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise _bad(f"{path} must be an object with a type", path)
+    member = _TEXT_OF_PART.get(part["type"])
+    if member is not None and not isinstance(part.get(member), str):
+        raise _bad(f"{path}.{member} must be a string", f"{path}.{member}")
 
 
 def _validate_tools(tools: Any) -> None:

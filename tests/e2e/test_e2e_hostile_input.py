@@ -1,0 +1,135 @@
+"""Hostile input a real client can send, through a real proxy against the fake provider:
+each one a 400 in the client's dialect (never a 500 or a dropped connection), nothing sent
+upstream for what the proxy refuses, and what it accepts served as a turn.
+
+Every case here was a crash (500, the connection reset for a stream) before its fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import InProcessProxy, StartProxy
+from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import envelope, oai, session
+
+JSON = dict[str, Any]
+KINDS = ["openai", "anthropic"]
+MODES = ["passthrough", "state", "window"]
+
+
+def start(fake: FakeProvider, start_proxy: StartProxy, kind: str, **cfg: Any) -> InProcessProxy:
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    up = {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
+    return start_proxy(None, config={"upstreams": [up], "schema": ["facts", "notes"], **cfg})
+
+
+def turns_sent(fake: FakeProvider) -> list[RecordedRequest]:
+    return [r for r in fake.requests if r.method == "POST"]
+
+
+def headers(mode: str, sid: str = "h1") -> dict[str, str]:
+    return {**session(sid), "x-skillstate-mode": mode}
+
+
+CALL = {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"}
+
+# Responses input whose text-bearing members are not strings: the translation to a chat or
+# Anthropic upstream joined them as text (TypeError, a 500 on every mode).
+WRONG_TEXT: dict[str, list[Any]] = {
+    "input_text": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}],
+    "output_text": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": ["x"]}]},
+        {"role": "user", "content": "go on"},
+    ],
+    "refusal": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]},
+        {"role": "user", "content": "go on"},
+    ],
+    "output part": [
+        {"role": "user", "content": "hi"},
+        CALL,
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text"}]},
+    ],
+    "output not a part": [
+        {"role": "user", "content": "hi"},
+        CALL,
+        {"type": "function_call_output", "call_id": "c1", "output": [7]},
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(WRONG_TEXT))
+def test_responses_text_that_is_not_a_string_is_a_400(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str, case: str
+) -> None:
+    p = start(fake, start_proxy, kind)
+    c = oai(p, default_headers=headers(mode))
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model="m-1", input=WRONG_TEXT[case], stream=stream)
+        assert e.value.status_code == 400 and "input[" in str(e.value)
+    assert turns_sent(fake) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_compact_endpoint_takes_a_string_input(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str
+) -> None:
+    """``input`` may be a string on every Responses route (it is one user message); the
+    compact endpoint read it as a list of characters in passthrough (AttributeError)."""
+    p = start(fake, start_proxy, kind)
+    fake.enqueue(Reply(text=envelope({"notes": "compacted"})))
+    r = oai(p, default_headers=headers(mode)).responses.compact(
+        model="m-1", input="Fix the failing test in calc.py"
+    )
+    *users, item = r.output
+    assert item.type == "compaction" and [u.role for u in users] == ["user"]
+    assert "Fix the failing test in calc.py" in str(turns_sent(fake)[-1].json)
+    assert p.state("h1")["state"] == {"notes": "compacted"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_string_input_past_its_compaction_threshold_compacts(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, stream: bool
+) -> None:
+    """``context_management`` compaction on a string ``input`` in passthrough mode (the
+    compaction read the string as a list of characters: AttributeError)."""
+    p = start(fake, start_proxy, kind)
+    fake.enqueue(Reply(text=envelope({"notes": "long task"})), Reply(text="answer"))
+    request: JSON = {
+        "model": "m-1",
+        "input": "Fix the failing test. " * 200,
+        "context_management": [{"type": "compaction", "compact_threshold": 100}],
+    }
+    c = oai(p, default_headers=headers("passthrough"))
+    if stream:
+        with c.responses.stream(**request) as events:
+            final = events.get_final_response()
+    else:
+        final = c.responses.create(**request)
+    assert final.output[0].type == "compaction"
+    assert final.output_text == "answer"
+    assert p.state("h1")["state"] == {"notes": "long task"}
+
+
+def test_errors_under_the_responses_routes_answer_in_openais_shape(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """An error outside the turn handler on /v1/responses/... is the Responses API's (OpenAI's)
+    shape, whatever the client's other headers say (it followed ``anthropic-version``)."""
+    p = start(fake, start_proxy, "openai")
+    for path in ("/v1/responses/compact", "/responses/compact", "/v1/responses/resp_1"):
+        r = httpx.put(p.url + path, headers={"anthropic-version": "2023-06-01"})
+        assert r.status_code == 405
+        assert list(r.json()) == ["error"], r.text  # not Anthropic's {"type": "error", ...}
+        assert r.json()["error"]["type"] == "invalid_request_error"
