@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from skillstate.cost.baseline import CacheRegime
-from skillstate.cost.checkpoint import CheckpointPolicy, WindowSizes
+from skillstate.cost.checkpoint import CONTEXT_SHARE, CheckpointPolicy, WindowSizes
 from skillstate.cost.pricing import Prices
 
 SONNET = Prices(3.0, 15.0, 0.3, 3.75)
@@ -36,6 +36,32 @@ def test_always_past_window_max_tokens_or_the_context_limit() -> None:
     assert decide(sizes(window=31_500)).reason == "max_tokens"
     d = decide(sizes(window=5_000), context_limit=8_000)
     assert d.checkpoint and d.reason == "context_limit"
+
+
+def test_the_context_limit_binds_at_its_safe_share_of_the_whole_request() -> None:
+    # prefix 3,000 + state 300 + window + one turn's growth (700) against the share
+    limit = 40_000
+    room = int(limit * CONTEXT_SHARE) - 3_000 - 300 - 700
+    assert 0 < room < 32_000 - 700  # below window_max_tokens: only the limit can bind
+    below = decide(sizes(window=room - 1, kept=room - 1_000), context_limit=limit)
+    assert below.reason != "context_limit"
+    above = decide(sizes(window=room + 1, kept=room - 1_000), context_limit=limit)
+    assert above.checkpoint and above.reason == "context_limit"
+    # the same window with no known limit (or a large one) waits for the bill
+    assert decide(sizes(window=room + 1, kept=room - 1_000)).reason != "context_limit"
+    assert decide(sizes(window=room + 1, kept=room - 1_000), context_limit=10**6).reason != (
+        "context_limit"
+    )
+
+
+def test_window_max_tokens_binds_below_a_large_context_limit() -> None:
+    d = decide(sizes(window=31_500), context_limit=1_000_000)
+    assert d.checkpoint and d.reason == "max_tokens"
+
+
+def test_no_checkpoint_shrinks_a_window_of_only_kept_exchanges_even_past_the_limit() -> None:
+    d = decide(sizes(exchanges=3, window=9_000, kept=9_000), context_limit=8_000)
+    assert not d.checkpoint and d.reason == "keep"
 
 
 def test_by_bill_a_large_window_pays_a_small_one_waits() -> None:

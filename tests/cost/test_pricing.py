@@ -304,3 +304,21 @@ def test_rates_honour_overrides_and_say_unknown() -> None:
     assert PriceBook().rates(model="no-such-model-xyz", upstream=None) is None
     local = PriceBook(overrides_by_upstream={"local": {"local_zero": True}})
     assert local.rates(model="anything", upstream="local") == Prices(0.0, 0.0, 0.0, 0.0)
+
+
+def test_context_window_is_genai_prices_bundled_one_and_none_when_unknown() -> None:
+    from genai_prices.data import providers
+
+    def bundled(provider_id: str, model_id: str) -> int | None:
+        provider = next(p for p in providers if p.id == provider_id)
+        return next(m.context_window for m in provider.models if m.id == model_id)
+
+    book = PriceBook()
+    # Anthropic publishes 200,000 tokens for Sonnet 4.5, OpenAI 128,000 for gpt-4o-mini.
+    assert book.context_window("claude-sonnet-4-5", "anthropic") == 200_000
+    assert bundled("anthropic", "claude-sonnet-4-5") == 200_000
+    assert book.context_window("gpt-4o-mini", "https://api.openai.com/v1") == 128_000
+    assert book.context_window("gpt-4o-mini") == bundled("openai", "gpt-4o-mini")
+    assert book.context_window("my-local-llama") is None
+    assert book.context_window(None) is None
+    assert book.context_window("") is None

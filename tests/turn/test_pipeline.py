@@ -450,3 +450,38 @@ async def test_auto_switches_to_the_window_building_compact_once_per_turn(
     assert store_of(p).transitions[0].context == "checkpoint"
     assert store_of(p).transitions[0].status == "valid"
     assert store_of(p).transitions[-1].context == "window"
+
+
+# -- the window's checkpoints and the model's context limit -----------------------------------
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "my-local-model"])
+async def test_a_window_checkpoints_before_it_passes_its_share_of_the_models_context(
+    tmp_path: Path, model: str
+) -> None:
+    from skillstate.cost.checkpoint import CONTEXT_SHARE
+    from skillstate.cost.tokens import request_tokens
+
+    def like_a_model(out: Outbound) -> str:
+        asked = "[skillstate] CHECKPOINT" in json.dumps(out.body["messages"][-1])
+        return envelope(len(pool_of(p).sent)) if asked else "Noted."
+
+    # window_max_tokens far out of reach: only the model's context limit can force a checkpoint
+    p = make(tmp_path, like_a_model, mode=Mode.WINDOW, window_max_tokens=10_000_000)
+    limit = p.planner.prices.context_window(model)
+    transcript: list[JSON] = [{"role": "system", "content": "Be brief."}]
+    sent: list[int] = []
+    for k in range(7):
+        transcript.append({"role": "user", "content": f"observation {k}: " + "x" * 48_000})
+        body: JSON = {"model": model, "messages": list(transcript)}
+        await run_json(p, Turn("openai", body, {"x-skillstate-session": "s"}, "s", Mode.WINDOW))
+        sent.append(request_tokens(pool_of(p).sent[-1].body))
+        transcript.append({"role": "assistant", "content": "Noted."})
+    reasons = [t.estimate.get("reason") for t in store_of(p).transitions]
+    if limit is None:  # a model genai-prices does not know: the bill alone decides
+        assert "context_limit" not in reasons
+        return
+    assert limit == 128_000
+    assert "context_limit" in reasons
+    # every request stayed within the share (plus at most the one turn it grew by)
+    assert max(sent) <= limit * CONTEXT_SHARE + 12_500

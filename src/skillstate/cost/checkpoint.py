@@ -9,8 +9,12 @@ until the next checkpoint.
 :meth:`CheckpointPolicy.decide` checkpoints
 
 * never while the window holds no more than ``keep`` exchanges (nothing would leave it);
-* always when the window would pass ``max_tokens`` (``window_max_tokens``) or the model's
-  context limit with the next turn's growth;
+* always when the window would pass ``max_tokens`` (``window_max_tokens``) with the next
+  turn's growth, or the whole request (stable prefix, state, window) would pass
+  ``CONTEXT_SHARE`` of the model's context limit (genai-prices' context window for the
+  model, :meth:`skillstate.cost.pricing.PriceBook.context_window`): the estimate runs up to
+  1.2 times short of a real tokenizer (``skillstate.cost.worstcase.INPUT_MARGIN``), and the
+  checkpoint instruction and the reply need room in the same context;
 * otherwise by bill. A window growing by g tokens a turn, checkpointed every T turns, costs
   C / T + r g T / 2 a turn over what it keeps (checkpoint cost C, carry rate r: the cache
   read price, or the input price where nothing caches the window); that is least at
@@ -33,10 +37,14 @@ from .auto import rates
 from .baseline import CacheRegime
 from .pricing import Prices
 
-__all__ = ["CheckpointDecision", "CheckpointPolicy", "WindowSizes"]
+__all__ = ["CONTEXT_SHARE", "CheckpointDecision", "CheckpointPolicy", "WindowSizes"]
 
 DEFAULT_WINDOW_KEEP = 3
 DEFAULT_WINDOW_MAX_TOKENS = 32_000
+# Of the model's context limit, what a window turn's request may fill by estimate: with the
+# estimator up to 1.2x short (cost.worstcase.INPUT_MARGIN, 1.25), 0.6 of the limit by estimate
+# is at most 0.75 of it in real tokens, leaving a quarter for the instruction and the reply.
+CONTEXT_SHARE = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +104,7 @@ class CheckpointPolicy:
         if upcoming > self.max_tokens:
             return CheckpointDecision(True, "max_tokens")
         total = sizes.prefix + sizes.state + upcoming
-        if context_limit is not None and total > context_limit:
+        if context_limit is not None and total > context_limit * CONTEXT_SHARE:
             return CheckpointDecision(True, "context_limit")
         inp, out, read, write = rates(regime, prices)
         leaving = max(sizes.window - sizes.kept, 0)

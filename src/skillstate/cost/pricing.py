@@ -332,6 +332,14 @@ class PriceBook:
             probe, model=model, upstream=upstream, provider_hint=provider_hint, at=at
         ).prices
 
+    def context_window(self, model: str | None, provider_hint: str | None = None) -> int | None:
+        """The model's context limit in tokens, as genai-prices' bundled data has it (the
+        same lookup as its prices); None for a model it does not know or lists without one
+        (local models, most often)."""
+        found = _lookup(model, provider_hint) if model else None
+        window = getattr(found[1], "context_window", None) if found is not None else None
+        return window if isinstance(window, int) and window > 0 else None
+
     def price(
         self,
         usage: Usage | None,

@@ -110,11 +110,12 @@ class Planner:
         candidates = self.pool.candidates(turn.model or None)
         cfg = candidates[0].cfg if candidates else None
         regime = cfg.cache_regime(turn.model or None) if cfg else CacheRegime("none")
-        rates = None
+        rates = limit = None
         if cfg is not None:
             rates = self.prices.rates(
                 model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
             )
+            limit = self.prices.context_window(turn.model or None, cfg.url)
         client_marks = turn.dialect == "anthropic" and count_breakpoints(turn.body) > 0
         caches = regime.pricing == "openai" or (regime.pricing == "anthropic" and client_marks)
         return self.windows.plan(
@@ -130,6 +131,7 @@ class Planner:
             window_caches=caches,
             force=turn.mode == Mode.AUTO and mark is None,
             can_checkpoint=turn.envelope_form != "none",
+            context_limit=limit,
         )
 
     def build_context(
