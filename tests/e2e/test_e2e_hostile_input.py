@@ -6,6 +6,8 @@ Every case here was a crash (500, the connection reset for a stream) before its 
 
 from __future__ import annotations
 
+import gzip
+import json
 from typing import Any
 
 import httpx
@@ -133,3 +135,53 @@ def test_errors_under_the_responses_routes_answer_in_openais_shape(
         assert r.status_code == 405
         assert list(r.json()) == ["error"], r.text  # not Anthropic's {"type": "error", ...}
         assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+TURN_BODIES: dict[str, JSON] = {
+    "/v1/chat/completions": {"model": "m-1", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/messages": {
+        "model": "m-1",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+    },
+    "/v1/messages/count_tokens": {"model": "m-1", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": {"model": "m-1", "input": "hi"},
+}
+
+
+def dialect_error(path: str, r: httpx.Response) -> JSON:
+    """The error object of the route's dialect (Anthropic's on /v1/messages...)."""
+    body = r.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error", r.text
+    else:
+        assert list(body) == ["error"], r.text
+    error: JSON = body["error"]
+    return error
+
+
+@pytest.mark.parametrize("path", sorted(TURN_BODIES))
+def test_a_compressed_body_is_a_415_and_nothing_goes_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, path: str
+) -> None:
+    """The proxy parses the body itself: a gzip one was read as not-JSON, or, when it was
+    JSON, forwarded upstream still labelled ``content-encoding: gzip`` (the upstream failed
+    to decode it: a 500 relayed to the client)."""
+    p = start(fake, start_proxy, "openai")
+    raw = json.dumps(TURN_BODIES[path]).encode()
+    for body in (gzip.compress(raw), raw):
+        r = httpx.post(
+            p.url + path,
+            content=body,
+            headers={"content-type": "application/json", "content-encoding": "gzip"},
+        )
+        assert r.status_code == 415, r.text
+        assert "content-encoding" in dialect_error(path, r)["message"]
+    assert turns_sent(fake) == []
+    r = httpx.post(
+        p.url + path,
+        content=raw,
+        headers={"content-type": "application/json", "content-encoding": "identity"},
+    )
+    assert r.status_code == 200, r.text
+    assert all("content-encoding" not in sent.headers for sent in turns_sent(fake))

@@ -34,12 +34,13 @@ from .breaker import Breaker, CircuitBreaker, Permit
 from .limits import Admission, RateLimits, Ticket, UpstreamLimits
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
-# Never forwarded: hop-by-hop headers, our own, and what aiohttp sets itself.
+# Never forwarded: hop-by-hop headers, our own, what aiohttp sets itself, and what describes
+# the client's body rather than the one the proxy sends (its own JSON, uncompressed).
 _DROP_REQUEST_HEADERS = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "accept-encoding", "cookie",
+        "accept-encoding", "cookie", "content-encoding", "expect",
     }
 )  # fmt: skip
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})

@@ -46,14 +46,24 @@ def error_response(
 
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request body as a JSON object; 415 unless it is declared as JSON, 413 as soon as it
-    is known to be too big (without buffering the rest), 400 for anything that is not a JSON
-    object or nests deeper than ``MAX_JSON_DEPTH``."""
+    """The request body as a JSON object; 415 unless it is declared as uncompressed JSON, 413
+    as soon as it is known to be too big (without buffering the rest), 400 for anything that
+    is not a JSON object or nests deeper than ``MAX_JSON_DEPTH``."""
     if not is_json_media_type(request.headers.get("content-type", "")):
         # text/plain and form bodies are CORS "simple" requests: any web page could send them.
         raise ProxyError(
             "invalid_request",
             "content-type must be application/json",
+            status=415,
+            code="unsupported_media_type",
+        )
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # The body is parsed here and sent upstream re-encoded: a compressed one would be
+        # read as bytes that are not JSON (and its header would mislabel what goes upstream).
+        raise ProxyError(
+            "invalid_request",
+            f"content-encoding {encoding!r} is not supported; send the body uncompressed",
             status=415,
             code="unsupported_media_type",
         )
