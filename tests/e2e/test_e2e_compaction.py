@@ -18,6 +18,7 @@ import pytest
 
 from skillstate.cli.main import main as cli_main
 from skillstate.compaction.items import CHECKPOINT_MARK, RESTORED_MARK
+from skillstate.engine.context import STATE_MARK
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
 from tests.helpers import SESSION_HEADER
@@ -86,6 +87,7 @@ def test_the_compact_endpoint_checkpoints_into_the_state(
     (sent,) = sent_turns(fake)
     text = upstream_text(sent)
     assert "STATE CONTRACT" in text and CHECKPOINT_MARK in text and "cat part2.py" in text
+    assert "is being compacted" in text  # no state yet: a full turn with the contract
     state = p.state("s1")
     assert state["state"] == {"facts": ["calc.py: f2 is wrong"]} and state["step"] == 1
     assert p.get("/cost", params={"session": "s1"}).json()["totals"]["requests"] == 1
@@ -153,6 +155,11 @@ def test_state_mode_compacts_and_continues(fake: FakeProvider, start_proxy: Star
     c = client(p)
     c.responses.create(model="m-1", input=history(1))
     item = compact_once(p, fake, {"notes": "folded", "facts": ["f0 fine"]})
+    # A session with state and no window: the whole transcript, the contract, the state,
+    # then the window form's checkpoint instruction.
+    text = upstream_text(sent_turns(fake)[-1])
+    assert "cat part0.py" in text and "cat part2.py" in text and "started" in text
+    assert "leave your context after this reply" in text and "is being compacted" not in text
     fake.enqueue(Reply(text="Done.\n" + envelope({"notes": "done"})))
     r = c.responses.create(model="m-1", input=[item, {"role": "user", "content": "finish"}])
     assert r.output_text == "Done."
@@ -176,6 +183,66 @@ def test_native_compaction_passes_through_to_a_responses_upstream(
         extra_headers={"x-skillstate-mode": "passthrough"},
     )
     assert foreign in fake.requests[-1].json["input"]  # the upstream's own: it reads it
+
+
+BIG = "line of build output 0123456789\n" * 12  # ~100 tokens per tool output
+
+
+def checkpointing_model(rec: RecordedRequest) -> Reply:
+    """A model that writes the envelope only when the last message asks for a checkpoint
+    (the window form's turns between checkpoints ask for none)."""
+    asked = CHECKPOINT_MARK in json.dumps((rec.json.get("messages") or [{}])[-1])
+    n = len(rec.json.get("messages") or ())
+    return Reply(text=envelope({"notes": f"folded at {n}"})) if asked else Reply(text="next")
+
+
+def build_steps(c: openai.OpenAI, items: list[Any], first: int, last: int) -> None:
+    """The agent's loop: each step's output and the model's answer join the transcript."""
+    for k in range(first, last):
+        items.append({"role": "user", "content": f"output {k}\n{BIG}"})
+        r = c.responses.create(model="m-1", input=items)
+        items.append({"role": "assistant", "content": r.output_text})
+
+
+def checkpoints(fake: FakeProvider) -> list[RecordedRequest]:
+    return [r for r in sent_turns(fake) if CHECKPOINT_MARK in json.dumps(r.json["messages"][-1])]
+
+
+@pytest.mark.parametrize("rewritten", [False, True])
+def test_a_window_session_compacts_with_the_windows_checkpoint(
+    fake: FakeProvider, start_proxy: StartProxy, rewritten: bool
+) -> None:
+    """A session in the window form compacts with the window's checkpoint turn: the stable
+    prefix, the state, the messages since the window's start and the checkpoint instruction
+    (the messages an earlier checkpoint folded are not sent again). A transcript the window
+    does not continue (the client rewrote it) is sent whole, so nothing unfolded is lost."""
+    p = start(fake, start_proxy, "openai", "--mode", "window", window_max_tokens=1000)
+    fake.responder = checkpointing_model
+    c = client(p)
+    items: list[Any] = [{"role": "user", "content": "TASK: build the project"}]
+    build_steps(c, items, 0, 12)
+    assert checkpoints(fake), "the window never checkpointed"
+    build_steps(c, items, 12, 14)
+    if rewritten:
+        items = [items[0], {"role": "user", "content": "output 0 again"}, *items[-4:]]
+    before = p.state("s1")
+    fake.requests.clear()
+    r = c.responses.create(model="m-1", input=[*items, TRIGGER])
+    (item,) = r.output
+    assert item.type == "compaction" and item.encrypted_content.startswith("ssc1_")
+    (sent,) = sent_turns(fake)
+    text = upstream_text(sent)
+    assert STATE_MARK in text and before["state"]["notes"] in text  # the state it starts from
+    assert "Older messages are not shown" in text  # the window's contract
+    assert "leave your context after this reply" in text  # the window's checkpoint instruction
+    assert "output 13" in text and "is being compacted" not in text
+    assert ("output 0 again" in text) is rewritten  # rewritten: the whole transcript
+    if not rewritten:
+        assert "output 0\\n" not in text  # folded by an earlier checkpoint: not sent again
+    after = p.get("/state", params={"session": "s1", "history": "1"}).json()
+    assert after["step"] == before["step"] + 1
+    assert after["history"][-1]["context"] == "checkpoint"
+    assert after["history"][-1]["status"] == "valid"
 
 
 @pytest.mark.parametrize("mode", ["state", "window", "passthrough"])

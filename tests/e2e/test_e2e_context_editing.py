@@ -218,6 +218,36 @@ def test_compaction_then_the_answer(
     assert "read f0..f3" in sent and "body of f3" in sent and "body of f0" not in sent
 
 
+def test_compaction_of_a_session_with_state_is_the_windows_checkpoint(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A session that has state compacts with the window form's checkpoint turn (here with
+    no window yet: the whole transcript, the contract, the state, the instruction); the
+    patch merges into the state it had."""
+    p = start(fake, start_proxy, "openai")
+    c = ant(p)
+    headers = {SESSION_HEADER: "ant-2", "x-skillstate-mode": "state"}
+    env = {"state_patch": {"facts": ["f0 is short"]}, "action": "read"}
+    fake.enqueue(Reply(text=f"```json\n{json.dumps(env)}\n```"))
+    c.messages.create(model="m-1", max_tokens=100, messages=transcript(1), extra_headers=headers)
+    fake.enqueue(checkpoint_reply())
+    msg = c.beta.messages.create(
+        model="m-1",
+        max_tokens=100,
+        messages=transcript(),
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management=compact_edit(pause=True),  # type: ignore[arg-type]
+        extra_headers={SESSION_HEADER: "ant-2"},
+    )
+    assert msg.stop_reason == "compaction" and msg.content[0].type == "compaction"
+    sent = json.dumps(fake.requests[-1].json)
+    assert "f0 is short" in sent and "body of f0" in sent and "body of f3" in sent
+    assert "leave your context after this reply" in sent and "is being compacted" not in sent
+    state = p.state("ant-2")
+    assert state["state"] == {"facts": ["f0 is short"], "notes": "read f0..f3"}
+    assert state["step"] == 2
+
+
 def test_a_bad_compaction_block_is_refused(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start(fake, start_proxy, "openai")
     bad = {"type": "compaction", "content": "x", "encrypted_content": "forged"}

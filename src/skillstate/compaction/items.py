@@ -22,11 +22,11 @@ from typing import Any
 from ..dialects import sse
 from ..dialects.responses.translate import new_id, response_object
 from ..engine.context import state_text
+from ..engine.window import CHECKPOINT_MARK as CHECKPOINT_MARK  # one mark, every checkpoint
 
 JSON = dict[str, Any]
 TRIGGER = "compaction_trigger"
 COMPACTION = "compaction"
-CHECKPOINT_MARK = "[skillstate] CHECKPOINT"
 RESTORED_MARK = "[skillstate] COMPACTED CONVERSATION"
 
 
@@ -45,15 +45,15 @@ def user_message(text: str) -> JSON:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
-def checkpoint_request(state: JSON | None) -> JSON:
-    """The instruction that ends a checkpoint's transcript: everything above leaves the
-    model's context, and only the state (``state``: as it is now) the envelope writes stays."""
-    now = "" if state is None else f"\n{state_text(state)}"
+def checkpoint_request() -> JSON:
+    """The instruction that ends the checkpoint of a session with no state yet (a full turn
+    with the contract): everything above leaves the model's context, and only the state the
+    envelope writes stays. (A session with state gets the window form's checkpoint.)"""
     return user_message(
         f"{CHECKPOINT_MARK}: the conversation above is being compacted. Everything in it "
         "except the state will be dropped from your context. Fold into state_patch all you "
         "will need to continue the task (goal, facts found, decisions, files and commands, "
-        f"progress, what to do next), then end your reply with the ```json envelope.{now}"
+        "progress, what to do next), then end your reply with the ```json envelope."
     )
 
 

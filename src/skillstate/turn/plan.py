@@ -90,8 +90,11 @@ class Planner:
         return Plan(sent, shape, decision, TurnMeter(self.prices, ctx), window)
 
     def in_window(self, turn: Turn) -> bool:
-        """Whether this turn may be a window turn (its session's mark is then read)."""
-        return turn.shape is None and turn.mode in (Mode.WINDOW, Mode.AUTO)
+        """Whether this turn may be a window turn (its session's mark is then read): a
+        compaction's checkpoint (``shape`` CHECKPOINT) always is."""
+        if turn.shape is not None:
+            return turn.shape == ContextShape.CHECKPOINT
+        return turn.mode in (Mode.WINDOW, Mode.AUTO)
 
     def _window_turn(
         self,
@@ -104,8 +107,12 @@ class Planner:
     ) -> WindowTurn | None:
         """This turn in the window form (``mode: window``, or ``auto`` once it chose it):
         None in the other forms. ``auto``'s first window turn is a checkpoint: it builds the
-        state the window starts from."""
-        if turn.shape is not None or (turn.mode != Mode.WINDOW and form != ContextShape.WINDOW):
+        state the window starts from; so is a compaction's (``shape`` CHECKPOINT), which
+        folds the whole transcript unless the session's window continues it."""
+        compaction = turn.shape == ContextShape.CHECKPOINT
+        if not compaction and (
+            turn.shape is not None or (turn.mode != Mode.WINDOW and form != ContextShape.WINDOW)
+        ):
             return None
         candidates = self.pool.candidates(turn.model or None)
         cfg = candidates[0].cfg if candidates else None
@@ -129,9 +136,10 @@ class Planner:
             regime=regime,
             prices=rates,
             window_caches=caches,
-            force=turn.mode == Mode.AUTO and mark is None,
+            force=compaction or (turn.mode == Mode.AUTO and mark is None),
             can_checkpoint=turn.envelope_form != "none",
             context_limit=limit,
+            whole_unless_kept=compaction,
         )
 
     def build_context(

@@ -156,13 +156,18 @@ class WindowKeeper:
         force: bool = False,
         can_checkpoint: bool = True,
         context_limit: int | None = None,
+        whole_unless_kept: bool = False,
     ) -> WindowTurn:
         """This turn of ``session``: its window, the checkpoint decision and the body.
         ``force``: checkpoint now (``auto``'s switch builds the state this way).
         ``can_checkpoint`` False: the request brought its own output format, which leaves
-        no room for an envelope."""
+        no room for an envelope. ``whole_unless_kept``: a transcript the mark does not
+        continue is sent whole, as if the session had no window yet (a compaction must fold
+        all it is given, not only the latest exchange a changed window restarts at)."""
         messages = body[adapter.transcript_key]
         plan = plan_window(messages, adapter, mark)
+        if whole_unless_kept and plan.reason == "changed":
+            plan = plan_window(messages, adapter, None)
         window = build_window(adapter, body, plan, schema, state)
         if not can_checkpoint:
             decision = CheckpointDecision(False, "format")

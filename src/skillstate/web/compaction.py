@@ -2,9 +2,10 @@
 Responses API: ``POST /v1/responses/compact``, a ``/v1/responses`` request that ends with a
 ``compaction_trigger`` item, and the ``compaction`` items later requests carry back.
 
-A compaction is a **checkpoint** of the session: one turn with the state contract over the
-whole transcript (the compaction's own input), whose patch folds that history into the
-state, committed as a transition and metered like any turn. The client gets one
+A compaction is a **checkpoint** of the session: the ``window`` form's checkpoint turn over
+the compaction's own input (a session with no state yet: a full turn with the contract),
+whose patch folds that history into the state, committed as a transition and metered like
+any turn. The client gets one
 ``compaction`` item whose ``encrypted_content`` is a token pinning that step; a later
 request that carries the item gets, upstream, the state of that step in its place.
 
@@ -178,40 +179,109 @@ async def compact(
     items = input_items(turn.body.get("input"))
     if not endpoint:
         items = items[:-1]  # the trigger
-    reply = await _checkpoint(rt, turn, "input", items, ci.checkpoint_request)
-    if not 200 <= reply.status < 300:
-        return reply  # the upstream's error, in the client's dialect
-    step = int(reply.headers["x-skillstate-step"])
-    usage = _usage(reply.body)
-    token = sealer(rt).seal(CompactionRef(turn.session, step, key_of(caller)))
-    item = ci.compaction_item(token)
-    headers = {k: v for k, v in reply.headers.items() if k != "content-type"}
+    folded = await _fold(rt, turn, caller, "input", items, ci.checkpoint_request)
+    if isinstance(folded, Reply):
+        return folded  # the upstream's error, in the client's dialect
+    item = ci.compaction_item(folded.token)
     if endpoint:
-        body = ci.compacted_response(items, item, usage)
+        body = ci.compacted_response(items, item, folded.usage)
     else:
-        body = ci.triggered_response(turn.model, item, usage)
+        body = ci.triggered_response(turn.model, item, folded.usage)
         if turn.stream:
-            return StreamReply(headers, _once(ci.response_events(body)), _nothing)
-    return Reply(200, orjson.dumps(body), {**headers, "content-type": "application/json"})
+            return StreamReply(folded.headers, _once(ci.response_events(body)), _nothing)
+    return Reply(200, orjson.dumps(body), {**folded.headers, "content-type": "application/json"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Folded:
+    """A committed checkpoint: its reply (headers, usage), the step it committed and the
+    compaction token that pins it."""
+
+    reply: Reply
+    step: int
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {k: v for k, v in self.reply.headers.items() if k != "content-type"}
+
+    @property
+    def usage(self) -> JSON | None:
+        return _usage(self.reply.body)
+
+
+async def _fold(
+    rt: Runtime,
+    turn: Turn,
+    caller: Principal | None,
+    key: str,
+    items: list[Any],
+    ask: Callable[[], JSON],
+) -> _Folded | Reply:
+    """The checkpoint over ``items`` and the token of the step it committed; the reply as
+    it is when the checkpoint failed upstream."""
+    reply = await _checkpoint(rt, turn, key, items, ask)
+    if not 200 <= reply.status < 300:
+        return reply
+    step = int(reply.headers["x-skillstate-step"])
+    token = sealer(rt).seal(CompactionRef(turn.session, step, key_of(caller)))
+    return _Folded(reply, step, token)
 
 
 async def _checkpoint(
-    rt: Runtime, turn: Turn, key: str, items: list[Any], ask: Callable[[JSON | None], JSON]
+    rt: Runtime, turn: Turn, key: str, items: list[Any], ask: Callable[[], JSON]
 ) -> Reply:
-    """One state turn over the whole transcript (``body[key]``: ``items``), ending with the
-    checkpoint instruction ``ask(state now)`` (until the ``window`` form's checkpoint turn
-    lands: a full turn with the contract)."""
+    """The session's checkpoint over the compaction's transcript (``body[key]``:
+    ``items``), answered in full. A session with state gets the ``window`` form's
+    checkpoint turn (``WindowKeeper.checkpoint_body``): its window and the checkpoint
+    instruction when its window continues this transcript, else the whole transcript with
+    the contract, the state and the instruction. A session with no state yet gets a full
+    turn with the contract, ending with ``ask()``."""
     try:
         record = await rt.sessions.load_current(turn.session)
     except StoreError:
         record = None  # the checkpoint's own turn reports the store
     body = {k: v for k, v in turn.body.items() if k not in _NOT_FOR_CHECKPOINT}
-    body[key] = [*items, ask(record.state if record else None)]
     body["stream"] = False
-    checkpoint = dataclasses.replace(turn, body=body, mode=Mode.STATE, shape=ContextShape.FULL)
+    if record is None:
+        body[key] = [*items, ask()]
+        checkpoint = dataclasses.replace(turn, body=body, mode=Mode.STATE, shape=ContextShape.FULL)
+    else:
+        body[key] = items
+        checkpoint = dataclasses.replace(
+            turn, body=body, mode=Mode.WINDOW, shape=ContextShape.CHECKPOINT
+        )
     result = await rt.pipeline.run(checkpoint)
     assert isinstance(result, Reply)  # not streamed
     return result
+
+
+async def _state_now(rt: Runtime, session: str) -> JSON:
+    record = await rt.sessions.load_current(session)
+    return record.state if record is not None else {}
+
+
+async def _run_compacted(
+    rt: Runtime,
+    turn: Turn,
+    body: JSON,
+    first: Callable[[JSON], JSON],
+    shift: Callable[[JSON], list[JSON]],
+) -> Reply | StreamReply:
+    """The request run on its compacted transcript (``body``), its answer carrying the
+    compaction first: ``first`` on a JSON reply, ``shift`` on each event of a stream."""
+    result = await rt.pipeline.run(dataclasses.replace(turn, body=body))
+    if isinstance(result, StreamReply):
+        return dataclasses.replace(result, chunks=_shifted(result.chunks, shift))
+    if not 200 <= result.status < 300:
+        return result
+    try:
+        answer = orjson.loads(result.body)
+    except orjson.JSONDecodeError:
+        return result
+    if not isinstance(answer, dict):
+        return result
+    return Reply(result.status, orjson.dumps(first(answer)), result.headers)
 
 
 def _usage(raw: bytes) -> JSON | None:
@@ -341,8 +411,8 @@ async def _restore_blocks(
     return dataclasses.replace(turn, body={**turn.body, "messages": restored})
 
 
-def _ask_messages(state: JSON | None) -> JSON:
-    text = ci.checkpoint_request(state)["content"][0]["text"]
+def _ask_messages() -> JSON:
+    text = ci.checkpoint_request()["content"][0]["text"]
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
@@ -352,36 +422,30 @@ async def compact_messages(
     """``compact_20260112`` past its trigger: the checkpoint, then the compaction block,
     alone (``pause_after_compaction``) or first in the reply to the compacted request."""
     messages = list(turn.body.get("messages") or ())
-    reply = await _checkpoint(rt, turn, "messages", messages, _ask_messages)
-    if not 200 <= reply.status < 300:
-        return reply
-    step = int(reply.headers["x-skillstate-step"])
-    token = sealer(rt).seal(CompactionRef(turn.session, step, key_of(caller)))
-    block = cm.compaction_block(token, step)
-    headers = {k: v for k, v in reply.headers.items() if k != "content-type"}
+    folded = await _fold(rt, turn, caller, "messages", messages, _ask_messages)
+    if isinstance(folded, Reply):
+        return folded
+    block = cm.compaction_block(folded.token, folded.step)
     if edit.pause:
-        message = cm.paused_message(turn.model, block, _usage(reply.body), new_id("msg_"))
+        message = cm.paused_message(turn.model, block, folded.usage, new_id("msg_"))
+        headers = folded.headers
         if turn.stream:
             events = b"".join(sse.encode(e, event=e["type"]) for e in cm.message_events(message))
             return StreamReply(headers, _once(events), _nothing)
         return Reply(200, orjson.dumps(message), {**headers, "content-type": "application/json"})
-    record = await rt.sessions.load_current(turn.session)
-    state = record.state if record is not None else {}
+    state = await _state_now(rt, turn.session)
     split = split_transcript(messages, ANTHROPIC.context)
-    restored = cm.after_compaction([{"role": "assistant", "content": [block]}], (0, 0), state, step)
+    restored = cm.after_compaction(
+        [{"role": "assistant", "content": [block]}], (0, 0), state, folded.step
+    )
     kept = [*restored, *messages[split.observation :]]
-    result = await rt.pipeline.run(dataclasses.replace(turn, body={**turn.body, "messages": kept}))
-    if isinstance(result, Reply):
-        if not 200 <= result.status < 300:
-            return result
-        try:
-            message = orjson.loads(result.body)
-        except orjson.JSONDecodeError:
-            return result
-        message["content"] = [block, *(message.get("content") or ())]
-        return Reply(result.status, orjson.dumps(message), result.headers)
-    shifted = _shifted(result.chunks, lambda d: cm.shifted_event(d, block))
-    return dataclasses.replace(result, chunks=shifted)
+    return await _run_compacted(
+        rt,
+        turn,
+        {**turn.body, "messages": kept},
+        lambda message: {**message, "content": [block, *(message.get("content") or ())]},
+        lambda data: cm.shifted_event(data, block),
+    )
 
 
 # -- context_management: compaction past a threshold ---------------------------------------
@@ -407,29 +471,20 @@ async def compact_then_run(
     compacted input (system text, the state, the latest observation); the response's
     output starts with the compaction item, as the API's does."""
     items = input_items(turn.body.get("input"))
-    reply = await _checkpoint(rt, turn, "input", items, ci.checkpoint_request)
-    if not 200 <= reply.status < 300:
-        return reply
-    step = int(reply.headers["x-skillstate-step"])
-    item = ci.compaction_item(sealer(rt).seal(CompactionRef(turn.session, step, key_of(caller))))
-    record = await rt.sessions.load_current(turn.session)
-    state = record.state if record is not None else {}
-    ctx = RESPONSES.context
-    split = split_transcript(items, ctx)
-    kept = [*items[: split.system_end], ci.restored_state(state, step)]
+    folded = await _fold(rt, turn, caller, "input", items, ci.checkpoint_request)
+    if isinstance(folded, Reply):
+        return folded
+    item = ci.compaction_item(folded.token)
+    state = await _state_now(rt, turn.session)
+    split = split_transcript(items, RESPONSES.context)
+    kept = [*items[: split.system_end], ci.restored_state(state, folded.step)]
     kept += [i for i in items[split.observation :] if ci.kind(i) != ci.COMPACTION]
-    result = await rt.pipeline.run(dataclasses.replace(turn, body={**turn.body, "input": kept}))
-    if isinstance(result, Reply):
-        if not 200 <= result.status < 300:
-            return result
-        try:
-            resp = orjson.loads(result.body)
-        except orjson.JSONDecodeError:
-            return result
-        body = orjson.dumps(ci.with_item_first(resp, item))
-        return Reply(result.status, body, result.headers)
-    return dataclasses.replace(
-        result, chunks=_shifted(result.chunks, lambda d: ci.shifted_event(d, item))
+    return await _run_compacted(
+        rt,
+        turn,
+        {**turn.body, "input": kept},
+        lambda resp: ci.with_item_first(resp, item),
+        lambda data: ci.shifted_event(data, item),
     )
 
 
