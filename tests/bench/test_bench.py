@@ -215,6 +215,36 @@ def test_sim_records_instructions_but_never_asides() -> None:
     assert reply.content.rstrip().endswith("```")
 
 
+def test_sim_answers_a_re_asked_checkpoint_as_the_checkpoint_it_repeats() -> None:
+    from skillstate.engine.context import add_correction
+    from skillstate.engine.window import build_window, checkpoint_text, plan_window
+
+    w = ConversationWorkload(turns=3)  # turn 2 carries one RECORD and one aside
+    rec = next(f for f in w.facts if f.kind == "recorded")
+    transcript = {
+        "messages": [
+            {"role": "user", "content": w.task},
+            {"role": "user", "content": w.user_text(2)},
+        ]
+    }
+    ctx = OPENAI.context
+    plan = plan_window(transcript["messages"], ctx, None)
+    window = build_window(ctx, transcript, plan, list(w.schema_keys), {"step": 1})
+    asked = ctx.instruct(window, checkpoint_text())
+    first = sim_reply(asked)
+    assert first.patch is not None and first.patch["facts"] == {rec.key: rec.value}
+    # The proxy re-asks (the reply and a correction appended), twice: each is the checkpoint
+    # again, with the same envelope, and the same answer to the observation.
+    again = add_correction(ctx, asked, "Noted.", ["no ```json block"])
+    twice = add_correction(ctx, again, "Noted.", ["no ```json block"])
+    for body in (again, twice):
+        reply = sim_reply(body)
+        assert reply.patch == first.patch and reply.content == first.content
+    # The same window turn with no checkpoint asked: no envelope, re-asked or not.
+    plain = sim_reply(window)
+    assert plain.patch is None and "```json" not in plain.content
+
+
 def test_sim_tools_parallel_calls() -> None:
     w = ToolsWorkload(steps=4)
     env = w.tracker()

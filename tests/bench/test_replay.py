@@ -156,7 +156,7 @@ def test_the_truth_check_compares_the_recorded_bill(tmp_path: Path) -> None:
 
 def test_the_replay_upstream_writes_an_envelope_only_when_asked() -> None:
     from skillstate.bench.simmodel import asks_for_envelope
-    from skillstate.engine.context import CONTRACT_MARK
+    from skillstate.engine.context import CONTRACT_MARK, CORRECTION_MARK
     from skillstate.engine.window import CHECKPOINT_MARK
 
     state_contract = {"role": "system", "content": f"{CONTRACT_MARK}\nEnd every reply with..."}
@@ -171,3 +171,50 @@ def test_the_replay_upstream_writes_an_envelope_only_when_asked() -> None:
     assert asks_for_envelope([state_contract, user])
     assert not asks_for_envelope([window_contract, user])
     assert asks_for_envelope([window_contract, user, checkpoint])
+    # a re-ask: the reply and the proxy's correction after the request it repeats
+    reply = {"role": "assistant", "content": "done"}
+    correction = {"role": "user", "content": f"{CORRECTION_MARK}: your last reply had no..."}
+    reasked = [window_contract, user, checkpoint, reply, correction]
+    assert asks_for_envelope(reasked)
+    assert asks_for_envelope([*reasked, reply, correction])  # the second re-ask
+    assert asks_for_envelope([state_contract, user, reply, correction])
+    assert not asks_for_envelope([window_contract, user, reply, correction])
+
+
+def test_a_re_asked_checkpoint_is_answered_with_its_envelope_and_committed_valid(
+    swe_sessions: list[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that forgets the envelope (and its tool call) on its first checkpoint: the
+    proxy re-asks, the replay upstream answers the re-ask as the checkpoint it repeats, and
+    the turn commits valid (the re-ask's last message is the correction, not the checkpoint
+    instruction)."""
+    from skillstate.bench.replay import run as run_module
+    from skillstate.bench.replay.upstream import ReplayUpstream
+    from skillstate.bench.simmodel import SimReply, read_state
+
+    forgot: list[int] = []
+
+    class ForgetsOnce(ReplayUpstream):
+        def reply(self, body: dict[str, Any]) -> SimReply:
+            answer = super().reply(body)
+            if self._cur.envelope and not forgot:
+                assert self._cur.script is not None
+                forgot.append(self._cur.script.step)
+                self._cur.envelope = 0
+                # no envelope and no tool call: invalid, so the proxy re-asks (with a tool
+                # call the reply would stand as a tool-noop)
+                return SimReply(self._cur.script.reply.text or "done")
+            return answer
+
+    monkeypatch.setattr(run_module, "ReplayUpstream", ForgetsOnce)
+    run, _ = replay_all(swe_sessions[0], regimes=("openai",), arms=("window",))
+    arm = run.arms["openai"]["window"]
+    assert forgot, "no checkpoint was asked"
+    assert arm.upstream_requests == arm.calls + 1  # the one re-ask
+    assert arm.errors == 0 and arm.invalid == 0
+    # the re-ask's envelope was committed: the next call's state is the checkpoint's patch
+    (at,) = [k for k, sent in enumerate(arm.requests) if len(sent) == 2]
+    assert at + 1 == forgot[0]  # scripts count calls from 1
+    (after,) = arm.requests[at + 1]
+    state = read_state(after["messages"])
+    assert state is not None and state.get("step") == forgot[0]

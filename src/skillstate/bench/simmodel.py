@@ -49,7 +49,7 @@ from aiohttp import web
 from skillstate.bench.simcache import CacheCount, SimCache
 from skillstate.cost.baseline import CachePricing
 from skillstate.cost.tokens import estimate_text_tokens, estimate_tokens
-from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
+from skillstate.engine.context import CONTRACT_MARK, CORRECTION_MARK, STATE_MARK
 from skillstate.engine.window import CHECKPOINT_MARK
 
 SIM_MODEL_ID = "skillstate-sim"
@@ -86,21 +86,37 @@ def has_contract(messages: list[dict[str, Any]]) -> bool:
     return any(CONTRACT_MARK in message_text(m) for m in messages)
 
 
+def without_corrections(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request as the proxy first asked it: the trailing (reply, CORRECTION) pairs it
+    adds when it re-asks after an invalid envelope removed. The re-ask asks what the first
+    request asked (a re-asked checkpoint is still a checkpoint), and its last message is the
+    correction, not the checkpoint instruction or the observation."""
+    while (
+        len(messages) >= 2
+        and messages[-1].get("role") == "user"
+        and CORRECTION_MARK in message_text(messages[-1])
+    ):
+        messages = messages[:-2]
+    return messages
+
+
 def asks_for_envelope(messages: list[dict[str, Any]]) -> bool:
     """Whether a request (chat-completions messages) asks the model for the envelope: the
     state contract is in the context and, when it is the window form's (it speaks of
-    checkpoints), the last message is a checkpoint instruction."""
+    checkpoints), the request as first asked ends with a checkpoint instruction."""
     if not has_contract(messages):
         return False
     contract = next(message_text(m) for m in messages if CONTRACT_MARK in message_text(m))
     if "checkpoint" not in contract.lower():
         return True
-    return bool(messages) and CHECKPOINT_MARK in message_text(messages[-1])
+    return at_checkpoint(messages)
 
 
 def at_checkpoint(messages: list[dict[str, Any]]) -> bool:
-    """Whether the last message is the window form's checkpoint instruction."""
-    return bool(messages) and CHECKPOINT_MARK in message_text(messages[-1])
+    """Whether the request, as first asked (re-asks included), ends with the window form's
+    checkpoint instruction."""
+    asked = without_corrections(messages)
+    return bool(asked) and CHECKPOINT_MARK in message_text(asked[-1])
 
 
 def read_state(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -354,7 +370,8 @@ def tools_reply(messages: list[dict[str, Any]]) -> SimReply:
 
 def sim_reply(body: dict[str, Any]) -> SimReply:
     """The simulated model's deterministic reply to a chat completions request body."""
-    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    # A re-ask is answered as the request it repeats (the envelope it lacked included).
+    messages = without_corrections([m for m in body.get("messages") or [] if isinstance(m, dict)])
     reply = tools_reply(messages) if body.get("tools") else conversation_reply(messages)
     if reply.patch is not None:
         reply.content += _envelope(reply.patch, reply.action)

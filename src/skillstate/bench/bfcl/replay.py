@@ -27,6 +27,7 @@ from skillstate.bench.simmodel import (
     asks_for_envelope,
     message_text,
     read_state,
+    without_corrections,
 )
 from skillstate.bench.wire import shorten as _short
 from skillstate.cost.baseline import CachePricing
@@ -199,17 +200,6 @@ def _first_turn_request(messages: Sequence[Mapping[str, Any]]) -> str | None:
     return message_text(dict(users[0]))
 
 
-def _drop_corrections(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Remove trailing (reply, CORRECTION) pairs the proxy adds when it re-asks."""
-    while (
-        len(messages) >= 2
-        and messages[-1].get("role") == "user"
-        and CORRECTION_MARK in message_text(messages[-1])
-    ):
-        messages = messages[:-2]
-    return messages
-
-
 def _envelope(patch: dict[str, Any], action: str) -> str:
     body = orjson.dumps({"state_patch": patch, "action": action}).decode()
     return f"```json\n{body}\n```"
@@ -227,7 +217,7 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
     """The replay model's reply: a pure function of the context and the task's script.
 
     Raises ``SimError`` when the context does not fit the script (the arm is out of sync)."""
-    messages = _drop_corrections([m for m in messages if isinstance(m, dict)])
+    messages = without_corrections([m for m in messages if isinstance(m, dict)])
     if not messages:
         raise SimError("replay: no messages")
     contract = asks_for_envelope(messages)
