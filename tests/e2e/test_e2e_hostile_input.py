@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import zstandard
 
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
@@ -161,27 +163,61 @@ def dialect_error(path: str, r: httpx.Response) -> JSON:
 
 
 @pytest.mark.parametrize("path", sorted(TURN_BODIES))
-def test_a_compressed_body_is_a_415_and_nothing_goes_upstream(
+def test_a_compressed_body_is_decoded_and_sent_upstream_plain(
     fake: FakeProvider, start_proxy: StartProxy, path: str
 ) -> None:
-    """The proxy parses the body itself: a gzip one was read as not-JSON, or, when it was
-    JSON, forwarded upstream still labelled ``content-encoding: gzip`` (the upstream failed
-    to decode it: a 500 relayed to the client)."""
+    """Codex CLI zstd-compresses its requests for OpenAI's provider, and HTTP clients may gzip
+    a big body: the proxy decodes gzip, deflate and zstd before its one parse and sends its own
+    JSON upstream uncompressed (the client's ``content-encoding`` was once forwarded with a
+    re-encoded body, and the upstream could not decode it: a 500 relayed to the client)."""
     p = start(fake, start_proxy, "openai")
     raw = json.dumps(TURN_BODIES[path]).encode()
-    for body in (gzip.compress(raw), raw):
+    encoded = {
+        "gzip": gzip.compress(raw),
+        "deflate": zlib.compress(raw),
+        "zstd": zstandard.ZstdCompressor().compress(raw),
+        "identity": raw,
+    }
+    for coding, body in encoded.items():
         r = httpx.post(
             p.url + path,
             content=body,
-            headers={"content-type": "application/json", "content-encoding": "gzip"},
+            headers={"content-type": "application/json", "content-encoding": coding},
         )
-        assert r.status_code == 415, r.text
-        assert "content-encoding" in dialect_error(path, r)["message"]
+        assert r.status_code == 200, (coding, r.text)
+    sent = turns_sent(fake)
+    if path.endswith("count_tokens"):
+        assert sent == []  # counted by the proxy itself
+        return
+    assert len(sent) == len(encoded)
+    assert all("content-encoding" not in s.headers for s in sent)
+    assert all(json.loads(s.body)["model"] == "m-1" for s in sent)
+
+
+@pytest.mark.parametrize("path", sorted(TURN_BODIES))
+def test_a_body_that_is_not_what_its_coding_says_is_refused_before_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, path: str
+) -> None:
+    """Plain JSON labelled gzip and a truncated zstd frame are 400s, an unknown coding a 415,
+    and a small body that inflates past ``max_body_bytes`` a 413: each in the route's dialect,
+    and nothing goes upstream."""
+    p = start(fake, start_proxy, "openai", max_body_bytes=64 * 1024)
+    raw = json.dumps(TURN_BODIES[path]).encode()
+    bomb = json.dumps({**TURN_BODIES[path], "metadata": {"pad": "x" * 200_000}}).encode()
+    cases = [
+        ("gzip", raw, 400, "not valid gzip"),
+        ("zstd", zstandard.ZstdCompressor().compress(raw)[:-6], 400, "not valid zstd"),
+        ("br", raw, 415, "content-encoding 'br' is not supported"),
+        ("gzip", gzip.compress(bomb), 413, "max_body_bytes"),
+        ("zstd", zstandard.ZstdCompressor().compress(bomb), 413, "max_body_bytes"),
+    ]
+    for coding, body, status, says in cases:
+        assert len(body) < 64 * 1024
+        r = httpx.post(
+            p.url + path,
+            content=body,
+            headers={"content-type": "application/json", "content-encoding": coding},
+        )
+        assert r.status_code == status, (coding, r.text)
+        assert says in dialect_error(path, r)["message"], (coding, r.text)
     assert turns_sent(fake) == []
-    r = httpx.post(
-        p.url + path,
-        content=raw,
-        headers={"content-type": "application/json", "content-encoding": "identity"},
-    )
-    assert r.status_code == 200, r.text
-    assert all("content-encoding" not in sent.headers for sent in turns_sent(fake))

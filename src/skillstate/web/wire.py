@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from ..dialects.registry import dialect_for_path, get_dialect
 from ..errors import Dialect, ProxyError
 from ..jsondepth import MAX_JSON_DEPTH, nesting_exceeds
+from .bodycoding import codings, decode, too_large
 
 T = TypeVar("T")
 
@@ -46,9 +47,10 @@ def error_response(
 
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request body as a JSON object; 415 unless it is declared as uncompressed JSON, 413
-    as soon as it is known to be too big (without buffering the rest), 400 for anything that
-    is not a JSON object or nests deeper than ``MAX_JSON_DEPTH``."""
+    """The request body as a JSON object; 415 unless it is declared as JSON (compressed with
+    a coding of ``bodycoding.SUPPORTED`` or not), 413 as soon as it is known to be too big
+    (without buffering the rest; decoded, too), 400 for anything that is not a JSON object or
+    nests deeper than ``MAX_JSON_DEPTH``."""
     if not is_json_media_type(request.headers.get("content-type", "")):
         # text/plain and form bodies are CORS "simple" requests: any web page could send them.
         raise ProxyError(
@@ -57,20 +59,13 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
             status=415,
             code="unsupported_media_type",
         )
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        # The body is parsed here and sent upstream re-encoded: a compressed one would be
-        # read as bytes that are not JSON (and its header would mislabel what goes upstream).
-        raise ProxyError(
-            "invalid_request",
-            f"content-encoding {encoding!r} is not supported; send the body uncompressed",
-            status=415,
-            code="unsupported_media_type",
-        )
+    applied = codings(request.headers.get("content-encoding", ""))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(max_bytes)
+        raise too_large(max_bytes)
     raw = await _read_body(request.receive, max_bytes)
+    if applied:
+        raw = decode(raw, applied, max_bytes)
     if not raw:
         raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
     try:
@@ -99,7 +94,7 @@ async def _read_body(receive: Receive, max_bytes: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
-            raise _too_large(max_bytes)
+            raise too_large(max_bytes)
         parts.append(chunk)
         if not message.get("more_body", False):
             return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -110,14 +105,6 @@ def is_json_media_type(content_type: str) -> bool:
     media = content_type.partition(";")[0].strip().lower()
     return media == "application/json" or (
         media.startswith("application/") and media.endswith("+json")
-    )
-
-
-def _too_large(max_bytes: int) -> ProxyError:
-    return ProxyError(
-        "request_too_large",
-        f"request body exceeds max_body_bytes ({max_bytes} bytes)",
-        code="request_too_large",
     )
 
 
