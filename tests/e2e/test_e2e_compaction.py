@@ -335,6 +335,77 @@ def test_compaction_proxy_serves_a_responses_upstream_too(
     assert p.state("s1")["state"] == {"notes": "the endpoint, from the proxy"}
 
 
+NOT_AN_ENVELOPE = Reply(text="I would rather keep working.")
+
+
+@pytest.mark.parametrize("how", ["trigger", "endpoint", "threshold", "tool calls"])
+def test_a_checkpoint_that_folds_nothing_is_a_502_and_no_token(
+    fake: FakeProvider, start_proxy: StartProxy, how: str
+) -> None:
+    """A checkpoint still invalid after the re-asks (or answered with tool calls instead of
+    the envelope) does not pin the unchanged state as if it folded the history: a 502 in the
+    client's dialect, no compaction item, nothing run after it; the turn stays in the
+    history as judged, and is billed."""
+    p = start(fake, start_proxy, "openai", "--mode", "state")
+    fake.enqueue(Reply(text="Looking.\n" + envelope({"notes": "started"})))
+    c = client(p)
+    c.responses.create(model="m-1", input=history(1))
+    if how == "tool calls":
+        fake.enqueue(Reply(tool_calls=[("sh", {"cmd": "ls"})]))
+    else:
+        fake.enqueue(NOT_AN_ENVELOPE, NOT_AN_ENVELOPE, NOT_AN_ENVELOPE)  # max_retries: 2
+    before = len(fake.requests)
+    with pytest.raises(openai.InternalServerError) as e:
+        if how == "endpoint":
+            c.responses.compact(model="m-1", input=history())
+        elif how == "threshold":
+            cm = [{"type": "compaction", "compact_threshold": 50}]
+            c.responses.create(model="m-1", input=history(), context_management=cm)  # type: ignore[arg-type]
+        else:
+            c.responses.create(model="m-1", input=[*history(), TRIGGER], tools=TOOLS)  # type: ignore[list-item]
+    assert e.value.status_code == 502
+    err = e.value.body
+    assert isinstance(err, dict) and err["code"] == "invalid_checkpoint"
+    assert (
+        "did not produce a valid checkpoint" in err["message"]
+        and "ssc1_" not in e.value.response.text
+    )
+    assert e.value.response.headers["x-skillstate-transition"] != "valid"
+    sent = len(fake.requests) - before
+    assert sent == (1 if how == "tool calls" else 3)  # the checkpoint and its re-asks, no more
+    state = p.get("/state", params={"session": "s1", "history": "1"}).json()
+    assert state["state"] == {"notes": "started"} and state["step"] == 2
+    assert state["history"][-1]["status"] in ("invalid", "tool-noop")
+    totals = p.get("/cost", params={"session": "s1"}).json()["totals"]
+    assert totals["requests"] == 2 and sum(totals["attempts"].values()) == 1 + sent  # billed
+
+
+def test_an_anthropic_client_gets_the_502_in_its_dialect(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    import anthropic
+
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    fake.enqueue(NOT_AN_ENVELOPE, NOT_AN_ENVELOPE, NOT_AN_ENVELOPE)
+    c = anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
+    edit = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50}}
+    messages = [{"role": "user", "content": "read it all " * 100}]
+    with pytest.raises(anthropic.InternalServerError) as e:
+        c.beta.messages.create(
+            model="m-1",
+            max_tokens=50,
+            messages=messages,  # type: ignore[arg-type]
+            context_management={"edits": [edit]},  # type: ignore[arg-type]
+            extra_headers={SESSION_HEADER: "a1"},
+        )
+    body = e.value.body
+    assert e.value.status_code == 502 and isinstance(body, dict)
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
+    assert "did not produce a valid checkpoint" in body["error"]["message"]
+    assert "ssc1_" not in e.value.response.text  # no compaction block, no token
+    assert len(fake.requests) == 3
+
+
 def make_key(data: Path, name: str) -> str:
     """A new client key ``name`` (``skillstate keys add``, in this process)."""
     out = io.StringIO()

@@ -219,13 +219,36 @@ async def _fold(
     ask: Callable[[], JSON],
 ) -> _Folded | Reply:
     """The checkpoint over ``items`` and the token of the step it committed; the reply as
-    it is when the checkpoint failed upstream."""
+    it is when the checkpoint failed upstream, a 502 when it folded nothing."""
     reply = await _checkpoint(rt, turn, key, items, ask)
     if not 200 <= reply.status < 300:
         return reply
+    if reply.headers.get("x-skillstate-transition") != "valid":
+        return _not_folded(turn, reply)
     step = int(reply.headers["x-skillstate-step"])
     token = sealer(rt).seal(CompactionRef(turn.session, step, key_of(caller)))
     return _Folded(reply, step, token)
+
+
+def _not_folded(turn: Turn, reply: Reply) -> Reply:
+    """A checkpoint that folded nothing (no valid envelope after the re-asks, or tool calls
+    in its place): a 502 in the client's dialect and no compaction token, so the client
+    keeps the history it asked to compact instead of trading it for an unchanged state. The
+    turn stays in the session's history as judged (state unchanged), with its ledger rows;
+    its headers say so (``x-skillstate-transition``, ``-validation``, the cost)."""
+    status = reply.headers.get("x-skillstate-transition", "none")
+    errors = reply.headers.get("x-skillstate-validation")
+    retries = reply.headers.get("x-skillstate-retries", "0")
+    message = (
+        f"the model did not produce a valid checkpoint (transition {status} after {retries} "
+        f"re-asks{': ' + errors if errors else ''}); nothing was compacted and the "
+        "conversation is unchanged: retry the compaction"
+    )
+    err = ProxyError("upstream_unreachable", message, code="invalid_checkpoint")
+    headers = {k: v for k, v in reply.headers.items() if k != "content-type"}
+    headers["content-type"] = "application/json"
+    wire = turn.wire
+    return Reply(wire.error_status(err), orjson.dumps(wire.error_body(err)), headers)
 
 
 async def _checkpoint(
