@@ -77,6 +77,12 @@ class Idempotency:
         digest = hashlib.sha256(f"{self.scope}\n{self.key}".encode()).hexdigest()[:32]
         return f"idempotency#{digest}"
 
+    def part(self, name: str) -> Idempotency:
+        """The key of one part of a request that runs several turns (a compaction's
+        checkpoint, then the turn): kept on its own, so a retry replays each part and no
+        part answers for another. A space is in no client's key, so none names a part."""
+        return Idempotency(self.scope, f"{self.key} {name}", self.fingerprint)
+
     def replay(self, kept: KeptReply) -> KeptReply:
         """``kept`` if it answers this request; a 422 when the key came with another body,
         a 409 when its reply was too big to keep."""

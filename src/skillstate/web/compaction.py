@@ -266,13 +266,18 @@ async def _checkpoint(
         record = None  # the checkpoint's own turn reports the store
     body = {k: v for k, v in turn.body.items() if k not in _NOT_FOR_CHECKPOINT}
     body["stream"] = False
+    # Under the request's Idempotency-Key, the checkpoint is a part of its own: the turn
+    # that may follow it keeps the key's reply (a retry replays both, runs neither).
+    idem = turn.idempotency.part("checkpoint") if turn.idempotency is not None else None
     if record is None:
         body[key] = [*items, ask()]
-        checkpoint = dataclasses.replace(turn, body=body, mode=Mode.STATE, shape=ContextShape.FULL)
+        checkpoint = dataclasses.replace(
+            turn, body=body, mode=Mode.STATE, shape=ContextShape.FULL, idempotency=idem
+        )
     else:
         body[key] = items
         checkpoint = dataclasses.replace(
-            turn, body=body, mode=Mode.WINDOW, shape=ContextShape.CHECKPOINT
+            turn, body=body, mode=Mode.WINDOW, shape=ContextShape.CHECKPOINT, idempotency=idem
         )
     result = await rt.pipeline.run(checkpoint)
     assert isinstance(result, Reply)  # not streamed

@@ -1,0 +1,129 @@
+"""An Idempotency-Key on a request the proxy serves as a compaction (issues 25 and 26): a
+compaction then the turn (Responses ``context_management`` past its threshold, Messages
+``compact_20260112`` past its trigger) runs two turns under one key. The checkpoint's reply
+was kept under the key, so the turn after it found the key kept and replayed the
+checkpoint's answer: the client's turn never went upstream, and a stream got JSON.
+
+Here: the first request sends both calls and the client gets the model's answer to its own
+turn; a retry with the key sends nothing upstream and commits nothing more."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import InProcessProxy, StartProxy
+from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import ant, envelope, oai, session
+
+JSON = dict[str, Any]
+TRANSCRIPT = "Fix the failing test in calc.py. " * 40
+
+
+def start(fake: FakeProvider, start_proxy: StartProxy, mode: str) -> InProcessProxy:
+    up = {"name": "up", "url": fake.url + "/v1", "kind": "openai", "api_key": "sk-upstream"}
+    return start_proxy(None, config={"upstreams": [up], "schema": ["notes"], "mode": mode})
+
+
+def keyed(key: str) -> dict[str, str]:
+    return {**session("c1"), "idempotency-key": key}
+
+
+def calls(fake: FakeProvider) -> int:
+    return sum(1 for r in fake.requests if r.method == "POST")
+
+
+def responses_turn(p: InProcessProxy, stream: bool) -> tuple[list[str], str]:
+    """A Responses turn past its compaction threshold: (output item types, output text)."""
+    c = oai(p, default_headers=keyed("k-responses"))
+    request: JSON = {
+        "model": "m-1",
+        "input": [{"role": "user", "content": TRANSCRIPT}],
+        "context_management": [{"type": "compaction", "compact_threshold": 50}],
+    }
+    if stream:
+        with c.responses.stream(**request) as events:
+            final = events.get_final_response()
+    else:
+        final = c.responses.create(**request)
+    return [o.type for o in final.output], final.output_text
+
+
+def messages_turn(p: InProcessProxy, stream: bool) -> tuple[list[str], str]:
+    """A Messages turn past its compact_20260112 trigger: (content block types, its text)."""
+    c = ant(p, default_headers=keyed("k-messages"))
+    request: JSON = {
+        "model": "m-1",
+        "max_tokens": 200,
+        "messages": [{"role": "user", "content": TRANSCRIPT}],
+        "extra_body": {
+            "context_management": {
+                "edits": [
+                    {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50}}
+                ]
+            }
+        },
+    }
+    if stream:
+        with c.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = c.messages.create(**request)
+    text = "".join(b.text for b in message.content if b.type == "text")
+    return [b.type for b in message.content], text
+
+
+TURNS = {"responses": responses_turn, "messages": messages_turn}
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "state"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", sorted(TURNS))
+def test_a_keyed_compaction_then_turn_runs_the_turn_once(
+    fake: FakeProvider, start_proxy: StartProxy, route: str, stream: bool, mode: str
+) -> None:
+    p = start(fake, start_proxy, mode)
+    answer = "the answer to the turn" if mode == "passthrough" else envelope({}, prefix="answer")
+    fake.enqueue(Reply(text=envelope({"notes": "compacted"}, prefix="folded")), Reply(text=answer))
+    kinds, text = TURNS[route](p, stream)
+    assert kinds[0] == "compaction" and "answer" in text and "folded" not in text
+    assert calls(fake) == 2  # the checkpoint, then the turn itself
+    state = p.state("c1")
+    assert state["state"] == {"notes": "compacted"}
+    kinds_again, text_again = TURNS[route](p, stream)
+    assert (kinds_again, text_again) == (kinds, text)
+    assert calls(fake) == 2 and p.state("c1")["step"] == state["step"]
+
+
+@pytest.mark.parametrize("trigger", [False, True])
+def test_a_keyed_compaction_retried_pins_the_same_step(
+    fake: FakeProvider, start_proxy: StartProxy, trigger: bool
+) -> None:
+    """``/responses/compact`` and a trigger, retried with their key: no second checkpoint,
+    and the retry's item restores the same state."""
+    p = start(fake, start_proxy, "passthrough")
+    fake.enqueue(Reply(text=envelope({"notes": "once"})))
+    c = oai(p, default_headers=keyed("k-compact"))
+    items: list[Any] = [{"role": "user", "content": TRANSCRIPT}]
+    if trigger:
+        first, again = (
+            c.responses.create(model="m-1", input=[*items, {"type": "compaction_trigger"}])
+            for _ in range(2)
+        )
+    else:
+        first, again = (c.responses.compact(model="m-1", input=items) for _ in range(2))
+    assert calls(fake) == 1 and p.state("c1")["step"] == 1
+    for r in (first, again):
+        item = r.output[-1].model_dump()
+        assert item["type"] == "compaction"
+        fake.enqueue(Reply(text="carry on"))
+        later = httpx.post(
+            p.v1 + "/responses",
+            json={"model": "m-1", "input": [item, {"role": "user", "content": "go"}]},
+            headers=session("c1"),
+        )
+        assert later.status_code == 200, later.text
+        assert '\\"notes\\":\\"once\\"' in json.dumps(fake.requests[-1].json)
