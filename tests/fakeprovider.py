@@ -503,9 +503,13 @@ class FakeProvider:
     # ---- response builders ------------------------------------------------------------
     @staticmethod
     def _count(req: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "input_tokens": estimate_tokens([req.get("system"), req["messages"], req.get("tools")])
-        }
+        """``input_tokens``; with ``context_management`` (beta) also the count before its
+        edits, ``context_management.original_input_tokens`` (BetaMessageTokensCount). The fake
+        applies no edits: both counts are the whole request's."""
+        n = estimate_tokens([req.get("system"), req["messages"], req.get("tools")])
+        if req.get("context_management") is not None:
+            return {"input_tokens": n, "context_management": {"original_input_tokens": n}}
+        return {"input_tokens": n}
 
     def _models(self, anthropic: bool) -> dict[str, Any]:
         if anthropic:
@@ -1002,6 +1006,7 @@ _COUNT_TOKENS_FIELDS = {
     "tool_choice",
     "thinking",
     "mcp_servers",
+    "context_management",  # beta: context-management-2025-06-27
 }
 
 

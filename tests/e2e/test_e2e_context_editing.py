@@ -274,6 +274,32 @@ def test_count_tokens_counts_what_goes_upstream(
     )
     whole = c.beta.messages.count_tokens(model="m-1", messages=transcript(), tools=TOOLS)  # type: ignore[arg-type]
     assert 0 < edited.input_tokens < whole.input_tokens
+    # As the API answers: the count before the edits (BetaCountTokensContextManagementResponse).
+    assert edited.context_management is not None
+    assert edited.context_management.original_input_tokens == whole.input_tokens
+    assert whole.context_management is None  # no context_management asked, none reported
+
+
+def test_count_tokens_context_management_reaches_an_anthropic_upstream(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """An Anthropic upstream counts with the edits itself: the field reaches it, and its
+    ``original_input_tokens`` reaches the client."""
+    p = start(fake, start_proxy, "anthropic")
+    counted = ant(p).beta.messages.count_tokens(
+        model="m-1",
+        messages=transcript(),
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management=EDITS,  # type: ignore[arg-type]
+        betas=["context-management-2025-06-27"],
+    )
+    rec = fake.requests[-1]
+    assert rec.path == "/v1/messages/count_tokens" and rec.json["context_management"] == EDITS
+    assert counted.context_management is not None
+    assert (
+        counted.context_management.original_input_tokens
+        == json.loads(rec.response_body)["context_management"]["original_input_tokens"]
+    )
 
 
 @pytest.mark.parametrize("compaction", ["native", "proxy"])

@@ -22,14 +22,26 @@ from ..turn.types import Reply, Turn
 from ..upstream.client import UpstreamPool
 
 # The fields Anthropic's count_tokens accepts; it rejects others (max_tokens, stream, ...).
+# context_management (beta): the count is after its edits, and the answer reports the count
+# before them (``context_management.original_input_tokens``).
 COUNT_FIELDS = frozenset(
-    {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"}
-)
+    {
+        "model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers",
+        "context_management",
+    }
+)  # fmt: skip
 
 
 async def count_tokens(
-    planner: Planner, sessions: SessionOperator, pool: UpstreamPool, turn: Turn
+    planner: Planner,
+    sessions: SessionOperator,
+    pool: UpstreamPool,
+    turn: Turn,
+    original: Turn | None = None,
 ) -> Reply:
+    """The count of what ``turn`` would send upstream. ``original``: the request before the
+    proxy applied its ``context_management`` (when it did): a local estimate then reports
+    its count too, as Anthropic's answer does (an Anthropic upstream counts both itself)."""
     body = await planner.preview(turn, sessions.load_current)
     headers = {SESSION_HEADER: turn.shown_session}
     model = body.get("model")
@@ -51,7 +63,14 @@ async def count_tokens(
         if ex.status >= 400:
             return Reply(*error_reply(raw, ex.status, ex.upstream.kind, turn.dialect), headers)
         return Reply(ex.status, raw, headers)
-    parts: list[Any] = [body.get("system"), body.get("messages"), body.get("tools")]
     headers["x-skillstate-token-count"] = "estimate"
     headers["content-type"] = "application/json"
-    return Reply(200, orjson.dumps({"input_tokens": estimate_tokens(parts)}), headers)
+    counted: dict[str, Any] = {"input_tokens": _estimate(body)}
+    if original is not None:
+        before = await planner.preview(original, sessions.load_current)
+        counted["context_management"] = {"original_input_tokens": _estimate(before)}
+    return Reply(200, orjson.dumps(counted), headers)
+
+
+def _estimate(body: dict[str, Any]) -> int:
+    return estimate_tokens([body.get("system"), body.get("messages"), body.get("tools")])

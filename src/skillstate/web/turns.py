@@ -237,9 +237,14 @@ async def messages_count_tokens(request: Request) -> Response:
         )
         # What would go upstream: compaction blocks restored, the proxy's edits applied.
         adopt = request.headers.get(SESSION_HEADER) is None
+        asked = turn.body
         turn, _, _ = await plan_messages(rt, turn, principal_of(request.scope), adopt=adopt)
+        # The request before its context management (in the session it resolved to).
+        original = None
+        if asked.get("context_management") is not None:
+            original = dataclasses.replace(turn, body=asked)
         tel.begin(turn)
-        result = await count_tokens(rt.pipeline.planner, rt.sessions, rt.pool, turn)
+        result = await count_tokens(rt.pipeline.planner, rt.sessions, rt.pool, turn, original)
     except ProxyError as e:
         response = error_response(e, "anthropic", session_hdr)
         tel.finished(response.status_code)
