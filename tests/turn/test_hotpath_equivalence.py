@@ -8,6 +8,7 @@ edge values and seeded random inputs.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -21,6 +22,8 @@ from hypothesis import strategies as st
 
 from skillstate.choices import CacheBreakpoints, Constrain, Mode, ReplyEnvelope
 from skillstate.cost.baseline import (
+    CacheRegime,
+    PrefixCache,
     PrefixPoint,
     baseline_output_tokens,
     envelope_output_share,
@@ -36,6 +39,7 @@ from skillstate.errors import ProxyError
 from skillstate.jsondepth import nesting_exceeds
 from skillstate.sessions.transcripts import SessionTranscripts
 from skillstate.store.rows import MAX_USD, clamp_amount, clamp_count, clamp_signed
+from skillstate.web.turns import check_body
 
 PLAIN_FENCE_RUN = re.compile(r"`{3,}|~{3,}")
 
@@ -349,3 +353,179 @@ def test_nesting_check_walks_what_orjson_cannot_write() -> None:
     big = {"messages": [{"content": "{[" * 20_000}], "x": _nested(129, 0, True)}
     assert nesting_exceeds(big, 128, orjson.dumps(big))
     assert not nesting_exceeds(big, 130, orjson.dumps(big))
+
+
+# --- request checks on the new messages only (web/turns.check_body) ------------------------
+
+
+def _deep(depth: int) -> Any:
+    return _nested(depth, "x", False)
+
+
+_valid_message = st.builds(
+    lambda role, text: {"role": role, "content": text},
+    st.sampled_from(["user", "assistant"]),
+    _texts,
+)  # valid in every dialect: most of a session's messages, so that its requests pass
+_checked_message = st.one_of(
+    _valid_message,
+    _valid_message,
+    _valid_message,
+    _message,
+    _chat_message,
+    st.builds(
+        lambda role, depth: {
+            "role": role,
+            "content": [{"type": "text", "text": "t", "x": _deep(depth)}],
+        },
+        st.sampled_from(["user", "assistant"]),
+        st.sampled_from([1, 100, 125, 126, 127, 200, 300]),
+    ),
+)
+
+
+@st.composite
+def _checked_turns(draw: st.DrawFn) -> list[tuple[str, bytes]]:
+    """A session's requests as the client sends them (bytes): a transcript that mostly
+    grows, with edits, truncations, other validators' dialects and invalid or too deep
+    messages anywhere."""
+    dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
+    messages: list[Any] = draw(st.lists(_checked_message, max_size=3))
+    turns = []
+    for _ in range(draw(st.integers(min_value=1, max_value=10))):
+        step = draw(st.sampled_from(["grow"] * 5 + ["same", "edit", "cut", "dialect"]))
+        messages = list(messages)
+        if step == "grow":
+            messages += draw(st.lists(_checked_message, min_size=1, max_size=2))
+        elif step == "edit" and messages:
+            messages[draw(st.integers(0, len(messages) - 1))] = draw(_checked_message)
+        elif step == "cut" and messages:
+            messages = messages[: draw(st.integers(0, len(messages) - 1))]
+        elif step == "dialect":
+            dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
+        body: dict[str, Any] = {"model": "m", "max_tokens": 5}
+        body["input" if dialect == "openai-responses" else "messages"] = messages
+        # json, not orjson: a message deeper than orjson writes is still sent
+        turns.append((dialect, json.dumps(body).encode()))
+    return turns
+
+
+@given(st.lists(_checked_turns(), min_size=1, max_size=3))
+def test_request_checks_on_the_new_messages_judge_as_the_full_checks(sessions: list[Any]) -> None:
+    memos = SessionTranscripts(max_sessions=2)  # three sessions: one is dropped now and then
+    for turn in range(max(len(s) for s in sessions)):
+        for i, session in enumerate(sessions):
+            if turn >= len(session):
+                continue
+            dialect, raw = session[turn]
+            wire = get_dialect(dialect)
+            want = _problem(check_body, orjson.loads(raw), raw, wire, wire.validate)
+            got = _problem(
+                check_body, orjson.loads(raw), raw, wire, wire.validate, (memos, f"s{i}")
+            )
+            assert got == want
+
+
+def test_request_checks_skip_only_what_passed_them_on_the_last_request() -> None:
+    openai = get_dialect("openai")
+    memos = SessionTranscripts()
+
+    def check(messages: list[Any], validate: Any = openai.validate) -> int:
+        """The messages the checks skipped (a ProxyError when refused)."""
+        raw = json.dumps({"model": "m", "messages": messages}).encode()
+        text = check_body(orjson.loads(raw), raw, openai, validate, (memos, "s"))
+        assert text is not None
+        return text.checked
+
+    history: list[Any] = [{"role": "user", "content": "task"}]
+    assert check(history) == 0
+    history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "out"}]
+    assert check(history) == 1
+    with pytest.raises(ProxyError, match="content must be"):
+        check([*history, {"role": "assistant", "content": 5}])
+    assert check([*history, {"role": "user", "content": "again"}]) == 3  # the refused one: not kept
+    deep = [*history, {"role": "user", "content": [_deep(130)]}]
+    with pytest.raises(ProxyError, match="nests JSON"):
+        check(deep)
+    assert check(history) == 0  # shorter than the last request that passed: all again
+    assert check(history) == 3
+    assert check(history, validate_openai_request) == 0  # another check: all of them again
+    assert check([{"role": "user", "content": "other task"}, *history[1:]]) == 0
+    raw = orjson.dumps({"model": "m", "messages": history})
+    assert check_body(orjson.loads(raw), raw, openai, openai.validate) is None  # no session
+
+
+# --- the baseline's OpenAI cache model (cost/baseline.PrefixCache) -------------------------
+
+
+class _PlainOpenAICache:
+    """The OpenAI regime's definition: the last point whose digest was one of the previous
+    request's (within the ttl) is read."""
+
+    def __init__(self) -> None:
+        self.previous: set[bytes] = set()
+        self.at = float("-inf")
+
+    def charge(self, points: list[PrefixPoint], tokens: int, now: float, regime: Any) -> int:
+        read = 0
+        if now - self.at <= regime.ttl_s:
+            hits = [k for k, p in enumerate(points) if p.digest in self.previous]
+            if hits:
+                total = points[-1].est_tokens
+                at = round(Fraction(tokens * points[hits[-1]].est_tokens, total)) if total else 0
+                read = at if at >= regime.min_tokens else 0
+        self.previous, self.at = {p.digest for p in points}, now
+        return read
+
+
+_digest = st.one_of(
+    st.sampled_from([bytes([b]) * 16 for b in range(6)]),  # shared by unrelated requests
+    st.binary(min_size=16, max_size=16),
+    st.sampled_from([b"a" * 8 + b"b" * 8, b"b" * 8 + b"a" * 8, b"a" * 16, b"b" * 16]),  # overlaps
+)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.tuples(_digest, st.integers(0, 5000)), max_size=30),
+            st.integers(0, 10_000),
+            st.sampled_from([0.0, 1.0, 400.0]),
+        ),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_openai_cache_reads_match_the_plain_definition(requests: list[Any], grow: bool) -> None:
+    regime = CacheRegime("openai", ttl_s=300.0, min_tokens=1000)
+    cache, plain = PrefixCache(), _PlainOpenAICache()
+    now, previous = 0.0, []
+    for pieces, tokens, wait in requests:
+        points = [
+            PrefixPoint(d, sum(s for _, s in pieces[: k + 1]), False)
+            for k, (d, _) in enumerate(pieces)
+        ]
+        if grow:  # a transcript that grows: the previous request's points, then new ones
+            points = previous + points
+        now += wait
+        got = cache.charge(points, tokens, now, regime).cache_read_tokens
+        assert got == plain.charge(points, tokens, now, regime)
+        previous = points
+
+
+def test_openai_cache_reads_on_a_growing_transcript() -> None:
+    regime = CacheRegime("openai", ttl_s=300.0, min_tokens=0)
+    cache, plain = PrefixCache(), _PlainOpenAICache()
+    messages: list[Any] = [{"role": "system", "content": "s"}]
+    for k in range(40):
+        messages += [
+            {"role": "assistant", "content": f"a{k}"},
+            {"role": "user", "content": f"u{k}"},
+        ]
+        if k == 20:  # the client rewrote its history
+            messages = [{"role": "system", "content": "s2"}, *messages[1:]]
+        points = prefix_points({"messages": messages})
+        got = cache.charge(points, 10 * len(messages), float(k), regime).cache_read_tokens
+        want = plain.charge(points, 10 * len(messages), float(k), regime)
+        assert got == want
+        assert (got == 0) == (k in (0, 20))

@@ -297,15 +297,11 @@ class PrefixCache:
     ) -> CacheSplit:
         read = 0
         if now - self._previous_at <= regime.ttl_s:
-            tokens = _allocator(points, input_tokens)
-            blob = self._previous
-            previous = {blob[i : i + _DIGEST_SIZE] for i in range(0, len(blob), _DIGEST_SIZE)}
-            for k in range(len(points) - 1, -1, -1):
-                if points[k].digest in previous:
-                    at = tokens(k)
-                    read = at if at >= regime.min_tokens else 0
-                    break
-        self._previous = b"".join(p.digest for p in points)
+            hit = _last_shared(points, self._previous)
+            if hit is not None:
+                at = _allocator(points, input_tokens)(hit)
+                read = at if at >= regime.min_tokens else 0
+        self._previous = b"".join([p.digest for p in points])
         self._previous_at = now
         return CacheSplit(input_tokens, read, 0)
 
@@ -356,6 +352,38 @@ class SessionPrefixCaches:
                 self._caches.popitem(last=False)
         self._caches[session] = cache
         return cache
+
+
+_FEW = 8  # digests looked up one by one before the whole previous request is indexed
+
+
+def _last_shared(points: Sequence[PrefixPoint], previous: bytes) -> int | None:
+    """The last of ``points`` whose digest is one of ``previous`` (digests concatenated).
+
+    A transcript that grew since the previous request shares its prefix up to the previous
+    last point, so the search from the end stops after the new points: those few are
+    looked up in ``previous`` one by one (a scan at C speed), and only a longer search
+    indexes all of it (a set, as many entries as the previous request has points)."""
+    k = len(points) - 1
+    stop = max(k - _FEW, -1)
+    while k > stop:
+        if _holds(previous, points[k].digest):
+            return k
+        k -= 1
+    if k < 0:
+        return None
+    index = {previous[i : i + _DIGEST_SIZE] for i in range(0, len(previous), _DIGEST_SIZE)}
+    return next((j for j in range(k, -1, -1) if points[j].digest in index), None)
+
+
+def _holds(previous: bytes, digest: bytes) -> bool:
+    """Whether ``digest`` is one of the digests concatenated in ``previous``."""
+    if len(digest) != _DIGEST_SIZE:
+        return False
+    at = previous.find(digest)
+    while at >= 0 and at % _DIGEST_SIZE:  # found across two digests: look further
+        at = previous.find(digest, at + 1)
+    return at >= 0
 
 
 def _allocator(points: Sequence[PrefixPoint], input_tokens: int) -> Any:

@@ -84,15 +84,17 @@ _ASSISTANT_ONLY = frozenset({"tool_use", "thinking", "redacted_thinking"})
 _TOOL_CHOICE_TYPES = frozenset({"auto", "any", "tool", "none"})
 
 
-def validate_count_tokens_request(body: Any) -> None:
+def validate_count_tokens_request(body: Any, checked: int = 0) -> None:
     """As :func:`validate_anthropic_request` for ``/v1/messages/count_tokens`` (no
     ``max_tokens``)."""
-    validate_anthropic_request(body, count_tokens=True)
+    validate_anthropic_request(body, checked, count_tokens=True)
 
 
-def validate_anthropic_request(body: Any, *, count_tokens: bool = False) -> None:
+def validate_anthropic_request(body: Any, checked: int = 0, *, count_tokens: bool = False) -> None:
     """Raise ``ProxyError("invalid_request", ...)`` naming the first problem in an Anthropic
-    Messages request body. Only structure is checked, not values an upstream may refuse."""
+    Messages request body. Only structure is checked, not values an upstream may refuse.
+    ``checked``: the leading messages that passed this check before (each message is judged
+    on its own; ``skillstate.sessions.transcripts``)."""
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object")
     model = body.get("model")
@@ -107,7 +109,7 @@ def validate_anthropic_request(body: Any, *, count_tokens: bool = False) -> None
     if not isinstance(messages, list) or not messages:
         raise _bad("messages: required, a non-empty array", "messages")
     _validate_system(body.get("system"))
-    for i, msg in enumerate(messages):
+    for i, msg in enumerate(messages[checked:] if checked else messages, checked):
         _validate_message(msg, f"messages[{i}]")
     if "tools" in body and body["tools"] is not None:
         _validate_tools(body["tools"])
@@ -588,8 +590,8 @@ class AnthropicDialect:
     transcript = ("messages", "text")
     context: DialectContext = AnthropicContext()
 
-    def validate(self, body: JSON) -> None:
-        validate_anthropic_request(body)
+    def validate(self, body: JSON, checked: int = 0) -> None:
+        validate_anthropic_request(body, checked)
 
     def stream_usage_requested(self, body: JSON) -> bool:
         return True  # Anthropic streams always carry usage

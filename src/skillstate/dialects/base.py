@@ -104,9 +104,12 @@ class Dialect(Protocol):
     transcript: tuple[str, str]
     context: DialectContext  # where a transcript keeps system text and tool results
 
-    def validate(self, body: JSON) -> None:
+    def validate(self, body: JSON, checked: int = 0) -> None:
         """Raise ProxyError 400 naming the first structural problem of a client request.
-        Runs once per request; every later stage (context, bridges) trusts its result."""
+        Runs once per request; every later stage (context, bridges) trusts its result.
+        ``checked``: the leading transcript items that passed this check before, byte for
+        byte (``skillstate.sessions.transcripts``): each item is judged on its own, so they
+        are not walked again."""
         ...
 
     def stream_usage_requested(self, body: JSON) -> bool:

@@ -58,17 +58,19 @@ _ERROR_TYPES = {
 # -- request checks ----------------------------------------------------------------------
 
 
-def validate_openai_request(body: JSON) -> None:
+def validate_openai_request(body: JSON, checked: int = 0) -> None:
     """Raise ProxyError 400 naming the first structural problem of a chat-completions body.
 
     Structure only (types and required members), not values an upstream may refuse: after
-    this, the transcript adapter and the bridges read the body without checking again."""
+    this, the transcript adapter and the bridges read the body without checking again.
+    ``checked``: the leading messages that passed this check before (each message is judged
+    on its own; ``skillstate.sessions.transcripts``)."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _bad("'model' is required and must be a non-empty string", "model")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty array", "messages")
-    for i, m in enumerate(messages):
+    for i, m in enumerate(messages[checked:] if checked else messages, checked):
         if type(m) is dict and m.get("tool_calls") is None and type(m.get("content")) is str:
             role = m.get("role")
             if type(role) is str and role in _TEXT_ROLES:
@@ -462,8 +464,8 @@ class OpenAIDialect:
     transcript = ("messages", "text")
     context: DialectContext = OpenAIContext()
 
-    def validate(self, body: JSON) -> None:
-        validate_openai_request(body)
+    def validate(self, body: JSON, checked: int = 0) -> None:
+        validate_openai_request(body, checked)
 
     def stream_usage_requested(self, body: JSON) -> bool:
         options = body.get("stream_options")

@@ -248,7 +248,7 @@ class Planner:
         if turn.mode == Mode.PASSTHROUGH:
             return None
         named = turn.session if SESSION_HEADER in turn.headers else None
-        return self.transcripts.view(named, turn.wire, turn.body)
+        return self.transcripts.view(named, turn.wire, turn.body, turn.transcript)
 
     def _meter_context(
         self,

@@ -24,6 +24,7 @@ from ..upstream.client import Exchange
 
 if TYPE_CHECKING:
     from ..cost.budgets import TurnBudgets
+    from ..sessions.transcripts import TranscriptText
     from .idempotency import Idempotency
     from .window import WindowTurn
 
@@ -48,6 +49,9 @@ class Turn:
     # A native endpoint of the client's API to call instead of its dialect's turn path (a
     # passthrough turn: ``POST /responses/compact`` to a Responses upstream).
     upstream_path: str | None = None
+    # The client's transcript as compact JSON, made by the request checks: the planner's
+    # transcript results reuse it (skillstate.sessions.transcripts).
+    transcript: TranscriptText | None = None
 
     @property
     def shown_session(self) -> str:

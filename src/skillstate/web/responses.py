@@ -115,7 +115,13 @@ class ResponsesTurn:
         if header is not None:
             resolve_session_id(header)  # a malformed header is a 400 before the body is read
         turn = await parse_turn(
-            request, rt.settings, DIALECT, RESPONSES.validate, session="", telemetry=tel
+            request,
+            rt.settings,
+            DIALECT,
+            RESPONSES.validate,
+            session="",
+            telemetry=tel,
+            transcripts=rt.transcripts,
         )
         prev_id = turn.body.get("previous_response_id")
         own_items = input_items(turn.body.get("input"))

@@ -53,6 +53,9 @@ class Runtime:
         self.pool = UpstreamPool(settings, telemetry=self.telemetry, link=self.coordination)
         prices = PriceBook.from_config(settings.prices, settings.upstreams)
         self.pipeline = Pipeline(settings, self.store, self.pool, prices, _turn_locks(self))
+        # Each named session's last transcript: the request checks skip what it had
+        # (skillstate.sessions.transcripts), and the planner's results reuse it.
+        self.transcripts = self.pipeline.planner.transcripts
         # The states compaction tokens pin (skillstate.compaction.pinned).
         self.pinned_states = PinnedStates(self.store, settings.initial_state)
         # The operator's reads and changes (/state, the TTL purge), under the turns' locks.

@@ -19,16 +19,24 @@ from ..choices import Choice, Constrain
 from ..config import Settings
 from ..cost.budgets import BUDGET_HEADER
 from ..dialects.anthropic import ANTHROPIC, validate_count_tokens_request
+from ..dialects.base import Dialect as Wire
 from ..dialects.registry import get_dialect
 from ..errors import Dialect, ProxyError
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
+from ..sessions.transcripts import SessionTranscripts, TranscriptText
 from ..turn.idempotency import IDEMPOTENCY_HEADER, idempotency_of
 from ..turn.types import Reply, StreamReply, Turn
 from .compaction import AppliedEdits, Run, plan_messages
 from .counting import count_tokens
 from .runtime import Runtime, runtime
-from .wire import StreamingProxyResponse, error_response, read_json_object, unless_disconnected
+from .wire import (
+    StreamingProxyResponse,
+    check_nesting,
+    error_response,
+    read_json_body,
+    unless_disconnected,
+)
 
 C = TypeVar("C", bound=Choice)
 COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"  # the metrics' route label
@@ -57,19 +65,26 @@ async def parse_turn(
     request: Request,
     settings: Settings,
     dialect: Dialect,
-    validate: Callable[[Any], None],
+    validate: Callable[..., None],
     session: str,
     telemetry: TurnTelemetry = NO_TELEMETRY,
+    transcripts: SessionTranscripts | None = None,
 ) -> Turn:
     """The request as a ``Turn``: a validated body plus the per-request mode headers; the
     session in the caller's key's namespace. Its Idempotency-Key applies to the session the
-    client named ("" when it named none: a retry gets the session the first try made)."""
-    body = await read_json_object(request, settings.max_body_bytes)
-    validate(body)
+    client named ("" when it named none: a retry gets the session the first try made).
+
+    ``transcripts``: the checks (nesting, ``validate``) skip the leading transcript items
+    that passed them on the named session's previous request (``validate`` takes their
+    count, and judges each item on its own)."""
+    body, raw = await read_json_body(request, settings.max_body_bytes)
+    caller = principal_of(request.scope)
+    header = single_header(request, SESSION_HEADER)
+    named = store_session(caller, header or "")
+    memo = (transcripts, named) if transcripts is not None and header is not None else None
+    text = check_body(body, raw, get_dialect(dialect), validate, memo)
     mode = _header_choice(request, "x-skillstate-mode", settings.mode)
     constrain = _header_choice(request, "x-skillstate-constrain", settings.constrain)
-    caller = principal_of(request.scope)
-    named = store_session(caller, single_header(request, SESSION_HEADER) or "")
     idem = idempotency_of(single_header(request, IDEMPOTENCY_HEADER), named, dialect, body)
     return Turn(
         dialect=dialect,
@@ -81,7 +96,30 @@ async def parse_turn(
         telemetry=telemetry,
         client_session=session,
         idempotency=idem,
+        transcript=text,
     )
+
+
+def check_body(
+    body: dict[str, Any],
+    raw: bytes,
+    wire: Wire,
+    validate: Callable[..., None],
+    memo: tuple[SessionTranscripts, str] | None = None,
+) -> TranscriptText | None:
+    """The request checks: the nesting limit, then ``validate``. ``memo``: the session's
+    transcripts (and the session), whose previous request's leading transcript items passed
+    them already; the transcript's serialisation, made for that, is returned."""
+    text = memo[0].text(memo[1], wire, body, validate) if memo is not None else None
+    if text is not None and text.checked:
+        check_nesting(body, raw, (wire.transcript[0], text.checked))
+        validate(body, text.checked)
+    else:
+        check_nesting(body, raw)
+        validate(body)
+    if memo is not None:
+        memo[0].passed(text)
+    return text
 
 
 class TurnHooks(Protocol):
@@ -105,7 +143,7 @@ class PlainTurn:
     one); a Messages request's ``context_management`` edits and compaction blocks are the
     proxy's to apply (``web.compaction.plan_messages``) and its reply reports the edits."""
 
-    def __init__(self, dialect: Dialect, validate: Callable[[Any], None]) -> None:
+    def __init__(self, dialect: Dialect, validate: Callable[..., None]) -> None:
         self.dialect = dialect
         self.validate = validate
         self.edits: AppliedEdits | None = None  # context_management the proxy applied
@@ -115,7 +153,9 @@ class PlainTurn:
     ) -> tuple[Turn, Run]:
         session = resolve_session_id(single_header(request, SESSION_HEADER))
         shown[SESSION_HEADER] = session
-        turn = await parse_turn(request, rt.settings, self.dialect, self.validate, session, tel)
+        turn = await parse_turn(
+            request, rt.settings, self.dialect, self.validate, session, tel, rt.transcripts
+        )
         if self.dialect != ANTHROPIC.name:
             return turn, lambda: rt.pipeline.run(turn)
         adopt = request.headers.get(SESSION_HEADER) is None

@@ -51,6 +51,15 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     a coding of ``bodycoding.SUPPORTED`` or not), 413 as soon as it is known to be too big
     (without buffering the rest; decoded, too), 400 for anything that is not a JSON object or
     nests deeper than ``MAX_JSON_DEPTH``."""
+    body, raw = await read_json_body(request, max_bytes)
+    check_nesting(body, raw)
+    return body
+
+
+async def read_json_body(request: Request, max_bytes: int) -> tuple[dict[str, Any], bytes]:
+    """As :func:`read_json_object`, with the body's (decoded) bytes, and without the nesting
+    check: the caller runs :func:`check_nesting` (on what it has not checked before) before
+    anything walks the body."""
     if not is_json_media_type(request.headers.get("content-type", "")):
         # text/plain and form bodies are CORS "simple" requests: any web page could send them.
         raise ProxyError(
@@ -74,11 +83,19 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         raise ProxyError("invalid_request", f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ProxyError("invalid_request", "request body must be a JSON object")
+    return body, raw
+
+
+def check_nesting(body: dict[str, Any], raw: bytes, skip: tuple[str, int] | None = None) -> None:
+    """400 when ``body`` nests JSON deeper than ``MAX_JSON_DEPTH``. ``skip``: (a list member,
+    n): its first n items were checked before (the same items, at the same depth)."""
+    if skip is not None and skip[1]:
+        key, n = skip
+        body = {**body, key: body[key][n:]}
     if nesting_exceeds(body, MAX_JSON_DEPTH, raw):
         raise ProxyError(
             "invalid_request", f"request body nests JSON more than {MAX_JSON_DEPTH} levels deep"
         )
-    return body
 
 
 async def _read_body(receive: Receive, max_bytes: int) -> bytes:

@@ -199,8 +199,8 @@ class ResponsesDialect:
     transcript = ("input", "output_text")
     context: DialectContext = ResponsesContext()
 
-    def validate(self, body: JSON) -> None:
-        validate_responses_request(body)
+    def validate(self, body: JSON, checked: int = 0) -> None:
+        validate_responses_request(body, checked)
 
     def stream_usage_requested(self, body: JSON) -> bool:
         return True  # response.completed always carries usage

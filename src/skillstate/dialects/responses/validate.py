@@ -18,13 +18,15 @@ _FORMATS = frozenset({"text", "json_object", "json_schema"})
 _TEXT_OF_PART = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 
-def validate_responses_request(body: JSON) -> None:
-    """Raise ProxyError 400 naming the first structural problem of a Responses request."""
+def validate_responses_request(body: JSON, checked: int = 0) -> None:
+    """Raise ProxyError 400 naming the first structural problem of a Responses request.
+    ``checked``: the leading input items that passed this check before (each item is judged
+    on its own; ``skillstate.sessions.transcripts``)."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _bad("'model' is required and must be a non-empty string", "model")
     raw = body.get("input")
     if isinstance(raw, list):
-        for i, item in enumerate(raw):
+        for i, item in enumerate(raw[checked:] if checked else raw, checked):
             _validate_item(item, f"input[{i}]")
     elif not isinstance(raw, str) and not (raw is None and body.get("previous_response_id")):
         raise _bad("'input' must be a string or an array of input items", "input")
