@@ -61,7 +61,10 @@ def test_rotate_replaces_the_digest_and_revoke_marks_the_key(
     [
         (("create", "--name", "a b"), "key name must match"),
         (("create", "--name", "x", "--expires", "soon"), "expected a duration"),
-        (("create", "--name", "x", "--rpm", "0"), "keys create: rpm must be > 0"),
+        (("create", "--name", "x", "--rpm", "0"), "keys create: rpm must be a finite number > 0"),
+        (("create", "--name", "x", "--budget-usd-per-day", "inf"), "budget_usd_per_day must be"),
+        (("create", "--name", "x", "--budget-usd-per-day", "nan"), "budget_usd_per_day must be"),
+        (("create", "--name", "x", "--max-session-budget-usd", "inf"), "max_session_budget_usd"),
         (("revoke", "nobody"), "no key named 'nobody'"),
         (("rotate", "nobody"), "no key named 'nobody'"),
     ],

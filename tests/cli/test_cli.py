@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -214,3 +215,35 @@ def test_the_listening_lines_say_where_the_dashboard_is(fake: FakeProvider, tmp_
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+REPLAY_FIXTURE = Path(__file__).parents[1] / "fixtures" / "replay" / "codex.jsonl"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["replay", "--json", "{out}", str(REPLAY_FIXTURE)],
+     ["replay", "--html", "{out}", str(REPLAY_FIXTURE)],
+     ["bench", "conversation", "--turns", "3", "--out", "{out}"],
+     ["bench", "tools", "--steps", "3", "--chart", "{out}"]],
+)  # fmt: skip
+def test_a_report_path_that_cannot_be_written_is_one_line_before_the_run(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """The report is written at the end of the run: a path that cannot take it failed only
+    then, with a traceback (``replay --json`` under a file, after the whole replay)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = str(blocker / "report.json")  # under a file: no directory can be made there
+    r = run(str(BIN / "skillstate"), *(a.replace("{out}", out) for a in args), cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("usage:")]
+    assert len(lines) == 1 and f"cannot write {out}" in lines[0], r.stderr
+    assert r.stdout == ""  # nothing ran
+
+
+def test_a_report_in_a_new_directory_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "report.json"
+    r = run(str(BIN / "skillstate"), "replay", "--json", str(out), str(REPLAY_FIXTURE))
+    assert "Traceback" not in r.stderr and out.exists(), r.stderr
+    assert json.loads(out.read_text())["sessions"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -72,8 +73,8 @@ class KeyAdmin:
             raise KeyRefused(str(e)) from None
         for limit in LIMITS:
             value = getattr(spec, limit)
-            if value is not None and not value > 0:
-                raise KeyRefused(f"{limit} must be > 0")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise KeyRefused(f"{limit} must be a finite number > 0")
         if any(r.name == name for r in await self.store.keys()):
             raise KeyRefused(f"a key named {name!r} already exists", 409)
         key = new_key()

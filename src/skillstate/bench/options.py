@@ -13,6 +13,7 @@ from skillstate.bench.arm import (
     BenchError,
     split_regime,
 )
+from skillstate.cli.paths import output_file
 
 EPILOG = (
     "Live runs read the key from SKILLSTATE_API_KEY or OPENAI_API_KEY. Exit status: 0 valid "
@@ -71,8 +72,10 @@ def common_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
     cost_args(p)
-    p.add_argument("--out", metavar="FILE", help="write the JSON report here")
-    p.add_argument("--chart", metavar="FILE", help="write a chart (.svg, .html, or .png)")
+    p.add_argument("--out", metavar="FILE", type=output_file, help="write the JSON report here")
+    p.add_argument(
+        "--chart", metavar="FILE", type=output_file, help="write a chart (.svg, .html, or .png)"
+    )
     p.add_argument("--json", action="store_true", help="print the JSON report to stdout")
     p.add_argument(
         "--inject-failure",

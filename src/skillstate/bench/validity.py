@@ -22,6 +22,7 @@ from skillstate.bench.arm import ArmResult, BenchConfig, BenchError
 from skillstate.bench.console import emit_report, make_console, progress_bar
 from skillstate.bench.options import config_from_args, upstream_args, workload_args
 from skillstate.bench.runner import make_workload, open_target, run_state_arm
+from skillstate.cli.paths import output_file
 
 SETTINGS = ("off", "json_schema")
 
@@ -127,7 +128,7 @@ def add_validity_parser(subparsers: Any) -> None:
     p.add_argument("--turns", type=int, default=30, metavar="N", help="turns (default 30)")
     upstream_args(p)
     workload_args(p)
-    p.add_argument("--out", metavar="FILE", help="write the JSON report here")
+    p.add_argument("--out", metavar="FILE", type=output_file, help="write the JSON report here")
     p.add_argument("--json", action="store_true", help="print the JSON report to stdout")
     p.set_defaults(bench_workload="validity")
 

@@ -19,6 +19,7 @@ from skillstate.bench.options import (
     parse_injection,
     regime_fields,
 )
+from skillstate.cli.paths import output_file
 
 
 def add_bfcl_parser(subparsers: Any) -> None:
@@ -58,8 +59,10 @@ def add_bfcl_parser(subparsers: Any) -> None:
     p.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
     p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="per call (512)")
     cost_args(p)
-    p.add_argument("--out", metavar="FILE", help="write the JSON report here")
-    p.add_argument("--chart", metavar="FILE", help="write a chart (.svg, .html, or .png)")
+    p.add_argument("--out", metavar="FILE", type=output_file, help="write the JSON report here")
+    p.add_argument(
+        "--chart", metavar="FILE", type=output_file, help="write a chart (.svg, .html, or .png)"
+    )
     p.add_argument("--json", action="store_true", help="print the JSON report to stdout")
     p.add_argument("--inject-failure", metavar="ARM:CALL", help="make that call fail (offline)")
     p.set_defaults(bench_workload="bfcl")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from urllib.parse import urlsplit
 
+from skillstate.cli.paths import output_file
+
 from .transcripts import BLOCKS, parse_sizes
 
 DESCRIPTION = (
@@ -181,7 +183,9 @@ def _add_transcripts(g: argparse._ArgumentGroup) -> None:
 
 
 def _add_output(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--json", metavar="FILE", help="write the numbers and machine info here")
+    g.add_argument(
+        "--json", metavar="FILE", type=output_file, help="write the numbers and machine info here"
+    )
     g.add_argument("--quiet", action="store_true", help="no progress lines")
     g.add_argument(
         "--start-timeout", type=float, default=30.0, help="seconds to wait for servers (30)"

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from skillstate.cli.paths import output_file
+
 from .session import ENVELOPE_TOKENS, REGIMES
 
 if TYPE_CHECKING:
@@ -59,8 +61,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="the proxy's config file (default: the proxy's defaults)",
     )
-    p.add_argument("--json", metavar="OUT", help="write the report as JSON")
-    p.add_argument("--html", metavar="OUT", help="write a self-contained HTML report")
+    p.add_argument("--json", metavar="OUT", type=output_file, help="write the report as JSON")
+    p.add_argument(
+        "--html", metavar="OUT", type=output_file, help="write a self-contained HTML report"
+    )
     p.add_argument(
         "--include-text",
         action="store_true",
