@@ -69,6 +69,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "window never checkpoints while it holds no more than this many. 0 keeps none.",
         "window_max_tokens": "Modes `window` and `auto`: the window's bound (estimated tokens "
         "of its messages); a turn that would pass it checkpoints whatever the bill says.",
+        "auto_compact": "Mode `auto`: also move a session to the compact context (`state` "
+        "mode's) when its expected bill is lower than the window's (short envelopes, an "
+        "OpenAI cache read at 0.5x input). Off by default: `auto` moves sessions to `window`, "
+        "whose recent turns stay verbatim (an `Edit` that quotes an earlier `Read` keeps "
+        "working).",
         "schema_violation": "What a patch key outside the allowed keys does: `reject` the whole "
         "transition (the model is re-asked), or `drop` the key with a warning.",
         "unsupported_tools": "`/v1/responses` tools that only the Responses API has "

@@ -159,6 +159,9 @@ class Settings(BaseModel):
     # mode window: exchanges kept verbatim after a checkpoint, and the window's bound (tokens)
     window_keep: int = Field(default=3, ge=0)
     window_max_tokens: int = Field(default=32_000, ge=1_000)
+    # mode auto: may it move a session to the compact context (state mode's) where that is
+    # cheaper than the window? Off: the recent turns stay verbatim (issue 23).
+    auto_compact: bool = False
 
     # Which Host and Origin headers are served besides loopback and the proxy's own pages
     # (DNS rebinding and cross-site protection, see guards.py); "*" turns a check off.

@@ -52,10 +52,15 @@ def like_a_model(request: RecordedRequest) -> str:
 
 
 def chat(
-    p: Proxy, fake: FakeProvider, session: str, observations: list[str], mode: str = "auto"
+    p: Proxy,
+    fake: FakeProvider,
+    session: str,
+    observations: list[str],
+    mode: str = "auto",
+    responder: Any = like_a_model,
 ) -> list[dict[str, str]]:
     """A session of len(observations) turns; returns each reply's headers."""
-    fake.responder = like_a_model
+    fake.responder = responder
     c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
     transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
     out = []
@@ -96,18 +101,56 @@ def test_a_short_chat_stays_in_passthrough_and_bills_what_passthrough_bills(
     assert p.get("/state", params={"session": "short-auto"}).status_code == 404
 
 
-def test_a_long_session_switches_once_into_the_window_and_stays(
-    cached_fake: FakeProvider, start_proxy: StartProxy
+# The fake provider's cache read at 0.1x input (OpenAI's, priced as GPT-5) and at 0.5x.
+READ_01 = {**PRICES, "cache_read_per_mtok": 0.2}
+
+
+def long_envelope(request: RecordedRequest) -> str:
+    """like_a_model, with an envelope of a few hundred tokens (a coding agent's state)."""
+    reply = like_a_model(request)
+    if "```json" not in reply:
+        return reply
+    turn = sum(m["role"] == "user" for m in request.json["messages"])
+    body = {"state_patch": {"step": turn}, "action": "edited the parser; " * 60}
+    return f"Step {turn}.\n```json\n{json.dumps(body)}\n```"
+
+
+@pytest.mark.parametrize(
+    "prices, responder, auto_compact, form",
+    [
+        # auto_compact: the recent turns read at 0.1x and a long envelope: the window
+        (READ_01, long_envelope, True, "window"),
+        # auto_compact: read at 0.5x and a short envelope: compact
+        (PRICES, like_a_model, True, "compact"),
+        # by default compact is no candidate: the window
+        (PRICES, like_a_model, False, "window"),
+    ],
+    ids=["window", "compact", "default"],
+)
+def test_a_long_session_switches_once_into_the_cheaper_form_and_stays(
+    cached_fake: FakeProvider,
+    start_proxy: StartProxy,
+    prices: Any,
+    responder: Any,
+    auto_compact: bool,
+    form: str,
 ) -> None:
-    p = start(start_proxy, cached_fake)
+    p = start_proxy(
+        cached_fake.url + "/v1",
+        "--mode",
+        "auto",
+        config={"schema": ["step"], "prices": {"m": prices}, "auto_compact": auto_compact},
+    )
     observations = [f"Observation {t}: " + "log line with numbers 12345 " * 30 for t in range(100)]
-    headers = chat(p, cached_fake, "long", observations)
+    headers = chat(p, cached_fake, "long", observations, responder=responder)
     contexts = [h["x-skillstate-context"] for h in headers]
     switch = contexts.index("checkpoint")
     assert switch >= 1  # it starts in passthrough
     assert contexts[:switch] == ["passthrough"] * switch
-    # The switch is a checkpoint that builds the state; the window form from then on.
-    assert set(contexts[switch:]) == {"window", "checkpoint"}
+    # The switch is a checkpoint that builds the state; the cheaper form from then on (the
+    # window checkpoints now and then).
+    forms = {form, "checkpoint"} if form == "window" else {form}
+    assert set(contexts[switch + 1 :]) == forms
     assert contexts.count("checkpoint") < (100 - switch) / 2  # checkpoints, not every turn
     # The switch turn's request is the client's transcript as it was, plus the instruction
     # (the prefix the passthrough turns cached is read again).
@@ -115,19 +158,21 @@ def test_a_long_session_switches_once_into_the_window_and_stays(
     assert at["messages"][: len(before["messages"])] == before["messages"]
     # The estimates behind each decision are in x-skillstate-auto.
     decided = headers[switch]["x-skillstate-auto"]
-    assert "form=window" in decided and "saving_usd=" in decided
+    assert "saving_usd=" in decided and "window_usd=" in decided and "compact_usd=" in decided
+    # The envelope's real size, known after the switch, settles window or compact.
+    assert f"form={form}" in headers[switch + 1]["x-skillstate-auto"]
     figures = dict(kv.split("=") for kv in decided.split("; "))
     assert float(figures["saving_usd"]) > 0
     before_f = dict(kv.split("=") for kv in headers[switch - 1]["x-skillstate-auto"].split("; "))
     assert float(before_f["saving_usd"]) <= 0
-    # The switch built the state; window turns keep it.
+    # The switch built the state; the turns after it keep it.
     assert "step" in p.state("long")["state"]
     # ... and in the transition history: the checkpoint that built it, with the estimates.
     history = p.get("/state", params={"session": "long", "history": "1"}).json()["history"]
     assert history[0]["context"] == "checkpoint" and history[0]["status"] == "valid"
     assert history[0]["estimate"]["saving_usd"] > 0
-    assert {h["context"] for h in history[1:]} == {"window", "checkpoint"}
+    assert {h["context"] for h in history[1:]} == forms
     by_context = p.get("/cost", params={"session": "long", "group_by": "context"}).json()
     groups = {g["key"]: g["requests"] for g in by_context["groups"]}
     assert groups["passthrough"] == switch
-    assert groups["window"] + groups["checkpoint"] == 100 - switch
+    assert sum(groups.get(f, 0) for f in {*forms, "checkpoint"}) == 100 - switch

@@ -411,8 +411,31 @@ async def test_a_step_conflict_is_a_409_and_the_billed_call_is_still_in_the_ledg
 # -- auto's switch ----------------------------------------------------------------------------
 
 
-async def test_auto_switches_to_the_window_building_compact_once_per_turn(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+PRICED = {
+    "name": "up",
+    "url": "http://upstream.invalid/v1",
+    "prices": {
+        "input_per_mtok": 3.0,
+        "output_per_mtok": 15.0,
+        "cache_read_per_mtok": 0.3,
+        "cache_write_per_mtok": 3.0,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "read_01, auto_compact, form",
+    [
+        # relative rates, OpenAI's cache read at 0.5x, 1,000-token observations: compact
+        (False, True, "compact"),
+        # ... where compact is no candidate (the default): the window
+        (False, False, "window"),
+        # read at 0.1x, 200-token observations and a long envelope: the window
+        (True, True, "window"),
+    ],
+)
+async def test_auto_switches_to_the_cheaper_form_building_compact_only_to_weigh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_01: bool, auto_compact: bool, form: str
 ) -> None:
     compacts: list[JSON] = []
     build_compact = plan_module.context.build_compact
@@ -424,32 +447,54 @@ async def test_auto_switches_to_the_window_building_compact_once_per_turn(
     monkeypatch.setattr(plan_module.context, "build_compact", counted)
     lookups: list[str] = []
     monkeypatch.setattr(types_module, "get_dialect", lambda n: lookups.append(n) or get_dialect(n))
+    action, observation, upstreams = "next", "x" * 4_000, []
+    if read_01:
+        observation = "lorem ipsum dolor sit amet " * 30
+        upstreams = [PRICED]
+        monkeypatch.setattr(_Candidate, "cfg", Settings(upstreams=upstreams).upstreams[0])
+        action = "a long account of what was done " * 40  # an envelope of ~300 tokens
+        sized = completion
+
+        def usage_by_length(text: str) -> JSON:  # output tokens as long as the reply
+            body = sized(text)
+            body["usage"]["completion_tokens"] = len(text) // 4
+            return body
+
+        monkeypatch.setitem(globals(), "completion", usage_by_length)
 
     def like_a_model(out: Outbound) -> str:
         asked = "[skillstate] CHECKPOINT" in json.dumps(out.body["messages"][-1])
-        return envelope(len(pool_of(p).sent)) if asked else "Noted."
+        return envelope(len(pool_of(p).sent), action) if asked else "Noted."
 
-    p = make(tmp_path, like_a_model, mode=Mode.AUTO)
+    p = make(tmp_path, like_a_model, mode=Mode.AUTO, upstreams=upstreams, auto_compact=auto_compact)
     transcript: list[JSON] = [{"role": "system", "content": "Be brief."}]
     shapes: list[str] = []
+    built: list[int] = []
     for k in range(40):
-        transcript.append({"role": "user", "content": f"observation {k}: " + "x" * 4_000})
+        transcript.append({"role": "user", "content": f"observation {k}: {observation}"})
         before = len(compacts)
         lookups.clear()
         reply = await run_json(p, turn(list(transcript), Mode.AUTO))
         shapes.append(reply.headers["x-skillstate-context"])
+        built.append(len(compacts) - before)
         assert lookups == ["openai"]  # one dialect lookup per turn
-        assert len(compacts) - before <= 1  # auto sizes compact at most once a turn
         transcript.append({"role": "assistant", "content": "Noted."})
-        if shapes[-1] == "window":
+        if len(shapes) > 2 and shapes[-3] == "checkpoint":
             break
-    # passthrough until the window pays, one checkpoint that builds the state, then window.
+    # passthrough until another form pays, one checkpoint that builds the state, then the
+    # cheaper form (weighed again once the envelope's real size is known).
     switch = shapes.index("checkpoint")
     assert switch > 0 and set(shapes[:switch]) == {"passthrough"}
-    assert shapes[switch + 1 :] == ["window"]
+    assert shapes[switch + 1 :] == [form, form]
     assert store_of(p).transitions[0].context == "checkpoint"
     assert store_of(p).transitions[0].status == "valid"
-    assert store_of(p).transitions[-1].context == "window"
+    assert store_of(p).transitions[-1].context == form
+    # compact is built at most once a turn: to weigh the forms, or to send it; a window turn
+    # that weighs nothing builds none.
+    assert all(n == 1 for n in built[: switch + 1])
+    # the first turn after the envelope weighs window against compact (when compact may be)
+    assert built[switch + 1] == (1 if auto_compact else 0)
+    assert built[switch + 2] == (1 if form == "compact" else 0)
 
 
 # -- the window's checkpoints and the model's context limit -----------------------------------

@@ -98,6 +98,7 @@ class BenchConfig:
     cache_regime: str = "openai"  # the simulated provider's prompt cache (one of CACHE_REGIMES)
     arms: tuple[str, ...] = DEFAULT_ARMS
     cache_read: float | None = None  # the cache read's fraction of the input rate (@READ)
+    auto_compact: bool = False  # the proxies' auto_compact setting (auto may go compact)
 
     @property
     def regime_label(self) -> str:

@@ -102,6 +102,12 @@ def cost_args(p: argparse.ArgumentParser) -> None:
         "the input instead (openai@0.1). TTL 300 s, minimum 1,024 tokens (default openai)",
     )
     p.add_argument(
+        "--auto-compact",
+        action="store_true",
+        help="the proxies run with auto_compact: true (auto may move a session to the compact "
+        "context where it is cheaper than the window)",
+    )
+    p.add_argument(
         "--arms",
         metavar="A,B",
         default=",".join(DEFAULT_ARMS),
@@ -167,6 +173,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         inject_failure=parse_injection(getattr(args, "inject_failure", None)),
         **regime_fields(args),
         arms=parse_arms(getattr(args, "arms", None)),
+        auto_compact=bool(getattr(args, "auto_compact", False)),
     )
 
 

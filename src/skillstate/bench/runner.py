@@ -278,6 +278,7 @@ def open_proxy(
             "data_dir": Path(tmp),
             "mode": mode,
             "constrain": constrain,
+            "auto_compact": cfg is not None and cfg.auto_compact,
         }
     )
     return stack.enter_context(ProxyServer(settings))

@@ -58,7 +58,9 @@ class Planner:
         self.prices = prices
         # What each session's baseline request (no proxy) would have in the prompt cache.
         self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
-        self.auto = AutoPlanner(max(settings.max_sessions, 1_000))
+        self.auto = AutoPlanner(
+            max(settings.max_sessions, 1_000), allow_compact=settings.auto_compact
+        )
         # Each session's last transcript and the results on it, for the next turn's.
         self.transcripts = SessionTranscripts()
         self.windows = WindowKeeper(
@@ -80,7 +82,8 @@ class Planner:
         has_state = record is not None
         decision, compact = self._auto_decision(turn, state, schema, est_client, has_state)
         form = decision.form if decision is not None else None
-        window = self._window_turn(turn, record, state, schema, form, mark)
+        switch = decision is not None and decision.leaves_passthrough
+        window = self._window_turn(turn, record, state, schema, form, mark, switch)
         if window is not None:
             sent, shape = window.body, window.shape
         else:
@@ -91,10 +94,13 @@ class Planner:
 
     def in_window(self, turn: Turn) -> bool:
         """Whether this turn may be a window turn (its session's mark is then read): a
-        compaction's checkpoint (``shape`` CHECKPOINT) always is."""
+        compaction's checkpoint (``shape`` CHECKPOINT) always is; an ``auto`` session that
+        settled in compact is not."""
         if turn.shape is not None:
             return turn.shape == ContextShape.CHECKPOINT
-        return turn.mode in (Mode.WINDOW, Mode.AUTO)
+        if turn.mode == Mode.AUTO:
+            return self.auto.form(turn.session) != ContextShape.COMPACT
+        return turn.mode == Mode.WINDOW
 
     def _window_turn(
         self,
@@ -104,14 +110,18 @@ class Planner:
         schema: list[str],
         form: ContextShape | None,
         mark: WindowMark | None,
+        switch: bool = False,
     ) -> WindowTurn | None:
         """This turn in the window form (``mode: window``, or ``auto`` once it chose it):
         None in the other forms. ``auto``'s first window turn is a checkpoint: it builds the
         state the window starts from; so is a compaction's (``shape`` CHECKPOINT), which
         folds the whole transcript unless the session's window continues it."""
         compaction = turn.shape == ContextShape.CHECKPOINT
+        # auto's switch into compact is a checkpoint too: it builds the state compact sends.
+        switch = switch and form == ContextShape.COMPACT
         if not compaction and (
-            turn.shape is not None or (turn.mode != Mode.WINDOW and form != ContextShape.WINDOW)
+            turn.shape is not None
+            or (turn.mode != Mode.WINDOW and form != ContextShape.WINDOW and not switch)
         ):
             return None
         candidates = self.pool.candidates(turn.model or None)
@@ -136,7 +146,7 @@ class Planner:
             regime=regime,
             prices=rates,
             window_caches=caches,
-            force=compaction or (turn.mode == Mode.AUTO and mark is None),
+            force=compaction or (turn.mode == Mode.AUTO and (mark is None or switch)),
             can_checkpoint=turn.envelope_form != "none",
             context_limit=limit,
             whole_unless_kept=compaction,
@@ -220,6 +230,9 @@ class Planner:
         candidates = self.pool.candidates(turn.model or None)
         if not candidates:
             return None, None
+        settled = self.auto.observe(turn.session, est_client, has_state=has_state)
+        if settled is not None:  # no estimate to make: no compact context to size
+            return settled, None
         cfg = candidates[0].cfg
         adapter = turn.wire.context
         compact = context.build_compact(adapter, turn.body, schema, state, turn.envelope_form)
@@ -236,9 +249,7 @@ class Planner:
             model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
         )
         regime = cfg.cache_regime(turn.model or None)
-        decision = self.auto.decide(
-            turn.session, sizes, has_state=has_state, regime=regime, prices=rates
-        )
+        decision = self.auto.decide(turn.session, sizes, regime=regime, prices=rates)
         return decision, compact
 
     def _client_transcript(self, turn: Turn) -> TranscriptView | None:
@@ -320,10 +331,11 @@ class Planner:
         policy's estimates."""
         if usage is None:
             return
+        tokens = float(usage.output_tokens * share)
         if meta.window is not None:
-            self.windows.envelope_cost(meta.turn.session, float(usage.output_tokens * share))
-        elif meta.turn.mode == Mode.AUTO:
-            self.auto.envelope_cost(meta.turn.session, float(usage.output_tokens * share))
+            self.windows.envelope_cost(meta.turn.session, tokens)
+        if meta.turn.mode == Mode.AUTO:
+            self.auto.envelope_cost(meta.turn.session, tokens)
 
     def committed(self, meta: TurnMeta, status: str, step: int) -> None:
         """A turn was committed with this verdict at ``step``: the window form keeps the

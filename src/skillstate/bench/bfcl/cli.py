@@ -87,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> BfclConfig:
         inject_failure=parse_injection(getattr(args, "inject_failure", None)),
         **regime_fields(args),
         arms=parse_arms(getattr(args, "arms", None)),
+        auto_compact=bool(getattr(args, "auto_compact", False)),
     )
     return BfclConfig(
         bench=bench,
