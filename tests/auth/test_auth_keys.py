@@ -61,6 +61,7 @@ def test_rotate_replaces_the_digest_and_revoke_marks_the_key(
     [
         (("create", "--name", "a b"), "key name must match"),
         (("create", "--name", "x", "--expires", "soon"), "expected a duration"),
+        (("create", "--name", "x", "--expires", "99999999999w"), "at most 36500d"),
         (("create", "--name", "x", "--rpm", "0"), "keys create: rpm must be a finite number > 0"),
         (("create", "--name", "x", "--budget-usd-per-day", "inf"), "budget_usd_per_day must be"),
         (("create", "--name", "x", "--budget-usd-per-day", "nan"), "budget_usd_per_day must be"),
@@ -101,3 +102,14 @@ def test_durations() -> None:
     assert parse_duration("90m") == 5400
     with pytest.raises(ValueError):
         parse_duration("0d")
+
+
+def test_a_stored_expiry_past_year_9999_still_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store written before durations were bounded may hold such a key: it lists."""
+    keys_cmd(capsys, tmp_path, "create", "--name", "old", "--expires", "30d")
+    with sqlite3.connect(tmp_path / "skillstate.db") as db:
+        db.execute("UPDATE api_keys SET expires = 1e20 WHERE name = 'old'")
+    rc, out, err = keys_cmd(capsys, tmp_path, "list")
+    assert rc == 0 and "old" in out and "9999-12-31" in out and err == ""

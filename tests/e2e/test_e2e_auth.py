@@ -523,3 +523,22 @@ def test_cli_key_changes_write_the_same_audit_lines(tmp_path: Path) -> None:
     assert r.stderr.decode() == "audit: key created name=ci admin=false rpm=5 by=cli\n"
     r = subprocess.run([*argv, "revoke", "ci"], env=env, capture_output=True)
     assert r.stderr.decode() == "audit: key revoked name=ci by=cli\n"
+
+
+@pytest.mark.parametrize("expires", ["999999999999d", "99999999999999999999999w"])
+def test_a_key_expiring_past_what_a_date_can_hold_is_a_400_and_the_listing_stands(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path, expires: str
+) -> None:
+    """``expires`` past year 9999 was kept (POST /admin/keys answered a 500 after saving it),
+    and from then on every listing of the keys failed: GET /admin/keys a 500, ``skillstate
+    keys list`` a traceback."""
+    root = make_key(data, "create", "--name", "root", "--admin")
+    proxy = start_proxy(fake.url + "/v1")
+    with httpx.Client(base_url=proxy.url, timeout=30, headers=bearer(root)) as admin:
+        r = admin.post("/admin/keys", json={"name": "far", "expires": expires})
+        assert r.status_code == 400 and "at most 36500d" in r.json()["error"]["message"]
+        r = admin.get("/admin/keys")
+        assert r.status_code == 200 and [k["name"] for k in r.json()["data"]] == ["root"]
+        r = admin.post("/admin/keys", json={"name": "century", "expires": "36500d"})
+        assert r.status_code == 201 and r.json()["expires"].startswith("21")
+        assert admin.get("/admin/keys").status_code == 200

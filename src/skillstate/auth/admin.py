@@ -128,7 +128,12 @@ class KeyAdmin:
 
 
 def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+    if ts is None:
+        return None
+    try:
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+    except (OverflowError, OSError, ValueError):  # kept before durations had a bound
+        return datetime.max.replace(tzinfo=timezone.utc).isoformat()
 
 
 def shown(r: KeyRecord) -> dict[str, Any]:

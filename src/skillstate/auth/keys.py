@@ -36,6 +36,7 @@ _SECRET_BYTES = 32
 KEY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+MAX_DURATION = 100 * 365 * 86400  # a key's lifetime: 100 years is "never expires" already
 
 
 def new_key() -> str:
@@ -91,11 +92,15 @@ def server_secret(data_dir: Path, *, replace: bytes | None = None) -> bytes:
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in ``30d``, ``12h``, ``90m``, ``45s`` or ``2w``; ValueError otherwise."""
+    """Seconds in ``30d``, ``12h``, ``90m``, ``45s`` or ``2w``, at most ``MAX_DURATION``;
+    ValueError otherwise."""
     m = _DURATION.match(text.strip().lower())
     if m is None or float(m.group(1)) <= 0:
         raise ValueError(f"expected a duration like 30d, 12h or 90m, got {text!r}")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds > MAX_DURATION:  # a time past year 9999 cannot be shown, nor kept in PostgreSQL
+        raise ValueError(f"a duration of at most {MAX_DURATION // 86400}d, got {text!r}")
+    return seconds
 
 
 def check_name(name: str) -> str:
