@@ -534,3 +534,77 @@ def test_the_window_survives_a_proxy_restart(fake: FakeProvider, start_proxy: St
         sent_prefix(before, drop_instruction=False)
     )
     assert STATE_MARK + '\n{"step":' in after.json["messages"][2]["content"]
+
+
+def history(p: Proxy, session: str) -> list[dict[str, Any]]:
+    """The session's transitions (none while ``auto`` keeps it in passthrough: a 404)."""
+    r = p.get("/state", params={"session": session, "history": "1"})
+    return [] if r.status_code == 404 else list(r.json()["history"])
+
+
+def compacted_like_claude_code(summary: str) -> list[dict[str, Any]]:
+    """The transcript Claude Code sends on the run after its ``/compact`` (the shape the
+    pinned 2.1.332 sends, see tests/agents/test_claude_code_window_compact.py): the summary
+    as the first user message, the last reply it keeps from before, the file it read again
+    as a user message, then the new prompt joined to the command's caveat."""
+    return [
+        {"role": "user", "content": [{"type": "text", "text": summary}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "KEPT: the last reply."}]},
+        {"role": "user", "content": "<system-reminder>Called the run tool: REREAD OUTPUT"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<command-name>/compact</command-name>"},
+                {"type": "text", "text": "NEXT PROMPT: carry on."},
+            ],
+        },
+    ]
+
+
+@pytest.mark.parametrize("mode", ["window", "auto"])
+def test_a_claude_code_compaction_sends_its_whole_new_transcript_once(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    """Claude Code's ``/compact`` after the window restarted at a checkpoint: the next request
+    holds every message of the compacted transcript once, in order, after the state (the
+    window restarted there, as its transition record says), and the state is intact."""
+    up = {**upstream(fake, "anthropic"), "cache_pricing": "none"}  # (auto: the switch pays)
+    p = start(start_proxy, fake, "anthropic", mode=mode, upstreams=[up])
+    fake.responder = Model()
+    client = Client(p, "anthropic", f"cc-compact-{mode}")
+    for _ in range(30):  # until a checkpoint has moved the window's start past the task
+        client.turn(stream=False)
+        marks = [h["estimate"]["window"]["start"] for h in history(p, client.session)]
+        if marks and marks[-1] > 0 and not asks_checkpoint(fake.last):
+            break
+    before = history(p, client.session)
+    assert before[-1]["estimate"]["window"]["start"] > 0, before[-1]
+    if mode == "auto":  # it had switched from passthrough to the window (a checkpoint)
+        assert before[0]["context"] == "checkpoint" and before[0]["estimate"]["saving_usd"] > 0
+        assert STATE_MARK not in request_text(fake.requests[0])  # it began in passthrough
+    state_before = p.state(client.session)
+
+    client.transcript = compacted_like_claude_code("This session is being continued. SUMMARY")
+    compacted = json.loads(json.dumps(client.transcript))
+    client.turn(stream=True)
+    first = fake.last
+    client.turn(stream=False)
+
+    turn = history(p, client.session)[len(before)]
+    assert turn["estimate"]["window_start"] == "changed"  # the window restarted
+    assert turn["estimate"]["window"]["start"] == 0  # at the compacted transcript's start
+    msgs = _no_marks(first.json["messages"])
+    head = json.dumps(msgs[0])
+    assert "SUMMARY" in head and STATE_MARK in head  # the summary is the task, then the state
+    if asks_checkpoint(first):  # (the instruction follows the latest observation)
+        msgs[-1]["content"] = [b for b in msgs[-1]["content"] if CHECKPOINT_MARK not in str(b)]
+    assert msgs[1:] == compacted[1:]  # every message after the summary once, in order
+    text = json.dumps(first.json)
+    assert text.count("SUMMARY") == 1 and "build output" not in text  # no message of before
+    # The window goes on append-only from there.
+    assert sent_prefix(fake.last, drop_instruction=True).startswith(
+        sent_prefix(first, drop_instruction=False)
+    )
+    after = p.state(client.session)
+    assert after["step"] > state_before["step"]
+    assert after["state"]["step"] >= state_before["state"]["step"]  # nothing lost

@@ -8,17 +8,21 @@ from typing import Any
 
 import pytest
 
+from skillstate.cost.tokens import estimate_tokens
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.window import (
     CHECKPOINT_MARK,
     WindowMark,
     build_window,
     exchange_starts,
+    fresh_start,
     kept_start,
     plan_window,
     transcript_digest,
     with_checkpoint,
 )
+
+BOUND = 32_000  # window_max_tokens' default
 
 
 def openai_round(k: int) -> list[dict[str, Any]]:
@@ -91,7 +95,7 @@ def test_window_is_append_only_between_checkpoints(dialect: str) -> None:
     previous: str | None = None
     for rounds in range(0, 8):
         msgs = transcript(dialect, rounds)
-        plan = plan_window(msgs, d, mark)
+        plan = plan_window(msgs, d, mark, max_tokens=BOUND)
         assert plan.reason == ("new" if mark is None else "kept")
         mark = plan.mark(msgs)
         out = build_window(d, body_of(dialect, msgs), plan, ["notes"], {"notes": "x"})
@@ -108,11 +112,11 @@ def test_window_is_append_only_between_checkpoints(dialect: str) -> None:
 def test_restarted_window_keeps_the_last_exchanges_paired(dialect: str) -> None:
     d = get_dialect(dialect).context
     msgs = transcript(dialect, 6)
-    plan = plan_window(msgs, d, None)
+    plan = plan_window(msgs, d, None, max_tokens=BOUND)
     start = kept_start(msgs, d, plan.start, 3)
     mark = WindowMark(start, transcript_digest(msgs, start))
     later = transcript(dialect, 7)
-    plan = plan_window(later, d, mark)
+    plan = plan_window(later, d, mark, max_tokens=BOUND)
     assert plan.reason == "kept" and plan.exchanges == 4
     text = json.dumps(sent(dialect, build_window(d, body_of(dialect, later), plan, [], {})))
     assert "result 2" not in text
@@ -129,14 +133,14 @@ def test_mark_ignores_moved_cache_breakpoints() -> None:
     mark = WindowMark(3, transcript_digest(msgs, 3))
     moved = json.loads(json.dumps(msgs))
     moved[2]["content"][0]["cache_control"] = {"type": "ephemeral"}
-    assert plan_window(moved, d, mark).reason == "kept"
+    assert plan_window(moved, d, mark, max_tokens=BOUND).reason == "kept"
 
 
-@pytest.mark.parametrize(
-    "change",
-    ["compaction", "edit", "restart"],
-)
-def test_a_changed_transcript_starts_a_fresh_window_at_its_latest_exchange(change: str) -> None:
+@pytest.mark.parametrize("bound", [BOUND, 1])  # the whole fits; only the latest exchange
+@pytest.mark.parametrize("change", ["compaction", "edit", "restart"])
+def test_a_changed_transcript_starts_a_fresh_window_that_fits_its_bound(
+    change: str, bound: int
+) -> None:
     d = get_dialect("openai").context
     msgs = transcript("openai", 6)
     start = kept_start(msgs, d, 1, 3)
@@ -148,25 +152,90 @@ def test_a_changed_transcript_starts_a_fresh_window_at_its_latest_exchange(chang
         new[3]["content"] = "result 0, edited"
     else:
         new = [msgs[0], {"role": "user", "content": "A NEW TASK"}]
-    plan = plan_window(new, d, mark)
+    plan = plan_window(new, d, mark, max_tokens=bound)
     assert plan.reason == "changed"
     out = sent("openai", build_window(d, body_of("openai", new), plan, [], {"k": 1}))
     text = json.dumps(out)
-    if change == "compaction":
-        assert [m.get("tool_call_id") for m in out if m["role"] == "tool"] == ["c9"]
+    results = [m.get("tool_call_id") for m in out if m["role"] == "tool"]
+    if change == "compaction":  # one exchange after the summary: it is sent either way
+        assert results == ["c9"]
         assert text.count("SUMMARY") == 1
-    elif change == "edit":
-        assert [m.get("tool_call_id") for m in out if m["role"] == "tool"] == ["c6"]
+    elif change == "edit" and bound == BOUND:  # the whole edited transcript, in order
+        assert results == [f"c{k}" for k in range(7)]
+        assert text.count("result 0, edited") == 1
+    elif change == "edit":  # over the bound: the latest exchange only
+        assert results == ["c6"]
     else:
         assert text.count("A NEW TASK") == 1 and "result" not in text
     assert '{\\"k\\":1}' in text or '{"k":1}' in text  # the state as it is
+
+
+def claude_code_after_compact() -> list[dict[str, Any]]:
+    """The transcript Claude Code 2.1.332 sends on the run after ``claude -p /compact``
+    (recorded in the agents tier, texts shortened): its summary as the first user message, an
+    empty system message, the last reply before the compaction, the files it read again as
+    user messages, then the new prompt joined to the command's caveat, and a system message."""
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "This session is being continued. SUMMARY"}],
+        },
+        {"role": "system", "content": [], "output_config": {"effort": "medium"}},
+        {"role": "assistant", "content": [{"type": "text", "text": "KEPT REPLY"}]},
+        {"role": "user", "content": "<system-reminder>Called the Read tool: READ AGAIN"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>Result of calling the Read tool"},
+                {"type": "text", "text": "<command-name>/compact</command-name>"},
+                {"type": "text", "text": "NEW PROMPT"},
+            ],
+        },
+        {"role": "system", "content": [{"type": "text", "text": "DEFERRED TOOLS"}]},
+    ]
+
+
+def test_claude_code_compact_sends_its_whole_new_transcript_once_in_order() -> None:
+    d = get_dialect("anthropic").context
+    before = [*transcript("anthropic", 6), {"role": "user", "content": "next"}]
+    start = kept_start(before, d, 0, 1)
+    assert start > 0  # a checkpoint restarted the window
+    mark = WindowMark(start, transcript_digest(before, start))
+    after = claude_code_after_compact()
+    plan = plan_window(after, d, mark, max_tokens=BOUND)
+    assert plan.reason == "changed" and plan.start == 0
+    out = sent("anthropic", build_window(d, body_of("anthropic", after), plan, [], {"k": 1}))
+    text = json.dumps(out)
+    order = ["SUMMARY", "STATE", "KEPT REPLY", "READ AGAIN", "NEW PROMPT", "DEFERRED TOOLS"]
+    assert all(text.count(t) == 1 for t in order if t != "STATE")  # none twice, none lost
+    positions = [text.index(t) for t in order]
+    assert positions == sorted(positions)  # in the client's order, the state before them
+    assert "result" not in text  # nothing of the transcript before the compaction
+    assert out[1:] == after[1:]  # verbatim after the summary's turn
+
+
+def test_a_fresh_window_is_the_longest_tail_of_exchanges_that_fits() -> None:
+    d = get_dialect("openai").context
+    new = json.loads(json.dumps(transcript("openai", 8)))
+    new[1]["content"] = "TASK, edited"
+    split = plan_window(new, d, None, max_tokens=BOUND).split
+    starts = exchange_starts(new, d, split.system_end)
+    ends = [*starts[1:], len(new)]
+    # Each exchange measured on its own (each message once): the tail of the last n.
+    sizes = [estimate_tokens(new[a:b]) for a, b in zip(starts, ends, strict=True)]
+    assert fresh_start(new, d, split, BOUND) == split.system_end  # all of it fits
+    for n in range(1, len(starts)):
+        tail = sum(sizes[-n:])
+        assert fresh_start(new, d, split, tail) == starts[-n]  # as many exchanges as fit
+        assert fresh_start(new, d, split, tail - 1) == starts[-max(n - 1, 1)]
+    assert fresh_start(new, d, split, 1) == starts[-1]  # the latest, even over the bound
 
 
 @pytest.mark.parametrize("dialect", list(TRANSCRIPTS))
 def test_checkpoint_instruction_follows_the_latest_observation(dialect: str) -> None:
     d = get_dialect(dialect).context
     msgs = transcript(dialect, 3)
-    plan = plan_window(msgs, d, None)
+    plan = plan_window(msgs, d, None, max_tokens=BOUND)
     window = build_window(d, body_of(dialect, msgs), plan, [], {})
     asked = with_checkpoint(d, window)
     before, after = sent(dialect, window), sent(dialect, asked)

@@ -362,7 +362,8 @@ class Planner:
         if turn.mode == Mode.WINDOW:  # the window as it stands (no checkpoint is decided)
             adapter = turn.wire.context
             mark = self.windows.cached_mark(record)
-            plan = plan_window(turn.body[adapter.transcript_key], adapter, mark)
+            messages = turn.body[adapter.transcript_key]
+            plan = plan_window(messages, adapter, mark, max_tokens=self.windows.policy.max_tokens)
             return build_window(adapter, turn.body, plan, schema, state)
         return self.build_context(turn, state, schema)[0]
 

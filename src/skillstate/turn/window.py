@@ -165,9 +165,10 @@ class WindowKeeper:
         continue is sent whole, as if the session had no window yet (a compaction must fold
         all it is given, not only the latest exchange a changed window restarts at)."""
         messages = body[adapter.transcript_key]
-        plan = plan_window(messages, adapter, mark)
+        bound = self.policy.max_tokens
+        plan = plan_window(messages, adapter, mark, max_tokens=bound)
         if whole_unless_kept and plan.reason == "changed":
-            plan = plan_window(messages, adapter, None)
+            plan = plan_window(messages, adapter, None, max_tokens=bound)
         window = build_window(adapter, body, plan, schema, state)
         if not can_checkpoint:
             decision = CheckpointDecision(False, "format")
