@@ -256,6 +256,7 @@ BAD_BODIES: list[tuple[Any, str]] = [
     ({"model": "m"}, "input"),
     ({"model": "m", "input": 5}, "input"),
     ({"model": "m", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"model": "m", "input": [{"role": [], "content": "x"}]}, "input[0].role"),  # (was a 500)
     ({"model": "m", "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
     ({"model": "m", "input": [{"type": "function_call_output", "call_id": "c"}]},
      "input[0].output"),

@@ -67,7 +67,7 @@ def _validate_item(item: Any, path: str) -> None:
         raise _bad(f"{path}.type must be a string", f"{path}.type")
     if itype == "message":
         role = item.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             allowed = ", ".join(sorted(_ROLES))
             raise _bad(f"{path}.role must be one of {allowed}; got {role!r}", f"{path}.role")
         content = item.get("content")
