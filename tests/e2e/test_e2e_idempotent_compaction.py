@@ -127,3 +127,20 @@ def test_a_keyed_compaction_retried_pins_the_same_step(
         )
         assert later.status_code == 200, later.text
         assert '\\"notes\\":\\"once\\"' in json.dumps(fake.requests[-1].json)
+
+
+def test_the_clients_idempotency_key_is_not_forwarded_upstream(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """The key names the client's request to the proxy; the proxy's calls for it differ (a
+    re-ask here, checkpoints elsewhere). Forwarded, an upstream that keeps keys (another
+    skillstate proxy in front of the provider) refused the re-ask with a 422."""
+    p = start(fake, start_proxy, "state")
+    fake.enqueue(Reply(text="no envelope"), Reply(text=envelope({"notes": "re-asked"})))
+    r = oai(p, default_headers=keyed("k-forward")).chat.completions.create(
+        model="m-1", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert r.choices[0].message.content == "ok"
+    sent = [q for q in fake.requests if q.method == "POST"]
+    assert len(sent) == 2 and all("idempotency-key" not in q.headers for q in sent)
+    assert p.state("c1")["state"] == {"notes": "re-asked"}

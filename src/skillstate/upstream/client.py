@@ -34,13 +34,16 @@ from .breaker import Breaker, CircuitBreaker, Permit
 from .limits import Admission, RateLimits, Ticket, UpstreamLimits
 from .retry import Backoff, fails_over, is_key_rejected, retry_after_from_headers
 
-# Never forwarded: hop-by-hop headers, our own, what aiohttp sets itself, and what describes
-# the client's body rather than the one the proxy sends (its own JSON, uncompressed).
+# Never forwarded: hop-by-hop headers, our own, what aiohttp sets itself, what describes
+# the client's body rather than the one the proxy sends (its own JSON, uncompressed), and the
+# client's Idempotency-Key: it names the client's request to the proxy, which answers it; the
+# proxy's upstream calls for it (re-asks, checkpoints) carry other bodies, which an upstream
+# that keeps keys (another proxy) would refuse (422) or answer with the first one's reply.
 _DROP_REQUEST_HEADERS = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "accept-encoding", "cookie", "content-encoding", "expect",
+        "accept-encoding", "cookie", "content-encoding", "expect", "idempotency-key",
     }
 )  # fmt: skip
 _CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key"})
