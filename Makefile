@@ -27,7 +27,7 @@ test: lint
 # .ci/run runs it on CPython 3.10 and 3.13 under pyenv (unless one is the default), each in its
 # own venv: make test-unit PY=python3.X VENV=.venvs/3.X
 UNIT_TESTS = $(filter-out tests/e2e/% tests/cli/% tests/bench/% tests/real/% tests/scale/% \
-	tests/ui/% tests/agents/%, $(wildcard tests/test_*.py tests/*/test_*.py))
+	tests/ui/% tests/agents/%, $(wildcard tests/test_*.py tests/*/test_*.py tests/*/*/test_*.py))
 
 test-unit: $(STAMP)
 	$(BIN)/pytest $(UNIT_TESTS)

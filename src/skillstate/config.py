@@ -39,6 +39,7 @@ from .cost.baseline import (
 )
 from .cost.pricing import PriceOverride
 from .dialects.registry import DIALECTS
+from .store.schemes import URL_FORMS, url_problem
 
 DEFAULT_PORT = 8789
 MiB = 1024 * 1024
@@ -275,12 +276,9 @@ class Settings(BaseModel):
     def _store_url(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        scheme = urlsplit(v).scheme
-        if scheme not in ("sqlite", "postgresql", "postgres"):
-            # The URL may carry a password: name only its scheme in the error.
-            raise ValueError(f"must be sqlite:///path or postgresql://…, not {scheme or '?'}:")
-        if scheme == "sqlite" and not urlsplit(v).path.strip("/"):
-            raise ValueError("sqlite:///path needs a file path, e.g. sqlite:///var/lib/ss/ss.db")
+        problem = url_problem(v)  # names only the scheme: the URL may carry a password
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("coordination")
@@ -343,7 +341,7 @@ ENV_VARS = {
     "SKILLSTATE_INITIAL_STATE": "initial state, a JSON object",
     "SKILLSTATE_CONFIG": "path of the JSON config file",
     "SKILLSTATE_DATA_DIR": "where the SQLite store lives (default ~/.skillstate)",
-    "SKILLSTATE_STORE": "store URL: sqlite:///path or postgresql://… (the store setting)",
+    "SKILLSTATE_STORE": f"store URL: {URL_FORMS} (the store setting)",
     "SKILLSTATE_COORDINATION": "Redis URL shared by replicas (the coordination setting)",
     "SKILLSTATE_VERBOSE": "1 to log one line per request",
     "SKILLSTATE_MODE": Mode.spelled(),

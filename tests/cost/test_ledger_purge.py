@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from skillstate.store import TransitionRecord
-from skillstate.store import sqlite as sqlite_store
 from skillstate.store.sqlite import SQLiteStore
+from skillstate.store.sqlite import store as sqlite_store
 from tests.cost.test_ledger_sums import random_row
 
 

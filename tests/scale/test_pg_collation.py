@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from skillstate.store import TransitionRecord
-from skillstate.store.postgres import PostgresStore
+from skillstate.store.postgres.store import PostgresStore
 from tests.cost.test_ledger_sums import random_row
 from tests.scale.services import PostgresServer
 

@@ -22,7 +22,7 @@ from skillstate.store import (
     StoreFull,
     TransitionRecord,
 )
-from skillstate.store.postgres import PostgresStore
+from skillstate.store.postgres.store import PostgresStore
 from skillstate.store.records import LedgerRow
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore

@@ -15,7 +15,7 @@ from typing import Any
 import openai
 
 from skillstate.store import Store
-from skillstate.store.postgres import PostgresStore
+from skillstate.store.postgres.store import PostgresStore
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
 from tests.cost.test_ledger_sums import check_sums_match_rows, random_row

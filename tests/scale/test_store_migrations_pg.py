@@ -13,15 +13,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from skillstate.store import TransitionRecord, migrations
-from skillstate.store.migrations import (
-    POSTGRES_MIGRATIONS,
-    Migration,
-    SchemaTooNew,
-    SchemaTooOld,
-    migrate_postgres,
-)
-from skillstate.store.postgres import PostgresStore
+from skillstate.store import TransitionRecord
+from skillstate.store.migrations import Migration, SchemaTooNew, SchemaTooOld
+from skillstate.store.postgres import migrations
+from skillstate.store.postgres.migrations import POSTGRES_MIGRATIONS, migrate_postgres
+from skillstate.store.postgres.store import PostgresStore
 from tests.conftest import proxy_env
 
 LATEST = POSTGRES_MIGRATIONS[-1].version

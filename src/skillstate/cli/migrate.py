@@ -10,13 +10,14 @@ from typing import Any
 from ..config import ConfigError, Settings
 from ..store import StoreError
 from ..store.factory import make_store
+from ..store.schemes import URL_FORMS
 
 
 def add_migrate_parser(sub: Any) -> None:
     migrate = sub.add_parser("migrate", help="upgrade the store's schema to this release's")
     migrate.add_argument(
         "--store", metavar="URL", default=argparse.SUPPRESS,
-        help="sqlite:///path or postgresql://… (default: the configured store)",
+        help=f"{URL_FORMS} (default: the configured store)",
     )  # fmt: skip
     migrate.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS)
     migrate.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS)

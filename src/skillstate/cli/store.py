@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import sys
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -17,6 +16,7 @@ from ..store import Store, StoreError
 from ..store.base import COUNTED
 from ..store.copy import CopyReport, copy_store
 from ..store.factory import describe_store, make_store
+from ..store.schemes import URL_FORMS, url_problem
 from ..urltext import redacted
 
 
@@ -29,7 +29,7 @@ def add_store_parser(sub: Any) -> None:
         help="copy sessions (with their history), keys, stored responses and the ledger"
         " from one store into another, then verify",
     )
-    urls = "sqlite:///path or postgresql://…"
+    urls = URL_FORMS
     copy.add_argument("--from", dest="source", required=True, metavar="URL",
                       help=f"{urls} (only read)")  # fmt: skip
     copy.add_argument("--to", dest="dest", required=True, metavar="URL",
@@ -77,9 +77,9 @@ async def _copy(source_url: str, dest_url: str, merge: bool) -> CopyReport:
 
 def open_url(url: str, option: str, *, must_exist: bool) -> Store:
     """The (unopened) store a URL names; ConfigError for a URL that names none."""
-    scheme = urlsplit(url).scheme
-    if scheme not in ("sqlite", "postgresql", "postgres"):
-        raise ConfigError(f"{option}: must be sqlite:///path or postgresql://…, not {_scheme(url)}")
+    problem = url_problem(url)
+    if problem:
+        raise ConfigError(f"{option}: {problem}")
     try:
         settings = Settings(store=url)
     except ValidationError as e:  # its message only: the URL may carry a password
@@ -100,11 +100,6 @@ async def _open(store: Store, option: str) -> None:
         await store.open()
     except StoreError as e:
         raise ConfigError(f"{option}: {e}") from None
-
-
-def _scheme(url: str) -> str:
-    scheme = urlsplit(url).scheme
-    return f"{scheme}:" if scheme else "a URL"
 
 
 def _progress(what: str) -> None:

@@ -1,34 +1,36 @@
-"""The ledger summed in SQL (``Store.ledger_sums``), one text for both backends: ``/cost``
-and ``skillstate cost`` read one row per group and kind instead of every ledger row of the
-window (see ``skillstate.cost.ledger.summarize_sums`` for what the sums become)."""
+"""The ledger summed in SQL (``Store.ledger_sums``), one text for every backend (each gives
+its own GroupKeys): ``/cost`` and ``skillstate cost`` read one row per group and kind
+instead of every ledger row of the window (see ``skillstate.cost.ledger.summarize_sums``
+for what the sums become)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from ..cost.ledger import check_group_by, day_of
 from ..sessions.ids import NAMESPACE_SEP
 from .records import LedgerSums
 
-Dialect = Literal["sqlite", "postgresql"]
+# The namespace separator as an SQL literal, for a backend's GroupKeys.key.
+SEPARATOR = f"'{NAMESPACE_SEP}'"
 
-_SEP = f"'{NAMESPACE_SEP}'"
 
-# The group key of a row, as ``skillstate.cost.ledger._key`` computes it in Python: ``day`` is
-# the day number since 1970 in UTC (turned into YYYY-MM-DD by sums_of), ``key`` the part of
-# the session id before the namespace separator (None without one).
-_GROUP_KEY: dict[Dialect, dict[str, str]] = {
-    "sqlite": {
-        "day": "CAST(ts / 86400 AS INTEGER)",
-        "key": f"CASE WHEN instr(session, {_SEP}) > 0"
-        f" THEN substr(session, 1, instr(session, {_SEP}) - 1) END",
-    },
-    "postgresql": {
-        "day": "floor(ts / 86400)::bigint",
-        "key": f"CASE WHEN strpos(session, {_SEP}) > 0 THEN split_part(session, {_SEP}, 1) END",
-    },
-}
+@dataclass(frozen=True, slots=True)
+class GroupKeys:
+    """A backend's SQL for the group key of a ledger row, as ``skillstate.cost.ledger._key``
+    computes it in Python: ``day`` the day number since 1970 in UTC (turned into YYYY-MM-DD
+    by sums_of), ``key`` the part of the session id before the namespace separator (None
+    without one). Each backend writes its own (its SQL functions differ)."""
+
+    day: str
+    key: str
+
+    def of(self, group_by: str) -> str:
+        """The expression a ``group_by`` column groups on (``model``, ``mode``: itself)."""
+        return {"day": self.day, "key": self.key}.get(group_by, group_by)
+
 
 # B and C of the module docstring of skillstate.cost.ledger.
 _B = "baseline_input_tokens IS NOT NULL AND input_tokens IS NOT NULL"
@@ -56,11 +58,11 @@ _SUMS = (
 _FLOATS = {4, 14, 15}  # positions in _SUMS of USD sums
 
 
-def sums_select(dialect: Dialect, group_by: str | None) -> str:
+def sums_select(keys: GroupKeys, group_by: str | None) -> str:
     """``SELECT ... FROM ledger`` of the sums per group and kind; the caller appends its
     ``WHERE`` (time window, session, prefix) and then ``GROUP_BY``."""
     check_group_by(group_by)
-    key = "NULL" if group_by is None else _GROUP_KEY[dialect].get(group_by, group_by)
+    key = "NULL" if group_by is None else keys.of(group_by)
     return f"SELECT {key}, kind, count(*), min(ts), {', '.join(_SUMS)} FROM ledger"
 
 

@@ -6,6 +6,7 @@ import argparse
 from urllib.parse import urlsplit
 
 from skillstate.cli.paths import output_file
+from skillstate.store.schemes import BACKENDS, shares_database
 
 from .transcripts import BLOCKS, parse_sizes
 
@@ -224,9 +225,10 @@ def validate(a: argparse.Namespace) -> str | None:
             )
     if a.replicas < 1 or a.trips < 0:
         return "--replicas must be >= 1 and --trips >= 0"
-    shared = a.store is not None and urlsplit(a.store).scheme in ("postgresql", "postgres")
+    shared = shares_database(a.store)
     if a.replicas > 1 and not (shared and a.coordination):
-        return "--replicas > 1 needs --store postgresql://… and --coordination redis://…"
+        forms = " or ".join(b.form for b in BACKENDS if b.shared)
+        return f"--replicas > 1 needs --store {forms} and --coordination redis://…"
     if a.target and (a.store or a.coordination or a.replicas > 1):
         return "--store, --coordination and --replicas configure skillstate, not a --target"
     return None

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ...store.schemes import shares_database
 from ...urltext import redacted
 from ..console import make_console, phase_progress
 from .arguments import validate
@@ -45,7 +46,7 @@ def _settings_env(args: argparse.Namespace) -> dict[str, str]:
 
 def _counts_trips(args: argparse.Namespace) -> bool:
     """Round trips are counted for skillstate's state turns on a shared engine."""
-    shared = bool(args.coordination) or (args.store or "").startswith("postgres")
+    shared = bool(args.coordination) or shares_database(args.store)
     return args.trips > 0 and args.mode == "state" and shared and not args.target
 
 

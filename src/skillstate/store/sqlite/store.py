@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ..auth.record import KeyRecord
-from ..config import ConfigError
-from .base import (
+from ...auth.record import KeyRecord
+from ...config import ConfigError
+from ..base import (
     COUNTED,
     KeptAlready,
     KeptReply,
@@ -35,12 +35,11 @@ from .base import (
     StoreUnavailable,
     TransitionRecord,
 )
-from .cache import CachedSession, SessionCache
-from .datadir import lock_data_dir, prepare_path, unlock_data_dir
-from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
-from .migrations import SQLITE_MIGRATIONS, migrate_sqlite
-from .records import LedgerRow, LedgerSums
-from .rows import (
+from ..cache import CachedSession, SessionCache
+from ..datadir import lock_data_dir, prepare_path, unlock_data_dir
+from ..ledgersql import GROUP_BY, SEPARATOR, GroupKeys, spend_select, sums_of, sums_select
+from ..records import LedgerRow, LedgerSums
+from ..rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
     KEPT_COLUMNS,
@@ -62,9 +61,16 @@ from .rows import (
     stored_response,
     transition_record,
 )
+from .migrations import SQLITE_MIGRATIONS, migrate_sqlite
 from .thread import StoreThread
 
 T = TypeVar("T")
+
+GROUP_KEYS = GroupKeys(
+    day="CAST(ts / 86400 AS INTEGER)",
+    key=f"CASE WHEN instr(session, {SEPARATOR}) > 0"
+    f" THEN substr(session, 1, instr(session, {SEPARATOR}) - 1) END",
+)
 log = logging.getLogger("skillstate")
 
 _LEDGER_INSERT = (
@@ -723,7 +729,7 @@ class SQLiteStore:
         group_by: str | None = None,
     ) -> list[LedgerSums]:
         where, args = _ledger_where(since, until, session, prefix)
-        sql = sums_select("sqlite", group_by) + where + GROUP_BY
+        sql = sums_select(GROUP_KEYS, group_by) + where + GROUP_BY
 
         def sums(db: sqlite3.Connection) -> list[LedgerSums]:
             return [sums_of(r, group_by) for r in db.execute(sql, args)]

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from skillstate.store import TransitionRecord
-from skillstate.store.migrations import SQLITE_MIGRATIONS, SchemaTooNew
+from skillstate.store.migrations import SchemaTooNew
 from skillstate.store.sqlite import SQLiteStore
+from skillstate.store.sqlite.migrations import SQLITE_MIGRATIONS
 from tests.conftest import proxy_env
 
 LATEST = SQLITE_MIGRATIONS[-1].version
 
 # The schema as the code before schema_version made it (git show c4add7e:src/skillstate/
-# store/sqlite.py): every table, no schema_version.
+# store/sqlite/store.py): every table, no schema_version.
 BEFORE_VERSIONING = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,

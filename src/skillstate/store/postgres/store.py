@@ -1,6 +1,6 @@
 """The shared store: PostgreSQL through an asyncpg pool, for replicas behind a load balancer.
 
-Same data and semantics as the SQLite store (store/sqlite.py), with these choices:
+Same data and semantics as the SQLite store (store/sqlite/store.py), with these choices:
 
 - **One statement per commit.** A turn's commit is a single SQL statement whose
   data-modifying CTEs update (or create) the session, append the transition and insert the
@@ -50,10 +50,10 @@ from typing import Any
 import asyncpg
 import orjson
 
-from ..auth.record import KeyRecord
-from ..config import ConfigError
-from ..urltext import redacted
-from .base import (
+from ...auth.record import KeyRecord
+from ...config import ConfigError
+from ...urltext import redacted
+from ..base import (
     COUNTED,
     KeptAlready,
     KeptReply,
@@ -65,11 +65,11 @@ from .base import (
     StoreUnavailable,
     TransitionRecord,
 )
-from .cache import CachedSession, SessionCache
-from .ledgersql import GROUP_BY, spend_select, sums_of, sums_select
-from .migrations import POSTGRES_MIGRATIONS, SchemaTooNew, SchemaTooOld, migrate_postgres
-from .records import LedgerRow, LedgerSums
-from .rows import (
+from ..cache import CachedSession, SessionCache
+from ..ledgersql import GROUP_BY, SEPARATOR, GroupKeys, spend_select, sums_of, sums_select
+from ..migrations import SchemaTooNew, SchemaTooOld
+from ..records import LedgerRow, LedgerSums
+from ..rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
     KEPT_COLUMNS,
@@ -92,8 +92,14 @@ from .rows import (
     stored_response,
     transition_record,
 )
+from .migrations import POSTGRES_MIGRATIONS, migrate_postgres
 
 log = logging.getLogger("skillstate")
+
+GROUP_KEYS = GroupKeys(
+    day="floor(ts / 86400)::bigint",
+    key=f"CASE WHEN strpos(session, {SEPARATOR}) > 0 THEN split_part(session, {SEPARATOR}, 1) END",
+)
 
 _PG_TYPES = {"integer": "int8", "real": "float8", "text": "text"}
 _LEDGER_ARRAY_TYPES = [_PG_TYPES[ledger_column_kind(c)] for c in LEDGER_COLUMNS]
@@ -686,7 +692,7 @@ class PostgresStore:
         group_by: str | None = None,
     ) -> list[LedgerSums]:
         where, args = _ledger_where(since, until, session, prefix)
-        sql = sums_select("postgresql", group_by) + where + GROUP_BY
+        sql = sums_select(GROUP_KEYS, group_by) + where + GROUP_BY
         async with self.connection() as conn:
             # /cost (and store copy's check) may sum millions of rows: seconds, more than
             # the fail-fast bound of a turn's statements

@@ -35,7 +35,7 @@ async def commit(store: SQLiteStore, expected: int, state: dict[str, Any]) -> in
 HOLD = """
 import sys, time
 from pathlib import Path
-from skillstate.store.sqlite import lock_data_dir
+from skillstate.store.datadir import lock_data_dir
 lock_data_dir(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(60)

@@ -1,4 +1,4 @@
-"""The SQLite store's thread (``skillstate.store.thread.StoreThread``): calls run one at a
+"""The SQLite store's thread (``skillstate.store.sqlite.thread.StoreThread``): calls run one at a
 time in the order they were handed over, results and errors reach ``submit``'s futures and
 ``run_in_executor``, nothing is accepted after shutdown, and the thread ends."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from skillstate.store.thread import StoreThread
+from skillstate.store.sqlite.thread import StoreThread
 
 
 def test_calls_run_in_order_on_one_thread_and_submit_returns_results() -> None:
