@@ -6,8 +6,10 @@ The rows a commit did not take are written when the turn is over (``close_ledger
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from ..cancelsafe import shielded, uncancellable
@@ -15,13 +17,24 @@ from ..config import Settings
 from ..cost.meter import TurnMeter
 from ..engine.verdict import Outcome
 from ..errors import ProxyError
-from ..sessions.locks import Hold
-from ..store import KeptReply, SessionRecord, StepConflict, Store, StoreError, TransitionRecord
+from ..sessions.locks import Hold, TurnLocks
+from ..store import (
+    KeptAlready,
+    KeptReply,
+    SessionRecord,
+    StepConflict,
+    Store,
+    StoreError,
+    TransitionRecord,
+)
 from ..store.records import LedgerRow
+from .idempotency import Idempotency, hold_key
 from .types import Turn, TurnMeta
 
 if TYPE_CHECKING:
     from ..cost.budgets import TurnBudgets
+
+log = logging.getLogger("skillstate")
 
 
 class Committer:
@@ -59,6 +72,50 @@ class Committer:
             self.store.ensure_room_for_session()
         except StoreError as e:
             raise e.for_client("cannot start a new session") from e
+
+    async def kept_reply(
+        self, idem: Idempotency, locks: TurnLocks, stack: AsyncExitStack
+    ) -> KeptReply | None:
+        """The reply kept under the turn's Idempotency-Key, if any, read while holding the
+        key's lock (on ``stack``, until the turn is done): see ``idempotency.hold_key``."""
+        return await hold_key(idem, locks, self.store, stack, self.settings.lease_wait)
+
+    def kept(
+        self,
+        meta: TurnMeta,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        *,
+        step: int | None = None,
+        stream: bool = False,
+    ) -> KeptReply | None:
+        """What the turn keeps under its Idempotency-Key (None without one): its reply, the
+        body dropped past ``idempotency_max_reply_bytes``."""
+        idem = meta.turn.idempotency
+        if idem is None:
+            return None
+        limit = self.settings.idempotency_max_reply_bytes
+        session = meta.turn.session
+        return idem.keep(session, status, headers, body, stream=stream, step=step, limit=limit)
+
+    async def keep_uncommitted(self, meta: TurnMeta, kept: KeptReply | None) -> None:
+        """Keep the reply of a turn that commits no transition, with its ledger rows, in one
+        transaction. Failing that, the client still gets the reply (it was answered and
+        billed) and the rows are written the usual way (the turn's meter); a retry would
+        run again."""
+        idem = meta.turn.idempotency
+        if kept is None or idem is None:
+            return
+        idem.test_hook("before-commit")
+        try:
+            await self.store.keep_reply(kept, meta.meter.unwritten())
+        except StoreError as e:
+            how = "kept by another turn" if isinstance(e, KeptAlready) else f"not kept ({e})"
+            log.warning("Idempotency-Key reply of session %s %s", kept.session, how)
+            return
+        meta.meter.mark_written()
+        idem.test_hook("after-commit")
 
     async def commit(self, meta: TurnMeta, outcome: Outcome, kept: KeptReply | None) -> int:
         """Commit the judged turn with its ledger rows and its kept reply (a turn sent with

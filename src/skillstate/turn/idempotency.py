@@ -39,7 +39,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +48,11 @@ import orjson
 
 from ..errors import ProxyError
 from ..sessions.locks import TurnLocks
-from ..store import KeptAlready, KeptReply, Store, StoreError
-from .types import Reply, StreamReply, TurnMeta
+from ..store import KeptReply, Store, StoreError
 
 log = logging.getLogger("skillstate")
 
 IDEMPOTENCY_HEADER = "idempotency-key"
-REPLAYED_HEADER = "x-skillstate-replayed"
 KILL_HOOK = "SKILLSTATE_TEST_KILL"
 _KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # Headers of a reply that describe this answer and not the turn: never kept.
@@ -140,14 +138,10 @@ class Idempotency:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def idempotency_of(
-    header: str | None, scope: str, route: str, body: Mapping[str, Any]
-) -> Idempotency | None:
-    """The request's Idempotency-Key (None without the header); a 400 for a malformed
-    one. The fingerprint hashes the route and the body as parsed (the same JSON in any
-    spacing is the same request)."""
-    if header is None:
-        return None
+def idempotency_of(header: str, scope: str, route: str, body: Mapping[str, Any]) -> Idempotency:
+    """The request's Idempotency-Key (``header``: its value); a 400 for a malformed one. The
+    fingerprint hashes the route and the body as parsed (the same JSON in any spacing is the
+    same request)."""
     if not _KEY.fullmatch(header):
         raise ProxyError(
             "invalid_request",
@@ -183,63 +177,6 @@ async def hold_key(
     except StoreError as e:
         raise e.for_client("could not look up the Idempotency-Key; the turn was not sent") from e
     return None if kept is None else idem.replay(kept)
-
-
-def kept_of(
-    meta: TurnMeta,
-    status: int,
-    headers: Mapping[str, str],
-    body: bytes | None,
-    limit: int,
-    *,
-    step: int | None = None,
-    stream: bool = False,
-) -> KeptReply | None:
-    """What the turn keeps under its Idempotency-Key (None without one)."""
-    idem = meta.turn.idempotency
-    if idem is None:
-        return None
-    session = meta.turn.session
-    return idem.keep(session, status, headers, body, stream=stream, step=step, limit=limit)
-
-
-async def keep_uncommitted(store: Store, meta: TurnMeta, kept: KeptReply | None) -> None:
-    """Keep the reply of a turn that commits no transition, with its ledger rows, in one
-    transaction. Failing that, the client still gets the reply (it was answered and billed)
-    and the rows are written the usual way (the turn's meter); a retry would run again."""
-    idem = meta.turn.idempotency
-    if kept is None or idem is None:
-        return
-    idem.test_hook("before-commit")
-    try:
-        await store.keep_reply(kept, meta.meter.unwritten())
-    except StoreError as e:
-        how = "kept by another turn" if isinstance(e, KeptAlready) else f"not kept ({e})"
-        log.warning("Idempotency-Key reply of session %s %s", kept.session, how)
-        return
-    meta.meter.mark_written()
-    idem.test_hook("after-commit")
-
-
-def replay(kept: KeptReply) -> Reply | StreamReply:
-    """The reply kept under an Idempotency-Key, as it was sent (nothing runs)."""
-    assert kept.body is not None  # Idempotency.replay refused a reply that was not kept
-    if kept.stream:
-        return StreamReply(replayed_headers(kept), replayed_stream(kept.body), _nothing)
-    return Reply(kept.status, kept.body, replayed_headers(kept))
-
-
-async def _nothing() -> None:
-    """A replayed stream's abort: it holds nothing."""
-
-
-def replayed_headers(kept: KeptReply) -> dict[str, str]:
-    return {**kept.headers, REPLAYED_HEADER: "true"}
-
-
-async def replayed_stream(body: bytes) -> AsyncIterator[bytes]:
-    """A kept stream's bytes, as one chunk (the client's SSE parser splits the events)."""
-    yield body
 
 
 class StreamCapture:

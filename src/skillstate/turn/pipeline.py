@@ -18,7 +18,6 @@ from ..upstream.client import Outbound, UpstreamPool
 from . import render
 from .commit import Committer
 from .complete import Completer, relay_error
-from .idempotency import hold_key, keep_uncommitted, kept_of, replay
 from .plan import Planner
 from .stream import StreamPath
 from .types import Reply, StreamReply, Turn, TurnMeta
@@ -61,10 +60,9 @@ class Pipeline:
         meta: TurnMeta | None = None
         try:
             if turn.idempotency is not None:  # a retry of a kept turn: its reply again
-                wait = self.settings.lease_wait
-                kept = await hold_key(turn.idempotency, self.locks, self.store, stack, wait)
+                kept = await self.commits.kept_reply(turn.idempotency, self.locks, stack)
                 if kept is not None:
-                    return replay(kept)
+                    return render.replayed(kept)
             if turn.keeps_state:
                 hold = await stack.enter_async_context(self.locks.hold(turn.session))
                 with turn.telemetry.span("load state"):
@@ -127,17 +125,17 @@ class Pipeline:
         if isinstance(asked, Reply):
             return asked  # an upstream error, relayed
         answer, retries = asked
-        strip, limit = self.settings.reply_envelope, self.settings.idempotency_max_reply_bytes
+        strip = self.settings.reply_envelope
         if answer.outcome is None:  # nothing to commit (passthrough): kept with its rows
             reply = render.reply(answer, meta, None, None, retries, strip)
-            kept = kept_of(meta, reply.status, reply.headers, reply.body, limit)
-            await keep_uncommitted(self.store, meta, kept)
+            kept = self.commits.kept(meta, reply.status, reply.headers, reply.body)
+            await self.commits.keep_uncommitted(meta, kept)
             return reply
         # Made before the commit (its step is the one the commit writes): a turn sent with
         # an Idempotency-Key keeps it in the commit's transaction.
         step = meta.step + 1
         reply = render.reply(answer, meta, answer.outcome, step, retries, strip)
-        kept = kept_of(meta, reply.status, reply.headers, reply.body, limit, step=step)
+        kept = self.commits.kept(meta, reply.status, reply.headers, reply.body, step=step)
         await self._commit(meta, answer.outcome, kept)
         return reply
 

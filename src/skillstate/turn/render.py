@@ -1,7 +1,10 @@
 """The turn's ``x-skillstate-*`` headers and the replies that carry them: a judged answer's,
-an upstream error's and the closing SSE comment of a stream (whose headers are long gone)."""
+an upstream error's, the closing SSE comment of a stream (whose headers are long gone), and
+a reply kept under an Idempotency-Key, replayed."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import orjson
 
@@ -11,8 +14,12 @@ from ..dialects import sse
 from ..engine.verdict import Outcome
 from ..headertext import header_safe
 from ..sessions.ids import SESSION_HEADER
+from ..store import KeptReply
 from ..upstream.client import Exchange
-from .types import Answer, Reply, TurnMeta, strips, with_envelope
+from .types import Answer, Reply, StreamReply, TurnMeta, strips, with_envelope
+
+# On a reply kept under its Idempotency-Key and sent again (turn/idempotency.py).
+REPLAYED_HEADER = "x-skillstate-replayed"
 
 
 def base_headers(meta: TurnMeta, ex: Exchange | None) -> dict[str, str]:
@@ -73,3 +80,21 @@ def stream_note(outcome: Outcome, step: int, meter: TurnMeter) -> bytes:
     extra = "".join(f" {k.removeprefix('x-skillstate-')}={v}" for k, v in costs)
     note = f"skillstate transition={outcome.status} step={step}{extra}"
     return sse.comment(note)
+
+
+def replayed(kept: KeptReply) -> Reply | StreamReply:
+    """The reply kept under an Idempotency-Key, as it was sent (nothing runs)."""
+    assert kept.body is not None  # Idempotency.replay refused a reply that was not kept
+    headers = {**kept.headers, REPLAYED_HEADER: "true"}
+    if kept.stream:
+        return StreamReply(headers, _replayed_stream(kept.body), _nothing)
+    return Reply(kept.status, kept.body, headers)
+
+
+async def _nothing() -> None:
+    """A replayed stream's abort: it holds nothing."""
+
+
+async def _replayed_stream(body: bytes) -> AsyncIterator[bytes]:
+    """A kept stream's bytes, as one chunk (the client's SSE parser splits the events)."""
+    yield body

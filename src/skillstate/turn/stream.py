@@ -25,7 +25,7 @@ from ..store import KeptReply
 from ..upstream.client import Exchange, Outbound
 from . import render
 from .commit import Committer
-from .idempotency import StreamCapture, keep_uncommitted, kept_of
+from .idempotency import StreamCapture
 from .plan import Planner
 from .types import TurnMeta, strips, with_envelope
 
@@ -74,25 +74,6 @@ class StreamPath:
         limit = self.settings.idempotency_max_reply_bytes
         capture = None if turn.idempotency is None else StreamCapture(limit)
 
-        def answered(status: int) -> None:
-            share = Fraction(0)
-            if stripping is not None:
-                text = relay.text
-                removed = strip_envelope(text).removed_chars
-                share = envelope_output_share(text, removed, stripping.tool_chars)
-                self.planner.envelope_seen(meta, relay.usage, share)
-            meter.answered(
-                upstream=ex.upstream_name,
-                provider_hint=ex.provider_hint,
-                usage=relay.usage,
-                status=status,
-                model=relay.model,
-                est_sent=out.est_tokens,
-                kind="stream",
-                regime=ex.regime(relay.model or turn.model),
-                envelope_share=share,
-            )
-
         try:
             problem = None
             events = relay_events(ex.first_chunk, ex.read_chunk, relay, ex.upstream_name)
@@ -105,7 +86,7 @@ class StreamPath:
                     else:
                         problem = ready.problem
             await ex.settle(relay.usage)
-            answered(ex.status if problem is None else 502)
+            self._answered(meta, ex, out, relay, stripping, ex.status if problem is None else 502)
             if problem is not None:
                 if not relay.error_forwarded:
                     yield relay.error(problem)
@@ -120,8 +101,8 @@ class StreamPath:
                 tail.insert(0, note)
             elif capture is not None:
                 headers, body = render.base_headers(meta, ex), capture.body(b"".join(tail))
-                kept = kept_of(meta, ex.status, headers, body, limit, stream=True)
-                await keep_uncommitted(self.commits.store, meta, kept)
+                kept = self.commits.kept(meta, ex.status, headers, body, stream=True)
+                await self.commits.keep_uncommitted(meta, kept)
             await self.commits.close_ledger(turn, meter)  # before the last bytes go out
             yield b"".join(tail)
             clean = True
@@ -131,10 +112,39 @@ class StreamPath:
             else:
                 ex.close()  # the upstream sees the request cancelled
                 if not meter.answered_yet:
-                    answered(499)
+                    self._answered(meta, ex, out, relay, stripping, 499)
             turn.telemetry.metered(meter.rows)
             await self.commits.close_ledger(turn, meter)
             await shielded(stack.aclose())
+
+    def _answered(
+        self,
+        meta: TurnMeta,
+        ex: Exchange,
+        out: Outbound,
+        relay: StreamRelay,
+        stripping: StrippingRelay | None,
+        status: int,
+    ) -> None:
+        """Meter the stream's answer; with an envelope (``stripping``), the planner learns
+        what share of the output it took."""
+        share = Fraction(0)
+        if stripping is not None:
+            text = relay.text
+            removed = strip_envelope(text).removed_chars
+            share = envelope_output_share(text, removed, stripping.tool_chars)
+            self.planner.envelope_seen(meta, relay.usage, share)
+        meta.meter.answered(
+            upstream=ex.upstream_name,
+            provider_hint=ex.provider_hint,
+            usage=relay.usage,
+            status=status,
+            model=relay.model,
+            est_sent=out.est_tokens,
+            kind="stream",
+            regime=ex.regime(relay.model or meta.turn.model),
+            envelope_share=share,
+        )
 
     async def _commit(
         self,
@@ -161,8 +171,7 @@ class StreamPath:
             kept = None
             if capture is not None:
                 headers, body = render.base_headers(meta, ex), capture.body(note + tail)
-                limit = self.settings.idempotency_max_reply_bytes
-                kept = kept_of(meta, ex.status, headers, body, limit, step=step, stream=True)
+                kept = self.commits.kept(meta, ex.status, headers, body, step=step, stream=True)
             # Commit before the terminal event: a client that reads /state right after the
             # stream ends sees the new state.
             await self.commit(meta, outcome, kept)

@@ -33,7 +33,7 @@ from ..headertext import header_safe
 from ..observability.telemetry import TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
-from ..turn.idempotency import REPLAYED_HEADER
+from ..turn.render import REPLAYED_HEADER
 from ..turn.types import Reply, StreamReply, Turn
 from ..upstream.client import UpstreamPool, UpstreamRuntime
 from .compaction import Run, plan, restore

@@ -85,7 +85,8 @@ async def parse_turn(
     text = check_body(body, raw, get_dialect(dialect), validate, memo)
     mode = _header_choice(request, "x-skillstate-mode", settings.mode)
     constrain = _header_choice(request, "x-skillstate-constrain", settings.constrain)
-    idem = idempotency_of(single_header(request, IDEMPOTENCY_HEADER), named, dialect, body)
+    key = single_header(request, IDEMPOTENCY_HEADER)
+    idem = None if key is None else idempotency_of(key, named, dialect, body)
     return Turn(
         dialect=dialect,
         body=body,
