@@ -83,6 +83,26 @@ _KEPT_INSERT = (
 )
 
 
+_TRANSITION_INSERT = (
+    "INSERT INTO transitions"
+    " (session, step, patch, action, status, errors, ts, context, estimate)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _transition_values(t: TransitionRecord, ts: float) -> tuple[Any, ...]:
+    """A transition's columns after its session and step (its JSON as bytes), at ``ts``."""
+    return (
+        None if t.patch is None else orjson.dumps(t.patch),
+        t.action,
+        t.status,
+        orjson.dumps(t.errors).decode(),
+        ts,
+        t.context,
+        None if t.estimate is None else orjson.dumps(t.estimate),
+    )
+
+
 def _insert_kept(db: sqlite3.Connection, values: tuple[Any, ...]) -> None:
     """Keep a reply (inside the caller's transaction); KeptAlready when its key is kept."""
     try:
@@ -490,8 +510,7 @@ class SQLiteStore:
             ledger_values = [ledger_tuple(r) for r in ledger or []]
             kept_row = None if kept is None else kept_values(kept)
             state_blob = orjson.dumps(state) if state is not None else None
-            patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
-            errors = orjson.dumps(transition.errors).decode()
+            transition_row = _transition_values(transition, now)
             schema_blob = orjson.dumps(schema)
         except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
             raise StoreError(f"cannot store the turn: {e}") from e
@@ -522,22 +541,7 @@ class SQLiteStore:
                     "UPDATE sessions SET step = ?, updated = ? WHERE id = ?",
                     (step, now, session),
                 )
-            db.execute(
-                "INSERT INTO transitions"
-                " (session, step, patch, action, status, errors, ts, context, estimate)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session,
-                    step,
-                    patch_blob,
-                    transition.action,
-                    transition.status,
-                    errors,
-                    now,
-                    transition.context,
-                    None if transition.estimate is None else orjson.dumps(transition.estimate),
-                ),
-            )
+            db.execute(_TRANSITION_INSERT, (session, step, *transition_row))
             if ledger_values:
                 db.executemany(_LEDGER_INSERT, ledger_values)
             if kept_row is not None:  # under this commit's session and step
@@ -883,28 +887,10 @@ class SQLiteStore:
         await self._write(insert)
 
     async def import_transitions(self, session: str, history: list[TransitionRecord]) -> None:
-        rows = [
-            (
-                session,
-                t.step,
-                None if t.patch is None else orjson.dumps(t.patch),
-                t.action,
-                t.status,
-                orjson.dumps(t.errors).decode(),
-                t.ts,
-                t.context,
-                None if t.estimate is None else orjson.dumps(t.estimate),
-            )
-            for t in history
-        ]
+        rows = [(session, t.step, *_transition_values(t, t.ts)) for t in history]
 
         def insert(db: sqlite3.Connection) -> None:
-            db.executemany(
-                "INSERT INTO transitions"
-                " (session, step, patch, action, status, errors, ts, context, estimate)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+            db.executemany(_TRANSITION_INSERT, rows)
 
         await self._write(insert)
 
