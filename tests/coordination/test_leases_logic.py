@@ -16,7 +16,7 @@ from skillstate.coordination.leases import UNKNOWN, Lease
 from skillstate.errors import ProxyError
 from skillstate.sessions.locks import Hold, SessionLocks
 from skillstate.sessions.operator import SessionOperator
-from skillstate.store import SessionRecord, TransitionRecord
+from skillstate.store import SessionCommit, SessionRecord, TransitionRecord
 from skillstate.store.sqlite import SQLiteStore
 
 
@@ -101,12 +101,14 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
     s = SQLiteStore(tmp_path / "s.db")
     await s.open()
     await s.commit(
-        "s",
-        expected_step=0,
-        state={"n": 1},
-        schema=["n"],
-        transition=TransitionRecord(1, "valid", {"n": 1}, "a", [], time.time()),
-        now=time.time(),
+        SessionCommit(
+            "s",
+            expected_step=0,
+            state={"n": 1},
+            schema=["n"],
+            transition=TransitionRecord(1, "valid", {"n": 1}, "a", [], time.time()),
+            now=time.time(),
+        )
     )
     yield s
     await s.close()
@@ -142,12 +144,14 @@ async def test_a_copy_behind_another_writer_is_read_again(
     await other.open()
     try:
         await other.commit(
-            "s",
-            expected_step=1,
-            state={"n": 5},
-            schema=["n"],
-            transition=TransitionRecord(2, "valid", {"n": 5}, "b", [], time.time()),
-            now=time.time(),
+            SessionCommit(
+                "s",
+                expected_step=1,
+                state={"n": 5},
+                schema=["n"],
+                transition=TransitionRecord(2, "valid", {"n": 5}, "b", [], time.time()),
+                now=time.time(),
+            )
         )
     finally:
         await other.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skillstate.store import TransitionRecord
+from skillstate.store import SessionCommit, TransitionRecord
 from skillstate.store.sqlite import SQLiteStore
 from skillstate.store.sqlite import store as sqlite_store
 from tests.cost.test_ledger_sums import random_row
@@ -28,10 +28,10 @@ async def test_a_big_ledger_purge_lets_commits_in_between(
         await store.add_ledger_rows(old + kept)
         purging = asyncio.ensure_future(store.purge_ledger(500.0))
         await asyncio.sleep(0)  # its first chunk is on the store thread
-        step = await store.commit(
+        step = await store.commit(SessionCommit(
             "s", expected_step=0, state={"a": 1}, schema=["a"], now=2000.0,
             transition=TransitionRecord(1, "valid", {"a": 1}, None, [], 2000.0),
-        )  # fmt: skip
+        ))  # fmt: skip
         assert step == 1 and not purging.done()  # committed between two chunks
         assert await purging == 10  # 3 + 3 + 3 + 1
         assert [r.ts for r in await store.ledger_rows(0.0, 1e11)] == [r.ts for r in kept]

@@ -12,7 +12,7 @@ import pytest
 
 from skillstate.choices import GroupBy
 from skillstate.cost.ledger import KINDS, summarize, summarize_sums
-from skillstate.store import Store
+from skillstate.store import SessionCommit, Store
 from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 
@@ -167,10 +167,10 @@ async def test_a_long_ledger_read_does_not_hold_up_commits(tmp_path: Path) -> No
         await store.add_ledger_rows([random_row(random.Random(3))])
         reading = asyncio.ensure_future(store._read(lambda db: release.wait(60)))
         step = await asyncio.wait_for(
-            store.commit(
+            store.commit(SessionCommit(
                 "s", expected_step=0, state={"a": 1}, schema=["a"], now=START,
                 transition=TransitionRecord(1, "valid", {"a": 1}, None, [], START),
-            ),
+            )),
             timeout=30,  # a hang guard, not a timing threshold: it fails only when blocked
         )  # fmt: skip
         assert step == 1 and not reading.done()

@@ -18,7 +18,7 @@ from skillstate.coordination.link import CoordinationLink
 from skillstate.errors import ProxyError
 from skillstate.sessions.locks import LOCAL_HOLD
 from skillstate.sessions.operator import SessionOperator
-from skillstate.store import SessionRecord, TransitionRecord
+from skillstate.store import SessionCommit, SessionRecord, TransitionRecord
 from skillstate.store.sqlite import SQLiteStore
 
 from .services import RedisServer
@@ -324,7 +324,9 @@ async def test_the_purge_is_skipped_while_redis_is_down_under_refuse(
         now = time.time()
         transition = TransitionRecord(1, "valid", {}, "a", [], now - 100)
         await store.commit(
-            "old", expected_step=0, state={}, schema=[], transition=transition, now=now - 100
+            SessionCommit(
+                "old", expected_step=0, state={}, schema=[], transition=transition, now=now - 100
+            )
         )
         sessions = SessionOperator(settings, store, leases)
         redis_server.stop()

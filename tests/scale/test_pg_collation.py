@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from skillstate.store import TransitionRecord
+from skillstate.store import SessionCommit, TransitionRecord
 from skillstate.store.postgres.store import PostgresStore
 from tests.cost.test_ledger_sums import random_row
 from tests.scale.services import PostgresServer
@@ -48,10 +48,10 @@ async def test_a_keys_rows_and_sessions_under_an_english_collation(
             rows.append(row)
         await store.add_ledger_rows(rows)
         for i, session in enumerate(["alice:s1", "alice:s2", "alicex", "bob:t"]):
-            await store.commit(
+            await store.commit(SessionCommit(
                 session, expected_step=0, state={}, schema=[], now=100.0 + i,
                 transition=TransitionRecord(1, "valid", {}, None, [], 100.0 + i),
-            )  # fmt: skip
+            ))  # fmt: skip
 
         assert await store.ledger_spend("alice:", 0.0) == 1.0  # the key's daily budget
         sums = await store.ledger_sums(0.0, 1e11, None, "alice:", "session")

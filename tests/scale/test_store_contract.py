@@ -15,6 +15,7 @@ import pytest
 from skillstate.auth.record import KeyRecord
 from skillstate.cost.usage import MAX_TOKEN_COUNT
 from skillstate.store import (
+    SessionCommit,
     StepConflict,
     Store,
     StoredResponse,
@@ -65,10 +66,10 @@ def transition(step: int, **extra: Any) -> TransitionRecord:
 async def commit(
     store: Store, session: str, expected: int, state: dict[str, Any] | None, **kw: Any
 ) -> int:
-    return await store.commit(
+    return await store.commit(SessionCommit(
         session, expected_step=expected, state=state, schema=["k"],
         transition=transition(expected + 1), now=float(expected + 1), **kw,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def ledger_row(**overrides: Any) -> LedgerRow:
@@ -93,7 +94,9 @@ async def test_commit_load_and_history(store: Store) -> None:
     )  # fmt: skip
     assert rec.state_bytes == len(b'{"k":3}')
     tr = TransitionRecord(4, "invalid", None, None, ["bad"], 4.0, "full", {"form": "full"})
-    await store.commit("s", expected_step=3, state=None, schema=["k"], transition=tr, now=4.0)
+    await store.commit(
+        SessionCommit("s", expected_step=3, state=None, schema=["k"], transition=tr, now=4.0)
+    )
     history = await store.history_page("s", 10)
     assert [t.step for t in history] == [1, 2, 3, 4]
     assert history[0].patch == {"k": 1} and history[0].action == "a"
@@ -155,10 +158,10 @@ async def test_numbers_beyond_what_the_store_holds_are_clamped(store: Store) -> 
         input_tokens=2**53, baseline_input_tokens=2**64, output_tokens=-5,
         cost_usd=math.inf, baseline_cost_usd=math.nan, status=10**6, model="m\x00" * 10_000,
     )  # fmt: skip
-    step = await store.commit(
+    step = await store.commit(SessionCommit(
         "s", expected_step=0, state={"k": 1}, schema=["k"], transition=transition(1),
         now=math.inf, ledger=[huge],
-    )  # fmt: skip
+    ))  # fmt: skip
     assert step == 1
     (row,) = await store.ledger_rows(0, math.inf)
     assert row.input_tokens == MAX_TOKEN_COUNT and row.baseline_input_tokens == MAX_TOKEN_COUNT
@@ -171,10 +174,10 @@ async def test_numbers_beyond_what_the_store_holds_are_clamped(store: Store) -> 
 
 async def test_sessions_pages_delete_and_purge(store: Store) -> None:
     for i, name in enumerate(["a.1", "a.2", "b.1", "a.3"]):
-        await store.commit(
+        await store.commit(SessionCommit(
             name, expected_step=0, state={"k": i}, schema=["k"], transition=transition(1),
             now=float(10 + i),
-        )  # fmt: skip
+        ))  # fmt: skip
     page = await store.sessions_page(2)
     assert [p["session"] for p in page] == ["a.3", "b.1"]
     assert page[0] == {"session": "a.3", "step": 1, "updated": 13.0, "state_bytes": 7}

@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from skillstate.store import TransitionRecord
+from skillstate.store import SessionCommit, TransitionRecord
 from skillstate.store.migrations import Migration, SchemaTooNew, SchemaTooOld
 from skillstate.store.postgres import migrations
 from skillstate.store.postgres.migrations import POSTGRES_MIGRATIONS, migrate_postgres
@@ -44,10 +44,10 @@ async def test_replicas_starting_together_create_the_schema_once(pg_url: str) ->
     try:
         await asyncio.wait_for(asyncio.gather(*(s.open() for s in stores)), HANG)
         assert await versions(pg_url) == list(range(1, LATEST + 1))
-        assert await stores[0].commit(
+        assert await stores[0].commit(SessionCommit(
             "s", expected_step=0, state={}, schema=[], now=1.0,
             transition=TransitionRecord(1, "valid", {}, None, [], 1.0),
-        ) == 1  # fmt: skip
+        )) == 1  # fmt: skip
     finally:
         await asyncio.gather(*(s.close() for s in stores))
 

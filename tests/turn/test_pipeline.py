@@ -24,7 +24,7 @@ from skillstate.cost.pricing import PriceBook
 from skillstate.cost.usage import Usage
 from skillstate.dialects.registry import get_dialect
 from skillstate.errors import ProxyError
-from skillstate.store import SessionRecord, StepConflict, TransitionRecord
+from skillstate.store import SessionCommit, SessionRecord, StepConflict, TransitionRecord
 from skillstate.store.records import LedgerRow
 from skillstate.turn import plan as plan_module
 from skillstate.turn import types as types_module
@@ -88,28 +88,20 @@ class FakeStore:
     def ensure_room_for_session(self) -> None:
         return None
 
-    async def commit(
-        self,
-        session: str,
-        *,
-        expected_step: int,
-        state: dict[str, Any] | None,
-        schema: list[str],
-        transition: TransitionRecord,
-        now: float,
-        ledger: list[LedgerRow] | None = None,
-        kept: Any = None,  # an Idempotency-Key's reply: these turns send none
-    ) -> int:
-        assert kept is None
+    async def commit(self, c: SessionCommit) -> int:
+        assert c.kept is None  # an Idempotency-Key's reply: these turns send none
+        session, state, now, transition = c.session, c.state, c.now, c.transition
         await self._at("commit")
         current = self.sessions.get(session)
-        if self.conflict or (current.step if current else 0) != expected_step:
-            raise StepConflict(f"expected step {expected_step}")
+        if self.conflict or (current.step if current else 0) != c.expected_step:
+            raise StepConflict(f"expected step {c.expected_step}")
         kept = state if state is not None else (current.state if current else {})
         created = current.created if current else now
-        self.sessions[session] = SessionRecord(session, kept, schema, transition.step, created, now)
+        self.sessions[session] = SessionRecord(
+            session, kept, c.schema, transition.step, created, now
+        )
         self.transitions.append(transition)
-        self.ledger.extend(ledger or ())
+        self.ledger.extend(c.ledger or ())
         return transition.step
 
     async def add_ledger_rows(self, rows: list[LedgerRow]) -> None:

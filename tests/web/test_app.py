@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from skillstate.app import create_app
 from skillstate.config import Settings, Upstream
-from skillstate.store import StepConflict, StoreError
+from skillstate.store import SessionCommit, StepConflict, StoreError
 from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 from tests.fakeprovider import FakeProvider, Reply
@@ -65,7 +64,7 @@ def test_shutdown_writes_pending_ledger_rows(fake: FakeProvider, tmp_path: Path)
 
 
 class FailingCommitStore(SQLiteStore):
-    async def commit(self, session: str, **kw: Any) -> int:
+    async def commit(self, c: SessionCommit) -> int:
         raise StoreError("disk full")
 
 
@@ -91,8 +90,8 @@ def test_a_stream_whose_commit_fails_ends_with_an_error_event(
 class ConcurrentWriterStore(SQLiteStore):
     """Another process committed the session's next step first (scale-out)."""
 
-    async def commit(self, session: str, **kw: Any) -> int:
-        raise StepConflict(f"session {session} moved from step 0 to 1")
+    async def commit(self, c: SessionCommit) -> int:
+        raise StepConflict(f"session {c.session} moved from step 0 to 1")
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])

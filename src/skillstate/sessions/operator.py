@@ -13,7 +13,7 @@ from typing import Any
 from ..config import Settings
 from ..engine.verdict import Verdicts
 from ..errors import ProxyError
-from ..store import SessionRecord, Store, TransitionRecord
+from ..store import SessionCommit, SessionRecord, Store, TransitionRecord
 from ..turn.commit import Committer
 from .locks import TurnLocks
 
@@ -65,9 +65,10 @@ class SessionOperator:
                 tr.warnings,
                 time.time(),
             )
-            step = await self.commits.commit_transition(
-                session, record.step, tr.new_state, record.schema, transition, hold=hold
+            change = SessionCommit(
+                session, record.step, tr.new_state, record.schema, transition, transition.ts
             )
+            step = await self.commits.commit_transition(change, hold)
         return OperatorChange(step, tr.new_state, tr.warnings)
 
     async def purge_expired(self, older_than: float) -> int:

@@ -12,6 +12,7 @@ from .records import (
     KeptReply,
     LedgerRow,
     LedgerSums,
+    SessionCommit,
     SessionRecord,
     StoredResponse,
     TransitionRecord,
@@ -109,20 +110,9 @@ class Store(Protocol):
         committed since: see ``skillstate.sessions.locks.Hold.current``)."""
         ...
 
-    async def commit(
-        self,
-        session: str,
-        *,
-        expected_step: int,
-        state: dict[str, Any] | None,
-        schema: list[str],
-        transition: TransitionRecord,
-        now: float,
-        ledger: list[LedgerRow] | None = None,
-        kept: KeptReply | None = None,
-    ) -> int:
-        """Create the session if needed, append the transition and (when `state` is not
-        None) replace the state, with the turn's ledger rows and its kept reply (``kept``:
+    async def commit(self, c: SessionCommit) -> int:
+        """Create the session if needed, append the transition and (when ``c.state`` is not
+        None) replace the state, with the turn's ledger rows and its kept reply (``c.kept``:
         a turn sent with an Idempotency-Key), atomically. Fails if the step moved
         meanwhile (StepConflict) or the key is kept already (KeptAlready). Returns the new
         step."""

@@ -143,3 +143,20 @@ class KeptReply:
     headers: dict[str, str]
     body: bytes | None
     step: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCommit:
+    """What one commit of a session writes, atomically (``Store.commit``): the transition
+    after ``expected_step`` (refused when the step moved meanwhile), the new ``state`` (None:
+    unchanged, or the initial state for a new session), the turn's ledger rows and the reply
+    kept under its Idempotency-Key. ``now``: the session's updated time."""
+
+    session: str
+    expected_step: int
+    state: dict[str, Any] | None
+    schema: list[str]
+    transition: TransitionRecord
+    now: float
+    ledger: list[LedgerRow] | None = None
+    kept: KeptReply | None = None

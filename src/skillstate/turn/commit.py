@@ -21,13 +21,13 @@ from ..sessions.locks import Hold, TurnLocks
 from ..store import (
     KeptAlready,
     KeptReply,
+    SessionCommit,
     SessionRecord,
     StepConflict,
     Store,
     StoreError,
     TransitionRecord,
 )
-from ..store.records import LedgerRow
 from .idempotency import Idempotency, hold_key
 from .types import Turn, TurnMeta
 
@@ -139,33 +139,24 @@ class Committer:
         if idem is not None:
             idem.test_hook("before-commit")
         with tel.span("commit state"):
-            step = await self.commit_transition(
+            c = SessionCommit(
                 meta.turn.session,
                 meta.step,
                 new_state,
                 meta.schema,
                 transition,
+                transition.ts,
                 rows,
-                meta.hold,
                 kept,
             )
+            step = await self.commit_transition(c, meta.hold)
         if idem is not None:
             idem.test_hook("after-commit")
         tel.transition(outcome.status, outcome.patch, outcome.action)
         meta.meter.mark_written()
         return step
 
-    async def commit_transition(
-        self,
-        session: str,
-        expected_step: int,
-        state: dict[str, Any] | None,
-        schema: list[str],
-        transition: TransitionRecord,
-        rows: list[LedgerRow] | None = None,
-        hold: Hold | None = None,
-        kept: KeptReply | None = None,
-    ) -> int:
+    async def commit_transition(self, c: SessionCommit, hold: Hold | None = None) -> int:
         """Commit one transition of a session whose lock (``hold``) the caller holds.
 
         The store's commit and its cache update are one unit that cancellation cannot split:
@@ -179,18 +170,7 @@ class Committer:
         """
         if hold is not None:
             hold.check()
-        work = asyncio.ensure_future(
-            self.store.commit(
-                session,
-                expected_step=expected_step,
-                state=state,
-                schema=schema,
-                transition=transition,
-                now=transition.ts,
-                ledger=rows,
-                kept=kept,
-            )
-        )
+        work = asyncio.ensure_future(self.store.commit(c))
         try:
             return await uncancellable(work)
         except StepConflict as e:

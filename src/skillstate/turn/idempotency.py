@@ -2,7 +2,7 @@
 
 A turn sent with ``Idempotency-Key: <1-255 visible ASCII>`` (any turn route, JSON or
 streamed) is recorded with its reply, **in the same transaction as the turn's commit**
-(``Store.commit(kept=...)``), per client key and session (the ``scope``), for
+(``SessionCommit.kept``), per client key and session (the ``scope``), for
 ``idempotency_ttl``. Then:
 
 - a request with a key already kept gets the kept reply: the same body (a JSON reply, or a

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from skillstate.store import TransitionRecord
+from skillstate.store import SessionCommit, TransitionRecord
 from skillstate.store.migrations import SchemaTooNew
 from skillstate.store.sqlite import SQLiteStore
 from skillstate.store.sqlite.migrations import SQLITE_MIGRATIONS
@@ -172,7 +172,9 @@ async def test_a_database_from_before_versioning_is_brought_up(tmp_path: Path, s
         assert rec is not None and (rec.step, rec.state) == (2, {"k": 2})
         tr = TransitionRecord(3, "valid", {"k": 3}, "c", [], 3.0, "full", {"form": "full"})
         step = await store.commit(
-            "old", expected_step=2, state={"k": 3}, schema=["k"], transition=tr, now=3.0
+            SessionCommit(
+                "old", expected_step=2, state={"k": 3}, schema=["k"], transition=tr, now=3.0
+            )
         )
         assert step == 3
         assert [t.step for t in await store.history_page("old", 10)] == [1, 2, 3]

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from skillstate.cost.usage import MAX_TOKEN_COUNT
-from skillstate.store import StoreError, StoreFull, StoreUnavailable, TransitionRecord
+from skillstate.store import (
+    SessionCommit,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+    TransitionRecord,
+)
 from skillstate.store.datadir import lock_data_dir, unlock_data_dir
 from skillstate.store.records import LedgerRow
 from skillstate.store.rows import MAX_USD
@@ -26,10 +32,10 @@ def transition(step: int) -> TransitionRecord:
 
 
 async def commit(store: SQLiteStore, expected: int, state: dict[str, Any]) -> int:
-    return await store.commit(
+    return await store.commit(SessionCommit(
         "s", expected_step=expected, state=state, schema=["k"], transition=transition(expected + 1),
         now=float(expected + 1),
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 HOLD = """
@@ -152,8 +158,8 @@ async def test_numbers_beyond_what_sqlite_holds_are_clamped(tmp_path: Path) -> N
             cost_usd=math.inf, baseline_cost_usd=math.nan, status=10**6, model="m" * 10_000,
         )  # fmt: skip
         step = await asyncio.wait_for(
-            store.commit("s", expected_step=0, state={"k": 1}, schema=["k"],
-                         transition=transition(1), now=math.inf, ledger=[huge]),
+            store.commit(SessionCommit("s", expected_step=0, state={"k": 1}, schema=["k"],
+                         transition=transition(1), now=math.inf, ledger=[huge])),
             HANG,
         )  # fmt: skip
         assert step == 1
@@ -235,10 +241,10 @@ async def test_the_session_cache_is_bounded_by_bytes(tmp_path: Path) -> None:
     state = {"k": [[[]] for _ in range(6000)]}  # ~36 KB of JSON
     try:
         for i in range(40):
-            await store.commit(
+            await store.commit(SessionCommit(
                 f"s{i}", expected_step=0, state=state, schema=["k"], transition=transition(1),
                 now=1.0,
-            )  # fmt: skip
+            ))  # fmt: skip
             assert store.cache_bytes <= 200_000
         assert store.cache_bytes > 100_000  # it does cache what fits
         for i in range(40):  # evicted or not, every session loads whole
@@ -260,7 +266,9 @@ async def test_max_sessions_refuses_a_new_session_but_not_old_ones(tmp_path: Pat
 
     async def start(session: str) -> int:
         return await store.commit(
-            session, expected_step=0, state={}, schema=[], transition=transition(1), now=1.0
+            SessionCommit(
+                session, expected_step=0, state={}, schema=[], transition=transition(1), now=1.0
+            )
         )
 
     try:
@@ -272,8 +280,15 @@ async def test_max_sessions_refuses_a_new_session_but_not_old_ones(tmp_path: Pat
         with pytest.raises(StoreFull):
             store.ensure_room_for_session()
         assert (
-            await store.commit(  # an existing session goes on
-                "a", expected_step=1, state={"x": 1}, schema=[], transition=transition(2), now=2.0
+            await store.commit(
+                SessionCommit(  # an existing session goes on
+                    "a",
+                    expected_step=1,
+                    state={"x": 1},
+                    schema=[],
+                    transition=transition(2),
+                    now=2.0,
+                )
             )
             == 2
         )
@@ -334,8 +349,8 @@ async def test_a_database_from_before_the_cost_columns_gets_them(tmp_path: Path)
         new = ledger_row(ts=2.0, saved_cost_usd=-0.5, saved_cost_pct=-25.0, context="full")
         tr = TransitionRecord(1, "valid", {}, "a", [], 2.0, "full", {"form": "full", "turns": 3})
         await asyncio.wait_for(
-            store.commit("s", expected_step=0, state={"k": 1}, schema=["k"], transition=tr,
-                         now=2.0, ledger=[new]),
+            store.commit(SessionCommit("s", expected_step=0, state={"k": 1}, schema=["k"],
+                                       transition=tr, now=2.0, ledger=[new])),
             HANG,
         )  # fmt: skip
         first, second = await store.ledger_rows(0, 10)

@@ -68,7 +68,7 @@ from ..base import (
 from ..cache import CachedSession, SessionCache
 from ..ledgersql import GROUP_BY, SEPARATOR, GroupKeys, spend_select, sums_of, sums_select
 from ..migrations import SchemaTooNew, SchemaTooOld
-from ..records import LedgerRow, LedgerSums
+from ..records import LedgerRow, LedgerSums, SessionCommit
 from ..rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
@@ -450,30 +450,20 @@ class PostgresStore:
         self._cache.remember(session, entry)
         return entry.record(session)
 
-    async def commit(
-        self,
-        session: str,
-        *,
-        expected_step: int,
-        state: dict[str, Any] | None,
-        schema: list[str],
-        transition: TransitionRecord,
-        now: float,
-        ledger: list[LedgerRow] | None = None,
-        kept: KeptReply | None = None,
-    ) -> int:
+    async def commit(self, c: SessionCommit) -> int:
         """One statement, one transaction: the compare-and-set of the step, the transition,
         the ledger rows and the kept reply (see the module's docstring). StepConflict when
         the step moved, KeptAlready when the reply's key is kept, StoreFull past
         max_sessions; nothing is written in any of these cases."""
-        now = clamp_time(now)
+        session, expected_step, transition, kept = c.session, c.expected_step, c.transition, c.kept
+        now = clamp_time(c.now)
         try:
-            ledger_values = [ledger_tuple(r) for r in ledger or []]
-            state_blob = orjson.dumps(state) if state is not None else None
+            ledger_values = [ledger_tuple(r) for r in c.ledger or []]
+            state_blob = orjson.dumps(c.state) if c.state is not None else None
             patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
             errors = orjson.dumps(transition.errors).decode()
             estimate = None if transition.estimate is None else orjson.dumps(transition.estimate)
-            schema_text = orjson.dumps(schema).decode()
+            schema_text = orjson.dumps(c.schema).decode()
         except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
             raise StoreError(f"cannot store the turn: {e}") from e
         new = expected_step == 0
@@ -505,7 +495,7 @@ class PostgresStore:
             raise
         if new:
             self._sessions += 1
-        self._cache.committed(session, stored_state, schema, int(step), now)
+        self._cache.committed(session, stored_state, c.schema, int(step), now)
         return int(step)
 
     async def kept_reply(self, scope: str, key: str) -> KeptReply | None:

@@ -38,7 +38,7 @@ from ..base import (
 from ..cache import CachedSession, SessionCache
 from ..datadir import lock_data_dir, prepare_path, unlock_data_dir
 from ..ledgersql import GROUP_BY, SEPARATOR, GroupKeys, spend_select, sums_of, sums_select
-from ..records import LedgerRow, LedgerSums
+from ..records import LedgerRow, LedgerSums, SessionCommit
 from ..rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
@@ -493,25 +493,15 @@ class SQLiteStore:
 
         return load
 
-    async def commit(
-        self,
-        session: str,
-        *,
-        expected_step: int,
-        state: dict[str, Any] | None,
-        schema: list[str],
-        transition: TransitionRecord,
-        now: float,
-        ledger: list[LedgerRow] | None = None,
-        kept: KeptReply | None = None,
-    ) -> int:
-        now = clamp_time(now)
+    async def commit(self, c: SessionCommit) -> int:
+        session, expected_step, transition = c.session, c.expected_step, c.transition
+        now = clamp_time(c.now)
         try:
-            ledger_values = [ledger_tuple(r) for r in ledger or []]
-            kept_row = None if kept is None else kept_values(kept)
-            state_blob = orjson.dumps(state) if state is not None else None
+            ledger_values = [ledger_tuple(r) for r in c.ledger or []]
+            kept_row = None if c.kept is None else kept_values(c.kept)
+            state_blob = orjson.dumps(c.state) if c.state is not None else None
             transition_row = _transition_values(transition, now)
-            schema_blob = orjson.dumps(schema)
+            schema_blob = orjson.dumps(c.schema)
         except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
             raise StoreError(f"cannot store the turn: {e}") from e
 
@@ -556,7 +546,7 @@ class SQLiteStore:
             # The cached copy may be what is stale (the database moved on): reload next time.
             self._cache.forget(session)
             raise
-        self._cache.committed(session, state_blob, schema, step, now)
+        self._cache.committed(session, state_blob, c.schema, step, now)
         return step
 
     # -- pages (GET /state and ?history=1) ----------------------------------------------
