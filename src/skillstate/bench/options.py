@@ -163,18 +163,27 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         steps=_given(getattr(args, "steps", None), 20),
         seed=getattr(args, "seed", 7),
         distractor_bytes=getattr(args, "distractor_bytes", 1500),
-        mode=getattr(args, "mode", "state") or "state",
         constrain=getattr(args, "constrain", "off") or "off",
-        upstream=upstream,
-        model=getattr(args, "model", None),
-        stream=bool(getattr(args, "stream", False)),
-        max_tokens=getattr(args, "max_tokens", 512),
-        price_as=getattr(args, "price_as", None),
-        inject_failure=parse_injection(getattr(args, "inject_failure", None)),
-        **regime_fields(args),
-        arms=parse_arms(getattr(args, "arms", None)),
-        auto_compact=bool(getattr(args, "auto_compact", False)),
+        **client_fields(args, upstream),
     )
+
+
+def client_fields(args: argparse.Namespace, upstream: str | None) -> dict[str, Any]:
+    """The BenchConfig fields every workload's options set alike (``bench`` and ``bench
+    bfcl``): the mode, the upstream and model, streaming, the token limit, pricing,
+    injected failures, the cache regime, the arms and auto's compaction."""
+    return {
+        "mode": getattr(args, "mode", "state") or "state",
+        "upstream": upstream,
+        "model": getattr(args, "model", None),
+        "stream": bool(getattr(args, "stream", False)),
+        "max_tokens": getattr(args, "max_tokens", 512),
+        "price_as": getattr(args, "price_as", None),
+        "inject_failure": parse_injection(getattr(args, "inject_failure", None)),
+        **regime_fields(args),
+        "arms": parse_arms(getattr(args, "arms", None)),
+        "auto_compact": bool(getattr(args, "auto_compact", False)),
+    }
 
 
 def regime_fields(args: argparse.Namespace) -> dict[str, Any]:

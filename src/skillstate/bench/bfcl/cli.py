@@ -12,13 +12,7 @@ from skillstate.bench.bfcl.constants import CATEGORIES, GROUPINGS, INSTALL_HINT,
 from skillstate.bench.bfcl.report import build_bfcl_report, render_bfcl_console
 from skillstate.bench.bfcl.run import BfclConfig, run_bfcl
 from skillstate.bench.console import emit_report, make_console, progress_bar
-from skillstate.bench.options import (
-    EPILOG,
-    cost_args,
-    parse_arms,
-    parse_injection,
-    regime_fields,
-)
+from skillstate.bench.options import EPILOG, client_fields, cost_args
 from skillstate.cli.paths import output_file
 
 
@@ -76,19 +70,7 @@ def config_from_args(args: argparse.Namespace) -> BfclConfig:
     tasks = getattr(args, "tasks", 20)
     if tasks is not None and tasks < 1:
         raise BenchError("--tasks must be at least 1")
-    bench = BenchConfig(
-        workload="bfcl",
-        mode=getattr(args, "mode", "state") or "state",
-        upstream=upstream,
-        model=getattr(args, "model", None),
-        stream=bool(getattr(args, "stream", False)),
-        max_tokens=getattr(args, "max_tokens", 512),
-        price_as=getattr(args, "price_as", None),
-        inject_failure=parse_injection(getattr(args, "inject_failure", None)),
-        **regime_fields(args),
-        arms=parse_arms(getattr(args, "arms", None)),
-        auto_compact=bool(getattr(args, "auto_compact", False)),
-    )
+    bench = BenchConfig(workload="bfcl", **client_fields(args, upstream))
     return BfclConfig(
         bench=bench,
         category=getattr(args, "category", "multi_turn_base"),
