@@ -213,18 +213,14 @@ def _window_form(messages: Sequence[Mapping[str, Any]]) -> bool:
     )
 
 
-def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
-    """The replay model's reply: a pure function of the context and the task's script.
-
-    Raises ``SimError`` when the context does not fit the script (the arm is out of sync)."""
-    messages = without_corrections([m for m in messages if isinstance(m, dict)])
-    if not messages:
-        raise SimError("replay: no messages")
-    contract = asks_for_envelope(messages)
-    state = read_state(messages)
+def _position(
+    messages: list[dict[str, Any]], state: dict[str, Any] | None, window: bool
+) -> tuple[int, int, str, list[str], list[str]]:
+    """Where the context is in the task: (turn index, calls done in it, its user request,
+    the history before it, the results of its calls so far), read from the window form,
+    the compact context's state or a full transcript (``SimError`` when it cannot be)."""
     last = messages[-1]
     history: list[str]
-    window = _window_form(messages)
     if window:
         unmarked = [m for m in messages if not _marked(m)]
         last = unmarked[-1] if unmarked else last
@@ -259,6 +255,20 @@ def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
         t, k, request = len(seen) - 1, len(seen[-1].calls), seen[-1].user
         results = [_result_line(c, o) for c, o in seen[-1].calls]
         history = [_history_line(i + 1, s.user, s.calls) for i, s in enumerate(seen[:-1])]
+    return t, k, request, history, results
+
+
+def replay_reply(messages: list[dict[str, Any]], script: Script) -> SimReply:
+    """The replay model's reply: a pure function of the context and the task's script.
+
+    Raises ``SimError`` when the context does not fit the script (the arm is out of sync)."""
+    messages = without_corrections([m for m in messages if isinstance(m, dict)])
+    if not messages:
+        raise SimError("replay: no messages")
+    contract = asks_for_envelope(messages)
+    state = read_state(messages)
+    window = _window_form(messages)
+    t, k, request, history, results = _position(messages, state, window)
     if not 0 <= t < len(script.turns):
         raise SimError(
             f"replay: turn {t + 1} is outside task {script.task_id} (0..{len(script.turns)})"
