@@ -109,7 +109,7 @@ async def _resolve(
         if not adopt:
             raise _bad(f"{where}: a compaction item of another session", param)
         turn = _in_session(turn, ref.session, caller)
-    return turn, ref, await _state_at(rt, ref, where, param)
+    return turn, ref, await _state_at(rt, ref.session, ref.step, where, param)
 
 
 def _open(rt: Runtime, content: Any, param: str) -> CompactionRef:
@@ -126,17 +126,19 @@ def _in_session(turn: Turn, session: str, caller: Principal | None) -> Turn:
     return dataclasses.replace(turn, session=session, client_session=shown)
 
 
-async def _state_at(rt: Runtime, ref: CompactionRef, where: str, param: str) -> JSON:
+async def _state_at(rt: Runtime, session: str, step: int, where: str, param: str) -> JSON:
+    """The session's state right after ``step``, which a turn committed since does not
+    change (a compaction's token pins it)."""
     try:
-        record = await rt.sessions.load_current(ref.session)
+        record = await rt.sessions.load_current(session)
     except StoreError as e:
         raise e.for_client("could not load the session") from e
     if record is None:
         raise _bad(f"{where}: a compaction item of a session that no longer exists", param)
-    if ref.step > record.step:
+    if step > record.step:
         raise _bad(f"{where}: a compaction item of a step the session never reached", param)
     try:
-        return await rt.pinned_states.at(record, ref.step)
+        return await rt.pinned_states.at(record, step)
     except StoreError as e:
         raise e.for_client("could not read the session's history") from e
     except Unrebuildable as e:
@@ -282,11 +284,6 @@ async def _checkpoint(
     result = await rt.pipeline.run(checkpoint)
     assert isinstance(result, Reply)  # not streamed
     return result
-
-
-async def _state_now(rt: Runtime, session: str) -> JSON:
-    record = await rt.sessions.load_current(session)
-    return record.state if record is not None else {}
 
 
 async def _run_compacted(
@@ -461,7 +458,7 @@ async def compact_messages(
             events = b"".join(sse.encode(e, event=e["type"]) for e in cm.message_events(message))
             return StreamReply(headers, _once(events), _nothing)
         return Reply(200, orjson.dumps(message), {**headers, "content-type": "application/json"})
-    state = await _state_now(rt, turn.session)
+    state = await _state_at(rt, turn.session, folded.step, "messages", "messages")
     split = split_transcript(messages, ANTHROPIC.context)
     restored = cm.after_compaction(
         [{"role": "assistant", "content": [block]}], (0, 0), state, folded.step
@@ -503,7 +500,7 @@ async def compact_then_run(
     if isinstance(folded, Reply):
         return folded
     item = ci.compaction_item(folded.token)
-    state = await _state_now(rt, turn.session)
+    state = await _state_at(rt, turn.session, folded.step, "input", "input")
     split = split_transcript(items, RESPONSES.context)
     kept = [*items[: split.system_end], ci.restored_state(state, folded.step)]
     kept += [i for i in items[split.observation :] if ci.kind(i) != ci.COMPACTION]
