@@ -45,11 +45,11 @@ write as the regime's multipliers), which is enough to compare forms.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..choices import ContextShape
+from ..sessions.lru import SessionLRU
 from .baseline import CacheRegime
 from .pricing import Prices
 
@@ -132,29 +132,19 @@ class AutoPlanner:
     state exists)."""
 
     def __init__(self, max_sessions: int = 10_000, *, allow_compact: bool = False) -> None:
-        self._max = max(max_sessions, 1)
         self.allow_compact = allow_compact  # compact is a candidate (``auto_compact``)
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
-
-    def _get(self, session: str) -> _Session:
-        s = self._sessions.pop(session, None)
-        if s is None:
-            s = _Session()
-            while len(self._sessions) >= self._max:
-                self._sessions.popitem(last=False)
-        self._sessions[session] = s
-        return s
+        self._sessions = SessionLRU(_Session, max(max_sessions, 1))
 
     def form(self, session: str) -> ContextShape | None:
         """The form the session is in (None: not seen, or forgotten)."""
-        s = self._sessions.get(session)
+        s = self._sessions.peek(session)
         return s.form if s is not None else None
 
     def observe(self, session: str, transcript: int, *, has_state: bool) -> AutoEstimate | None:
         """Counts this turn (its client transcript's tokens). Returns the form when it is
         settled, or None when this turn is to be weighed: pass its sizes to
         :meth:`decide` (only then is the compact context worth building)."""
-        s = self._get(session)
+        s = self._sessions.get(session)
         if s.turns == 0 and has_state:
             s.form = ContextShape.WINDOW
         if s.last_transcript is not None:
@@ -170,7 +160,7 @@ class AutoPlanner:
         self, session: str, sizes: TurnSizes, *, regime: CacheRegime, prices: Prices | None
     ) -> AutoEstimate:
         """The form of a turn :meth:`observe` left to weigh, and the estimates behind it."""
-        s = self._get(session)
+        s = self._sessions.get(session)
         forms = self._forms(s, sizes, regime, prices)
         coming = s.turns
         if s.form == ContextShape.WINDOW:  # right after a checkpoint: stay, or go compact
@@ -259,7 +249,7 @@ class AutoPlanner:
     def envelope_cost(self, session: str, output_tokens: float) -> None:
         """The output tokens one of the session's envelopes took (running mean); a window
         session weighs window against compact on its next turn."""
-        s = self._sessions.get(session)
+        s = self._sessions.peek(session)
         if s is not None and output_tokens >= 0:
             s.envelopes += 1
             s.envelope += (output_tokens - s.envelope) / s.envelopes

@@ -43,7 +43,6 @@ actual cost, and is NEGATIVE when the proxy cost more: it is never clamped.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -52,6 +51,7 @@ from typing import Any, Literal
 import orjson
 
 from ..dialects.registry import get_dialect
+from ..sessions.lru import SessionLRU
 from .pricing import Prices, cost_from_prices
 from .tokens import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS
 from .usage import Usage
@@ -331,27 +331,12 @@ class PrefixCache:
         return CacheSplit(input_tokens, read, write)
 
 
-class SessionPrefixCaches:
+class SessionPrefixCaches(SessionLRU[PrefixCache]):
     """One :class:`PrefixCache` per session, the least recently used dropped beyond
     ``max_sessions`` (a dropped session's next turn is priced as if its cache were cold)."""
 
     def __init__(self, max_sessions: int = 10_000) -> None:
-        if max_sessions < 1:
-            raise ValueError(f"max_sessions must be positive, not {max_sessions!r}")
-        self._max = max_sessions
-        self._caches: OrderedDict[str, PrefixCache] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._caches)
-
-    def get(self, session: str) -> PrefixCache:
-        cache = self._caches.pop(session, None)
-        if cache is None:
-            cache = PrefixCache()
-            while len(self._caches) >= self._max:
-                self._caches.popitem(last=False)
-        self._caches[session] = cache
-        return cache
+        super().__init__(PrefixCache, max_sessions)
 
 
 _FEW = 8  # digests looked up one by one before the whole previous request is indexed

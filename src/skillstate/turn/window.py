@@ -15,7 +15,6 @@ and the instruction after it, so the transcript's cached prefix is still read.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ from ..engine.window import (
     plan_window,
     window_contract_text,
 )
+from ..sessions.lru import SessionLRU
 from ..store import SessionRecord, Store
 
 __all__ = ["WindowKeeper", "WindowTurn"]
@@ -92,23 +92,13 @@ class WindowKeeper:
     def __init__(self, keep: int, max_tokens: int, max_sessions: int = 10_000) -> None:
         self.keep = keep
         self.policy = CheckpointPolicy(keep, max_tokens)
-        self._max = max(max_sessions, 1)
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
-
-    def _get(self, session: str) -> _Session:
-        s = self._sessions.pop(session, None)
-        if s is None:
-            s = _Session()
-            while len(self._sessions) >= self._max:
-                self._sessions.popitem(last=False)
-        self._sessions[session] = s
-        return s
+        self._sessions = SessionLRU(_Session, max(max_sessions, 1))
 
     async def mark(self, store: Store, record: SessionRecord | None) -> WindowMark | None:
         """The window mark the session's latest transition left (None: no window yet)."""
         if record is None:
             return None
-        s = self._get(record.session)
+        s = self._sessions.get(record.session)
         if s.step == record.step:
             return s.mark
         after = max(record.step - MARK_LOOKBACK, 0)
@@ -126,16 +116,16 @@ class WindowKeeper:
         another process committed since): for a preview, which reads nothing more."""
         if record is None:
             return None
-        s = self._sessions.get(record.session)
+        s = self._sessions.peek(record.session)
         return s.mark if s is not None and s.step == record.step else None
 
     def committed(self, session: str, step: int, mark: WindowMark) -> None:
-        s = self._get(session)
+        s = self._sessions.get(session)
         s.step, s.mark = step, mark
 
     def envelope_cost(self, session: str, output_tokens: float) -> None:
         """The output tokens one of the session's checkpoint envelopes took (running mean)."""
-        s = self._get(session)
+        s = self._sessions.get(session)
         if output_tokens >= 0:
             s.envelopes += 1
             s.envelope += (output_tokens - s.envelope) / s.envelopes
@@ -180,7 +170,7 @@ class WindowKeeper:
                 sizes,
                 regime=regime,
                 prices=prices,
-                envelope_tokens=self._get(session).envelope,
+                envelope_tokens=self._sessions.get(session).envelope,
                 context_limit=context_limit,
             )
         if decision.checkpoint:
