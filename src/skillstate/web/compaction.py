@@ -298,15 +298,20 @@ async def _run_compacted(
     result = await rt.pipeline.run(dataclasses.replace(turn, body=body))
     if isinstance(result, StreamReply):
         return dataclasses.replace(result, chunks=_shifted(result.chunks, shift))
-    if not 200 <= result.status < 300:
-        return result
+    return _rewritten(result, first)
+
+
+def _rewritten(reply: Reply, rewrite: Callable[[JSON], JSON | None]) -> Reply:
+    """A 2xx JSON object reply through ``rewrite``; the reply as it is when it is not one,
+    or when ``rewrite`` returns None."""
+    if not 200 <= reply.status < 300:
+        return reply
     try:
-        answer = orjson.loads(result.body)
+        body = orjson.loads(reply.body)
     except orjson.JSONDecodeError:
-        return result
-    if not isinstance(answer, dict):
-        return result
-    return Reply(result.status, orjson.dumps(first(answer)), result.headers)
+        return reply
+    out = rewrite(body) if isinstance(body, dict) else None
+    return reply if out is None else Reply(reply.status, orjson.dumps(out), reply.headers)
 
 
 def _usage(raw: bytes) -> JSON | None:
@@ -338,16 +343,12 @@ class AppliedEdits:
 
     def reply(self, reply: Reply) -> Reply:
         """A JSON reply with ``context_management.applied_edits`` (a 2xx message only)."""
-        if not 200 <= reply.status < 300:
-            return reply
-        try:
-            message = orjson.loads(reply.body)
-        except orjson.JSONDecodeError:
-            return reply
-        if not isinstance(message, dict) or message.get("type") != "message":
-            return reply
-        message["context_management"] = {"applied_edits": self.applied}
-        return Reply(reply.status, orjson.dumps(message), reply.headers)
+        return _rewritten(reply, self._reported)
+
+    def _reported(self, message: JSON) -> JSON | None:
+        if message.get("type") != "message":
+            return None
+        return {**message, "context_management": {"applied_edits": self.applied}}
 
     async def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The stream, its ``message_delta`` event carrying ``context_management`` (events
