@@ -113,7 +113,7 @@ def timeouts(
         upstream("a", a, models=["m"]),
         upstream("anth", a, models=["claude-*"], kind="anthropic"),
         retry_max_attempts=1,
-        first_byte_timeout=0.3,
+        first_byte_timeout=1.0,  # 0.3 was missed by a loaded worker (pytest -n auto)
         total_timeout=1.5,
         failure_threshold=1000,
     )
@@ -420,7 +420,7 @@ def test_client_disconnect_while_sleeping_between_retries_stops_retrying(
     assert step(main, "csleep") is None
 
 
-# --- timeouts (timeouts proxy: first_byte_timeout 0.3, total_timeout 1.5, 1 attempt) ----------
+# --- timeouts (timeouts proxy: first_byte_timeout 1.0, total_timeout 1.5, 1 attempt) ----------
 
 
 def test_slow_first_byte_is_504_and_cancels_the_upstream(
