@@ -129,6 +129,25 @@ def test_a_session_budget_is_set_once_capped_by_its_key_and_never_resets() -> No
     asyncio.run(run())
 
 
+def test_a_new_session_is_not_read_and_still_gets_its_budget_and_its_keys_cap() -> None:
+    class Unread(StoreStub):
+        async def session_budget(self, session: str) -> float | None:
+            raise AssertionError(f"{session}: a new session's budget was read")
+
+    async def run() -> None:
+        store, now = Unread(), [100 * DAY]
+        b = book(store, now)
+        assert (await b.for_turn("k", key(), "k:new", None, stored=False)).budgets == []
+        asked = await b.for_turn("k", key(), "k:new", "0.5", stored=False)
+        assert [x.limit for x in asked.budgets] == [0.5] and store.budgets == {"k:new": 0.5}
+        capped = await b.for_turn("k", key(max_session_budget_usd=0.2), "k:n2", None, stored=False)
+        assert [x.limit for x in capped.budgets] == [0.2]
+        with pytest.raises(ProxyError, match="max_session_budget_usd"):
+            await b.for_turn("k", key(max_session_budget_usd=0.2), "k:n3", "0.3", stored=False)
+
+    asyncio.run(run())
+
+
 def test_the_worst_case_counts_what_is_sent_at_the_dearest_rates() -> None:
     def upstream(name: str, output: float) -> Any:
         return type("U", (), {"name": name, "prices": PriceOverride(output_per_mtok=output)})()

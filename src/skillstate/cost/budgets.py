@@ -332,18 +332,26 @@ class Budgets:
         self.clock = clock
 
     async def for_turn(
-        self, key: str | None, record: KeyRecord | None, session: str, asked: str | None
+        self,
+        key: str | None,
+        record: KeyRecord | None,
+        session: str,
+        asked: str | None,
+        *,
+        stored: bool = True,
     ) -> TurnBudgets:
         """The budgets of a turn of ``session`` by the key ``key`` (None with auth off);
         ``asked``: the turn's budget header, which sets the session's budget when it has
-        none yet (a 400 when it is not a positive number or above the key's cap)."""
+        none yet (a 400 when it is not a positive number or above the key's cap).
+        ``stored=False``: the session is new (an id the proxy just made up), it has no
+        budget in the store, and it is not read (one store round trip per such turn)."""
         budgets: list[Budget] = []
         if key is not None and record is not None and record.budget_usd_per_day is not None:
             budgets.append(key_budget(key, record.budget_usd_per_day, self.clock()))
         cap = record.max_session_budget_usd if record is not None else None
         usd = parse_budget(asked, cap) if asked is not None else None
         try:
-            limit = await self.store.session_budget(session)
+            limit = await self.store.session_budget(session) if stored else None
             if limit is None and usd is not None:
                 limit = await self.store.set_session_budget(session, usd, replace=False)
         except StoreError as e:

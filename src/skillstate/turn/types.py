@@ -52,6 +52,16 @@ class Turn:
     # The client's transcript as compact JSON, made by the request checks: the planner's
     # transcript results reuse it (skillstate.sessions.transcripts).
     transcript: TranscriptText | None = None
+    # The store id the proxy made up for this request, which named no session (None when it
+    # named one): see ``new_session``.
+    minted_session: str | None = None
+
+    @property
+    def new_session(self) -> bool:
+        """Whether the turn's session is the one the proxy made up for it (nothing resolved
+        it to another: a compaction block, a previous response): a random id that nothing
+        can be stored under yet, so there is nothing of it to read (its budget)."""
+        return self.minted_session is not None and self.minted_session == self.session
 
     @property
     def shown_session(self) -> str:

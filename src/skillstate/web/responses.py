@@ -86,9 +86,13 @@ async def _with_chain(
         body = {k: v for k, v in body.items() if k != "previous_response_id"}
     if prev_id is not None or (turn.mode != Mode.PASSTHROUGH and isinstance(body["input"], str)):
         body = {**body, "input": items}  # the state context works on a list of items
-    session = session or store_session(caller, resolve_session_id(None))
+    minted = None if session else store_session(caller, resolve_session_id(None))
+    session = session or minted
+    assert session is not None
     shown = split_session(session)[1] if caller is not None else session
-    return dataclasses.replace(turn, body=body, session=session, client_session=shown)
+    return dataclasses.replace(
+        turn, body=body, session=session, client_session=shown, minted_session=minted
+    )
 
 
 def _owned(found: StoredResponse, caller: Principal | None) -> bool:

@@ -69,6 +69,7 @@ async def parse_turn(
     session: str,
     telemetry: TurnTelemetry = NO_TELEMETRY,
     transcripts: SessionTranscripts | None = None,
+    minted: bool = False,
 ) -> Turn:
     """The request as a ``Turn``: a validated body plus the per-request mode headers; the
     session in the caller's key's namespace. Its Idempotency-Key applies to the session the
@@ -76,7 +77,8 @@ async def parse_turn(
 
     ``transcripts``: the checks (nesting, ``validate``) skip the leading transcript items
     that passed them on the named session's previous request (``validate`` takes their
-    count, and judges each item on its own)."""
+    count, and judges each item on its own). ``minted``: ``session`` is one the proxy made
+    up, the request named none (``Turn.new_session``)."""
     body, raw = await read_json_body(request, settings.max_body_bytes)
     caller = principal_of(request.scope)
     header = single_header(request, SESSION_HEADER)
@@ -87,17 +89,19 @@ async def parse_turn(
     constrain = _header_choice(request, "x-skillstate-constrain", settings.constrain)
     key = single_header(request, IDEMPOTENCY_HEADER)
     idem = None if key is None else idempotency_of(key, named, dialect, body)
+    stored = store_session(caller, session)
     return Turn(
         dialect=dialect,
         body=body,
         headers={k.lower(): v for k, v in request.headers.items()},
-        session=store_session(caller, session),
+        session=stored,
         mode=mode,
         constrain=constrain != Constrain.OFF,
         telemetry=telemetry,
         client_session=session,
         idempotency=idem,
         transcript=text,
+        minted_session=stored if minted else None,
     )
 
 
@@ -152,16 +156,23 @@ class PlainTurn:
     async def start(
         self, request: Request, rt: Runtime, tel: TurnTelemetry, shown: dict[str, str]
     ) -> tuple[Turn, Run]:
-        session = resolve_session_id(single_header(request, SESSION_HEADER))
+        header = single_header(request, SESSION_HEADER)
+        session = resolve_session_id(header)
         shown[SESSION_HEADER] = session
         turn = await parse_turn(
-            request, rt.settings, self.dialect, self.validate, session, tel, rt.transcripts
+            request,
+            rt.settings,
+            self.dialect,
+            self.validate,
+            session,
+            tel,
+            rt.transcripts,
+            minted=header is None,
         )
         if self.dialect != ANTHROPIC.name:
             return turn, lambda: rt.pipeline.run(turn)
-        adopt = request.headers.get(SESSION_HEADER) is None
         turn, self.edits, run = await plan_messages(
-            rt, turn, principal_of(request.scope), adopt=adopt
+            rt, turn, principal_of(request.scope), adopt=header is None
         )
         shown[SESSION_HEADER] = turn.shown_session
         return turn, run
@@ -211,7 +222,9 @@ async def admit(request: Request, rt: Runtime, turn: Turn) -> None:
         await rt.quotas.admit(caller, turn.body)
     asked = single_header(request, BUDGET_HEADER)
     key, record = (caller.name, caller.record) if caller is not None else (None, None)
-    turn.budgets = await rt.budgets.for_turn(key, record, turn.session, asked)
+    turn.budgets = await rt.budgets.for_turn(
+        key, record, turn.session, asked, stored=not turn.new_session
+    )
 
 
 def with_budgets(turn: Turn, result: Reply | StreamReply) -> dict[str, str]:
