@@ -228,7 +228,7 @@ def test_sim_answers_a_re_asked_checkpoint_as_the_checkpoint_it_repeats() -> Non
         ]
     }
     ctx = OPENAI.context
-    plan = plan_window(transcript["messages"], ctx, None, max_tokens=32_000)
+    plan = plan_window(transcript["messages"], ctx, None)
     window = build_window(ctx, transcript, plan, list(w.schema_keys), {"step": 1})
     asked = ctx.instruct(window, checkpoint_text())
     first = sim_reply(asked)

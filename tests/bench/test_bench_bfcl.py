@@ -356,7 +356,7 @@ def _window_body(transcript: list[dict[str, Any]], start: int, state: dict[str, 
     from skillstate.engine.window import WindowMark, build_window, plan_window
 
     mark = WindowMark(start, transcript_digest(transcript, start))
-    plan = plan_window(transcript, OPENAI.context, mark, max_tokens=32_000)
+    plan = plan_window(transcript, OPENAI.context, mark)
     assert plan.reason == "kept"
     return build_window(
         OPENAI.context, {"messages": transcript}, plan, list(bfcl.SCHEMA_KEYS), state

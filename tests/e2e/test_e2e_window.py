@@ -492,7 +492,13 @@ def test_a_changed_transcript_sends_no_message_twice_and_none_missing(
         client.transcript[1] = {"role": "user", "content": "TASK: build it, edited."}
     else:  # a new conversation on the same session
         client.transcript = [sys_msg, {"role": "user", "content": "TASK: a new start."}]
+    changed = json.loads(json.dumps(client.transcript))
     client.turn(stream=False)
+    # The fresh window is the whole new transcript after the task (an edit's is over the
+    # bound: that turn is a checkpoint, which folds it before the window restarts).
+    first = [m for m in fake.last.json["messages"] if CHECKPOINT_MARK not in json.dumps(m)]
+    assert first[3:] == [_plain(m) for m in changed[2:]]
+    assert asks_checkpoint(fake.last) == (change == "edit")
     sent = [json.loads(json.dumps(m)) for m in client.transcript]
     client.turn(stream=True)
     for req in fake.requests[-2:]:
@@ -505,8 +511,7 @@ def test_a_changed_transcript_sends_no_message_twice_and_none_missing(
         assert len(texts) == len(set(texts))  # no message twice
         assert STATE_MARK in request_text(req)
     last = fake.requests[-1].json["messages"]
-    # The window restarted at the client's latest exchange; since then every message is
-    # sent, in order.
+    # Since the window's restart every message is sent, in order.
     after_state = [m for m in last[3:]]
     assert after_state == [_plain(m) for m in sent[-(len(after_state)) :]]
     assert len(after_state) >= 2 and after_state[-1]["role"] == "tool"
@@ -608,3 +613,66 @@ def test_a_claude_code_compaction_sends_its_whole_new_transcript_once(
     after = p.state(client.session)
     assert after["step"] > state_before["step"]
     assert after["state"]["step"] >= state_before["state"]["step"]  # nothing lost
+
+
+class Folder:
+    """A fake model that folds at each checkpoint every ``KEEP-``/``FACT-`` token it
+    receives (the state's included) into the state's ``facts``, and otherwise calls a tool."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def __call__(self, req: RecordedRequest) -> Reply:
+        self.turn += 1
+        call = ("run", {"cmd": f"step {self.turn}"})
+        if asks_checkpoint(req):
+            facts = sorted(set(re.findall(r"(?:KEEP|FACT)-\d+", request_text(req))))
+            return Reply(text=envelope({"facts": facts}), tool_calls=[call])
+        return Reply(text=f"Running step {self.turn}.", tool_calls=[call])
+
+
+def long_rewritten_transcript(head: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """A transcript the client rewrote that is longer than the window's bound: its own
+    summary (as Codex's local compaction keeps the user messages and a summary), then
+    ``rounds`` exchanges the proxy never saw, each result with a ``KEEP-`` token."""
+    out = [*head, {"role": "user", "content": "SUMMARY of the work: KEEP-900 was decided."}]
+    for k in range(rounds):
+        call = {"id": f"new{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        out.append({"role": "tool", "tool_call_id": f"new{k}", "content": f"KEEP-{k} " + BIG})
+    return out
+
+
+@pytest.mark.parametrize("change", ["compaction", "restart"])
+def test_a_changed_transcript_over_the_bound_is_folded_not_dropped(
+    fake: FakeProvider, start_proxy: StartProxy, change: str
+) -> None:
+    """The client's new transcript is over ``window_max_tokens``: none of it may leave the
+    window without being folded into the state first (issue 23: never a message missing)."""
+    p = start(start_proxy, fake, "openai")
+    fake.responder = Folder()
+    client = Client(p, "openai", f"fold-{change}")
+    for t in range(10):
+        client.turn(stream=t % 2 == 0, result=f"FACT-{t} " + BIG)
+    assert any(asks_checkpoint(r) for r in fake.requests)  # the window had restarted
+    head = client.transcript[:2] if change == "compaction" else [
+        client.transcript[0], {"role": "user", "content": "TASK: another build."}
+    ]  # fmt: skip
+    client.transcript = long_rewritten_transcript(head, 12)
+    rewritten = json.loads(json.dumps(client.transcript))
+    wanted = set(re.findall(r"KEEP-\d+", json.dumps(rewritten)))
+    client.turn(stream=False)
+    first = fake.last
+    # Everything of the new transcript after the task went upstream once, in order, after
+    # the state, and the turn folds it (over the bound: a checkpoint).
+    assert asks_checkpoint(first)
+    msgs = [m for m in first.json["messages"] if CHECKPOINT_MARK not in json.dumps(m)]
+    assert STATE_MARK in msgs[2]["content"]
+    assert msgs[3:] == [_plain(m) for m in rewritten[2:]]
+    assert len(wanted) == 13 and "KEEP-900" in wanted
+    for _ in range(3):
+        client.turn(stream=False)
+    state_facts = set(p.state(client.session)["state"].get("facts", []))
+    window_text = json.dumps(fake.last.json["messages"][2:])
+    visible = state_facts | set(re.findall(r"KEEP-\d+", window_text))
+    assert wanted <= visible, sorted(wanted - visible)

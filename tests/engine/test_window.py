@@ -8,21 +8,18 @@ from typing import Any
 
 import pytest
 
-from skillstate.cost.tokens import estimate_tokens
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.window import (
     CHECKPOINT_MARK,
     WindowMark,
     build_window,
     exchange_starts,
-    fresh_start,
     kept_start,
     plan_window,
     transcript_digest,
     with_checkpoint,
 )
 
-BOUND = 32_000  # window_max_tokens' default
 
 
 def openai_round(k: int) -> list[dict[str, Any]]:
@@ -95,7 +92,7 @@ def test_window_is_append_only_between_checkpoints(dialect: str) -> None:
     previous: str | None = None
     for rounds in range(0, 8):
         msgs = transcript(dialect, rounds)
-        plan = plan_window(msgs, d, mark, max_tokens=BOUND)
+        plan = plan_window(msgs, d, mark)
         assert plan.reason == ("new" if mark is None else "kept")
         mark = plan.mark(msgs)
         out = build_window(d, body_of(dialect, msgs), plan, ["notes"], {"notes": "x"})
@@ -112,11 +109,11 @@ def test_window_is_append_only_between_checkpoints(dialect: str) -> None:
 def test_restarted_window_keeps_the_last_exchanges_paired(dialect: str) -> None:
     d = get_dialect(dialect).context
     msgs = transcript(dialect, 6)
-    plan = plan_window(msgs, d, None, max_tokens=BOUND)
+    plan = plan_window(msgs, d, None)
     start = kept_start(msgs, d, plan.start, 3)
     mark = WindowMark(start, transcript_digest(msgs, start))
     later = transcript(dialect, 7)
-    plan = plan_window(later, d, mark, max_tokens=BOUND)
+    plan = plan_window(later, d, mark)
     assert plan.reason == "kept" and plan.exchanges == 4
     text = json.dumps(sent(dialect, build_window(d, body_of(dialect, later), plan, [], {})))
     assert "result 2" not in text
@@ -133,14 +130,11 @@ def test_mark_ignores_moved_cache_breakpoints() -> None:
     mark = WindowMark(3, transcript_digest(msgs, 3))
     moved = json.loads(json.dumps(msgs))
     moved[2]["content"][0]["cache_control"] = {"type": "ephemeral"}
-    assert plan_window(moved, d, mark, max_tokens=BOUND).reason == "kept"
+    assert plan_window(moved, d, mark).reason == "kept"
 
 
-@pytest.mark.parametrize("bound", [BOUND, 1])  # the whole fits; only the latest exchange
 @pytest.mark.parametrize("change", ["compaction", "edit", "restart"])
-def test_a_changed_transcript_starts_a_fresh_window_that_fits_its_bound(
-    change: str, bound: int
-) -> None:
+def test_a_changed_transcript_starts_a_fresh_window_with_all_of_it(change: str) -> None:
     d = get_dialect("openai").context
     msgs = transcript("openai", 6)
     start = kept_start(msgs, d, 1, 3)
@@ -152,19 +146,18 @@ def test_a_changed_transcript_starts_a_fresh_window_that_fits_its_bound(
         new[3]["content"] = "result 0, edited"
     else:
         new = [msgs[0], {"role": "user", "content": "A NEW TASK"}]
-    plan = plan_window(new, d, mark, max_tokens=bound)
-    assert plan.reason == "changed"
+    plan = plan_window(new, d, mark)
+    assert plan.reason == "changed" and plan.start == 1  # after the system message
+    assert plan.exchanges == len(exchange_starts(new, d, 1))
     out = sent("openai", build_window(d, body_of("openai", new), plan, [], {"k": 1}))
     text = json.dumps(out)
     results = [m.get("tool_call_id") for m in out if m["role"] == "tool"]
-    if change == "compaction":  # one exchange after the summary: it is sent either way
+    if change == "compaction":
         assert results == ["c9"]
         assert text.count("SUMMARY") == 1
-    elif change == "edit" and bound == BOUND:  # the whole edited transcript, in order
+    elif change == "edit":  # the whole edited transcript, in order, once
         assert results == [f"c{k}" for k in range(7)]
         assert text.count("result 0, edited") == 1
-    elif change == "edit":  # over the bound: the latest exchange only
-        assert results == ["c6"]
     else:
         assert text.count("A NEW TASK") == 1 and "result" not in text
     assert '{\\"k\\":1}' in text or '{"k":1}' in text  # the state as it is
@@ -202,7 +195,7 @@ def test_claude_code_compact_sends_its_whole_new_transcript_once_in_order() -> N
     assert start > 0  # a checkpoint restarted the window
     mark = WindowMark(start, transcript_digest(before, start))
     after = claude_code_after_compact()
-    plan = plan_window(after, d, mark, max_tokens=BOUND)
+    plan = plan_window(after, d, mark)
     assert plan.reason == "changed" and plan.start == 0
     out = sent("anthropic", build_window(d, body_of("anthropic", after), plan, [], {"k": 1}))
     text = json.dumps(out)
@@ -214,28 +207,11 @@ def test_claude_code_compact_sends_its_whole_new_transcript_once_in_order() -> N
     assert out[1:] == after[1:]  # verbatim after the summary's turn
 
 
-def test_a_fresh_window_is_the_longest_tail_of_exchanges_that_fits() -> None:
-    d = get_dialect("openai").context
-    new = json.loads(json.dumps(transcript("openai", 8)))
-    new[1]["content"] = "TASK, edited"
-    split = plan_window(new, d, None, max_tokens=BOUND).split
-    starts = exchange_starts(new, d, split.system_end)
-    ends = [*starts[1:], len(new)]
-    # Each exchange measured on its own (each message once): the tail of the last n.
-    sizes = [estimate_tokens(new[a:b]) for a, b in zip(starts, ends, strict=True)]
-    assert fresh_start(new, d, split, BOUND) == split.system_end  # all of it fits
-    for n in range(1, len(starts)):
-        tail = sum(sizes[-n:])
-        assert fresh_start(new, d, split, tail) == starts[-n]  # as many exchanges as fit
-        assert fresh_start(new, d, split, tail - 1) == starts[-max(n - 1, 1)]
-    assert fresh_start(new, d, split, 1) == starts[-1]  # the latest, even over the bound
-
-
 @pytest.mark.parametrize("dialect", list(TRANSCRIPTS))
 def test_checkpoint_instruction_follows_the_latest_observation(dialect: str) -> None:
     d = get_dialect(dialect).context
     msgs = transcript(dialect, 3)
-    plan = plan_window(msgs, d, None, max_tokens=BOUND)
+    plan = plan_window(msgs, d, None)
     window = build_window(d, body_of(dialect, msgs), plan, [], {})
     asked = with_checkpoint(d, window)
     before, after = sent(dialect, window), sent(dialect, asked)

@@ -21,11 +21,11 @@ paired with its result (and a Responses reasoning item with its calls).
 The window's start is kept as a :class:`WindowMark`: a position in the client's transcript
 plus a digest of the messages before it. A client that compacts, edits or restarts its
 transcript changes those messages; the mark then no longer holds, and a fresh window starts,
-with the state as it is, at the earliest exchange from which the rest of the new transcript
-fits the window's bound (``window_max_tokens``): all of it after the task when it fits, as
-after Claude Code's ``/compact`` (its summary, the messages it keeps after it and the new
-prompt), and at least the latest exchange. No message is sent twice, none out of order, and
-none of the client's new transcript is dropped unless the bound requires it.
+with the state as it is, at the new transcript's start: all of it after the task (as after
+Claude Code's ``/compact``: its summary, the messages it keeps after it and the new prompt).
+None of it leaves the window unfolded: when it passes ``window_max_tokens`` the checkpoint
+policy makes that turn a checkpoint, whose envelope folds it into the state before the window
+restarts at the kept exchanges. No message is sent twice, none out of order, none dropped.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from typing import Any
 
 import orjson
 
-from ..cost.tokens import estimate_tokens
 from .context import CONTRACT_MARK, DialectContext, Split, split_transcript
 
 __all__ = [
@@ -47,7 +46,6 @@ __all__ = [
     "build_window",
     "checkpoint_text",
     "exchange_starts",
-    "fresh_start",
     "kept_start",
     "plan_window",
     "transcript_digest",
@@ -160,7 +158,7 @@ class WindowPlan:
 
     ``reason``: ``kept`` (the stored mark holds), ``new`` (no mark: the whole transcript
     after the task is the window) or ``changed`` (the client's transcript changed before
-    the mark: a fresh window, see :func:`fresh_start`)."""
+    the mark: a fresh window, the whole new transcript after the task)."""
 
     split: Split
     start: int
@@ -171,38 +169,17 @@ class WindowPlan:
         return WindowMark(self.start, transcript_digest(messages, self.start))
 
 
-def fresh_start(messages: list[Any], d: DialectContext, split: Split, max_tokens: int) -> int:
-    """Where a fresh window starts in a transcript the client changed (compacted, edited or
-    restarted): at the earliest exchange from which the messages up to the end, the task
-    left out (it is in the stable prefix), fit ``max_tokens``; at the latest exchange when
-    even that one does not fit. The client's new transcript is what it chose to keep (after
-    a compaction: its summary, the messages it keeps after it and the new prompt), so none
-    of it is dropped unless the window's bound requires it."""
-    starts = exchange_starts(messages, d, split.system_end)
-    if not starts or starts[0] > split.system_end:  # the whole, as a new window sends it
-        starts.insert(0, split.system_end)
-    start, end, tokens = starts[-1], len(messages), 0
-    for s in reversed(starts):  # each message measured once
-        part = [m for k, m in enumerate(messages[s:end], s) if k != split.task]
-        tokens += estimate_tokens(part) if part else 0
-        if tokens > max_tokens:
-            break
-        start = end = s
-    return start
-
-
-def plan_window(
-    messages: list[Any], d: DialectContext, mark: WindowMark | None, *, max_tokens: int
-) -> WindowPlan:
-    """Where the window of this transcript starts, given the session's stored mark and the
-    window's bound in tokens (for a fresh window after a changed transcript)."""
+def plan_window(messages: list[Any], d: DialectContext, mark: WindowMark | None) -> WindowPlan:
+    """Where the window of this transcript starts, given the session's stored mark: where
+    the mark says while it holds, else (no mark, or a transcript the client changed) at the
+    start, so that no message of the client's leaves the window without a checkpoint."""
     split = split_transcript(messages, d)
     if mark is None:
         start, reason = split.system_end, "new"
     elif mark.start <= len(messages) and transcript_digest(messages, mark.start) == mark.digest:
         start, reason = mark.start, "kept"
     else:
-        start, reason = fresh_start(messages, d, split, max_tokens), "changed"
+        start, reason = split.system_end, "changed"
     return WindowPlan(split, start, reason, len(exchange_starts(messages, d, start)))
 
 

@@ -363,7 +363,7 @@ class Planner:
             adapter = turn.wire.context
             mark = self.windows.cached_mark(record)
             messages = turn.body[adapter.transcript_key]
-            plan = plan_window(messages, adapter, mark, max_tokens=self.windows.policy.max_tokens)
+            plan = plan_window(messages, adapter, mark)
             return build_window(adapter, turn.body, plan, schema, state)
         return self.build_context(turn, state, schema)[0]
 

@@ -152,13 +152,12 @@ class WindowKeeper:
         ``force``: checkpoint now (``auto``'s switch builds the state this way).
         ``can_checkpoint`` False: the request brought its own output format, which leaves
         no room for an envelope. ``whole_unless_kept``: a transcript the mark does not
-        continue is sent whole, as if the session had no window yet (a compaction must fold
-        all it is given, not only the latest exchange a changed window restarts at)."""
+        continue is sent as the client sent it, as if the session had no window yet (a
+        compaction's: the prefix the client's own requests cached is read again)."""
         messages = body[adapter.transcript_key]
-        bound = self.policy.max_tokens
-        plan = plan_window(messages, adapter, mark, max_tokens=bound)
+        plan = plan_window(messages, adapter, mark)
         if whole_unless_kept and plan.reason == "changed":
-            plan = plan_window(messages, adapter, None, max_tokens=bound)
+            plan = plan_window(messages, adapter, None)
         window = build_window(adapter, body, plan, schema, state)
         if not can_checkpoint:
             decision = CheckpointDecision(False, "format")
