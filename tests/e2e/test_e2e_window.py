@@ -676,3 +676,46 @@ def test_a_changed_transcript_over_the_bound_is_folded_not_dropped(
     window_text = json.dumps(fake.last.json["messages"][2:])
     visible = state_facts | set(re.findall(r"KEEP-\d+", window_text))
     assert wanted <= visible, sorted(wanted - visible)
+
+
+def reserialised(transcript: list[dict[str, Any]], as_blocks: bool) -> list[dict[str, Any]]:
+    """The transcript as a client that rebuilds its history from its own objects sends it:
+    each text ``content`` as a string, or as the same text in one text block (``as_blocks``)."""
+    out = []
+    for m in json.loads(json.dumps(transcript)):
+        content = m.get("content")
+        kind = "text"
+        if m.get("type") == "message":
+            kind = "output_text" if m.get("role") == "assistant" else "input_text"
+        if as_blocks and isinstance(content, str):
+            m["content"] = [{"type": kind, "text": content}]
+        elif not as_blocks and isinstance(content, list) and len(content) == 1:
+            block = content[0]
+            if block.get("type") == kind and set(block) <= {"type", "text"}:
+                m["content"] = block["text"]
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+def test_a_client_that_reserialises_its_history_keeps_its_window(
+    fake: FakeProvider, start_proxy: StartProxy, dialect: str
+) -> None:
+    """A string ``content`` and the same text as a one-block list are one message to the
+    window's digest: a client that switches between them keeps its window (no restart)."""
+    kind = {"openai": "openai", "anthropic": "anthropic", "responses": "openai-responses"}
+    p = start(start_proxy, fake, kind[dialect])
+    fake.responder = Model()
+    client = Client(p, dialect, f"reser-{dialect}", marks_breakpoints=False)
+    for t in range(16):
+        client.transcript = reserialised(client.transcript, as_blocks=t % 2 == 1)
+        client.say(f"Carry on ({t}).")
+        sent = json.loads(json.dumps(client.transcript[-3:]))
+        client.turn(stream=False)
+        if dialect == "openai" and t > 0 and not asks_checkpoint(fake.last):  # as sent
+            assert fake.last.json["messages"][-3:] == [_plain(m) for m in sent]
+    turns = history(p, client.session)
+    assert sum(1 for h in turns if h["context"] == "checkpoint") >= 2
+    assert [
+        h["estimate"]["window_start"] for h in turns if h["estimate"]["window_start"] == "changed"
+    ] == []

@@ -21,7 +21,6 @@ from skillstate.engine.window import (
 )
 
 
-
 def openai_round(k: int) -> list[dict[str, Any]]:
     call = {"id": f"c{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
     return [
@@ -223,3 +222,31 @@ def test_checkpoint_instruction_follows_the_latest_observation(dialect: str) -> 
         assert after[:-1] == before[:-1]
     else:
         assert after[: len(before)] == before
+
+
+@pytest.mark.parametrize("kind", ["text", "input_text", "output_text"])
+def test_the_digest_reads_a_one_text_block_content_as_its_string(kind: str) -> None:
+    as_text = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    as_blocks = [
+        {"role": "user", "content": [{"type": kind, "text": "hello"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": kind, "text": "hi", "annotations": [], "cache_control": {}}],
+        },
+    ]
+    assert transcript_digest(as_text, 2) == transcript_digest(as_blocks, 2)
+    # What the message says still counts: another text, two blocks, a block with more.
+    other = [as_text[0], {"role": "assistant", "content": "hi!"}]
+    two = [as_text[0], {"role": "assistant", "content": [{"type": kind, "text": "h"}] * 2}]
+    block = {"type": kind, "text": "hi", "citations": [{"url": "u"}]}
+    cited = [as_text[0], {"role": "assistant", "content": [block]}]
+    image = [as_text[0], {"role": "assistant", "content": [{"type": "image", "text": "hi"}]}]
+    for changed in (other, two, cited, image):
+        assert transcript_digest(changed, 2) != transcript_digest(as_text, 2)
+    # A tool result's content too (Anthropic's tool_result block).
+    result = {"type": "tool_result", "tool_use_id": "t", "content": "out"}
+    blocks = {**result, "content": [{"type": "text", "text": "out"}]}
+    one = [{"role": "user", "content": [result]}]
+    assert transcript_digest(one, 1) == transcript_digest(
+        [{"role": "user", "content": [blocks]}], 1
+    )

@@ -105,21 +105,45 @@ class WindowMark:
         return cls(start, digest) if isinstance(digest, str) else None
 
 
-def _without_cache_control(value: Any) -> Any:
-    """A message as the digest sees it: ``cache_control`` markers dropped (a client such as
-    Claude Code moves its breakpoints to its newest messages on every turn)."""
+# Text block types whose one-block ``content`` a client may send as the bare string.
+_TEXT_BLOCKS = frozenset({"text", "input_text", "output_text"})
+
+
+def _one_text(content: Any) -> Any:
+    """A one-text-block ``content`` as its string (what else it carries being cache markers
+    or empty lists such as ``annotations``), anything else as it is."""
+    if not isinstance(content, list) or len(content) != 1 or not isinstance(content[0], dict):
+        return content
+    block = content[0]
+    text = block.get("text")
+    if block.get("type") not in _TEXT_BLOCKS or not isinstance(text, str):
+        return content
+    rest = (v for k, v in block.items() if k not in ("type", "text", "cache_control"))
+    return text if all(v in (None, []) for v in rest) else content
+
+
+def _digest_form(value: Any) -> Any:
+    """A message as the digest sees it. What a client changes on messages it already sent
+    without changing what they say is ignored: ``cache_control`` markers (Claude Code moves
+    its breakpoints to its newest messages on every turn), and a ``content`` that is one
+    text block or the same text as a string (SDKs that rebuild their history from their own
+    objects send either). Only the digest: the upstream gets the client's bytes."""
     if isinstance(value, dict):
-        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+        return {
+            k: _digest_form(_one_text(v) if k == "content" else v)
+            for k, v in value.items()
+            if k != "cache_control"
+        }
     if isinstance(value, list):
-        return [_without_cache_control(v) for v in value]
+        return [_digest_form(v) for v in value]
     return value
 
 
 def transcript_digest(messages: Sequence[Any], end: int) -> str:
-    """A digest of ``messages[:end]`` (keys sorted, cache markers ignored)."""
+    """A digest of ``messages[:end]`` (keys sorted, in :func:`_digest_form`)."""
     h = hashlib.sha256()
     for message in messages[:end]:
-        h.update(orjson.dumps(_without_cache_control(message), option=orjson.OPT_SORT_KEYS))
+        h.update(orjson.dumps(_digest_form(message), option=orjson.OPT_SORT_KEYS))
         h.update(b"\n")
     return h.hexdigest()
 
