@@ -39,6 +39,7 @@ from .worstcase import Rates, WorstCase, unpriced_rates
 if TYPE_CHECKING:
     from ..coordination.budgets import SharedHolds
     from ..coordination.link import CoordinationLink
+    from .ledgerwrites import LedgerWrites
 
 DAY = 86400.0
 BUDGET_HEADER = "x-skillstate-budget-usd"
@@ -325,11 +326,14 @@ class Budgets:
         worst: WorstCase,
         link: CoordinationLink | None = None,
         clock: Callable[[], float] = time.time,
+        ledger: LedgerWrites | None = None,
     ) -> None:
         self.store = store
         self.worst = worst
         self.holds = BudgetHolds(link)
         self.clock = clock
+        # The rows written off the critical path: all written before a spend is read.
+        self.ledger = ledger
 
     async def for_turn(
         self,
@@ -367,6 +371,8 @@ class Budgets:
         """What the budget's ledger rows cost (a row without a price at the most
         expensive known model's rates)."""
         fallback = unpriced_rates()
+        if self.ledger is not None:
+            await self.ledger.settle()
         try:
             return await self.store.ledger_spend(
                 budget.sessions,

@@ -10,10 +10,11 @@ import logging
 import time
 from collections.abc import Awaitable, Mapping
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..cancelsafe import shielded, uncancellable
 from ..config import Settings
+from ..cost.ledgerwrites import LedgerWrites
 from ..cost.meter import TurnMeter
 from ..engine.verdict import Outcome
 from ..errors import ProxyError
@@ -41,10 +42,12 @@ class Committer:
     """Reads and commits a session for the turn (or the operator) holding its lock, and
     writes the ledger rows a commit did not take."""
 
-    def __init__(self, settings: Settings, store: Store) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, ledger: LedgerWrites | None = None
+    ) -> None:
         self.settings = settings
         self.store = store
-        self._background: set[asyncio.Task[Any]] = set()
+        self.ledger = ledger if ledger is not None else LedgerWrites(store)
 
     async def load(self, session: str, hold: Hold) -> SessionRecord | None:
         """The session as last committed, for the holder of its lock: read again from the
@@ -187,23 +190,19 @@ class Committer:
 
     async def close_ledger(self, turn: Turn, meter: TurnMeter) -> None:
         """Write whatever the commit did not take (failures, passthrough, errors): off the
-        critical path, not cancelled with the turn (no task when the commit took every row:
-        the usual state-mode turn). A turn holding budget reservations writes them before
-        its reply goes out and then ends its holds: the next call reads the real cost."""
+        critical path, with other turns' rows (``LedgerWrites``), not cancelled with the
+        turn. A turn holding budget reservations writes them before its reply goes out and
+        then ends its holds: the next call reads the real cost."""
         if turn.budgets is not None and turn.budgets.holding:
             await shielded(_written_then_released(meter.flush(self.store), turn.budgets))
-        elif meter.unwritten():
-            self._spawn(meter.flush(self.store))
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        else:
+            rows = meter.unwritten()
+            meter.mark_written()
+            self.ledger.add(rows)
 
     async def settle(self) -> None:
-        """Wait for the ledger writes already started off the critical path."""
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        """Wait for the ledger rows handed over off the critical path to be written."""
+        await self.ledger.settle()
 
 
 async def _written_then_released(flush: Awaitable[None], budgets: TurnBudgets | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from ..config import Settings
+from ..cost.ledgerwrites import LedgerWrites
 from ..cost.pricing import PriceBook
 from ..engine.verdict import Outcome, Verdicts
 from ..sessions.locks import SessionLocks, TurnLocks
@@ -48,7 +49,9 @@ class Pipeline:
         self.locks: TurnLocks = locks if locks is not None else SessionLocks()
         verdicts = Verdicts(settings)
         self.planner = Planner(settings, pool, prices)
-        self.commits = Committer(settings, store)
+        # Rows no commit took, written in groups (settled before a budget's spend is read).
+        self.ledger = LedgerWrites(store)
+        self.commits = Committer(settings, store, self.ledger)
         self.calls = Completer(settings, pool, self.planner, verdicts)
         self.streams = StreamPath(settings, verdicts, self.planner, self._commit, self.commits)
 
@@ -147,7 +150,7 @@ class Pipeline:
         return step
 
     async def settle(self) -> None:
-        """Wait for the ledger writes already started off the critical path.
+        """Wait for the ledger rows handed over off the critical path to be written.
 
         `/cost` settles first, so a client that asks for its cost right after a reply sees
         that reply; shutdown settles before the store closes, so no row is dropped.

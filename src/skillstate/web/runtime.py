@@ -68,7 +68,9 @@ class Runtime:
         self.quotas = KeyQuotas(link=self.coordination)
         # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
         worst = WorstCase(prices, settings.budget_max_tokens)
-        self.budgets = Budgets(self.store, worst, self.coordination, clock)
+        self.budgets = Budgets(
+            self.store, worst, self.coordination, clock, ledger=self.pipeline.ledger
+        )
 
     async def purge_forever(self) -> None:
         """Drop expired sessions, old ledger rows and replies kept past ``idempotency_ttl``,
