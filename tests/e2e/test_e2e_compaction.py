@@ -339,13 +339,13 @@ NOT_AN_ENVELOPE = Reply(text="I would rather keep working.")
 
 
 @pytest.mark.parametrize("how", ["trigger", "endpoint", "threshold", "tool calls"])
-def test_a_checkpoint_that_folds_nothing_is_a_502_and_no_token(
+def test_a_checkpoint_that_folds_nothing_is_a_422_and_no_token(
     fake: FakeProvider, start_proxy: StartProxy, how: str
 ) -> None:
     """A checkpoint still invalid after the re-asks (or answered with tool calls instead of
-    the envelope) does not pin the unchanged state as if it folded the history: a 502 in the
-    client's dialect, no compaction item, nothing run after it; the turn stays in the
-    history as judged, and is billed."""
+    the envelope) does not pin the unchanged state as if it folded the history: a 422 (that
+    no SDK retries on its own) in the client's dialect, no compaction item, nothing run after
+    it; the turn stays in the history as judged, and is billed."""
     p = start(fake, start_proxy, "openai", "--mode", "state")
     fake.enqueue(Reply(text="Looking.\n" + envelope({"notes": "started"})))
     c = client(p)
@@ -355,7 +355,7 @@ def test_a_checkpoint_that_folds_nothing_is_a_502_and_no_token(
     else:
         fake.enqueue(NOT_AN_ENVELOPE, NOT_AN_ENVELOPE, NOT_AN_ENVELOPE)  # max_retries: 2
     before = len(fake.requests)
-    with pytest.raises(openai.InternalServerError) as e:
+    with pytest.raises(openai.UnprocessableEntityError) as e:
         if how == "endpoint":
             c.responses.compact(model="m-1", input=history())
         elif how == "threshold":
@@ -363,7 +363,7 @@ def test_a_checkpoint_that_folds_nothing_is_a_502_and_no_token(
             c.responses.create(model="m-1", input=history(), context_management=cm)  # type: ignore[arg-type]
         else:
             c.responses.create(model="m-1", input=[*history(), TRIGGER], tools=TOOLS)  # type: ignore[list-item]
-    assert e.value.status_code == 502
+    assert e.value.status_code == 422 and e.value.response.headers["x-should-retry"] == "false"
     err = e.value.body
     assert isinstance(err, dict) and err["code"] == "invalid_checkpoint"
     assert (
@@ -380,7 +380,7 @@ def test_a_checkpoint_that_folds_nothing_is_a_502_and_no_token(
     assert totals["requests"] == 2 and sum(totals["attempts"].values()) == 1 + sent  # billed
 
 
-def test_an_anthropic_client_gets_the_502_in_its_dialect(
+def test_an_anthropic_client_gets_the_422_in_its_dialect(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     import anthropic
@@ -390,7 +390,7 @@ def test_an_anthropic_client_gets_the_502_in_its_dialect(
     c = anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
     edit = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50}}
     messages = [{"role": "user", "content": "read it all " * 100}]
-    with pytest.raises(anthropic.InternalServerError) as e:
+    with pytest.raises(anthropic.UnprocessableEntityError) as e:
         c.beta.messages.create(
             model="m-1",
             max_tokens=50,
@@ -399,7 +399,7 @@ def test_an_anthropic_client_gets_the_502_in_its_dialect(
             extra_headers={SESSION_HEADER: "a1"},
         )
     body = e.value.body
-    assert e.value.status_code == 502 and isinstance(body, dict)
+    assert e.value.status_code == 422 and isinstance(body, dict)
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
     assert "did not produce a valid checkpoint" in body["error"]["message"]
     assert "ssc1_" not in e.value.response.text  # no compaction block, no token

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.conftest import InProcessProxy, StartProxy
@@ -116,6 +117,8 @@ def test_a_keyed_compaction_retried_pins_the_same_step(
     else:
         first, again = (c.responses.compact(model="m-1", input=items) for _ in range(2))
     assert calls(fake) == 1 and p.state("c1")["step"] == 1
+    # The retry's item is the first's: the same id and token, not a new item of the step.
+    assert again.output[-1].model_dump() == first.output[-1].model_dump()
     for r in (first, again):
         item = r.output[-1].model_dump()
         assert item["type"] == "compaction"
@@ -144,3 +147,50 @@ def test_the_clients_idempotency_key_is_not_forwarded_upstream(
     sent = [q for q in fake.requests if q.method == "POST"]
     assert len(sent) == 2 and all("idempotency-key" not in q.headers for q in sent)
     assert p.state("c1")["state"] == {"notes": "re-asked"}
+
+
+NOT_AN_ENVELOPE = Reply(text="I would rather keep working.")
+ENDPOINT_INPUT: list[Any] = [{"role": "user", "content": TRANSCRIPT}]
+
+
+def compact_with_sdk_retries(p: InProcessProxy, headers: dict[str, str]) -> Any:
+    """``responses.compact`` through the SDK with its own retries on (its default, 2)."""
+    c = openai.OpenAI(base_url=p.v1, api_key="sk-client", default_headers=headers)
+    return c.responses.compact(model="m-1", input=ENDPOINT_INPUT)
+
+
+@pytest.mark.parametrize("keyed_request", [False, True])
+def test_a_checkpoint_that_folds_nothing_is_not_retried_by_the_sdk(
+    fake: FakeProvider, start_proxy: StartProxy, keyed_request: bool
+) -> None:
+    """The proxy already re-asked ``max_retries`` times; an SDK that retried on its own would
+    bill the whole checkpoint again, twice (the SDKs retry 408, 409, 429 and 5xx unless told
+    ``x-should-retry: false``; Codex retries 5xx). The failure is a 422 they do not retry."""
+    p = start(fake, start_proxy, "state")
+    fake.responder = lambda _req: NOT_AN_ENVELOPE
+    headers = keyed("k-fail") if keyed_request else session("c1")
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        compact_with_sdk_retries(p, headers)
+    assert e.value.status_code == 422 and e.value.response.headers["x-should-retry"] == "false"
+    body = e.value.body
+    assert isinstance(body, dict) and body["code"] == "invalid_checkpoint"
+    assert calls(fake) == 3  # the checkpoint and its two re-asks, once
+
+
+def test_a_failed_keyed_compaction_is_not_kept_its_retry_runs(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A compaction that folded nothing keeps nothing under its Idempotency-Key: retried with
+    the same key it runs again (nothing was compacted), and then the key keeps its answer."""
+    p = start(fake, start_proxy, "passthrough")
+    fake.enqueue(NOT_AN_ENVELOPE, NOT_AN_ENVELOPE, NOT_AN_ENVELOPE)
+    c = oai(p, default_headers=keyed("k-retry"))
+    with pytest.raises(openai.UnprocessableEntityError):
+        c.responses.compact(model="m-1", input=ENDPOINT_INPUT)
+    assert calls(fake) == 3
+    fake.enqueue(Reply(text=envelope({"notes": "second try"})))
+    first = c.responses.compact(model="m-1", input=ENDPOINT_INPUT)
+    assert calls(fake) == 4 and p.state("c1")["state"] == {"notes": "second try"}
+    again = c.responses.compact(model="m-1", input=ENDPOINT_INPUT)
+    assert calls(fake) == 4
+    assert again.output[-1].model_dump() == first.output[-1].model_dump()

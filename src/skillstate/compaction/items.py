@@ -16,6 +16,7 @@ Shapes from the openai SDK's ``types/responses`` (``ResponseCompactionItem``,
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -66,7 +67,10 @@ def restored_state(state: JSON, step: int) -> JSON:
 
 
 def compaction_item(token: str) -> JSON:
-    return {"id": new_id("cmp_"), "type": COMPACTION, "encrypted_content": token}
+    """The ``compaction`` item of ``token``. Its id is the token's (a digest), so the same
+    checkpoint, served again (a retry under its Idempotency-Key), is the same item."""
+    item_id = "cmp_" + hashlib.sha256(token.encode()).hexdigest()[:32]
+    return {"id": item_id, "type": COMPACTION, "encrypted_content": token}
 
 
 def triggered_response(model: str, item: JSON, usage: JSON | None) -> JSON:

@@ -7,12 +7,16 @@ and a client cannot read it: the reference is encrypted and then MACed, both und
 derived from the server secret that hashes client keys (``skillstate.auth.keys``)::
 
     ssc1_ + base64url(nonce[16] || ciphertext || tag[32])
+    nonce      = HMAC-SHA256(k_iv, payload)[:16]
     ciphertext = payload XOR HMAC-SHA256(k_enc, nonce || counter) blocks
     tag        = HMAC-SHA256(k_mac, "ssc1" || nonce || ciphertext)
 
 (encrypt-then-MAC with HMAC-SHA256 as the PRF of a counter-mode keystream: nothing beyond
-the standard library). A token that does not verify is refused as a whole; the version
-prefix lets a later format coexist with this one.
+the standard library). The nonce is synthetic (derived from the payload, as in SIV): one
+reference always seals to the same token, so a compaction retried under its
+Idempotency-Key gets the same item again; tokens show only that two of them are equal,
+which the reference they name says anyway. A token that does not verify is refused as a
+whole; the version prefix lets a later format coexist with this one.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import secrets
 from dataclasses import dataclass
 
 import orjson
@@ -65,10 +68,11 @@ class TokenSealer:
         self._mac = hmac.new(
             secret, b"skillstate compaction token: authentication", "sha256"
         ).digest()
+        self._iv = hmac.new(secret, b"skillstate compaction token: nonce", "sha256").digest()
 
     def seal(self, ref: CompactionRef) -> str:
         payload = orjson.dumps({"s": ref.session, "n": ref.step, "k": ref.key})
-        nonce = secrets.token_bytes(_NONCE)
+        nonce = hmac.new(self._iv, payload, hashlib.sha256).digest()[:_NONCE]
         body = nonce + _xor(payload, self._keystream(nonce, len(payload)))
         tag = hmac.new(self._mac, _VERSION + body, hashlib.sha256).digest()
         return PREFIX + base64.urlsafe_b64encode(body + tag).rstrip(b"=").decode()

@@ -92,11 +92,13 @@ class Committer:
         *,
         step: int | None = None,
         stream: bool = False,
+        verdict: str | None = None,
     ) -> KeptReply | None:
-        """What the turn keeps under its Idempotency-Key (None without one): its reply, the
-        body dropped past ``idempotency_max_reply_bytes``."""
+        """What the turn keeps under its Idempotency-Key (None without one, or when the key
+        keeps only valid turns and ``verdict`` is another): its reply, the body dropped past
+        ``idempotency_max_reply_bytes``."""
         idem = meta.turn.idempotency
-        if idem is None:
+        if idem is None or (idem.only_valid and verdict != "valid"):
             return None
         limit = self.settings.idempotency_max_reply_bytes
         session = meta.turn.session

@@ -67,6 +67,9 @@ class Idempotency:
     scope: str
     key: str
     fingerprint: str
+    # Keep a reply only for a turn judged valid (a compaction's checkpoint: one that folded
+    # nothing is answered with an error, and a retry under the key must run it again).
+    only_valid: bool = False
 
     @property
     def lock(self) -> str:
@@ -75,11 +78,11 @@ class Idempotency:
         digest = hashlib.sha256(f"{self.scope}\n{self.key}".encode()).hexdigest()[:32]
         return f"idempotency#{digest}"
 
-    def part(self, name: str) -> Idempotency:
+    def part(self, name: str, *, only_valid: bool = False) -> Idempotency:
         """The key of one part of a request that runs several turns (a compaction's
         checkpoint, then the turn): kept on its own, so a retry replays each part and no
         part answers for another. A space is in no client's key, so none names a part."""
-        return Idempotency(self.scope, f"{self.key} {name}", self.fingerprint)
+        return Idempotency(self.scope, f"{self.key} {name}", self.fingerprint, only_valid)
 
     def replay(self, kept: KeptReply) -> KeptReply:
         """``kept`` if it answers this request; a 422 when the key came with another body,

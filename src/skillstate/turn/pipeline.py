@@ -138,7 +138,10 @@ class Pipeline:
         # an Idempotency-Key keeps it in the commit's transaction.
         step = meta.step + 1
         reply = render.reply(answer, meta, answer.outcome, step, retries, strip)
-        kept = self.commits.kept(meta, reply.status, reply.headers, reply.body, step=step)
+        verdict = answer.outcome.status
+        kept = self.commits.kept(
+            meta, reply.status, reply.headers, reply.body, step=step, verdict=verdict
+        )
         await self._commit(meta, answer.outcome, kept)
         return reply
 

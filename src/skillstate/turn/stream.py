@@ -171,7 +171,9 @@ class StreamPath:
             kept = None
             if capture is not None:
                 headers, body = render.base_headers(meta, ex), capture.body(note + tail)
-                kept = self.commits.kept(meta, ex.status, headers, body, step=step, stream=True)
+                kept = self.commits.kept(
+                    meta, ex.status, headers, body, step=step, stream=True, verdict=outcome.status
+                )
             # Commit before the terminal event: a client that reads /state right after the
             # stream ends sees the new state.
             await self.commit(meta, outcome, kept)

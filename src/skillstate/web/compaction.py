@@ -56,6 +56,9 @@ def key_of(caller: Principal | None) -> str:
     return caller.name if caller is not None else ""
 
 
+# A checkpoint that folded nothing: a client error no SDK retries on its own (_not_folded).
+UNFOLDED_STATUS = 422
+
 # The Responses API's compaction endpoint under an upstream's base URL (``.../v1``).
 NATIVE_COMPACT_PATH = "/responses/compact"
 
@@ -234,10 +237,16 @@ async def _fold(
 
 def _not_folded(turn: Turn, reply: Reply) -> Reply:
     """A checkpoint that folded nothing (no valid envelope after the re-asks, or tool calls
-    in its place): a 502 in the client's dialect and no compaction token, so the client
+    in its place): an error in the client's dialect and no compaction token, so the client
     keeps the history it asked to compact instead of trading it for an unchanged state. The
     turn stays in the session's history as judged (state unchanged), with its ledger rows;
-    its headers say so (``x-skillstate-transition``, ``-validation``, the cost)."""
+    its headers say so (``x-skillstate-transition``, ``-validation``, the cost).
+
+    The status is a 422 with ``x-should-retry: false``, not a 5xx: the proxy already
+    re-asked ``max_retries`` times, and clients retry a 5xx on their own (the openai and
+    anthropic SDKs retry 408, 409, 429 and 5xx unless ``x-should-retry: false``; Codex
+    retries 5xx), each retry billing the whole checkpoint again. Nothing is kept under an
+    Idempotency-Key (``_checkpoint``), so a deliberate retry runs it again."""
     status = reply.headers.get("x-skillstate-transition", "none")
     errors = reply.headers.get("x-skillstate-validation")
     retries = reply.headers.get("x-skillstate-retries", "0")
@@ -246,9 +255,12 @@ def _not_folded(turn: Turn, reply: Reply) -> Reply:
         f"re-asks{': ' + errors if errors else ''}); nothing was compacted and the "
         "conversation is unchanged: retry the compaction"
     )
-    err = ProxyError("upstream_unreachable", message, code="invalid_checkpoint")
+    err = ProxyError(
+        "upstream_unreachable", message, status=UNFOLDED_STATUS, code="invalid_checkpoint"
+    )
     headers = {k: v for k, v in reply.headers.items() if k != "content-type"}
     headers["content-type"] = "application/json"
+    headers["x-should-retry"] = "false"
     wire = turn.wire
     return Reply(wire.error_status(err), orjson.dumps(wire.error_body(err)), headers)
 
@@ -270,7 +282,9 @@ async def _checkpoint(
     body["stream"] = False
     # Under the request's Idempotency-Key, the checkpoint is a part of its own: the turn
     # that may follow it keeps the key's reply (a retry replays both, runs neither).
-    idem = turn.idempotency.part("checkpoint") if turn.idempotency is not None else None
+    # A checkpoint that folded nothing keeps nothing under it: a retry runs it again.
+    idem = turn.idempotency
+    idem = idem.part("checkpoint", only_valid=True) if idem is not None else None
     if record is None:
         body[key] = [*items, ask()]
         checkpoint = dataclasses.replace(
