@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -519,3 +520,24 @@ def test_models_carry_the_upstreams_context_window(
         one.model_extra is not None
         and one.model_extra["context_window"] == ANTHROPIC_CONTEXT_WINDOW
     )
+
+
+@pytest.mark.parametrize("mode", ["state", "passthrough", "window"])
+def test_a_compactions_checkpoint_is_recorded_under_the_sessions_mode(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, mode: str
+) -> None:
+    """The checkpoint runs as a window (or full) turn on the session's behalf; the ledger
+    and the reply's ``x-skillstate-mode`` name the mode the session is in."""
+    p = start(fake, start_proxy, "openai", "--mode", mode)
+    c = client(p)
+    fake.enqueue(Reply(text="Looking.\n" + envelope({"notes": "started"})))
+    c.responses.create(model="m-1", input=history(1))
+    for k in range(2):  # the second: the session has state (a window checkpoint)
+        fake.enqueue(Reply(text=envelope({"notes": f"folded {k}"})))
+        r = c.responses.with_raw_response.compact(model="m-1", input=history())
+        assert r.headers["x-skillstate-mode"] == mode
+        assert r.headers["x-skillstate-context"] in ("checkpoint", "full")
+    db = sqlite3.connect(tmp_path / "data" / "skillstate.db")
+    modes = [m for (m,) in db.execute("SELECT mode FROM ledger WHERE session = 's1' ORDER BY ts")]
+    db.close()
+    assert modes == [mode] * 3

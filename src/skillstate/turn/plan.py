@@ -272,7 +272,9 @@ class Planner:
         client's transcript without the envelopes the proxy caused, its prompt cache
         modelled per session (``skillstate.cost.baseline``)."""
         if client is None:
-            return MeterContext(turn.session, str(turn.mode), turn.model or None, None, shape)
+            return MeterContext(
+                turn.session, str(turn.recorded_mode), turn.model or None, None, shape
+            )
         source = BaselineSource(
             self.baseline_caches.get(turn.session),
             client.points,
@@ -280,7 +282,12 @@ class Planner:
             now=time.monotonic(),
         )
         return MeterContext(
-            turn.session, str(turn.mode), turn.model or None, client.est_tokens, shape, source
+            turn.session,
+            str(turn.recorded_mode),
+            turn.model or None,
+            client.est_tokens,
+            shape,
+            source,
         )
 
     def outbound(

@@ -25,7 +25,7 @@ REPLAYED_HEADER = "x-skillstate-replayed"
 def base_headers(meta: TurnMeta, ex: Exchange | None) -> dict[str, str]:
     """The headers every reply of the turn carries: session, mode, context and auto's
     figures, and the answering upstream's."""
-    h = {SESSION_HEADER: meta.turn.shown_session, "x-skillstate-mode": str(meta.turn.mode)}
+    h = {SESSION_HEADER: meta.turn.shown_session, "x-skillstate-mode": str(meta.turn.recorded_mode)}
     if meta.shape != ContextShape.PASSTHROUGH or meta.turn.mode == Mode.AUTO:
         h["x-skillstate-context"] = str(meta.shape)
     if meta.decision is not None:

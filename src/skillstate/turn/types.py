@@ -45,6 +45,9 @@ class Turn:
     # A context form fixed by the caller instead of the mode's: a compaction's checkpoint
     # sends the whole transcript with the contract (skillstate.compaction).
     shape: ContextShape | None = None
+    # The session's own mode, for a turn run in another on its behalf (a compaction's
+    # checkpoint runs as a window or state turn): what the ledger and replies name.
+    session_mode: Mode | None = None
     idempotency: Idempotency | None = None  # its Idempotency-Key (turn/idempotency.py)
     # A native endpoint of the client's API to call instead of its dialect's turn path (a
     # passthrough turn: ``POST /responses/compact`` to a Responses upstream).
@@ -78,6 +81,11 @@ class Turn:
         """The model the client asked for ("" when the body names none)."""
         m = self.body.get("model")
         return m if isinstance(m, str) else ""
+
+    @property
+    def recorded_mode(self) -> Mode:
+        """The mode the turn is recorded under: the session's (see ``session_mode``)."""
+        return self.session_mode or self.mode
 
     @property
     def keeps_state(self) -> bool:

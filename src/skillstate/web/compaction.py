@@ -285,16 +285,21 @@ async def _checkpoint(
     # A checkpoint that folded nothing keeps nothing under it: a retry runs it again.
     idem = turn.idempotency
     idem = idem.part("checkpoint", only_valid=True) if idem is not None else None
+    # It runs as a state or window turn, recorded under the session's own mode.
     if record is None:
         body[key] = [*items, ask()]
-        checkpoint = dataclasses.replace(
-            turn, body=body, mode=Mode.STATE, shape=ContextShape.FULL, idempotency=idem
-        )
+        mode, shape = Mode.STATE, ContextShape.FULL
     else:
         body[key] = items
-        checkpoint = dataclasses.replace(
-            turn, body=body, mode=Mode.WINDOW, shape=ContextShape.CHECKPOINT, idempotency=idem
-        )
+        mode, shape = Mode.WINDOW, ContextShape.CHECKPOINT
+    checkpoint = dataclasses.replace(
+        turn,
+        body=body,
+        mode=mode,
+        shape=shape,
+        idempotency=idem,
+        session_mode=turn.recorded_mode,
+    )
     result = await rt.pipeline.run(checkpoint)
     assert isinstance(result, Reply)  # not streamed
     return result
