@@ -78,3 +78,46 @@ class SessionCache:
             self.remember(session, CachedSession(blob, schema, step, prev.created, now))
         elif state is not None:
             self.remember(session, CachedSession(state, schema, step, now, now))
+
+
+_UNKNOWN = object()
+
+
+class BudgetCache:
+    """The session budgets a store read lately (None too: no budget), least recently used
+    evicted past ``max_sessions``, so that a turn's budget costs no database read.
+
+    Only for a store that is the only writer of its database (SQLite): a budget written
+    elsewhere would never be seen. A read that a budget write overlapped may carry the old
+    value, so ``remember`` keeps a read only when no write started since it did (``epoch``)."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self._entries: OrderedDict[str, float | None] = OrderedDict()
+        self._max_sessions = max(max_sessions, 1)
+        self.epoch = 0  # changes with every budget write (see ``changed``)
+
+    def get(self, session: str) -> tuple[bool, float | None]:
+        """(known, budget): known False means read it from the database."""
+        usd = self._entries.get(session, _UNKNOWN)
+        if usd is _UNKNOWN:
+            return False, None
+        self._entries.move_to_end(session)
+        return True, usd  # type: ignore[return-value]
+
+    def remember(self, session: str, usd: float | None, epoch: int) -> None:
+        """Keep what a read that started at ``epoch`` found, unless a write came since."""
+        if epoch != self.epoch:
+            return
+        self._entries[session] = usd
+        self._entries.move_to_end(session)
+        while len(self._entries) > self._max_sessions:
+            self._entries.popitem(last=False)
+
+    def changed(self, session: str | None = None) -> None:
+        """A write of ``session``'s budget (None: of any number of them) starts or ended:
+        its cached value goes, and the reads in flight are not kept."""
+        self.epoch += 1
+        if session is None:
+            self._entries.clear()
+        else:
+            self._entries.pop(session, None)

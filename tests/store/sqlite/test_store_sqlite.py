@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +365,98 @@ async def test_a_database_from_before_the_cost_columns_gets_them(tmp_path: Path)
         assert history.context == "full" and history.estimate == {"form": "full", "turns": 3}
     finally:
         await asyncio.wait_for(store.close(), HANG)
+
+
+# -- the session budget cache: a turn's budget read needs no database read ------------------
+
+
+async def test_a_session_budget_is_read_once_and_every_budget_write_drops_it(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db)
+    await store.open()
+    behind = sqlite3.connect(db, isolation_level=None)  # changes the rows behind its back
+
+    def set_behind(session: str, usd: float) -> None:
+        behind.execute(
+            "INSERT OR REPLACE INTO session_budgets (session, budget_usd, updated)"
+            " VALUES (?, ?, 0)",
+            (session, usd),
+        )
+
+    try:
+        assert await store.session_budget("s") is None
+        assert await store.set_session_budget("s", 5.0, replace=False) == 5.0
+        assert await store.session_budget("s") == 5.0  # read again after the write
+        set_behind("s", 9.0)
+        assert await store.session_budget("s") == 5.0  # served from the cache: no read
+        assert await store.set_session_budget("s", 7.0, replace=False) == 9.0  # kept: 9 is there
+        assert await store.session_budget("s") == 9.0
+        assert await store.set_session_budget("s", 3.0, replace=True) == 3.0
+        assert await store.session_budget("s") == 3.0
+        assert await store.set_session_budget("s", None, replace=True) is None
+        assert await store.session_budget("s") is None
+        # A session without a budget is cached as such, until a write gives it one.
+        set_behind("t", 4.0)
+        assert await store.session_budget("u") is None
+        set_behind("u", 2.0)
+        assert await store.session_budget("u") is None
+        assert await store.set_session_budget("u", 6.0, replace=True) == 6.0
+        assert await store.session_budget("u") == 6.0
+        # delete and purge take the session's budget with them.
+        await commit(store, 0, {"k": 1})
+        assert await store.set_session_budget("s", 8.0, replace=True) == 8.0
+        assert await store.session_budget("s") == 8.0
+        assert await store.delete("s")
+        assert await store.session_budget("s") is None
+        assert await store.session_budget("t") == 4.0
+        assert await store.session_budget("u") == 6.0
+        assert await store.purge_sessions(older_than=time.time() + 10) == 0  # no state rows
+        assert await store.session_budget("t") is None  # orphan budgets expired
+        assert await store.session_budget("u") is None
+    finally:
+        behind.close()
+        await store.close()
+
+
+async def test_a_budget_read_overlapping_a_write_is_not_kept(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db")
+    await store.open()
+    release = threading.Event()
+    try:
+        # The store thread is busy: the read and the write queue behind it, in that order.
+        stuck = asyncio.ensure_future(store._write(lambda db: release.wait(HANG)))
+        await asyncio.sleep(0)
+        read = asyncio.ensure_future(store.session_budget("s"))
+        await asyncio.sleep(0)
+        write = asyncio.ensure_future(store.set_session_budget("s", 5.0, replace=True))
+        await asyncio.sleep(0)
+        release.set()
+        assert await asyncio.wait_for(read, HANG) is None  # it ran before the write
+        assert await asyncio.wait_for(write, HANG) == 5.0
+        await asyncio.wait_for(stuck, HANG)
+        assert await store.session_budget("s") == 5.0  # not the read's stale None
+    finally:
+        await store.close()
+
+
+def test_the_budget_cache_is_bounded_and_refuses_a_read_older_than_a_write() -> None:
+    from skillstate.store.cache import BudgetCache
+
+    cache = BudgetCache(max_sessions=2)
+    epoch = cache.epoch
+    cache.remember("a", 1.0, epoch)
+    cache.remember("b", None, epoch)
+    assert cache.get("a") == (True, 1.0) and cache.get("b") == (True, None)
+    cache.remember("c", 3.0, epoch)  # "a" was used before "b": "a" goes
+    assert cache.get("a") == (False, None) and cache.get("c") == (True, 3.0)
+    started = cache.epoch
+    cache.changed("c")  # a write of "c" while a read of it was in flight
+    cache.remember("c", 3.0, started)
+    assert cache.get("c") == (False, None)
+    cache.remember("c", 4.0, cache.epoch)
+    cache.changed()  # a purge: every budget may be gone
+    assert cache.get("b") == (False, None) and cache.get("c") == (False, None)

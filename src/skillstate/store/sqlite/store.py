@@ -35,7 +35,7 @@ from ..base import (
     StoreUnavailable,
     TransitionRecord,
 )
-from ..cache import CachedSession, SessionCache
+from ..cache import BudgetCache, CachedSession, SessionCache
 from ..datadir import lock_data_dir, prepare_path, unlock_data_dir
 from ..ledgersql import GROUP_BY, SEPARATOR, GroupKeys, spend_select, sums_of, sums_select
 from ..records import LedgerRow, LedgerSums, SessionCommit
@@ -199,6 +199,8 @@ class SQLiteStore:
         # Write-through cache of hot sessions: a turn's load needs no thread hop. The store
         # assumes it is the only writer of its database (one proxy per data dir).
         self._cache = SessionCache(cache_sessions, cache_bytes)
+        # Every turn reads its session's budget (cost.budgets): from here, not the database.
+        self._budgets = BudgetCache(cache_sessions)
         self._max_sessions = max_sessions
         self._sessions = 0  # sessions in the database; only the store thread writes it
         self._batch_new = 0  # sessions the running batch created
@@ -602,7 +604,11 @@ class SQLiteStore:
             return cur.rowcount > 0
 
         self._cache.forget(session)
-        return await self._run(delete)
+        self._budgets.changed(session)
+        try:
+            return await self._run(delete)
+        finally:
+            self._budgets.changed(session)
 
     async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
         kept = frozenset(keep)
@@ -631,7 +637,11 @@ class SQLiteStore:
             self._sessions -= len(ids)
             return ids
 
-        ids = await self._run(purge)
+        self._budgets.changed()
+        try:
+            ids = await self._run(purge)
+        finally:
+            self._budgets.changed()  # its orphan budgets too: they are not listed
         for i in ids:
             self._cache.forget(i)
         return len(ids)
@@ -751,13 +761,20 @@ class SQLiteStore:
     # -- session budgets (cost.budgets) -------------------------------------------------
 
     async def session_budget(self, session: str) -> float | None:
+        known, usd = self._budgets.get(session)
+        if known:
+            return usd
+        epoch = self._budgets.epoch
+
         def read(db: sqlite3.Connection) -> float | None:
             row = db.execute(
                 "SELECT budget_usd FROM session_budgets WHERE session = ?", (session,)
             ).fetchone()
             return None if row is None else float(row[0])
 
-        return await self._run(read)
+        usd = await self._run(read)
+        self._budgets.remember(session, usd, epoch)
+        return usd
 
     async def set_session_budget(
         self, session: str, usd: float | None, *, replace: bool
@@ -777,7 +794,11 @@ class SQLiteStore:
                 ).fetchone()
                 return float(row[0])
 
-        return await self._run(write)
+        self._budgets.changed(session)
+        try:
+            return await self._run(write)
+        finally:
+            self._budgets.changed(session)
 
     # -- client keys ----------------------------------------------------------------------
 
