@@ -4,6 +4,7 @@ background thread for the demo, benchmarks and tests."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 import sys
@@ -119,6 +120,23 @@ def _url(sock: socket.socket) -> str:
     return f"http://{host}:{port}"
 
 
+# The cyclic GC's first threshold for a serving process (CPython's default: 700). The objects
+# of the turns in flight count towards it: at 64 connections of state turns the default ran a
+# collection every ~8 turns, 12% of the proxy's CPU (gc.callbacks around an in-process run of
+# 1,500 turns: 0.21 ms of 1.75 ms per turn); at 20,000 none ran in 1,500 turns. What it
+# delays is freeing reference cycles, which a turn rarely makes: memory stays bounded by it.
+GC_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Make the cyclic GC cheap for a long-running server: what exists after start-up
+    (modules, the app) is moved out of the collected generations (``gc.freeze``: a full
+    collection then scans only what turns made), and the first threshold is raised."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def serve(settings: Settings) -> int:
     """Serve in the foreground until SIGINT/SIGTERM; in-flight requests finish first."""
     preflight_store(settings)
@@ -137,6 +155,7 @@ def serve(settings: Settings) -> int:
         flush=True,
     )
     print(dashboard_line(sock), flush=True)
+    tune_gc()  # the process is this server from now on (not the in-process ProxyServer)
     try:
         server.run(sockets=[sock])
     except SystemExit:  # uvicorn's exit when the start-up failed
