@@ -189,6 +189,9 @@ def reply_and_cuts(draw: st.DrawFn) -> tuple[str, list[int]]:
 # Found by this test: removing the line-start envelope joined "``" and "```{...}" into a
 # fenced envelope the stripper had read as prose.
 @example(('``\n{"state_patch":{},"action":""}```{"state_patch":{},"action":""}', [3, 40]))
+# And with two: the removed envelope's line break joined "``" and "``{...}" into "````{...}".
+@example(('``\n{"state_patch":{},"action":""}``{"state_patch":{},"action":""}', []))
+@example(('``\n{"state_patch":{},"action":""}``{"state_patch":{},"action":""}', [2, 3, 33]))
 def test_streaming_equals_stripping_the_whole_reply(case: tuple[str, list[int]]) -> None:
     text, cuts = case
     whole = strip_envelope(text)

@@ -153,6 +153,9 @@ class EnvelopeStripper:
         self._content_at = 0  # where the content starts in _cand
         self._held = True  # holding a possible envelope (else passing a decided block through)
         self._line = ""  # passing: the part of the current line already shown
+        # An envelope removed with the line break before it, after text went out: what
+        # follows it on its line must not join the shown text's last line.
+        self._break = False
 
     # -- public ------------------------------------------------------------------------------
 
@@ -214,6 +217,7 @@ class EnvelopeStripper:
             self.removed_chars += len(span)
             # Nothing shown yet: what follows starts the output, where a "{" is a bare object.
             self._fresh = not self._started
+            self._break = self._break or (self._started and "\n" in self._ws)
         else:
             self._emit(self._ws + span)
         self._ws = ""
@@ -245,6 +249,12 @@ class EnvelopeStripper:
             nl = ws.rfind("\n")
             self._line_blanks = ws[nl + 1 :] if nl >= 0 else self._line_blanks + ws
             return j  # read on from the first non-whitespace character
+        if self._break:
+            self._break = False
+            if "\n" not in self._ws:
+                # "``\n{env}``{env}" without this became "````{env}": the two lines joined
+                # into a fenced envelope the client would see.
+                self._ws = "\n" + self._ws
         c = todo[j]
         if c == "{" and (self._fresh or not self._line_blanks):
             self._fresh = False
