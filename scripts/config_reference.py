@@ -207,6 +207,12 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "cache_breakpoints": "`auto`: on an `anthropic` upstream the proxy marks the end of the "
         "state context's stable prefix with one `cache_control` breakpoint (within the 4 "
         "allowed, the client's own kept); `off`: never.",
+        "context_tokens": "The served model's context limit in tokens (a local server's "
+        "`--ctx-size`/`num_ctx`). The `window` form checkpoints before its request passes "
+        "0.6 of it. Unset: genai-prices' limit for a hosted model it knows, else only "
+        "`window_max_tokens` bounds the window.",
+        "context_tokens_by_model": "`context_tokens` per model: fnmatch pattern -> tokens "
+        "(the first match wins).",
     },
     PriceOverride: {
         "input_per_mtok": "USD per million plain input tokens.",

@@ -83,6 +83,13 @@ class Upstream(BaseModel):
         default_factory=dict
     )  # fnmatch pattern -> tokens
     cache_breakpoints: CacheBreakpoints = CacheBreakpoints.AUTO
+    # The model's context limit in tokens, for the window's checkpoint rule: genai-prices
+    # knows the hosted models' limits, not a local server's (llama.cpp's --ctx-size, Ollama's
+    # num_ctx), and a window that outgrows the server's context fails the turn upstream.
+    context_tokens: int | None = Field(default=None, ge=1_000)
+    context_tokens_by_model: dict[str, Annotated[int, Field(ge=1_000)]] = Field(
+        default_factory=dict
+    )  # fnmatch pattern -> tokens
 
     @property
     def cache_pricing_in_effect(self) -> CachePricing:
@@ -101,6 +108,14 @@ class Upstream(BaseModel):
                 minimum = tokens
                 break
         return _cache_regime(self.cache_pricing_in_effect, self.cache_ttl_s, minimum)
+
+    def context_limit(self, model: str | None) -> int | None:
+        """The context limit this upstream's entry sets for ``model`` (the first matching
+        ``context_tokens_by_model`` pattern, else ``context_tokens``); None: not set."""
+        for pattern, tokens in self.context_tokens_by_model.items():
+            if model and fnmatch.fnmatchcase(model, pattern):
+                return tokens
+        return self.context_tokens
 
     @property
     def openai_max_tokens_field(self) -> str:

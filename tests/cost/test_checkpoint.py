@@ -59,8 +59,16 @@ def test_window_max_tokens_binds_below_a_large_context_limit() -> None:
     assert d.checkpoint and d.reason == "max_tokens"
 
 
-def test_no_checkpoint_shrinks_a_window_of_only_kept_exchanges_even_past_the_limit() -> None:
+def test_the_context_limit_binds_before_window_keep_while_an_exchange_can_leave() -> None:
+    # three kept exchanges past the model's context: a checkpoint that keeps fewer of them
+    # (the kept room, see engine.window.kept_start) rather than a request the model refuses
     d = decide(sizes(exchanges=3, window=9_000, kept=9_000), context_limit=8_000)
+    assert d.checkpoint and d.reason == "context_limit"
+    # one exchange: nothing could leave it, so no checkpoint either
+    d = decide(sizes(exchanges=1, window=9_000, kept=9_000), context_limit=8_000)
+    assert not d.checkpoint and d.reason == "keep"
+    # below the limit, window_keep holds as before
+    d = decide(sizes(exchanges=3, window=4_000, kept=4_000), context_limit=80_000)
     assert not d.checkpoint and d.reason == "keep"
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from skillstate.cost.tokens import estimate_tokens
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.window import (
     CHECKPOINT_MARK,
@@ -82,6 +83,31 @@ def test_exchanges_start_at_user_messages_and_after_tool_results() -> None:
     assert kept_start(msgs, d, 1, 2) == 6
     assert kept_start(msgs, d, 1, 4) == 1  # no more than 4: the window stays whole
     assert kept_start(msgs, d, 4, 1) == 7
+
+
+def test_kept_exchanges_shrink_to_the_room_the_models_context_leaves() -> None:
+    d = get_dialect("openai").context
+    big = "x" * 40_000  # about 10,000 tokens a message by the estimate
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "TASK"},  # 1
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": big},  # 3
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": big},  # 5
+        {"role": "assistant", "content": "c"},
+        {"role": "user", "content": "small"},  # 7
+    ]
+    assert kept_start(msgs, d, 1, 3) == 3  # the last three exchanges
+    # each exchange's tokens, counted the way kept_start counts them
+    last = estimate_tokens(msgs[7:])
+    two = last + estimate_tokens(msgs[5:7])
+    assert kept_start(msgs, d, 1, 3, room=10**6) == 3  # room for all three
+    assert kept_start(msgs, d, 1, 3, room=two) == 5  # room for two
+    assert kept_start(msgs, d, 1, 3, room=two - 1) == 7  # for one
+    assert kept_start(msgs, d, 1, 3, room=0) == 7  # the latest exchange always stays
+    assert kept_start(msgs, d, 6, 3, room=0) == 7  # a window starting mid-exchange
+    assert kept_start(msgs, d, 6, 3, room=10**6) == 6
 
 
 @pytest.mark.parametrize("dialect", list(TRANSCRIPTS))

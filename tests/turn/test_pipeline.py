@@ -492,9 +492,12 @@ async def test_auto_switches_to_the_cheaper_form_building_compact_only_to_weigh(
 # -- the window's checkpoints and the model's context limit -----------------------------------
 
 
-@pytest.mark.parametrize("model", ["gpt-4o-mini", "my-local-model"])
+@pytest.mark.parametrize(
+    ("model", "configured"),
+    [("gpt-4o-mini", None), ("my-local-model", None), ("my-local-model", 64_000)],
+)
 async def test_a_window_checkpoints_before_it_passes_its_share_of_the_models_context(
-    tmp_path: Path, model: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, configured: int | None
 ) -> None:
     from skillstate.cost.checkpoint import CONTEXT_SHARE
     from skillstate.cost.tokens import request_tokens
@@ -506,6 +509,11 @@ async def test_a_window_checkpoints_before_it_passes_its_share_of_the_models_con
     # window_max_tokens far out of reach: only the model's context limit can force a checkpoint
     p = make(tmp_path, like_a_model, mode=Mode.WINDOW, window_max_tokens=10_000_000)
     limit = p.planner.prices.context_window(model)
+    if configured is not None:  # the upstream entry's context_tokens_by_model (a local server)
+        cfg = UPSTREAM.model_copy(update={"context_tokens_by_model": {"my-local-*": configured}})
+        monkeypatch.setattr(_Candidate, "cfg", cfg)
+        assert limit is None
+        limit = configured
     transcript: list[JSON] = [{"role": "system", "content": "Be brief."}]
     sent: list[int] = []
     for k in range(7):
@@ -518,7 +526,7 @@ async def test_a_window_checkpoints_before_it_passes_its_share_of_the_models_con
     if limit is None:  # a model genai-prices does not know: the bill alone decides
         assert "context_limit" not in reasons
         return
-    assert limit == 128_000
+    assert limit == (configured or 128_000)
     assert "context_limit" in reasons
     # every request stayed within the share (plus at most the one turn it grew by)
     assert max(sent) <= limit * CONTEXT_SHARE + 12_500

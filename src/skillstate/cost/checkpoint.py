@@ -8,13 +8,17 @@ until the next checkpoint.
 
 :meth:`CheckpointPolicy.decide` checkpoints
 
+* always when the whole request (stable prefix, state, window, the next turn's growth)
+  would pass ``CONTEXT_SHARE`` of the model's context limit (the upstream entry's
+  ``context_tokens``, else genai-prices' context window for the model,
+  :meth:`skillstate.cost.pricing.PriceBook.context_window`), and the window holds more than
+  one exchange, however few that is: the estimate runs up to 1.2 times short of a real
+  tokenizer (``skillstate.cost.worstcase.INPUT_MARGIN``), and the checkpoint instruction
+  and the reply need room in the same context. Such a checkpoint keeps fewer than ``keep``
+  exchanges where ``keep`` would not fit (``engine.window.kept_start``'s room);
 * never while the window holds no more than ``keep`` exchanges (nothing would leave it);
 * always when the window would pass ``max_tokens`` (``window_max_tokens``) with the next
-  turn's growth, or the whole request (stable prefix, state, window) would pass
-  ``CONTEXT_SHARE`` of the model's context limit (genai-prices' context window for the
-  model, :meth:`skillstate.cost.pricing.PriceBook.context_window`): the estimate runs up to
-  1.2 times short of a real tokenizer (``skillstate.cost.worstcase.INPUT_MARGIN``), and the
-  checkpoint instruction and the reply need room in the same context;
+  turn's growth;
 * otherwise by bill. A window growing by g tokens a turn, checkpointed every T turns, costs
   C / T + r g T / 2 a turn over what it keeps (checkpoint cost C, carry rate r: the cache
   read price, or the input price where nothing caches the window); that is least at
@@ -98,14 +102,17 @@ class CheckpointPolicy:
         envelope_tokens: float,
         context_limit: int | None = None,
     ) -> CheckpointDecision:
+        upcoming = sizes.window + sizes.growth
+        total = sizes.prefix + sizes.state + upcoming
+        # The model's context is a hard bound, before window_keep: a request past it fails
+        # upstream, so the checkpoint keeps fewer exchanges (WindowTurn's kept room) instead.
+        past = context_limit is not None and total > context_limit * CONTEXT_SHARE
+        if past and sizes.exchanges > 1:
+            return CheckpointDecision(True, "context_limit")
         if sizes.exchanges <= self.keep:
             return CheckpointDecision(False, "keep")
-        upcoming = sizes.window + sizes.growth
         if upcoming > self.max_tokens:
             return CheckpointDecision(True, "max_tokens")
-        total = sizes.prefix + sizes.state + upcoming
-        if context_limit is not None and total > context_limit * CONTEXT_SHARE:
-            return CheckpointDecision(True, "context_limit")
         inp, out, read, write = rates(regime, prices)
         leaving = max(sizes.window - sizes.kept, 0)
         cached = sizes.window_caches and regime.pricing != "none"

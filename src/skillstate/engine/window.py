@@ -37,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from ..cost.tokens import estimate_tokens
 from .context import CONTRACT_MARK, DialectContext, Split, split_transcript
 
 __all__ = [
@@ -167,13 +168,27 @@ def exchange_starts(messages: Sequence[Any], d: DialectContext, lo: int = 0) -> 
     return starts
 
 
-def kept_start(messages: Sequence[Any], d: DialectContext, lo: int, keep: int) -> int:
+def kept_start(
+    messages: Sequence[Any], d: DialectContext, lo: int, keep: int, room: int | None = None
+) -> int:
     """Where a window that keeps the last ``keep`` exchanges after ``lo`` starts (``lo``
-    itself when there are no more than ``keep``)."""
+    itself when there are no more than ``keep``). ``room``: the estimated tokens the kept
+    messages may fill (the model's context, not the bill, sets it): fewer exchanges are kept
+    where the last ``keep`` would not fit, and the latest one always."""
     starts = exchange_starts(messages, d, lo)
     if keep <= 0:
         return starts[-1] if starts else lo
-    return starts[-keep] if len(starts) > keep else lo
+    start = starts[-keep] if len(starts) > keep else lo
+    if room is None or not starts:
+        return start
+    candidates = [start, *(k for k in starts if k > start)]
+    fits, end, tokens = candidates[-1], len(messages), 0
+    for s in reversed(candidates):  # each message measured once
+        tokens += estimate_tokens(messages[s:end])
+        if tokens > room:
+            break
+        fits = end = s
+    return fits
 
 
 @dataclass(frozen=True, slots=True)

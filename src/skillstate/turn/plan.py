@@ -132,7 +132,9 @@ class Planner:
             rates = self.prices.rates(
                 model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
             )
-            limit = self.prices.context_window(turn.model or None, cfg.url)
+            limit = cfg.context_limit(turn.model or None) or self.prices.context_window(
+                turn.model or None, cfg.url
+            )
         client_marks = turn.dialect == "anthropic" and count_breakpoints(turn.body) > 0
         caches = regime.pricing == "openai" or (regime.pricing == "anthropic" and client_marks)
         return self.windows.plan(

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..choices import ContextShape
 from ..cost.baseline import CacheRegime
-from ..cost.checkpoint import CheckpointDecision, CheckpointPolicy, WindowSizes
+from ..cost.checkpoint import CONTEXT_SHARE, CheckpointDecision, CheckpointPolicy, WindowSizes
 from ..cost.pricing import Prices
 from ..cost.tokens import estimate_tokens
 from ..engine import context
@@ -54,6 +54,7 @@ class WindowTurn:
     decision: CheckpointDecision
     body: dict[str, Any]  # the context sent upstream (checkpoint instruction included)
     keep: int
+    kept_room: int | None = None  # tokens the kept exchanges may fill (the model's context)
 
     @property
     def shape(self) -> ContextShape:
@@ -63,7 +64,9 @@ class WindowTurn:
         """The window the next turn continues: after a valid checkpoint, the last ``keep``
         exchanges of this turn's transcript; otherwise this turn's."""
         if self.decision.checkpoint and status == "valid":
-            start = kept_start(self.messages, self.adapter, self.plan.start, self.keep)
+            start = kept_start(
+                self.messages, self.adapter, self.plan.start, self.keep, self.kept_room
+            )
             return WindowPlan(self.plan.split, start, "kept", 0).mark(self.messages)
         return self.plan.mark(self.messages)
 
@@ -159,12 +162,17 @@ class WindowKeeper:
         if whole_unless_kept and plan.reason == "changed":
             plan = plan_window(messages, adapter, None)
         window = build_window(adapter, body, plan, schema, state)
+        sizes = room = None
+        if context_limit is not None or (can_checkpoint and not force):
+            sizes = self._sizes(plan, messages, adapter, window, state, turns, window_caches)
+        if context_limit is not None and sizes is not None:
+            # what the kept exchanges may fill so that the next turn's request fits the model
+            room = int(context_limit * CONTEXT_SHARE - sizes.prefix - sizes.state - sizes.growth)
         if not can_checkpoint:
             decision = CheckpointDecision(False, "format")
-        elif force:
+        elif force or sizes is None:
             decision = CheckpointDecision(True, "switch")
         else:
-            sizes = self._sizes(plan, messages, adapter, window, state, turns, window_caches)
             decision = self.policy.decide(
                 sizes,
                 regime=regime,
@@ -174,7 +182,7 @@ class WindowKeeper:
             )
         if decision.checkpoint:
             window = self.checkpoint_body(adapter, body, window, plan, schema, state)
-        return WindowTurn(adapter, messages, plan, decision, window, self.keep)
+        return WindowTurn(adapter, messages, plan, decision, window, self.keep, room)
 
     @staticmethod
     def checkpoint_body(
