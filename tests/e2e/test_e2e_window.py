@@ -719,3 +719,36 @@ def test_a_client_that_reserialises_its_history_keeps_its_window(
     assert [
         h["estimate"]["window_start"] for h in turns if h["estimate"]["window_start"] == "changed"
     ] == []
+
+
+def test_count_tokens_counts_what_the_window_turn_sends(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """``/v1/messages/count_tokens`` in window mode counts the body the turn then sends (an
+    Anthropic upstream counts it, so the body it got is compared): the window from the
+    session's mark, also after a restart (the mark read back from the store), and the
+    checkpoint instruction on a checkpoint turn."""
+    p = start(start_proxy, fake, "anthropic")
+    fake.responder = Model()
+    client = Client(p, "anthropic", "count", marks_breakpoints=False)
+    tools = [{"name": TOOL["name"], "input_schema": TOOL["schema"]}]
+    checkpoints = 0
+    for t in range(12):
+        if t == 7:
+            p.stop()  # type: ignore[attr-defined]
+            p.start()  # type: ignore[attr-defined]
+        n = len(fake.requests)
+        anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0).messages.count_tokens(
+            model="claude-x",
+            messages=client.transcript,  # type: ignore[arg-type]
+            system=SYSTEM,
+            tools=tools,  # type: ignore[arg-type]
+            extra_headers=client.headers,
+        )
+        (counted,) = [r for r in fake.requests[n:] if r.path == "/v1/messages/count_tokens"]
+        client.turn(stream=t % 2 == 1)
+        sent = fake.last
+        assert _no_marks(counted.json["messages"]) == _no_marks(sent.json["messages"]), t
+        assert counted.json["system"] == _no_marks(sent.json["system"])
+        checkpoints += asks_checkpoint(sent)
+    assert checkpoints >= 2

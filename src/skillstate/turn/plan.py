@@ -25,10 +25,9 @@ from ..cost.tokens import estimate_tokens, request_tokens
 from ..cost.usage import Usage
 from ..engine import constrain, context
 from ..engine.mask import mask_transcript
-from ..engine.window import build_window, plan_window
 from ..sessions.ids import SESSION_HEADER
 from ..sessions.transcripts import SessionTranscripts, TranscriptView
-from ..store import SessionRecord, StoreError
+from ..store import SessionRecord, Store, StoreError
 from ..upstream.client import Outbound, UpstreamPool
 from .types import Turn, TurnMeta
 from .window import WindowKeeper, WindowMark, WindowTurn
@@ -353,10 +352,11 @@ class Planner:
             self.windows.committed(meta.turn.session, step, meta.window.next_mark(status))
 
     async def preview(
-        self, turn: Turn, read: Callable[[str], Awaitable[SessionRecord | None]]
+        self, turn: Turn, read: Callable[[str], Awaitable[SessionRecord | None]], store: Store
     ) -> dict[str, Any]:
         """The body this turn would send upstream now (in the client's dialect), its session
-        read with ``read``: nothing is sent or committed and no lock is taken (e.g. for
+        read with ``read`` (and a window's mark from ``store``, as the turn reads it):
+        nothing is sent or committed and no lock is taken (e.g. for
         ``/v1/messages/count_tokens``)."""
         if not turn.keeps_state:
             return self.build_context(turn, self.settings.initial_state, [])[0]
@@ -368,12 +368,14 @@ class Planner:
             raise e.for_client("could not load the session") from e
         state = record.state if record else self.settings.initial_state
         schema = record.schema if record else self.settings.allowed_keys
-        if turn.mode == Mode.WINDOW:  # the window as it stands (no checkpoint is decided)
-            adapter = turn.wire.context
-            mark = self.windows.cached_mark(record)
-            messages = turn.body[adapter.transcript_key]
-            plan = plan_window(messages, adapter, mark)
-            return build_window(adapter, turn.body, plan, schema, state)
+        if turn.mode == Mode.WINDOW:  # the window turn's own plan: its mark, a checkpoint
+            try:
+                mark = await self.windows.mark(store, record)
+            except StoreError as e:
+                raise e.for_client("could not load the session") from e
+            window = self._window_turn(turn, record, state, schema, None, mark)
+            assert window is not None  # window mode, no fixed shape
+            return window.body
         return self.build_context(turn, state, schema)[0]
 
 

@@ -114,17 +114,15 @@ class WindowKeeper:
         s.step, s.mark = record.step, found
         return found
 
-    def cached_mark(self, record: SessionRecord | None) -> WindowMark | None:
-        """The session's mark as this process last committed it (None when it has none or
-        another process committed since): for a preview, which reads nothing more."""
-        if record is None:
-            return None
-        s = self._sessions.peek(record.session)
-        return s.mark if s is not None and s.step == record.step else None
-
     def committed(self, session: str, step: int, mark: WindowMark) -> None:
         s = self._sessions.get(session)
         s.step, s.mark = step, mark
+
+    def _envelope(self, session: str) -> float:
+        """The session's expected envelope tokens (read without making an entry: a preview
+        of a session that never runs a turn leaves none)."""
+        s = self._sessions.peek(session)
+        return s.envelope if s is not None else ENVELOPE_PRIOR_TOKENS
 
     def envelope_cost(self, session: str, output_tokens: float) -> None:
         """The output tokens one of the session's checkpoint envelopes took (running mean)."""
@@ -177,7 +175,7 @@ class WindowKeeper:
                 sizes,
                 regime=regime,
                 prices=prices,
-                envelope_tokens=self._sessions.get(session).envelope,
+                envelope_tokens=self._envelope(session),
                 context_limit=context_limit,
             )
         if decision.checkpoint:

@@ -1,7 +1,9 @@
 """``POST /v1/messages/count_tokens``: the tokens a turn would send upstream now.
 
 In state mode that is the compact context built from the session's current state, not the
-client's transcript, since that is what the proxy would send. An Anthropic-kind upstream
+client's transcript, since that is what the proxy would send; in window mode, the window
+turn's own body (its start read from the store as the turn reads it, the checkpoint
+instruction when the turn would checkpoint). An Anthropic-kind upstream
 counts it with its own tokenizer; otherwise the count is the local estimate
 (``skillstate.cost.tokens``) and the response says so in ``x-skillstate-token-count: estimate``.
 Nothing is committed, metered or rate-limited: counting is free at Anthropic too.
@@ -42,7 +44,7 @@ async def count_tokens(
     """The count of what ``turn`` would send upstream. ``original``: the request before the
     proxy applied its ``context_management`` (when it did): a local estimate then reports
     its count too, as Anthropic's answer does (an Anthropic upstream counts both itself)."""
-    body = await planner.preview(turn, sessions.load_current)
+    body = await planner.preview(turn, sessions.load_current, sessions.store)
     headers = {SESSION_HEADER: turn.shown_session}
     model = body.get("model")
     # Upstreams of the client's own kind whose format has a counting endpoint count natively.
@@ -67,7 +69,7 @@ async def count_tokens(
     headers["content-type"] = "application/json"
     counted: dict[str, Any] = {"input_tokens": _estimate(body)}
     if original is not None:
-        before = await planner.preview(original, sessions.load_current)
+        before = await planner.preview(original, sessions.load_current, sessions.store)
         counted["context_management"] = {"original_input_tokens": _estimate(before)}
     return Reply(200, orjson.dumps(counted), headers)
 
