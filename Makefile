@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests scripts scripts/wheel-smoke scripts/structure-facts scripts/auto-vs-cheapest
-	$(BIN)/ruff format --check src tests scripts scripts/wheel-smoke scripts/structure-facts scripts/auto-vs-cheapest
+	$(BIN)/ruff check src tests scripts scripts/wheel-smoke scripts/structure-facts scripts/auto-vs-cheapest scripts/overhead-ab
+	$(BIN)/ruff format --check src tests scripts scripts/wheel-smoke scripts/structure-facts scripts/auto-vs-cheapest scripts/overhead-ab
 	$(BIN)/mypy src
 
 # The suite runs on every core (pytest-xdist): each test starts its own proxy on a free port
