@@ -23,6 +23,10 @@ KINDS: dict[str, int] = {
     "overloaded": 529,
 }
 
+# A request its client went away from (nginx's "client closed request"): what a cancelled
+# turn and the upstream attempt it cut are recorded with.
+CLIENT_CLOSED = 499
+
 
 class ProxyError(Exception):
     """An error the proxy reports to its client in the client's own dialect."""

@@ -153,6 +153,24 @@ async def test_ledger_rows_with_the_commit_and_alone(store: Store) -> None:
     assert len(await store.ledger_rows(0, 100)) == 13
 
 
+async def test_a_row_written_again_replaces_itself_alone_with_a_commit_or_a_kept_reply(
+    store: Store,
+) -> None:
+    first = ledger_row(ts=1.0, kind="rollback-retry", cost_usd=0.5, row_id="a1")
+    await store.add_ledger_rows([first, ledger_row(ts=2.0, cost_usd=0.25, row_id="b1")])
+    again = ledger_row(ts=1.0, kind="generation", cost_usd=0.5, row_id="a1")
+    await commit(store, "s", 0, {"k": 1}, ledger=[again, ledger_row(ts=3.0, row_id="c1")])
+    await store.add_ledger_rows([ledger_row(ts=2.0, kind="stream", cost_usd=0.25, row_id="b1")])
+    rows = await store.ledger_rows(0, 100)
+    assert [(r.row_id, r.kind) for r in rows] == [
+        ("a1", "generation"), ("b1", "stream"), ("c1", "generation"),
+    ]  # fmt: skip
+    assert await store.ledger_spend("s", 0, whole=True) == pytest.approx(1.25)
+    # Rows without an id (from before ids, or made outside a turn) are never merged.
+    await store.add_ledger_rows([ledger_row(ts=4.0), ledger_row(ts=4.0)])
+    assert len(await store.ledger_rows(0, 100)) == 5
+
+
 async def test_numbers_beyond_what_the_store_holds_are_clamped(store: Store) -> None:
     huge = ledger_row(
         input_tokens=2**53, baseline_input_tokens=2**64, output_tokens=-5,

@@ -188,7 +188,7 @@ class FakePool:
     def candidates(self, model: str | None = None) -> list[Any]:
         return [_Candidate()]
 
-    async def dispatch(self, out: Outbound) -> FakeExchange:
+    async def dispatch(self, out: Outbound, failures: list[Any] | None = None) -> FakeExchange:
         self.sent.append(out)
         self.entered.setdefault("dispatch", asyncio.Event()).set()
         gate = self.gates.get("dispatch")

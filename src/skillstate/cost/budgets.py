@@ -10,7 +10,8 @@ ledger, plus what the calls in flight hold, plus this call's worst case, must fi
 call is refused (429) before anything is sent. Check and hold are one step: in process, no
 await between them; across replicas, one Redis script (``coordination.budgets``). The holds
 end once the turn's ledger rows are written (in state mode, in the commit; otherwise before
-the reply's last bytes go out): from then on the ledger has the real cost. At every moment
+the reply's last bytes go out; before a re-ask, the rows so far: ``Committer.write_ahead``):
+from then on the ledger has the real cost. At every moment
 a budget is charged the real cost of each call done and the worst case of each call in
 flight, so the only way past it is a call whose real cost was above its worst case (the
 estimator's error, see ``cost.worstcase``).

@@ -178,6 +178,7 @@ def make_row(
     ts: float | None = None,
     baseline_model: BaselineModel | None = None,
     context: str | None = None,
+    row_id: str | None = None,
 ) -> LedgerRow:
     """Price one attempt and compute its baseline.
 
@@ -240,6 +241,7 @@ def make_row(
         saved_cost_usd=saved,
         saved_cost_pct=saved_pct,
         context=context,
+        row_id=row_id,
     )
 
 

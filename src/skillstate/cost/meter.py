@@ -11,11 +11,13 @@ tuples and rows patched by index.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
+from ..errors import CLIENT_CLOSED
 from ..store import Store, StoreError
 from ..store.records import Kind, LedgerRow
 from .baseline import (
@@ -119,6 +121,7 @@ class TurnMeter:
         self._ctx = ctx
         self._rows: list[LedgerRow] = []
         self._written = 0  # rows before this index were handed out to be written
+        self._rewritten: list[int] = []  # rows before it changed since (``restore``)
         # The answer a re-ask replaced: its index and its row as the turn's answer.
         self._held: tuple[int, LedgerRow] | None = None
         # How the last answer's row was made, to make it again as a rollback-retry.
@@ -138,7 +141,7 @@ class TurnMeter:
     def failed(self, upstream: str, status: int, kind: Kind = "transport-retry") -> None:
         """An attempt without usable usage: a transport failure, an error status, or (with
         ``kind="generation"``) an error answer that is what the client gets."""
-        self._rows.append(self._make(None, kind, status, upstream, None, None, None))
+        self._rows.append(self._make(None, kind, status, upstream, None, None, None, _new_id()))
         if kind in ("generation", "stream"):
             self._answered = True
 
@@ -146,6 +149,14 @@ class TurnMeter:
         """The upstream layer's failed attempts before the one that answered."""
         for a in attempts:
             self.failed(a.upstream, a.status)
+
+    def cancelled(self, attempts: Iterable[_Attempt]) -> None:
+        """A call cut by its turn's cancellation: each attempt, and the one it cut
+        (``CLIENT_CLOSED``: the upstream had the request and may bill it) as the turn's
+        answer when it has none yet, else as a retry."""
+        for a in attempts:
+            cut = a.status == CLIENT_CLOSED and not self._answered
+            self.failed(a.upstream, a.status, "generation" if cut else "transport-retry")
 
     def answered(
         self,
@@ -171,7 +182,9 @@ class TurnMeter:
             if source is not None and regime is not None
             else None
         )
-        row = self._make(usage, kind, status, upstream, model, est_sent, provider_hint, modelled)
+        row = self._make(
+            usage, kind, status, upstream, model, est_sent, provider_hint, _new_id(), modelled
+        )
         self._rows.append(row)
         self._last_answer = (usage, status, upstream, model, provider_hint)
         self._answered = True
@@ -183,22 +196,33 @@ class TurnMeter:
         usage, status, upstream, model, hint = self._last_answer
         i = len(self._rows) - 1
         self._held = (i, self._rows[i])
-        self._rows[i] = self._make(usage, "rollback-retry", status, upstream, model, None, hint)
+        row_id = self._rows[i].row_id
+        self._rows[i] = self._make(
+            usage, "rollback-retry", status, upstream, model, None, hint, row_id
+        )
 
     def restore(self) -> None:
-        """The re-ask failed: the discarded answer is the turn's answer again."""
+        """The re-ask failed: the discarded answer is the turn's answer again. Its row,
+        if written before the re-ask (``Committer.write_ahead``), is written again (it
+        replaces itself: ``LedgerRow.row_id``)."""
         if self._held is not None:
             i, row = self._held
             self._rows[i] = row
             self._held = None
+            if i < self._written:
+                self._rewritten.append(i)
 
     def unwritten(self) -> list[LedgerRow]:
-        """The rows not written yet (the commit writes them in its own transaction)."""
+        """The rows not written yet, or changed since they were (the commit writes them in
+        its own transaction)."""
+        if self._rewritten:
+            return [self._rows[i] for i in self._rewritten] + self._rows[self._written :]
         return self._rows[self._written :]
 
     def mark_written(self) -> None:
         """The rows so far were written (by the commit): ``flush`` leaves them alone."""
         self._written = len(self._rows)
+        self._rewritten = []
 
     async def flush(self, store: Store) -> None:
         """Write the rows not yet written, best effort: a turn never fails on its ledger."""
@@ -223,6 +247,7 @@ class TurnMeter:
         model: str | None,
         est_sent: int | None,
         provider_hint: str | None,
+        row_id: str | None,
         baseline_model: Any = None,
     ) -> LedgerRow:
         ctx = self._ctx
@@ -241,7 +266,13 @@ class TurnMeter:
             provider_hint=provider_hint,
             baseline_model=baseline_model,
             context=ctx.context,
+            row_id=row_id,
         )
+
+
+def _new_id() -> str:
+    """A ledger row's id (``LedgerRow.row_id``)."""
+    return uuid.uuid4().hex
 
 
 def ledger_headers(rows: list[LedgerRow]) -> dict[str, str]:

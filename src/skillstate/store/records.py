@@ -75,6 +75,10 @@ class LedgerRow:
     saved_cost_usd: float | None = None  # baseline_cost_usd - cost_usd; negative: cost more
     saved_cost_pct: float | None = None  # of baseline_cost_usd
     context: str | None = None  # the context shape sent (skillstate.choices.ContextShape)
+    # The attempt's own id: a row written again (a re-ask's first answer, written before
+    # the re-ask, then made the turn's answer again) replaces itself, so every attempt is in
+    # the ledger once. None for rows from before it (never replaced).
+    row_id: str | None = None
 
     @property
     def key(self) -> str | None:

@@ -18,6 +18,11 @@ from ..cost.usage import MAX_TOKEN_COUNT
 from .records import KeptReply, LedgerRow, SessionRecord, StoredResponse, TransitionRecord
 
 LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
+# What ends every INSERT INTO ledger (both backends): a row written again replaces itself
+# (``LedgerRow.row_id``), so an attempt is in the ledger once however often it is written.
+LEDGER_CONFLICT = " ON CONFLICT (row_id) DO UPDATE SET " + ", ".join(
+    f"{c} = excluded.{c}" for c in LEDGER_COLUMNS if c != "row_id"
+)
 
 # Sane ranges for what goes into the store, whatever an upstream reported: SQLite and
 # PostgreSQL integers stop at 2^63, and nothing real comes near these ceilings.

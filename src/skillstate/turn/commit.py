@@ -190,6 +190,26 @@ class Committer:
                 else:
                     hold.unsure()
 
+    async def write_ahead(self, turn: Turn, meter: TurnMeter) -> None:
+        """Write the rows of the turn's calls so far before it waits on another (a re-ask):
+        the upstream billed them, and a process killed meanwhile would lose them with the
+        turn. Once written, their budget holds end (the ledger has their real cost; the
+        next call reserves its own). A write that fails leaves them to the commit or
+        ``close_ledger``; a cancellation waits for the write, so no row is written twice."""
+        rows = meter.unwritten()
+        if not rows:
+            return
+        work = asyncio.ensure_future(self.store.add_ledger_rows(rows))
+        try:
+            await uncancellable(work)
+        except StoreError:
+            return
+        finally:
+            if work.done() and not work.cancelled() and work.exception() is None:
+                meter.mark_written()
+        if turn.budgets is not None:
+            await turn.budgets.release()
+
     async def close_ledger(self, turn: Turn, meter: TurnMeter) -> None:
         """Write whatever the commit did not take (failures, passthrough, errors): off the
         critical path, with other turns' rows (``LedgerWrites``), not cancelled with the

@@ -3,6 +3,7 @@ the answer, judge it, and re-ask while it is invalid (up to ``max_retries``)."""
 
 from __future__ import annotations
 
+import asyncio
 from fractions import Fraction
 
 from ..config import Settings
@@ -12,8 +13,9 @@ from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
 from ..engine.verdict import Outcome, Verdicts
 from ..errors import ProxyError
-from ..upstream.client import Exchange, Outbound, UpstreamPool
+from ..upstream.client import AttemptRecord, Exchange, Outbound, UpstreamPool, attempted
 from . import render
+from .commit import Committer
 from .plan import Planner
 from .types import Answer, Reply, TurnMeta, with_envelope
 
@@ -24,12 +26,18 @@ class Completer:
     """Calls upstream for a turn and re-asks; it judges each answer (``Verdicts``)."""
 
     def __init__(
-        self, settings: Settings, pool: UpstreamPool, planner: Planner, verdicts: Verdicts
+        self,
+        settings: Settings,
+        pool: UpstreamPool,
+        planner: Planner,
+        verdicts: Verdicts,
+        commits: Committer,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.planner = planner
         self.verdicts = verdicts
+        self.commits = commits  # writes the rows of a discarded answer before its re-ask
 
     async def dispatch(self, out: Outbound, meta: TurnMeta) -> Exchange:
         """Send upstream (the pool retries and fails over); failed attempts are metered.
@@ -38,10 +46,16 @@ class Completer:
         if turn.budgets is not None:
             upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
             await turn.budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
+        failures: list[AttemptRecord] = []
         try:
-            return await self.pool.dispatch(out)
+            return await self.pool.dispatch(out, failures)
         except ProxyError as e:
             meta.meter.failed_attempts(e.attempts)
+            raise
+        except asyncio.CancelledError:
+            # The turn is cancelled with a call out (its answer maybe generated and billed):
+            # every attempt is metered, the cut one (499) as the turn's answer if it has none.
+            meta.meter.cancelled(attempted(failures))
             raise
 
     async def ask(self, out: Outbound, meta: TurnMeta) -> tuple[Answer, int] | Reply:
@@ -75,6 +89,7 @@ class Completer:
             # The discarded answer becomes a rollback-retry row (zero baseline): the attempt
             # whose answer reaches the client is the turn's one "generation" row.
             meta.meter.discard_last()
+            await self.commits.write_ahead(turn, meta.meter)
             retries += 1
             out = self._reask(out, meta, answer)
         assert previous is not None and previous.outcome is not None

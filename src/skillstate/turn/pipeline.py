@@ -52,7 +52,7 @@ class Pipeline:
         # Rows no commit took, written in groups (settled before a budget's spend is read).
         self.ledger = LedgerWrites(store)
         self.commits = Committer(settings, store, self.ledger)
-        self.calls = Completer(settings, pool, self.planner, verdicts)
+        self.calls = Completer(settings, pool, self.planner, verdicts, self.commits)
         self.streams = StreamPath(settings, verdicts, self.planner, self._commit, self.commits)
 
     async def run(self, turn: Turn) -> Reply | StreamReply:

@@ -20,7 +20,7 @@ from ..dialects.streaming import relay_events
 from ..engine.strip_events import StrippingRelay
 from ..engine.stripper import strip_envelope
 from ..engine.verdict import Outcome, Verdicts
-from ..errors import ProxyError
+from ..errors import CLIENT_CLOSED, ProxyError
 from ..store import KeptReply
 from ..upstream.client import Exchange, Outbound
 from . import render
@@ -112,7 +112,7 @@ class StreamPath:
             else:
                 ex.close()  # the upstream sees the request cancelled
                 if not meter.answered_yet:
-                    self._answered(meta, ex, out, relay, stripping, 499)
+                    self._answered(meta, ex, out, relay, stripping, CLIENT_CLOSED)
             turn.telemetry.metered(meter.rows)
             await self.commits.close_ledger(turn, meter)
             await shielded(stack.aclose())

@@ -27,7 +27,7 @@ from ..cost.cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..cost.usage import Usage
 from ..dialects.registry import get_dialect, request_for
 from ..dialects.streaming import StreamCut
-from ..errors import ProxyError
+from ..errors import CLIENT_CLOSED, ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
 from ..observability.telemetry import Telemetry
 from .breaker import Breaker, CircuitBreaker, Permit
@@ -443,22 +443,26 @@ class UpstreamPool:
                 last_error = ex
                 continue
             await up.breaker.record_success()
-            ex.failed_attempts = _real(failures)
+            ex.failed_attempts = attempted(failures)
             return ex
         if last_error is not None:
-            last_error.failed_attempts = _real(failures)[:-1]
+            last_error.failed_attempts = attempted(failures)[:-1]
             return last_error
         raise _all_failed(failures)
 
-    async def dispatch(self, out: Outbound) -> Exchange:
+    async def dispatch(
+        self, out: Outbound, failures: list[AttemptRecord] | None = None
+    ) -> Exchange:
         """Send with retries and failover. Returns the final response (2xx, or the last
         upstream error to relay); raises ProxyError when no upstream gave an answer, with
-        the failed attempts in its `attempts`."""
-        failures: list[AttemptRecord] = []
+        the failed attempts in its `attempts`. ``failures``: the caller's list, which the
+        attempts are recorded in as they fail, so that a caller cancelled meanwhile still
+        knows them (the attempt cut by the cancellation is one: ``CLIENT_CLOSED``)."""
+        failures = [] if failures is None else failures
         try:
             return await self._dispatch(out, failures)
         except ProxyError as e:
-            e.attempts = _real(failures)
+            e.attempts = attempted(failures)
             raise
 
     async def _admit(
@@ -538,7 +542,11 @@ class UpstreamPool:
                         await up.breaker.record_failure()
                         failures.append(AttemptRecord(up.name, 0, _describe(e)))
                         delay = self.backoff.delay(attempt)
-                    except BaseException:
+                    except BaseException as e:
+                        if isinstance(e, asyncio.CancelledError):
+                            # The client went away with the request out: the upstream may
+                            # bill it all the same.
+                            failures.append(AttemptRecord(up.name, CLIENT_CLOSED, "cancelled"))
                         if permit == "probe":
                             await _released(up)  # cancelled: no verdict on the upstream
                         raise
@@ -546,13 +554,13 @@ class UpstreamPool:
                         status = ex.status
                         if ex.ok:
                             await up.breaker.record_success()
-                            ex.failed_attempts = _real(failures)
+                            ex.failed_attempts = attempted(failures)
                             return ex
                         # An error answer generated nothing: it costs no tokens.
                         await up.limits.settle(ticket, 0)
                         if not fails_over(status):
                             await up.breaker.record_success()  # it answered; the request is wrong
-                            ex.failed_attempts = _real(failures)
+                            ex.failed_attempts = attempted(failures)
                             return ex
                         if last_error is not None:
                             last_error.release()
@@ -573,7 +581,7 @@ class UpstreamPool:
             if last_error is not None:
                 last_error.close()
             raise
-        real = _real(failures)
+        real = attempted(failures)
         if last_error is not None:
             last_error.failed_attempts = [f for f in real if f is not last_record]
             return last_error
@@ -590,7 +598,7 @@ class UpstreamPool:
         """The error for a request that no upstream answered, most telling first: held back
         by local limits (429, or 413 when it can never fit), out of time (504), or the
         attempts' own failures."""
-        real = _real(failures)
+        real = attempted(failures)
         if held and not real:
             # Nothing was attempted: every candidate was held back by a local limit (or an
             # open circuit).
@@ -721,7 +729,7 @@ async def _released(up: UpstreamRuntime) -> None:
     await asyncio.shield(up.breaker.release())
 
 
-def _real(failures: list[AttemptRecord]) -> list[AttemptRecord]:
+def attempted(failures: list[AttemptRecord]) -> list[AttemptRecord]:
     """The attempts that actually reached out to an upstream."""
     return [f for f in failures if f.error != CIRCUIT_OPEN]
 
@@ -733,7 +741,7 @@ def _describe(e: BaseException) -> str:
 
 
 def _all_failed(failures: list[AttemptRecord]) -> ProxyError:
-    real = _real(failures)
+    real = attempted(failures)
     if not real:
         return ProxyError(
             "overloaded", "every upstream is unavailable (circuit open); try again later"

@@ -121,6 +121,13 @@ CREATE INDEX idempotency_keys_created ON idempotency_keys(created);
 CREATE INDEX idempotency_keys_session ON idempotency_keys(session)
 """
 
+# Version 4: each ledger row's id (LedgerRow.row_id), unique: an attempt written again
+# replaces its row. Rows from before it have none.
+_POSTGRES_ROW_IDS = """
+ALTER TABLE ledger ADD COLUMN row_id TEXT;
+CREATE UNIQUE INDEX ledger_row_id ON ledger(row_id)
+"""
+
 POSTGRES_MIGRATIONS = (
     Migration(
         1,
@@ -133,6 +140,7 @@ POSTGRES_MIGRATIONS = (
         ddl_statements(_POSTGRES_V2),
     ),
     Migration(3, "idempotency_keys", ddl_statements(_POSTGRES_IDEMPOTENCY)),
+    Migration(4, "ledger.row_id", ddl_statements(_POSTGRES_ROW_IDS)),
 )
 
 # pg_advisory_lock's key for migrations: "skillsta" as a big-endian int64.

@@ -75,6 +75,7 @@ from ..rows import (
     KEPT_COLUMNS,
     KEY_COLUMNS,
     LEDGER_COLUMNS,
+    LEDGER_CONFLICT,
     RESPONSE_COLUMNS,
     TRANSITION_COLUMNS,
     clamp_time,
@@ -118,7 +119,7 @@ def _ledger_arrays(values: list[tuple[Any, ...]]) -> list[list[Any]]:
     return [list(column) for column in zip(*values, strict=True)]
 
 
-_LEDGER_INSERT = f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)}) {_unnest(1)}"
+_LEDGER_INSERT = f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)}) {_unnest(1)}{LEDGER_CONFLICT}"
 
 
 # A kept reply's parameters (KEPT_COLUMNS but session and step, which the commit has):
@@ -138,7 +139,7 @@ def _commit_rest(ledger_first: int) -> str:
     SELECT $1, step, $5, $6, $7, $8, $4, $9, $10 FROM moved
 ), spent AS (
     INSERT INTO ledger ({", ".join(LEDGER_COLUMNS)})
-    {_unnest(ledger_first)} WHERE EXISTS (SELECT 1 FROM moved)
+    {_unnest(ledger_first)} WHERE EXISTS (SELECT 1 FROM moved){LEDGER_CONFLICT}
 ), kept AS (
     INSERT INTO idempotency_keys
     (scope, key, fingerprint, created, status, stream, headers, body, session, step)
@@ -183,6 +184,7 @@ WITH kept AS (
     VALUES ({", ".join(f"${i + 1}" for i in range(len(KEPT_COLUMNS.split(","))))})
 ), spent AS (
     INSERT INTO ledger ({", ".join(LEDGER_COLUMNS)}) {_unnest(len(KEPT_COLUMNS.split(",")) + 1)}
+    {LEDGER_CONFLICT}
 )
 SELECT 1
 """

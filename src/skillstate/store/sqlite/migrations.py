@@ -137,6 +137,13 @@ CREATE INDEX idempotency_keys_created ON idempotency_keys(created);
 CREATE INDEX idempotency_keys_session ON idempotency_keys(session)
 """
 
+# Version 4: each ledger row's id (LedgerRow.row_id), unique: an attempt written again
+# replaces its row. Rows from before it have none.
+_SQLITE_ROW_IDS = """
+ALTER TABLE ledger ADD COLUMN row_id TEXT;
+CREATE UNIQUE INDEX ledger_row_id ON ledger(row_id)
+"""
+
 SQLITE_MIGRATIONS = (
     Migration(
         1,
@@ -150,6 +157,7 @@ SQLITE_MIGRATIONS = (
         ddl_statements(_SQLITE_V2),
     ),
     Migration(3, "idempotency_keys", ddl_statements(_SQLITE_IDEMPOTENCY)),
+    Migration(4, "ledger.row_id", ddl_statements(_SQLITE_ROW_IDS)),
 )
 
 _SQLITE_VERSION_TABLE = (

@@ -45,6 +45,7 @@ from ..rows import (
     KEPT_COLUMNS,
     KEY_COLUMNS,
     LEDGER_COLUMNS,
+    LEDGER_CONFLICT,
     RESPONSE_COLUMNS,
     TRANSITION_COLUMNS,
     clamp_time,
@@ -75,7 +76,7 @@ log = logging.getLogger("skillstate")
 
 _LEDGER_INSERT = (
     f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)})"
-    f" VALUES ({', '.join('?' * len(LEDGER_COLUMNS))})"
+    f" VALUES ({', '.join('?' * len(LEDGER_COLUMNS))}){LEDGER_CONFLICT}"
 )
 _KEPT_INSERT = (
     f"INSERT INTO idempotency_keys ({KEPT_COLUMNS})"

@@ -1,0 +1,139 @@
+"""Every billed upstream call is in the ledger exactly once, whichever way its turn ends
+(cancelled by its client with the call out, re-asked, the process killed during a re-ask),
+and the state's commit rules stay as they are (a cancelled turn commits nothing). The real
+proxy (in-process uvicorn, or a process for kill -9) in front of the fake provider, driven
+by the openai SDK and httpx; the ledger read from /cost and from the SQLite file."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import InProcessProxy, StartProxy, StartProxyProcess
+from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
+
+# $0.001 per output token, input free: a row's cost says which answer it is.
+PRICES = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
+ROW = "kind, status, output_tokens, cost_usd"
+
+
+def ledger(data: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(data / "skillstate.db") as db:
+        return db.execute(f"SELECT {ROW} FROM ledger ORDER BY rowid").fetchall()
+
+
+def wait_until(check: Callable[[], bool], limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def session_cost(proxy: InProcessProxy, session: str) -> dict[str, Any]:
+    r = proxy.get("/cost", params={"session": session})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def chat(proxy: InProcessProxy, session: str, timeout: float) -> Any:
+    client = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0, timeout=timeout)
+    return client.chat.completions.create(
+        model="m",
+        max_tokens=100,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={SESSION_HEADER: session},
+    )
+
+
+@pytest.mark.parametrize("where", ["waiting for the headers", "reading the body"])
+def test_a_turn_cancelled_with_its_call_out_leaves_its_row_and_commits_nothing(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, where: str
+) -> None:
+    proxy = start_proxy(fake.url + "/v1", config={"prices": PRICES})
+    release = threading.Event()
+    if where == "waiting for the headers":  # the upstream is generating when the client goes
+        cut = Reply(text=envelope({"notes": "x"}), hold=release)
+    else:  # the upstream answered: its headers and 10 bytes of the body are out
+        cut = Reply(text=envelope({"notes": "x"}), stall_after=10)
+    fake.enqueue(cut)
+    with pytest.raises(openai.APITimeoutError):
+        chat(proxy, "s1", timeout=1.0)  # the client gives up: the proxy cancels the turn
+    wait_until(lambda: len(ledger(tmp_path / "data")) == 1)
+    release.set()
+    assert ledger(tmp_path / "data") == [("generation", 499, None, None)]
+    assert fake.requests[0].disconnected or not fake.requests[0].completed
+    cost = session_cost(proxy, "s1")
+    assert cost["totals"]["requests"] == 1 and cost["totals"]["attempts"]["generation"] == 1
+    state = proxy.get("/state", params={"session": "s1"})
+    assert state.status_code == 404  # nothing committed: the session was never made
+    # The session's next turn runs as usual and is metered once.
+    fake.enqueue(Reply(text=envelope({"notes": "y"}), usage={"completion_tokens": 7}))
+    assert chat(proxy, "s1", timeout=30).choices[0].message.content is not None
+    wait_until(lambda: len(ledger(tmp_path / "data")) == 2)
+    assert ledger(tmp_path / "data")[1] == ("generation", 200, 7, pytest.approx(0.007))
+
+
+def test_a_process_killed_during_a_re_ask_keeps_the_first_answers_row(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path
+) -> None:
+    proxy = start_proxy_process(fake.url + "/v1", "--schema", "notes", config={"prices": PRICES})
+    never = threading.Event()
+    fake.enqueue(
+        Reply(text="no envelope at all", usage={"completion_tokens": 40}),  # invalid: re-asked
+        Reply(text=envelope({"notes": "x"}), hold=never),  # the re-ask, in flight at the kill
+    )
+    body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+
+    def turn() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the proxy dies under it
+            httpx.post(proxy.v1 + "/chat/completions", json=body, timeout=30)
+
+    client = threading.Thread(target=turn)
+    client.start()
+    wait_until(lambda: len(fake.requests) == 2)  # the re-ask is out
+    assert proxy.proc is not None
+    proxy.proc.send_signal(signal.SIGKILL)
+    proxy.proc.wait(timeout=10)
+    client.join(timeout=30)
+    never.set()
+    # The first answer was billed (40 output tokens): its row is in the ledger, once.
+    assert ledger(tmp_path / "data") == [("rollback-retry", 200, 40, pytest.approx(0.04))]
+
+
+def test_a_re_ask_is_one_row_per_call_and_the_turns_budget_holds_end_with_the_first_row(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start_proxy(
+        fake.url + "/v1", "--schema", "notes", config={"prices": PRICES, "auth_cache_ttl": 0}
+    )
+    # Room for two calls' worst case ($0.10 each) and no more: the re-ask fits only if the
+    # first call's hold ended when its row ($0.04) reached the ledger.
+    budget = {"x-skillstate-budget-usd": "0.19", SESSION_HEADER: "b1"}
+    fake.enqueue(
+        Reply(text="no envelope at all", usage={"completion_tokens": 40}),
+        Reply(text=envelope({"notes": "x"}), usage={"completion_tokens": 30}),
+    )
+    r = proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+        headers=budget,
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-skillstate-retries"] == "1" and len(fake.requests) == 2
+    assert r.headers["x-skillstate-session-spent-usd"] == "0.07000000"
+    rows = ledger(tmp_path / "data")
+    assert rows == [
+        ("rollback-retry", 200, 40, pytest.approx(0.04)),
+        ("generation", 200, 30, pytest.approx(0.03)),
+    ]
