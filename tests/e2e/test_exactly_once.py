@@ -137,3 +137,35 @@ def test_a_re_ask_is_one_row_per_call_and_the_turns_budget_holds_end_with_the_fi
         ("rollback-retry", 200, 40, pytest.approx(0.04)),
         ("generation", 200, 30, pytest.approx(0.03)),
     ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_process_killed_right_after_a_responses_commit_keeps_the_stored_response(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path, stream: bool
+) -> None:
+    """``store: true`` and ``previous_response_id``: the response is written in the turn's
+    commit, so a proxy killed right after it (the test hook: SIGKILL at ``after-commit``)
+    leaves the committed turn with its response, and the retry's replay chains on it."""
+    env = {"SKILLSTATE_TEST_KILL": "after-commit:r1"}
+    proxy = start_proxy_process(fake.url + "/v1", "--schema", "notes", env=env)
+    fake.enqueue(Reply(text=envelope({"notes": "one"})))
+    body = {"model": "m", "input": "one", "stream": stream}
+    sent = {"Idempotency-Key": "r1", SESSION_HEADER: "s1"}
+    with pytest.raises(httpx.HTTPError):  # the process died under the request
+        proxy.http.post(proxy.v1 + "/responses", json=body, headers=sent, timeout=30)
+    assert proxy.proc is not None
+    assert proxy.proc.wait(timeout=30) == -signal.SIGKILL
+    with sqlite3.connect(tmp_path / "data" / "skillstate.db") as db:
+        steps = db.execute("SELECT count(*) FROM transitions").fetchone()[0]
+        stored = db.execute("SELECT id FROM responses").fetchall()
+    assert steps == 1 and len(stored) == 1  # the turn and its response: both or neither
+    proxy.env = {k: v for k, v in proxy.env.items() if k != "SKILLSTATE_TEST_KILL"}
+    proxy.start()
+    client = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    got = client.responses.retrieve(stored[0][0])
+    assert got.id == stored[0][0]
+    fake.enqueue(Reply(text=envelope({"notes": "two"})))
+    nxt = client.responses.create(model="m", input="two", previous_response_id=got.id)
+    assert nxt.previous_response_id == got.id
+    sent_upstream = fake.requests[-1].json
+    assert "one" in str(sent_upstream)  # the chain was rebuilt from the stored response

@@ -171,6 +171,19 @@ async def test_a_row_written_again_replaces_itself_alone_with_a_commit_or_a_kept
     assert len(await store.ledger_rows(0, 100)) == 5
 
 
+async def test_a_stored_response_is_written_with_the_commit_or_not_at_all(store: Store) -> None:
+    def response(rid: str) -> StoredResponse:
+        return StoredResponse(rid, "s", 1.0, None, [{"role": "user"}], {"id": rid})
+
+    assert await commit(store, "s", 0, {"k": 1}, response=response("resp_1")) == 1
+    assert [r.id for r in await store.response_chain("resp_1", 10)] == ["resp_1"]
+    with pytest.raises(StepConflict):  # a stale step: neither the turn nor its response
+        await commit(store, "s", 0, {"k": 2}, response=response("resp_2"))
+    assert await store.response_chain("resp_2", 10) == []
+    assert await commit(store, "s", 1, None) == 2  # a commit without one stores none
+    assert (await store.counts())["responses"] == 1
+
+
 async def test_numbers_beyond_what_the_store_holds_are_clamped(store: Store) -> None:
     huge = ledger_row(
         input_tokens=2**53, baseline_input_tokens=2**64, output_tokens=-5,

@@ -1,5 +1,7 @@
-"""The Responses route's stream tap: the final response is stored before the terminal event
-is passed on, and a malformed terminal event is relayed without storing anything."""
+"""The Responses route's stream tap (a compaction's stream, whose reply is made after its
+turns): the final response is stored before the terminal event is passed on, and a malformed
+terminal event is relayed without storing anything. A plain turn's, read from its stream's
+last bytes (``StoredLink.from_stream``), goes into its commit."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from skillstate.store import StoredResponse
-from skillstate.web.responses import _keep_stream, _Link
+from skillstate.turn.stored import StoredLink
+from skillstate.web.responses import _keep_stream
 
 
 class Recorder:
@@ -25,11 +28,13 @@ async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
 
 async def test_the_terminal_response_is_kept_before_it_is_passed_on() -> None:
     store: Any = Recorder()
-    link = _Link(store, "s1", "resp_prev", [{"type": "message", "role": "user", "content": "x"}])
+    link = StoredLink("s1", "resp_prev", [{"type": "message", "role": "user", "content": "x"}])
     data = b'{"type":"response.completed","response":{"id":"resp_1","output":[]}}'
     done = b"event: response.completed\ndata: " + data + b"\n\n"
     seen = []
-    async for chunk in _keep_stream(link, chunks(b"event: response.created\ndata: {}\n\n", done)):
+    async for chunk in _keep_stream(
+        store, link, chunks(b"event: response.created\ndata: {}\n\n", done)
+    ):
         seen.append((chunk, len(store.kept)))
     assert seen[-1] == (done, 1)  # stored before the client got the terminal event
     (kept,) = store.kept
@@ -38,7 +43,17 @@ async def test_the_terminal_response_is_kept_before_it_is_passed_on() -> None:
 
 async def test_a_malformed_terminal_event_is_relayed_and_not_kept() -> None:
     store: Any = Recorder()
-    link = _Link(store, "s1", None, [])
+    link = StoredLink("s1", None, [])
     bad = b"event: response.completed\ndata: {not json\n\n"
-    out = [c async for c in _keep_stream(link, chunks(bad))]
+    out = [c async for c in _keep_stream(store, link, chunks(bad))]
     assert out == [bad] and store.kept == []
+    assert link.from_stream(bad) is None
+
+
+def test_a_streams_last_bytes_give_the_response_to_commit() -> None:
+    link = StoredLink("s1", "resp_prev", [])
+    data = b'{"type":"response.completed","response":{"id":"resp_1","output":[]}}'
+    stored = link.from_stream(
+        b": skillstate transition=valid\n\nevent: response.completed\ndata: " + data + b"\n\n"
+    )
+    assert stored is not None and (stored.id, stored.previous) == ("resp_1", "resp_prev")

@@ -112,8 +112,9 @@ class Store(Protocol):
 
     async def commit(self, c: SessionCommit) -> int:
         """Create the session if needed, append the transition and (when ``c.state`` is not
-        None) replace the state, with the turn's ledger rows and its kept reply (``c.kept``:
-        a turn sent with an Idempotency-Key), atomically. Fails if the step moved
+        None) replace the state, with the turn's ledger rows, its kept reply (``c.kept``:
+        a turn sent with an Idempotency-Key) and its stored response (``c.response``, kept
+        or replaced as ``put_response`` does), atomically. Fails if the step moved
         meanwhile (StepConflict) or the key is kept already (KeptAlready). Returns the new
         step."""
         ...

@@ -154,7 +154,8 @@ class SessionCommit:
     """What one commit of a session writes, atomically (``Store.commit``): the transition
     after ``expected_step`` (refused when the step moved meanwhile), the new ``state`` (None:
     unchanged, or the initial state for a new session), the turn's ledger rows and the reply
-    kept under its Idempotency-Key. ``now``: the session's updated time."""
+    kept under its Idempotency-Key, and the Responses API response the turn stores
+    (``store``, for ``previous_response_id``). ``now``: the session's updated time."""
 
     session: str
     expected_step: int
@@ -164,3 +165,4 @@ class SessionCommit:
     now: float
     ledger: list[LedgerRow] | None = None
     kept: KeptReply | None = None
+    response: StoredResponse | None = None

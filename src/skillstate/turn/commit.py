@@ -6,6 +6,7 @@ The rows a commit did not take are written when the turn is over (``close_ledger
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Mapping
@@ -26,6 +27,7 @@ from ..store import (
     SessionRecord,
     StepConflict,
     Store,
+    StoredResponse,
     StoreError,
     TransitionRecord,
 )
@@ -104,11 +106,19 @@ class Committer:
         session = meta.turn.session
         return idem.keep(session, status, headers, body, stream=stream, step=step, limit=limit)
 
-    async def keep_uncommitted(self, meta: TurnMeta, kept: KeptReply | None) -> None:
+    async def keep_uncommitted(
+        self, meta: TurnMeta, kept: KeptReply | None, response: StoredResponse | None = None
+    ) -> None:
         """Keep the reply of a turn that commits no transition, with its ledger rows, in one
         transaction. Failing that, the client still gets the reply (it was answered and
         billed) and the rows are written the usual way (the turn's meter); a retry would
-        run again."""
+        run again. Its stored response (a Responses turn with ``store``) is written first,
+        on its own (there is no commit to write it with): a failure leaves the answer as it
+        is, and only a later ``previous_response_id`` misses it."""
+        if response is not None and meta.turn.stored is not None:
+            with contextlib.suppress(StoreError):
+                await self.store.put_response(response)
+                meta.turn.stored.done = True
         idem = meta.turn.idempotency
         if kept is None or idem is None:
             return
@@ -122,9 +132,16 @@ class Committer:
         meta.meter.mark_written()
         idem.test_hook("after-commit")
 
-    async def commit(self, meta: TurnMeta, outcome: Outcome, kept: KeptReply | None) -> int:
-        """Commit the judged turn with its ledger rows and its kept reply (a turn sent with
-        an Idempotency-Key), see ``commit_transition``."""
+    async def commit(
+        self,
+        meta: TurnMeta,
+        outcome: Outcome,
+        kept: KeptReply | None,
+        response: StoredResponse | None = None,
+    ) -> int:
+        """Commit the judged turn with its ledger rows, its kept reply (a turn sent with an
+        Idempotency-Key) and its stored response (a Responses turn with ``store``), see
+        ``commit_transition``."""
         new_state = outcome.state
         if new_state is None and meta.is_new:
             new_state = meta.state  # create the session with its initial state
@@ -153,8 +170,11 @@ class Committer:
                 transition.ts,
                 rows,
                 kept,
+                response,
             )
             step = await self.commit_transition(c, meta.hold)
+        if response is not None and meta.turn.stored is not None:
+            meta.turn.stored.done = True
         if idem is not None:
             idem.test_hook("after-commit")
         tel.transition(outcome.status, outcome.patch, outcome.action)

@@ -14,7 +14,7 @@ from ..cost.ledgerwrites import LedgerWrites
 from ..cost.pricing import PriceBook
 from ..engine.verdict import Outcome, Verdicts
 from ..sessions.locks import SessionLocks, TurnLocks
-from ..store import KeptReply, Store, StoreError
+from ..store import KeptReply, Store, StoredResponse, StoreError
 from ..upstream.client import Outbound, UpstreamPool
 from . import render
 from .commit import Committer
@@ -131,24 +131,33 @@ class Pipeline:
         strip = self.settings.reply_envelope
         if answer.outcome is None:  # nothing to commit (passthrough): kept with its rows
             reply = render.reply(answer, meta, None, None, retries, strip)
+            response = _stored(meta, reply)
             kept = self.commits.kept(meta, reply.status, reply.headers, reply.body)
-            await self.commits.keep_uncommitted(meta, kept)
+            await self.commits.keep_uncommitted(meta, kept, response)
             return reply
         # Made before the commit (its step is the one the commit writes): a turn sent with
-        # an Idempotency-Key keeps it in the commit's transaction.
+        # an Idempotency-Key keeps it, and a Responses turn its response, in the commit's
+        # transaction.
         step = meta.step + 1
         reply = render.reply(answer, meta, answer.outcome, step, retries, strip)
+        response = _stored(meta, reply)
         verdict = answer.outcome.status
         kept = self.commits.kept(
             meta, reply.status, reply.headers, reply.body, step=step, verdict=verdict
         )
-        await self._commit(meta, answer.outcome, kept)
+        await self._commit(meta, answer.outcome, kept, response)
         return reply
 
-    async def _commit(self, meta: TurnMeta, outcome: Outcome, kept: KeptReply | None) -> int:
-        """Commit the judged turn with its ledger rows and kept reply (``Committer.commit``);
-        ``auto`` learns the verdict."""
-        step = await self.commits.commit(meta, outcome, kept)
+    async def _commit(
+        self,
+        meta: TurnMeta,
+        outcome: Outcome,
+        kept: KeptReply | None,
+        response: StoredResponse | None = None,
+    ) -> int:
+        """Commit the judged turn with its ledger rows, kept reply and stored response
+        (``Committer.commit``); ``auto`` learns the verdict."""
+        step = await self.commits.commit(meta, outcome, kept, response)
         self.planner.committed(meta, outcome.status, step)
         return step
 
@@ -159,3 +168,13 @@ class Pipeline:
         that reply; shutdown settles before the store closes, so no row is dropped.
         """
         await self.commits.settle()
+
+
+def _stored(meta: TurnMeta, reply: Reply) -> StoredResponse | None:
+    """The response a Responses turn with ``store`` keeps (its 2xx reply's), the reply's
+    body made the client's (naming the previous response); None for any other turn."""
+    link = meta.turn.stored
+    if link is None or not 200 <= reply.status < 300:
+        return None
+    reply.body, response = link.reply(reply.body)
+    return response

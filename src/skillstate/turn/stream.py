@@ -21,7 +21,7 @@ from ..engine.strip_events import StrippingRelay
 from ..engine.stripper import strip_envelope
 from ..engine.verdict import Outcome, Verdicts
 from ..errors import CLIENT_CLOSED, ProxyError
-from ..store import KeptReply
+from ..store import KeptReply, StoredResponse
 from ..upstream.client import Exchange, Outbound
 from . import render
 from .commit import Committer
@@ -41,7 +41,9 @@ class StreamPath:
         settings: Settings,
         verdicts: Verdicts,
         planner: Planner,
-        commit: Callable[[TurnMeta, Outcome, KeptReply | None], Awaitable[int]],
+        commit: Callable[
+            [TurnMeta, Outcome, KeptReply | None, StoredResponse | None], Awaitable[int]
+        ],
         commits: Committer,
     ) -> None:
         self.settings = settings
@@ -99,10 +101,13 @@ class StreamPath:
                     clean = True
                     return
                 tail.insert(0, note)
-            elif capture is not None:
-                headers, body = render.base_headers(meta, ex), capture.body(b"".join(tail))
-                kept = self.commits.kept(meta, ex.status, headers, body, stream=True)
-                await self.commits.keep_uncommitted(meta, kept)
+            else:
+                kept = None
+                if capture is not None:
+                    headers, body = render.base_headers(meta, ex), capture.body(b"".join(tail))
+                    kept = self.commits.kept(meta, ex.status, headers, body, stream=True)
+                response = _stored(meta, tail)
+                await self.commits.keep_uncommitted(meta, kept, response)
             await self.commits.close_ledger(turn, meter)  # before the last bytes go out
             yield b"".join(tail)
             clean = True
@@ -175,8 +180,8 @@ class StreamPath:
                     meta, ex.status, headers, body, step=step, stream=True, verdict=outcome.status
                 )
             # Commit before the terminal event: a client that reads /state right after the
-            # stream ends sees the new state.
-            await self.commit(meta, outcome, kept)
+            # stream ends sees the new state (and one that chains on it, the response).
+            await self.commit(meta, outcome, kept, _stored(meta, [tail]))
         except Exception as e:
             # Say so in-band, as an upstream error would be, rather than by cutting the
             # connection.
@@ -185,3 +190,10 @@ class StreamPath:
             internal = f"internal proxy error ({type(e).__name__})"
             return relay.error(str(e) if isinstance(e, ProxyError) else internal), False
         return note, True
+
+
+def _stored(meta: TurnMeta, tail: list[bytes]) -> StoredResponse | None:
+    """The response a Responses stream with ``store`` keeps: its terminal event's (in the
+    stream's last bytes); None for any other turn."""
+    link = meta.turn.stored
+    return None if link is None else link.from_stream(b"".join(tail))

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..cost.budgets import TurnBudgets
     from ..sessions.transcripts import TranscriptText
     from .idempotency import Idempotency
+    from .stored import StoredLink
     from .window import WindowTurn
 
 
@@ -55,6 +56,8 @@ class Turn:
     # The client's transcript as compact JSON, made by the request checks: the planner's
     # transcript results reuse it (skillstate.sessions.transcripts).
     transcript: TranscriptText | None = None
+    # A Responses turn's response to store (``store``): written with the turn's commit.
+    stored: StoredLink | None = None
     # The store id the proxy made up for this request, which named no session (None when it
     # named one): see ``new_session``.
     minted_session: str | None = None

@@ -579,8 +579,10 @@ def plan(
         if native(rt, turn.model):  # the upstream compacts: the request goes as it came
             turn = dataclasses.replace(turn, mode=Mode.PASSTHROUGH)
             return turn, lambda: rt.pipeline.run(turn)
+        turn = dataclasses.replace(turn, stored=None)  # its reply is made after its parts
         return turn, lambda: compact(rt, turn, caller, endpoint=False)
     turn, threshold = threshold_of(rt, turn)
     if threshold is not None and past_threshold(turn, threshold):
+        turn = dataclasses.replace(turn, stored=None)  # its reply is made after its parts
         return turn, lambda: compact_then_run(rt, turn, caller)
     return turn, lambda: rt.pipeline.run(turn)

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -34,6 +32,7 @@ from ..observability.telemetry import TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
 from ..turn.render import REPLAYED_HEADER
+from ..turn.stored import StoredLink, response_of
 from ..turn.types import Reply, StreamReply, Turn
 from ..upstream.client import UpstreamPool, UpstreamRuntime
 from .compaction import Run, plan, restore
@@ -108,9 +107,10 @@ class ResponsesTurn:
 
     def __init__(self, endpoint: bool = False) -> None:
         self.endpoint = endpoint
-        self.link: _Link | None = None
+        self.link: StoredLink | None = None
         self.dropped: list[str] = []  # tools an upstream of another kind cannot take
         self.pool: UpstreamPool | None = None
+        self.store: Store | None = None
 
     async def start(
         self, request: Request, rt: Runtime, tel: TurnTelemetry, shown: dict[str, str]
@@ -136,23 +136,32 @@ class ResponsesTurn:
         turn = await _with_chain(rt.store, turn, header, caller)
         turn = await restore(rt, turn, caller, adopt=header is None and prev_id is None)
         shown[SESSION_HEADER] = turn.shown_session
+        if not self.endpoint and turn.body.get("store") is not False:
+            self.link = StoredLink(turn.session, prev_id, own_items)
+            # The turn stores it with its commit; a compaction's parts do not (the reply is
+            # made after them: ``finish`` stores it).
+            turn = dataclasses.replace(turn, stored=self.link)
         turn, run = plan(rt, turn, caller, endpoint=self.endpoint)
-        self.link = _Link(rt.store, turn.session, prev_id, own_items)
+        self.store = rt.store
         self.pool = rt.pool
         return turn, run
 
     async def finish(self, turn: Turn, result: Reply | StreamReply) -> Reply | StreamReply:
         if self.dropped and self.pool is not None:
             _say_dropped(self.pool.candidates(turn.model), result.headers, self.dropped)
-        if self.endpoint or turn.body.get("store") is False or self.link is None:
-            return result
+        link, store = self.link, self.store
+        if link is None or link.done or store is None:
+            return result  # nothing to store, or stored with the turn's commit
         replayed = REPLAYED_HEADER in result.headers  # kept under its Idempotency-Key: as it was
         if isinstance(result, StreamReply):
-            if replayed:
-                return result
-            return dataclasses.replace(result, chunks=_keep_stream(self.link, result.chunks))
+            if replayed or turn.stored is not None:
+                return result  # a stream that ended without a response: nothing to store
+            return dataclasses.replace(result, chunks=_keep_stream(store, link, result.chunks))
         if 200 <= result.status < 300:
-            body = await _keep_reply(self.link, result.body, store=not replayed)
+            body, response = link.reply(result.body)
+            if response is not None and not replayed and turn.stored is None:
+                with contextlib.suppress(StoreError):
+                    await store.put_response(response)
             return dataclasses.replace(result, body=body)
         return result
 
@@ -179,66 +188,20 @@ def _say_dropped(
         headers["x-skillstate-dropped-tools"] = header_safe(",".join(dropped))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Link:
-    """What a stored response records besides itself: its session, the response it chained
-    on and the request's own input items (the chain's are stored once, in their links)."""
-
-    store: Store
-    session: str
-    previous: str | None
-    items: list[Any]
-
-    async def keep(self, resp: JSON) -> None:
-        if not isinstance(resp.get("id"), str):
-            return
-        record = StoredResponse(
-            resp["id"], self.session, time.time(), self.previous, self.items, resp
-        )
-        await self.store.put_response(record)
-
-
-async def _keep_reply(link: _Link, raw: bytes, *, store: bool = True) -> bytes:
-    """Store a JSON reply's response (not when ``store`` is False: a replayed reply was
-    stored the first time); the body the client gets names the previous id."""
-    try:
-        resp = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw
-    if not isinstance(resp, dict):
-        return raw
-    if link.previous is not None:
-        resp["previous_response_id"] = link.previous
-    try:
-        if store:
-            await link.keep(resp)
-    except StoreError:
-        return raw  # the answer stands; only a later previous_response_id will miss it
-    return orjson.dumps(resp) if link.previous is not None else raw
-
-
-def _response_of(data: str) -> JSON | None:
-    """The ``response`` object of a terminal event's data (None when it has none: an
-    upstream's malformed event is relayed as it came, and nothing is stored)."""
-    try:
-        parsed = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    resp = parsed.get("response") if isinstance(parsed, dict) else None
-    return resp if isinstance(resp, dict) else None
-
-
-async def _keep_stream(link: _Link, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The stream as it is, with its final response stored before the terminal event goes out
-    (a client that chains right after the stream finds it)."""
+async def _keep_stream(
+    store: Store, link: StoredLink, chunks: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """A compaction's stream as it is, with its final response stored before the terminal
+    event goes out (a client that chains right after the stream finds it)."""
     parser = sse.SSEParser()
     async for chunk in chunks:
         for event in parser.feed(chunk):
             if event.event in TERMINAL_EVENTS and event.data:
-                resp = _response_of(event.data)
-                if resp is not None:
+                resp = response_of(event.data)
+                record = None if resp is None else link.record(resp)
+                if record is not None:
                     with contextlib.suppress(StoreError):
-                        await link.keep(resp)
+                        await store.put_response(record)
         yield chunk
 
 

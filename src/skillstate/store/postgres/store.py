@@ -122,6 +122,14 @@ def _ledger_arrays(values: list[tuple[Any, ...]]) -> list[list[Any]]:
 _LEDGER_INSERT = f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)}) {_unnest(1)}{LEDGER_CONFLICT}"
 
 
+# A stored response's parameters (RESPONSE_COLUMNS), and what replaces one with its id.
+_RESPONSE_TYPES = ("text", "text", "float8", "text", "bytea", "bytea")
+_RESPONSE_CONFLICT = (
+    " ON CONFLICT (id) DO UPDATE SET session = EXCLUDED.session, created = EXCLUDED.created,"
+    " previous = EXCLUDED.previous, input = EXCLUDED.input, response = EXCLUDED.response"
+)
+
+
 # A kept reply's parameters (KEPT_COLUMNS but session and step, which the commit has):
 # scope, key, fingerprint, created, status, stream, headers, body.
 _KEPT_TYPES = ("text", "text", "text", "float8", "int4", "bool", "bytea", "bytea")
@@ -129,10 +137,12 @@ _KEPT_TYPES = ("text", "text", "text", "float8", "int4", "bool", "bytea", "bytea
 
 def _commit_rest(ledger_first: int) -> str:
     """A commit after ``moved`` (the session row it changed, RETURNING the new step): the
-    transition, the ledger rows and the kept reply (when its scope is not NULL), written
-    only when the session row was changed."""
+    transition, the ledger rows, the kept reply (when its scope is not NULL) and the stored
+    response (when its id is not NULL), written only when the session row was changed."""
     k = ledger_first + len(LEDGER_COLUMNS)
     kept = ", ".join(f"${k + i}::{t}" for i, t in enumerate(_KEPT_TYPES))
+    r = k + len(_KEPT_TYPES)
+    response = ", ".join(f"${r + i}::{t}" for i, t in enumerate(_RESPONSE_TYPES))
     return f"""
 , transition AS (
     INSERT INTO transitions (session, step, patch, action, status, errors, ts, context, estimate)
@@ -144,6 +154,9 @@ def _commit_rest(ledger_first: int) -> str:
     INSERT INTO idempotency_keys
     (scope, key, fingerprint, created, status, stream, headers, body, session, step)
     SELECT {kept}, $1, step FROM moved WHERE ${k}::text IS NOT NULL
+), stored AS (
+    INSERT INTO responses ({RESPONSE_COLUMNS})
+    SELECT {response} FROM moved WHERE ${r}::text IS NOT NULL{_RESPONSE_CONFLICT}
 )
 SELECT step FROM moved
 """
@@ -484,6 +497,7 @@ class PostgresStore:
             *((schema_text,) if new else ()),
             *_ledger_arrays(ledger_values),
             *_kept_args(kept),
+            *(response_values(c.response) if c.response else (None,) * len(_RESPONSE_TYPES)),
         )
         try:
             try:
@@ -603,9 +617,7 @@ class PostgresStore:
     async def put_response(self, record: StoredResponse) -> None:
         await self._write(
             f"INSERT INTO responses ({RESPONSE_COLUMNS})"
-            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET"
-            " session = EXCLUDED.session, created = EXCLUDED.created,"
-            " previous = EXCLUDED.previous, input = EXCLUDED.input, response = EXCLUDED.response",
+            f" VALUES ($1, $2, $3, $4, $5, $6){_RESPONSE_CONFLICT}",
             *response_values(record),
         )
 

@@ -84,6 +84,8 @@ _KEPT_INSERT = (
 )
 
 
+_RESPONSE_PUT = f"INSERT OR REPLACE INTO responses ({RESPONSE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+
 _TRANSITION_INSERT = (
     "INSERT INTO transitions"
     " (session, step, patch, action, status, errors, ts, context, estimate)"
@@ -502,6 +504,7 @@ class SQLiteStore:
         try:
             ledger_values = [ledger_tuple(r) for r in c.ledger or []]
             kept_row = None if c.kept is None else kept_values(c.kept)
+            response_row = None if c.response is None else response_values(c.response)
             state_blob = orjson.dumps(c.state) if c.state is not None else None
             transition_row = _transition_values(transition, now)
             schema_blob = orjson.dumps(c.schema)
@@ -539,6 +542,8 @@ class SQLiteStore:
                 db.executemany(_LEDGER_INSERT, ledger_values)
             if kept_row is not None:  # under this commit's session and step
                 _insert_kept(db, (*kept_row[:3], session, *kept_row[4:9], step))
+            if response_row is not None:
+                db.execute(_RESPONSE_PUT, response_row)
             if row is None:
                 self._batch_new += 1  # last: a write that failed above created nothing
             return step
@@ -684,7 +689,7 @@ class SQLiteStore:
         row = response_values(record)
 
         def put(db: sqlite3.Connection) -> None:
-            db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", row)
+            db.execute(_RESPONSE_PUT, row)
 
         await self._write(put)
 
