@@ -12,7 +12,7 @@ from typing import Any
 import openai
 
 from skillstate.cli.main import main
-from skillstate.store import Store
+from skillstate.store import KeptReply, Store
 from tests.conftest import Proxy
 from tests.fakeprovider import FakeProvider, Reply
 from tests.helpers import SESSION_HEADER, envelope
@@ -37,12 +37,28 @@ def turn(client: openai.OpenAI, fake: FakeProvider, session: str, reply: str) ->
     )
 
 
+IDEMPOTENCY_KEY = "fill-1"
+
+
+def keyed_turn(client: openai.OpenAI) -> Any:
+    """The same turn of session ``keyed`` with the same Idempotency-Key each time: the first
+    runs it, every retry gets its kept reply."""
+    return client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "a turn worth retrying"}],
+        extra_headers={SESSION_HEADER: "keyed", "Idempotency-Key": IDEMPOTENCY_KEY},
+    )
+
+
 def fill(proxy: Proxy, fake: FakeProvider, key: str) -> dict[str, int]:
-    """Sessions with valid and invalid transitions (rollback retries in the ledger) and a
-    chain of stored Responses API responses, as client ``key``; returns each session's
-    step as the proxy reported it."""
+    """Sessions with valid and invalid transitions (rollback retries in the ledger), a
+    chain of stored Responses API responses and a turn kept under an Idempotency-Key
+    (``keyed_turn``), as client ``key``; returns each session's step as the proxy
+    reported it."""
     client = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
     steps: dict[str, int] = {}
+    fake.enqueue(Reply(text=envelope({"notes": "kept"})))
+    steps["keyed"] = int(keyed_turn(client).headers["x-skillstate-step"])
     for i in range(1, 6):
         r = turn(client, fake, "long", envelope({"step": i, "notes": f"turn {i}"}))
         steps["long"] = int(r.headers["x-skillstate-step"])
@@ -85,6 +101,11 @@ async def everything(store: Store) -> dict[str, Any]:
     while bpage := await store.export_session_budgets(after, 2):
         budgets += bpage
         after = bpage[-1][0]
+    kept: list[KeptReply] = []
+    kept_after: tuple[str, str] | None = None
+    while kpage := await store.export_kept_replies(kept_after, 2):
+        kept += kpage
+        kept_after = (kpage[-1].scope, kpage[-1].key)
     position = 0
     while True:
         rows, position = await store.export_ledger(position, 3)
@@ -97,6 +118,7 @@ async def everything(store: Store) -> dict[str, Any]:
         "responses": responses,
         "ledger": ledger,
         "budgets": budgets,
+        "kept": kept,
         "keys": await store.keys(),
         "counts": await store.counts(),
     }

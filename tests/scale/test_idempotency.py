@@ -10,6 +10,7 @@ at ``before-commit`` or ``after-commit``."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -155,3 +156,36 @@ def test_killed_after_the_commit_a_retry_gets_the_committed_reply(
     history = reps[1].history("s")
     assert len(history) == 1 and history[0]["patch"] == {"facts": ["committed"]}
     assert len(fake.requests) == 1 and ledger_rows(reps[1]) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_turn_killed_after_the_commit_has_its_stored_response(
+    fake: FakeProvider, start_replicas: StartReplicas, pg_url: str, redis_url: str, stream: bool
+) -> None:
+    """``store: true``: the response is written in the commit's statement, so the replica
+    killed right after it leaves it for the other one to chain on."""
+    reps = start_replicas(fake.url + "/v1", pg_url, redis_url, n=2, config=FAST_LEASES)
+    victim = armed(reps, "after-commit", "stored")
+    fake.enqueue(Reply(text=envelope({"facts": ["one"]})))
+    body = {"model": "m", "input": "one", "stream": stream}
+    sent = {"x-skillstate-session": "s", KEY: "stored"}
+    with pytest.raises(httpx.HTTPError):
+        victim.http.post(victim.v1 + "/responses", json=body, headers=sent, timeout=120)
+    victim.proc.wait(30)  # type: ignore[union-attr]
+    assert victim.proc.returncode == -9  # type: ignore[union-attr]
+    replay = reps[1].http.post(reps[1].v1 + "/responses", json=body, headers=sent, timeout=120)
+    assert replay.status_code == 200 and replay.headers["x-skillstate-replayed"] == "true"
+    # Retries: a 409 for a lease not renewed within FAST_LEASES' 1 s on a loaded machine.
+    client = openai.OpenAI(base_url=reps[1].v1, api_key="sk", max_retries=3)
+    found = re.search(r'"id":\s*"(resp_[^"]+)"', replay.text)
+    assert found is not None, replay.text[:300]
+    rid = found.group(1)
+    assert client.responses.retrieve(rid).id == rid
+    fake.enqueue(Reply(text=envelope({"facts": ["two"]})))
+    nxt = client.responses.create(
+        model="m",
+        input="two",
+        previous_response_id=rid,
+        extra_headers={"x-skillstate-session": "s"},
+    )
+    assert nxt.previous_response_id == rid and "one" in str(fake.requests[-1].json)

@@ -21,7 +21,7 @@ from tests.conftest import StartProxy, proxy_env
 from tests.cost.test_ledger_sums import check_sums_match_rows, random_row
 from tests.fakeprovider import FakeProvider, Reply
 from tests.helpers import SESSION_HEADER
-from tests.storefill import SCHEMA, envelope, everything, fill, make_key, turn
+from tests.storefill import SCHEMA, envelope, everything, fill, keyed_turn, make_key, turn
 
 HANG = 60.0  # a guard against a hang, not a performance threshold
 
@@ -73,7 +73,7 @@ def test_a_proxy_filled_sqlite_store_moves_to_postgresql_and_continues_there(
     r = store_copy("--from", f"sqlite://{source}", "--to", pg_url, cwd=tmp_path)
 
     assert r.returncode == 0, r.stderr
-    assert "verified: every count, the step, schema and state of 3 session(s)" in r.stdout
+    assert "verified: every count, the step, schema and state of 4 session(s)" in r.stdout
     assert "Traceback" not in r.stderr
     want = comparable(read_all(SQLiteStore(source)))
     assert comparable(read_all(PostgresStore(pg_url))) == want
@@ -88,6 +88,9 @@ def test_a_proxy_filled_sqlite_store_moves_to_postgresql_and_continues_there(
     client = openai.OpenAI(base_url=on_pg.v1, api_key=key, max_retries=0)
     r2 = turn(client, fake, "long", envelope({"notes": "on postgresql"}))
     assert r2.headers["x-skillstate-step"] == str(steps["long"] + 1)
+    sent = len(fake.requests)  # the kept turn's retry replays it: nothing is sent
+    retried = keyed_turn(client)
+    assert retried.headers["x-skillstate-replayed"] == "true" and len(fake.requests) == sent
     fake.enqueue(Reply(text=envelope({"notes": "chained"})))
     chained = client.responses.create(
         model="gpt-4o-mini",

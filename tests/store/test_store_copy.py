@@ -16,13 +16,13 @@ import openai
 import pytest
 
 from skillstate.auth.keys import SECRET_FILE
-from skillstate.store import SessionRecord, StoredResponse, TransitionRecord
+from skillstate.store import KeptReply, SessionRecord, StoredResponse, TransitionRecord
 from skillstate.store.copy import CopyRefused, copy_store
 from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
 from tests.fakeprovider import FakeProvider
-from tests.storefill import SCHEMA, envelope, everything, fill, make_key, turn
+from tests.storefill import SCHEMA, envelope, everything, fill, keyed_turn, make_key, turn
 
 
 def store_copy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -63,12 +63,12 @@ def test_a_proxy_filled_store_is_copied_whole_and_continues_on_the_copy(
     assert r.returncode == 0, r.stderr
     want = read_all(source)
     counts = want["counts"]
-    assert counts["sessions"] == 3 and counts["keys"] == 1 and counts["responses"] == 2
-    assert counts["transitions"] == sum(steps.values()) == 5 + 2 + 2
-    assert counts["ledger"] >= 5 + 4 + 2  # the invalid turn's two rollback retries too
+    assert counts["sessions"] == 4 and counts["keys"] == 1 and counts["responses"] == 2
+    assert counts["transitions"] == sum(steps.values()) == 1 + 5 + 2 + 2
+    assert counts["ledger"] >= 1 + 5 + 4 + 2  # the invalid turn's two rollback retries too
     assert f"copied sqlite://{source} -> sqlite://{dest}" in r.stdout
     assert re.search(rf"\n  ledger +{counts['ledger']}\n", r.stdout), r.stdout
-    assert "verified: every count, the step, schema and state of 3 session(s)" in r.stdout
+    assert "verified: every count, the step, schema and state of 4 session(s)" in r.stdout
     # the key's secret goes with it: the copy's data dir gets the source's
     assert f"client keys: their secret was written to {dest.parent / SECRET_FILE}" in r.stdout
     assert (dest.parent / SECRET_FILE).read_bytes() == (data / SECRET_FILE).read_bytes()
@@ -87,6 +87,12 @@ def test_a_proxy_filled_store_is_copied_whole_and_continues_on_the_copy(
     # ... with the copied stored response to chain on
     first = want["responses"][0]
     assert client.responses.retrieve(first.response["id"]).id == first.response["id"]
+    # ... and the turn kept under its Idempotency-Key: a retry replays it, nothing is sent
+    assert counts["kept_replies"] == 1 and len(want["kept"]) == 1
+    sent = len(fake.requests)
+    retried = keyed_turn(client)
+    assert retried.headers["x-skillstate-replayed"] == "true"
+    assert retried.http_response.content == want["kept"][0].body and len(fake.requests) == sent
 
 
 def test_refusals_are_one_line_and_write_nothing(
@@ -164,6 +170,8 @@ async def filled(path: Path, names: list[str], steps: int = 7) -> SQLiteStore:
         await store.import_session(session(n, steps, {"a": steps, "b": {"deep": [1, 2.5]}}))
         await store.import_transitions(n, history(steps))
         await store.put_response(StoredResponse(f"resp_{n}", n, 5.0, None, [{"x": 1}], {"id": 1}))
+        kept = KeptReply(n, "k1", "fp", n, 6.0, 200, n == "s2", {"x-a": "1"}, b"{}", steps)
+        await store.keep_reply(kept, [])
     await store.add_ledger_rows(
         [ledger_row(float(i), names[i % len(names)], i / 7) for i in range(23)]
     )
@@ -183,12 +191,12 @@ async def test_pages_smaller_than_every_table_copy_everything(tmp_path: Path) ->
         assert report.sessions_verified == 5
         assert report.after == report.source == {
             "sessions": 5, "transitions": 35, "ledger": 23, "keys": 0, "responses": 5,
-            "session_budgets": 3,
+            "session_budgets": 3, "kept_replies": 5,
         }  # fmt: skip
         assert await everything(dest) == await everything(source)
         assert await dest.session_budget("k:passthrough") == 2.0  # no session row needed
         assert "verifying" in seen
-        with pytest.raises(CopyRefused, match=r"--merge: 13 id\(s\)"):  # 5 + 5 + 3 budgets
+        with pytest.raises(CopyRefused, match=r"--merge: 18 id\(s\)"):  # 5 + 5 + 3 + 5 kept
             await copy_store(source, dest, merge=True)
     finally:
         await source.close()
@@ -205,7 +213,7 @@ async def test_merge_adds_to_a_store_and_refuses_shared_ids(tmp_path: Path) -> N
         assert report.problems == [] and report.sessions_verified == 2
         assert report.after["sessions"] == 3 and report.after["ledger"] == 46
         before = await everything(dest)
-        with pytest.raises(CopyRefused, match=r"--merge: 4 id\(s\) exist in both stores"):
+        with pytest.raises(CopyRefused, match=r"--merge: 6 id\(s\) exist in both stores"):
             await copy_store(source, dest, merge=True)
         assert await everything(dest) == before  # nothing written
     finally:

@@ -262,6 +262,13 @@ class Store(Protocol):
         """Up to ``limit`` (session, budget in USD), by session id, after the id ``after``."""
         ...
 
+    async def export_kept_replies(
+        self, after: tuple[str, str] | None, limit: int
+    ) -> list[KeptReply]:
+        """Up to ``limit`` replies kept under their Idempotency-Key, by (scope, key), after
+        ``after``; ``keep_reply`` writes each back as it is."""
+        ...
+
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         """Up to ``limit`` ledger rows in insertion order after position ``after`` (0: from
         the first), and the position to ask for the next page."""
@@ -269,4 +276,12 @@ class Store(Protocol):
 
 
 # The kinds of data ``Store.counts`` counts.
-COUNTED = ("sessions", "transitions", "ledger", "keys", "responses", "session_budgets")
+COUNTED = (
+    "sessions",
+    "transitions",
+    "ledger",
+    "keys",
+    "responses",
+    "session_budgets",
+    "kept_replies",
+)

@@ -1,10 +1,12 @@
 """``skillstate store copy``: everything one store holds (sessions with their whole
-transition history, client keys, stored responses, session budgets, the ledger) copied into
-another, backend to backend through the ``Store`` protocol, in pages, then verified.
+transition history, client keys, stored responses, session budgets, the replies kept under
+Idempotency-Keys, the ledger) copied into another, backend to backend through the ``Store``
+protocol, in pages, then verified.
 
 The destination must be empty unless ``merge``: then the copy adds to it, and refuses
-before writing anything when a session id, key name, response id or session budget exists
-on both sides (nothing in the destination is ever replaced). The source is only read.
+before writing anything when a session id, key name, response id, session budget or
+Idempotency-Key (in its scope) exists on both sides (nothing in the destination is ever
+replaced). The source is only read.
 
 Verification, after the copy: every count of the destination grew by the source's count;
 every copied session has the source's step, schema and state (compared as canonical JSON);
@@ -101,6 +103,12 @@ async def copy_store(
         after = responses[-1].id
     progress("session budgets")
     await _copy_budgets(source, dest, page)
+    progress("replies kept under an Idempotency-Key")
+    kept_after: tuple[str, str] | None = None
+    while kept := await source.export_kept_replies(kept_after, page):
+        for reply in kept:  # a retry after the copy replays the turn instead of running it
+            await dest.keep_reply(reply, [])
+        kept_after = (kept[-1].scope, kept[-1].key)
     progress("ledger")
     position, copied = 0, 0
     while True:
@@ -151,6 +159,21 @@ async def _shared_budgets(source: Store, dest: Store, page: int) -> list[str]:
     return shared
 
 
+async def _shared_kept(source: Store, dest: Store, page: int) -> list[str]:
+    """The Idempotency-Keys kept on both sides (in the same scope)."""
+    theirs: set[tuple[str, str]] = set()
+    after: tuple[str, str] | None = None
+    while kept := await dest.export_kept_replies(after, page):
+        theirs.update((k.scope, k.key) for k in kept)
+        after = (kept[-1].scope, kept[-1].key)
+    shared: list[str] = []
+    after = None
+    while kept := await source.export_kept_replies(after, page):
+        shared += [f"Idempotency-Key {k.key!r}" for k in kept if (k.scope, k.key) in theirs]
+        after = (kept[-1].scope, kept[-1].key)
+    return shared
+
+
 async def _copy_budgets(source: Store, dest: Store, page: int) -> None:
     """Every session budget (``--merge`` refused shared ones before anything was written)."""
     after: str | None = None
@@ -196,6 +219,7 @@ async def _refuse_shared_ids(source: Store, dest: Store, page: int) -> None:
         shared += [f"response {r.id}" for r in responses if r.id in dest_responses]
         after = responses[-1].id
     shared += await _shared_budgets(source, dest, page)
+    shared += await _shared_kept(source, dest, page)
     if shared:
         more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
         raise CopyRefused(

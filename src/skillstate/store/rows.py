@@ -151,6 +151,7 @@ COUNTED_TABLES = (
     "api_keys",
     "responses",
     "session_budgets",
+    "idempotency_keys",
 )
 
 TRANSITION_COLUMNS = "step, status, patch, action, errors, ts, context, estimate"

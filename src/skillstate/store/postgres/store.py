@@ -846,6 +846,17 @@ class PostgresStore:
         )
         return [(str(s), float(usd)) for s, usd in rows]
 
+    async def export_kept_replies(
+        self, after: tuple[str, str] | None, limit: int
+    ) -> list[KeptReply]:
+        rows = await self._fetch(
+            f"SELECT {KEPT_COLUMNS} FROM idempotency_keys WHERE (scope, key) > ($1, $2)"
+            " ORDER BY scope, key LIMIT $3",
+            *(after or ("", "")),
+            limit,
+        )
+        return [kept_reply(r) for r in rows]
+
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         rows = await self._fetch(
             f"SELECT id, {', '.join(LEDGER_COLUMNS)} FROM ledger"

@@ -933,6 +933,18 @@ class SQLiteStore:
 
         return [(str(s), float(usd)) for s, usd in await self._run(page)]
 
+    async def export_kept_replies(
+        self, after: tuple[str, str] | None, limit: int
+    ) -> list[KeptReply]:
+        def page(db: sqlite3.Connection) -> list[Any]:
+            return db.execute(
+                f"SELECT {KEPT_COLUMNS} FROM idempotency_keys WHERE (scope, key) > (?, ?)"
+                " ORDER BY scope, key LIMIT ?",
+                (*(after or ("", "")), limit),
+            ).fetchall()
+
+        return [kept_reply(r) for r in await self._run(page)]
+
     async def export_ledger(self, after: int, limit: int) -> tuple[list[LedgerRow], int]:
         sql = (
             f"SELECT rowid, {', '.join(LEDGER_COLUMNS)} FROM ledger"
