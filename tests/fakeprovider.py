@@ -199,6 +199,9 @@ class FakeProvider:
         self._cached: dict[str, float] = {}  # openai: prompt bytes; anthropic: prefixes
         self.require_auth = require_auth  # OpenAI: Bearer; Anthropic: x-api-key or Bearer
         self.validate = validate  # the 400 checks on message structure
+        # A compatible server that takes ``stream`` on /v1/responses/compact and answers
+        # JSON regardless (OpenAI's refuses the field: "Unknown parameter").
+        self.compact_ignores_stream = False
         self.models = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "claude-haiku-4-5"]
         self.responder: Callable[[RecordedRequest], Reply | str | None] | None = None
         self.models_body: bytes | None = None  # a raw /v1/models answer instead of the list
@@ -491,7 +494,9 @@ class FakeProvider:
         if rec.path == "/v1/messages/count_tokens":
             _check_count_tokens(body)
         elif rec.path == COMPACT_PATH:
-            _check_compact(body)  # unknown parameters are refused even with validate off
+            taken = {k: v for k, v in body.items() if k != "stream"}
+            # unknown parameters are refused even with validate off
+            _check_compact(taken if self.compact_ignores_stream else body)
             if self.validate:
                 _check_responses(body)
         elif rec.path == "/v1/responses":

@@ -541,3 +541,28 @@ def test_a_compactions_checkpoint_is_recorded_under_the_sessions_mode(
     modes = [m for (m,) in db.execute("SELECT mode FROM ledger WHERE session = 's1' ORDER BY ts")]
     db.close()
     assert modes == [mode] * 3
+
+
+@pytest.mark.parametrize("mode", ["state", "passthrough"])
+def test_a_streamed_native_compact_answered_in_json_is_relayed_as_json(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    """``stream: true`` on ``/responses/compact`` goes to the upstream as it came; one that
+    takes the field and answers 200 with JSON (the endpoint does not stream) gets its answer
+    to the client as it is, JSON, and metered, not misread as an event stream."""
+    fake.compact_ignores_stream = True
+    p = start(fake, start_proxy, "openai-responses", "--mode", mode)
+    fake.enqueue(Reply(text="the upstream's summary", usage={"prompt_tokens": 900}))
+    r = httpx.post(
+        p.v1 + "/responses/compact",
+        json={"model": "gpt-4o", "input": history(), "stream": True},
+        headers={SESSION_HEADER: "s1", "authorization": "Bearer sk-client"},
+    )
+    assert fake.requests[-1].json["stream"] is True  # as it came
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert body["object"] == "response.compaction" and body["output"][-1]["type"] == "compaction"
+    assert body["usage"]["input_tokens"] == 900
+    rows = p.get("/cost", params={"session": "s1"}).json()["totals"]
+    assert rows["requests"] == 1 and rows["input_tokens"] == 900

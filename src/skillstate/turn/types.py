@@ -76,8 +76,10 @@ class Turn:
 
     @property
     def stream(self) -> bool:
-        """Whether the client asked for a streamed (SSE) reply."""
-        return bool(self.body.get("stream"))
+        """Whether the client asked for a streamed (SSE) reply. Not from a native endpoint
+        (``upstream_path``): ``/responses/compact`` answers JSON, read whole (the body, a
+        ``stream`` field included, still goes upstream as it came)."""
+        return self.upstream_path is None and bool(self.body.get("stream"))
 
     @property
     def model(self) -> str:
