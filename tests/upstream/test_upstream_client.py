@@ -514,3 +514,48 @@ async def test_models_get_skips_a_failing_upstream(make_pool: PoolFactory) -> No
         assert b"gpt-4o" in await ex.read()
         ex.release()
         assert health(pool, "a")["consecutive_failures"] == 1
+
+
+async def test_cookies_an_upstream_sets_are_never_sent_on_anyone_elses_request(
+    make_pool: PoolFactory,
+) -> None:
+    """A provider's Set-Cookie (a CDN's session cookie, say) in one client's reply must not go
+    out with every other client's requests: the pool keeps no cookie jar. The upstream is
+    named ``localhost``, as aiohttp's jar keeps no cookies of IP-address hosts."""
+    from aiohttp import web
+
+    seen: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        reply = web.json_response(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ok"},
+                     "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )  # fmt: skip
+        reply.set_cookie("cdn_session", f"client-{len(seen)}", path="/")
+        return reply
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "localhost", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        pool = make_pool(settings(up("a", f"http://localhost:{port}/v1")), FakeClock())
+        await pool.open()
+        for _ in range(3):
+            await ok(pool)
+    finally:
+        await runner.cleanup()
+    assert seen == [None, None, None]

@@ -376,6 +376,9 @@ class UpstreamPool:
                 timeout=self.timeout,
                 auto_decompress=True,
                 skip_auto_headers=("User-Agent",),
+                # No jar: a cookie a provider sets in one client's reply (a CDN's session
+                # cookie) would go out on every other client's requests to that host.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
 
     async def close(self) -> None:
