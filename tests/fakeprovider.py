@@ -1070,8 +1070,10 @@ def _check_anthropic(body: dict[str, Any]) -> None:
     for key in ("model", "max_tokens", "messages"):
         if key not in body:
             raise _Rejected(400, f"{key}: Field required")
-    if not isinstance(body["max_tokens"], int) or body["max_tokens"] < 1:
-        raise _Rejected(400, "max_tokens: Input should be greater than or equal to 1")
+    # 0 is taken: it pre-warms the prompt cache without generating (the anthropic SDK's
+    # MessageCreateParams.max_tokens, 2.x).
+    if not isinstance(body["max_tokens"], int) or body["max_tokens"] < 0:
+        raise _Rejected(400, "max_tokens: Input should be greater than or equal to 0")
     msgs = body["messages"]
     if not isinstance(msgs, list):
         raise _Rejected(400, "messages: Input should be a valid list")

@@ -22,8 +22,8 @@ from . import models, sse
 from .base import JSON, Event, StreamRelay, content_chars, json_error_object
 from .capture import RelayCapture
 from .checks import bad_request as _bad
+from .checks import check_bounds
 from .checks import is_int as _is_int
-from .checks import is_number as _is_number
 
 NAME: Final = "anthropic"
 # ProxyError kind -> Anthropic error type
@@ -81,6 +81,14 @@ _TOOL_RESULT_CONTENT_TYPES = frozenset(
     {"text", "image", "document", "search_result", "tool_reference", "browser_state"}
 )
 _ASSISTANT_ONLY = frozenset({"tool_use", "thinking", "redacted_thinking"})
+# A role:"system" message inside ``messages`` (mid-conversation system messages: no beta
+# header, Claude Code sends one) takes text, and the beta's tool changes (the anthropic SDK's
+# BetaSystemMessageParam); its content may be left out when it carries an output_config.
+_SYSTEM_MESSAGE_BLOCKS = frozenset({"text", "tool_addition", "tool_removal"})
+# thinking {"type": "enabled"}: budget_tokens "must be >= 1024" (the SDK's
+# ThinkingConfigEnabledParam). Not checked against max_tokens: with interleaved thinking
+# (a beta header, which Claude Code sends) the budget may exceed it.
+_MIN_THINKING_BUDGET = 1024
 _TOOL_CHOICE_TYPES = frozenset({"auto", "any", "tool", "none"})
 
 
@@ -111,6 +119,7 @@ def validate_anthropic_request(body: Any, checked: int = 0, *, count_tokens: boo
     _validate_system(body.get("system"))
     for i, msg in enumerate(messages[checked:] if checked else messages, checked):
         _validate_message(msg, f"messages[{i}]")
+    _check_tool_results(messages, checked)
     if "tools" in body and body["tools"] is not None:
         _validate_tools(body["tools"])
     _validate_output_config(body)
@@ -134,15 +143,32 @@ def validate_anthropic_request(body: Any, checked: int = 0, *, count_tokens: boo
         not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)
     ):
         raise _bad("stop_sequences: must be an array of strings", "stop_sequences")
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None and not _is_number(body[key]):
-            raise _bad(f"{key}: must be a number", key)
-    if body.get("top_k") is not None and not _is_int(body["top_k"]):
-        raise _bad("top_k: must be an integer", "top_k")
+    _validate_sampling(body)
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise _bad("stream: must be a boolean", "stream")
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise _bad("metadata: must be an object", "metadata")
+
+
+def _validate_sampling(body: JSON) -> None:
+    """temperature and top_p within 0..1 (the API reference's ranges), top_k an integer (the
+    legacy default -1 meant "off", so no bound), thinking as the API takes it."""
+    check_bounds(body, "temperature", 0, 1)
+    check_bounds(body, "top_p", 0, 1)
+    check_bounds(body, "top_k", None, None, integer=True)
+    thinking = body.get("thinking")
+    if thinking is None:
+        return
+    if not isinstance(thinking, dict) or not isinstance(thinking.get("type"), str):
+        raise _bad("thinking: must be an object with a string type", "thinking")
+    if thinking["type"] == "enabled":
+        budget = thinking.get("budget_tokens")
+        if not _is_int(budget) or budget < _MIN_THINKING_BUDGET:
+            raise _bad(
+                f"thinking.budget_tokens: must be an integer >= {_MIN_THINKING_BUDGET}"
+                f" when thinking is enabled; got {budget!r}",
+                "thinking.budget_tokens",
+            )
 
 
 def _validate_system(system: Any) -> None:
@@ -164,6 +190,8 @@ def _validate_message(msg: Any, path: str) -> None:
     if role not in ("user", "assistant", "system"):
         raise _bad(f'{path}.role: must be "user" or "assistant", got {role!r}', f"{path}.role")
     if "content" not in msg:
+        if role == "system" and isinstance(msg.get("output_config"), dict):
+            return  # a per-turn output_config alone
         raise _bad(f"{path}.content: required", f"{path}.content")
     content = msg["content"]
     if isinstance(content, str):
@@ -177,8 +205,12 @@ def _validate_message(msg: Any, path: str) -> None:
     for j, block in enumerate(content):
         bpath = f"{path}.content[{j}]"
         btype = _validate_block(block, bpath)
-        if role == "system" and btype != "text":
-            raise _bad(f"{bpath}: a system message may only contain text blocks", bpath)
+        if role == "system" and btype not in _SYSTEM_MESSAGE_BLOCKS:
+            raise _bad(
+                f"{bpath}: a system message may only contain text, tool_addition and "
+                f"tool_removal blocks, not {btype}",
+                f"{bpath}.type",
+            )
         if role == "user" and btype in _ASSISTANT_ONLY:
             raise _bad(f"{bpath}: {btype} blocks are only allowed in assistant messages", bpath)
         if role == "assistant" and btype == "tool_result":
@@ -233,6 +265,79 @@ def _validate_block(block: Any, path: str, allowed: frozenset[str] = ANTHROPIC_B
     elif btype == "thinking" and not isinstance(block.get("thinking"), str):
         raise _bad(f"{path}.thinking: must be a string", f"{path}.thinking")
     return btype
+
+
+def _block_ids(msg: Any, btype: str, key: str) -> list[tuple[int, str]]:
+    """(position, id) of ``msg``'s content blocks of type ``btype`` (their ``key``)."""
+    content = msg.get("content")
+    if not isinstance(content, list):
+        return []
+    return [(j, b[key]) for j, b in enumerate(content) if b.get("type") == btype]
+
+
+def _check_tool_results(messages: list[Any], checked: int) -> None:
+    """As the API: a turn's tool_use blocks are answered, each, by tool_result blocks in the
+    user turn right after it, and a tool_result answers a tool_use of the assistant turn
+    just before; tool_use ids are unique. Consecutive messages of a role are taken as one
+    turn and system messages as standing between turns (the API is no more lenient).
+    Messages before ``checked`` passed before: the walk starts at the assistant turn the
+    first new message may answer, and judges what the new messages change (a new tool_use
+    id is compared with that turn's and the new messages')."""
+    start = checked
+    while start > 0 and messages[start - 1].get("role") != "assistant":
+        start -= 1
+    while start > 0 and messages[start - 1].get("role") in ("assistant", "system"):
+        start -= 1
+    calls: dict[str, int] = {}  # the last assistant turn's tool_use ids -> their message
+    answered: set[str] = set()  # those the user turn after it answered
+    seen: set[str] = set()
+    turn: str | None = None
+    last_user = -1
+    for i in range(start, len(messages)):
+        role = messages[i].get("role")
+        if role == "assistant":
+            if turn == "user":
+                _all_answered(calls, answered, last_user >= checked)
+                calls = {}
+            for j, tid in _block_ids(messages[i], "tool_use", "id"):
+                if tid in seen and i >= checked:
+                    raise _bad(
+                        f"messages[{i}].content[{j}]: tool_use ids must be unique; "
+                        f"{tid!r} is used twice",
+                        f"messages[{i}].content[{j}].id",
+                    )
+                seen.add(tid)
+                calls[tid] = i
+        elif role == "user":
+            if turn != "user":
+                answered = set()
+            last_user = i
+            for j, tid in _block_ids(messages[i], "tool_result", "tool_use_id"):
+                if tid not in calls and i >= checked:
+                    raise _bad(
+                        f"messages[{i}].content[{j}]: unexpected tool_use_id {tid!r} found in "
+                        "tool_result blocks: each tool_result block must have a corresponding "
+                        "tool_use block in the previous message",
+                        f"messages[{i}].content[{j}].tool_use_id",
+                    )
+                answered.add(tid)
+        else:
+            continue  # a system message stands between turns
+        turn = role
+    if turn == "user":
+        _all_answered(calls, answered, last_user >= checked)
+
+
+def _all_answered(calls: dict[str, int], answered: set[str], judged: bool) -> None:
+    missing = [tid for tid in calls if tid not in answered]
+    if missing and judged:
+        i = calls[missing[0]]
+        raise _bad(
+            f"messages[{i}]: tool_use ids were found without tool_result blocks immediately "
+            f"after: {', '.join(missing)}. Each tool_use block must have a corresponding "
+            "tool_result block in the next message",
+            f"messages[{i}].content",
+        )
 
 
 def _validate_tools(tools: Any) -> None:

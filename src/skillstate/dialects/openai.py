@@ -4,7 +4,7 @@ errors, the upstream endpoint and the native stream relay."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import orjson
 
@@ -30,8 +30,7 @@ from . import models, sse
 from .base import JSON, Event, StreamRelay, content_chars, json_error_object
 from .capture import RelayCapture
 from .checks import bad_request as _bad
-from .checks import is_int as _is_int
-from .checks import is_number as _is_number
+from .checks import check_bounds, json_type
 
 NAME: Final = "openai"
 
@@ -39,6 +38,34 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 _TEXT_ROLES = _ROLES - {"tool"}  # the roles that need nothing beside their text
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 _RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+# The content-part types each role takes (the openai SDK's *MessageParam types, as the API
+# enforces them): a part of another type is a 400 there, and here, before the upstream.
+_PART_TYPES = {
+    "user": ("text", "image_url", "input_audio", "file"),
+    "assistant": ("text", "refusal"),
+}
+_TEXT_PARTS = ("text",)  # system, developer, tool (and the legacy function role)
+# What each part type requires: its member named as the type, a string, or an object
+# (with a string member inside it, when one is named).
+_PART_NEEDS: dict[str, tuple[type, str | None]] = {
+    "text": (str, None),
+    "refusal": (str, None),
+    "image_url": (dict, "url"),
+    "input_audio": (dict, "data"),
+    "file": (dict, None),
+}
+# The API reference's bounds on the numeric request fields (None: unbounded on that side).
+_BOUNDS: tuple[tuple[str, float | None, float | None, bool], ...] = (
+    ("max_tokens", 0, None, True),
+    ("max_completion_tokens", 0, None, True),
+    ("n", 1, 128, True),
+    ("temperature", 0, 2, False),
+    ("top_p", 0, 1, False),
+    ("frequency_penalty", -2, 2, False),
+    ("presence_penalty", -2, 2, False),
+    ("top_logprobs", 0, 20, True),
+    ("seed", None, None, True),
+)
 # ProxyError kind -> OpenAI error type
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -76,6 +103,7 @@ def validate_openai_request(body: JSON, checked: int = 0) -> None:
             if type(role) is str and role in _TEXT_ROLES:
                 continue  # the usual message, which _validate_message would pass as it is
         _validate_message(m, f"messages[{i}]")
+    _check_tool_answers(messages, checked)
     if "stream" in body and not isinstance(body["stream"], bool):
         raise _bad("'stream' must be a boolean", "stream")
     options = body.get("stream_options")
@@ -91,13 +119,10 @@ def validate_openai_request(body: JSON, checked: int = 0) -> None:
         body["parallel_tool_calls"], bool
     ):
         raise _bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
-    for key in ("max_tokens", "max_completion_tokens", "n"):
-        value = body.get(key)
-        if value is not None and (not _is_int(value) or value < 0):
-            raise _bad(f"'{key}' must be a non-negative integer", key)
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None and not _is_number(body[key]):
-            raise _bad(f"'{key}' must be a number", key)
+    for key, low, high, integer in _BOUNDS:
+        check_bounds(body, key, low, high, integer=integer)
+    if body.get("logprobs") is not None and not isinstance(body["logprobs"], bool):
+        raise _bad("'logprobs' must be a boolean", "logprobs")
     stop = body.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
@@ -119,9 +144,9 @@ def _validate_message(m: Any, path: str) -> None:
     content = m.get("content")
     if content is not None and not isinstance(content, (str, list)):
         raise _bad(f"{path}.content must be a string or an array of parts", f"{path}.content")
+    allowed = _PART_TYPES.get(role, _TEXT_PARTS)
     for k, part in enumerate(content if isinstance(content, list) else ()):
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise _bad(f"{path}.content[{k}] must be an object with a type", f"{path}.content")
+        _validate_part(part, f"{path}.content[{k}]", allowed)
     calls = m.get("tool_calls")
     if calls is None:
         return
@@ -140,6 +165,93 @@ def _validate_message(m: Any, path: str) -> None:
             args = fn.get("arguments")
             if args is not None and not isinstance(args, str):
                 raise _bad(f"{cpath}.function.arguments: must be a string", cpath)
+
+
+def _validate_part(part: Any, path: str, allowed: tuple[str, ...]) -> None:
+    """A content part as the API takes it: an object whose string ``type`` the role allows,
+    with the member that type requires (``text`` a string, ``image_url.url`` a string...)."""
+    if not isinstance(part, dict):
+        raise _bad(
+            f"Invalid type for '{path}': expected an object, but got {json_type(part)} instead",
+            path,
+            "invalid_type",
+        )
+    ptype = part.get("type")
+    if not isinstance(ptype, str):
+        missing = "type" not in part
+        raise _bad(
+            f"Missing required parameter: '{path}.type'"
+            if missing
+            else f"Invalid type for '{path}.type': expected a string, but got {json_type(ptype)}",
+            f"{path}.type",
+            "missing_required_parameter" if missing else "invalid_type",
+        )
+    if ptype not in allowed:
+        raise _bad(
+            f"Invalid value: {ptype!r} for '{path}.type'. Supported values are: "
+            + ", ".join(repr(t) for t in allowed),
+            f"{path}.type",
+            "invalid_value",
+        )
+    kind, inner = _PART_NEEDS[ptype]
+    value = part.get(ptype)
+    if not isinstance(value, kind):
+        _missing_or_wrong(value, f"{path}.{ptype}", "a string" if kind is str else "an object")
+    if inner is not None and isinstance(value, dict) and not isinstance(value.get(inner), str):
+        _missing_or_wrong(value.get(inner), f"{path}.{ptype}.{inner}", "a string")
+
+
+def _missing_or_wrong(value: Any, param: str, expected: str) -> NoReturn:
+    if value is None:
+        raise _bad(f"Missing required parameter: '{param}'", param, "missing_required_parameter")
+    raise _bad(
+        f"Invalid type for '{param}': expected {expected}, but got {json_type(value)} instead",
+        param,
+        "invalid_type",
+    )
+
+
+def _check_tool_answers(messages: list[Any], checked: int) -> None:
+    """Tool messages answer the tool calls of the assistant message just before them (only
+    tool messages between), and every call is answered before the next other message: the
+    API refuses anything else (a 400 naming the message). Messages before ``checked`` passed
+    before; the walk starts at the assistant message whose calls they may still answer."""
+    start = checked
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    if start > 0:
+        start -= 1  # the message the leading tool messages answer (or none)
+    calls: dict[str, bool] | None = None  # the open calls' ids -> answered
+    owner = 0
+    for i in range(start, len(messages)):
+        m = messages[i]
+        if m.get("role") == "tool":
+            if calls is None or m["tool_call_id"] not in calls:
+                if i < checked:
+                    continue
+                raise _bad(
+                    f"messages[{i}]: a message with role 'tool' must answer a tool call of the "
+                    f"assistant message before it; none has id {m['tool_call_id']!r}",
+                    f"messages[{i}].tool_call_id",
+                )
+            calls[m["tool_call_id"]] = True
+            continue
+        if i >= checked:
+            _all_answered(calls, owner)
+        tool_calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        calls = {c["id"]: False for c in tool_calls} if tool_calls else None
+        owner = i
+    _all_answered(calls, owner)
+
+
+def _all_answered(calls: dict[str, bool] | None, owner: int) -> None:
+    if calls is not None and not all(calls.values()):
+        missing = ", ".join(k for k, done in calls.items() if not done)
+        raise _bad(
+            f"messages[{owner}]: an assistant message with 'tool_calls' must be followed by "
+            f"tool messages answering each 'tool_call_id'; no answer for: {missing}",
+            f"messages[{owner}].tool_calls",
+        )
 
 
 def _validate_tools(tools: Any) -> None:

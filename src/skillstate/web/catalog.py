@@ -25,11 +25,25 @@ def catalog_dialect(headers: Mapping[str, str]) -> Dialect:
     return dialect_for_headers(headers)
 
 
+# The longest model id looked up: real ids are far shorter (OpenAI's fine-tuned
+# ``ft:<base>:<org>:<suffix>:<id>`` and Hugging Face's ``<owner>/<repo>``, at most 96
+# characters each part, stay under 200; a Bedrock inference-profile ARN about 120), and a
+# longer one would only go out in the upstream's URL, which servers cap (8 KiB for many).
+MAX_MODEL_ID_CHARS = 256
+
+
 def check_model_id(model_id: str) -> None:
     """A model id goes into the upstream's path, sent with the operator's key: ``..`` or
     ``.`` segments (``/v1/models/..%2Ffiles``) would name another route to any gateway that
-    decodes ``%2F`` before routing, so they are refused, as are empty and control characters.
-    Ids with ``/`` (``meta-llama/Llama-3``) are fine."""
+    decodes ``%2F`` before routing, so they are refused, as are empty and control characters
+    and ids over ``MAX_MODEL_ID_CHARS``. Ids with ``/`` (``meta-llama/Llama-3``) are fine."""
+    if len(model_id) > MAX_MODEL_ID_CHARS:
+        raise ProxyError(
+            "invalid_request",
+            f"model id is {len(model_id)} characters long; at most {MAX_MODEL_ID_CHARS}",
+            param="model",
+            code="invalid_value",
+        )
     segments = model_id.split("/")
     if (
         not model_id

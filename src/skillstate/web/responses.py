@@ -25,9 +25,13 @@ from ..choices import Mode
 from ..dialects import sse
 from ..dialects.responses import RESPONSES, input_items
 from ..dialects.responses.stream import TERMINAL_EVENTS
-from ..dialects.responses.translate import reject_unsupported_tools, split_tools
+from ..dialects.responses.translate import (
+    reject_unsupported_tools,
+    split_tools,
+    untranslated_items,
+)
 from ..errors import ProxyError
-from ..headertext import header_safe
+from ..headertext import HEADER_TEXT_MAX_CHARS, header_safe
 from ..observability.telemetry import TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
@@ -109,6 +113,7 @@ class ResponsesTurn:
         self.endpoint = endpoint
         self.link: StoredLink | None = None
         self.dropped: list[str] = []  # tools an upstream of another kind cannot take
+        self.dropped_items: list[str] = []  # input item types it is not sent either
         self.pool: UpstreamPool | None = None
         self.store: Store | None = None
 
@@ -130,6 +135,7 @@ class ResponsesTurn:
         prev_id = turn.body.get("previous_response_id")
         own_items = input_items(turn.body.get("input"))
         _, self.dropped = split_tools(turn.body.get("tools"))
+        self.dropped_items = untranslated_items(own_items)
         if self.dropped and rt.settings.unsupported_tools == "reject":
             _reject_unsupported(rt.pool.candidates(turn.model), turn.body)
         caller = principal_of(request.scope)
@@ -147,8 +153,11 @@ class ResponsesTurn:
         return turn, run
 
     async def finish(self, turn: Turn, result: Reply | StreamReply) -> Reply | StreamReply:
-        if self.dropped and self.pool is not None:
-            _say_dropped(self.pool.candidates(turn.model), result.headers, self.dropped)
+        if (self.dropped or self.dropped_items) and self.pool is not None:
+            candidates = self.pool.candidates(turn.model)
+            _say_dropped(candidates, result.headers, "tools", self.dropped)
+            # Item types are the API's (validated): every one of them fits in the header.
+            _say_dropped(candidates, result.headers, "items", self.dropped_items, 1024)
         link, store = self.link, self.store
         if link is None or link.done or store is None:
             return result  # nothing to store, or stored with the turn's commit
@@ -179,13 +188,18 @@ def _reject_unsupported(candidates: list[UpstreamRuntime], body: JSON) -> None:
 
 
 def _say_dropped(
-    candidates: list[UpstreamRuntime], headers: dict[str, str], dropped: list[str]
+    candidates: list[UpstreamRuntime],
+    headers: dict[str, str],
+    what: str,
+    dropped: list[str],
+    limit: int = HEADER_TEXT_MAX_CHARS,
 ) -> None:
-    """Name the tools the answering upstream never saw (it was not of the Responses kind)."""
+    """Name the tools (or input item types) the answering upstream never saw (it was not of
+    the Responses kind): ``x-skillstate-dropped-tools`` / ``x-skillstate-dropped-items``."""
     name = headers.get("x-skillstate-upstream")
     kind = next((up.kind for up in candidates if up.name == name), DIALECT)
-    if kind != DIALECT:
-        headers["x-skillstate-dropped-tools"] = header_safe(",".join(dropped))
+    if dropped and kind != DIALECT:
+        headers[f"x-skillstate-dropped-{what}"] = header_safe(",".join(dropped), limit)
 
 
 async def _keep_stream(

@@ -14,11 +14,12 @@ from ...errors import ProxyError
 from ..base import JSON
 
 _ALNUM = string.ascii_letters + string.digits
-# Items with no chat-completions equivalent: reasoning (its encrypted_content is only readable
-# by the Responses API that made it), compaction (opaque), hosted tools' calls.
-_DROPPED_ITEMS = frozenset(
-    {"reasoning", "compaction", "item_reference", "web_search_call", "file_search_call"}
-)
+# The input items a chat-completions (or, through it, Anthropic) upstream is sent. The other
+# types the API takes (validate.INPUT_ITEM_TYPES) have no chat form: reasoning (its
+# encrypted_content is only readable by the Responses API that made it), compaction (opaque),
+# hosted tools' calls, and calls of tools that are not function tools (whose tools are not
+# sent either: split_tools). They are left out, and named (untranslated_items).
+TRANSLATED_ITEMS = frozenset({"message", "function_call", "function_call_output"})
 
 
 def new_id(prefix: str) -> str:
@@ -108,6 +109,12 @@ def input_to_messages(body: JSON) -> list[JSON]:
             content = _output_to_text(item.get("output"))
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
     return messages
+
+
+def untranslated_items(items: list[Any]) -> list[str]:
+    """The types of the (validated) input items a translation to chat leaves out, sorted."""
+    types = {item.get("type", "message") for item in items if isinstance(item, dict)}
+    return sorted(t for t in types if isinstance(t, str) and t not in TRANSLATED_ITEMS)
 
 
 def _tool_choice_to_chat(choice: Any) -> Any:

@@ -8,12 +8,50 @@ from typing import Any
 
 from ..base import JSON
 from ..checks import bad_request as _bad
-from ..checks import is_int as _is_int
-from ..checks import is_number as _is_number
+from ..checks import check_bounds
 
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 _FORMATS = frozenset({"text", "json_object", "json_schema"})
+# Every input item type the API takes (the openai SDK's ResponseInputItemParam union, 3.57):
+# one of these goes to a Responses upstream as it came (the translations to other kinds carry
+# message, function_call and function_call_output; see translate.input_to_messages); any
+# other type is a 400 here, as it is there, instead of an item dropped without a word.
+INPUT_ITEM_TYPES = frozenset(
+    {
+        "message",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "reasoning",
+        "compaction",
+        "compaction_trigger",
+        "item_reference",
+        "file_search_call",
+        "web_search_call",
+        "computer_call",
+        "computer_call_output",
+        "code_interpreter_call",
+        "image_generation_call",
+        "local_shell_call",
+        "local_shell_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "mcp_call",
+        "tool_search_call",
+        "tool_search_output",
+        "additional_tools",
+        "configuration_update",
+        "program",
+        "program_output",
+    }
+)
 # Content parts whose text the translations to other upstream kinds read (and join).
 _TEXT_OF_PART = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
@@ -36,13 +74,10 @@ def validate_responses_request(body: JSON, checked: int = 0) -> None:
     for key in ("stream", "store", "parallel_tool_calls", "background"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise _bad(f"'{key}' must be a boolean", key)
-    if body.get("max_output_tokens") is not None and (
-        not _is_int(body["max_output_tokens"]) or body["max_output_tokens"] < 1
-    ):
-        raise _bad("'max_output_tokens' must be a positive integer", "max_output_tokens")
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None and not _is_number(body[key]):
-            raise _bad(f"'{key}' must be a number", key)
+    check_bounds(body, "max_output_tokens", 1, None, integer=True)
+    check_bounds(body, "temperature", 0, 2)
+    check_bounds(body, "top_p", 0, 1)
+    check_bounds(body, "top_logprobs", 0, 20, integer=True)
     for key in ("metadata", "reasoning", "text"):
         if body.get(key) is not None and not isinstance(body[key], dict):
             raise _bad(f"'{key}' must be an object", key)
@@ -65,6 +100,13 @@ def _validate_item(item: Any, path: str) -> None:
     itype = item.get("type", "message")
     if not isinstance(itype, str):
         raise _bad(f"{path}.type must be a string", f"{path}.type")
+    if itype not in INPUT_ITEM_TYPES:
+        raise _bad(
+            f"Invalid value: {itype[:64]!r} for '{path}.type'. Supported values are: "
+            + ", ".join(repr(t) for t in sorted(INPUT_ITEM_TYPES)),
+            f"{path}.type",
+            "invalid_value",
+        )
     if itype == "message":
         role = item.get("role")
         if not isinstance(role, str) or role not in _ROLES:
@@ -90,7 +132,7 @@ def _validate_item(item: Any, path: str) -> None:
             raise _bad(f"{path}.output: required, a string or an array", f"{path}.output")
         for k, part in enumerate(output if isinstance(output, list) else ()):
             _validate_part(part, f"{path}.output[{k}]")
-    # reasoning, compaction and other item types are relayed as they are
+    # the other types go to a Responses upstream as they are, and no other kind reads them
 
 
 def _validate_part(part: Any, path: str) -> None:
