@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from tests.conftest import InProcessProxy, StartProxy, StartProxyProcess
+from tests.e2e.test_budgets import make_key
 from tests.fakeprovider import FakeProvider, Reply
 from tests.helpers import SESSION_HEADER, envelope
 
@@ -169,3 +170,73 @@ def test_a_process_killed_right_after_a_responses_commit_keeps_the_stored_respon
     assert nxt.previous_response_id == got.id
     sent_upstream = fake.requests[-1].json
     assert "one" in str(sent_upstream)  # the chain was rebuilt from the stored response
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replay_of_a_paid_turn_is_not_refused_by_a_spent_budget(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, stream: bool
+) -> None:
+    """A replay (Idempotency-Key) costs nothing upstream: a budget spent since (the key's
+    daily one and the session's) refuses the next call, never the paid turn's reply again;
+    the key itself still has to be valid."""
+    proxy = start_proxy(
+        fake.url + "/v1", "--schema", "notes", config={"prices": PRICES, "auth_cache_ttl": 0}
+    )
+    key = make_key(tmp_path / "data", "create", "--name", "team", "--budget-usd-per-day", "0.15")
+    fake.enqueue(Reply(text=envelope({"notes": "x"}), usage={"completion_tokens": 100}))
+    body = {"model": "m", "max_tokens": 100, "stream": stream,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    auth = {"authorization": f"Bearer {key}", SESSION_HEADER: "b2"}
+
+    def send(idem: str, **extra: str) -> httpx.Response:
+        headers = {**auth, "Idempotency-Key": idem, **extra}
+        return proxy.http.post(proxy.v1 + "/chat/completions", json=body, headers=headers)
+
+    first = send("paid", **{"x-skillstate-budget-usd": "0.15"})
+    assert first.status_code == 200, first.text  # $0.10 of both budgets' $0.15 spent
+    refused = send("another")
+    assert refused.status_code == 429  # the next call's worst case ($0.10) does not fit
+    assert refused.json()["error"]["code"] in ("budget_exceeded", "session_budget_exceeded")
+    again = send("paid")
+    assert again.status_code == 200 and again.headers["x-skillstate-replayed"] == "true"
+    assert again.content == first.content and len(fake.requests) == 1
+    stranger = proxy.http.post(
+        proxy.v1 + "/chat/completions", json=body,
+        headers={**auth, "authorization": "Bearer sk-ss-wrong", "Idempotency-Key": "paid"},
+    )  # fmt: skip
+    assert stranger.status_code == 401
+
+
+def test_every_session_budget_change_writes_an_audit_line(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A budget is not a transition (it moves no step): its changes are in the audit log,
+    who made each, as for client keys; ``GET /state`` shows the budget it has now."""
+    proxy = start_proxy(
+        fake.url + "/v1", "--schema", "notes", config={"prices": PRICES, "auth_cache_ttl": 0}
+    )
+    key = make_key(tmp_path / "data", "create", "--name", "team")
+    auth = {"authorization": f"Bearer {key}"}
+    fake.enqueue(Reply(text=envelope({"notes": "x"}), usage={"completion_tokens": 10}))
+    caplog.set_level("INFO", logger="skillstate.audit")
+    first = proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+        headers={**auth, SESSION_HEADER: "b3", "x-skillstate-budget-usd": "0.25"},
+    )
+    assert first.status_code == 200, first.text
+    for value in ("0.35", "none"):
+        r = proxy.http.patch(
+            proxy.url + "/state",
+            params={"session": "b3"},
+            headers={**auth, "x-skillstate-budget-usd": value},
+        )
+        assert r.status_code == 200, r.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "skillstate.audit"]
+    assert [line for line in lines if "session budget" in line] == [
+        "audit: session budget set session=b3 usd=0.25 by=turn of key:team",
+        "audit: session budget set session=b3 usd=0.35 by=key:team",
+        "audit: session budget removed session=b3 by=key:team",
+    ]
+    shown = proxy.get("/state", params={"session": "b3", "history": "1"}, headers=auth).json()
+    assert shown["budget_usd"] is None and shown["step"] == 1  # no step for a budget

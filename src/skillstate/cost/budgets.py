@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from ..coordination.budgets import SharedHolds
     from ..coordination.link import CoordinationLink
     from .ledgerwrites import LedgerWrites
+
+audit_log = logging.getLogger("skillstate.audit")
 
 DAY = 86400.0
 BUDGET_HEADER = "x-skillstate-budget-usd"
@@ -129,6 +132,18 @@ def session_budget(session: str, limit: float) -> Budget:
         SESSION_REMAINING,
         None,
     )
+
+
+def audit_session_budget(session: str, usd: float | None, by: str) -> None:
+    """The audit line of a session budget set or removed (``PATCH /state``, or the first
+    turn that sends ``x-skillstate-budget-usd``). A budget is not a transition of the
+    session (it moves no step, and a session with no state has one too): the audit log is
+    its history, as for client keys."""
+    shown = split_session(session)[1]
+    if usd is None:
+        audit_log.info("audit: session budget removed session=%s by=%s", shown, by)
+    else:
+        audit_log.info("audit: session budget set session=%s usd=%g by=%s", shown, usd, by)
 
 
 def parse_budget(value: str, cap: float | None, name: str = BUDGET_HEADER) -> float:
@@ -359,6 +374,7 @@ class Budgets:
             limit = await self.store.session_budget(session) if stored else None
             if limit is None and usd is not None:
                 limit = await self.store.set_session_budget(session, usd, replace=False)
+                audit_session_budget(session, limit, f"turn of key:{key}" if key else "turn")
         except StoreError as e:
             raise e.for_client("could not read the session's budget") from e
         if cap is not None:  # a budget set before the key's cap was lowered is held to it

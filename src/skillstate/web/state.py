@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from ..auth.gate import principal_of
 from ..auth.tenancy import View, view_of
-from ..cost.budgets import BUDGET_HEADER, parse_budget, session_budget
+from ..cost.budgets import BUDGET_HEADER, audit_session_budget, parse_budget, session_budget
 from ..errors import ProxyError
 from ..sessions.ids import is_valid_session_id
 from ..store import StoreError, TransitionRecord
@@ -151,6 +151,7 @@ async def _patch(request: Request, rt: Runtime, target: _Target) -> Response:
         cap = caller.record.max_session_budget_usd if caller is not None else None
         usd = None if asked.strip().lower() == "none" else parse_budget(asked, cap)
         out["budget_usd"] = await rt.store.set_session_budget(target.stored, usd, replace=True)
+        audit_session_budget(target.stored, usd, f"key:{caller.name}" if caller else "operator")
         if not (await request.body()).strip():
             return JSONResponse(out)
     patch = await read_json_object(request, rt.settings.max_body_bytes)
