@@ -27,7 +27,11 @@ def _turn(url: str, session: str) -> httpx.Response:
 def test_purge_leaves_a_session_with_a_turn_in_flight(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
-    p = start_proxy(fake.url + "/v1", config={"session_ttl": 1, "purge_interval": 0.1})
+    # session_ttl is the slack the held turn has to reach its upstream call after the first
+    # turn's commit: with 1 s a loaded machine (load 24, pytest -n auto) sometimes let "busy"
+    # expire and be purged before that turn began, which then started a new session (step 1),
+    # as it should. 5 s keeps the precondition without slowing the test by more than the wait.
+    p = start_proxy(fake.url + "/v1", config={"session_ttl": 5, "purge_interval": 0.1})
     assert _turn(p.url, "busy").status_code == 200
     assert _turn(p.url, "other").status_code == 200  # younger: once it is purged, so is "busy"
 
