@@ -14,17 +14,27 @@ Standalone: ``python tests/fakeprovider.py --port 0`` prints ``listening on http
 and serves until killed; script it over HTTP with ``POST /_fake/enqueue`` (a Reply as JSON,
 or a list of them), ``GET /_fake/requests`` and ``POST /_fake/reset``.
 
+Input tokens (:func:`prompt_tokens`) are everything the model reads, the tool definitions
+included: every provider renders the tools into the prompt and bills them (chat completions:
+the messages and tools; Messages: the system, messages and tools, also what
+``/v1/messages/count_tokens`` answers; Responses: the instructions, input items and tools).
+
 Prompt caching (``FakeProvider(cache="openai" | "anthropic")``): usage reports cache reads
 and writes the way the real APIs bill them, unless a Reply scripts its own cache figures.
-``openai``: automatic prefix caching; the longest byte prefix (tools, then each message, as
-compact JSON) shared with a request seen within ``cache_ttl`` seconds is read, in steps of
-128 tokens, when it is at least ``cache_min_tokens``; ``cached_tokens`` is part of
-``prompt_tokens``. ``anthropic``: explicit ``cache_control`` breakpoints on blocks (tools,
-system blocks, message content blocks; the marker itself is not part of the prefix). The
-longest prefix ending at a block boundary, at or before the last breakpoint, that an earlier
-request wrote is read; the prefix up to the last breakpoint is written when it is longer
-and at least ``cache_min_tokens``; ``input_tokens`` EXCLUDES both (Anthropic's convention).
-Prefix tokens use the fake tokenizer on those bytes, capped at the prompt's tokens.
+``openai`` (chat completions AND Responses, which OpenAI caches alike): automatic prefix
+caching; the longest byte prefix (tools, then each message, or the instructions and each
+input item, as compact JSON) shared with a request seen within ``cache_ttl`` seconds is read,
+in steps of 128 tokens, when it is at least ``cache_min_tokens`` (1,024);
+``cached_tokens`` (``prompt_tokens_details`` / ``input_tokens_details``) is part of the
+input. ``anthropic``: explicit ``cache_control`` breakpoints on blocks, in Anthropic's
+cache order: each tool, each system block, each message content block (the marker itself is
+not part of the prefix; a top-level ``cache_control``, automatic caching, marks the last
+block). The longest prefix ending at a block boundary at most ``CACHE_LOOKBACK_BLOCKS``
+blocks before one of the breakpoints that an earlier request wrote is read; the prefix up to
+the last breakpoint is written when it is longer and at least the model's minimum
+(:meth:`FakeProvider.cache_minimum`: ``ANTHROPIC_CACHE_MINIMUMS``, else
+``cache_min_tokens``); ``input_tokens`` EXCLUDES both (Anthropic's convention). Prefix
+tokens use the fake tokenizer on those bytes, capped at the prompt's tokens.
 
 Fault injection (all on Reply): ``status``/``error_body``/``retry_after`` (an error in the
 endpoint's dialect), ``delay`` (before headers), ``chunk_delay`` (between events),
@@ -42,6 +52,7 @@ import asyncio
 import base64
 import collections
 import contextlib
+import fnmatch
 import json
 import math
 import secrets
@@ -73,6 +84,16 @@ COMPACT_FIELDS = {
     "model", "input", "instructions", "previous_response_id", "prompt_cache_key",
     "prompt_cache_options", "prompt_cache_retention", "service_tier",
 }  # fmt: skip
+# Anthropic's minimum cacheable prefix per model (its prompt-caching docs; fnmatch patterns,
+# the first match wins); any other model: ``FakeProvider.cache_min_tokens`` (1,024). OpenAI's
+# minimum is 1,024 for every model.
+ANTHROPIC_CACHE_MINIMUMS = {
+    "claude-opus-4-5*": 4096, "claude-opus-4-6*": 4096, "claude-haiku-4-5*": 4096,
+    "claude-sonnet-4-6*": 2048, "claude-3-5-haiku*": 2048, "claude-3-haiku*": 2048,
+}  # fmt: skip
+# Anthropic looks for a cache hit at most this many block boundaries before a breakpoint.
+CACHE_LOOKBACK_BLOCKS = 20
+CACHE_STEP_TOKENS = 128  # OpenAI reports cached tokens in 128-token increments
 _OPENAI_FINISH = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
 _ANTHROPIC_STOP = {v: k for k, v in _OPENAI_FINISH.items()}
 _ALNUM = string.ascii_letters + string.digits
@@ -90,6 +111,32 @@ def ntokens(text: str) -> int:
 def estimate_tokens(obj: Any) -> int:
     """Token estimate of any JSON value: ``ceil(len(json.dumps(obj)) / 4)``."""
     return ntokens(json.dumps(obj))
+
+
+def _unmarked(value: Any) -> Any:
+    """``value`` without its ``cache_control`` keys (a marker is not part of the prompt)."""
+    if isinstance(value, dict):
+        return {k: _unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_unmarked(v) for v in value]
+    return value
+
+
+def prompt_tokens(req: dict[str, Any], dialect: str) -> int:
+    """The input tokens a request is billed (``dialect``: openai, anthropic or responses):
+    what the model reads, the tool definitions included (Anthropic's ``cache_control``
+    markers are not)."""
+    tools = req.get("tools")
+    if dialect == "anthropic":
+        tools, system = _unmarked(tools), _unmarked(req.get("system"))
+        billed = (estimate_tokens(tools) if tools else 0) + (
+            estimate_tokens(system) if system else 0
+        )
+        return billed + estimate_tokens(_unmarked(req.get("messages", [])))
+    billed = estimate_tokens(tools) if tools else 0
+    if dialect == "responses":
+        return billed + estimate_tokens([req.get("instructions"), req.get("input")])
+    return billed + estimate_tokens(req.get("messages", []))
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -511,7 +558,7 @@ class FakeProvider:
         """``input_tokens``; with ``context_management`` (beta) also the count before its
         edits, ``context_management.original_input_tokens`` (BetaMessageTokensCount). The fake
         applies no edits: both counts are the whole request's."""
-        n = estimate_tokens([req.get("system"), req["messages"], req.get("tools")])
+        n = prompt_tokens(req, "anthropic")
         if req.get("context_management") is not None:
             return {"input_tokens": n, "context_management": {"original_input_tokens": n}}
         return {"input_tokens": n}
@@ -552,10 +599,8 @@ class FakeProvider:
         finish = reply.finish_reason or ("tool_calls" if calls else "stop")
         finish = "length" if truncated else _OPENAI_FINISH.get(finish, finish)
         u = reply.usage
-        prompt = u.get("prompt_tokens", estimate_tokens(req.get("messages", [])))
-        cached = u.get("cached_tokens", u.get("cache_read"))
-        if cached is None:
-            cached = self._openai_cache(req, prompt) if self.cache == "openai" else 0
+        prompt = u.get("prompt_tokens", prompt_tokens(req, "openai"))
+        cached = self._openai_cached(req, u, prompt, "messages")
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -628,9 +673,7 @@ class FakeProvider:
         stop = reply.finish_reason or ("tool_use" if calls else "end_turn")
         stop = "max_tokens" if truncated else _ANTHROPIC_STOP.get(stop, stop)
         u = reply.usage
-        prompt = estimate_tokens(req.get("messages", [])) + (
-            estimate_tokens(req["system"]) if req.get("system") else 0
-        )
+        prompt = prompt_tokens(req, "anthropic")
         scripted = any(k in u for k in ("cache_write", "cache_read", "cached_tokens"))
         read = write = 0
         if self.cache == "anthropic" and not scripted:
@@ -713,11 +756,11 @@ class FakeProvider:
         them (shapes as in the openai SDK's types/responses)."""
         text, calls, completion, truncated = self._content(req, reply, ("max_output_tokens",))
         u = reply.usage
-        prompt = u.get("prompt_tokens", estimate_tokens([req.get("instructions"), req["input"]]))
+        prompt = u.get("prompt_tokens", prompt_tokens(req, "responses"))
         usage = {
             "input_tokens": prompt,
             "input_tokens_details": {
-                "cached_tokens": u.get("cached_tokens", u.get("cache_read", 0)),
+                "cached_tokens": self._openai_cached(req, u, prompt, "input"),
                 "cache_write_tokens": 0,
             },
             "output_tokens": completion,
@@ -844,14 +887,40 @@ class FakeProvider:
         self._cached = {k: t for k, t in self._cached.items() if now - t <= self.cache_ttl}
         return self._cached
 
-    def _openai_cache(self, req: dict[str, Any], prompt: int) -> int:
+    def _openai_cached(
+        self, req: dict[str, Any], u: dict[str, int], prompt: int, items: str
+    ) -> int:
+        """``cached_tokens`` of a chat-completions (``items="messages"``) or Responses
+        (``"input"``) request: the Reply's scripted figure, else the cache's under
+        ``cache="openai"``, else 0."""
+        scripted = u.get("cached_tokens", u.get("cache_read"))
+        if scripted is not None:
+            return scripted
+        return self._openai_cache(req, prompt, items) if self.cache == "openai" else 0
+
+    def _openai_cache(self, req: dict[str, Any], prompt: int, items: str) -> int:
+        """OpenAI's automatic prefix cache: the prefix is the tools, then (Responses) the
+        instructions, then each message or input item."""
         pieces = [req["tools"]] if req.get("tools") else []
-        text = "".join(_dumps(p).decode() for p in [*pieces, *req.get("messages", [])])
+        if req.get("instructions"):
+            pieces.append(req["instructions"])
+        listed = req.get(items, [])
+        pieces += listed if isinstance(listed, list) else [listed]
+        text = "".join(_dumps(p).decode() for p in pieces)
         live = self._live_cache()
         common = max((_common_prefix(text, seen) for seen in live), default=0)
         live[text] = time.monotonic()
         tokens = min(common // 4, prompt)
-        return tokens // 128 * 128 if tokens >= self.cache_min_tokens else 0
+        if tokens < self.cache_min_tokens:
+            return 0
+        return tokens // CACHE_STEP_TOKENS * CACHE_STEP_TOKENS
+
+    def cache_minimum(self, model: Any) -> int:
+        """The fewest tokens a prefix must hold to be cached (Anthropic's, per model)."""
+        for pattern, tokens in ANTHROPIC_CACHE_MINIMUMS.items():
+            if isinstance(model, str) and fnmatch.fnmatchcase(model, pattern):
+                return tokens
+        return self.cache_min_tokens
 
     def _anthropic_cache(self, req: dict[str, Any], prompt: int) -> tuple[int, int]:
         blocks: list[Any] = list(req.get("tools") or [])
@@ -866,24 +935,31 @@ class FakeProvider:
             text += _dumps({k: v for k, v in b.items() if k != "cache_control"}).decode()
             prefixes.append(text)
             marks.append(isinstance(b, dict) and "cache_control" in b)
-        if not any(marks):
+        if marks and req.get("cache_control"):  # automatic caching: the last block
+            marks[-1] = True
+        breakpoints = [i for i, marked in enumerate(marks) if marked]
+        if not breakpoints:
             return 0, 0
-        last = max(i for i, marked in enumerate(marks) if marked)
+        last = breakpoints[-1]
+        minimum = self.cache_minimum(req.get("model"))
         live = self._live_cache()
         now = time.monotonic()
 
         def tokens(i: int) -> int:
             return min(ntokens(prefixes[i]), prompt)
 
-        hit = next((i for i in range(last, -1, -1) if prefixes[i] in live), None)
+        def looked_up(i: int) -> bool:
+            return any(0 <= b - i <= CACHE_LOOKBACK_BLOCKS for b in breakpoints)
+
+        hit = next((i for i in range(last, -1, -1) if looked_up(i) and prefixes[i] in live), None)
         read = tokens(hit) if hit is not None else 0
         if hit is not None:
             live[prefixes[hit]] = now
         write = 0
-        if hit != last and tokens(last) >= self.cache_min_tokens:
+        if hit != last and tokens(last) >= minimum:
             write = tokens(last) - read
-            for i, marked in enumerate(marks):
-                if marked and tokens(i) >= self.cache_min_tokens:
+            for i in breakpoints:
+                if tokens(i) >= minimum:
                     live[prefixes[i]] = now
         return read, write
 

@@ -39,3 +39,24 @@ def oai(proxy: _HasURL, key: str = "sk-client", **kw: Any) -> openai.OpenAI:
 def ant(proxy: _HasURL, key: str = "sk-client", **kw: Any) -> anthropic.Anthropic:
     """An Anthropic SDK client of the proxy that does not retry."""
     return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0, **kw)
+
+
+# Tool definitions of ~1,500 tokens (the fake tokenizer's) for a short request: over the
+# caches' 1,024-token minimum by themselves, as an agent's tools are. One list per format.
+_HEAVY_DESCRIPTION = "Looks things up in the inventory and returns the matching records. " * 9
+HEAVY_CHAT_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"lookup_{i}",
+            "description": _HEAVY_DESCRIPTION,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+    for i in range(8)
+]
+HEAVY_RESPONSES_TOOLS: list[Any] = [{"type": "function", **t["function"]} for t in HEAVY_CHAT_TOOLS]
+HEAVY_ANTHROPIC_TOOLS: list[Any] = [
+    {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+    for f in (t["function"] for t in HEAVY_CHAT_TOOLS)
+]
