@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import orjson
 import pytest
@@ -17,6 +18,8 @@ from skillstate.bench.runner import run_benchmark
 from skillstate.bench.simcache import SimCache
 from skillstate.bench.simmodel import SimModel
 from skillstate.bench.workloads import ConversationWorkload
+from skillstate.cost.tokens import estimate_tokens
+from tests.helpers import HEAVY_ANTHROPIC_TOOLS, HEAVY_CHAT_TOOLS
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -225,6 +228,50 @@ def test_sim_chat_completions_reports_openai_cached_tokens() -> None:
         second = client.chat.completions.create(model="m", messages=messages)
         assert second.usage is not None and second.usage.prompt_tokens_details is not None
         assert second.usage.prompt_tokens_details.cached_tokens == 1920
+
+
+def test_sim_bills_the_tool_definitions_and_caches_them_on_both_apis() -> None:
+    """The tools are input on every call and the start of the cached prefix: chat
+    completions under the OpenAI regime, Messages (a breakpoint on the last tool, as Claude
+    Code marks it) under the Anthropic one."""
+    other: list[Any] = [{"role": "user", "content": "a different question"}]
+    with SimModel(regime="openai") as sim:
+        client = openai.OpenAI(base_url=sim.base_url, api_key="x", max_retries=0)
+        for messages in ([{"role": "user", "content": "which tool?"}], other):
+            r = client.chat.completions.create(model="m", messages=messages, tools=HEAVY_CHAT_TOOLS)
+            assert r.usage is not None
+            assert r.usage.prompt_tokens == estimate_tokens(messages) + estimate_tokens(
+                HEAVY_CHAT_TOOLS
+            )
+        assert r.usage.prompt_tokens_details is not None
+        assert r.usage.prompt_tokens_details.cached_tokens >= 1024  # the tools, read
+    tools = [*HEAVY_ANTHROPIC_TOOLS[:-1], {**HEAVY_ANTHROPIC_TOOLS[-1], "cache_control": EPHEMERAL}]
+    with SimModel(regime="anthropic") as sim:
+        c = anthropic.Anthropic(base_url=sim.url, api_key="x", max_retries=0)
+        first = c.messages.create(model="m", max_tokens=64, messages=other, tools=tools)
+        again: list[Any] = [{"role": "user", "content": "yet another question"}]
+        second = c.messages.create(model="m", max_tokens=64, messages=again, tools=tools)
+    # Counted per block (the tools are one): their bytes / 4, markers left out.
+    tools_bytes = len(orjson.dumps(HEAVY_ANTHROPIC_TOOLS))
+    assert first.usage.cache_creation_input_tokens == math.ceil(tools_bytes / 4)
+    assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+    assert second.usage.cache_creation_input_tokens == 0 < second.usage.input_tokens
+
+
+def test_sim_messages_stream_reports_input_and_cache_in_message_start() -> None:
+    """As Anthropic streams usage: the input and cache counts in message_start, again with
+    the output in message_delta."""
+    with SimModel(regime="anthropic") as sim:
+        body = {"model": "m", "max_tokens": 64, "messages": [_msg("user", 6000, mark=True)]}
+        httpx.post(sim.url + "/v1/messages", json=body)
+        raw = httpx.post(sim.url + "/v1/messages", json={**body, "stream": True}).text
+    events = [orjson.loads(line[6:]) for line in raw.split("\n") if line.startswith("data: ")]
+    start = events[0]["message"]["usage"]
+    delta = next(e for e in events if e["type"] == "message_delta")["usage"]
+    assert start["cache_read_input_tokens"] > 1024 and start["output_tokens"] == 1
+    assert delta["output_tokens"] > 1
+    for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        assert start[key] == delta[key]
 
 
 # -- the report's cost arithmetic --------------------------------------------------------------

@@ -28,7 +28,8 @@ is :class:`skillstate.bench.simcache.SimCache` under the regime the model was st
 reported the way the real APIs report it: ``prompt_tokens_details.cached_tokens`` (plus
 ``cache_write_tokens`` when there are writes) on chat completions;
 ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` on Messages, whose
-``input_tokens`` then excludes both. A Messages request is answered by the same policy as its
+``input_tokens`` then excludes both (in a stream: in ``message_start``, and again in
+``message_delta`` with the output). A Messages request is answered by the same policy as its
 chat-completions translation (``skillstate.dialects``' own mapping).
 """
 
@@ -645,11 +646,25 @@ class SimModel:
         resp = await _open_stream(request)
         for chunk in _chunks(cid, reply, finish, usage):
             for event in translator.feed(chunk):
-                await resp.write(event)
+                await resp.write(_start_usage(event, usage))
         for event in translator.finish():
             await resp.write(event)
         await resp.write_eof()
         return resp
+
+
+def _start_usage(event: bytes, usage: dict[str, Any] | None) -> bytes:
+    """``event`` with, when it is ``message_start``, the request's input and cache counts in
+    its usage, as Anthropic sends them there (the translator, which relays a chat stream
+    whose usage comes last, leaves them 0 until ``message_delta``); output 1, as the API's."""
+    if usage is None or not event.startswith(b"event: message_start\n"):
+        return event
+    from skillstate.dialects.translate.common import openai_usage_to_anthropic
+
+    head, _, data = event.partition(b"data: ")
+    start = orjson.loads(data)
+    start["message"]["usage"] = {**openai_usage_to_anthropic(usage), "output_tokens": 1}
+    return head + b"data: " + orjson.dumps(start) + b"\n\n"
 
 
 def _split_user_parts(body: dict[str, Any]) -> dict[str, Any]:
