@@ -201,9 +201,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "price) or `none`. Unset: the upstream's `kind`.",
         "cache_ttl_s": "Seconds a cached prefix lives after its last use (baseline model).",
         "cache_min_tokens": "Shortest prefix (tokens) the provider caches; below it, no cache "
-        "read or write is modelled and no breakpoint is added.",
+        "read or write is modelled and no breakpoint is added. Unset on an `anthropic` "
+        "upstream: Anthropic's minimum for the model (4,096 for Claude Opus 4.5/4.6 and Haiku "
+        "4.5, 2,048 for Sonnet 4.6 and Haiku 3/3.5, else 1,024).",
         "cache_min_tokens_by_model": "`cache_min_tokens` per model: fnmatch pattern -> tokens "
-        "(the first match wins).",
+        "(the first match wins; it overrides Anthropic's own minimums).",
         "cache_breakpoints": "`auto`: on an `anthropic` upstream the proxy marks the end of the "
         "state context's stable prefix with one `cache_control` breakpoint (within the 4 "
         "allowed, the client's own kept); `off`: never.",

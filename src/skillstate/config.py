@@ -31,6 +31,7 @@ from .choices import (
     ReplyEnvelope,
 )
 from .cost.baseline import (
+    ANTHROPIC_MIN_TOKENS,
     CACHE_PRICING,
     DEFAULT_MIN_TOKENS,
     DEFAULT_TTL_S,
@@ -48,6 +49,15 @@ DAY = 86400.0
 
 class ConfigError(Exception):
     """A configuration problem, reported as one line naming the setting."""
+
+
+@functools.lru_cache(maxsize=256)
+def _anthropic_min_tokens(model: str | None) -> int:
+    """Anthropic's minimum cacheable prefix for ``model`` (asked on every turn)."""
+    for pattern, tokens in ANTHROPIC_MIN_TOKENS.items():
+        if model and fnmatch.fnmatchcase(model, pattern):
+            return tokens
+    return DEFAULT_MIN_TOKENS
 
 
 @functools.lru_cache(maxsize=256, typed=True)
@@ -101,13 +111,20 @@ class Upstream(BaseModel):
         return "none"
 
     def cache_regime(self, model: str | None) -> CacheRegime:
-        """How this upstream bills the prompt cache for ``model``."""
+        """How this upstream bills the prompt cache for ``model``. Its minimum: the first
+        ``cache_min_tokens_by_model`` pattern that matches; else, on an ``anthropic``
+        upstream whose ``cache_min_tokens`` is not set, Anthropic's for the model (4,096 for
+        Haiku 4.5, ...); else ``cache_min_tokens``."""
+        pricing = self.cache_pricing_in_effect
         minimum = self.cache_min_tokens
         for pattern, tokens in self.cache_min_tokens_by_model.items():
             if model and fnmatch.fnmatchcase(model, pattern):
                 minimum = tokens
                 break
-        return _cache_regime(self.cache_pricing_in_effect, self.cache_ttl_s, minimum)
+        else:
+            if pricing == "anthropic" and "cache_min_tokens" not in self.model_fields_set:
+                minimum = _anthropic_min_tokens(model)
+        return _cache_regime(pricing, self.cache_ttl_s, minimum)
 
     def context_limit(self, model: str | None) -> int | None:
         """The context limit this upstream's entry sets for ``model`` (the first matching

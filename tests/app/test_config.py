@@ -90,6 +90,31 @@ def test_upstream_list_entries(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
+def test_cache_minimum_is_anthropics_per_model_unless_set(tmp_path: Path) -> None:
+    """An anthropic upstream caches from Anthropic's minimum for the model (the baseline,
+    auto's estimates and the proxy's breakpoint use it); a set cache_min_tokens, or a
+    cache_min_tokens_by_model pattern, is the user's word; OpenAI's is 1,024 for all."""
+    ups = [
+        {"name": "a", "url": "https://a/v1", "kind": "anthropic"},
+        {"name": "b", "url": "https://b/v1", "kind": "anthropic", "cache_min_tokens": 1500},
+        {"name": "c", "url": "https://c/v1", "kind": "anthropic",
+         "cache_min_tokens_by_model": {"claude-haiku-*": 3000}},
+        {"name": "o", "url": "https://o/v1", "kind": "openai"},
+    ]  # fmt: skip
+    cfg = write(tmp_path, {"upstreams": ups})
+    a, b, c, o = load_settings({"config": str(cfg)}, env={}, cwd=tmp_path).upstreams
+    minimum = {
+        model: [u.cache_regime(model).min_tokens for u in (a, b, c, o)]
+        for model in ("claude-haiku-4-5-20251001", "claude-sonnet-4-6", "claude-sonnet-4-5", None)
+    }
+    assert minimum == {
+        "claude-haiku-4-5-20251001": [4096, 1500, 3000, 1024],
+        "claude-sonnet-4-6": [2048, 1500, 2048, 1024],
+        "claude-sonnet-4-5": [1024, 1500, 1024, 1024],
+        None: [1024, 1500, 1024, 1024],
+    }
+
+
 @pytest.mark.parametrize(
     ("url", "field", "sent"),
     [

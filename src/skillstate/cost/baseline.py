@@ -57,6 +57,7 @@ from .tokens import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS
 from .usage import Usage
 
 __all__ = [
+    "ANTHROPIC_MIN_TOKENS",
     "Baseline",
     "CachePricing",
     "CacheRegime",
@@ -80,6 +81,17 @@ CachePricing = Literal["none", "openai", "anthropic"]
 CACHE_PRICING: tuple[CachePricing, ...] = ("none", "openai", "anthropic")
 DEFAULT_TTL_S = 300.0
 DEFAULT_MIN_TOKENS = 1024
+# Anthropic's minimum cacheable prefix where a model's is not DEFAULT_MIN_TOKENS (its
+# prompt-caching docs; fnmatch patterns, the first match wins). OpenAI's is 1,024 for every
+# model. A shorter prefix is neither written nor read, whatever its breakpoints.
+ANTHROPIC_MIN_TOKENS: dict[str, int] = {
+    "claude-opus-4-5*": 4096,
+    "claude-opus-4-6*": 4096,
+    "claude-haiku-4-5*": 4096,
+    "claude-sonnet-4-6*": 2048,
+    "claude-3-5-haiku*": 2048,
+    "claude-3-haiku*": 2048,
+}
 MAX_WRITTEN = 32  # anthropic: cache entries remembered per session (oldest dropped first)
 _DIGEST_SIZE = 16
 
