@@ -131,6 +131,8 @@ def test_a_tools_heavy_request_is_billed_with_its_tools_and_cached_on_the_second
         assert write_1 >= read_2 > 0
     else:
         assert read_2 % 128 == 0 and write_1 == write_2 == 0
-    # The proxy's ledger holds what the provider billed, cache reads and writes apart.
+    # The proxy's ledger holds what the provider billed, cache reads and writes apart. (A
+    # passthrough row is written after the reply; /cost waits for the writes in flight.)
+    assert p.get("/cost", params={"session": f"billing-{mode}"}).status_code == 200
     rows = ledger(tmp_path, f"billing-{mode}")
     assert rows == [billed(first), billed(second)]
