@@ -368,3 +368,27 @@ def test_unknown_constrain_header_is_a_400(aproxy: Proxy) -> None:
             messages=[{"role": "user", "content": "x"}],
             extra_headers={"x-skillstate-constrain": "bogus"},
         )
+
+
+def test_a_cache_pre_warm_with_max_tokens_0_is_one_call_and_keeps_the_state(
+    fake: FakeProvider, aproxy: Proxy
+) -> None:
+    """Anthropic documents ``max_tokens: 0`` as the way to populate the prompt cache. No
+    envelope can come back from a zero-token reply: the turn is not re-asked (which billed
+    three calls for one), goes out without an envelope grammar and keeps the state."""
+    fake.enqueue(Reply(text=envelope({"notes": "before"})))
+    client(aproxy).messages.create(
+        model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}],
+        extra_headers={SESSION_HEADER: "warm"},
+    )  # fmt: skip
+    before = len(fake.requests)
+    raw = client(aproxy).messages.with_raw_response.create(
+        model="m", max_tokens=0, messages=[{"role": "user", "content": "warm it"}],
+        extra_headers={SESSION_HEADER: "warm"},
+    )  # fmt: skip
+    assert len(fake.requests) == before + 1  # one upstream call, no re-ask
+    assert raw.headers["x-skillstate-transition"] == "format-noop"
+    sent = fake.requests[-1].json
+    assert sent["max_tokens"] == 0
+    assert "response_format" not in sent and "output_config" not in sent
+    assert aproxy.state("warm")["state"] == {"notes": "before"}

@@ -11,6 +11,7 @@ from skillstate.engine.constrain import (
     BOUNDED_ARRAY_GROWTH,
     BOUNDED_STRING_MAX_LENGTH,
     ENVELOPE_SCHEMA_NAME,
+    asks_for_no_output,
     infer_schema,
     nullable,
     patch_schema,
@@ -403,3 +404,14 @@ def test_response_format_for() -> None:
 )
 def test_should_constrain(body: dict[str, Any], expected: bool) -> None:
     assert should_constrain(body) is expected
+
+
+def test_a_zero_output_cap_asks_for_no_output_and_is_not_constrained() -> None:
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        body = {"model": "m", field: 0}
+        assert asks_for_no_output(body) and not should_constrain(body)
+        assert not asks_for_no_output({"model": "m", field: 1})
+    # false is no 0 here (a bool is an int in Python), and a missing cap asks for output
+    assert not asks_for_no_output({"max_tokens": False})
+    assert not asks_for_no_output({"model": "m"})
+    assert should_constrain({"model": "m", "max_tokens": 5})

@@ -39,6 +39,7 @@ from typing import Any, Literal
 __all__ = [
     "ENVELOPE_SCHEMA_NAME",
     "REASONING_MAX_LENGTH",
+    "asks_for_no_output",
     "envelope_schema",
     "infer_schema",
     "nullable",
@@ -362,6 +363,17 @@ _OWN_FORMAT_FIELDS = ("response_format", "json_schema", "grammar", "output_forma
 _TOOL_FIELDS = ("tools", "functions")
 
 
+# The output caps of chat completions (both names), Messages and Responses.
+_OUTPUT_CAP_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def asks_for_no_output(body: Mapping[str, Any]) -> bool:
+    """Whether the request caps its output at 0 tokens: Anthropic documents ``max_tokens: 0``
+    as the way to populate the prompt cache. No envelope can come back from such a call, so
+    asking for one would only re-ask (and bill) the model again."""
+    return any(type(body.get(f)) is int and body.get(f) == 0 for f in _OUTPUT_CAP_FIELDS)
+
+
 def has_own_format(body: Mapping[str, Any]) -> bool:
     """Whether the request constrains its own output.
 
@@ -394,4 +406,8 @@ def has_own_format(body: Mapping[str, Any]) -> bool:
 def should_constrain(body: Mapping[str, Any]) -> bool:
     """True only when the request carries no tools (a non-empty ``tools`` or legacy
     ``functions`` list) and no output format of its own (:func:`has_own_format`)."""
-    return not any(body.get(field) for field in _TOOL_FIELDS) and not has_own_format(body)
+    return (
+        not any(body.get(field) for field in _TOOL_FIELDS)
+        and not has_own_format(body)
+        and not asks_for_no_output(body)
+    )

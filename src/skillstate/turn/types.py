@@ -99,8 +99,12 @@ class Turn:
 
     @cached_property
     def envelope_form(self) -> EnvelopeForm:
-        """How the reply carries the envelope (see skillstate.engine.context.EnvelopeForm)."""
-        return "none" if constrain.has_own_format(self.body) else "block"
+        """How the reply carries the envelope (see skillstate.engine.context.EnvelopeForm):
+        not at all when the request brought its own output format, or asked for no output
+        (a cache pre-warm); such a turn is recorded ``format-noop`` and its state kept."""
+        if constrain.has_own_format(self.body) or constrain.asks_for_no_output(self.body):
+            return "none"
+        return "block"
 
     @cached_property
     def wire(self) -> Wire:
