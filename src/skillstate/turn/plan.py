@@ -327,11 +327,12 @@ class Planner:
             client_dialect=turn.dialect,
             body=body,
             stream=turn.stream,
-            est_tokens=_est(body),
+            est_tokens=_sent_tokens(turn, body),
             client_headers=turn.headers,
             grammar=grammar,
             cache_hints=_cache_hints(turn, body, schema, _window_prefix_end(shape, state)),
             path=turn.upstream_path,
+            raw=_client_bytes(turn, body),
         )
 
     def envelope_seen(self, meta: TurnMeta, usage: Usage | None, share: Fraction) -> None:
@@ -418,3 +419,22 @@ def _cache_hints(
 
 
 _est = request_tokens  # tokens of what an upstream would read of a body
+
+
+def _sent_tokens(turn: Turn, body: dict[str, Any]) -> int:
+    """``request_tokens(body)``; while ``body`` is the one the request checks serialised the
+    transcript of (``turn.transcript``), its transcript's length is that serialisation's."""
+    text, items = turn.transcript, body.get(turn.wire.transcript[0])
+    if text is not None and type(items) is list and text.made_from(body, items):
+        return request_tokens(body, (text.items, len(text.blob)))
+    return request_tokens(body)
+
+
+def _client_bytes(turn: Turn, body: dict[str, Any]) -> bytes | None:
+    """The client's own bytes of ``body`` when it is the client's body, untouched, and the
+    turn is under no budget: a budget's worst case is held on the proxy's reading of the
+    body, and JSON with a key twice reads otherwise in a parser that keeps the first one,
+    so a turn under a budget sends what the proxy read."""
+    if turn.client_bytes is None or (turn.budgets is not None and turn.budgets.budgets):
+        return None
+    return turn.client_bytes.of(body)

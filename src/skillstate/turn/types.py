@@ -30,6 +30,21 @@ if TYPE_CHECKING:
     from .window import WindowTurn
 
 
+@dataclass(frozen=True, slots=True)
+class ClientBytes:
+    """The request body as the client sent it (decoded), and the dict it was parsed into.
+    While the body to send upstream is still that dict (a body the proxy changes is another
+    dict: every change makes a copy), it is sent as these bytes: not serialised again, and
+    byte for byte what the client wrote."""
+
+    body: dict[str, Any]
+    raw: bytes
+
+    def of(self, body: dict[str, Any]) -> bytes | None:
+        """These bytes, if ``body`` is the dict they were parsed into."""
+        return self.raw if body is self.body else None
+
+
 @dataclass
 class Turn:
     """A parsed client request."""
@@ -61,6 +76,8 @@ class Turn:
     # The store id the proxy made up for this request, which named no session (None when it
     # named one): see ``new_session``.
     minted_session: str | None = None
+    # The body's bytes as they came (skillstate.upstream.client.Outbound sends them as is).
+    client_bytes: ClientBytes | None = None
 
     @property
     def new_session(self) -> bool:

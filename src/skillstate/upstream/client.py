@@ -288,6 +288,9 @@ class Outbound:
     # native endpoint of the client's own API (``/responses/compact``), which only upstreams
     # of the client's kind serve.
     path: str | None = None
+    # ``body`` as the client's bytes (``turn.types.ClientBytes``): sent as they are when
+    # ``body`` goes to an upstream unchanged (same format, nothing added).
+    raw: bytes | None = None
     _cache: dict[tuple[str, str, bool, bool], bytes] = field(default_factory=dict)
 
     @property
@@ -321,8 +324,22 @@ class Outbound:
                 body = with_prompt_cache_key(body, hints.cache_key)
             if hints is not None and breakpoint and hints.prefix_end is not None:
                 body = with_breakpoint(body, hints.prefix_end)
-            self._cache[key] = orjson.dumps(body)
+            self._cache[key] = self._serialised(body)
         return self._cache[key]
+
+    def _serialised(self, body: dict[str, Any]) -> bytes:
+        """``body`` as bytes. The client's body untouched is its own bytes; with members
+        added (the prompt cache key, a stream's usage option) and every one of its own the
+        same object, its own bytes with the added members written before the closing
+        brace. Anything else is serialised."""
+        mine, raw = self.body, self.raw
+        if raw is None or len(body) < len(mine):
+            return orjson.dumps(body)
+        if body is mine:
+            return raw
+        if any(body.get(k, _ABSENT) is not v for k, v in mine.items()):
+            return orjson.dumps(body)
+        return _with_members(raw, {k: v for k, v in body.items() if k not in mine})
 
     def payload_for_upstream(self, cfg: Upstream, kind: str, max_tokens_field: str) -> bytes:
         """The body for one configured upstream: its kind, and its cache settings. The
@@ -340,6 +357,19 @@ class Outbound:
         return self.payload_for(
             kind, max_tokens_field, cache_key=pricing == "openai", breakpoint=breakpoint
         )
+
+
+_ABSENT = object()
+
+
+def _with_members(raw: bytes, members: dict[str, Any]) -> bytes:
+    """``raw``, the text of a JSON object, with ``members`` written before its closing brace
+    (``raw`` parsed as an object: after its whitespace, it ends with that brace)."""
+    head = raw.rstrip()[:-1].rstrip()
+    added = orjson.dumps(members)[1:-1]  # the members, without their own braces
+    if not added:
+        return raw
+    return head + (b"" if head.endswith(b"{") else b",") + added + b"}"
 
 
 class UpstreamPool:

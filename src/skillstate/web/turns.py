@@ -26,7 +26,7 @@ from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..sessions.transcripts import SessionTranscripts, TranscriptText
 from ..turn.idempotency import IDEMPOTENCY_HEADER, idempotency_of
-from ..turn.types import Reply, StreamReply, Turn
+from ..turn.types import ClientBytes, Reply, StreamReply, Turn
 from .compaction import AppliedEdits, Run, plan_messages
 from .counting import count_tokens
 from .runtime import Runtime, runtime
@@ -102,6 +102,7 @@ async def parse_turn(
         idempotency=idem,
         transcript=text,
         minted_session=stored if minted else None,
+        client_bytes=ClientBytes(body, raw),
     )
 
 
