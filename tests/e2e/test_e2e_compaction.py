@@ -537,6 +537,8 @@ def test_a_compactions_checkpoint_is_recorded_under_the_sessions_mode(
         r = c.responses.with_raw_response.compact(model="m-1", input=history())
         assert r.headers["x-skillstate-mode"] == mode
         assert r.headers["x-skillstate-context"] in ("checkpoint", "full")
+    # A passthrough turn's row is written after its reply; /cost waits for the writes.
+    assert p.get("/cost", params={"session": "s1"}).status_code == 200
     db = sqlite3.connect(tmp_path / "data" / "skillstate.db")
     modes = [m for (m,) in db.execute("SELECT mode FROM ledger WHERE session = 's1' ORDER BY ts")]
     db.close()
