@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from skillstate.choices import GroupBy
 from skillstate.cost.baseline import round_ratio
-from skillstate.cost.pricing import PriceBook, Prices
+from skillstate.cost.pricing import PriceBook, Priced, Prices
 from skillstate.cost.usage import Usage
 from skillstate.store.records import Kind, LedgerRow, LedgerSums
 
@@ -162,6 +162,29 @@ def saved_cost(
     return round(saved, 9), pct
 
 
+def _baseline(
+    kind: Kind,
+    u: Usage | None,
+    priced: Priced,
+    est_transcript: int | None,
+    est_sent: int | None,
+    baseline_model: BaselineModel | None,
+) -> tuple[int | None, int | None, int | None, float | None]:
+    """A row's baseline: input, cached and output tokens, and USD (None: not computed)."""
+    if u is None:
+        return None, None, None, None
+    if kind in RETRY_KINDS:
+        return 0, 0, 0, (0.0 if priced.cost_usd is not None else None)
+    if est_transcript is None or est_sent is None:
+        return None, None, None, None
+    b_in = baseline_input_tokens(u.input_tokens, est_transcript, est_sent)
+    if baseline_model is not None:
+        modelled = baseline_model(b_in, u, priced.prices, priced.cost_usd)
+        return b_in, modelled.cache_read_tokens, modelled.output_tokens, modelled.cost_usd
+    b_cost = baseline_cost_usd(priced.cost_usd, priced.prices, u.input_tokens, b_in)
+    return b_in, u.cache_read_tokens, u.output_tokens, b_cost
+
+
 def make_row(
     *,
     book: PriceBook,
@@ -199,26 +222,9 @@ def make_row(
         at=datetime.fromtimestamp(ts, tz=timezone.utc),
     )
     u = usage if priced.status != "usage-unavailable" else None
-    b_in: int | None = None
-    b_cost: float | None = None
-    b_cached: int | None = None
-    b_out: int | None = None
-    if u is not None:
-        if kind in RETRY_KINDS:
-            b_in = b_cached = b_out = 0
-            b_cost = 0.0 if priced.cost_usd is not None else None
-        elif est_transcript is not None and est_sent is not None:
-            b_in = baseline_input_tokens(u.input_tokens, est_transcript, est_sent)
-            if baseline_model is not None:
-                modelled = baseline_model(b_in, u, priced.prices, priced.cost_usd)
-                b_cached, b_out, b_cost = (
-                    modelled.cache_read_tokens,
-                    modelled.output_tokens,
-                    modelled.cost_usd,
-                )
-            else:
-                b_cached, b_out = u.cache_read_tokens, u.output_tokens
-                b_cost = baseline_cost_usd(priced.cost_usd, priced.prices, u.input_tokens, b_in)
+    b_in, b_cached, b_out, b_cost = _baseline(
+        kind, u, priced, est_transcript, est_sent, baseline_model
+    )
     saved, saved_pct = saved_cost(b_cost, priced.cost_usd)
     return LedgerRow(
         ts=ts,

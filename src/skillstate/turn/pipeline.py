@@ -10,7 +10,6 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from ..config import Settings
-from ..cost.ledgerwrites import LedgerWrites
 from ..cost.pricing import PriceBook
 from ..engine.verdict import Outcome, Verdicts
 from ..sessions.locks import SessionLocks, TurnLocks
@@ -50,8 +49,8 @@ class Pipeline:
         verdicts = Verdicts(settings)
         self.planner = Planner(settings, pool, prices)
         # Rows no commit took, written in groups (settled before a budget's spend is read).
-        self.ledger = LedgerWrites(store)
-        self.commits = Committer(settings, store, self.ledger)
+        self.commits = Committer(settings, store)
+        self.ledger = self.commits.ledger  # the budgets settle it before reading spend
         self.calls = Completer(settings, pool, self.planner, verdicts, self.commits)
         self.streams = StreamPath(settings, verdicts, self.planner, self._commit, self.commits)
 
