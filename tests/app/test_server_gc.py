@@ -22,5 +22,6 @@ def test_tune_gc_freezes_the_start_up_heap_and_raises_the_first_threshold() -> N
         [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=True
     ).stdout.split()
     before, after, wanted, rest_kept, frozen = out
-    assert before == "700" and after == wanted != before
+    # CPython's default first threshold is 700 up to 3.12 and 2000 from 3.13: raised either way
+    assert after == wanted and int(after) > int(before)
     assert rest_kept == "True" and frozen == "True"
