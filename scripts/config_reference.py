@@ -139,6 +139,10 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "dialect), or run them on this replica's `local` leases, windows and breakers (limits "
         "then hold per replica only, and /health reports the degradation). Either way Redis "
         "is tried again every second, and its return needs no restart.",
+        "coordination_timeout": "Seconds a Redis connect, command or wait for a pooled "
+        "connection may take before Redis counts as unreachable (then `coordination_down` "
+        "decides). Raise it for a Redis across a slow link; every turn may wait this long on a "
+        "dead Redis before it is found out.",
         "lease_ttl": "Seconds a turn's session lease lives without renewal; a running turn "
         "renews it every third of this, so this bounds how long a crashed replica blocks its "
         "sessions. A turn whose lease went unrenewed this long (the process paused) is not "

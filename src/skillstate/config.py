@@ -239,6 +239,8 @@ class Settings(BaseModel):
     # rpm/tpm windows, circuit breakers. None: all of them in this process.
     coordination: str | None = None
     coordination_down: CoordinationDown = CoordinationDown.REFUSE
+    # Raise coordination_timeout for a Redis across a slow link.
+    coordination_timeout: float = Field(default=1.0, gt=0, le=60)  # seconds; longer: Redis down
     lease_ttl: float = Field(default=10.0, gt=0)  # seconds a turn's session lease lives unrenewed
     lease_wait: float = Field(default=30.0, ge=0)  # seconds a turn queues for its session's lease
     health_timeout: float = Field(default=1.0, gt=0)  # /health's wait for the store

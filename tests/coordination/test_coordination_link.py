@@ -158,3 +158,19 @@ async def test_attempt_never_refuses_and_keeps_to_the_retry_pace() -> None:
     finally:
         await link.close()
     assert await CoordinationLink(None).attempt(ping) is None  # not configured
+
+
+async def test_coordination_timeout_setting_bounds_every_redis_wait() -> None:
+    from skillstate.config import Settings
+
+    settings = Settings(coordination=_dead_url(), coordination_timeout=4.5)
+    link = CoordinationLink.from_settings(settings)
+    try:
+        pool = link.client.connection_pool
+        assert pool.connection_kwargs["socket_timeout"] == 4.5
+        assert pool.connection_kwargs["socket_connect_timeout"] == 4.5
+        assert pool.timeout == 4.5  # the wait for a free pooled connection
+    finally:
+        await link.close()
+    with pytest.raises(ValueError, match="coordination_timeout"):
+        Settings(coordination_timeout=0)

@@ -64,7 +64,7 @@ def test_a_turn_queued_behind_another_replicas_turn_gets_a_409_after_lease_wait(
 def test_a_replica_paused_past_its_lease_is_fenced_when_it_resumes(
     start_replicas: Callable[..., ReplicaSet], fake: FakeProvider, redis_url: str
 ) -> None:
-    reps = start_replicas(fake.url + "/v1", None, redis_url, n=2, config={"lease_ttl": 1.0})
+    reps = start_replicas(fake.url + "/v1", None, redis_url, n=2, config={"lease_ttl": 3.0})
     held = threading.Event()
     fake.enqueue(Reply(text=envelope({"facts": {"paused": 1}}), hold=held))
     t, out = _in_thread(lambda: reps[0].chat("fenced", "first"))

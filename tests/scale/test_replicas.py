@@ -194,7 +194,7 @@ def test_a_replica_paused_past_its_lease_gets_409_and_commits_nothing(
     gate = threading.Event()
     fake.responder = _fence_reply(gate)
     reps = start_replicas(
-        fake.url + "/v1", pg_url, redis_url, n=2, config={"lease_ttl": 1, "lease_wait": 60}
+        fake.url + "/v1", pg_url, redis_url, n=2, config={"lease_ttl": 3, "lease_wait": 60}
     )
     paused, other = reps[0], reps[1]
     session = "fence"

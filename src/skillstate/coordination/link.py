@@ -7,7 +7,7 @@ Interface (everything that coordinates through Redis goes through a ``Coordinati
 - ``await link.call(op)``: runs ``op(client)`` (a coroutine function taking the
   ``redis.asyncio.Redis`` client) and returns its result, or ``LOCAL`` when the caller must
   do the in-process equivalent instead. While Redis is unreachable (a connection error or
-  a timeout, found out within ``TIMEOUT`` seconds), ``coordination_down`` decides:
+  a timeout, found out within ``coordination_timeout`` seconds), ``coordination_down`` decides:
   ``refuse`` raises the turn's 503 (``ProxyError``, code ``coordination_unavailable``,
   with Retry-After); ``local`` returns ``LOCAL`` and the replica runs degraded on its
   own locks, windows and breakers (``/health`` says so, and each change is logged once).
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("skillstate")
 T = TypeVar("T")
 
-TIMEOUT = 1.0  # seconds a connect or a command may take before Redis counts as down
+TIMEOUT = 1.0  # default seconds a connect or a command may take before Redis counts as down
 MAX_CONNECTIONS = 64  # per process; a call holds one for a round trip
 RETRY_EVERY = 1.0  # seconds between tries while down (and the refusals' Retry-After)
 
@@ -86,7 +86,11 @@ class CoordinationLink:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CoordinationLink:
-        return cls(settings.coordination, settings.coordination_down)
+        return cls(
+            settings.coordination,
+            settings.coordination_down,
+            timeout=settings.coordination_timeout,
+        )
 
     @property
     def configured(self) -> bool:
