@@ -752,3 +752,45 @@ def test_count_tokens_counts_what_the_window_turn_sends(
         assert counted.json["system"] == _no_marks(sent.json["system"])
         checkpoints += asks_checkpoint(sent)
     assert checkpoints >= 2
+
+
+def test_count_tokens_in_auto_counts_what_the_turn_sends_once_in_the_window(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """``/v1/messages/count_tokens`` in ``auto`` counts the body the turn then sends: the
+    client's transcript while the session is in passthrough, the window turn's body once
+    auto moved it into the window (checkpoints included), also after a restart (the session
+    resumes in window from its stored state). Only the switch turn itself differs: auto
+    decides it when the turn runs."""
+    up = {**upstream(fake, "anthropic"), "cache_pricing": "none"}  # (auto: the switch pays)
+    p = start(start_proxy, fake, "anthropic", mode="auto", upstreams=[up])
+    fake.responder = Model()
+    client = Client(p, "anthropic", "count-auto", marks_breakpoints=False)
+    tools = [{"name": TOOL["name"], "input_schema": TOOL["schema"]}]
+    windowed = checkpoints = 0
+    restarted = False
+    for t in range(16):
+        if windowed >= 3 and not restarted:
+            p.stop()  # type: ignore[attr-defined]
+            p.start()  # type: ignore[attr-defined]
+            restarted = True
+        n = len(fake.requests)
+        anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0).messages.count_tokens(
+            model="claude-x",
+            messages=client.transcript,  # type: ignore[arg-type]
+            system=SYSTEM,
+            tools=tools,  # type: ignore[arg-type]
+            extra_headers=client.headers,
+        )
+        (counted,) = [r for r in fake.requests[n:] if r.path == "/v1/messages/count_tokens"]
+        steps_before = len(history(p, client.session))
+        client.turn(stream=t % 2 == 1)
+        sent = fake.last
+        if steps_before == 0 and history(p, client.session):
+            continue  # the switch: decided when the turn ran
+        assert _no_marks(counted.json["messages"]) == _no_marks(sent.json["messages"]), t
+        assert counted.json["system"] == _no_marks(sent.json["system"])
+        if steps_before:
+            windowed += 1
+            checkpoints += asks_checkpoint(sent)
+    assert restarted and windowed >= 6 and checkpoints >= 1, (windowed, checkpoints)

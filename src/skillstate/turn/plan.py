@@ -361,23 +361,36 @@ class Planner:
         ``/v1/messages/count_tokens``)."""
         if not turn.keeps_state:
             return self.build_context(turn, self.settings.initial_state, [])[0]
-        if turn.mode == Mode.AUTO:
-            return turn.body  # auto decides a turn's form only when it runs
         try:
             record = await read(turn.session)
         except StoreError as e:
             raise e.for_client("could not load the session") from e
         state = record.state if record else self.settings.initial_state
         schema = record.schema if record else self.settings.allowed_keys
-        if turn.mode == Mode.WINDOW:  # the window turn's own plan: its mark, a checkpoint
+        form = self._settled_form(turn, record)
+        if turn.mode == Mode.WINDOW or form == ContextShape.WINDOW:
+            # the window turn's own plan: its mark, a checkpoint
             try:
                 mark = await self.windows.mark(store, record)
             except StoreError as e:
                 raise e.for_client("could not load the session") from e
-            window = self._window_turn(turn, record, state, schema, None, mark)
-            assert window is not None  # window mode, no fixed shape
+            window = self._window_turn(turn, record, state, schema, form, mark)
+            assert window is not None  # window mode, or auto in the window form
             return window.body
-        return self.build_context(turn, state, schema)[0]
+        return self.build_context(turn, state, schema, form)[0]
+
+    def _settled_form(self, turn: Turn, record: SessionRecord | None) -> ContextShape | None:
+        """The form an ``auto`` session is in before its next turn runs (None outside auto),
+        read without counting a turn: as :meth:`AutoPlanner.observe` would find it (a session
+        this process does not know resumes in window when its state exists, else starts in
+        passthrough). A turn that weighs may still switch form when it runs: that is decided
+        only then, on the turn's own figures."""
+        if turn.mode != Mode.AUTO:
+            return None
+        known = self.auto.form(turn.session)
+        if known is not None:
+            return known
+        return ContextShape.WINDOW if record is not None else ContextShape.PASSTHROUGH
 
 
 def _window_prefix_end(shape: ContextShape | None, state: dict[str, Any]) -> str | None:

@@ -1,9 +1,10 @@
 """``POST /v1/messages/count_tokens``: the tokens a turn would send upstream now.
 
 In state mode that is the compact context built from the session's current state, not the
-client's transcript, since that is what the proxy would send; in window mode, the window
-turn's own body (its start read from the store as the turn reads it, the checkpoint
-instruction when the turn would checkpoint). An Anthropic-kind upstream
+client's transcript, since that is what the proxy would send; in window mode (and in ``auto``
+once it moved the session into the window), the window turn's own body (its start read from
+the store as the turn reads it, the checkpoint instruction when the turn would checkpoint).
+An Anthropic-kind upstream
 counts it with its own tokenizer; otherwise the count is the local estimate
 (``skillstate.cost.tokens``) and the response says so in ``x-skillstate-token-count: estimate``.
 Nothing is committed, metered or rate-limited: counting is free at Anthropic too.
