@@ -794,3 +794,52 @@ def test_count_tokens_in_auto_counts_what_the_turn_sends_once_in_the_window(
             windowed += 1
             checkpoints += asks_checkpoint(sent)
     assert restarted and windowed >= 6 and checkpoints >= 1, (windowed, checkpoints)
+
+
+def with_nulls(transcript: list[dict[str, Any]], dialect: str, on: bool) -> list[dict[str, Any]]:
+    """The transcript as a client that rebuilds its history from the SDK's objects sends it
+    on one turn or the next: a Responses message item with its optional ``"type":
+    "message"`` or without it, and the members an SDK object dumps as ``null`` (``id``,
+    ``status``, ``refusal``, ``citations``, ``logprobs``...) either as ``null`` (``on``) or
+    left out. The API reads each pair as the same item."""
+    out = []
+    for m in json.loads(json.dumps(transcript)):
+        m = {k: v for k, v in m.items() if v is not None or (k == "content" and on)}
+        if dialect == "responses":
+            if m.get("type", "message") == "message":
+                m.pop("type", None)
+                if on:
+                    m = {"type": "message", **m, "id": None, "status": None}
+            elif on:
+                m.setdefault("status", None)
+        elif dialect == "openai" and m["role"] == "assistant" and on:
+            m.update(refusal=None, audio=None, function_call=None, annotations=None)
+        for part in m["content"] if isinstance(m.get("content"), list) else ():
+            for key in [k for k, v in part.items() if v is None]:
+                del part[key]
+            if on and part.get("type") in ("text", "output_text", "input_text"):
+                part["citations" if dialect == "anthropic" else "logprobs"] = None
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+def test_a_client_that_drops_its_nulls_and_message_types_keeps_its_window(
+    fake: FakeProvider, start_proxy: StartProxy, dialect: str
+) -> None:
+    """A member sent as ``null`` and the member left out, and a Responses message item with
+    and without ``"type": "message"``, are one message to the window's digest: a client that
+    alternates between them (the openai SDK's ``model_dump()`` and ``exclude_none``, the
+    Agents SDK's untyped ``{"role", "content"}``) keeps its window: no restart, checkpoints
+    as usual."""
+    kind = {"openai": "openai", "anthropic": "anthropic", "responses": "openai-responses"}
+    p = start(start_proxy, fake, kind[dialect])
+    fake.responder = Model()
+    client = Client(p, dialect, f"nulls-{dialect}", marks_breakpoints=False)
+    for t in range(16):
+        client.transcript = with_nulls(client.transcript, dialect, on=t % 2 == 1)
+        client.turn(stream=t % 3 == 0)
+    turns = history(p, client.session)
+    assert sum(1 for h in turns if h["context"] == "checkpoint") >= 2
+    assert max(h["estimate"]["window"]["start"] for h in turns) > 2  # past the task
+    assert [h["estimate"]["window_start"] for h in turns].count("changed") == 0

@@ -276,3 +276,49 @@ def test_the_digest_reads_a_one_text_block_content_as_its_string(kind: str) -> N
     assert transcript_digest(one, 1) == transcript_digest(
         [{"role": "user", "content": [blocks]}], 1
     )
+
+
+def test_the_digest_reads_a_null_member_as_one_left_out_but_not_inside_values() -> None:
+    """On a message and its parts a member sent as ``null`` (an SDK's ``model_dump()``) is
+    the member left out (``exclude_none``), and a Responses item's ``"type": "message"`` is
+    the API's default; inside a value (a tool call's input, an action) ``null`` is a value."""
+    typed = [
+        {
+            "type": "message",
+            "id": None,
+            "role": "user",
+            "content": [{"type": "input_text", "text": "a", "logprobs": None}],
+            "status": None,
+        },
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "id": None},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "output_text", "text": "x", "annotations": [], "logprobs": []},
+                {"type": "output_text", "text": "y", "logprobs": None},
+            ],
+        },
+    ]
+    plain = [
+        {"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "x"}, {"type": "output_text", "text": "y"}],
+        },
+    ]
+    assert transcript_digest(typed, 3) == transcript_digest(plain, 3)
+    # Another item type, a member with a value, a null inside a value: another message.
+    reasoning = [{**plain[0], "type": "reasoning"}, *plain[1:]]
+    assert transcript_digest(reasoning, 3) != transcript_digest(plain, 3)
+    with_id = [{**plain[0], "id": "msg_1"}, *plain[1:]]
+    assert transcript_digest(with_id, 3) != transcript_digest(plain, 3)
+    use = {"type": "tool_use", "id": "t", "name": "edit", "input": {"path": "a"}}
+    nulled = {**use, "input": {"path": "a", "old": None}}
+    assert transcript_digest([{"role": "assistant", "content": [use]}], 1) != transcript_digest(
+        [{"role": "assistant", "content": [nulled]}], 1
+    )
+    action = {"type": "computer_call", "call_id": "c", "action": {"type": "click", "x": None}}
+    bare = {**action, "action": {"type": "click"}}
+    assert transcript_digest([action], 1) != transcript_digest([bare], 1)

@@ -123,21 +123,44 @@ def _one_text(content: Any) -> Any:
     return text if all(v in (None, []) for v in rest) else content
 
 
-def _digest_form(value: Any) -> Any:
+# Members of a content part whose empty list means the same as the member left out.
+_EMPTY_AS_ABSENT = frozenset({"annotations", "logprobs"})
+
+
+def _digest_form(value: Any, level: int = 0) -> Any:
     """A message as the digest sees it. What a client changes on messages it already sent
     without changing what they say is ignored: ``cache_control`` markers (Claude Code moves
-    its breakpoints to its newest messages on every turn), and a ``content`` that is one
-    text block or the same text as a string (SDKs that rebuild their history from their own
-    objects send either). Only the digest: the upstream gets the client's bytes."""
+    its breakpoints to its newest messages on every turn); a ``content`` that is one text
+    block or the same text as a string (SDKs that rebuild their history from their own
+    objects send either); a Responses item's ``"type": "message"``, which the API defaults
+    (the Agents SDK sends ``{"role", "content"}``, the proxy's own list of a string input
+    has the type); and on the message and its parts (``level`` 0 and 1), a member whose value
+    is ``null`` (an SDK object's ``model_dump()`` writes ``"status": null``, ``"id": null``,
+    ``"refusal": null``... that ``exclude_none`` leaves out: the three APIs read an optional
+    member sent as null as one not sent), and a part's empty ``annotations``/``logprobs``.
+    Deeper values (a tool call's input, a JSON schema) are free JSON, where ``null`` is a
+    value: only their cache markers go. Only the digest: the upstream gets the client's
+    bytes."""
     if isinstance(value, dict):
-        return {
-            k: _digest_form(_one_text(v) if k == "content" else v)
-            for k, v in value.items()
-            if k != "cache_control"
-        }
+        out = {}
+        for k, v in value.items():
+            if k == "cache_control" or (level <= 1 and _absent(k, v, level)):
+                continue
+            if level == 0 and k == "type" and v == "message":
+                continue
+            v = _one_text(v) if k == "content" else v
+            # A message's list members hold its parts (level 1); an object member is a
+            # value of its own (a tool call's action or arguments).
+            out[k] = _digest_form(v, level + 1 if isinstance(v, list) else level + 2)
+        return out
     if isinstance(value, list):
-        return [_digest_form(v) for v in value]
+        return [_digest_form(v, level) for v in value]
     return value
+
+
+def _absent(key: str, value: Any, level: int) -> bool:
+    """A member that says what leaving it out says (see :func:`_digest_form`)."""
+    return value is None or (level == 1 and key in _EMPTY_AS_ABSENT and value == [])
 
 
 def transcript_digest(messages: Sequence[Any], end: int) -> str:
