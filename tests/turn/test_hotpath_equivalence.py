@@ -8,6 +8,7 @@ edge values and seeded random inputs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -25,6 +26,8 @@ from skillstate.cost.baseline import (
     CacheRegime,
     PrefixCache,
     PrefixPoint,
+    PrefixPointsMemo,
+    _digests,
     baseline_output_tokens,
     envelope_output_share,
     prefix_points,
@@ -225,6 +228,7 @@ def test_transcript_views_match_the_plain_definitions(sessions: list[Any]) -> No
             view = memos.view(f"s{i}", get_dialect(dialect), body)
             clean, est, points = _plain(dialect, body)
             assert view.clean == clean and view.est_tokens == est and view.points == points
+            assert _digests(view.points) == b"".join([p.digest for p in points])
             assert (view.clean is body) == (clean is body)  # "untouched" depends on it
             assert orjson.dumps(body) == before  # nothing mutated
 
@@ -455,6 +459,130 @@ def test_request_checks_skip_only_what_passed_them_on_the_last_request() -> None
     assert check_body(orjson.loads(raw), raw, openai, openai.validate) is None  # no session
 
 
+# --- the transcript's serialisation taken from the client's bytes (sessions/transcripts) ----
+
+_FORMATS = ["orjson", "compact", "compact", "spaced"]
+
+
+def _written(value: Any, fmt: str) -> bytes:
+    """``value`` as a client writes it: orjson's bytes, compact JSON as ``json`` writes it
+    (its floats and escapes can differ from orjson's), or ``json``'s default (spaces, ASCII).
+    A message deeper than orjson writes is written by ``json``."""
+    if fmt == "orjson":
+        with contextlib.suppress(TypeError):
+            return orjson.dumps(value)
+    if fmt != "spaced":
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(value).encode()
+
+
+_extra_value = st.one_of(
+    st.integers(-3, 3),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.text(max_size=3),
+)
+
+
+@st.composite
+def _raw_turns(draw: st.DrawFn) -> list[tuple[str, bytes]]:
+    """A session's requests as bytes: a transcript that mostly grows, written compactly or
+    not, among other members in any order, some of which change; now and then a decoy (the
+    transcript's own bytes as another member's value, or inside a string) or the transcript's
+    key twice (the parser keeps the last)."""
+    dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
+    messages: list[Any] = draw(st.lists(_checked_message, max_size=3))
+    fmt, extra, order = draw(st.sampled_from(_FORMATS)), draw(_extra_value), draw(st.randoms())
+    turns = []
+    for _ in range(draw(st.integers(min_value=1, max_value=8))):
+        steps = ["grow"] * 6 + ["same", "edit", "cut", "dialect", "format", "extra", "decoy"]
+        step = draw(st.sampled_from(steps))
+        messages = list(messages)
+        if step == "grow":
+            messages += draw(st.lists(_checked_message, min_size=1, max_size=2))
+        elif step == "edit" and messages:
+            messages[draw(st.integers(0, len(messages) - 1))] = draw(_checked_message)
+        elif step == "cut" and messages:
+            messages = messages[: draw(st.integers(0, len(messages) - 1))]
+        elif step == "dialect":
+            dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
+        elif step == "format":
+            fmt = draw(st.sampled_from(_FORMATS))
+        elif step == "extra":
+            extra = draw(_extra_value)
+        key = "input" if dialect == "openai-responses" else "messages"
+        members = [("model", b'"m"'), ("max_tokens", b"5"), ("x", _written(extra, fmt))]
+        members.append((key, _written(messages, fmt)))
+        if step == "decoy":
+            own = _written(messages, "orjson")
+            decoy = draw(st.sampled_from([own, orjson.dumps(own.decode()), b"[]", own + b" "]))
+            members.append((draw(st.sampled_from(["y", key])), decoy.strip()))
+        order.shuffle(members)
+        raw = b"{" + b",".join(orjson.dumps(k) + b":" + v for k, v in members) + b"}"
+        turns.append((dialect, raw))
+    return turns
+
+
+@given(st.lists(_raw_turns(), min_size=1, max_size=3))
+def test_serialisation_from_the_clients_bytes_is_the_serialisation(sessions: list[Any]) -> None:
+    """With the client's bytes (``raw``), a session's transcript text (serialisation, head,
+    items that passed the checks), the checks' verdict and the transcript results are what
+    they are without them (every turn serialised), and the serialisation is orjson's."""
+    memos, plain = SessionTranscripts(max_sessions=2), SessionTranscripts(max_sessions=2)
+    for turn in range(max(len(s) for s in sessions)):
+        for i, session in enumerate(sessions):
+            if turn >= len(session):
+                continue
+            dialect, raw = session[turn]
+            wire, body = get_dialect(dialect), orjson.loads(raw)
+            got = memos.text(f"s{i}", wire, body, wire.validate, raw)
+            want = plain.text(f"s{i}", wire, orjson.loads(raw), wire.validate)
+            assert (got is None) == (want is None)
+            if got is None or want is None:
+                continue
+            assert got.blob == want.blob == orjson.dumps(body[wire.transcript[0]])
+            assert (got.head, got.checked) == (want.head, want.checked)
+            verdict = _problem(wire.validate, body, got.checked)
+            assert verdict == _problem(wire.validate, orjson.loads(raw))
+            if verdict is None:
+                memos.passed(got)
+                plain.passed(want)
+            view = memos.view(f"s{i}", wire, body, got)
+            assert view == plain.view(f"s{i}", wire, want.body, want)
+            clean, est, points = _plain(dialect, orjson.loads(raw))
+            assert view.clean == clean and view.est_tokens == est and view.points == points
+            assert _digests(view.points) == b"".join([p.digest for p in points])
+
+
+def test_a_compact_clients_transcript_is_taken_from_its_bytes_and_checked_once() -> None:
+    openai = get_dialect("openai")
+    memos = SessionTranscripts()
+    history: list[Any] = [{"role": "user", "content": "task"}]
+
+    def text(raw: bytes) -> Any:
+        got = memos.text("s", openai, orjson.loads(raw), openai.validate, raw)
+        assert got is not None and got.blob == orjson.dumps(orjson.loads(raw)["messages"])
+        memos.passed(got)
+        return got
+
+    def request(messages: list[Any], more: bytes = b"") -> bytes:
+        return b'{"model":"m","messages":' + orjson.dumps(messages) + more + b',"stream":false}'
+
+    first = text(request(history))
+    assert first.anchor is not None and not first.anchor.verified  # found, not yet shown
+    for k in range(3):
+        history += [{"role": "assistant", "content": f"ok {k}"}, {"role": "user", "content": "o"}]
+        got = text(request(history))
+        assert got.checked == len(history) - 2
+        assert got.anchor is not None and got.anchor.verified
+    # a later duplicate key: the bytes that look like the transcript are not its value
+    dup = request(history, b',"messages":' + orjson.dumps([*history, history[-1]]))
+    assert text(dup).checked == len(history)
+    assert text(request(history)).checked == 0  # shorter than the duplicate's
+    spaced = json.dumps({"model": "m", "messages": history}).encode()
+    assert text(spaced).anchor is None  # not orjson's bytes: serialised, as before
+    assert text(request(history)).checked == len(history)  # the same messages, written so
+
+
 # --- the baseline's OpenAI cache model (cost/baseline.PrefixCache) -------------------------
 
 
@@ -516,8 +644,10 @@ def test_openai_cache_reads_match_the_plain_definition(requests: list[Any], grow
 def test_openai_cache_reads_on_a_growing_transcript() -> None:
     regime = CacheRegime("openai", ttl_s=300.0, min_tokens=0)
     cache, plain = PrefixCache(), _PlainOpenAICache()
+    memo, memo_cache = PrefixPointsMemo(), PrefixCache()  # points made turn after turn
     messages: list[Any] = [{"role": "system", "content": "s"}]
     for k in range(40):
+        kept = len(messages) if k not in (0, 20) else 0
         messages += [
             {"role": "assistant", "content": f"a{k}"},
             {"role": "user", "content": f"u{k}"},
@@ -529,3 +659,7 @@ def test_openai_cache_reads_on_a_growing_transcript() -> None:
         want = plain.charge(points, 10 * len(messages), float(k), regime)
         assert got == want
         assert (got == 0) == (k in (0, 20))
+        made = memo.points({"messages": messages}, kept)
+        assert made == points and _digests(made) == b"".join([p.digest for p in points])
+        split = memo_cache.charge(made, 10 * len(messages), float(k), regime)
+        assert split.cache_read_tokens == want

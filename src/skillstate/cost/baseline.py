@@ -64,6 +64,7 @@ __all__ = [
     "CacheSplit",
     "PrefixCache",
     "PrefixPoint",
+    "PrefixPointList",
     "PrefixPointsMemo",
     "SessionPrefixCaches",
     "TurnBaseline",
@@ -245,16 +246,35 @@ def prefix_points(body: Mapping[str, Any]) -> list[PrefixPoint]:
     return _marked_at_end(points, body)
 
 
+class PrefixPointList(list[PrefixPoint]):
+    """Prefix points with their digests concatenated (``digests``), made as the points
+    were: the cache model keeps them for the next request without a pass over the points."""
+
+    __slots__ = ("digests",)
+
+    def __init__(self, points: list[PrefixPoint], digests: bytes) -> None:
+        super().__init__(points)
+        self.digests = digests
+
+
+def _digests(points: Sequence[PrefixPoint]) -> bytes:
+    """The digests of ``points``, concatenated."""
+    if isinstance(points, PrefixPointList):
+        return points.digests
+    return b"".join([p.digest for p in points])
+
+
 class PrefixPointsMemo:
     """:func:`prefix_points` of one session's requests, turn after turn, hashing only the
     messages that are new since the last call: the running hash after the last call's last
-    piece is kept (a SHA-256 state), with that call's points."""
+    piece is kept (a SHA-256 state), with that call's points and their digests."""
 
-    __slots__ = ("_count", "_points", "_running")
+    __slots__ = ("_count", "_digests", "_points", "_running")
 
     def __init__(self) -> None:
         self._count = 0  # messages of the last call
         self._points: list[PrefixPoint] = []  # its points (without the top-level marker)
+        self._digests = b""  # their digests, concatenated
         self._running = _Running()
 
     def points(self, body: Mapping[str, Any], kept: int) -> list[PrefixPoint]:
@@ -266,14 +286,18 @@ class PrefixPointsMemo:
         if not kept:
             self._running = _Running()
             self._points = [self._running.point(piece, False) for piece in _head_pieces(body)]
+            self._digests = _digests(self._points)
         messages = body.get("messages")
         if isinstance(messages, list):
             running = self._running
-            self._points += [running.point(_message_piece(m), True) for m in messages[kept:]]
+            new = [running.point(_message_piece(m), True) for m in messages[kept:]]
+            self._points += new
+            self._digests += _digests(new)
             self._count = len(messages)
         else:
             self._count = 0
-        return _marked_at_end(list(self._points), body)
+        points = PrefixPointList(self._points, self._digests)
+        return _marked_at_end(points, body)  # the marker keeps the last digest
 
 
 # --- the per-session cache model ------------------------------------------------------------
@@ -313,7 +337,7 @@ class PrefixCache:
             if hit is not None:
                 at = _allocator(points, input_tokens)(hit)
                 read = at if at >= regime.min_tokens else 0
-        self._previous = b"".join([p.digest for p in points])
+        self._previous = _digests(points)
         self._previous_at = now
         return CacheSplit(input_tokens, read, 0)
 

@@ -24,9 +24,10 @@ serialisation is made once per turn (:class:`TranscriptText`) and compared with 
 references. What a turn costs beyond its new messages: that serialisation and two
 comparisons of bytes.
 
-Memory: per session, the last checked transcript's serialisation, the last worked-out one's
-(the same bytes when they are the same turn's) and the stripped copies of its messages that
-had an envelope, counted as the serialisation once more. The least recently used sessions
+Memory: per session, the last checked transcript's serialisation and the bytes of its
+request around it, the last worked-out one's (the same bytes when they are the same turn's)
+and the stripped copies of its messages that had an envelope, counted as the serialisation
+once more. The least recently used sessions
 are dropped beyond ``max_sessions`` sessions or ``max_bytes`` in all (defaults: 1,000 and
 128 MiB); a dropped session's next turn takes the full path. Only sessions the client named
 are kept (a generated id is new on every request).
@@ -53,6 +54,9 @@ __all__ = ["MAX_BYTES", "MAX_SESSIONS", "SessionTranscripts", "TranscriptText", 
 MAX_SESSIONS = 1_000
 MAX_BYTES = 128 * 1024 * 1024
 _BOUNDARY = (ord(","), ord("]"))  # what may follow a complete item in a JSON list
+_COMMA, _CLOSE = _BOUNDARY
+_PROBE = 64  # bytes of a transcript's serialisation looked for in its request's body
+_PROBES = 4  # places tried
 
 Check = Callable[..., None]  # a request check that judges each transcript item on its own
 
@@ -73,6 +77,47 @@ class TranscriptView:
 
 
 @dataclass(frozen=True, slots=True)
+class _Anchor:
+    """Where a transcript's serialisation sat in its request's bytes: ``lead`` the bytes
+    before it, ``tail`` those after it, ``key`` the member it was. ``verified``: the bytes
+    between ``lead`` and ``tail`` were shown to be the member's value (see the module
+    docstring)."""
+
+    lead: bytes
+    tail: bytes
+    key: str
+    verified: bool
+
+
+def _anchor(raw: bytes, key: str, blob: bytes) -> _Anchor | None:
+    """``blob``'s place in ``raw``, unverified; None when it is not there (a client that
+    writes other JSON) or not among the first places its start is."""
+    probe = blob[:_PROBE]
+    at = raw.find(probe)
+    for _ in range(_PROBES):
+        if at < 0:
+            return None
+        if raw.startswith(blob, at):
+            return _Anchor(raw[:at], raw[at + len(blob) :], key, False)
+        at = raw.find(probe, at + 1)
+    return None
+
+
+def _holds_value(anchor: _Anchor, body: dict[str, Any]) -> bool:
+    """Whether the bytes between ``anchor``'s lead and tail are the value of ``body``'s
+    member ``anchor.key`` (``body`` parsed from lead + those bytes + tail, a non-empty
+    list there): with ``[]`` in their place the bytes must parse to the body with that
+    member ``[]``. Were they anything else (a member a later duplicate key overrides, a
+    part of a string or of another value), the body would differ elsewhere, or keep its
+    non-empty member."""
+    try:
+        rest = orjson.loads(b"".join((anchor.lead, b"[]", anchor.tail)))
+    except orjson.JSONDecodeError:
+        return False
+    return type(rest) is dict and rest == {**body, anchor.key: []}
+
+
+@dataclass(frozen=True, slots=True)
 class TranscriptText:
     """One request's transcript as compact JSON, made once per turn: ``head`` the pieces
     before it (tools, system), ``blob`` its items. ``checked``: its leading items that
@@ -89,6 +134,7 @@ class TranscriptText:
     head: bytes
     blob: bytes
     checked: int
+    anchor: _Anchor | None = None
 
     def made_from(self, body: dict[str, Any], items: list[Any]) -> bool:
         """Whether ``body`` is still the one this was made from."""
@@ -103,13 +149,14 @@ class TranscriptText:
 class _Reference:
     """A transcript as compact JSON, its item count, and what it was for."""
 
-    __slots__ = ("blob", "count", "head", "owner")
+    __slots__ = ("anchor", "blob", "count", "head", "owner")
 
     def __init__(self, owner: object = None) -> None:
         self.owner = owner  # the check it passed, or the dialect of its results
         self.head = b""  # tools and system, as compact JSON
         self.blob = b""  # the transcript, as compact JSON
         self.count = 0  # its items
+        self.anchor: _Anchor | None = None  # where blob was in its request's bytes
 
     def kept(self, blob: bytes, head: bytes | None = None) -> int:
         """How many leading items of the transcript serialised as ``blob`` are this
@@ -124,6 +171,40 @@ class _Reference:
 
     def become(self, head: bytes, blob: bytes, count: int) -> None:
         self.head, self.blob, self.count = head, blob, count
+
+    def spliced(
+        self, raw: bytes, body: dict[str, Any], key: str, items: list[Any]
+    ) -> tuple[bytes, _Anchor] | None:
+        """The serialisation of ``items`` (``body[key]``, ``body`` parsed from ``raw``) when
+        ``raw`` is this reference's request's bytes around its transcript's serialisation
+        followed by the new items' (see the module docstring), and the anchor it has."""
+        anchor, old, count = self.anchor, self.blob, self.count
+        if anchor is None or anchor.key != key or len(items) < count or not count:
+            return None
+        lead, tail = anchor.lead, anchor.tail
+        start, stop = len(lead), len(raw) - len(tail)  # where the transcript is, if there
+        end = start + len(old) - 1  # where old's closing bracket is, if there
+        if stop <= end or not (raw.startswith(lead) and raw.endswith(tail)):
+            return None
+        if not raw.startswith(memoryview(old)[:-1], start):
+            return None
+        if len(items) == count:
+            blob = old if stop == end + 1 and raw[end] == _CLOSE else None
+        else:
+            try:
+                new = orjson.dumps(items[count:])
+            except orjson.JSONEncodeError:
+                return None
+            fits = stop - end == len(new) and raw[end] == _COMMA
+            blob = raw[start:stop] if fits and raw.startswith(new[1:], end + 1) else None
+        if blob is None:
+            return None
+        if not anchor.verified:
+            if not _holds_value(anchor, body):
+                self.anchor = None  # the next requests take the full path
+                return None
+            anchor = _Anchor(lead, tail, key, True)
+        return blob, anchor
 
 
 class _Memo:
@@ -154,6 +235,8 @@ class _Memo:
         total = 2 * len(done.blob) + len(done.head)  # + the stripped copies, at most as much
         if checked.blob is not done.blob:
             total += len(checked.blob)
+        if checked.anchor is not None:
+            total += len(checked.anchor.lead) + len(checked.anchor.tail)
         return total
 
 
@@ -177,25 +260,44 @@ class SessionTranscripts:
         return self._bytes
 
     def text(
-        self, session: str | None, dialect: Dialect, body: dict[str, Any], check: Check
+        self,
+        session: str | None,
+        dialect: Dialect,
+        body: dict[str, Any],
+        check: Check,
+        raw: bytes | None = None,
     ) -> TranscriptText | None:
         """The request's transcript as compact JSON, and how many of its leading items
         passed ``check`` on the session's previous request. None for a session the client
         did not name, a transcript that is not a list, or one orjson cannot write (too
-        deep: the full checks refuse it)."""
-        items = body.get(dialect.transcript[0])
+        deep: the full checks refuse it). ``raw``: the bytes ``body`` was parsed from (the
+        serialisation is then taken from them when they hold it, see the module
+        docstring)."""
+        key = dialect.transcript[0]
+        items = body.get(key)
         if session is None or type(items) is not list:
             return None
         tools, system = body.get("tools"), body.get("system")
+        memo = self._memos.get(session)
+        ref = memo.checked if memo is not None else None
+        spliced = ref.spliced(raw, body, key, items) if ref is not None and raw else None
+        if ref is not None and spliced is not None:
+            # the same members around the transcript: the same tools and system
+            blob, anchor = spliced
+            checked = ref.count if ref.owner == check else 0
+            return TranscriptText(
+                session, check, body, items, tools, system, ref.head, blob, checked, anchor
+            )
         try:
             head = orjson.dumps([tools, system])
             blob = orjson.dumps(items)
         except orjson.JSONEncodeError:
             return None
-        memo = self._memos.get(session)
-        ref = memo.checked if memo is not None else None
         checked = ref.kept(blob) if ref is not None and ref.owner == check else 0
-        return TranscriptText(session, check, body, items, tools, system, head, blob, checked)
+        found = _anchor(raw, key, blob) if raw and items else None
+        return TranscriptText(
+            session, check, body, items, tools, system, head, blob, checked, found
+        )
 
     def passed(self, text: TranscriptText | None) -> None:
         """``text``'s request passed its checks: its transcript is the reference the
@@ -205,6 +307,7 @@ class SessionTranscripts:
         memo = self._take(text.session) or _Memo()
         memo.checked = _Reference(text.check)
         memo.checked.become(text.head, text.blob, len(text.items))
+        memo.checked.anchor = text.anchor
         self._put(text.session, memo)
 
     def view(

@@ -116,7 +116,7 @@ def check_body(
     """The request checks: the nesting limit, then ``validate``. ``memo``: the session's
     transcripts (and the session), whose previous request's leading transcript items passed
     them already; the transcript's serialisation, made for that, is returned."""
-    text = memo[0].text(memo[1], wire, body, validate) if memo is not None else None
+    text = memo[0].text(memo[1], wire, body, validate, raw) if memo is not None else None
     if text is not None and text.checked:
         check_nesting(body, raw, (wire.transcript[0], text.checked))
         validate(body, text.checked)
