@@ -131,6 +131,20 @@ def test_tools_end_state_matches_and_state_stays_flat(tools: dict[str, Any]) -> 
     assert final["queue"] == [] and len(final["done"]) == ToolsWorkload(steps=6).n_open
 
 
+def test_the_window_arm_finishes_the_tools_workload_under_the_anthropic_cache() -> None:
+    # The window shows the model only its recent calls; its tool call ids must still be
+    # unique in the client's transcript, or the Messages API (and the proxy's request
+    # checks) refuse the next request: the arm stopped at its third call.
+    cfg = BenchConfig(
+        workload="tools", steps=6, cache_regime="anthropic", arms=("baseline", "window")
+    )
+    report = rep.build_report(run_benchmark(cfg))
+    window = report["arms"]["window"]
+    assert window["failures"] == 0, window["failed_calls"]
+    assert window["quality"]["end_state_match"] is True and window["quality"]["finished"]
+    assert window["calls"] == report["arms"]["baseline"]["calls"]
+
+
 def test_injected_failure_makes_the_run_invalid() -> None:
     cfg = BenchConfig(workload="conversation", turns=4, inject_failure=("state", 2))
     report = rep.build_report(run_benchmark(cfg))

@@ -326,6 +326,17 @@ class _Triage:
         return planned
 
 
+_CALL_ID = re.compile(r"call_(\d+)_\d+")
+
+
+def _latest_call_step(messages: list[dict[str, Any]]) -> int:
+    """The highest step in the ids of the tool calls and results ``messages`` show (0: none)."""
+    ids = [str(m.get("tool_call_id")) for m in messages if m.get("role") == "tool"]
+    ids += [str(c.get("id")) for m in messages for c in m.get("tool_calls") or ()]
+    steps = [int(m.group(1)) for i in ids if (m := _CALL_ID.fullmatch(i))]
+    return max(steps, default=0)
+
+
 def tools_reply(messages: list[dict[str, Any]]) -> SimReply:
     contract = asks_for_envelope(messages)
     state = read_state(messages) or {}
@@ -340,7 +351,11 @@ def tools_reply(messages: list[dict[str, Any]]) -> SimReply:
     step = state.get("step")
     if not isinstance(step, int):
         step = sum(1 for m in messages if m.get("role") == "assistant")
-    step += 1
+    # Tool call ids are unique in the client's transcript, as a model's are (Anthropic
+    # refuses a request with one twice): a context that shows only the recent messages (the
+    # window form, whose state has the step of its last checkpoint) still shows the latest
+    # call, and this turn's follows it.
+    step = max(step, _latest_call_step(messages)) + 1
     planned = triage.plan(parse_rules(task), batch)
 
     tool_calls = [
