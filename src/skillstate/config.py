@@ -478,6 +478,15 @@ def load_settings(
         raise ConfigError(_one_line(e)) from None
 
 
+def file_settings(path: str | Path | None) -> dict[str, Any]:
+    """The settings a config file sets, validated, and only those (``{}`` for no file): what
+    a bench's own proxies start from before the bench sets its upstream, store and mode."""
+    if path is None:
+        return {}
+    settings = load_settings({"config": str(path)}, env={})
+    return settings.model_dump(exclude_unset=True)
+
+
 def _apply_upstream_shorthand(merged: dict[str, Any]) -> None:
     url = merged.pop("upstream", None)
     key = merged.pop("api_key", None)

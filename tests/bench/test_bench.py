@@ -353,6 +353,29 @@ def test_cli_arguments() -> None:
         config_from_args(parser.parse_args(["tools", "--inject-failure", "nope"]))
 
 
+def test_the_proxies_run_with_the_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"no_such_setting": 1}')
+    assert main(["conversation", "--turns", "3", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "skillstate bench: --config: no_such_setting: unknown setting"
+    # mask_keep from the file: with 100 nothing is masked, so the mask arm sends what the
+    # baseline sends; at the default (3) it masks from the sixth observation on.
+    keep = tmp_path / "keep.json"
+    keep.write_text('{"mask_keep": 100}')
+    reports = {}
+    for name, extra in (("file", ["--config", str(keep)]), ("default", [])):
+        out = tmp_path / f"{name}.json"
+        args = ["conversation", "--turns", "8", "--arms", "mask", "--cache-regime", "none"]
+        assert main([*args, *extra, "--out", str(out)]) == 0
+        reports[name] = json.loads(out.read_text())
+    assert reports["file"]["params"]["config"] == str(keep)
+    assert _prompts(reports["file"], "mask") == _prompts(reports["file"], "baseline")
+    assert sum(_prompts(reports["default"], "mask")) < sum(_prompts(reports["default"], "baseline"))
+
+
 def test_live_mode_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SKILLSTATE_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

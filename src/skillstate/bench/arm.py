@@ -99,6 +99,7 @@ class BenchConfig:
     arms: tuple[str, ...] = DEFAULT_ARMS
     cache_read: float | None = None  # the cache read's fraction of the input rate (@READ)
     auto_compact: bool = False  # the proxies' auto_compact setting (auto may go compact)
+    config: str | None = None  # the proxies' config file (--config), read before the bench's
 
     @property
     def regime_label(self) -> str:

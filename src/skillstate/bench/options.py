@@ -85,7 +85,8 @@ def common_args(p: argparse.ArgumentParser) -> None:
 
 
 def cost_args(p: argparse.ArgumentParser) -> None:
-    """--price-as / --cache-regime / --arms (every bench that runs arms)."""
+    """--price-as / --cache-regime / --auto-compact / --config / --arms (every bench that
+    runs arms)."""
     p.add_argument(
         "--price-as",
         metavar="MODEL",
@@ -106,6 +107,14 @@ def cost_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the proxies run with auto_compact: true (auto may move a session to the compact "
         "context where it is cheaper than the window)",
+    )
+    # SUPPRESS: `skillstate --config FILE bench ...` (the top-level flag) works too.
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="the proxies' config file (default: the proxy's defaults); the bench sets their "
+        "upstream, store, mode, schema and initial state itself",
     )
     p.add_argument(
         "--arms",
@@ -171,7 +180,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def client_fields(args: argparse.Namespace, upstream: str | None) -> dict[str, Any]:
     """The BenchConfig fields every workload's options set alike (``bench`` and ``bench
     bfcl``): the mode, the upstream and model, streaming, the token limit, pricing,
-    injected failures, the cache regime, the arms and auto's compaction."""
+    injected failures, the cache regime, the arms, auto's compaction and the proxies'
+    config file."""
     return {
         "mode": getattr(args, "mode", "state") or "state",
         "upstream": upstream,
@@ -183,6 +193,7 @@ def client_fields(args: argparse.Namespace, upstream: str | None) -> dict[str, A
         **regime_fields(args),
         "arms": parse_arms(getattr(args, "arms", None)),
         "auto_compact": bool(getattr(args, "auto_compact", False)),
+        "config": getattr(args, "config", None) or None,
     }
 
 

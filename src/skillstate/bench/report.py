@@ -420,6 +420,7 @@ def build_report(run: BenchRun) -> dict[str, Any]:
         "price_as": cfg.price_as,
         "cache_regime": cfg.regime_label if cfg.offline else None,
         "auto_compact": cfg.auto_compact,
+        "config": cfg.config,
         "prices_per_mtok": None if prices is None else dataclasses.asdict(prices),
         "arms": list(run.arms),
         "inject_failure": f"{cfg.inject_failure[0]}:{cfg.inject_failure[1]}"

@@ -269,6 +269,7 @@ def open_proxy(
             }
     settings = Settings.model_validate(
         {
+            **proxy_file_settings(cfg),
             "host": "127.0.0.1",
             "port": 0,
             "upstreams": [Upstream.model_validate(upstream)],
@@ -278,10 +279,22 @@ def open_proxy(
             "data_dir": Path(tmp),
             "mode": mode,
             "constrain": constrain,
-            "auto_compact": cfg is not None and cfg.auto_compact,
+            **({"auto_compact": True} if cfg is not None and cfg.auto_compact else {}),
         }
     )
     return stack.enter_context(ProxyServer(settings))
+
+
+def proxy_file_settings(cfg: BenchConfig | None) -> dict[str, Any]:
+    """The settings of the bench's ``--config`` file (``{}`` without one), under the ones the
+    bench sets itself (upstream, store, mode, schema, initial state); a bad file is a
+    one-line BenchError."""
+    from skillstate.config import ConfigError, file_settings
+
+    try:
+        return file_settings(cfg.config if cfg is not None else None)
+    except ConfigError as e:
+        raise BenchError(f"--config: {e}") from None
 
 
 def check_config(cfg: BenchConfig) -> None:
@@ -299,6 +312,7 @@ def check_config(cfg: BenchConfig) -> None:
         raise BenchError("--cache-regime is the simulated provider's (offline runs only)")
     if cfg.cache_regime == "anthropic" and cfg.stream:
         raise BenchError("--stream is not available with --cache-regime anthropic")
+    proxy_file_settings(cfg)  # a bad --config fails before the first arm runs
 
 
 def run_benchmark(cfg: BenchConfig, progress: Progress | None = None) -> BenchRun:

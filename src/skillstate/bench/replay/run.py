@@ -288,14 +288,12 @@ class Replayer:
 
     # -- servers --------------------------------------------------------------------------
     def _base_settings(self) -> dict[str, Any]:
-        from skillstate.config import ConfigError, load_settings
+        from skillstate.config import ConfigError, file_settings
 
-        cli = {"config": self.options.config} if self.options.config else {}
         try:
-            settings = load_settings(cli, env={}, cwd=self._tmp)
+            return file_settings(self.options.config or None)
         except ConfigError as e:
             raise ReplayError(f"--config: {e}") from None
-        return settings.model_dump(exclude_unset=True)
 
     def _upstream(self, regime: str) -> ReplayUpstream:
         base, _ = parse_regime(regime)
