@@ -192,6 +192,12 @@ class Reply:
     # ({"type": "thinking", "thinking", "signature"} or {"type": "redacted_thinking", "data"});
     # streamed as thinking_delta + signature_delta, redacted_thinking whole in its start.
     thinking: list[dict[str, Any]] = field(default_factory=list)
+    # Responses only: output items of the other types, as given (``id``/``status`` filled in
+    # when missing): calls the client runs (custom_tool_call, local_shell_call, shell_call,
+    # apply_patch_call, computer_call, mcp_approval_request), after the message and the
+    # function calls; hosted calls the API ran (web_search_call, mcp_call, ...) and reasoning,
+    # before the message. Streamed as the API streams each type (``_other_item_events``).
+    items: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         calls = []
@@ -583,12 +589,14 @@ class FakeProvider:
     def _content(req: dict[str, Any], reply: Reply, limit_key: tuple[str, ...]) -> tuple:
         """(text, tool_calls, completion_tokens, truncated) after applying max_tokens."""
         calls = reply.tool_calls
-        text = reply.text if reply.text is not None else ("" if calls else DEFAULT_TEXT)
+        acts = calls or reply.items
+        text = reply.text if reply.text is not None else ("" if acts else DEFAULT_TEXT)
         limit = next((req[k] for k in limit_key if isinstance(req.get(k), int)), None)
         truncated = False
-        if limit is not None and not calls and not reply.finish_reason and ntokens(text) > limit:
+        if limit is not None and not acts and not reply.finish_reason and ntokens(text) > limit:
             text, truncated = text[: limit * 4], True
         completion = ntokens(text) + sum(ntokens(c.name + c.arguments_json) for c in calls)
+        completion += sum(ntokens(json.dumps(item)) for item in reply.items)
         return text, calls, reply.usage.get("completion_tokens", max(1, completion)), truncated
 
     def _openai(self, req: dict[str, Any], reply: Reply, stream: bool) -> Any:
@@ -768,7 +776,13 @@ class FakeProvider:
             "total_tokens": prompt + completion,
         }
         output: list[dict[str, Any]] = []
-        if text or not calls:
+        given = [
+            {"id": _rid(_ITEM_PREFIX.get(item["type"], "it_"), 32), "status": "completed", **item}
+            for item in reply.items
+        ]
+        # What the API ran itself (and reasoning) comes before the answer; client calls after.
+        output += [item for item in given if item["type"] in _BEFORE_THE_MESSAGE]
+        if text or not (calls or reply.items):
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
             output.append(
                 {"id": _rid("msg_", 32), "type": "message", "status": "completed",
@@ -779,6 +793,7 @@ class FakeProvider:
                 {"id": _rid("fc_", 32), "type": "function_call", "status": "completed",
                  "call_id": c.id or _rid("call_"), "name": c.name, "arguments": c.arguments_json}
             )  # fmt: skip
+        output += [item for item in given if item["type"] not in _BEFORE_THE_MESSAGE]
         status = "incomplete" if truncated else "completed"
         response = {
             "id": _rid("resp_", 32), "object": "response", "created_at": int(time.time()),
@@ -857,6 +872,8 @@ class FakeProvider:
     def _responses_item_events(i: int, item: dict[str, Any]) -> list[dict[str, Any]]:
         ids = {"item_id": item["id"], "output_index": i}
         added = {**item, "status": "in_progress"}
+        if item["type"] not in ("message", "function_call"):
+            return _other_item_events(i, item)
         if item["type"] == "message":
             part = item["content"][0]
             empty = {**part, "text": ""}
@@ -996,6 +1013,65 @@ _ANTHROPIC_ERROR_TYPES = {
 }
 
 
+# The id prefixes OpenAI gives the output items a Reply's ``items`` hold.
+_ITEM_PREFIX = {
+    "custom_tool_call": "ctc_", "local_shell_call": "lsh_", "shell_call": "sh_",
+    "apply_patch_call": "apc_", "computer_call": "cu_", "mcp_approval_request": "mcpr_",
+    "mcp_call": "mcp_", "web_search_call": "ws_", "file_search_call": "fs_",
+    "code_interpreter_call": "ci_", "image_generation_call": "ig_", "reasoning": "rs_",
+}  # fmt: skip
+
+
+_BEFORE_THE_MESSAGE = frozenset(
+    {"reasoning", "web_search_call", "file_search_call", "code_interpreter_call",
+     "image_generation_call", "mcp_call", "mcp_list_tools"}
+)  # fmt: skip
+
+
+def _other_item_events(i: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of an output item other than a message or a function call, as the API
+    streams them (the openai SDK's ResponseStreamEvent types): a custom tool call's input in
+    ``response.custom_tool_call_input.delta`` pieces, an MCP call's arguments in
+    ``response.mcp_call_arguments.delta`` pieces, a web search's progress events, a shell
+    call's commands; every item opens with ``output_item.added`` (its streamed member empty)
+    and closes with ``output_item.done`` (the whole item)."""
+    ids = {"item_id": item["id"], "output_index": i}
+    kind = item["type"]
+    added = {**item, "status": "in_progress"}
+    middle: list[dict[str, Any]] = []
+    if kind == "custom_tool_call":
+        added["input"] = ""
+        middle += [{"type": "response.custom_tool_call_input.delta", **ids, "delta": p}
+                   for p in _pieces(item.get("input") or "")]  # fmt: skip
+        middle.append({"type": "response.custom_tool_call_input.done", **ids,
+                       "input": item.get("input") or ""})  # fmt: skip
+    elif kind == "mcp_call":
+        added["arguments"] = ""
+        middle.append({"type": "response.mcp_call.in_progress", **ids})
+        middle += [{"type": "response.mcp_call_arguments.delta", **ids, "delta": p}
+                   for p in _pieces(item.get("arguments") or "")]  # fmt: skip
+        middle.append({"type": "response.mcp_call_arguments.done", **ids,
+                       "arguments": item.get("arguments") or ""})  # fmt: skip
+        middle.append({"type": "response.mcp_call.completed", **ids})
+    elif kind == "web_search_call":
+        middle += [{"type": f"response.web_search_call.{step}", **ids}
+                   for step in ("in_progress", "searching", "completed")]  # fmt: skip
+    elif kind == "shell_call":
+        commands = (item.get("action") or {}).get("commands") or []
+        added["action"] = {**(item.get("action") or {}), "commands": []}
+        for k, command in enumerate(commands):
+            at = {"output_index": i, "command_index": k}
+            middle.append({"type": "response.shell_call_command.added", **at, "command": ""})
+            middle += [{"type": "response.shell_call_command.delta", **at, "delta": p}
+                       for p in _pieces(command)]  # fmt: skip
+            middle.append({"type": "response.shell_call_command.done", **at, "command": command})
+    return [
+        {"type": "response.output_item.added", "output_index": i, "item": added},
+        *middle,
+        {"type": "response.output_item.done", "output_index": i, "item": item},
+    ]
+
+
 def _error(anthropic: bool, e: _Rejected) -> dict[str, Any]:
     message = e.message or f"fake provider error (HTTP {e.status})"
     if anthropic:
@@ -1102,27 +1178,34 @@ def _check_responses(body: dict[str, Any]) -> None:
         raise _Rejected(
             400, "Missing required parameter: 'input'.", "input", "missing_required_parameter"
         )
-    calls = (
-        {
-            i.get("call_id")
-            for i in items
-            if isinstance(i, dict) and i.get("type") == "function_call"
-        }
-        if isinstance(items, list)
-        else set()
-    )
-    for i, item in enumerate(items if isinstance(items, list) else ()):
+    listed = items if isinstance(items, list) else []
+    calls = {
+        (i.get("type"), i.get("call_id")) for i in listed if isinstance(i, dict) and "call_id" in i
+    }
+    for i, item in enumerate(listed):
+        kind = item.get("type") if isinstance(item, dict) else None
+        call = _PAIRED_OUTPUTS.get(kind) if isinstance(kind, str) else None
         if (
-            isinstance(item, dict)
-            and item.get("type") == "function_call_output"
-            and item.get("call_id") not in calls
+            call is not None
+            and (call, item.get("call_id")) not in calls
             and not body.get("previous_response_id")
         ):
+            what = call.replace("_", " ")
             raise _Rejected(
                 400,
-                f"No tool call found for function call output with call_id {item.get('call_id')}.",
+                f"No tool call found for {what} output with call_id {item.get('call_id')}.",
                 f"input[{i}]",
             )
+
+
+# An output item type -> the call it answers (by call_id), which the API wants before it.
+_PAIRED_OUTPUTS = {
+    "function_call_output": "function_call",
+    "custom_tool_call_output": "custom_tool_call",
+    "shell_call_output": "shell_call",
+    "apply_patch_call_output": "apply_patch_call",
+    "computer_call_output": "computer_call",
+}
 
 
 def _check_compact(body: dict[str, Any]) -> None:

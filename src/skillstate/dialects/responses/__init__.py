@@ -16,35 +16,28 @@ from ...errors import ProxyError
 from .. import models
 from ..base import JSON, StreamRelay, content_chars
 from ..openai import OPENAI, usage_from_openai
-from .stream import ResponsesEventStripper, ResponsesRelay, calls_a_tool
+from .items import call_chars, in_model_turn, is_call_output, is_client_call
+from .items import item_type as _type
+from .stream import ResponsesEventStripper, ResponsesRelay
 from .validate import validate_responses_request
 
 NAME: Final = "openai-responses"
 
-# Items of the model's turn that made tool calls (kept, byte-exact, with their outputs).
-_CALL_ITEMS = frozenset({"function_call", "reasoning"})
-
-
-def _type(item: JSON) -> str:
-    t = item.get("type", "message")
-    return t if isinstance(t, str) else ""
-
 
 def _last_tool_round(items: list[Any], split: Split) -> int:
-    """Where the last tool round starts: the last run of function_call items (parallel
-    calls, with their reasoning items: encrypted_content must go back as it came) and the
-    function_call_output items after them. An output followed by a call starts a new round,
-    as a model turn ends with its calls. ``len(items)`` when the transcript ends otherwise."""
+    """Where the last tool round starts: the last run of the model's call items (parallel
+    calls of any kind the client runs, with the reasoning items and hosted calls of that
+    turn: encrypted_content must go back as it came) and the outputs after them. An output
+    followed by a call starts a new round, as a model turn ends with its calls.
+    ``len(items)`` when the transcript ends otherwise."""
     end = len(items)
-    outputs = [
-        k for k in range(split.observation, end) if _type(items[k]) == "function_call_output"
-    ]
+    outputs = [k for k in range(split.observation, end) if is_call_output(items[k])]
     if not outputs:
         return end
     k = outputs[-1] + 1
-    while k > split.system_end and _type(items[k - 1]) == "function_call_output":
+    while k > split.system_end and is_call_output(items[k - 1]):
         k -= 1
-    while k > split.system_end and _type(items[k - 1]) in _CALL_ITEMS:
+    while k > split.system_end and in_model_turn(items[k - 1]):
         k -= 1
     return k
 
@@ -61,7 +54,8 @@ def input_items(raw: Any) -> list[Any]:
 class ResponsesContext:
     """The transcript is ``input`` (a list of items; the route turns a string into one user
     message). System text is ``instructions`` plus leading system/developer messages; tool
-    results are function_call_output items."""
+    results are the outputs of the calls the client runs (``items``: function, custom tool,
+    shell, apply_patch, computer calls...)."""
 
     transcript_key = "input"
 
@@ -69,14 +63,13 @@ class ResponsesContext:
         return _type(msg) == "message" and msg.get("role") in ("system", "developer")
 
     def is_user_turn(self, msg: dict[str, Any]) -> bool:
-        t = _type(msg)
-        return (t == "message" and msg.get("role") == "user") or t == "function_call_output"
+        return (_type(msg) == "message" and msg.get("role") == "user") or is_call_output(msg)
 
     def is_tool_result(self, msg: dict[str, Any]) -> bool:
-        return _type(msg) == "function_call_output"
+        return is_call_output(msg)
 
     def has_tool_calls(self, msg: dict[str, Any]) -> bool:
-        return _type(msg) == "function_call"
+        return is_client_call(msg)
 
     def compact(
         self, body: dict[str, Any], split: Split, contract: str, state: dict[str, Any]
@@ -164,7 +157,7 @@ def strip_response(resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
     texts = [output[i]["content"][k]["text"] for i, k in at]
     if not any("{" in t for t in texts):  # every envelope is a JSON object (fast path)
         return resp, NOTHING
-    calls = any(calls_a_tool(item) for item in output)
+    calls = any(is_client_call(item) for item in output)
     if len(texts) == 1 and known is not None and known[0] is texts[0] and not calls:
         # One part: strip_texts' message-wide fallback is strip_envelope's own.
         summary = known[1]
@@ -206,10 +199,7 @@ class ResponsesDialect:
         return True  # response.completed always carries usage
 
     def reply_text(self, resp: JSON) -> tuple[str, bool]:
-        calls = any(
-            isinstance(i, dict) and i.get("type") == "function_call"
-            for i in resp.get("output") or ()
-        )
+        calls = any(is_client_call(i) for i in resp.get("output") or ())
         return output_text(resp), calls
 
     def reply_cut_off(self, resp: JSON) -> bool:
@@ -263,21 +253,41 @@ class ResponsesDialect:
         return ResponsesEventStripper()
 
     def tool_call_chars(self, resp: JSON) -> int:
-        total = 0
-        for item in resp.get("output") or ():
-            if isinstance(item, dict) and item.get("type") == "function_call":
-                total += len(str(item.get("name") or "")) + len(str(item.get("arguments") or ""))
-        return total
+        return sum(call_chars(item) for item in resp.get("output") or ())
 
     def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
         kind = _type(msg)
-        if kind == "function_call_output":
-            return {**msg, "output": stand_in(msg.get("output"))}
+        output = msg.get("output")
+        if kind in _TEXT_OUTPUTS and isinstance(output, (str, list)):
+            return {**msg, "output": stand_in(output)}
+        if kind == "shell_call_output" and isinstance(output, list):
+            # Each command's result is an object the API checks: its texts stand in.
+            return {**msg, "output": [_masked_streams(o, stand_in) for o in output]}
         if kind == "message" and msg.get("role") == "user":
             content = msg.get("content")
             if content_chars(content) >= min_chars:
                 return {**msg, "content": stand_in(content)}
         return msg
+
+
+# Outputs of client calls whose ``output`` the API takes as a string (a placeholder fits);
+# a computer call's screenshot and an approval have no text to mask.
+_TEXT_OUTPUTS = frozenset(
+    {
+        "function_call_output",
+        "custom_tool_call_output",
+        "local_shell_call_output",
+        "apply_patch_call_output",
+    }
+)
+
+
+def _masked_streams(result: Any, stand_in: Callable[[Any], str]) -> Any:
+    """A shell command's result with its stdout and stderr (when not empty) stood in for."""
+    if not isinstance(result, dict):
+        return result
+    masked = {k: stand_in(result[k]) for k in ("stdout", "stderr") if result.get(k)}
+    return {**result, **masked}
 
 
 RESPONSES = ResponsesDialect()

@@ -15,6 +15,7 @@ from .. import sse
 from ..base import JSON, Event, StreamRelay
 from ..capture import RelayCapture
 from ..openai import usage_from_openai
+from .items import call_chars, is_client_call
 from .translate import (
     function_call_item,
     message_item,
@@ -58,8 +59,7 @@ class ResponsesRelay(RelayCapture):
         if etype == "response.output_text.delta" and isinstance(data.get("delta"), str):
             self.add_text(data["delta"])
         elif etype == "response.output_item.added":
-            item = data.get("item")
-            if isinstance(item, dict) and item.get("type") == "function_call":
+            if is_client_call(data.get("item")):
                 self.has_tool_calls = True
         elif etype in ("response.created", "response.in_progress"):
             self._take_response(data)
@@ -347,7 +347,8 @@ class ResponsesEventStripper:
     held, from its ``response.output_item.added`` on, until it shows text; one that ends
     having shown none waits for the next event: a tool-call item drops it (the model never
     said its action to the user; later ``output_index`` values move down), anything else
-    releases it with the action.
+    releases it with the action. A tool call is one the client runs (``items``); a hosted
+    call (a web search the API ran) is part of the model's own final turn.
     """
 
     def __init__(self) -> None:
@@ -368,13 +369,10 @@ class ResponsesEventStripper:
         return []  # a Responses stream has no end sentinel: its terminal event closes it
 
     def tool_chars(self, name: str | None, data: JSON) -> int:
+        """What a client call said, counted once, from its whole item when it is done."""
         etype = data.get("type") or name
-        if etype == "response.output_item.added":
-            item = data.get("item")
-            if isinstance(item, dict) and item.get("type") == "function_call":
-                return len(str(item.get("name") or "")) + len(str(item.get("arguments") or ""))
-        elif etype == "response.function_call_arguments.delta":
-            return len(str(data.get("delta") or ""))
+        if etype == "response.output_item.done":
+            return call_chars(data.get("item"))
         return 0
 
     def event(self, name: str | None, data: JSON) -> list[Event]:
@@ -407,7 +405,7 @@ class ResponsesEventStripper:
                 if (
                     enveloped
                     and etype == "response.output_item.added"
-                    and calls_a_tool(data.get("item"))
+                    and is_client_call(data.get("item"))
                 ):
                     self._dropped.append(index)
                     self.removed_chars += sum(p.removed_chars for p in probes.values())
@@ -550,8 +548,3 @@ class ResponsesEventStripper:
             if i not in self._dropped
         ]
         return {**resp, "output": items}
-
-
-def calls_a_tool(item: Any) -> bool:
-    """An output item that calls a tool: function_call, custom_tool_call, mcp_call..."""
-    return isinstance(item, dict) and str(item.get("type") or "").endswith("_call")
