@@ -8,7 +8,7 @@ the turn's lease verifies each copy's step (``skillstate.sessions.locks.Hold.cur
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -25,10 +25,11 @@ class CachedSession:
     step: int
     created: float
     updated: float
+    cost: int = field(init=False, compare=False)  # worked out once: a commit reads it 3 times
 
-    @property
-    def cost(self) -> int:
-        return len(self.state) + sum(len(k) for k in self.schema) + 200  # + entry overhead
+    def __post_init__(self) -> None:
+        cost = len(self.state) + sum(len(k) for k in self.schema) + 200  # + entry overhead
+        object.__setattr__(self, "cost", cost)
 
     def record(self, session: str) -> SessionRecord:
         return SessionRecord(
