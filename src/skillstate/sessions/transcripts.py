@@ -135,6 +135,7 @@ class TranscriptText:
     blob: bytes
     checked: int
     anchor: _Anchor | None = None
+    base: bytes | None = None  # the reference serialisation ``blob`` continues, if spliced
 
     def made_from(self, body: dict[str, Any], items: list[Any]) -> bool:
         """Whether ``body`` is still the one this was made from."""
@@ -286,7 +287,17 @@ class SessionTranscripts:
             blob, anchor = spliced
             checked = ref.count if ref.owner == check else 0
             return TranscriptText(
-                session, check, body, items, tools, system, ref.head, blob, checked, anchor
+                session,
+                check,
+                body,
+                items,
+                tools,
+                system,
+                ref.head,
+                blob,
+                checked,
+                anchor,
+                ref.blob,
             )
         try:
             head = orjson.dumps([tools, system])
@@ -347,6 +358,11 @@ class SessionTranscripts:
         """The items ``ref`` vouches for, and ``items`` made its reference."""
         if text is not None and text.made_from(body, items):
             head, blob = text.head, text.blob
+            if text.base is not None and text.base is ref.blob and head == ref.head:
+                # spliced onto this very reference: it vouches for its items (no comparison)
+                kept = ref.count
+                ref.become(head, blob, len(items))
+                return kept
         else:
             try:
                 head = orjson.dumps([body.get("tools"), body.get("system")])

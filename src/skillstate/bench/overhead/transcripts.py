@@ -93,7 +93,7 @@ def transcript(start_bytes: int) -> list[dict[str, Any]]:
     return messages
 
 
-class _Session:
+class GrowingSession:
     """One growing transcript on one path."""
 
     def __init__(self, kb: float, path: str, model: str, turns: int) -> None:
@@ -112,7 +112,7 @@ class _Session:
         return orjson.dumps({"model": self.model, "messages": self.messages, "max_tokens": 256})
 
 
-def _call(conn: SyncConn, data: bytes, pid: int | None) -> tuple[float, float]:
+def timed_call(conn: SyncConn, data: bytes, pid: int | None) -> tuple[float, float]:
     """One call: (proxy CPU ms or nan, wall ms)."""
     conn.fresh()
     c0 = proc_cpu_seconds(pid)[0] if pid else 0.0
@@ -140,7 +140,7 @@ def run_transcripts(
         paths.append(("floor", "floor"))
     conns = {name: SyncConn(eps[where]) for name, where in paths}
     sessions = [
-        (_Session(kb, name, spec["model"], turns), name, where)
+        (GrowingSession(kb, name, spec["model"], turns), name, where)
         for kb in spec["transcript_kb"]
         for name, where in paths
     ]
@@ -156,7 +156,8 @@ def run_transcripts(
                 hs += [("x-skillstate-mode", name), ("x-skillstate-session", sid)]
             for _ in range(n):
                 data = s.body()
-                cpu, wall = _call(conns[name], build_request(eps[where], data, hs), pids.get(where))
+                request = build_request(eps[where], data, hs)
+                cpu, wall = timed_call(conns[name], request, pids.get(where))
                 if block:
                     s.sizes.append(len(data))
                     s.cpu_ms.append(cpu)
@@ -166,7 +167,7 @@ def run_transcripts(
     return {"turns": turns, "rows": [_row(s) for s, _, _ in sessions]}
 
 
-def _row(s: _Session) -> dict[str, Any]:
+def _row(s: GrowingSession) -> dict[str, Any]:
     cpu, wall = sorted(s.cpu_ms), sorted(s.wall_ms)
     known = [c for c in cpu if c == c]  # nan without a pid
     return {
