@@ -35,7 +35,11 @@ from skillstate.cost.baseline import (
 )
 from skillstate.cost.tokens import estimate_tokens, request_parts
 from skillstate.cost.usage import MAX_TOKEN_COUNT
-from skillstate.dialects.openai import _validate_message, validate_openai_request
+from skillstate.dialects.openai import (
+    _check_tool_answers,
+    _validate_message,
+    validate_openai_request,
+)
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.patch import _FENCE_RUN, _copy_json
 from skillstate.errors import ProxyError
@@ -307,7 +311,9 @@ def _problem(check: Any, *args: Any) -> str | None:
 @given(_chat_message)
 def test_chat_request_checks_judge_every_message_as_the_full_check_does(message: Any) -> None:
     body = {"model": "m", "messages": [message]}
+    # each message on its own, then (across messages) tool results paired with their calls
     want = _problem(_validate_message, message, "messages[0]")
+    want = want or _problem(_check_tool_answers, [message], 0)
     assert _problem(validate_openai_request, body) == want
 
 
