@@ -322,3 +322,23 @@ def test_the_digest_reads_a_null_member_as_one_left_out_but_not_inside_values() 
     action = {"type": "computer_call", "call_id": "c", "action": {"type": "click", "x": None}}
     bare = {**action, "action": {"type": "click"}}
     assert transcript_digest([action], 1) != transcript_digest([bare], 1)
+
+
+def test_the_digest_reads_content_as_one_text_only_on_messages_and_parts() -> None:
+    """A ``content`` member inside a value (a tool call's input) is free JSON: a list of one
+    text block there is not the same input as its string, so editing it is a change."""
+    listed = {"content": [{"type": "text", "text": "x"}]}
+    use = {"type": "tool_use", "id": "t", "name": "write", "input": listed}
+    as_string = {**use, "input": {"content": "x"}}
+    assert transcript_digest([{"role": "assistant", "content": [use]}], 1) != transcript_digest(
+        [{"role": "assistant", "content": [as_string]}], 1
+    )
+    call = {"type": "computer_call", "call_id": "c", "action": {"type": "type", **listed}}
+    plain = {**call, "action": {"type": "type", "content": "x"}}
+    assert transcript_digest([call], 1) != transcript_digest([plain], 1)
+    # a tool result's content (a part's member) is still read as its one text
+    result = {"type": "tool_result", "tool_use_id": "t", **listed}
+    bare = {**result, "content": "x"}
+    assert transcript_digest([{"role": "user", "content": [result]}], 1) == transcript_digest(
+        [{"role": "user", "content": [bare]}], 1
+    )

@@ -139,8 +139,8 @@ def _digest_form(value: Any, level: int = 0) -> Any:
     ``"refusal": null``... that ``exclude_none`` leaves out: the three APIs read an optional
     member sent as null as one not sent), and a part's empty ``annotations``/``logprobs``.
     Deeper values (a tool call's input, a JSON schema) are free JSON, where ``null`` is a
-    value: only their cache markers go. Only the digest: the upstream gets the client's
-    bytes."""
+    value: only their cache markers go (a ``content`` there is no message's). Only the
+    digest: the upstream gets the client's bytes."""
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
@@ -148,7 +148,8 @@ def _digest_form(value: Any, level: int = 0) -> Any:
                 continue
             if level == 0 and k == "type" and v == "message":
                 continue
-            v = _one_text(v) if k == "content" else v
+            # a message's or a part's content (deeper, "content" is a key of free JSON)
+            v = _one_text(v) if k == "content" and level <= 1 else v
             # A message's list members hold its parts (level 1); an object member is a
             # value of its own (a tool call's action or arguments).
             out[k] = _digest_form(v, level + 1 if isinstance(v, list) else level + 2)
