@@ -76,7 +76,7 @@ def test_a_call_in_flight_holds_its_worst_case_until_released() -> None:
         await first.release()  # idempotent: the worst case is given back once
         store.rows.append(("k:s1", now[0], 0.30))  # what the first call really cost
         await reserve(second, 50)  # 0.30 + 0.50 <= 1
-        assert second.headers("0.2")["x-skillstate-budget-spent-usd"] == "0.50000000"
+        assert second.headers(0.2)["x-skillstate-budget-spent-usd"] == "0.50000000"
         await second.release()
 
     asyncio.run(run())

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from skillstate.auth.record import KeyRecord
+from skillstate.cost.ledger import summarize, summarize_sums
 from skillstate.cost.usage import MAX_TOKEN_COUNT
 from skillstate.store import (
     SessionCommit,
@@ -223,6 +224,33 @@ async def test_sessions_pages_delete_and_purge(store: Store) -> None:
     assert await store.purge_sessions(older_than=12.5, keep={"a.1"}) == 1
     assert {p["session"] for p in await store.sessions_page(10)} == {"a.1", "a.3"}
     assert await store.history_page("b.1", 10) == []
+
+
+async def test_a_call_without_usage_is_spent_at_its_estimate(store: Store) -> None:
+    """A cut call's row (no usage, no measured cost) counts at its estimate in every
+    budget's spend, and ``/cost``'s sums show it apart from the measured cost."""
+    cut = {"status": 499, "pricing": "usage-unavailable", "input_tokens": None,
+           "output_tokens": None, "cost_usd": None, "baseline_input_tokens": None,
+           "baseline_cost_usd": None}  # fmt: skip
+    rows = [
+        ledger_row(session="k:a", cost_usd=0.5),
+        ledger_row(session="k:a", estimated_cost_usd=0.25, **cut),
+        ledger_row(session="k:a", estimated_cost_usd=0.125, **cut),
+        ledger_row(session="k:a", **cut),  # from before estimates: nothing, as then
+    ]
+    await store.add_ledger_rows(rows)
+    assert await store.ledger_spend("k:a", 0, whole=True) == pytest.approx(0.875)
+    assert await store.ledger_spend("k:a", 0, whole=True, unpriced=(1e5, 1e6)) == pytest.approx(
+        0.875
+    )
+    assert await store.ledger_spend("k:", 0) == pytest.approx(0.875)
+    read = await store.ledger_rows(0, 100)
+    assert [r.estimated_cost_usd for r in read] == [None, 0.25, 0.125, None]
+    totals = summarize_sums(await store.ledger_sums(0, 100))["totals"]
+    assert totals["cost_usd"] == pytest.approx(0.5)
+    assert totals["estimated_cost_usd"] == pytest.approx(0.375)
+    assert totals["usage_unavailable_rows"] == 3
+    assert summarize(read)["totals"] == totals
 
 
 async def test_session_budgets_and_their_spend(store: Store) -> None:

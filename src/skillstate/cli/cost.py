@@ -159,6 +159,12 @@ def render_table(summary: Mapping[str, Any], console: Console) -> None:
             f"* cost excludes {unknown} row(s) with unknown prices and {unavailable} row(s) "
             "without usage; add a price override (prices / upstreams[].prices) to include them."
         )
+    estimated = totals.get("estimated_cost_usd")
+    if estimated is not None:
+        console.print(
+            f"  the calls without usage are charged {_fmt_usd(estimated)} against budgets: "
+            "their worst case, an estimate, not in cost."
+        )
     console.print(
         "saved tokens % = input tokens saved / baseline input tokens; saved $ % = of the "
         "baseline cost; negative = the proxy cost more."

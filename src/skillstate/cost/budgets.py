@@ -12,8 +12,10 @@ await between them; across replicas, one Redis script (``coordination.budgets``)
 end once the turn's ledger rows are written (in state mode, in the commit; otherwise before
 the reply's last bytes go out; before a re-ask, the rows so far: ``Committer.write_ahead``):
 from then on the ledger has the real cost. At every moment
-a budget is charged the real cost of each call done and the worst case of each call in
-flight, so the only way past it is a call whose real cost was above its worst case (the
+a budget is charged the real cost of each call done, the worst case of each call in
+flight, and the worst case of each call that ended without usage (its ledger row's
+``estimated_cost_usd``: a client leaving before the usage spends as if it stayed), so the
+only way past it is a call whose real cost was above its worst case (the
 estimator's error, see ``cost.worstcase``).
 
 Unpriced models: a call under any budget to a model without a price is refused (400) unless
@@ -266,11 +268,13 @@ class TurnBudgets:
         input_tokens: int,
         body: Mapping[str, Any],
         upstreams: Iterable[tuple[str, str | None]],
-    ) -> None:
+    ) -> float | None:
         """Hold one call's worst case against every budget of the turn, or raise (429 over
-        a budget, 400 for a model without a price); nothing is held when it raises."""
+        a budget, 400 for a model without a price); nothing is held when it raises. The
+        worst case held (None: the turn is under no budget): what the call is charged if it
+        ends without usage (``TurnMeter.sending``)."""
         if not self.budgets:
-            return
+            return None
         rates = self.book.worst.rates(model, upstreams)
         if rates is None:
             rates = self._unpriced(model)
@@ -292,6 +296,7 @@ class TurnBudgets:
         self._releases += held
         for holder, spent in spent_before.items():  # a re-ask's: the turn's own first call
             self._spent.setdefault(holder, spent)
+        return call
 
     def _unpriced(self, model: str) -> Rates:
         if self.allow_unpriced:
@@ -320,9 +325,10 @@ class TurnBudgets:
             # Shielded: a turn being cancelled still gives its holds back.
             await asyncio.shield(release())
 
-    def headers(self, turn_cost: str | None) -> dict[str, str]:
-        """What each budget has spent, this turn's cost included, and what is left."""
-        cost = float(turn_cost) if turn_cost else 0.0
+    def headers(self, turn_cost: float) -> dict[str, str]:
+        """What each budget has spent, this turn's cost (measured and estimated) included,
+        and what is left."""
+        cost = turn_cost
         out: dict[str, str] = {}
         for b in self.budgets:
             before = self._spent.get(b.holder)

@@ -50,7 +50,11 @@ Summary arithmetic (what ``summarize`` reports, for a set of rows)
 ------------------------------------------------------------------
 * ``requests`` = number of rows of kind generation or stream; ``attempts`` = rows per kind.
 * token sums are over rows with usage (``usage_unavailable_rows`` counts the others).
-* ``cost_usd`` = sum of the non-null ``cost_usd``; null if no row has a cost.
+* ``cost_usd`` = sum of the non-null ``cost_usd``; null if no row has a cost. It is what
+  the provider's reported usage measured: a call it may bill without reporting usage (a
+  ``usage-unavailable`` row of a cut or answered call) is not in it but in
+  ``estimated_cost_usd`` = sum of the non-null ``estimated_cost_usd`` (null if none), its
+  worst case (``skillstate.cost.worstcase``). Budgets count both (``store.ledgersql``).
 * B = rows with non-null ``baseline_input_tokens`` and ``input_tokens``::
 
       baseline_input_tokens = sum(row.baseline_input_tokens for row in B)
@@ -110,7 +114,9 @@ NOTE = (
     "configured list prices; not a provider invoice. Baseline = the client's transcript "
     "without the proxy's envelopes (input scaled from the reported usage), with the "
     "provider's prompt cache modelled per session (reads/writes at cache prices) and the "
-    "envelope's share taken off the output; retries count as extra spend with a zero baseline."
+    "envelope's share taken off the output; retries count as extra spend with a zero baseline. "
+    "estimated_cost_usd: calls the provider reported no usage for (cut by the client, or "
+    "answered without usage), at their worst case; not in cost_usd, counted by budgets."
 )
 
 BASELINE_MODEL_NOTE = (
@@ -202,6 +208,7 @@ def make_row(
     baseline_model: BaselineModel | None = None,
     context: str | None = None,
     row_id: str | None = None,
+    estimated_cost_usd: float | None = None,
 ) -> LedgerRow:
     """Price one attempt and compute its baseline.
 
@@ -209,7 +216,8 @@ def make_row(
     (envelopes removed) and of the body actually sent upstream; leave them None when there is
     nothing to compare (the row then has no baseline). ``baseline_model``, when given, turns
     the scaled baseline input into the cache-aware baseline (see module docstring). Retry
-    kinds always get a zero baseline.
+    kinds always get a zero baseline. ``estimated_cost_usd``: what a call the provider may
+    bill is charged when it reported no usage (kept only on such a row).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown ledger row kind {kind!r}; expected one of {KINDS}")
@@ -248,6 +256,7 @@ def make_row(
         saved_cost_pct=saved_pct,
         context=context,
         row_id=row_id,
+        estimated_cost_usd=estimated_cost_usd if priced.status == "usage-unavailable" else None,
     )
 
 
@@ -272,6 +281,8 @@ class _Acc:
         "cache_write",
         "cost",
         "cost_rows",
+        "estimated",
+        "estimated_rows",
         "inp",
         "out",
         "requests",
@@ -291,6 +302,8 @@ class _Acc:
         self.b_cached = self.b_out = 0
         self.b_cost = self.b_cost_actual = 0.0
         self.c_rows = 0
+        self.estimated = 0.0
+        self.estimated_rows = 0
 
     def add(self, r: LedgerRow) -> None:
         if r.kind in TURN_KINDS:
@@ -307,6 +320,9 @@ class _Acc:
             self.unknown += 1
         elif r.pricing == "usage-unavailable":
             self.unavailable += 1
+        if r.estimated_cost_usd is not None:
+            self.estimated += r.estimated_cost_usd
+            self.estimated_rows += 1
         if r.baseline_input_tokens is not None and r.input_tokens is not None:
             self.b_in = (self.b_in or 0) + r.baseline_input_tokens
             self.b_saved += r.baseline_input_tokens - r.input_tokens
@@ -342,6 +358,8 @@ class _Acc:
         self.b_cost += s.c_baseline_cost_usd
         self.b_cost_actual += s.c_cost_usd
         self.c_rows += s.c_rows
+        self.estimated += s.estimated_cost_usd
+        self.estimated_rows += s.estimated_rows
 
     def result(self) -> dict[str, Any]:
         has_b = self.b_in is not None
@@ -356,6 +374,7 @@ class _Acc:
             "cost_usd": _usd(self.cost) if self.cost_rows else None,
             "unknown_pricing_rows": self.unknown,
             "usage_unavailable_rows": self.unavailable,
+            "estimated_cost_usd": _usd(self.estimated) if self.estimated_rows else None,
             "baseline_input_tokens": self.b_in,
             "saved_input_tokens": self.b_saved if has_b else None,
             "saved_pct": (round(100 * self.b_saved / self.b_in, 2) if self.b_in else None),

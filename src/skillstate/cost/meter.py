@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
@@ -32,6 +32,7 @@ from .baseline import (
 )
 from .ledger import Usage, make_row
 from .pricing import PriceBook, Prices
+from .worstcase import WorstCase
 
 
 class _Attempt(Protocol):
@@ -116,9 +117,15 @@ class TurnMeter:
     turn's commit (``unwritten()``) or best effort on their own (``flush()``), never both.
     """
 
-    def __init__(self, prices: PriceBook, ctx: MeterContext) -> None:
+    def __init__(
+        self, prices: PriceBook, ctx: MeterContext, worst: WorstCase | None = None
+    ) -> None:
         self._prices = prices
         self._ctx = ctx
+        self._worst = worst
+        # The call out (or last sent): its estimated input, its body and the worst case its
+        # budgets hold (None: under none), for the estimate of a row without usage.
+        self._call: tuple[int, Mapping[str, Any], float | None] | None = None
         self._rows: list[LedgerRow] = []
         self._written = 0  # rows before this index were handed out to be written
         self._rewritten: list[int] = []  # rows before it changed since (``restore``)
@@ -133,15 +140,26 @@ class TurnMeter:
         """The rows so far (a copy: the meter alone changes them)."""
         return list(self._rows)
 
+    def sending(self, est_tokens: int, body: Mapping[str, Any], held: float | None) -> None:
+        """A call goes out: ``est_tokens`` its estimated input, ``held`` the worst case its
+        budgets hold for it (None: no budget). A row of it without usage is charged that."""
+        self._call = (est_tokens, body, held)
+
     @property
     def answered_yet(self) -> bool:
         """True once some attempt's answer is recorded as the turn's answer."""
         return self._answered
 
-    def failed(self, upstream: str, status: int, kind: Kind = "transport-retry") -> None:
+    def failed(
+        self, upstream: str, status: int, kind: Kind = "transport-retry", *, billed: bool = False
+    ) -> None:
         """An attempt without usable usage: a transport failure, an error status, or (with
-        ``kind="generation"``) an error answer that is what the client gets."""
-        self._rows.append(self._make(None, kind, status, upstream, None, None, None, _new_id()))
+        ``kind="generation"``) an error answer that is what the client gets. ``billed``: the
+        upstream may bill it (it answered 2xx with something unreadable), so its row is
+        charged an estimate (a cut call, ``CLIENT_CLOSED``, always is)."""
+        billed = billed or status == CLIENT_CLOSED
+        row = self._make(None, kind, status, upstream, None, None, None, _new_id(), billed=billed)
+        self._rows.append(row)
         if kind in ("generation", "stream"):
             self._answered = True
 
@@ -183,7 +201,16 @@ class TurnMeter:
             else None
         )
         row = self._make(
-            usage, kind, status, upstream, model, est_sent, provider_hint, _new_id(), modelled
+            usage,
+            kind,
+            status,
+            upstream,
+            model,
+            est_sent,
+            provider_hint,
+            _new_id(),
+            modelled,
+            billed=True,
         )
         self._rows.append(row)
         self._last_answer = (usage, status, upstream, model, provider_hint)
@@ -198,7 +225,7 @@ class TurnMeter:
         self._held = (i, self._rows[i])
         row_id = self._rows[i].row_id
         self._rows[i] = self._make(
-            usage, "rollback-retry", status, upstream, model, None, hint, row_id
+            usage, "rollback-retry", status, upstream, model, None, hint, row_id, billed=True
         )
 
     def restore(self) -> None:
@@ -249,9 +276,15 @@ class TurnMeter:
         provider_hint: str | None,
         row_id: str | None,
         baseline_model: Any = None,
+        *,
+        billed: bool = False,
     ) -> LedgerRow:
         ctx = self._ctx
         compare = ctx.est_client is not None and est_sent is not None
+        model = model or ctx.model or None
+        estimate = None
+        if usage is None and billed:
+            estimate = self._estimate(model, upstream, provider_hint)
         return make_row(
             book=self._prices,
             usage=usage,
@@ -260,14 +293,30 @@ class TurnMeter:
             mode=ctx.mode,
             session=ctx.session,
             upstream=upstream,
-            model=model or ctx.model or None,
+            model=model,
             est_transcript=ctx.est_client if compare else None,
             est_sent=est_sent if compare else None,
             provider_hint=provider_hint,
             baseline_model=baseline_model,
             context=ctx.context,
             row_id=row_id,
+            estimated_cost_usd=estimate,
         )
+
+    def _estimate(
+        self, model: str | None, upstream: str, provider_hint: str | None
+    ) -> float | None:
+        """What a call without usage is charged: the worst case its budgets held, else its
+        worst case at this upstream's price (None: no call known, or no price)."""
+        if self._call is None:
+            return None
+        est_tokens, body, held = self._call
+        if held is not None:
+            return held
+        if self._worst is None:
+            return None
+        rates = self._worst.rates(model or "", [(upstream, provider_hint)])
+        return None if rates is None else self._worst.cost(rates, est_tokens, body)
 
 
 def _new_id() -> str:
@@ -290,6 +339,9 @@ def ledger_headers(rows: list[LedgerRow]) -> dict[str, str]:
     costs = [r.cost_usd for r in rows if r.cost_usd is not None]
     if costs and h["x-skillstate-pricing"] in ("known", "override"):
         h["x-skillstate-cost-usd"] = f"{sum(costs):.8f}"
+    estimates = [r.estimated_cost_usd for r in rows if r.estimated_cost_usd is not None]
+    if estimates:  # calls without usage: charged their worst case, not measured
+        h["x-skillstate-estimated-cost-usd"] = f"{sum(estimates):.8f}"
     # Over all the turn's attempts (retries have a zero baseline), so the headers of a
     # session's turns add up to its /cost saved_input_tokens.
     saved = [

@@ -54,8 +54,10 @@ _SUMS = (
     f"count(CASE WHEN {_C} THEN 1 END)",
     f"coalesce(sum(CASE WHEN {_C} THEN baseline_cost_usd END), 0)",
     f"coalesce(sum(CASE WHEN {_C} THEN cost_usd END), 0)",
+    "count(estimated_cost_usd)",
+    "coalesce(sum(estimated_cost_usd), 0)",
 )
-_FLOATS = {4, 14, 15}  # positions in _SUMS of USD sums
+_FLOATS = {4, 14, 15, 17}  # positions in _SUMS of USD sums
 
 
 def sums_select(keys: GroupKeys, group_by: str | None) -> str:
@@ -82,13 +84,14 @@ def sums_of(row: Sequence[Any], group_by: str | None) -> LedgerSums:
 def spend_select(whole: bool, unpriced: tuple[float, float] | None, mark: str = "?") -> str:
     """``SELECT`` of what the rows of one session (``whole``: its id is the first argument)
     or one id range (the first two arguments: ``rows.prefix_range``) cost since the next
-    argument. A row without a price counts at ``unpriced`` (input, output USD per million
-    tokens) when given (budgets: ``cost.budgets``), else as nothing."""
-    cost = "cost_usd"
+    argument. A row without usage counts at its estimate (``estimated_cost_usd``); a row
+    without a price at ``unpriced`` (input, output USD per million tokens) when given
+    (budgets: ``cost.budgets``), else as nothing."""
+    cost = "coalesce(cost_usd, estimated_cost_usd)"
     if unpriced is not None:
         inp, out = (float(v) for v in unpriced)  # floats: safe to write into the SQL
         cost = (
-            f"coalesce(cost_usd, (coalesce(input_tokens, 0) * {inp!r}"
+            f"coalesce(cost_usd, estimated_cost_usd, (coalesce(input_tokens, 0) * {inp!r}"
             f" + coalesce(output_tokens, 0) * {out!r}) / 1000000.0)"
         )
     marks = [mark.replace("N", str(i)) for i in (1, 2, 3)]

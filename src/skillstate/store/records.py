@@ -79,6 +79,11 @@ class LedgerRow:
     # the re-ask, then made the turn's answer again) replaces itself, so every attempt is in
     # the ledger once. None for rows from before it (never replaced).
     row_id: str | None = None
+    # A call the provider may bill but whose usage the proxy never saw (``pricing`` is
+    # ``usage-unavailable``: the client left with the call out, a stream cut before its usage
+    # event, an answer without usage): what it is charged instead, its worst case
+    # (``cost.worstcase``). Budgets count it; it is never a measured ``cost_usd``.
+    estimated_cost_usd: float | None = None
 
     @property
     def key(self) -> str | None:
@@ -124,6 +129,8 @@ class LedgerSums:
     c_rows: int = 0
     c_baseline_cost_usd: float = 0.0
     c_cost_usd: float = 0.0
+    estimated_rows: int = 0  # rows with an estimated_cost_usd
+    estimated_cost_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,6 +91,7 @@ _COLUMN_CLAMPS: dict[str, Callable[[Any], Any]] = {
     "baseline_output_tokens": clamp_count,
     "saved_cost_usd": clamp_signed,
     "saved_cost_pct": clamp_signed,
+    "estimated_cost_usd": clamp_amount,
 }
 _LEDGER_CLAMPS = [_COLUMN_CLAMPS.get(name, _label) for name in LEDGER_COLUMNS]
 _LEDGER_VALUES = attrgetter(*LEDGER_COLUMNS)  # every column's value in one call

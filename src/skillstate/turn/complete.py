@@ -13,6 +13,7 @@ from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
 from ..engine.verdict import Outcome, Verdicts
 from ..errors import ProxyError
+from ..store.records import Kind
 from ..upstream.client import AttemptRecord, Exchange, Outbound, UpstreamPool, attempted
 from . import render
 from .commit import Committer
@@ -43,9 +44,11 @@ class Completer:
         """Send upstream (the pool retries and fails over); failed attempts are metered.
         The call's worst case is held against the turn's budgets first (or it is refused)."""
         turn = meta.turn
+        held = None
         if turn.budgets is not None:
             upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
-            await turn.budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
+            held = await turn.budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
+        meta.meter.sending(out.est_tokens, out.body, held)
         failures: list[AttemptRecord] = []
         try:
             return await self.pool.dispatch(out, failures)
@@ -123,7 +126,8 @@ class Completer:
         if isinstance(read, str):
             # The upstream answered (and may bill the call) with something that is no reply
             # the client can be given.
-            meter.failed(ex.upstream_name, 502, "transport-retry" if reasking else "generation")
+            kind: Kind = "transport-retry" if reasking else "generation"
+            meter.failed(ex.upstream_name, 502, kind, billed=True)
             if reasking:
                 return None
             raise ProxyError("upstream_unreachable", f"upstream {ex.upstream_name} returned {read}")

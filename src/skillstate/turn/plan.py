@@ -23,6 +23,7 @@ from ..cost.pricing import PriceBook
 from ..cost.remask import RemaskRule
 from ..cost.tokens import estimate_tokens, request_tokens
 from ..cost.usage import Usage
+from ..cost.worstcase import WorstCase
 from ..engine import constrain, context
 from ..engine.mask import mask_transcript
 from ..sessions.ids import SESSION_HEADER
@@ -55,6 +56,8 @@ class Planner:
         self.settings = settings
         self.pool = pool
         self.prices = prices
+        # What a call without usage is charged when no budget held it (``TurnMeter``).
+        self.worst = WorstCase(prices, settings.budget_max_tokens)
         # What each session's baseline request (no proxy) would have in the prompt cache.
         self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
         self.auto = AutoPlanner(
@@ -89,7 +92,7 @@ class Planner:
             sent, shape = self.build_context(turn, state, schema, form, compact)
         turn.telemetry.context(shape)
         ctx = self._meter_context(turn, sent, shape, client)
-        return Plan(sent, shape, decision, TurnMeter(self.prices, ctx), window)
+        return Plan(sent, shape, decision, TurnMeter(self.prices, ctx, self.worst), window)
 
     def in_window(self, turn: Turn) -> bool:
         """Whether this turn may be a window turn (its session's mark is then read): a

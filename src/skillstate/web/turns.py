@@ -233,7 +233,10 @@ def with_budgets(turn: Turn, result: Reply | StreamReply) -> dict[str, str]:
     spent before it; its own cost is in its closing comment)."""
     if turn.budgets is None:
         return result.headers
-    cost = result.headers.get("x-skillstate-cost-usd") if isinstance(result, Reply) else None
+    cost = 0.0
+    if isinstance(result, Reply):  # what the ledger charges the turn, measured or estimated
+        for name in ("x-skillstate-cost-usd", "x-skillstate-estimated-cost-usd"):
+            cost += float(result.headers.get(name) or 0)
     return {**result.headers, **turn.budgets.headers(cost)}
 
 

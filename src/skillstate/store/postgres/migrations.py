@@ -128,6 +128,10 @@ ALTER TABLE ledger ADD COLUMN row_id TEXT;
 CREATE UNIQUE INDEX ledger_row_id ON ledger(row_id)
 """
 
+# Version 5: what a call without usage is charged (LedgerRow.estimated_cost_usd). Rows from
+# before it have none (they counted as nothing, as they did then).
+_POSTGRES_ESTIMATES = "ALTER TABLE ledger ADD COLUMN estimated_cost_usd DOUBLE PRECISION"
+
 POSTGRES_MIGRATIONS = (
     Migration(
         1,
@@ -141,6 +145,7 @@ POSTGRES_MIGRATIONS = (
     ),
     Migration(3, "idempotency_keys", ddl_statements(_POSTGRES_IDEMPOTENCY)),
     Migration(4, "ledger.row_id", ddl_statements(_POSTGRES_ROW_IDS)),
+    Migration(5, "ledger.estimated_cost_usd", ddl_statements(_POSTGRES_ESTIMATES)),
 )
 
 # pg_advisory_lock's key for migrations: "skillsta" as a big-endian int64.

@@ -144,6 +144,10 @@ ALTER TABLE ledger ADD COLUMN row_id TEXT;
 CREATE UNIQUE INDEX ledger_row_id ON ledger(row_id)
 """
 
+# Version 5: what a call without usage is charged (LedgerRow.estimated_cost_usd). Rows from
+# before it have none (they counted as nothing, as they did then).
+_SQLITE_ESTIMATES = "ALTER TABLE ledger ADD COLUMN estimated_cost_usd REAL"
+
 SQLITE_MIGRATIONS = (
     Migration(
         1,
@@ -158,6 +162,7 @@ SQLITE_MIGRATIONS = (
     ),
     Migration(3, "idempotency_keys", ddl_statements(_SQLITE_IDEMPOTENCY)),
     Migration(4, "ledger.row_id", ddl_statements(_SQLITE_ROW_IDS)),
+    Migration(5, "ledger.estimated_cost_usd", ddl_statements(_SQLITE_ESTIMATES)),
 )
 
 _SQLITE_VERSION_TABLE = (

@@ -1,0 +1,128 @@
+"""A call the provider may bill but whose usage the proxy never saw (the client went away
+with the call out, a stream cut before its usage event, an answer without usage) is never
+free: its ledger row keeps ``pricing: usage-unavailable`` and no measured cost, and carries
+an estimate (the call's worst case, as its budget hold had it) that every budget counts and
+``/cost`` shows apart from the measured cost. The real proxy (in-process uvicorn) in front
+of the fake provider, driven by the openai SDK and httpx."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import InProcessProxy, StartProxy
+from tests.e2e.test_exactly_once import wait_until
+from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, envelope
+
+# $0.001 per output token, input free: a call with max_tokens 100 has a worst case of $0.10.
+PRICES = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
+BUDGET = "0.25"  # two unmeasured calls' worst cases ($0.20) fit, a third call's does not
+
+
+def rows(data: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(data / "skillstate.db") as db:
+        sql = "SELECT status, pricing, cost_usd, estimated_cost_usd FROM ledger ORDER BY rowid"
+        return db.execute(sql).fetchall()
+
+
+def start(start_proxy: StartProxy, fake: FakeProvider) -> InProcessProxy:
+    return start_proxy(
+        fake.url + "/v1", "--schema", "notes", config={"prices": PRICES, "auth_cache_ttl": 0}
+    )
+
+
+def client(proxy: InProcessProxy, timeout: float) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0, timeout=timeout)
+
+
+def chat_args(session: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}],
+        "extra_headers": {SESSION_HEADER: session, "x-skillstate-budget-usd": BUDGET},
+        **extra,
+    }
+
+
+def refused_by_budget(proxy: InProcessProxy, session: str) -> httpx.Response:
+    body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+    return proxy.http.post(
+        proxy.v1 + "/chat/completions", json=body, headers={SESSION_HEADER: session}
+    )
+
+
+def test_a_client_that_leaves_before_the_answer_spends_its_budget(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake)
+    never = threading.Event()
+    for n in (1, 2):
+        fake.enqueue(Reply(text=envelope({"notes": "x"}), hold=never))
+        with pytest.raises(openai.APITimeoutError):
+            client(proxy, 1.0).chat.completions.create(**chat_args("s1"))
+        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
+    assert rows(tmp_path / "data") == [
+        (499, "usage-unavailable", None, pytest.approx(0.1)),
+        (499, "usage-unavailable", None, pytest.approx(0.1)),
+    ]
+    r = refused_by_budget(proxy, "s1")
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    assert "spent $0.200000" in r.json()["error"]["message"]
+    assert len(fake.requests) == 2  # the third call never went out
+    never.set()
+    totals = proxy.get("/cost", params={"session": "s1"}).json()["totals"]
+    assert totals["cost_usd"] is None  # nothing measured
+    assert totals["usage_unavailable_rows"] == 2
+    assert totals["estimated_cost_usd"] == pytest.approx(0.2)
+
+
+def test_a_client_that_cuts_each_stream_before_its_usage_spends_its_budget(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake)
+    for n in (1, 2):
+        # Three events out, then the upstream stalls: no usage event ever comes.
+        fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", stall_after=3))
+        stream = client(proxy, 30).chat.completions.create(**chat_args("s2", stream=True))
+        next(iter(stream))  # the first chunk is here: the client has had enough
+        stream.close()
+        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
+    assert rows(tmp_path / "data") == [
+        (499, "usage-unavailable", None, pytest.approx(0.1)),
+        (499, "usage-unavailable", None, pytest.approx(0.1)),
+    ]
+    r = refused_by_budget(proxy, "s2")
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    assert len(fake.requests) == 2
+
+
+def test_an_answer_without_usage_is_charged_its_estimate_and_says_so(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start(start_proxy, fake)
+    no_usage = b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,'
+    no_usage += b'"message":{"role":"assistant","content":'
+    no_usage += httpx.Response(200, json=envelope({"notes": "x"})).content
+    no_usage += b'},"finish_reason":"stop"}]}'
+    fake.enqueue(Reply(raw_body=no_usage))
+    r = proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+        headers={SESSION_HEADER: "s3", "x-skillstate-budget-usd": BUDGET},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-skillstate-pricing"] == "usage-unavailable"
+    assert "x-skillstate-cost-usd" not in r.headers  # nothing measured
+    assert r.headers["x-skillstate-estimated-cost-usd"] == "0.10000000"
+    assert r.headers["x-skillstate-session-spent-usd"] == "0.10000000"
+    assert rows(tmp_path / "data") == [(200, "usage-unavailable", None, pytest.approx(0.1))]
