@@ -255,6 +255,9 @@ class FakeProvider:
         # A compatible server that takes ``stream`` on /v1/responses/compact and answers
         # JSON regardless (OpenAI's refuses the field: "Unknown parameter").
         self.compact_ignores_stream = False
+        # A gateway that takes ``stream: true`` and answers the whole reply as JSON
+        # (application/json), as it would without the field.
+        self.stream_as_json = False
         self.models = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "claude-haiku-4-5"]
         self.responder: Callable[[RecordedRequest], Reply | str | None] | None = None
         self.models_body: bytes | None = None  # a raw /v1/models answer instead of the list
@@ -439,7 +442,8 @@ class FakeProvider:
             build = self._anthropic if anthropic else self._openai
             if rec.dialect == "responses":
                 build = self._compact if rec.path == COMPACT_PATH else self._responses
-            return await self._send(request, rec, reply, 200, build(rec.json, reply, rec.stream))
+            stream = rec.stream and not self.stream_as_json
+            return await self._send(request, rec, reply, 200, build(rec.json, reply, stream))
         except asyncio.CancelledError:
             rec.disconnected = not (rec.dropped or self._stopping)
             raise

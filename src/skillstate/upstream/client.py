@@ -25,7 +25,9 @@ from ..coordination.link import CoordinationLink
 from ..cost.baseline import CacheRegime
 from ..cost.cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..cost.usage import Usage
+from ..dialects.base import error_message
 from ..dialects.registry import get_dialect, request_for
+from ..dialects.replystream import as_stream, is_json_reply
 from ..dialects.streaming import StreamCut
 from ..errors import CLIENT_CLOSED, ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
@@ -702,6 +704,8 @@ class UpstreamPool:
                 first = await resp.content.readany()
                 if not first:
                     raise _StreamStartError("upstream closed the stream before any data")
+                if is_json_reply(resp.headers.get("content-type"), first):
+                    first = await _json_as_stream(resp, first, up.kind)
                 ex.first_chunk = first
             else:
                 ex.body = await read_bounded(resp)
@@ -713,6 +717,21 @@ class UpstreamPool:
 
 class _StreamStartError(Exception):
     pass
+
+
+async def _json_as_stream(resp: aiohttp.ClientResponse, first: bytes, kind: str) -> bytes:
+    """A whole JSON reply to a streamed request (an upstream or gateway that ignored
+    ``stream: true``), as the stream its kind sends for it (``dialects.replystream``): the
+    turn is then relayed, metered and committed as any stream. JSON that is no reply (an
+    error object under a 200) fails the attempt, as a stream that never started does."""
+    raw = first + await read_bounded(resp)
+    events = as_stream(kind, raw)
+    if events is None:
+        raise _StreamStartError(
+            "upstream answered a streamed request with JSON that is no reply"
+            f" ({error_message(raw)})"
+        )
+    return events
 
 
 # A non-streamed answer is read whole before it is judged; a hostile or broken upstream
