@@ -843,3 +843,54 @@ def test_a_client_that_drops_its_nulls_and_message_types_keeps_its_window(
     assert sum(1 for h in turns if h["context"] == "checkpoint") >= 2
     assert max(h["estimate"]["window"]["start"] for h in turns) > 2  # past the task
     assert [h["estimate"]["window_start"] for h in turns].count("changed") == 0
+
+
+@pytest.mark.parametrize(("change", "stream"), [("compaction", False), ("restart", True)])
+def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_that_fit(
+    fake: FakeProvider, start_proxy: StartProxy, change: str, stream: bool
+) -> None:
+    """The client's new transcript is past the model's context (the upstream's
+    ``context_tokens``): it cannot be sent whole, even once. Its oldest exchanges are folded
+    into the state by calls of their own, each within the context, then the turn sends the
+    rest: every request fits, every message is sent once and in order, none is lost."""
+    from skillstate.cost.checkpoint import CONTEXT_SHARE
+    from skillstate.cost.tokens import request_tokens
+
+    limit = 4_000
+    up = {**upstream(fake, "openai"), "context_tokens": limit}
+    p = start(start_proxy, fake, "openai", upstreams=[up], window_max_tokens=1_000_000)
+    fake.responder = Folder()
+    client = Client(p, "openai", f"fit-{change}")
+    for t in range(6):
+        client.turn(stream=t % 2 == 0, result=f"FACT-{t} " + BIG)
+    head = client.transcript[:2] if change == "compaction" else [
+        client.transcript[0], {"role": "user", "content": "TASK: another build."}
+    ]  # fmt: skip
+    client.transcript = long_rewritten_transcript(head, 40)
+    rewritten = json.loads(json.dumps(client.transcript))
+    wanted = set(re.findall(r"KEEP-\d+", json.dumps(rewritten)))
+    assert request_tokens({"messages": rewritten}) > limit  # it could never be sent whole
+    before = len(fake.requests)
+    client.turn(stream=stream)
+    calls = fake.requests[before:]
+    assert len(calls) > 2  # folds, then the turn's own call
+    assert all(asks_checkpoint(r) for r in calls[:-1])
+    assert "Do not answer" in last_message_text(calls[0])
+    # Every message of the new transcript after the task went upstream once, in order.
+    shown: list[Any] = []
+    for r in calls:
+        msgs = [m for m in r.json["messages"] if CHECKPOINT_MARK not in json.dumps(m)]
+        assert STATE_MARK in msgs[2]["content"]
+        shown += msgs[3:]
+    assert shown == [_plain(m) for m in rewritten[2:]]
+    # The folds' state is committed with the turn, in its one transition.
+    committed = p.state(client.session)
+    assert {"KEEP-900", "KEEP-0"} <= set(committed["state"]["facts"])
+    for _ in range(3):
+        client.turn(stream=False)
+    sent = [request_tokens(r.json) for r in fake.requests]
+    assert max(sent) <= limit * CONTEXT_SHARE + 300, sent  # within the share (+ one turn)
+    state_facts = set(p.state(client.session)["state"].get("facts", []))
+    window_text = json.dumps(fake.last.json["messages"][2:])
+    visible = state_facts | set(re.findall(r"KEEP-\d+", window_text))
+    assert wanted <= visible, sorted(wanted - visible)

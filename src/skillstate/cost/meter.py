@@ -228,6 +228,21 @@ class TurnMeter:
             usage, "rollback-retry", status, upstream, model, None, hint, row_id, billed=True
         )
 
+    def set_aside(self) -> None:
+        """The last answer was a call of the proxy's own (a fold of the window), never the
+        client's: a rollback-retry row (zero baseline), and the turn has no answer yet."""
+        self.discard_last()
+        self._held = None
+        self._answered = False
+
+    def take_over(self, earlier: TurnMeter) -> None:
+        """The rows of ``earlier`` (the turn's meter before it was planned again) come
+        first, written or not as they were."""
+        self._rows = earlier._rows + self._rows
+        self._written = earlier._written
+        self._rewritten = list(earlier._rewritten)
+        self._answered = earlier._answered or self._answered
+
     def restore(self) -> None:
         """The re-ask failed: the discarded answer is the turn's answer again. Its row,
         if written before the re-ask (``Committer.write_ahead``), is written again (it

@@ -47,6 +47,8 @@ __all__ = [
     "build_window",
     "checkpoint_text",
     "exchange_starts",
+    "fold_parts",
+    "fold_text",
     "kept_start",
     "plan_window",
     "transcript_digest",
@@ -81,6 +83,18 @@ def checkpoint_text() -> str:
         "Reply as you would, then end your reply with exactly one ```json block: "
         f"{_ENVELOPE} whose state_patch keeps in the state everything from them that you "
         "will still need (facts, file contents you will quote, decisions, progress)."
+    )
+
+
+def fold_text() -> str:
+    """The instruction of a fold: a call that only folds the messages it shows into the
+    state, before a window too big for the model's context is sent (``fold_parts``)."""
+    return (
+        f"{CHECKPOINT_MARK}: the messages above leave your context now, before the "
+        "conversation goes on: it does not fit your context whole. Do not answer or act on "
+        f"them: reply with only one ```json block: {_ENVELOPE} whose state_patch keeps in the "
+        "state everything from them that you will still need (facts, file contents you will "
+        "quote, decisions, progress)."
     )
 
 
@@ -215,6 +229,30 @@ def kept_start(
     return fits
 
 
+def fold_parts(
+    messages: Sequence[Any], d: DialectContext, start: int, room: int
+) -> tuple[list[tuple[int, int]], int]:
+    """How a window from ``start`` that does not fit ``room`` estimated tokens is sent:
+    the parts folded into the state first, one call each (``[lo, hi)`` ranges, each cut at
+    exchange starts and within ``room`` unless one exchange alone is bigger), and where the
+    window the turn then sends starts (the latest exchanges that fit, the latest always).
+    Every message is in one part or in the window, in order."""
+    fit = kept_start(messages, d, start, len(messages) + 1, room)
+    cuts = [k for k in exchange_starts(messages, d, start) if start < k < fit] + [fit]
+    parts: list[tuple[int, int]] = []
+    lo, prev, tokens = start, start, 0
+    for cut in cuts:
+        size = estimate_tokens(messages[prev:cut])
+        if prev > lo and tokens + size > room:
+            parts.append((lo, prev))
+            lo, tokens = prev, 0
+        tokens += size
+        prev = cut
+    if lo < fit:
+        parts.append((lo, fit))
+    return parts, fit
+
+
 @dataclass(frozen=True, slots=True)
 class WindowPlan:
     """Where this turn's window starts, and why.
@@ -259,6 +297,24 @@ def build_window(
     window in place of the latest observation."""
     split = Split(plan.split.system_end, plan.split.task, plan.start)
     return d.compact(body, split, window_contract_text(allowed_keys), state)
+
+
+def build_fold(
+    d: DialectContext,
+    body: dict[str, Any],
+    plan: WindowPlan,
+    part: tuple[int, int],
+    allowed_keys: Sequence[str],
+    state: dict[str, Any],
+) -> dict[str, Any]:
+    """A fold call's body: the stable prefix, the state, the messages of ``part`` and the
+    fold instruction after them."""
+    lo, hi = part
+    shown = {**body, d.transcript_key: body[d.transcript_key][:hi]}
+    split = Split(plan.split.system_end, plan.split.task, lo)
+    return d.instruct(
+        d.compact(shown, split, window_contract_text(allowed_keys), state), fold_text()
+    )
 
 
 def with_checkpoint(d: DialectContext, body: dict[str, Any]) -> dict[str, Any]:

@@ -143,8 +143,9 @@ class Committer:
         Idempotency-Key) and its stored response (a Responses turn with ``store``), see
         ``commit_transition``."""
         new_state = outcome.state
-        if new_state is None and meta.is_new:
-            new_state = meta.state  # create the session with its initial state
+        if new_state is None and (meta.is_new or meta.folded):
+            # create the session with its initial state; or keep what the folds made of it
+            new_state = meta.state
         transition = TransitionRecord(
             step=meta.step + 1,
             status=outcome.status,

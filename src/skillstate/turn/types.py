@@ -179,6 +179,7 @@ class TurnMeta:
     hold: Hold | None = None  # the session's lock, in the modes that keep state
     streamed: bool = False  # the stream's relay started (it closes the ledger itself)
     window: WindowTurn | None = None  # the window form's turn (window, checkpoint)
+    folded: bool = False  # the window was folded into ``state`` first (``turn.fold``)
 
     def figures(self, status: str) -> dict[str, Any] | None:
         """What the transition records of how the turn was decided: auto's estimates, and

@@ -29,8 +29,10 @@ from ..engine.context import DialectContext
 from ..engine.window import (
     WindowMark,
     WindowPlan,
+    build_fold,
     build_window,
     checkpoint_text,
+    fold_parts,
     kept_start,
     plan_window,
     window_contract_text,
@@ -55,6 +57,17 @@ class WindowTurn:
     body: dict[str, Any]  # the context sent upstream (checkpoint instruction included)
     keep: int
     kept_room: int | None = None  # tokens the kept exchanges may fill (the model's context)
+    # A window too big for the model's context: the parts of the client's body folded
+    # into the state first, one call each (``fold_body``), and the mark of the window the
+    # turn then sends.
+    folds: tuple[tuple[int, int], ...] = ()
+    after_folds: WindowMark | None = None
+    client_body: dict[str, Any] | None = None
+
+    def fold_body(self, part: tuple[int, int], schema: list[str], state: dict[str, Any]) -> Any:
+        """The body of the fold call of ``part``, with the state as folded so far."""
+        assert self.client_body is not None
+        return build_fold(self.adapter, self.client_body, self.plan, part, schema, state)
 
     @property
     def shape(self) -> ContextShape:
@@ -166,6 +179,17 @@ class WindowKeeper:
         if context_limit is not None and sizes is not None:
             # what the kept exchanges may fill so that the next turn's request fits the model
             room = int(context_limit * CONTEXT_SHARE - sizes.prefix - sizes.state - sizes.growth)
+        # Folded first when too big for the model's context (``turn.fold``); not a
+        # compaction, nor auto's switch (it sends the client's transcript as it came).
+        foldable = can_checkpoint and not whole_unless_kept and not (force and plan.reason == "new")
+        if foldable and context_limit is not None and sizes is not None:
+            folded = self._folds(adapter, messages, plan, sizes, context_limit)
+            if folded is not None:
+                decision = CheckpointDecision(True, "context_limit")
+                parts, after = folded
+                return WindowTurn(
+                    adapter, messages, plan, decision, window, self.keep, room, parts, after, body
+                )
         if not can_checkpoint:
             decision = CheckpointDecision(False, "format")
         elif force or sizes is None:
@@ -201,6 +225,26 @@ class WindowKeeper:
             )
             return adapter.instruct(body, note)
         return adapter.instruct(window, checkpoint_text())
+
+    @staticmethod
+    def _folds(
+        adapter: DialectContext,
+        messages: list[Any],
+        plan: WindowPlan,
+        sizes: WindowSizes,
+        context_limit: int,
+    ) -> tuple[tuple[tuple[int, int], ...], WindowMark] | None:
+        """The fold calls of a window whose request would pass the model's context (its
+        ``CONTEXT_SHARE``) with more than one exchange: a transcript the client changed
+        restarts the window at its start, and none of it may leave unfolded (None: it
+        fits). The turn is planned again from the returned mark, with the folded state."""
+        room = int(context_limit * CONTEXT_SHARE - sizes.prefix - sizes.state - sizes.instruction)
+        if sizes.window <= room or plan.exchanges <= 1:
+            return None
+        parts, fit = fold_parts(messages, adapter, plan.start, max(room, 0))
+        if not parts:
+            return None
+        return tuple(parts), WindowPlan(plan.split, fit, "kept", 0).mark(messages)
 
     def _sizes(
         self,

@@ -1,0 +1,98 @@
+"""A window too big for the model's context, folded into the state before the turn's call.
+
+A transcript the client changed (its own compaction, an edit, a restart) restarts the
+session's window at its start, and none of it may leave the window unfolded (issue 23). When
+that whole window would pass the model's context (``cost.checkpoint.CONTEXT_SHARE`` of the
+upstream's ``context_tokens``), its oldest exchanges are first folded into the state by
+calls of their own (``engine.window.fold_parts``: each shows the stable prefix, the state
+as folded so far and one part, and asks for the envelope only). Then the turn is planned
+again from where the folded part ends, with the folded state, and sent: a request that
+fits. Each fold is judged and re-asked like a checkpoint; its answer never reaches the
+client, and its ledger row is an extra attempt (``rollback-retry``: a zero baseline,
+written before the next call goes out). The folded state is committed with the turn, in
+its one transition; a fold that brings no valid envelope ends the turn (502) with nothing
+committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..choices import ContextShape
+from ..errors import ProxyError
+from ..store import SessionRecord
+from .commit import Committer
+from .complete import Completer
+from .plan import Planner
+from .types import Reply, TurnMeta
+
+MAX_FOLD_ROUNDS = 4  # re-plans after folding (a state grown by the folds may fold again)
+_STREAM_KEYS = ("stream", "stream_options")
+
+
+class Folder:
+    """Runs a window turn's folds (``WindowTurn.folds``) and plans the turn again after."""
+
+    def __init__(self, planner: Planner, calls: Completer, commits: Committer) -> None:
+        self.planner = planner
+        self.calls = calls
+        self.commits = commits
+
+    async def fold(
+        self, meta: TurnMeta, sent: dict[str, Any], record: SessionRecord | None
+    ) -> tuple[TurnMeta, dict[str, Any]]:
+        """The turn's meta and body once its window's folds are done (as they came when
+        it has none)."""
+        rounds = 0
+        while meta.window is not None and meta.window.folds:
+            if rounds == MAX_FOLD_ROUNDS:
+                raise _failed("the window still did not fit after folding")
+            rounds += 1
+            window, state = meta.window, meta.state
+            for part in window.folds:
+                state = await self._one(meta, window.fold_body(part, meta.schema, state), state)
+            plan = self.planner.plan(meta.turn, state, meta.schema, record, window.after_folds)
+            plan.meter.take_over(meta.meter)
+            meta = dataclasses.replace(
+                meta,
+                state=state,
+                shape=plan.shape,
+                meter=plan.meter,
+                window=plan.window,
+                folded=True,
+            )
+            sent = plan.sent
+        return meta, sent
+
+    async def _one(
+        self, meta: TurnMeta, body: dict[str, Any], state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One fold call (never streamed), judged and re-asked: the state with its patch."""
+        unstreamed = {k: v for k, v in meta.turn.body.items() if k not in _STREAM_KEYS}
+        turn = dataclasses.replace(meta.turn, body=unstreamed)
+        body = {k: v for k, v in body.items() if k not in _STREAM_KEYS}
+        shape = ContextShape.CHECKPOINT
+        folding = dataclasses.replace(meta, turn=turn, state=state, shape=shape)
+        out = self.planner.outbound(turn, body, meta.schema, state, shape=shape)
+        asked = await self.calls.ask(out, folding)
+        if isinstance(asked, Reply):
+            raise _failed(f"the upstream answered {asked.status}")
+        answer, _ = asked
+        meta.meter.set_aside()  # an extra attempt: the turn's answer is the call after
+        await self.commits.write_ahead(meta.turn, meta.meter)
+        outcome = answer.outcome
+        if outcome is None or outcome.status != "valid":
+            errors = "; ".join(outcome.errors) if outcome is not None else ""
+            raise _failed(f"its envelope was {outcome.status if outcome else 'missing'}", errors)
+        return outcome.state if outcome.state is not None else state
+
+
+def _failed(why: str, errors: str = "") -> ProxyError:
+    detail = f" ({errors[:300]})" if errors else ""
+    return ProxyError(
+        "upstream_unreachable",
+        "the session's window does not fit the model's context, and folding its older"
+        f" messages into the state failed: {why}{detail}; nothing was committed, the turn"
+        " may be retried",
+    )
