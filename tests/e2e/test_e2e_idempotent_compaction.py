@@ -194,3 +194,75 @@ def test_a_failed_keyed_compaction_is_not_kept_its_retry_runs(
     again = c.responses.compact(model="m-1", input=ENDPOINT_INPUT)
     assert calls(fake) == 4
     assert again.output[-1].model_dump() == first.output[-1].model_dump()
+
+
+@pytest.mark.parametrize("trigger", [False, True])
+def test_a_keyed_compaction_retried_gets_the_same_reply(
+    fake: FakeProvider, start_proxy: StartProxy, trigger: bool
+) -> None:
+    """A retry with the key is answered with the first reply, whole: its response id and
+    ``created_at`` too, not only its compaction item (a client that stored the first id
+    chains on it)."""
+    p = start(fake, start_proxy, "passthrough")
+    fake.enqueue(Reply(text=envelope({"notes": "once"})))
+    c = oai(p, default_headers=keyed("k-same"))
+    items: list[Any] = [{"role": "user", "content": TRANSCRIPT}]
+    if trigger:
+        replies = [
+            c.responses.with_raw_response.create(
+                model="m-1", input=[*items, {"type": "compaction_trigger"}]
+            )
+            for _ in range(2)
+        ]
+    else:
+        replies = [
+            c.responses.with_raw_response.compact(model="m-1", input=items) for _ in range(2)
+        ]
+    first, again = replies
+    assert calls(fake) == 1
+    assert again.headers.get("x-skillstate-replayed") == "true"
+    assert json.loads(again.content) == json.loads(first.content)
+
+
+@pytest.mark.parametrize("route", sorted(TURNS))
+def test_a_keyed_compaction_then_turn_retried_gets_the_same_reply(
+    fake: FakeProvider, start_proxy: StartProxy, route: str
+) -> None:
+    """The reply a compaction then the turn made, retried with the key: the same bytes (its
+    ids and times too), nothing sent upstream again."""
+    p = start(fake, start_proxy, "passthrough")
+    fake.enqueue(Reply(text=envelope({"notes": "compacted"})), Reply(text="the answer"))
+    bodies = []
+    for _ in range(2):
+        if route == "responses":
+            raw = httpx.post(
+                p.v1 + "/responses",
+                json={
+                    "model": "m-1",
+                    "input": [{"role": "user", "content": TRANSCRIPT}],
+                    "context_management": [{"type": "compaction", "compact_threshold": 50}],
+                },
+                headers=keyed("k-whole"),
+            )
+        else:
+            raw = httpx.post(
+                p.url + "/v1/messages",
+                json={
+                    "model": "m-1",
+                    "max_tokens": 200,
+                    "messages": [{"role": "user", "content": TRANSCRIPT}],
+                    "context_management": {
+                        "edits": [
+                            {
+                                "type": "compact_20260112",
+                                "trigger": {"type": "input_tokens", "value": 50},
+                            }
+                        ]
+                    },
+                },
+                headers=keyed("k-whole"),
+            )
+        assert raw.status_code == 200, raw.text
+        bodies.append(raw.json())
+    assert calls(fake) == 2
+    assert bodies[1] == bodies[0]

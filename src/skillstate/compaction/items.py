@@ -17,11 +17,10 @@ Shapes from the openai SDK's ``types/responses`` (``ResponseCompactionItem``,
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any
 
 from ..dialects import sse
-from ..dialects.responses.translate import new_id, response_object
+from ..dialects.responses.translate import response_object
 from ..engine.context import state_text
 from ..engine.window import CHECKPOINT_MARK as CHECKPOINT_MARK  # one mark, every checkpoint
 
@@ -73,18 +72,32 @@ def compaction_item(token: str) -> JSON:
     return {"id": item_id, "type": COMPACTION, "encrypted_content": token}
 
 
-def triggered_response(model: str, item: JSON, usage: JSON | None) -> JSON:
-    """The ``response`` of a request that ended with the trigger: exactly one output item."""
-    return response_object(model=model, output=[item], usage=usage, finish_reason=None)
+def response_id(token: str) -> str:
+    """The id of the response that serves ``token``'s compaction: a digest of the token, as
+    the item's is, so the same checkpoint served again (a retry under its Idempotency-Key)
+    is the same response, not a new one."""
+    return "resp_" + hashlib.sha256(b"response\n" + token.encode()).hexdigest()[:32]
 
 
-def compacted_response(items: list[Any], item: JSON, usage: JSON | None) -> JSON:
-    """``POST /responses/compact``'s answer: the user messages, then the compaction item."""
+def triggered_response(model: str, item: JSON, usage: JSON | None, created_at: int) -> JSON:
+    """The ``response`` of a request that ended with the trigger: exactly one output item.
+    Its id is the token's (``response_id``), ``created_at`` the checkpoint's."""
+    token = str(item["encrypted_content"])
+    body = response_object(
+        model=model, output=[item], usage=usage, finish_reason=None, response_id=response_id(token)
+    )
+    body["created_at"] = created_at
+    return body
+
+
+def compacted_response(items: list[Any], item: JSON, usage: JSON | None, created_at: int) -> JSON:
+    """``POST /responses/compact``'s answer: the user messages, then the compaction item.
+    Its id is the token's (``response_id``), ``created_at`` the checkpoint's."""
     users = [i for i in items if kind(i) == "message" and i.get("role") == "user"]
     return {
-        "id": new_id("resp_"),
+        "id": response_id(str(item["encrypted_content"])),
         "object": "response.compaction",
-        "created_at": int(time.time()),
+        "created_at": created_at,
         "output": [*users, item],
         "usage": usage,
     }

@@ -16,6 +16,7 @@ trigger and ``/responses/compact`` go to it as they came (a metered passthrough 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -189,9 +190,9 @@ async def compact(
         return folded  # the upstream's error, in the client's dialect
     item = ci.compaction_item(folded.token)
     if endpoint:
-        body = ci.compacted_response(items, item, folded.usage)
+        body = ci.compacted_response(items, item, folded.usage, folded.created_at)
     else:
-        body = ci.triggered_response(turn.model, item, folded.usage)
+        body = ci.triggered_response(turn.model, item, folded.usage, folded.created_at)
         if turn.stream:
             return StreamReply(folded.headers, _once(ci.response_events(body)), _nothing)
     return Reply(200, orjson.dumps(body), {**folded.headers, "content-type": "application/json"})
@@ -213,6 +214,13 @@ class _Folded:
     @property
     def usage(self) -> JSON | None:
         return _usage(self.reply.body)
+
+    @property
+    def created_at(self) -> int:
+        """When the checkpoint answered: its reply's own ``created_at`` (a reply kept under
+        an Idempotency-Key is replayed as it was, so a retry gets the same), else now."""
+        when = _reply_field(self.reply.body, "created_at")
+        return when if isinstance(when, int) and not isinstance(when, bool) else int(time.time())
 
 
 async def _fold(
@@ -334,12 +342,17 @@ def _rewritten(reply: Reply, rewrite: Callable[[JSON], JSON | None]) -> Reply:
 
 
 def _usage(raw: bytes) -> JSON | None:
+    usage = _reply_field(raw, "usage")
+    return usage if isinstance(usage, dict) else None
+
+
+def _reply_field(raw: bytes, name: str) -> Any:
+    """A member of a JSON reply body (None when it has none, or is no JSON object)."""
     try:
         resp = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    usage = resp.get("usage") if isinstance(resp, dict) else None
-    return usage if isinstance(usage, dict) else None
+    return resp.get(name) if isinstance(resp, dict) else None
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
