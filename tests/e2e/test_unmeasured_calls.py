@@ -126,3 +126,32 @@ def test_an_answer_without_usage_is_charged_its_estimate_and_says_so(
     assert r.headers["x-skillstate-estimated-cost-usd"] == "0.10000000"
     assert r.headers["x-skillstate-session-spent-usd"] == "0.10000000"
     assert rows(tmp_path / "data") == [(200, "usage-unavailable", None, pytest.approx(0.1))]
+
+
+def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """Anthropic reports the input in ``message_start`` and the output only at the end: a
+    stream cut in between has partial usage, which is not the bill either."""
+    up = {"name": "up", "url": fake.url, "kind": "anthropic", "api_key": "sk-upstream"}
+    proxy = start_proxy(
+        None,
+        "--schema",
+        "notes",
+        config={"prices": PRICES, "auth_cache_ttl": 0, "upstreams": [up]},
+    )
+    import anthropic
+
+    for n in (1, 2):
+        fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", stall_after=3))
+        client = anthropic.Anthropic(base_url=proxy.url, api_key="sk", max_retries=0)
+        with client.messages.stream(
+            model="m",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={SESSION_HEADER: "s4", "x-skillstate-budget-usd": BUDGET},
+        ) as stream:
+            next(iter(stream))  # message_start is here: the client has had enough
+        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
+    r = refused_by_budget(proxy, "s4")
+    assert r.status_code == 429, (r.text, rows(tmp_path / "data"))

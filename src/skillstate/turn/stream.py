@@ -133,16 +133,21 @@ class StreamPath:
     ) -> None:
         """Meter the stream's answer; with an envelope (``stripping``), the planner learns
         what share of the output it took."""
+        usage = relay.usage
+        if status == CLIENT_CLOSED and not relay.complete:
+            # Cut before its end: what usage it reported so far is not the bill (Messages
+            # reports the input first and the output last), so it is charged an estimate.
+            usage = None
         share = Fraction(0)
         if stripping is not None:
             text = relay.text
             removed = strip_envelope(text).removed_chars
             share = envelope_output_share(text, removed, stripping.tool_chars)
-            self.planner.envelope_seen(meta, relay.usage, share)
+            self.planner.envelope_seen(meta, usage, share)
         meta.meter.answered(
             upstream=ex.upstream_name,
             provider_hint=ex.provider_hint,
-            usage=relay.usage,
+            usage=usage,
             status=status,
             model=relay.model,
             est_sent=out.est_tokens,
