@@ -52,3 +52,40 @@ def test_rows_the_commit_took_are_not_flushed_again() -> None:
     assert meter.unwritten() == [] and len(meter.rows) == 1
     meter.failed("u", 500)
     assert [r.status for r in meter.unwritten()] == [500]
+
+
+def test_a_call_without_usage_is_charged_what_its_budget_held_or_its_worst_case() -> None:
+    from skillstate.cost.worstcase import WorstCase
+    from skillstate.errors import CLIENT_CLOSED
+
+    meter = TurnMeter(BOOK, CTX, WorstCase(BOOK, 1_000))
+    meter.sending(100, {"max_tokens": 50}, None)  # no budget: its worst case at the price
+    meter.failed("u", 503)  # refused: the provider bills nothing
+    meter.cancelled([_Cut()])  # cut with the call out: it may bill it
+    worst = (100 * 1.25 * 1.0 + 50 * 2.0) / 1e6
+    assert [r.estimated_cost_usd for r in meter.rows] == [None, worst]
+    assert meter.rows[1].status == CLIENT_CLOSED and meter.rows[1].cost_usd is None
+    meter.sending(100, {"max_tokens": 50}, 0.75)  # a budget held 0.75
+    meter.answered(upstream="u", provider_hint=None, usage=None, status=200, model="m", est_sent=1)
+    assert meter.rows[2].estimated_cost_usd == 0.75
+    assert meter.headers()["x-skillstate-estimated-cost-usd"] == f"{worst + 0.75:.8f}"
+    answer(meter, 100)  # measured: no estimate
+    assert meter.rows[3].estimated_cost_usd is None
+
+
+def test_a_fold_set_aside_is_an_extra_attempt_and_a_new_meter_takes_the_rows_over() -> None:
+    meter = TurnMeter(BOOK, CTX)
+    answer(meter, 100)
+    meter.set_aside()
+    assert not meter.answered_yet and [r.kind for r in meter.rows] == ["rollback-retry"]
+    meter.mark_written()
+    later = TurnMeter(BOOK, CTX)
+    later.take_over(meter)
+    answer(later, 120)
+    assert [r.kind for r in later.rows] == ["rollback-retry", "generation"]
+    assert [r.input_tokens for r in later.unwritten()] == [120]  # the first was written
+
+
+class _Cut:
+    upstream = "u"
+    status = 499
