@@ -281,7 +281,11 @@ class SessionTranscripts:
         tools, system = body.get("tools"), body.get("system")
         memo = self._memos.get(session)
         ref = memo.checked if memo is not None else None
-        spliced = ref.spliced(raw, body, key, items) if ref is not None and raw else None
+        spliced = None
+        if memo is not None and ref is not None and raw:
+            held = memo.nbytes
+            spliced = ref.spliced(raw, body, key, items)
+            self._bytes += memo.nbytes - held  # an anchor refused on its check is dropped
         if ref is not None and spliced is not None:
             # the same members around the transcript: the same tools and system
             blob, anchor = spliced
