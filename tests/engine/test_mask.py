@@ -124,6 +124,42 @@ def test_anthropic_masks_tool_results_keeping_ids() -> None:
     assert out["messages"][6] is body["messages"][6]  # round 2: the fourth observation
 
 
+SHORT = '{"ok": true, "id": 7}'  # a result about the size of its placeholder
+
+
+def responses_session(rounds: int) -> dict[str, Any]:
+    """A Responses agent input: the task, then one function call and its output a round."""
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Task"}]
+    for r in range(rounds):
+        items.append({"type": "function_call", "call_id": f"r{r}", "name": "f", "arguments": "{}"})
+        items.append({"type": "function_call_output", "call_id": f"r{r}", "output": LONG})
+    return {"model": "m", "input": items}
+
+
+def test_a_tool_result_shorter_than_min_chars_is_kept_whole() -> None:
+    # Masking "ok" saves about its placeholder's size and takes away what the agent did.
+    chat = openai_session([("tools", 2)] * 6)
+    chat["messages"][3] = {**chat["messages"][3], "content": SHORT}
+    out = mask_transcript("openai", chat, keep=3)["messages"]
+    long = chat["messages"][4]["content"]
+    assert out[3]["content"] == SHORT and out[4]["content"] == placeholder(long)
+
+    messages = anthropic_session([("tools", 2)] * 6)
+    results = messages["messages"][2]["content"]
+    messages["messages"][2] = {
+        "role": "user",
+        "content": [{**results[0], "content": SHORT}, *results[1:]],
+    }
+    out = mask_transcript("anthropic", messages, keep=3)["messages"]
+    assert [b["content"] for b in out[2]["content"]] == [SHORT, placeholder(LONG)]
+
+    responses = responses_session(6)
+    responses["input"][2] = {**responses["input"][2], "output": SHORT}
+    out = mask_transcript("openai-responses", responses, keep=3)["input"]
+    outputs = [m["output"] for m in out if m["type"] == "function_call_output"]
+    assert outputs[0] == SHORT and outputs[1] == placeholder(LONG)
+
+
 def test_short_sessions_are_untouched() -> None:
     body = openai_session([("tools", 1)] * 4)  # 5 observations < 2 * keep
     out = mask_transcript("openai", body, keep=3)

@@ -783,7 +783,7 @@ class AnthropicDialect:
             new = block
             if isinstance(block, dict):
                 kind = block.get("type")
-                if kind == "tool_result":
+                if kind == "tool_result" and content_chars(block.get("content", "")) >= min_chars:
                     new = {**block, "content": stand_in(block.get("content", ""))}
                 elif kind == "text" and len(block.get("text") or "") >= min_chars:
                     new = {**block, "text": stand_in(block.get("text"))}

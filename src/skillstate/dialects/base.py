@@ -191,9 +191,9 @@ class Dialect(Protocol):
     # -- mask mode -----------------------------------------------------------------------------
 
     def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
-        """One user-side transcript message (``context.is_user_turn``) with its tool results,
-        and user content of at least ``min_chars`` characters, replaced by ``stand_in`` of
-        the original; ids and roles kept. ``msg`` itself when nothing is masked."""
+        """One user-side transcript message (``context.is_user_turn``) with its tool results
+        and user content of at least ``min_chars`` characters each replaced by ``stand_in``
+        of the original; ids and roles kept. ``msg`` itself when nothing is masked."""
         ...
 
 

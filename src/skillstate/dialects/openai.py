@@ -696,7 +696,7 @@ class OpenAIDialect:
     def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
         role = msg.get("role")
         content = msg.get("content")
-        if role in ("tool", "function") or (role == "user" and content_chars(content) >= min_chars):
+        if role in ("tool", "function", "user") and content_chars(content) >= min_chars:
             return {**msg, "content": stand_in(content)}
         return msg
 

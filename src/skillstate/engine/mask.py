@@ -23,8 +23,12 @@ request by request from its start: at the request with g observations, M becomes
 request that extends the previous one walks the same steps first, so it lands on the same M
 (the cache keeps hitting) unless this request re-masks; no per-session memory is needed.
 
-Masked: tool results (always) and user text of at least ``min_chars`` characters; the
-task (the first user message) never is, nor is anything an assistant said. A masked
+Masked: tool results and user text of at least ``min_chars`` characters each; the task
+(the first user message) never is, nor is anything an assistant said. A shorter result
+("ok", an exit status, an id) costs about what its placeholder does, so masking it saves
+next to nothing and takes away what the agent did: an agent that reads its progress from its
+tool results then does the work again (the tools bench's simulated triage agent re-updated
+the issues it had updated until its 65-call limit). A masked
 message keeps its role, position and tool-call ids (``tool_call_id`` / ``tool_use_id``,
 ``is_error``), so every tool call stays paired with its result. What a tool result or a
 user message is, and where its content sits, is the dialect's (``Dialect.mask_observation``).
@@ -55,7 +59,7 @@ __all__ = [
 ]
 
 DEFAULT_MASK_KEEP = 3
-DEFAULT_MASK_MIN_CHARS = 400  # shorter user messages cost little and often matter ("yes")
+DEFAULT_MASK_MIN_CHARS = 400  # shorter observations cost little and often matter ("yes", "ok")
 MASK_MARK = "[skillstate] observation omitted"
 
 

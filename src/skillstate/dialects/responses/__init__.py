@@ -258,6 +258,8 @@ class ResponsesDialect:
     def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
         kind = _type(msg)
         output = msg.get("output")
+        if kind != "message" and content_chars(output) < min_chars:
+            return msg  # a short result ("ok") is kept whole, as a short user message is
         if kind in _TEXT_OUTPUTS and isinstance(output, (str, list)):
             return {**msg, "output": stand_in(output)}
         if kind == "shell_call_output" and isinstance(output, list):
