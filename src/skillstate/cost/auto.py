@@ -216,8 +216,12 @@ class AutoPlanner:
         head = prefix + state  # cached behind the proxy's breakpoint
         envelope = s.envelope * out / 1e6
         # compact: the prefix cached, then the state and the latest observation (both new
-        # every turn), and an envelope on every turn.
-        compact = billed(prefix + state + g, prefix if compact_caches else 0.0) + envelope
+        # every turn: written, where the client marks its newest message and the context
+        # reaches the cache's minimum, as the window's new messages are), and an envelope on
+        # every turn.
+        whole = prefix + state + g
+        compact_fresh = fresh if whole >= minimum else inp
+        compact = billed(whole, prefix if compact_caches else 0.0, compact_fresh) + envelope
         # window: see the module docstring.
         kept = sizes.keep * g
         rewrite = (write if anthropic else inp) - read
