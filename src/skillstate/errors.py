@@ -40,6 +40,7 @@ class ProxyError(Exception):
         code: str | None = None,
         retry_after: float | None = None,
         param: str | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown error kind {kind!r}")
@@ -50,16 +51,23 @@ class ProxyError(Exception):
         self.code = code or kind
         self.retry_after = retry_after
         self.param = param
+        # False: ``x-should-retry: false``, which the openai and anthropic SDKs obey before
+        # their own rule (they retry 408, 409, 429 and 5xx): a failure the proxy already
+        # re-asked, whose retry would bill the same calls again.
+        self.should_retry = should_retry
         self.attempts: list[Any] = []  # upstream attempts that led here (for the ledger)
 
     def headers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.should_retry is not None:
+            out["x-should-retry"] = "true" if self.should_retry else "false"
         if self.retry_after is None:
-            return {}
+            return out
         # Round up: a client that waits exactly this long must fit.
         secs = int(-(-self.retry_after // 1)) if self.retry_after > 0 else 0
         ms = int(-(-self.retry_after * 1000 // 1)) if self.retry_after > 0 else 0
         # retry-after-ms carries the exact wait; both SDKs prefer it when present.
-        return {"retry-after": str(max(secs, 1)), "retry-after-ms": str(ms)}
+        return {**out, "retry-after": str(max(secs, 1)), "retry-after-ms": str(ms)}
 
 
 def kind_for_status(status: int) -> str:

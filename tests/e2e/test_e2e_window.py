@@ -894,3 +894,36 @@ def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_that_fi
     window_text = json.dumps(fake.last.json["messages"][2:])
     visible = state_facts | set(re.findall(r"KEEP-\d+", window_text))
     assert wanted <= visible, sorted(wanted - visible)
+
+
+def test_a_fold_without_an_envelope_is_not_retried_by_the_sdk(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A fold that brings no valid envelope after its re-asks fails the turn with nothing
+    committed. The proxy already re-asked: an SDK retrying the 502 on its own (the openai and
+    anthropic SDKs retry 5xx unless ``x-should-retry: false``) would send every fold again,
+    billed each time, as a checkpoint of a compaction would (``invalid_checkpoint``)."""
+    up = {**upstream(fake, "openai"), "context_tokens": 4_000}
+    p = start(start_proxy, fake, "openai", upstreams=[up], window_max_tokens=1_000_000)
+    fake.responder = Folder()
+    client = Client(p, "openai", "fold-fails")
+    for t in range(6):
+        client.turn(stream=False, result=f"FACT-{t} " + BIG)
+    step = p.state(client.session)["step"]
+    client.transcript = long_rewritten_transcript(client.transcript[:2], 40)
+    fake.responder = lambda req: Reply(text="I would rather not.", tool_calls=[("run", {})])
+    before = len(fake.requests)
+    sdk = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=2)
+    with pytest.raises(openai.APIStatusError) as e:
+        sdk.chat.completions.create(
+            model="m",
+            messages=client.transcript,
+            extra_headers=client.headers,
+        )
+    calls = fake.requests[before:]
+    assert all(asks_checkpoint(r) for r in calls)
+    first = calls[0].json["messages"]
+    assert [r.json["messages"] == first for r in calls].count(True) == 1  # one attempt
+    assert e.value.status_code == 502
+    assert e.value.response.headers.get("x-should-retry") == "false"
+    assert p.state(client.session)["step"] == step  # nothing committed

@@ -77,7 +77,7 @@ class Folder:
         out = self.planner.outbound(turn, body, meta.schema, state, shape=shape)
         asked = await self.calls.ask(out, folding)
         if isinstance(asked, Reply):
-            raise _failed(f"the upstream answered {asked.status}")
+            raise _failed(f"the upstream answered {asked.status}", upstream_failed=True)
         answer, _ = asked
         meta.meter.set_aside()  # an extra attempt: the turn's answer is the call after
         await self.commits.write_ahead(meta.turn, meta.meter)
@@ -88,11 +88,15 @@ class Folder:
         return outcome.state if outcome.state is not None else state
 
 
-def _failed(why: str, errors: str = "") -> ProxyError:
+def _failed(why: str, errors: str = "", *, upstream_failed: bool = False) -> ProxyError:
+    """The turn's error. Unless the upstream failed the fold (its status decides), an SDK
+    must not retry it on its own: the folds were judged and re-asked, and a retry sends
+    every one of them again (``x-should-retry: false``, as an unfolded compaction's)."""
     detail = f" ({errors[:300]})" if errors else ""
     return ProxyError(
         "upstream_unreachable",
         "the session's window does not fit the model's context, and folding its older"
         f" messages into the state failed: {why}{detail}; nothing was committed, the turn"
         " may be retried",
+        should_retry=None if upstream_failed else False,
     )
