@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from fractions import Fraction
+from typing import Any
 
 from ..config import Settings
 from ..cost.baseline import envelope_output_share
@@ -13,10 +14,12 @@ from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
 from ..engine.verdict import Outcome, Verdicts
 from ..errors import ProxyError
+from ..store import SessionRecord
 from ..store.records import Kind
 from ..upstream.client import AttemptRecord, Exchange, Outbound, UpstreamPool, attempted
 from . import render
 from .commit import Committer
+from .fold import Folder
 from .plan import Planner
 from .types import Answer, Reply, TurnMeta, with_envelope
 
@@ -24,7 +27,8 @@ CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-a
 
 
 class Completer:
-    """Calls upstream for a turn and re-asks; it judges each answer (``Verdicts``)."""
+    """Calls upstream for a turn and re-asks; it judges each answer (``Verdicts``). A
+    window too big for the model's context is folded first (``fold``)."""
 
     def __init__(
         self,
@@ -39,6 +43,17 @@ class Completer:
         self.planner = planner
         self.verdicts = verdicts
         self.commits = commits  # writes the rows of a discarded answer before its re-ask
+        self.folds = Folder(planner, self, commits)
+
+    async def fold(
+        self, meta: TurnMeta, sent: dict[str, Any], record: SessionRecord | None
+    ) -> tuple[TurnMeta, dict[str, Any]]:
+        """The turn's meta and body once a window too big for the model's context is
+        folded into the state by calls of their own (``turn.fold``), as they came when
+        it needs none."""
+        if meta.window is None or not meta.window.folds:
+            return meta, sent
+        return await self.folds.fold(meta, sent, record)
 
     async def dispatch(self, out: Outbound, meta: TurnMeta) -> Exchange:
         """Send upstream (the pool retries and fails over); failed attempts are metered.

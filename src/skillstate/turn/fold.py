@@ -17,24 +17,31 @@ committed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 from ..choices import ContextShape
 from ..errors import ProxyError
 from ..store import SessionRecord
+from ..upstream.client import Outbound
 from .commit import Committer
-from .complete import Completer
 from .plan import Planner
-from .types import Reply, TurnMeta
+from .types import Answer, Reply, TurnMeta
 
 MAX_FOLD_ROUNDS = 4  # re-plans after folding (a state grown by the folds may fold again)
 _STREAM_KEYS = ("stream", "stream_options")
 
 
-class Folder:
-    """Runs a window turn's folds (``WindowTurn.folds``) and plans the turn again after."""
+class Asks(Protocol):
+    """The turn's caller (``turn.complete.Completer``): one call, judged and re-asked."""
 
-    def __init__(self, planner: Planner, calls: Completer, commits: Committer) -> None:
+    async def ask(self, out: Outbound, meta: TurnMeta) -> tuple[Answer, int] | Reply: ...
+
+
+class Folder:
+    """Runs a window turn's folds (``WindowTurn.folds``) and plans the turn again after.
+    The ``Completer`` owns one: folds are the turn's first upstream calls."""
+
+    def __init__(self, planner: Planner, calls: Asks, commits: Committer) -> None:
         self.planner = planner
         self.calls = calls
         self.commits = commits

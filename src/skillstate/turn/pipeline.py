@@ -18,7 +18,6 @@ from ..upstream.client import Outbound, UpstreamPool
 from . import render
 from .commit import Committer
 from .complete import Completer, relay_error
-from .fold import Folder
 from .plan import Planner
 from .stream import StreamPath
 from .types import Reply, StreamReply, Turn, TurnMeta
@@ -54,7 +53,6 @@ class Pipeline:
         self.ledger = self.commits.ledger  # the budgets settle it before reading spend
         self.calls = Completer(settings, pool, self.planner, verdicts, self.commits)
         self.streams = StreamPath(settings, verdicts, self.planner, self._commit, self.commits)
-        self.folds = Folder(self.planner, self.calls, self.commits)
 
     async def run(self, turn: Turn) -> Reply | StreamReply:
         """Run one client turn: hold the session, build the context, call upstream, judge
@@ -98,9 +96,7 @@ class Pipeline:
                 hold,
                 window=plan.window,
             )
-            sent = plan.sent
-            if plan.window is not None and plan.window.folds:  # too big for the model
-                meta, sent = await self.folds.fold(meta, sent, record)
+            meta, sent = await self.calls.fold(meta, plan.sent, record)  # too big a window
             out = self.planner.outbound(turn, sent, schema, meta.state, shape=meta.shape)
             if not turn.stream:
                 return await self._complete(out, meta)
