@@ -927,3 +927,43 @@ def test_a_fold_without_an_envelope_is_not_retried_by_the_sdk(
     assert e.value.status_code == 502
     assert e.value.response.headers.get("x-should-retry") == "false"
     assert p.state(client.session)["step"] == step  # nothing committed
+
+
+def test_a_fold_is_asked_without_the_clients_forced_tool_choice(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A client that forces a tool call on every turn (``tool_choice: "required"``, as the
+    Agents SDK's ``ModelSettings(tool_choice="required")`` sends) still gets its window
+    folded: a fold asks for the envelope only, which a forced tool call cannot carry, so
+    the fold goes without the client's tool_choice (as a compaction's checkpoint does); the
+    turn's own call keeps it."""
+    up = {**upstream(fake, "openai"), "context_tokens": 4_000}
+    p = start(start_proxy, fake, "openai", upstreams=[up], window_max_tokens=1_000_000)
+    folder = Folder()
+
+    def obeys_tool_choice(req: RecordedRequest) -> Reply:
+        if req.json.get("tool_choice") == "required":  # the API answers with calls only
+            return Reply(text="", tool_calls=[("run", {"cmd": "forced"})])
+        return folder(req)
+
+    fake.responder = obeys_tool_choice
+    client = Client(p, "openai", "fold-forced")
+    for t in range(6):
+        client.turn(stream=False, result=f"FACT-{t} " + BIG)
+    client.transcript = long_rewritten_transcript(client.transcript[:2], 40)
+    before = len(fake.requests)
+    tools = [{"type": "function", "function": {"name": TOOL["name"], "parameters": TOOL["schema"]}}]
+    sdk = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    reply = sdk.chat.completions.create(
+        model="m",
+        messages=client.transcript,
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice="required",
+        extra_headers=client.headers,
+    )
+    calls = fake.requests[before:]
+    assert len(calls) > 2  # folds, then the turn's own call
+    assert all("tool_choice" not in r.json for r in calls[:-1])
+    assert calls[-1].json["tool_choice"] == "required"
+    assert reply.choices[0].message.tool_calls  # the client's forced call, answered
+    assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])

@@ -28,7 +28,10 @@ from .plan import Planner
 from .types import Answer, Reply, TurnMeta
 
 MAX_FOLD_ROUNDS = 4  # re-plans after folding (a state grown by the folds may fold again)
-_STREAM_KEYS = ("stream", "stream_options")
+# What a fold does not send of the client's request: it is answered in full (never
+# streamed), and in text (the envelope only), which a tool call the client forces
+# (tool_choice "required", "any" or a named tool) could not carry.
+_NOT_FOR_FOLD = ("stream", "stream_options", "tool_choice")
 
 
 class Asks(Protocol):
@@ -76,9 +79,9 @@ class Folder:
         self, meta: TurnMeta, body: dict[str, Any], state: dict[str, Any]
     ) -> dict[str, Any]:
         """One fold call (never streamed), judged and re-asked: the state with its patch."""
-        unstreamed = {k: v for k, v in meta.turn.body.items() if k not in _STREAM_KEYS}
+        unstreamed = {k: v for k, v in meta.turn.body.items() if k not in _NOT_FOR_FOLD}
         turn = dataclasses.replace(meta.turn, body=unstreamed)
-        body = {k: v for k, v in body.items() if k not in _STREAM_KEYS}
+        body = {k: v for k, v in body.items() if k not in _NOT_FOR_FOLD}
         shape = ContextShape.CHECKPOINT
         folding = dataclasses.replace(meta, turn=turn, state=state, shape=shape)
         out = self.planner.outbound(turn, body, meta.schema, state, shape=shape)
