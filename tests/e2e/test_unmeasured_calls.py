@@ -155,3 +155,55 @@ def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
         wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
     r = refused_by_budget(proxy, "s4")
     assert r.status_code == 429, (r.text, rows(tmp_path / "data"))
+
+
+def spend(proxy: InProcessProxy) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """The measured and estimated cost counters of ``/metrics``, by their labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = proxy.get("/metrics")
+    assert r.status_code == 200, r.text
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    names = ("skillstate_cost_usd_total", "skillstate_estimated_cost_usd_total")
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            if s.name in names:
+                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_metrics_count_each_unmeasured_calls_estimate_once_apart_from_measured_cost(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """A dashboard of spend sees the calls without usage: each cut call's estimate is in
+    ``skillstate_estimated_cost_usd_total`` once (as in its one ledger row and ``/cost``),
+    under the labels of the measured counter, which the cut calls leave as it was."""
+    proxy = start(start_proxy, fake)
+    # A measured call: 10 output tokens at $0.001.
+    fake.enqueue(Reply(text=envelope({"notes": "a"}), usage={"completion_tokens": 10}))
+    answered = client(proxy, 30).chat.completions.create(**chat_args("s5"))
+    assert answered.usage is not None and answered.usage.completion_tokens == 10
+    before = spend(proxy)
+    assert list(before["skillstate_cost_usd_total"].values()) == [pytest.approx(0.01)]
+    assert before.get("skillstate_estimated_cost_usd_total", {}) == {}
+    # A call the client gave up on (a 499 row), then a stream it cut before its usage.
+    never = threading.Event()
+    fake.enqueue(Reply(text=envelope({"notes": "b"}), hold=never))
+    with pytest.raises(openai.APITimeoutError):
+        client(proxy, 1.0).chat.completions.create(**chat_args("s5"))
+    wait_until(lambda: len(rows(tmp_path / "data")) == 2)
+    fake.enqueue(Reply(text=envelope({"notes": "c"}) + " and more", stall_after=3))
+    stream = client(proxy, 30).chat.completions.create(**chat_args("s5", stream=True))
+    next(iter(stream))
+    stream.close()
+    wait_until(lambda: len(rows(tmp_path / "data")) == 3)
+    never.set()
+    estimates = [r[3] for r in rows(tmp_path / "data")]
+    assert estimates == [None, pytest.approx(0.1), pytest.approx(0.1)]
+    after = spend(proxy)
+    assert after["skillstate_cost_usd_total"] == before["skillstate_cost_usd_total"]
+    estimated = after["skillstate_estimated_cost_usd_total"]
+    assert estimated.keys() == before["skillstate_cost_usd_total"].keys()  # same labels
+    assert list(estimated.values()) == [pytest.approx(0.2)]  # two rows of $0.10, once each
+    totals = proxy.get("/cost", params={"session": "s5"}).json()["totals"]
+    assert sum(estimated.values()) == pytest.approx(totals["estimated_cost_usd"])

@@ -215,6 +215,12 @@ class Metrics:
             (*usage, "type"),
         )
         self.cost = _Counter("cost_usd", "Estimated spend in USD (priced rows only).", usage)
+        self.estimated_cost = _Counter(
+            "estimated_cost_usd",
+            "Calls the provider reported no usage for (cut by the client, or answered without "
+            "usage), charged their worst case in USD; not in cost_usd, counted by budgets.",
+            usage,
+        )
         self.baseline_tokens = _Counter(
             "baseline_input_tokens",
             "Input tokens the client's own transcript would have cost (turn rows; retries 0).",
@@ -251,7 +257,9 @@ class Metrics:
 
     def ledger_rows(self, mode: str, rows: Iterable[LedgerRow]) -> None:
         """Tokens, cost, baseline and savings of one turn's rows (the meter's, so the numbers
-        add up to ``/cost``), and its re-asks."""
+        add up to ``/cost``), and its re-asks. Called once per turn with its final rows: a
+        row the turn writes twice (same ``row_id``, ``TurnMeter.restore``) is one row here,
+        so neither its measured nor its estimated cost counts twice."""
         for r in rows:
             key = (r.upstream or "none", mode)
             if r.kind == "rollback-retry":
@@ -263,6 +271,8 @@ class Metrics:
                 self.tokens.inc((*key, "output"), r.output_tokens)
             if r.cost_usd is not None:
                 self.cost.inc(key, r.cost_usd)
+            if r.estimated_cost_usd is not None:
+                self.estimated_cost.inc(key, r.estimated_cost_usd)
             if r.baseline_input_tokens is not None and r.input_tokens is not None:
                 self.baseline_tokens.inc(key, r.baseline_input_tokens)
                 self.saved_tokens.inc(key, r.baseline_input_tokens - r.input_tokens)
