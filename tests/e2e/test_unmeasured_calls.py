@@ -207,3 +207,32 @@ def test_metrics_count_each_unmeasured_calls_estimate_once_apart_from_measured_c
     assert list(estimated.values()) == [pytest.approx(0.2)]  # two rows of $0.10, once each
     totals = proxy.get("/cost", params={"session": "s5"}).json()["totals"]
     assert sum(estimated.values()) == pytest.approx(totals["estimated_cost_usd"])
+
+
+def test_metrics_by_key_name_count_an_answer_without_usage_as_estimated(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """With ``metrics_key_label``, a key's estimated spend is its own counter, as its
+    budget counts it; its measured spend has nothing of the call."""
+    from tests.e2e.test_e2e_metrics import _make_key
+
+    key = _make_key(tmp_path / "data", "alice")
+    config = {"prices": PRICES, "auth_cache_ttl": 0, "metrics_key_label": True}
+    proxy = start_proxy(fake.url + "/v1", "--schema", "notes", config=config)
+    no_usage = b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,'
+    no_usage += b'"message":{"role":"assistant","content":'
+    no_usage += httpx.Response(200, json=envelope({"notes": "x"})).content
+    no_usage += b'},"finish_reason":"stop"}]}'
+    fake.enqueue(Reply(raw_body=no_usage))
+    r = proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+        headers={SESSION_HEADER: "s6", "authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-skillstate-estimated-cost-usd"] == "0.10000000"
+    admin = _make_key(tmp_path / "data", "ops", "--admin")
+    page = proxy.get("/metrics", headers={"authorization": f"Bearer {admin}"}).text
+    assert 'skillstate_key_estimated_cost_usd_total{key="alice"} 0.1\n' in page
+    assert "skillstate_key_cost_usd_total{" not in page
+    assert "skillstate_estimated_cost_usd_total{" in page

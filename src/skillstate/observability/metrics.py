@@ -252,6 +252,11 @@ class Metrics:
         self.key_cost = _Counter(
             "key_cost_usd", "Estimated spend in USD by client key name.", ("key",)
         )
+        self.key_estimated_cost = _Counter(
+            "key_estimated_cost_usd",
+            "Calls without reported usage, at their worst case in USD, by client key name.",
+            ("key",),
+        )
 
     # -- updates (the turn path) ---------------------------------------------------------
 
@@ -281,7 +286,7 @@ class Metrics:
                 self.saved_cost.inc(key, r.baseline_cost_usd - r.cost_usd)
 
     def key_rows(self, key: str, rows: Iterable[LedgerRow]) -> None:
-        """One turn's tokens and cost under its client key's name."""
+        """One turn's tokens, cost and estimated cost under its client key's name."""
         for r in rows:
             if r.input_tokens is not None:
                 self.key_tokens.inc((key, "input"), r.input_tokens)
@@ -290,6 +295,8 @@ class Metrics:
                 self.key_tokens.inc((key, "output"), r.output_tokens)
             if r.cost_usd is not None:
                 self.key_cost.inc((key,), r.cost_usd)
+            if r.estimated_cost_usd is not None:
+                self.key_estimated_cost.inc((key,), r.estimated_cost_usd)
 
     # -- the scrape ----------------------------------------------------------------------
 
