@@ -967,3 +967,139 @@ def test_a_fold_is_asked_without_the_clients_forced_tool_choice(
     assert calls[-1].json["tool_choice"] == "required"
     assert reply.choices[0].message.tool_calls  # the client's forced call, answered
     assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
+
+
+def long_rewritten_exchanges(dialect: str, head: list[dict[str, Any]], rounds: int) -> list[Any]:
+    """:func:`long_rewritten_transcript` in the Messages or the Responses format, as the API
+    takes it: after the task, the summary, then ``rounds`` exchanges the proxy never saw,
+    every third with two parallel calls (and, in Responses, a message item before them),
+    each result with a ``KEEP-`` token. Messages alternate user and assistant turns (the
+    summary opens the first assistant turn), and each ``tool_use`` is answered by the next
+    turn's ``tool_result``."""
+    summary = "SUMMARY of the work: KEEP-900 was decided."
+    out: list[Any] = list(head)
+    if dialect == "responses":
+        out.append({"type": "message", "role": "user", "content": summary})
+    for k in range(rounds):
+        ids = [f"new{k}"] + ([f"new{k}b"] if k % 3 == 0 else [])
+        result = f"KEEP-{k} " + BIG
+        if dialect == "anthropic":
+            text = [{"type": "text", "text": summary}] if k == 0 else []
+            uses = [{"type": "tool_use", "id": i, "name": "run", "input": {}} for i in ids]
+            out.append({"role": "assistant", "content": [*text, *uses]})
+            results = [{"type": "tool_result", "tool_use_id": i, "content": result} for i in ids]
+            out.append({"role": "user", "content": results})
+            continue
+        if k % 3 == 0:
+            said = [{"type": "output_text", "text": f"Running {k}.", "annotations": []}]
+            out.append({"type": "message", "role": "assistant", "content": said})
+        for i in ids:
+            out.append({"type": "function_call", "call_id": i, "name": "run", "arguments": "{}"})
+        for i in ids:
+            out.append({"type": "function_call_output", "call_id": i, "output": result})
+    return out
+
+
+def assert_pairs_as_the_api_wants(req: RecordedRequest) -> None:
+    """What the real APIs refuse, beyond what the fake provider checks: Messages alternate
+    user and assistant turns from a user turn, each ``tool_use`` answered in the next turn
+    and each ``tool_result`` answering the turn before; every Responses ``function_call``
+    has its ``function_call_output`` after it, and every output its call before it."""
+    if req.dialect == "responses":
+        items = req.json["input"]
+        for k, item in enumerate(items):
+            if item.get("type") == "function_call":
+                assert any(
+                    o.get("type") == "function_call_output" and o["call_id"] == item["call_id"]
+                    for o in items[k + 1 :]
+                ), (k, item)
+            if item.get("type") == "function_call_output":
+                assert any(
+                    c.get("type") == "function_call" and c["call_id"] == item["call_id"]
+                    for c in items[:k]
+                ), (k, item)
+        return
+    msgs = req.json["messages"]
+    roles = [m["role"] for m in msgs]
+    assert roles == ["user", "assistant"] * (len(msgs) // 2) + ["user"] * (len(msgs) % 2), roles
+
+    def ids(m: dict[str, Any], kind: str, key: str) -> set[str]:
+        blocks = m["content"] if isinstance(m["content"], list) else []
+        return {b[key] for b in blocks if b.get("type") == kind}
+
+    for k, m in enumerate(msgs):
+        uses = ids(m, "tool_use", "id")
+        answered = ids(msgs[k + 1], "tool_result", "tool_use_id") if k + 1 < len(msgs) else set()
+        assert uses <= answered or k + 1 == len(msgs), (k, uses - answered)
+        offered = ids(msgs[k - 1], "tool_use", "id") if k else set()
+        assert ids(m, "tool_result", "tool_use_id") <= offered, k
+
+
+def window_after_state(req: RecordedRequest) -> list[Any]:
+    """What a request shows after its task and state (``cache_control`` markers and the
+    checkpoint or fold instruction left out)."""
+    if req.dialect == "responses":
+        items = [i for i in req.json["input"] if CHECKPOINT_MARK not in json.dumps(i)]
+        assert STATE_MARK in json.dumps(items[1])
+        return items[2:]
+    msgs = _no_marks(req.json["messages"])
+    assert STATE_MARK in json.dumps(msgs[0])  # the task's turn holds the state
+    last = msgs[-1]
+    if isinstance(last["content"], list):
+        kept = [b for b in last["content"] if CHECKPOINT_MARK not in json.dumps(b)]
+        msgs[-1] = {**last, "content": kept}
+    return [m for m in msgs[1:] if m["content"]]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "kind", "stream"),
+    [("anthropic", "anthropic", False), ("anthropic", "anthropic", True),
+     ("responses", "openai-responses", False), ("responses", "openai-responses", True)],
+)  # fmt: skip
+def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_on_every_route(
+    fake: FakeProvider, start_proxy: StartProxy, dialect: str, kind: str, stream: bool
+) -> None:
+    """As on chat completions, a rewritten transcript past the model's context is folded in
+    parts that fit before the turn, through the anthropic SDK on Messages and the openai
+    SDK's ``responses`` on Responses: every request fits, keeps each tool call with its
+    result (as the real APIs require) and, on Messages, user and assistant turns
+    alternating; every message is sent once and in order; none is lost."""
+    from skillstate.cost.checkpoint import CONTEXT_SHARE
+    from skillstate.cost.tokens import request_tokens
+
+    limit = 6_000 if dialect == "anthropic" else 4_000  # (the Messages client's system: ~1.6k)
+    up = {**upstream(fake, kind), "context_tokens": limit}
+    p = start(start_proxy, fake, kind, upstreams=[up], window_max_tokens=1_000_000)
+    fake.responder = Folder()
+    client = Client(p, dialect, f"fit-{dialect}-{stream}")
+    for t in range(6):
+        client.turn(stream=t % 2 == 0, result=f"FACT-{t} " + BIG)
+    client.transcript = long_rewritten_exchanges(dialect, client.transcript[:1], 40)
+    rewritten = json.loads(json.dumps(client.transcript))
+    wanted = set(re.findall(r"KEEP-\d+", json.dumps(rewritten)))
+    key = "input" if dialect == "responses" else "messages"
+    system = {"system": SYSTEM} if dialect == "anthropic" else {}
+    assert request_tokens({**system, key: rewritten}) > limit  # it could never be sent whole
+    before = len(fake.requests)
+    client.turn(stream=stream)
+    calls = fake.requests[before:]
+    assert len(calls) > 2  # folds, then the turn's own call
+    assert all(asks_checkpoint(r) for r in calls[:-1])
+    assert "Do not answer" in request_text(calls[0])
+    assert all(r.status == 200 for r in calls), [r.status for r in calls]
+    for r in calls:
+        assert_pairs_as_the_api_wants(r)
+    # Every message of the new transcript after the task went upstream once, in order.
+    shown = [m for r in calls for m in window_after_state(r)]
+    assert shown == _no_marks(rewritten[1:])
+    assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
+    for _ in range(3):
+        client.turn(stream=False)
+    for r in fake.requests[before:]:
+        assert_pairs_as_the_api_wants(r)
+    sent = [request_tokens(r.json) for r in fake.requests]
+    assert max(sent) <= limit * CONTEXT_SHARE + 300, sent  # within the share (+ one turn)
+    state_facts = set(p.state(client.session)["state"].get("facts", []))
+    window_text = json.dumps(fake.last.json[key][1:])
+    visible = state_facts | set(re.findall(r"KEEP-\d+", window_text))
+    assert wanted <= visible, sorted(wanted - visible)
