@@ -1103,3 +1103,95 @@ def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_on_ever
     window_text = json.dumps(fake.last.json[key][1:])
     visible = state_facts | set(re.findall(r"KEEP-\d+", window_text))
     assert wanted <= visible, sorted(wanted - visible)
+
+
+ROUTES = [("anthropic", "anthropic"), ("responses", "openai-responses")]
+
+
+def folding_proxy(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> Proxy:
+    """A window whose upstream's context a 40-exchange rewrite is past (the Messages
+    client's system is ~1.6k tokens of it)."""
+    up = {**upstream(fake, kind), "context_tokens": 6_000 if kind == "anthropic" else 4_000}
+    return start(start_proxy, fake, kind, upstreams=[up], window_max_tokens=1_000_000)
+
+
+def send_rewritten(client: Client, tool_choice: Any = None) -> Any:
+    """One turn of a rewritten transcript past the context through the route's SDK, with
+    its default retries; ``tool_choice`` as the client forces it."""
+    transcript = long_rewritten_exchanges(client.dialect, client.transcript[:1], 40)
+    forced = {"tool_choice": tool_choice} if tool_choice is not None else {}
+    if client.dialect == "anthropic":
+        return anthropic.Anthropic(base_url=client.proxy.url, api_key="k").messages.create(
+            model="claude-x",
+            max_tokens=500,
+            system=SYSTEM,
+            messages=transcript,
+            tools=[{"name": TOOL["name"], "input_schema": TOOL["schema"]}],  # type: ignore[list-item]
+            extra_headers=client.headers,
+            **forced,
+        )
+    return openai.OpenAI(base_url=client.proxy.v1, api_key="k").responses.create(
+        model="m",
+        input=transcript,
+        tools=[{"type": "function", "name": TOOL["name"], "parameters": TOOL["schema"]}],  # type: ignore[list-item]
+        extra_headers=client.headers,
+        **forced,
+    )
+
+
+@pytest.mark.parametrize(("dialect", "kind"), ROUTES)
+def test_a_fold_on_every_route_goes_without_the_forced_tool_choice(
+    fake: FakeProvider, start_proxy: StartProxy, dialect: str, kind: str
+) -> None:
+    """Messages' ``tool_choice: {"type": "any"}`` and Responses' ``"required"`` force a
+    tool call: the folds go without it (they need the envelope only), the turn's own call
+    keeps it."""
+    p = folding_proxy(fake, start_proxy, kind)
+    forced = {"type": "any"} if dialect == "anthropic" else "required"
+    folder = Folder()
+
+    def obeys_tool_choice(req: RecordedRequest) -> Reply:
+        if req.json.get("tool_choice") == forced:  # the API answers with calls only
+            return Reply(text="", tool_calls=[("run", {"cmd": "forced"})])
+        return folder(req)
+
+    fake.responder = obeys_tool_choice
+    client = Client(p, dialect, f"forced-{dialect}")
+    for t in range(6):
+        client.turn(stream=False, result=f"FACT-{t} " + BIG)
+    before = len(fake.requests)
+    reply = send_rewritten(client, forced)
+    calls = fake.requests[before:]
+    assert len(calls) > 2  # folds, then the turn's own call
+    assert all("Do not answer" in request_text(r) for r in calls[:-1])
+    assert all("tool_choice" not in r.json for r in calls[:-1])
+    assert calls[-1].json["tool_choice"] == forced
+    made = reply.content if dialect == "anthropic" else reply.output
+    assert any(b.type in ("tool_use", "function_call") for b in made)  # the forced call
+    assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
+
+
+@pytest.mark.parametrize(("dialect", "kind"), ROUTES)
+def test_a_fold_without_an_envelope_is_not_retried_by_the_sdk_on_every_route(
+    fake: FakeProvider, start_proxy: StartProxy, dialect: str, kind: str
+) -> None:
+    """A fold that brings no valid envelope fails the turn once: the anthropic and openai
+    SDKs retry a 5xx on their own unless ``x-should-retry: false``; nothing committed."""
+    p = folding_proxy(fake, start_proxy, kind)
+    fake.responder = Folder()
+    client = Client(p, dialect, f"fold-fails-{dialect}")
+    for t in range(6):
+        client.turn(stream=False, result=f"FACT-{t} " + BIG)
+    step = p.state(client.session)["step"]
+    fake.responder = lambda req: Reply(text="I would rather not.", tool_calls=[("run", {})])
+    before = len(fake.requests)
+    with pytest.raises((anthropic.APIStatusError, openai.APIStatusError)) as e:
+        send_rewritten(client)
+    calls = fake.requests[before:]
+    assert calls and all(asks_checkpoint(r) for r in calls)
+    key = "input" if dialect == "responses" else "messages"
+    first = calls[0].json[key]
+    assert [r.json[key] == first for r in calls].count(True) == 1  # one attempt
+    assert e.value.status_code == 502
+    assert e.value.response.headers.get("x-should-retry") == "false"
+    assert p.state(client.session)["step"] == step  # nothing committed
