@@ -382,6 +382,30 @@ async def test_a_stream_cut_by_the_client_is_not_committed_and_is_metered(
     assert len(p.locks) == 0
 
 
+async def test_a_stream_the_client_left_before_its_first_chunk_is_a_499_row(
+    tmp_path: Path,
+) -> None:
+    """The client is gone before the response pumps its first chunk (its disconnect was
+    already queued): the relay never starts, yet the upstream had the request and may
+    bill it, so the call is in the ledger as a cut stream, charged its estimate."""
+    chunk = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":' + (
+        b'[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n'
+    )
+    p = make(tmp_path, lambda out: "")
+    pool_of(p).stream_chunks = [chunk]
+    reply = await p.run(turn(said("go"), stream=True))
+    assert isinstance(reply, StreamReply)
+    await reply.abort()  # the response's close, its chunks never read
+    (ex,) = pool_of(p).exchanges
+    assert ex.closed
+    assert store_of(p).transitions == []
+    await p.settle()
+    rows = store_of(p).ledger
+    assert [(r.status, r.kind) for r in rows] == [(499, "stream")]
+    assert rows[0].pricing == "usage-unavailable"
+    assert len(p.locks) == 0
+
+
 # -- step conflict ----------------------------------------------------------------------------
 
 

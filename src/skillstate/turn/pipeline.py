@@ -105,14 +105,8 @@ class Pipeline:
             if not ex.ok:
                 return await relay_error(ex, meta)
             handed_over = True
-
-            async def abort() -> None:
-                ex.close()
-                if not meta.streamed:  # the stream never started: its close did not run
-                    await self.commits.close_ledger(turn, meta.meter)
-                await stack.aclose()
-
             chunks = self.streams.relay(ex, out, meta, stack)
+            abort = self.streams.closer(ex, meta, stack)
             return StreamReply(render.base_headers(meta, ex), chunks, abort)
         finally:
             if not handed_over:

@@ -122,6 +122,25 @@ class StreamPath:
             await self.commits.close_ledger(turn, meter)
             await shielded(stack.aclose())
 
+    def closer(
+        self, ex: Exchange, meta: TurnMeta, stack: AsyncExitStack
+    ) -> Callable[[], Awaitable[None]]:
+        """The stream reply's ``abort``, which the response calls once when it is over. A
+        client gone before the response pumped its first chunk leaves ``relay`` never
+        started, so its close never ran: the upstream had the request and may bill it,
+        so the call is metered here as a cut stream (a 499 row, charged its estimate)."""
+
+        async def abort() -> None:
+            ex.close()
+            if not meta.streamed:
+                if not meta.meter.answered_yet:
+                    meta.meter.failed(ex.upstream_name, CLIENT_CLOSED, "stream")
+                meta.turn.telemetry.metered(meta.meter.rows)
+                await self.commits.close_ledger(meta.turn, meta.meter)
+            await stack.aclose()
+
+        return abort
+
     def _answered(
         self,
         meta: TurnMeta,
