@@ -580,3 +580,31 @@ def test_the_pairing_is_checked_on_a_sessions_next_turn_too(
     assert r.status_code == 400, r.text
     assert error_of(r, anthropic_shape=False)["param"] == "messages[4].tool_call_id"
     assert len(sent(fake)) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_malformed_client_call_output_is_a_400_through_the_sdk(
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+) -> None:
+    """A custom tool call's output with no call_id, and one whose output is no string (nor an
+    array of parts), are refused in OpenAI's error format before anything goes upstream."""
+    p = start(fake, start_proxy, "openai-responses")
+    c = oai(p, default_headers={**session("r1"), "x-skillstate-mode": "state"})
+    call = {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** B"}
+    for output, param, code in [
+        ({"type": "custom_tool_call_output", "output": "done"}, "input[2].call_id",
+         "missing_required_parameter"),
+        ({"type": "custom_tool_call_output", "call_id": "c2", "output": {"ok": True}},
+         "input[2].output", "invalid_type"),
+    ]:  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(
+                model="m-1",
+                input=[{"role": "user", "content": "patch it"}, call, output],  # type: ignore[list-item]
+                stream=stream,
+            )
+        assert e.value.status_code == 400
+        assert e.value.param == param  # type: ignore[attr-defined]
+        assert e.value.code == code
+        assert param in e.value.message
+    assert sent(fake) == []

@@ -4,6 +4,7 @@ Values an upstream may refuse (an unknown model, a tool type) are the upstream's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..base import JSON
@@ -52,6 +53,44 @@ INPUT_ITEM_TYPES = frozenset(
         "program_output",
     }
 )
+# What a required member of an item must be: a check and its name in the 400's message.
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "id": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "string": (lambda v: isinstance(v, str), "a string"),
+    "text or parts": (lambda v: isinstance(v, (str, list)), "a string or an array"),
+    "array": (lambda v: isinstance(v, list), "an array"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "boolean": (lambda v: isinstance(v, bool), "a boolean"),
+    "patch outcome": (lambda v: v in ("completed", "failed"), '"completed" or "failed"'),
+}
+_STRING_KINDS = frozenset({"id", "string", "patch outcome"})
+# The members each client call and its output require (the openai SDK's input item types,
+# 3.57, their Required members; dialects.responses.items.CLIENT_CALLS): the ids that pair
+# a call with its output and what the call and its output say. Left out, as the API fills
+# them on the items it returns and a client may send its own without them: a call's
+# ``status``, a local shell or computer call's ``id`` and ``pending_safety_checks``.
+_REQUIRED: dict[str, tuple[tuple[str, str], ...]] = {
+    "function_call": (("call_id", "id"), ("name", "id"), ("arguments", "string")),
+    "function_call_output": (("call_id", "id"), ("output", "text or parts")),
+    "custom_tool_call": (("call_id", "id"), ("name", "id"), ("input", "string")),
+    "custom_tool_call_output": (("call_id", "id"), ("output", "text or parts")),
+    "local_shell_call": (("call_id", "id"), ("action", "object")),
+    # its ``id`` is the local shell call's call_id
+    "local_shell_call_output": (("id", "id"), ("output", "string")),
+    "shell_call": (("call_id", "id"), ("action", "object")),
+    "shell_call_output": (("call_id", "id"), ("output", "array")),
+    "apply_patch_call": (("call_id", "id"), ("operation", "object")),
+    "apply_patch_call_output": (("call_id", "id"), ("status", "patch outcome")),
+    "computer_call": (("call_id", "id"),),
+    "computer_call_output": (("call_id", "id"), ("output", "object")),
+    "mcp_approval_request": (
+        ("id", "id"),
+        ("server_label", "string"),
+        ("name", "id"),
+        ("arguments", "string"),
+    ),
+    "mcp_approval_response": (("approval_request_id", "id"), ("approve", "boolean")),
+}
 # Content parts whose text the translations to other upstream kinds read (and join).
 _TEXT_OF_PART = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
@@ -118,21 +157,36 @@ def _validate_item(item: Any, path: str) -> None:
                 _validate_part(part, f"{path}.content[{k}]")
         elif not isinstance(content, str):
             raise _bad(f"{path}.content must be a string or an array of parts", path)
-    elif itype == "function_call":
-        for key in ("call_id", "name"):
-            if not isinstance(item.get(key), str) or not item[key]:
-                raise _bad(f"{path}.{key}: required, a non-empty string", f"{path}.{key}")
-        if not isinstance(item.get("arguments"), str):
-            raise _bad(f"{path}.arguments: required, a string", f"{path}.arguments")
-    elif itype == "function_call_output":
-        if not isinstance(item.get("call_id"), str) or not item["call_id"]:
-            raise _bad(f"{path}.call_id: required, a non-empty string", f"{path}.call_id")
-        output = item.get("output")
-        if not isinstance(output, (str, list)):
-            raise _bad(f"{path}.output: required, a string or an array", f"{path}.output")
-        for k, part in enumerate(output if isinstance(output, list) else ()):
-            _validate_part(part, f"{path}.output[{k}]")
+    else:
+        _validate_members(item, itype, path)
     # the other types go to a Responses upstream as they are, and no other kind reads them
+
+
+def _validate_members(item: dict[str, Any], itype: str, path: str) -> None:
+    """The members a call or output item requires (``_REQUIRED``), each of its JSON type
+    (the 400's code as the API names the fault: ``_fault``);
+    the parts of an output given as an array are checked as a message's are."""
+    for key, kind in _REQUIRED.get(itype, ()):
+        accepts, what = _KINDS[kind]
+        value = item.get(key)
+        if not accepts(value):
+            raise _bad(f"{path}.{key}: required, {what}", f"{path}.{key}", _fault(value, kind))
+    output = item.get("output")
+    if itype in ("function_call_output", "custom_tool_call_output") and isinstance(output, list):
+        for k, part in enumerate(output):
+            _validate_part(part, f"{path}.output[{k}]")
+    elif itype == "shell_call_output" and isinstance(output, list):
+        for k, chunk in enumerate(output):
+            if not isinstance(chunk, dict):
+                raise _bad(f"{path}.output[{k}] must be an object", f"{path}.output[{k}]")
+
+
+def _fault(value: Any, kind: str) -> str:
+    """The API's code for a required member that fails its check: absent, of another JSON
+    type, or a string that is not one the member takes (an empty id, another outcome)."""
+    if value is None:
+        return "missing_required_parameter"
+    return "invalid_value" if isinstance(value, str) and kind in _STRING_KINDS else "invalid_type"
 
 
 def _validate_part(part: Any, path: str) -> None:
