@@ -973,9 +973,10 @@ def long_rewritten_exchanges(dialect: str, head: list[dict[str, Any]], rounds: i
     """:func:`long_rewritten_transcript` in the Messages or the Responses format, as the API
     takes it: after the task, the summary, then ``rounds`` exchanges the proxy never saw,
     every third with two parallel calls (and, in Responses, a message item before them),
-    each result with a ``KEEP-`` token. Messages alternate user and assistant turns (the
-    summary opens the first assistant turn), and each ``tool_use`` is answered by the next
-    turn's ``tool_result``."""
+    each result with a ``KEEP-`` token; in Messages every fifth ends with a text reply and
+    a new user prompt (an exchange that starts with no tool result). Messages alternate user
+    and assistant turns (the summary opens the first assistant turn), and each ``tool_use``
+    is answered by the next turn's ``tool_result``."""
     summary = "SUMMARY of the work: KEEP-900 was decided."
     out: list[Any] = list(head)
     if dialect == "responses":
@@ -989,6 +990,11 @@ def long_rewritten_exchanges(dialect: str, head: list[dict[str, Any]], rounds: i
             out.append({"role": "assistant", "content": [*text, *uses]})
             results = [{"type": "tool_result", "tool_use_id": i, "content": result} for i in ids]
             out.append({"role": "user", "content": results})
+            if k % 5 == 4:
+                done = [{"type": "text", "text": f"Done {k}."}]
+                out.append({"role": "assistant", "content": done})
+                prompt = [{"type": "text", "text": f"Next prompt {k}."}]
+                out.append({"role": "user", "content": prompt})
             continue
         if k % 3 == 0:
             said = [{"type": "output_text", "text": f"Running {k}.", "annotations": []}]
