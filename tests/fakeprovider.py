@@ -1200,6 +1200,24 @@ def _check_responses(body: dict[str, Any]) -> None:
                 f"No tool call found for {what} output with call_id {item.get('call_id')}.",
                 f"input[{i}]",
             )
+    _responses_unanswered(listed)
+
+
+def _responses_unanswered(items: list[Any]) -> None:
+    """The API's refusal of a call item in ``input`` that no later item answers: "No tool
+    output found for function call call_X." (param ``input``), as Codex and proxies met it
+    when a tool output was dropped or reordered."""
+    answered = {
+        (_PAIRED_OUTPUTS[i["type"]], i.get("call_id"))
+        for i in items
+        if isinstance(i, dict) and i.get("type") in _PAIRED_OUTPUTS
+    }
+    calls = set(_PAIRED_OUTPUTS.values())
+    for item in items:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind in calls and (kind, item.get("call_id")) not in answered:
+            what = kind.replace("_", " ")
+            raise _Rejected(400, f"No tool output found for {what} {item.get('call_id')}.", "input")
 
 
 # An output item type -> the call it answers (by call_id), which the API wants before it.

@@ -268,6 +268,19 @@ def test_responses_compact_refuses_what_the_api_refuses(fp, oai):
         oai.responses.compact(model="gpt-5", input="hi")
 
 
+def test_responses_refuses_a_call_that_no_later_item_answers(fp, oai):
+    call = {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "c1", "output": "a.txt"}
+    with pytest.raises(openai.BadRequestError, match="No tool output found for function call c1"):
+        oai.responses.create(model="gpt-5", input=["hi", call])
+    assert fp.requests[-1].status == 400
+    custom = {"type": "custom_tool_call", "call_id": "c2", "name": "patch", "input": "x"}
+    with pytest.raises(openai.BadRequestError, match="custom tool call c2"):
+        oai.responses.create(model="gpt-5", input=[call, out, custom])
+    fp.enqueue(Reply(text="ok"))
+    assert oai.responses.create(model="gpt-5", input=["hi", call, out]).output_text == "ok"
+
+
 # ---- Anthropic ---------------------------------------------------------------------------
 
 
