@@ -492,15 +492,21 @@ _extra_value = st.one_of(
 @st.composite
 def _raw_turns(draw: st.DrawFn) -> list[tuple[str, bytes]]:
     """A session's requests as bytes: a transcript that mostly grows, written compactly or
-    not, among other members in any order, some of which change; now and then a decoy (the
+    not, among other members in an order kept until a step changes it (so that a request is
+    often its previous one's bytes around the transcript), some of which change; now and then
+    a decoy (the
     transcript's own bytes as another member's value, or inside a string) or the transcript's
-    key twice (the parser keeps the last)."""
+    key twice (the parser keeps the last), or another member twice from some turn on."""
     dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
     messages: list[Any] = draw(st.lists(_checked_message, max_size=3))
     fmt, extra, order = draw(st.sampled_from(_FORMATS)), draw(_extra_value), draw(st.randoms())
+    twice: list[tuple[str, bytes]] = []
+    arrangement = ["model", "max_tokens", "x", "y", "messages", "input"]
+    order.shuffle(arrangement)
     turns = []
     for _ in range(draw(st.integers(min_value=1, max_value=8))):
         steps = ["grow"] * 6 + ["same", "edit", "cut", "dialect", "format", "extra", "decoy"]
+        steps += ["twice", "order"]
         step = draw(st.sampled_from(steps))
         messages = list(messages)
         if step == "grow":
@@ -515,14 +521,19 @@ def _raw_turns(draw: st.DrawFn) -> list[tuple[str, bytes]]:
             fmt = draw(st.sampled_from(_FORMATS))
         elif step == "extra":
             extra = draw(_extra_value)
+        elif step == "order":
+            order.shuffle(arrangement)
+        elif step == "twice":
+            twice = [(draw(st.sampled_from(["model", "x"])), b'"other"')]
         key = "input" if dialect == "openai-responses" else "messages"
-        members = [("model", b'"m"'), ("max_tokens", b"5"), ("x", _written(extra, fmt))]
+        members = [*twice, ("model", b'"m"'), ("max_tokens", b"5"), ("x", _written(extra, fmt))]
         members.append((key, _written(messages, fmt)))
         if step == "decoy":
             own = _written(messages, "orjson")
             decoy = draw(st.sampled_from([own, orjson.dumps(own.decode()), b"[]", own + b" "]))
-            members.append((draw(st.sampled_from(["y", key])), decoy.strip()))
-        order.shuffle(members)
+            at = draw(st.integers(0, len(members)))  # before or after the transcript
+            members.insert(at, (draw(st.sampled_from(["y", key])), decoy.strip()))
+        members.sort(key=lambda member: arrangement.index(member[0]))  # a key twice: as drawn
         raw = b"{" + b",".join(orjson.dumps(k) + b":" + v for k, v in members) + b"}"
         turns.append((dialect, raw))
     return turns
@@ -547,6 +558,8 @@ def test_serialisation_from_the_clients_bytes_is_the_serialisation(sessions: lis
                 continue
             assert got.blob == want.blob == orjson.dumps(body[wire.transcript[0]])
             assert (got.head, got.checked) == (want.head, want.checked)
+            if got.vouches_for_raw:  # the bytes may go upstream: they mean the body to all
+                assert _first_wins(raw) == body and not _repeats_a_key(raw)
             verdict = _problem(wire.validate, body, got.checked)
             assert verdict == _problem(wire.validate, orjson.loads(raw))
             if verdict is None:
@@ -557,6 +570,17 @@ def test_serialisation_from_the_clients_bytes_is_the_serialisation(sessions: lis
             clean, est, points = _plain(dialect, orjson.loads(raw))
             assert view.clean == clean and view.est_tokens == est and view.points == points
             assert _digests(view.points) == b"".join([p.digest for p in points])
+
+
+def _first_wins(raw: bytes) -> Any:
+    """``raw`` as a parser that keeps a repeated key's first value reads it."""
+    return json.loads(raw, object_pairs_hook=lambda pairs: dict(reversed(pairs)))
+
+
+def _repeats_a_key(raw: bytes) -> bool:
+    found = []
+    json.loads(raw, object_pairs_hook=lambda p: found.append(len(p) != len(dict(p))) or dict(p))
+    return any(found)
 
 
 def test_a_compact_clients_transcript_is_taken_from_its_bytes_and_checked_once() -> None:

@@ -22,7 +22,11 @@ message edited, dropped or reordered, other tools or system, another dialect or 
 the full path, and that turn's transcript becomes the session's reference. The
 serialisation is made once per turn (:class:`TranscriptText`) and compared with both
 references. What a turn costs beyond its new messages: that serialisation and two
-comparisons of bytes.
+comparisons of bytes. A client writing compact JSON usually sends its previous request's bytes
+around the previous serialisation followed by the new items' (:meth:`_Reference.spliced`):
+the serialisation is then cut from those bytes, and the bytes, their lead and tail shown once
+per anchor to hold no key twice, may go upstream as they are
+(:attr:`TranscriptText.vouches_for_raw`).
 
 Memory: per session, the last checked transcript's serialisation and the bytes of its
 request around it, the last worked-out one's (the same bytes when they are the same turn's)
@@ -45,6 +49,7 @@ import orjson
 from ..cost.baseline import PrefixPoint, PrefixPointsMemo
 from ..cost.tokens import ListSize, request_tokens
 from ..engine.stripper import TranscriptStripper
+from ..jsonkeys import keys_once
 
 if TYPE_CHECKING:
     from ..dialects.base import Dialect
@@ -80,8 +85,8 @@ class TranscriptView:
 class _Anchor:
     """Where a transcript's serialisation sat in its request's bytes: ``lead`` the bytes
     before it, ``tail`` those after it, ``key`` the member it was. ``verified``: the bytes
-    between ``lead`` and ``tail`` were shown to be the member's value (see the module
-    docstring)."""
+    between ``lead`` and ``tail`` were shown to be the member's value, and ``lead`` and
+    ``tail`` to hold no key twice (see the module docstring and :func:`_holds_value`)."""
 
     lead: bytes
     tail: bytes
@@ -109,12 +114,17 @@ def _holds_value(anchor: _Anchor, body: dict[str, Any]) -> bool:
     list there): with ``[]`` in their place the bytes must parse to the body with that
     member ``[]``. Were they anything else (a member a later duplicate key overrides, a
     part of a string or of another value), the body would differ elsewhere, or keep its
-    non-empty member."""
+    non-empty member.
+
+    Lead and tail must also hold no key twice (``jsonkeys``): the bytes between are orjson's
+    own serialisation, so a request spliced on a verified anchor holds every key once and
+    means to any parser what it means to the proxy (``TranscriptText.vouches_for_raw``)."""
+    rest_text = b"".join((anchor.lead, b"[]", anchor.tail))
     try:
-        rest = orjson.loads(b"".join((anchor.lead, b"[]", anchor.tail)))
+        rest = orjson.loads(rest_text)
     except orjson.JSONDecodeError:
         return False
-    return type(rest) is dict and rest == {**body, anchor.key: []}
+    return type(rest) is dict and rest == {**body, anchor.key: []} and keys_once(rest_text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +146,15 @@ class TranscriptText:
     checked: int
     anchor: _Anchor | None = None
     base: bytes | None = None  # the reference serialisation ``blob`` continues, if spliced
+
+    @property
+    def vouches_for_raw(self) -> bool:
+        """Whether its request's bytes mean exactly its body to any JSON parser, so they may
+        go upstream as they are: spliced on a verified anchor, they are lead and tail
+        holding no key twice around orjson's own serialisation of the transcript (the
+        session's previous one and the new items'). Anything else may repeat a key, which
+        parsers read differently (``jsonkeys``)."""
+        return self.base is not None
 
     def made_from(self, body: dict[str, Any], items: list[Any]) -> bool:
         """Whether ``body`` is still the one this was made from."""

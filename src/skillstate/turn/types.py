@@ -35,7 +35,10 @@ class ClientBytes:
     """The request body as the client sent it (decoded), and the dict it was parsed into.
     While the body to send upstream is still that dict (a body the proxy changes is another
     dict: every change makes a copy), it is sent as these bytes: not serialised again, and
-    byte for byte what the client wrote."""
+    byte for byte what the client wrote. Made only for bytes shown to hold no key twice
+    (``sessions.transcripts.TranscriptText.vouches_for_raw``): a parser that keeps a
+    repeated key's first value, or refuses it, would read other bytes otherwise than the
+    proxy (``jsonkeys``), which then sends its own serialisation of what it read."""
 
     body: dict[str, Any]
     raw: bytes

@@ -102,8 +102,15 @@ async def parse_turn(
         idempotency=idem,
         transcript=text,
         minted_session=stored if minted else None,
-        client_bytes=ClientBytes(body, raw),
+        client_bytes=_own_bytes(body, raw, text),
     )
+
+
+def _own_bytes(body: dict[str, Any], raw: bytes, text: TranscriptText | None) -> ClientBytes | None:
+    """The client's bytes, to send as they are while the body is unchanged, when they were
+    shown to hold no key twice (a repeated key reads otherwise in other parsers); None: the
+    proxy sends its serialisation of what it read."""
+    return ClientBytes(body, raw) if text is not None and text.vouches_for_raw else None
 
 
 def check_body(
