@@ -17,7 +17,8 @@ or a list of them), ``GET /_fake/requests`` and ``POST /_fake/reset``.
 Input tokens (:func:`prompt_tokens`) are everything the model reads, the tool definitions
 included: every provider renders the tools into the prompt and bills them (chat completions:
 the messages and tools; Messages: the system, messages and tools, also what
-``/v1/messages/count_tokens`` answers; Responses: the instructions, input items and tools).
+``/v1/messages/count_tokens`` answers; Responses: the instructions, input items and tools, also
+what ``/v1/responses/input_tokens`` answers).
 
 Prompt caching (``FakeProvider(cache="openai" | "anthropic")``): usage reports cache reads
 and writes the way the real APIs bill them, unless a Reply scripts its own cache figures.
@@ -78,6 +79,13 @@ USAGE_KEYS = {
     "reasoning_tokens",
 }
 COMPACT_PATH = "/v1/responses/compact"
+INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
+# What ``POST /v1/responses/input_tokens`` takes (the openai SDK's InputTokenCountParams,
+# 3.57); any other field is the API's "Unknown parameter" 400 (max_output_tokens, stream...).
+INPUT_TOKENS_FIELDS = {
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+    "reasoning", "text", "truncation", "conversation", "previous_response_id", "personality",
+}  # fmt: skip
 # What ``POST /v1/responses/compact`` takes (the openai SDK's ResponseCompactParams); any
 # other field is the API's "Unknown parameter" 400 (it does not stream, for one).
 COMPACT_FIELDS = {
@@ -363,6 +371,7 @@ class FakeProvider:
         app.router.add_post("/v1/responses", self._handle)
         app.router.add_post("/v1/responses/compact", self._handle)
         app.router.add_post("/v1/messages/count_tokens", self._handle)
+        app.router.add_post(INPUT_TOKENS_PATH, self._handle)
         app.router.add_get("/v1/models", self._handle)
         app.router.add_get("/v1/models/{model_id}", self._handle)
         app.router.add_post("/_fake/enqueue", self._ctl_enqueue)
@@ -409,7 +418,7 @@ class FakeProvider:
             request.path.startswith("/v1/models") and "anthropic-version" in rec.headers
         )
         rec.dialect = "anthropic" if anthropic else "openai"
-        if request.path in ("/v1/responses", "/v1/responses/compact"):
+        if request.path in ("/v1/responses", COMPACT_PATH, INPUT_TOKENS_PATH):
             rec.dialect = "responses"
         with self._cond:
             self.requests.append(rec)
@@ -431,6 +440,12 @@ class FakeProvider:
                 return await self._send(request, rec, Reply(), 200, found[0])
             if request.path == "/v1/messages/count_tokens":
                 return await self._send(request, rec, Reply(), 200, self._count(rec.json))
+            if request.path == INPUT_TOKENS_PATH:
+                counted = {
+                    "object": "response.input_tokens",
+                    "input_tokens": prompt_tokens(rec.json, "responses"),
+                }
+                return await self._send(request, rec, Reply(), 200, counted)
             rec.reply = reply = self._next_reply(rec)
             if reply.raw_body is not None:
                 return await self._send(request, rec, reply, reply.status, reply.raw_body)
@@ -556,6 +571,8 @@ class FakeProvider:
             _check_compact(taken if self.compact_ignores_stream else body)
             if self.validate:
                 _check_responses(body)
+        elif rec.path == INPUT_TOKENS_PATH:
+            _check_fields(body, INPUT_TOKENS_FIELDS)
         elif rec.path == "/v1/responses":
             if self.validate:
                 _check_responses(body)
@@ -1233,8 +1250,13 @@ _PAIRED_OUTPUTS = {
 def _check_compact(body: dict[str, Any]) -> None:
     """What ``/v1/responses/compact`` refuses before the input checks: a field it does not
     take (the API's ``unknown_parameter``)."""
+    _check_fields(body, COMPACT_FIELDS)
+
+
+def _check_fields(body: dict[str, Any], taken: set[str]) -> None:
+    """The API's ``unknown_parameter`` 400 for the first field of ``body`` not in ``taken``."""
     for key in body:
-        if key not in COMPACT_FIELDS:
+        if key not in taken:
             raise _Rejected(400, f"Unknown parameter: '{key}'.", key, "unknown_parameter")
 
 

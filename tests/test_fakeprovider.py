@@ -13,8 +13,16 @@ import anthropic
 import httpx
 import openai
 import pytest
+from openai.types.responses.input_token_count_params import InputTokenCountParams
 
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, ToolCall, estimate_tokens
+from tests.fakeprovider import (
+    DEFAULT_TEXT,
+    INPUT_TOKENS_FIELDS,
+    FakeProvider,
+    Reply,
+    ToolCall,
+    estimate_tokens,
+)
 
 USER = [{"role": "user", "content": "hello there"}]
 WEATHER = [("get_weather", {"city": "Oslo"}), ("get_time", {"tz": "CET"}), ("noop", {})]
@@ -266,6 +274,27 @@ def test_responses_compact_refuses_what_the_api_refuses(fp, oai):
     fp.enqueue(Reply(status=429, error_body="slow down"))
     with pytest.raises(openai.RateLimitError, match="slow down"):
         oai.responses.compact(model="gpt-5", input="hi")
+
+
+def test_responses_input_tokens(fp, oai):
+    """``POST /v1/responses/input_tokens`` as the openai SDK's ``responses.input_tokens.count``
+    reads it: the fake's count of what ``/v1/responses`` would bill; a field the endpoint does
+    not take (the SDK's InputTokenCountParams are the list) is the API's unknown_parameter."""
+    assert set(InputTokenCountParams.__annotations__) == INPUT_TOKENS_FIELDS
+    tools = [{"type": "function", "name": "ls", "parameters": {"type": "object"}}]
+    r = oai.responses.input_tokens.count(
+        model="gpt-5", instructions="be brief", input="list the files", tools=tools
+    )
+    assert r.object == "response.input_tokens"
+    assert r.input_tokens == estimate_tokens(tools) + estimate_tokens(
+        ["be brief", "list the files"]
+    )
+    assert fp.last.path == "/v1/responses/input_tokens" and fp.last.dialect == "responses"
+    for extra in ({"max_output_tokens": 10}, {"stream": True}, {"store": False}):
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.responses.input_tokens.count(model="gpt-5", input="hi", extra_body=extra)
+        assert e.value.body["code"] == "unknown_parameter"
+        assert e.value.body["param"] == next(iter(extra))
 
 
 def test_responses_refuses_a_call_that_no_later_item_answers(fp, oai):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai.types.responses.input_token_count_params import InputTokenCountParams
+from openai.types.responses.input_token_count_response import InputTokenCountResponse
+
 from skillstate.dialects.responses import RESPONSES
 from skillstate.dialects.responses.translate import responses_request_to_chat
 from skillstate.engine.context import STATE_MARK, build_compact
@@ -90,3 +93,13 @@ def test_request_translation_keeps_images_tool_choice_and_format() -> None:
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
     assert chat["response_format"]["json_schema"]["name"] == "x"
     assert chat["reasoning_effort"] == "low" and chat["max_completion_tokens"] == 9
+
+
+def test_input_tokens_sends_the_fields_the_sdk_lists() -> None:
+    """What a native count sends of a request: the openai SDK's InputTokenCountParams (the
+    endpoint refuses any other field), and its answer's shape (InputTokenCountResponse)."""
+    counting = RESPONSES.token_count
+    assert counting is not None and counting.path == "/responses/input_tokens"
+    assert counting.fields == set(InputTokenCountParams.__annotations__)
+    answer = InputTokenCountResponse.model_validate(counting.answer(12))
+    assert answer.object == "response.input_tokens" and answer.input_tokens == 12

@@ -23,6 +23,7 @@ from tests.helpers import SESSION_HEADER
 OAI = "/v1/chat/completions"
 ANT = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
+INPUT_TOKENS = "/v1/responses/input_tokens"
 JSON_CT = {"content-type": "application/json"}
 OK_MSGS = [{"role": "user", "content": "hi"}]
 
@@ -103,6 +104,25 @@ def _openai_cases() -> list[Case]:
         oai("oai-foreign-host", m, None, host="evil.example"),
         oai("oai-foreign-origin", m, None, origin="https://evil.example"),
         Case("oai-get", "GET", OAI, None, {}, 405),
+        *_input_tokens_cases(),
+    ]
+
+
+def _input_tokens_cases() -> list[Case]:
+    def count(name: str, body: Any, status: int | None = 400, **headers: str) -> Case:
+        raw = body if isinstance(body, bytes) else j(body)
+        return Case(name, "POST", INPUT_TOKENS, raw, {**JSON_CT, **headers}, status)
+
+    return [
+        count("itok-not-json", b"{nope"),
+        count("itok-no-model", {"input": "hi"}),
+        count("itok-no-input", {"model": "m"}),
+        count("itok-item-bad-role", {"model": "m", "input": [{"role": "x", "content": "y"}]}),
+        count("itok-deep", {"model": "m", "input": nested(300)}),
+        count("itok-unknown-previous", {"model": "m", "previous_response_id": "resp_x"}, 404),
+        count("itok-bad-session", {"model": "m", "input": "hi"}, 400, **{SESSION_HEADER: "a b"}),
+        count("itok-text-plain", {"model": "m", "input": "hi"}, 415, **{"content-type": "x/y"}),
+        Case("itok-get", "GET", INPUT_TOKENS, None, {}, 405),
     ]
 
 

@@ -17,6 +17,8 @@ ENDPOINTS = (
   POST /v1/chat/completions   OpenAI chat completions (JSON and SSE, tools)
   POST /v1/messages           Anthropic Messages (JSON and SSE, tools)
   POST /v1/messages/count_tokens   tokens the turn would send upstream
+  POST /v1/responses          OpenAI Responses API (JSON and SSE, tools, stored responses)
+  POST /v1/responses/input_tokens  tokens the Responses turn would send upstream
   GET  /v1/models[/ID]        the upstream's models, in the client's format
   GET  /health                upstream circuits, limits, store
   GET  /state[?session=ID[&history=1]]   list sessions, or one session's state

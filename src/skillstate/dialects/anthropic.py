@@ -19,7 +19,7 @@ from ..engine.stripper import (
 )
 from ..errors import ProxyError
 from . import models, sse
-from .base import JSON, Event, StreamRelay, content_chars, json_error_object
+from .base import JSON, Event, StreamRelay, TokenCount, content_chars, json_error_object
 from .capture import RelayCapture
 from .checks import bad_request as _bad
 from .checks import check_bounds
@@ -683,6 +683,16 @@ class AnthropicEventStripper:
 
 # -- the dialect ------------------------------------------------------------------------------
 
+# The fields Anthropic's count_tokens accepts; it rejects others (max_tokens, stream, ...).
+# context_management (beta): the count is after its edits, and the answer reports the count
+# before them (``context_management.original_input_tokens``).
+COUNT_TOKENS_FIELDS = frozenset(
+    {
+        "model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers",
+        "context_management",
+    }
+)  # fmt: skip
+
 
 class AnthropicDialect:
     """Anthropic Messages (``POST /v1/messages``)."""
@@ -690,7 +700,7 @@ class AnthropicDialect:
     name = NAME
     client_path = "/messages"
     upstream_path = "/messages"
-    count_tokens_path: str | None = "/messages/count_tokens"
+    token_count: TokenCount | None = TokenCount("/messages/count_tokens", COUNT_TOKENS_FIELDS)
     marker_header: str | None = "anthropic-version"  # the Anthropic SDK always sends it
     transcript = ("messages", "text")
     context: DialectContext = AnthropicContext()

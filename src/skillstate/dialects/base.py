@@ -95,7 +95,7 @@ class Dialect(Protocol):
     name: str  # the registry key, the config's upstream ``kind`` and the stored label
     client_path: str  # where clients POST a turn (served with and without ``/v1``)
     upstream_path: str  # where a turn is POSTed, under the upstream's base URL
-    count_tokens_path: str | None  # a native token-counting endpoint, if the format has one
+    token_count: TokenCount | None  # the format's token-counting endpoint, if it has one
     # A request header only this format's SDKs send, which tells its clients apart on the
     # routes the formats share (GET /v1/models); None for the default format.
     marker_header: str | None
@@ -195,6 +195,23 @@ class Dialect(Protocol):
         and user content of at least ``min_chars`` characters each replaced by ``stand_in``
         of the original; ids and roles kept. ``msg`` itself when nothing is masked."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCount:
+    """A format's token-counting endpoint (``/messages/count_tokens``,
+    ``/responses/input_tokens``): served to its clients under that path (with and without
+    ``/v1``), and called at an upstream of its kind."""
+
+    path: str  # under the upstream's base URL; the client route too
+    fields: frozenset[str]  # the request members it takes (the API refuses others)
+    reply_object: str | None = None  # its answer's ``object`` member, when it has one
+
+    def answer(self, input_tokens: int) -> JSON:
+        """The endpoint's answer for a count of ``input_tokens``."""
+        if self.reply_object is None:
+            return {"input_tokens": input_tokens}
+        return {"object": self.reply_object, "input_tokens": input_tokens}
 
 
 @dataclass(frozen=True, slots=True)

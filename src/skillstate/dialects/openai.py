@@ -27,7 +27,7 @@ from ..engine.stripper import (
 )
 from ..errors import ProxyError
 from . import models, sse
-from .base import JSON, Event, StreamRelay, content_chars, json_error_object
+from .base import JSON, Event, StreamRelay, TokenCount, content_chars, json_error_object
 from .capture import RelayCapture
 from .checks import bad_request as _bad
 from .checks import check_bounds, json_type
@@ -571,7 +571,7 @@ class OpenAIDialect:
     name = NAME
     client_path = "/chat/completions"
     upstream_path = "/chat/completions"
-    count_tokens_path: str | None = None
+    token_count: TokenCount | None = None
     marker_header: str | None = None  # the default on shared routes
     transcript = ("messages", "text")
     context: DialectContext = OpenAIContext()

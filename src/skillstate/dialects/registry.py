@@ -89,7 +89,7 @@ def dialect_for_path(path: str) -> str | None:
     path = path.rstrip("/")
     path = path[3:] if path.startswith("/v1/") else path
     for d in DIALECTS.values():
-        if path == d.count_tokens_path:
+        if d.token_count is not None and path == d.token_count.path:
             return d.name
     for d in DIALECTS.values():
         if path == d.client_path or path.startswith(d.client_path + "/"):

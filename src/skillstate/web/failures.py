@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -31,7 +32,16 @@ async def not_found(request: Request, exc: Exception) -> Response:
         if status == 404
         else f"method {request.method} not allowed on {request.url.path}"
     )
-    return error_response(ProxyError(kind, msg, status=status), dialect_of(request))
+    # A 405 names the methods the route takes (``Allow``), as Starlette's own does.
+    sent = getattr(exc, "headers", None) or {}
+    allow = {k.lower(): v for k, v in sent.items() if k.lower() == "allow"}
+    return error_response(ProxyError(kind, msg, status=status), dialect_of(request), allow)
+
+
+async def post_only(request: Request) -> Response:
+    """A POST-only path that a GET or DELETE route beside it would take otherwise
+    (``/v1/responses/input_tokens`` is no response id): the 405 a POST-only route answers."""
+    raise HTTPException(405, headers={"allow": "POST"})
 
 
 async def crashed(request: Request, exc: Exception) -> Response:

@@ -1,5 +1,6 @@
 """The Responses API routes: ``POST /v1/responses`` (a turn, with ``previous_response_id``
-chains and ``store`` kept by the proxy, for every upstream kind) and
+chains and ``store`` kept by the proxy, for every upstream kind),
+``POST /v1/responses/input_tokens`` (what that turn would send, counted) and
 ``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``.
 
 A Responses turn runs through the shared turn handler (``web.turns``) with ``ResponsesTurn``
@@ -40,12 +41,14 @@ from ..turn.stored import StoredLink, response_of
 from ..turn.types import Reply, StreamReply, Turn
 from ..upstream.client import UpstreamPool, UpstreamRuntime
 from .compaction import Run, plan, restore
+from .counting import count_tokens
 from .runtime import Runtime, runtime
-from .turns import parse_turn
+from .turns import parse_turn, single_header
 from .wire import error_response
 
 DIALECT = RESPONSES.name
 JSON = dict[str, Any]
+INPUT_TOKENS_ROUTE = "/v1/responses/input_tokens"  # the metrics' route label
 
 
 MAX_CHAIN = 10_000  # responses followed back from a previous_response_id
@@ -134,10 +137,8 @@ class ResponsesTurn:
         )
         prev_id = turn.body.get("previous_response_id")
         own_items = input_items(turn.body.get("input"))
-        _, self.dropped = split_tools(turn.body.get("tools"))
+        self.dropped = _hosted_tools(rt, turn)
         self.dropped_items = untranslated_items(own_items)
-        if self.dropped and rt.settings.unsupported_tools == "reject":
-            _reject_unsupported(rt.pool.candidates(turn.model), turn.body)
         caller = principal_of(request.scope)
         turn = await _with_chain(rt.store, turn, header, caller)
         turn = await restore(rt, turn, caller, adopt=header is None and prev_id is None)
@@ -175,16 +176,49 @@ class ResponsesTurn:
         return result
 
 
+async def responses_input_tokens(request: Request) -> Response:
+    """``POST /v1/responses/input_tokens``: the tokens this request would send upstream as
+    a turn (``web.counting``), its chain rebuilt from ``previous_response_id`` and its
+    compaction items restored as the turn route does; checked as a turn is. Nothing is
+    committed, stored, metered or rate-limited."""
+    rt = runtime(request)
+    tel = rt.telemetry.turn(INPUT_TOKENS_ROUTE, DIALECT)
+    shown: dict[str, str] = {}
+    try:
+        header = single_header(request, SESSION_HEADER)
+        if header is not None:
+            shown[SESSION_HEADER] = resolve_session_id(header)
+        turn = await parse_turn(request, rt.settings, DIALECT, RESPONSES.validate, session="")
+        _hosted_tools(rt, turn)
+        caller = principal_of(request.scope)
+        adopt = header is None and turn.body.get("previous_response_id") is None
+        turn = await _with_chain(rt.store, turn, header, caller)
+        turn = await restore(rt, turn, caller, adopt=adopt)
+        shown[SESSION_HEADER] = turn.shown_session
+        tel.begin(turn)
+        result = await count_tokens(rt.pipeline.planner, rt.sessions, rt.pool, turn)
+    except ProxyError as e:
+        response = error_response(e, DIALECT, shown)
+        tel.finished(response.status_code)
+        return response
+    tel.finished(result.status)
+    return Response(result.body, status_code=result.status, headers=result.headers)
+
+
 def compact_hooks() -> ResponsesTurn:
     """The hooks of ``POST /v1/responses/compact``: the request's transcript compacted into
     the session's state, answered with its user messages and one ``compaction`` item."""
     return ResponsesTurn(endpoint=True)
 
 
-def _reject_unsupported(candidates: list[UpstreamRuntime], body: JSON) -> None:
-    """``unsupported_tools: reject``: a 400 when an upstream of another kind may serve."""
-    if any(up.kind != DIALECT for up in candidates):
-        reject_unsupported_tools(body)
+def _hosted_tools(rt: Runtime, turn: Turn) -> list[str]:
+    """The request's hosted tools, which only a Responses upstream takes; under
+    ``unsupported_tools: reject``, a 400 when an upstream of another kind may serve it."""
+    _, hosted = split_tools(turn.body.get("tools"))
+    reject = hosted and rt.settings.unsupported_tools == "reject"
+    if reject and any(up.kind != DIALECT for up in rt.pool.candidates(turn.model)):
+        reject_unsupported_tools(turn.body)
+    return hosted
 
 
 def _say_dropped(

@@ -7,9 +7,16 @@ from starlette.routing import Route
 from ..dialects.registry import DIALECTS
 from ..ui import ui_routes
 from .adminkeys import admin_key, admin_keys
+from .failures import post_only
 from .info import cost, health, metrics, models
 from .responses import DIALECT as RESPONSES
-from .responses import ResponsesTurn, compact_hooks, response_input_items, response_item
+from .responses import (
+    ResponsesTurn,
+    compact_hooks,
+    response_input_items,
+    response_item,
+    responses_input_tokens,
+)
 from .state import state
 from .turns import messages_count_tokens, turn_endpoint
 
@@ -40,6 +47,9 @@ ROUTES = [
         for prefix in ("/v1", "")
         for route in (
             Route(prefix + "/responses/compact", _COMPACT, methods=["POST"]),
+            # Before /responses/{response_id}, which would take the path as a response id.
+            Route(prefix + "/responses/input_tokens", responses_input_tokens, methods=["POST"]),
+            Route(prefix + "/responses/input_tokens", post_only, methods=["GET", "DELETE"]),
             Route(prefix + "/responses/{response_id}", response_item, methods=["GET", "DELETE"]),
             Route(prefix + "/responses/{response_id}/input_items", response_input_items),
         )

@@ -14,7 +14,7 @@ from ...engine.context import DialectContext, Split, correction_text, observatio
 from ...engine.stripper import NOTHING, Known, Stripped, strip_request_transcript, strip_texts
 from ...errors import ProxyError
 from .. import models
-from ..base import JSON, StreamRelay, content_chars
+from ..base import JSON, StreamRelay, TokenCount, content_chars
 from ..openai import OPENAI, usage_from_openai
 from .items import call_chars, in_model_turn, is_call_output, is_client_call
 from .items import item_type as _type
@@ -181,13 +181,27 @@ def strip_response(resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
     return clean, summary
 
 
+# What ``POST /responses/input_tokens`` takes (the openai SDK's InputTokenCountParams, 3.57):
+# the request as ``/responses`` would get it, less what does not change the input's count
+# (``max_output_tokens``, ``stream``, ``store``, ``metadata``, ...).
+INPUT_TOKENS_FIELDS = frozenset(
+    {
+        "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+        "reasoning", "text", "truncation", "conversation", "previous_response_id",
+        "personality",
+    }
+)  # fmt: skip
+
+
 class ResponsesDialect:
     """The OpenAI Responses API (``POST /v1/responses``)."""
 
     name = NAME
     client_path = "/responses"
     upstream_path = "/responses"
-    count_tokens_path: str | None = None
+    token_count: TokenCount | None = TokenCount(
+        "/responses/input_tokens", INPUT_TOKENS_FIELDS, "response.input_tokens"
+    )
     marker_header: str | None = None  # its clients are told apart by the path alone
     transcript = ("input", "output_text")
     context: DialectContext = ResponsesContext()
