@@ -80,6 +80,14 @@ USAGE_KEYS = {
 }
 COMPACT_PATH = "/v1/responses/compact"
 INPUT_TOKENS_PATH = "/v1/responses/input_tokens"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+# How a compatible server without the counting routes answers them (vLLM, a FastAPI app):
+# a 405 where another method's route matches the path (its GET /v1/responses/{id}), else
+# the bare 404.
+NO_COUNT_ROUTES = {
+    INPUT_TOKENS_PATH: (405, b'{"detail":"Method Not Allowed"}'),
+    COUNT_TOKENS_PATH: (404, b'{"detail":"Not Found"}'),
+}
 # What ``POST /v1/responses/input_tokens`` takes (the openai SDK's InputTokenCountParams,
 # 3.57); any other field is the API's "Unknown parameter" 400 (max_output_tokens, stream...).
 INPUT_TOKENS_FIELDS = {
@@ -266,6 +274,9 @@ class FakeProvider:
         # A gateway that takes ``stream: true`` and answers the whole reply as JSON
         # (application/json), as it would without the field.
         self.stream_as_json = False
+        # A fixed answer (status, JSON or raw bytes) per counting path, instead of the
+        # count: a server without the route (NO_COUNT_ROUTES), a provider's error.
+        self.count_answers: dict[str, tuple[int, Any]] = {}
         self.models = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "claude-haiku-4-5"]
         self.responder: Callable[[RecordedRequest], Reply | str | None] | None = None
         self.models_body: bytes | None = None  # a raw /v1/models answer instead of the list
@@ -438,7 +449,9 @@ class FakeProvider:
                     err = _Rejected(404, f"model {request.match_info['model_id']} not found")
                     return await self._send(request, rec, Reply(), 404, _error(anthropic, err))
                 return await self._send(request, rec, Reply(), 200, found[0])
-            if request.path == "/v1/messages/count_tokens":
+            if request.path in self.count_answers:
+                return await self._send(request, rec, Reply(), *self.count_answers[request.path])
+            if request.path == COUNT_TOKENS_PATH:
                 return await self._send(request, rec, Reply(), 200, self._count(rec.json))
             if request.path == INPUT_TOKENS_PATH:
                 counted = {

@@ -20,9 +20,15 @@ from tests.conftest import StartProxy
 from tests.e2e.test_e2e_responses import TOOLS, start
 from tests.e2e.test_e2e_window import TOOL, Client, Model, asks_checkpoint
 from tests.e2e.test_e2e_window import start as start_window
-from tests.fakeprovider import INPUT_TOKENS_PATH, FakeProvider, RecordedRequest, Reply
+from tests.fakeprovider import (
+    INPUT_TOKENS_PATH,
+    NO_COUNT_ROUTES,
+    FakeProvider,
+    RecordedRequest,
+    Reply,
+)
 from tests.fakeprovider import prompt_tokens as fake_tokens
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, ant, envelope
 from tests.helpers import oai as client
 
 KINDS = ["openai-responses", "openai", "anthropic"]
@@ -245,3 +251,46 @@ def test_the_route_with_and_without_v1_and_other_methods(
     stored = client(p).responses.create(model="m", input="keep")
     assert client(p).responses.retrieve(stored.id).output_text == "Stored."
     assert httpx.codes.is_success(p.http.get(f"{p.v1}/responses/{stored.id}").status_code)
+
+
+@pytest.mark.parametrize("kind", ["openai-responses", "anthropic"])
+def test_an_upstream_without_the_counting_route_is_estimated(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str
+) -> None:
+    """A compatible server that serves the turns but not the counting route (vLLM answers
+    ``/v1/responses/input_tokens`` with a 405, a FastAPI app a missing route with its bare
+    404): the client gets the proxy's estimate, said so, not the server's routing error."""
+    fake.count_answers = NO_COUNT_ROUTES
+    p = start(fake, start_proxy, kind, "--mode", "passthrough")
+    sent = {"instructions": "Be brief.", "input": "What is the weather in Lyon?"}
+    raw = client(p).responses.input_tokens.with_raw_response.count(
+        model="m-1", tools=TOOLS, extra_headers={SESSION_HEADER: "no-route"}, **sent
+    )
+    assert [r.status for r in fake.requests] == [405 if kind == "openai-responses" else 404]
+    assert raw.headers["x-skillstate-token-count"] == "estimate"
+    assert raw.parse().input_tokens == request_tokens({**sent, "tools": TOOLS})
+
+
+def test_a_messages_count_at_an_upstream_without_the_route_is_estimated(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    fake.count_answers = NO_COUNT_ROUTES
+    p = start(fake, start_proxy, "anthropic", "--mode", "passthrough")
+    messages = [{"role": "user", "content": "What is the weather in Lyon?"}]
+    raw = ant(p).messages.with_raw_response.count_tokens(
+        model="m-1", messages=messages, system="Be brief."
+    )
+    assert [r.status for r in fake.requests] == [404]
+    assert raw.headers["x-skillstate-token-count"] == "estimate"
+    assert raw.parse().input_tokens == request_tokens({"system": "Be brief.", "messages": messages})
+
+
+def test_a_providers_own_404_is_relayed_not_estimated(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """An unknown model is the provider's answer, not a missing route: the client sees it."""
+    p = start(fake, start_proxy, "anthropic", "--mode", "passthrough")
+    fake_error = {"type": "error", "error": {"type": "not_found_error", "message": "model: m-9"}}
+    fake.count_answers = {COUNTED_AT["anthropic"]: (404, fake_error)}
+    with pytest.raises(openai.NotFoundError, match="model: m-9"):
+        client(p).responses.input_tokens.count(model="m-9", input="hi")

@@ -47,7 +47,9 @@ async def count_tokens(
     assert ours is not None  # only the formats that have the endpoint route here
     counters = _counters(pool, turn)
     if counters:
-        return await _count_upstream(pool, turn, body, counters, headers)
+        counted_there = await _count_upstream(pool, turn, body, counters, headers)
+        if counted_there is not None:
+            return counted_there
     headers["x-skillstate-token-count"] = "estimate"
     counted: dict[str, Any] = ours.answer(request_tokens(body))
     if original is not None:
@@ -75,9 +77,10 @@ async def _count_upstream(
     body: dict[str, Any],
     counters: list[UpstreamRuntime],
     headers: dict[str, str],
-) -> Reply:
+) -> Reply | None:
     """``body`` counted at the upstreams' own endpoint, with only the fields it takes (a
-    request of another format translated first), answered in the client's format."""
+    request of another format translated first), answered in the client's format. None
+    when the upstream has no such endpoint (``_no_endpoint``): the caller estimates."""
     kind = counters[0].kind
     theirs: TokenCount | None = counters[0].dialect.token_count
     assert theirs is not None
@@ -86,6 +89,8 @@ async def _count_upstream(
     ex = await pool.fetch(theirs.path, turn.headers, post=payload, upstreams=counters)
     raw = await ex.read()
     ex.release()
+    if _no_endpoint(ex.status, raw):
+        return None
     headers.update(ex.relay_headers())
     if ex.status >= 400:
         return Reply(*error_reply(raw, ex.status, kind, turn.dialect), headers)
@@ -107,3 +112,14 @@ def _input_tokens(raw: bytes, upstream: str) -> int:
             "upstream_unreachable", f"upstream {upstream} answered a count without input_tokens"
         )
     return found
+
+
+def _no_endpoint(status: int, raw: bytes) -> bool:
+    """Whether an upstream's answer says it has no counting endpoint, rather than refusing
+    the request: a 405 or 501, or the bare 404 of a FastAPI server (vLLM, SGLang and LiteLLM
+    serve the chat and Responses APIs without every counting route; vLLM's 405 comes from
+    its ``GET /v1/responses/{id}``). A provider's own 404 (an unknown model) names its
+    error, and is relayed."""
+    if status in (405, 501):
+        return True
+    return status == 404 and raw.strip() == b'{"detail":"Not Found"}'
