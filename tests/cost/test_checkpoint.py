@@ -95,3 +95,42 @@ def test_openai_and_anthropic_rewrite_costs_differ() -> None:
     assert a.checkpoint_usd is not None and o.checkpoint_usd is not None
     # anthropic rewrites state + kept at write (1.25x) less read; openai at input less read
     assert a.checkpoint_usd > o.checkpoint_usd
+
+
+def steady_interval(growth: float = 700.0) -> float:
+    """T* of the module docstring for sizes(), under OPENAI at SONNET's prices: the steady
+    checkpoint (envelope 130 at output, instruction 80 at input, the state and ``keep`` mean
+    exchanges rewritten at input less read) against carrying at the read price."""
+    steady = 130 * 15.0 + 80 * 3.0 + (300 + 3 * growth) * (3.0 - 0.3)
+    return float((2 * steady / (0.3 * growth)) ** 0.5)
+
+
+def timed(kept: tuple[int, ...], leaving: int):  # type: ignore[no-untyped-def]
+    s = sizes(
+        window=sum(kept) + leaving, kept=sum(kept), kept_exchanges=kept, exchanges=12, turns=30
+    )
+    return decide(s, OPENAI)
+
+
+def test_with_exchanges_of_one_size_it_checkpoints_at_the_steady_interval() -> None:
+    # leaving >= g T*: the rule without the kept exchanges' sizes
+    edge = 700 * steady_interval()
+    assert timed((700, 700, 700), int(edge) + 1).checkpoint
+    assert not timed((700, 700, 700), int(edge) - 1).checkpoint
+    # unmeasured kept exchanges are taken as equal
+    s = sizes(window=2_100 + int(edge) + 1, kept=2_100, exchanges=12, turns=30)
+    assert decide(s, OPENAI).checkpoint
+
+
+def test_a_checkpoint_waits_while_a_large_kept_exchange_is_about_to_leave() -> None:
+    # Past the steady interval either way, with the same kept total: a checkpoint now
+    # rewrites the 1,500-token exchange (input less read: 2.7 a token), one a turn later
+    # drops it instead, for one more turn of carrying what leaves (0.3 a token).
+    leaving = int(700 * steady_interval()) + 240
+    soon = timed((1_500, 300, 300), leaving)
+    assert not soon.checkpoint and soon.reason == "wait"
+    # the same exchange kept as the newest would be rewritten whenever the window
+    # checkpoints within the next three turns: no later turn is cheaper
+    late = timed((300, 300, 1_500), leaving)
+    assert late.checkpoint and late.reason == "bill"
+    assert soon.checkpoint_usd == late.checkpoint_usd  # the same checkpoint, timed apart

@@ -15,6 +15,7 @@ from skillstate.engine.window import (
     WindowMark,
     build_window,
     exchange_starts,
+    kept_exchanges,
     kept_start,
     plan_window,
     transcript_digest,
@@ -342,3 +343,11 @@ def test_the_digest_reads_content_as_one_text_only_on_messages_and_parts() -> No
     assert transcript_digest([{"role": "user", "content": [result]}], 1) == transcript_digest(
         [{"role": "user", "content": [bare]}], 1
     )
+
+
+def test_kept_exchanges_are_the_ranges_from_kept_start_oldest_first() -> None:
+    d = get_dialect("openai").context
+    msgs = transcript("openai", 5)  # system, task, then 5 rounds of 2 messages
+    assert kept_exchanges(msgs, d, 2, 3) == [(6, 8), (8, 10), (10, 12)]
+    assert kept_exchanges(msgs, d, 2, 1) == [(10, 12)]
+    assert kept_exchanges(msgs, d, 8, 3) == [(8, 10), (10, 12)]  # no more than 3: all

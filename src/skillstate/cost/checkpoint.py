@@ -22,10 +22,20 @@ until the next checkpoint.
 * otherwise by bill. A window growing by g tokens a turn, checkpointed every T turns, costs
   C / T + r g T / 2 a turn over what it keeps (checkpoint cost C, carry rate r: the cache
   read price, or the input price where nothing caches the window); that is least at
-  T* = sqrt(2C / (r g)). So the window checkpoints once what would leave it has grown to
-  T* turns' worth (g T*). A session expected to run fewer than T* more turns (as many as it
-  has run, as ``auto`` reckons) checkpoints only when carrying what would leave until its
-  end costs more than one checkpoint.
+  T* = sqrt(2C / (r g)), where it costs L = r g T* a turn. C is the steady checkpoint's:
+  one that keeps ``keep`` exchanges of the mean size g. With exchanges all of one size the
+  window checkpoints once what would leave it has grown to T* turns' worth (g T*).
+  Real exchanges are not of one size (a file read is ten times a ``cd``), and a checkpoint
+  rewrites the ``keep`` exchanges it keeps: one taken while a large exchange is among them
+  pays for it again (at the write or input price, not the read price), one taken a few turns
+  later, once it has moved out of them, drops it. So the turn checkpoints only if no later
+  turn would checkpoint for less: waiting j turns costs, on each of them, the carry of what
+  would leave (r times it) less L (what those turns would cost in the steady rhythm), and
+  then the checkpoint of that turn, whose kept exchanges are the current ones less the j
+  oldest, plus j new ones of the mean size. With exchanges of one size this is the rule
+  above. A session expected to run fewer than T* more turns (as many as it has run, as
+  ``auto`` reckons) checkpoints only when carrying what would leave until its end costs
+  more than one checkpoint.
 
 Prices and cache regimes are ``auto``'s (``skillstate.cost.auto``): USD per million tokens,
 relative rates when the model's prices are unknown.
@@ -64,6 +74,9 @@ class WindowSizes:
     turns: int  # turns of the session so far, this one included
     instruction: int  # the checkpoint instruction
     window_caches: bool  # the provider reads the window from its cache (client breakpoints)
+    # each kept exchange's tokens, oldest first (summing to ``kept``); () when not measured:
+    # ``keep`` exchanges of equal size
+    kept_exchanges: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +131,19 @@ class CheckpointPolicy:
         cached = sizes.window_caches and regime.pricing != "none"
         whole = sizes.prefix + sizes.state + sizes.window  # the cached prefix, up to last turn
         carry_rate = read if cached and whole >= regime.min_tokens else inp
-        rewrite_rate = (write if regime.pricing == "anthropic" else inp) - read
-        rewritten = (sizes.state + sizes.kept) if cached else 0
-        one = (envelope_tokens * out + sizes.instruction * inp + rewritten * rewrite_rate) / 1e6
+        # what rewriting a token costs over reading it (nothing is rewritten uncached)
+        rewrite_rate = ((write if regime.pricing == "anthropic" else inp) - read) if cached else 0
+        fixed = envelope_tokens * out + sizes.instruction * inp + sizes.state * rewrite_rate
+        one = (fixed + sizes.kept * rewrite_rate) / 1e6
         per_turn = leaving * carry_rate / 1e6
         turns = float(max(sizes.turns, 1))
         interval = math.inf
         if sizes.growth > 0 and carry_rate > 0:
-            interval = math.sqrt(2 * one * 1e6 / (carry_rate * sizes.growth))
+            steady = fixed + self.keep * sizes.growth * rewrite_rate  # keeps `keep` mean ones
+            interval = math.sqrt(2 * steady / (carry_rate * sizes.growth))
         if interval <= turns:
-            # The steady rhythm: the window checkpoints once it has grown one best interval
-            # past what it keeps.
-            pays = leaving >= sizes.growth * interval
+            # The steady rhythm, timed by the kept exchanges' sizes.
+            pays = self._cheapest_now(sizes, leaving, carry_rate, rewrite_rate, interval)
             horizon = interval
         else:
             # Fewer turns to come than one interval: only if carrying what would leave for
@@ -138,3 +152,27 @@ class CheckpointPolicy:
             pays = per_turn * horizon > one
         reason = "bill" if pays else "wait"
         return CheckpointDecision(pays, reason, per_turn * horizon, one, horizon)
+
+    def _cheapest_now(
+        self, sizes: WindowSizes, leaving: int, carry: float, rewrite: float, interval: float
+    ) -> bool:
+        """Whether a checkpoint now costs no more than one at any later turn (the module
+        docstring): ``carry`` and ``rewrite`` are the rates (USD per million tokens) of
+        carrying a token one turn and of rewriting a kept one, ``interval`` T*."""
+        even = (sizes.kept / max(self.keep, 1),) * max(self.keep, 1)
+        queue: tuple[float, ...] = tuple(sizes.kept_exchanges) or even
+        steady = carry * sizes.growth * interval  # L: a turn's cost in the steady rhythm
+        out, waited, kept_change = float(leaving), 0.0, 0.0
+        # Past the kept exchanges each turn's carry only grows (by g r), and it passes L
+        # within T* turns: no later turn can be cheaper after that.
+        for j in range(len(queue) + math.ceil(interval) + 1):
+            step = out * carry - steady
+            if j >= len(queue) and step >= 0:
+                break
+            oldest = queue[j] if j < len(queue) else sizes.growth
+            waited += step
+            out += oldest
+            kept_change += sizes.growth - oldest
+            if waited + kept_change * rewrite < 0:
+                return False  # checkpointing j + 1 turns later costs less
+        return True

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -49,6 +50,7 @@ __all__ = [
     "exchange_starts",
     "fold_parts",
     "fold_text",
+    "kept_exchanges",
     "kept_start",
     "plan_window",
     "transcript_digest",
@@ -227,6 +229,17 @@ def kept_start(
             break
         fits = end = s
     return fits
+
+
+def kept_exchanges(
+    messages: Sequence[Any], d: DialectContext, lo: int, keep: int
+) -> list[tuple[int, int]]:
+    """The ``[start, end)`` ranges of the exchanges a checkpoint keeps (from
+    :func:`kept_start` to the transcript's end), oldest first."""
+    start = kept_start(messages, d, lo, keep)
+    cuts = [k for k in exchange_starts(messages, d, start) if k > start]
+    bounds = [start, *cuts, len(messages)]
+    return list(pairwise(bounds))
 
 
 def fold_parts(

@@ -33,6 +33,7 @@ from ..engine.window import (
     build_window,
     checkpoint_text,
     fold_parts,
+    kept_exchanges,
     kept_start,
     plan_window,
     window_contract_text,
@@ -260,8 +261,9 @@ class WindowKeeper:
             plan.split.task + 1
         )  # fmt: skip
         window_tokens = estimate_tokens(messages[first:])
-        kept = estimate_tokens(
-            messages[max(first, kept_start(messages, adapter, first, self.keep)) :]
+        kept = tuple(
+            estimate_tokens(messages[a:b])
+            for a, b in kept_exchanges(messages, adapter, first, self.keep)
         )
         state_tokens = estimate_tokens(context.state_text(state))
         total = estimate_tokens([window.get("system"), window.get(adapter.transcript_key)])
@@ -270,10 +272,11 @@ class WindowKeeper:
             prefix=max(total - window_tokens - state_tokens, 0),
             state=state_tokens,
             window=window_tokens,
-            kept=kept,
+            kept=sum(kept),
             exchanges=plan.exchanges,
             growth=window_tokens / max(plan.exchanges, 1),
             turns=turns,
             instruction=estimate_tokens(checkpoint_text()),
             window_caches=window_caches,
+            kept_exchanges=kept,
         )
