@@ -22,6 +22,7 @@ from tests.agents.conftest import Agents, run_program
 from tests.agents.test_codex import codex_home
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply, ToolCall
+from tests.helpers import envelope
 
 FILES = 8
 PROMPT = "Read the eight part files in order, then tell me the code in part 5."
@@ -37,10 +38,6 @@ def part(i: int) -> str:
 
 def asks_checkpoint(req: RecordedRequest) -> bool:
     return CHECKPOINT_MARK in json.dumps(req.json["input"][-1])
-
-
-def envelope(patch: dict[str, Any]) -> str:
-    return f"```json\n{json.dumps({'state_patch': patch, 'action': 'continue'})}\n```"
 
 
 def outputs(items: list[Any]) -> list[dict[str, Any]]:
@@ -61,7 +58,7 @@ class Model:
         tail = ""
         if asks_checkpoint(req):
             self.checkpoints += 1
-            tail = envelope({"parts_read": max(done, default=-1) + 1})
+            tail = envelope({"parts_read": max(done, default=-1) + 1}, "continue", "").strip()
         latest = outputs(items[-2:])  # the newest item (before a checkpoint's instruction)
         step = (max(done) + 1) if done and latest else 0
         if step < FILES:
