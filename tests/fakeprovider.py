@@ -177,6 +177,10 @@ class ToolCall:
     name: str
     arguments: dict[str, Any] | str = field(default_factory=dict)  # str: sent verbatim
     id: str | None = None  # generated ("call_…" / "toolu_…") when None
+    # A custom tool's call (free text, ``arguments`` its input): chat completions sends it as
+    # ``{"type": "custom", "custom": {"name", "input"}}``, Responses as a custom_tool_call
+    # item; Anthropic has no such call (a reply scripting one there is a test's mistake).
+    custom: bool = False
 
     @property
     def arguments_json(self) -> str:
@@ -637,7 +641,7 @@ class FakeProvider:
         text, calls, completion, truncated = self._content(
             req, reply, ("max_completion_tokens", "max_tokens")
         )
-        calls = [ToolCall(c.name, c.arguments, c.id or _rid("call_")) for c in calls]
+        calls = [ToolCall(c.name, c.arguments, c.id or _rid("call_"), c.custom) for c in calls]
         finish = reply.finish_reason or ("tool_calls" if calls else "stop")
         finish = "length" if truncated else _OPENAI_FINISH.get(finish, finish)
         u = reply.usage
@@ -667,7 +671,9 @@ class FakeProvider:
             "system_fingerprint": SYSTEM_FINGERPRINT,
         }
         wire_calls = [
-            {
+            {"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.arguments_json}}
+            if c.custom
+            else {
                 "id": c.id,
                 "type": "function",
                 "function": {"name": c.name, "arguments": c.arguments_json},
@@ -698,13 +704,19 @@ class FakeProvider:
             out.append(chunk({"role": "assistant", "content": "", "refusal": None}))
             out += [chunk({"content": p}) for p in _pieces(text)]
         for i, c in enumerate(wire_calls):
-            head = {"index": i, **c, "function": {"name": c["function"]["name"], "arguments": ""}}
+            # A custom call streams as a function call does, under "custom" with its "input"
+            # (openai-python #2530 and openai-openapi #576: the chunk schema has no custom
+            # member yet; the API sends {"index", "id", "type": "custom", "custom": {"name",
+            # "input"}}, then {"index", "custom": {"input": piece}}).
+            kind = c["type"]
+            said = "input" if kind == "custom" else "arguments"
+            head = {"index": i, **c, kind: {"name": c[kind]["name"], said: ""}}
             delta: dict[str, Any] = {"tool_calls": [head]}
             if not out:  # a tool-call-only reply: OpenAI merges the role into the first call
                 delta = {"role": "assistant", "content": None, **delta, "refusal": None}
             out.append(chunk(delta))
-            for p in _pieces(c["function"]["arguments"]):
-                out.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}))
+            for p in _pieces(c[kind][said]):
+                out.append(chunk({"tool_calls": [{"index": i, kind: {said: p}}]}))
         out.append(chunk({}, finish))
         if include_usage:
             out.append({**base, "choices": [], "usage": usage})
@@ -731,6 +743,8 @@ class FakeProvider:
             blocks.append({"type": "text", "text": text})
         raw_args: list[str] = [""] * len(blocks)  # the input JSON as streamed, per block
         for c in calls:
+            if c.custom:
+                raise ValueError(f"a custom tool call ({c.name}) has no Anthropic form")
             try:
                 args = json.loads(c.arguments_json)
             except ValueError:
@@ -824,6 +838,9 @@ class FakeProvider:
             )  # fmt: skip
         for c in calls:
             output.append(
+                {"id": _rid("ctc_", 32), "type": "custom_tool_call", "status": "completed",
+                 "call_id": c.id or _rid("call_"), "name": c.name, "input": c.arguments_json}
+                if c.custom else
                 {"id": _rid("fc_", 32), "type": "function_call", "status": "completed",
                  "call_id": c.id or _rid("call_"), "name": c.name, "arguments": c.arguments_json}
             )  # fmt: skip
@@ -1138,6 +1155,7 @@ def _check_openai(body: dict[str, Any]) -> None:
             "messages",
             "empty_array",
         )
+    _check_openai_tools(body.get("tools"))
     roles = ("system", "developer", "user", "assistant", "tool", "function")
     open_ids: set[str] = set()  # ids the current run of tool messages may answer
     pending: dict[str, int] = {}  # unanswered tool_call id -> index of its assistant message
@@ -1170,10 +1188,55 @@ def _check_openai(body: dict[str, Any]) -> None:
         _openai_unanswered(pending)
         open_ids = set()
         if role == "assistant" and m.get("tool_calls"):
+            _check_openai_calls(m["tool_calls"], f"messages[{i}].tool_calls")
             ids = [tc.get("id") for tc in m["tool_calls"] if isinstance(tc, dict)]
             open_ids = {x for x in ids if x}
             pending = {x: i for x in open_ids}
     _openai_unanswered(pending)
+
+
+def _missing(param: str) -> _Rejected:
+    return _Rejected(
+        400, f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+    )
+
+
+def _check_openai_tools(tools: Any) -> None:
+    """Function and custom tools' required members. A custom tool's grammar is nested
+    (``format: {"type": "grammar", "grammar": {"definition", "syntax"}}``); the Responses
+    API's flat spelling (``format.definition``) is refused as the API refuses it: "Missing
+    required parameter: 'tools[N].custom.format.grammar'." (llm-rosetta #488, gpt-5.5)."""
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in ("function", "custom"):
+            continue
+        spec = tool.get(kind)
+        if not isinstance(spec, dict):
+            raise _missing(f"tools[{i}].{kind}")
+        if not isinstance(spec.get("name"), str):
+            raise _missing(f"tools[{i}].{kind}.name")
+        fmt = spec.get("format") if kind == "custom" else None
+        if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+            grammar = fmt.get("grammar")
+            if not isinstance(grammar, dict):
+                raise _missing(f"tools[{i}].custom.format.grammar")
+            for key in ("definition", "syntax"):
+                if not isinstance(grammar.get(key), str):
+                    raise _missing(f"tools[{i}].custom.format.grammar.{key}")
+
+
+def _check_openai_calls(calls: Any, path: str) -> None:
+    """An assistant message's tool_calls: each a function (name, arguments) or custom
+    (name, input) call, as ChatCompletionMessage{Function,Custom}ToolCallParam require."""
+    for k, call in enumerate(calls if isinstance(calls, list) else ()):
+        kind = call.get("type") if isinstance(call, dict) else None
+        if kind not in ("function", "custom"):
+            continue
+        said = "input" if kind == "custom" else "arguments"
+        spec = call.get(kind)
+        for key in ("name", said):
+            if not isinstance(spec, dict) or not isinstance(spec.get(key), str):
+                raise _missing(f"{path}[{k}].{kind}.{key}")
 
 
 def _openai_unanswered(pending: dict[str, int]) -> None:

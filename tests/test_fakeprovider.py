@@ -210,6 +210,69 @@ def test_openai_validation(fp, oai):
     assert fp.last.completed
 
 
+PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch\n"
+CUSTOM_TOOL = {
+    "type": "custom",
+    "custom": {
+        "name": "apply_patch",
+        "description": "Edit files.",
+        "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": "start: /.+/"}},
+    },
+}
+
+
+def test_openai_custom_tool_call_json_and_stream(fp, oai):
+    """A scripted custom call as chat completions sends it: in JSON the SDK's
+    ChatCompletionMessageCustomToolCall; streamed, a head piece {"index", "id", "type":
+    "custom", "custom": {"name", "input": ""}} then {"index", "custom": {"input"}} pieces
+    (the SDK's chunk type has no custom member: openai-python #2530)."""
+    call = ToolCall("apply_patch", PATCH, id="call_p", custom=True)
+    fp.enqueue(Reply(tool_calls=[call]))
+    r = oai.chat.completions.create(model="gpt-5", messages=USER, tools=[CUSTOM_TOOL])
+    (tc,) = r.choices[0].message.tool_calls
+    assert tc.type == "custom" and tc.id == "call_p"
+    assert (tc.custom.name, tc.custom.input) == ("apply_patch", PATCH)
+    assert r.choices[0].finish_reason == "tool_calls"
+    fp.enqueue(Reply(tool_calls=[call]))
+    body = {"model": "gpt-5", "messages": USER, "tools": [CUSTOM_TOOL], "stream": True}
+    chunks = [json.loads(d) for d in sse_data(post(fp, "/v1/chat/completions", body).content)[:-1]]
+    pieces = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert pieces[0] == {"index": 0, "id": "call_p", "type": "custom",
+                         "custom": {"name": "apply_patch", "input": ""}}  # fmt: skip
+    assert all(set(p) == {"index", "custom"} and set(p["custom"]) == {"input"} for p in pieces[1:])
+    assert "".join(p["custom"]["input"] for p in pieces) == PATCH
+
+
+def test_openai_refuses_an_unanswered_custom_call_and_a_flat_grammar(fp, oai):
+    call = {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": PATCH}}
+    asked = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    with pytest.raises(openai.BadRequestError, match="did not have response messages: call_p"):
+        oai.chat.completions.create(model="gpt-5", messages=[*asked, *USER])
+    fp.enqueue(Reply(text="done"))
+    answer = {"role": "tool", "tool_call_id": "call_p", "content": "Success."}
+    r = oai.chat.completions.create(model="gpt-5", messages=[*asked, answer], tools=[CUSTOM_TOOL])
+    assert r.choices[0].message.content == "done"
+    # Responses' flat spelling of the grammar is not chat's: the API's 400 names the member.
+    flat = {
+        "type": "custom",
+        "custom": {
+            "name": "apply_patch",
+            "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+        },
+    }
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="gpt-5", messages=USER, tools=[flat])
+    assert e.value.param == "tools[0].custom.format.grammar"
+    no_input = {"id": "call_q", "type": "custom", "custom": {"name": "apply_patch"}}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(
+            model="gpt-5",
+            messages=[*USER, {"role": "assistant", "tool_calls": [no_input]},
+                      {"role": "tool", "tool_call_id": "call_q", "content": "x"}],
+        )  # fmt: skip
+    assert e.value.param == "messages[1].tool_calls[0].custom.input"
+
+
 def test_auth_and_parse_errors(fp):
     r = httpx.post(fp.url + "/v1/chat/completions", json={"model": "m", "messages": USER})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

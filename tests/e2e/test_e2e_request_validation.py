@@ -505,19 +505,22 @@ def test_every_input_item_type_reaches_a_responses_upstream_untouched(
 def test_items_without_a_chat_form_are_named_when_left_out(
     fake: FakeProvider, start_proxy: StartProxy, kind: str
 ) -> None:
-    """A chat (or Anthropic) upstream gets the messages, calls and outputs; the other items
-    have no form there, and the reply names their types instead of leaving them out unsaid."""
+    """A chat (or Anthropic) upstream gets the messages, function calls and outputs (and a
+    chat upstream the custom tool calls and outputs); the other items have no form there, and
+    the reply names their types instead of leaving them out unsaid."""
     p = start(fake, start_proxy, kind)
     fake.enqueue(Reply(text="fine"))
     r = post(p, "/v1/responses", {"model": "m-1", "input": EVERY_ITEM}, "passthrough")
     assert r.status_code == 200, r.text
     named = r.headers["x-skillstate-dropped-items"].split(",")
-    expected = sorted({i.get("type", "message") for i in EVERY_ITEM} - {"message", "function_call",
-                      "function_call_output"})  # fmt: skip
-    assert named == expected
+    sent_types = {"message", "function_call", "function_call_output"}
+    if kind == "openai":
+        sent_types |= {"custom_tool_call", "custom_tool_call_output"}
+    assert named == sorted({i.get("type", "message") for i in EVERY_ITEM} - sent_types)
     (upstream,) = sent(fake)
     text = json.dumps(upstream.json)
-    assert "Fix it" in text and "and now?" in text and "apply_patch" not in text
+    assert "Fix it" in text and "and now?" in text
+    assert ("apply_patch" in text) == (kind == "openai")
 
 
 RESPONSES_BOUNDS: dict[str, tuple[JSON, str]] = {

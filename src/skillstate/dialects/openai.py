@@ -158,13 +158,27 @@ def _validate_message(m: Any, path: str) -> None:
             raise _bad(f"{cpath} must be an object", cpath)
         if not isinstance(call.get("id"), str) or not call["id"]:
             raise _bad(f"{cpath}.id: required, a non-empty string", f"{cpath}.id")
-        fn = call.get("function")
-        if call.get("type", "function") == "function":
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-                raise _bad(f"{cpath}.function.name: required, a non-empty string", cpath)
-            args = fn.get("arguments")
-            if args is not None and not isinstance(args, str):
-                raise _bad(f"{cpath}.function.arguments: must be a string", cpath)
+        ctype = call.get("type", "function")
+        if ctype not in ("function", "custom"):
+            continue  # the upstream's to judge
+        spec = call.get(ctype)
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise _bad(f"{cpath}.{ctype}.name: required, a non-empty string", cpath)
+        said = "arguments" if ctype == "function" else "input"
+        value = spec.get(said)
+        if (value is not None or ctype == "custom") and not isinstance(value, str):
+            raise _bad(f"{cpath}.{ctype}.{said}: must be a string", cpath)
+
+
+def call_chars(call: Any) -> int:
+    """Characters a ``tool_calls`` entry (or a streamed piece of one) says: a function's name
+    and arguments, a custom tool's name and input."""
+    total = 0
+    for kind, said in (("function", "arguments"), ("custom", "input")):
+        spec = call.get(kind) if isinstance(call, dict) else None
+        if isinstance(spec, dict):
+            total += sum(len(spec[k]) for k in ("name", said) if isinstance(spec.get(k), str))
+    return total
 
 
 def _validate_part(part: Any, path: str, allowed: tuple[str, ...]) -> None:
@@ -485,12 +499,7 @@ class OpenAIChunkStripper:
                 continue
             delta = choice.get("delta")
             calls = delta.get("tool_calls") if isinstance(delta, dict) else None
-            for call in calls if isinstance(calls, list) else ():
-                function = call.get("function") if isinstance(call, dict) else None
-                if isinstance(function, dict):
-                    for key in ("name", "arguments"):
-                        if isinstance(function.get(key), str):
-                            total += len(function[key])
+            total += sum(call_chars(call) for call in (calls if isinstance(calls, list) else ()))
         return total
 
     def chunk(self, data: dict[str, Any]) -> dict[str, Any] | None:
@@ -684,14 +693,7 @@ class OpenAIDialect:
         first = choices[0] if isinstance(choices, list) and choices else None
         message = first.get("message") if isinstance(first, dict) else None
         calls = message.get("tool_calls") if isinstance(message, dict) else None
-        total = 0
-        for call in calls if isinstance(calls, list) else ():
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                total += len(str(function.get("name") or "")) + len(
-                    str(function.get("arguments") or "")
-                )
-        return total
+        return sum(call_chars(call) for call in (calls if isinstance(calls, list) else ()))
 
     def mask_observation(self, msg: JSON, min_chars: int, stand_in: Callable[[Any], str]) -> JSON:
         role = msg.get("role")

@@ -16,7 +16,11 @@ from .openai import OPENAI
 from .relay import AnthropicToOpenAIRelay, OpenAIToAnthropicRelay
 from .responses import RESPONSES
 from .responses.stream import ChainedRelay, ChatToResponsesRelay
-from .responses.translate import chat_response_to_responses, responses_request_to_chat
+from .responses.translate import (
+    chat_response_to_responses,
+    keeps_custom,
+    responses_request_to_chat,
+)
 from .translate import (
     anthropic_request_to_openai,
     anthropic_response_to_openai,
@@ -52,7 +56,7 @@ _BRIDGES = (
         client="openai-responses",
         upstream="openai",
         request=lambda body, max_tokens_field: responses_request_to_chat(
-            body, max_tokens_field=max_tokens_field
+            body, max_tokens_field=max_tokens_field, custom=keeps_custom("openai")
         ),
         response=chat_response_to_responses,
         relay=lambda model, wants_usage, limit: ChatToResponsesRelay(
@@ -60,11 +64,12 @@ _BRIDGES = (
         ),
     ),
     # Responses <-> Anthropic goes through chat completions: both halves exist already.
+    # Custom tools stay out (Messages has no free-text tool), as other tools without a form.
     Bridge(
         client="openai-responses",
         upstream="anthropic",
         request=lambda body, max_tokens_field: openai_request_to_anthropic(
-            responses_request_to_chat(body)
+            responses_request_to_chat(body, custom=keeps_custom("anthropic"))
         ),
         response=lambda resp, model: chat_response_to_responses(
             anthropic_response_to_openai(resp), model

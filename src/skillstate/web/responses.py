@@ -27,6 +27,7 @@ from ..dialects import sse
 from ..dialects.responses import RESPONSES, input_items
 from ..dialects.responses.stream import TERMINAL_EVENTS
 from ..dialects.responses.translate import (
+    keeps_custom,
     reject_unsupported_tools,
     split_tools,
     untranslated_items,
@@ -115,8 +116,8 @@ class ResponsesTurn:
     def __init__(self, endpoint: bool = False) -> None:
         self.endpoint = endpoint
         self.link: StoredLink | None = None
-        self.dropped: list[str] = []  # tools an upstream of another kind cannot take
-        self.dropped_items: list[str] = []  # input item types it is not sent either
+        self.tools: Any = None  # the request's tools, and its own input items: what an
+        self.own_items: list[Any] = []  # upstream of another kind is not sent is named
         self.pool: UpstreamPool | None = None
         self.store: Store | None = None
 
@@ -137,8 +138,8 @@ class ResponsesTurn:
         )
         prev_id = turn.body.get("previous_response_id")
         own_items = input_items(turn.body.get("input"))
-        self.dropped = _hosted_tools(rt, turn)
-        self.dropped_items = untranslated_items(own_items)
+        self.tools, self.own_items = turn.body.get("tools"), own_items
+        _reject_unsupported(rt, turn)
         caller = principal_of(request.scope)
         turn = await _with_chain(rt.store, turn, header, caller)
         turn = await restore(rt, turn, caller, adopt=header is None and prev_id is None)
@@ -154,11 +155,15 @@ class ResponsesTurn:
         return turn, run
 
     async def finish(self, turn: Turn, result: Reply | StreamReply) -> Reply | StreamReply:
-        if (self.dropped or self.dropped_items) and self.pool is not None:
-            candidates = self.pool.candidates(turn.model)
-            _say_dropped(candidates, result.headers, "tools", self.dropped)
-            # Item types are the API's (validated): every one of them fits in the header.
-            _say_dropped(candidates, result.headers, "items", self.dropped_items, 1024)
+        if self.pool is not None:
+            kind = _answering_kind(self.pool.candidates(turn.model), result.headers)
+            if kind != DIALECT:
+                custom = keeps_custom(kind)
+                _, tools = split_tools(self.tools, custom=custom)
+                _say_dropped(result.headers, "tools", tools)
+                # Item types are the API's (validated): every one of them fits in the header.
+                items = untranslated_items(self.own_items, custom=custom)
+                _say_dropped(result.headers, "items", items, 1024)
         link, store = self.link, self.store
         if link is None or link.done or store is None:
             return result  # nothing to store, or stored with the turn's commit
@@ -189,7 +194,7 @@ async def responses_input_tokens(request: Request) -> Response:
         if header is not None:
             shown[SESSION_HEADER] = resolve_session_id(header)
         turn = await parse_turn(request, rt.settings, DIALECT, RESPONSES.validate, session="")
-        _hosted_tools(rt, turn)
+        _reject_unsupported(rt, turn)
         caller = principal_of(request.scope)
         adopt = header is None and turn.body.get("previous_response_id") is None
         turn = await _with_chain(rt.store, turn, header, caller)
@@ -211,28 +216,27 @@ def compact_hooks() -> ResponsesTurn:
     return ResponsesTurn(endpoint=True)
 
 
-def _hosted_tools(rt: Runtime, turn: Turn) -> list[str]:
-    """The request's hosted tools, which only a Responses upstream takes; under
-    ``unsupported_tools: reject``, a 400 when an upstream of another kind may serve it."""
-    _, hosted = split_tools(turn.body.get("tools"))
-    reject = hosted and rt.settings.unsupported_tools == "reject"
-    if reject and any(up.kind != DIALECT for up in rt.pool.candidates(turn.model)):
-        reject_unsupported_tools(turn.body)
-    return hosted
+def _reject_unsupported(rt: Runtime, turn: Turn) -> None:
+    """``unsupported_tools: reject``: a 400 when an upstream of another kind that lacks one
+    of the request's tools (hosted tools; custom tools on an Anthropic one) may serve it."""
+    if rt.settings.unsupported_tools != "reject":
+        return
+    for kind in sorted({up.kind for up in rt.pool.candidates(turn.model)} - {DIALECT}):
+        reject_unsupported_tools(turn.body, custom=keeps_custom(kind))
+
+
+def _answering_kind(candidates: list[UpstreamRuntime], headers: dict[str, str]) -> str:
+    """The kind of the upstream that answered (``x-skillstate-upstream``)."""
+    name = headers.get("x-skillstate-upstream")
+    return next((up.kind for up in candidates if up.name == name), DIALECT)
 
 
 def _say_dropped(
-    candidates: list[UpstreamRuntime],
-    headers: dict[str, str],
-    what: str,
-    dropped: list[str],
-    limit: int = HEADER_TEXT_MAX_CHARS,
+    headers: dict[str, str], what: str, dropped: list[str], limit: int = HEADER_TEXT_MAX_CHARS
 ) -> None:
     """Name the tools (or input item types) the answering upstream never saw (it was not of
     the Responses kind): ``x-skillstate-dropped-tools`` / ``x-skillstate-dropped-items``."""
-    name = headers.get("x-skillstate-upstream")
-    kind = next((up.kind for up in candidates if up.name == name), DIALECT)
-    if dropped and kind != DIALECT:
+    if dropped:
         headers[f"x-skillstate-dropped-{what}"] = header_safe(",".join(dropped), limit)
 
 

@@ -17,9 +17,12 @@ from ..capture import RelayCapture
 from ..openai import usage_from_openai
 from .items import call_chars, is_client_call
 from .translate import (
+    custom_tool_call_item,
     function_call_item,
+    is_custom_call,
     message_item,
     new_id,
+    object_or_empty,
     response_object,
     usage_to_responses,
 )
@@ -200,14 +203,21 @@ class ChatToResponsesRelay(RelayCapture):
         return out
 
     def _tool_call(self, call: JSON) -> list[bytes]:
+        """A streamed piece of a chat tool call: its first piece (by ``index``) opens a
+        function_call or custom_tool_call item, the pieces' arguments or input are its
+        deltas."""
         self.has_tool_calls = True
         index = call.get("index", 0)
-        fn = call.get("function") or {}
         out: list[bytes] = []
         if index not in self._calls:
             out += self._close()
-            item = function_call_item(
-                call.get("id") or new_id("call_"), fn.get("name") or "", "", status="in_progress"
+            custom = is_custom_call(call)
+            name = object_or_empty(call.get("custom" if custom else "function")).get("name") or ""
+            call_id = call.get("id") or new_id("call_")
+            item = (
+                custom_tool_call_item(call_id, name, "", status="in_progress")
+                if custom
+                else function_call_item(call_id, name, "", status="in_progress")
             )
             self._open = self._calls[index] = len(self._output)
             self._output.append(item)
@@ -216,17 +226,17 @@ class ChatToResponsesRelay(RelayCapture):
             )
         pos = self._calls[index]
         item = self._output[pos]
-        if fn.get("name") and not item["name"]:
-            item["name"] = fn["name"]
-        piece = fn.get("arguments")
+        kind_key = "custom" if item["type"] == "custom_tool_call" else "function"
+        spec = object_or_empty(call.get(kind_key))
+        if spec.get("name") and not item["name"]:
+            item["name"] = spec["name"]
+        member, kind = _STREAMED[item["type"]]
+        piece = spec.get(member)
         if isinstance(piece, str) and piece:
-            item["arguments"] += piece
+            item[member] += piece
             out.append(
                 self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=pos,
-                    delta=piece,
+                    f"response.{kind}.delta", item_id=item["id"], output_index=pos, delta=piece
                 )
             )
         return out
@@ -261,13 +271,10 @@ class ChatToResponsesRelay(RelayCapture):
                 )
             )
         else:
+            member, kind = _STREAMED[item["type"]]
+            fields = {member: item[member]}
             out.append(
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=pos,
-                    arguments=item["arguments"],
-                )
+                self._event(f"response.{kind}.done", item_id=item["id"], output_index=pos, **fields)
             )
         out.append(self._event("response.output_item.done", output_index=pos, item=item))
         return out
@@ -281,6 +288,13 @@ class ChatToResponsesRelay(RelayCapture):
 
     def error(self, message: str) -> bytes:
         return error_event(message, self._seq)
+
+
+# A call item's streamed member and the event family its deltas and done event belong to.
+_STREAMED = {
+    "function_call": ("arguments", "function_call_arguments"),
+    "custom_tool_call": ("input", "custom_tool_call_input"),
+}
 
 
 class ChainedRelay:

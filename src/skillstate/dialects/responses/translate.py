@@ -12,14 +12,26 @@ from typing import Any
 
 from ...errors import ProxyError
 from ..base import JSON
+from .items import CLIENT_CALLS
 
 _ALNUM = string.ascii_letters + string.digits
 # The input items a chat-completions (or, through it, Anthropic) upstream is sent. The other
 # types the API takes (validate.INPUT_ITEM_TYPES) have no chat form: reasoning (its
 # encrypted_content is only readable by the Responses API that made it), compaction (opaque),
-# hosted tools' calls, and calls of tools that are not function tools (whose tools are not
-# sent either: split_tools). They are left out, and named (untranslated_items).
+# hosted tools' calls, and calls of tools that are neither function nor custom tools (whose
+# tools are not sent either: split_tools). They are left out, and named (untranslated_items).
 TRANSLATED_ITEMS = frozenset({"message", "function_call", "function_call_output"})
+# Custom tools (free-text input, optionally under a grammar: Codex's apply_patch) and their
+# calls and outputs: chat completions has them (tools ``{"type": "custom", "custom": ...}``,
+# ``tool_calls`` entries ``{"type": "custom", "custom": {"name", "input"}}``), Anthropic's
+# Messages has no tool whose input is free text, so an Anthropic upstream is sent neither.
+CUSTOM_ITEMS = frozenset({"custom_tool_call", "custom_tool_call_output"})
+
+
+def keeps_custom(kind: str) -> bool:
+    """Whether an upstream of ``kind`` reached in chat-completions form takes custom tools:
+    chat completions (``openai``) does; Anthropic, behind the chat bridge, does not."""
+    return kind == "openai"
 
 
 def new_id(prefix: str) -> str:
@@ -30,20 +42,37 @@ def new_id(prefix: str) -> str:
 # -- requests ---------------------------------------------------------------------------------
 
 
-def split_tools(tools: Any) -> tuple[list[JSON], list[str]]:
-    """(function tools in chat-completions form, names/types of the tools without one)."""
+def split_tools(tools: Any, *, custom: bool = True) -> tuple[list[JSON], list[str]]:
+    """(function tools, and custom tools when ``custom``, in chat-completions form; the
+    names/types of the tools without one)."""
     kept: list[JSON] = []
     dropped: list[str] = []
     for tool in tools if isinstance(tools, list) else ():
-        if tool.get("type") != "function":
-            dropped.append(str(tool.get("name") or tool.get("type")))
-            continue
-        fn: JSON = {"name": tool["name"]}
-        for key in ("description", "parameters", "strict"):
-            if tool.get(key) is not None:
-                fn[key] = tool[key]
-        kept.append({"type": "function", "function": fn})
+        ttype = tool.get("type")
+        if ttype == "function":
+            kept.append({"type": "function", "function": _spec(tool, "parameters", "strict")})
+        elif ttype == "custom" and custom:
+            spec = _spec(tool)
+            fmt = tool.get("format")
+            if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+                # Responses puts the grammar's members in ``format``; chat nests them.
+                grammar = {k: fmt[k] for k in ("definition", "syntax") if k in fmt}
+                spec["format"] = {"type": "grammar", "grammar": grammar}
+            elif fmt is not None:
+                spec["format"] = fmt
+            kept.append({"type": "custom", "custom": spec})
+        else:
+            dropped.append(str(tool.get("name") or ttype))
     return kept, dropped
+
+
+def _spec(tool: JSON, *keys: str) -> JSON:
+    """A tool's name, description and ``keys``, as chat's ``function`` / ``custom`` hold them."""
+    spec: JSON = {"name": tool["name"]}
+    for key in ("description", *keys):
+        if tool.get(key) is not None:
+            spec[key] = tool[key]
+    return spec
 
 
 def _part_to_chat(part: JSON) -> JSON | None:
@@ -79,49 +108,65 @@ def _output_to_text(output: Any) -> str:
     return "" if output is None else str(output)
 
 
-def input_to_messages(body: JSON) -> list[JSON]:
-    """``instructions`` and ``input`` as chat messages; consecutive function_call items are
-    one assistant message's tool_calls, each function_call_output a tool message."""
+def _call_to_chat(item: JSON) -> JSON:
+    """A function_call or custom_tool_call item as a chat ``tool_calls`` entry."""
+    if item["type"] == "custom_tool_call":
+        custom = {"name": item["name"], "input": item.get("input") or ""}
+        return {"id": item["call_id"], "type": "custom", "custom": custom}
+    function = {"name": item["name"], "arguments": item.get("arguments") or ""}
+    return {"id": item["call_id"], "type": "function", "function": function}
+
+
+def _append_call(messages: list[JSON], call: JSON) -> None:
+    """Consecutive calls are one assistant message's tool_calls (after its text, if any)."""
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+        last["tool_calls"].append(call)
+    elif last is not None and last["role"] == "assistant" and not last.get("content"):
+        last["tool_calls"] = [call]
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def input_to_messages(body: JSON, *, custom: bool = True) -> list[JSON]:
+    """``instructions`` and ``input`` as chat messages; consecutive function_call items (and
+    custom_tool_call items, when ``custom``) are one assistant message's tool_calls, each of
+    their outputs a tool message."""
     messages: list[JSON] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})
     raw = body.get("input")
     if isinstance(raw, str):
         return [*messages, {"role": "user", "content": raw}]
+    calls = {"function_call", "custom_tool_call"} if custom else {"function_call"}
+    outputs = {CLIENT_CALLS[c] for c in calls}
     for item in raw or ():
         itype = item.get("type", "message")
         if itype == "message":
             messages.append(_message_to_chat(item))
-        elif itype == "function_call":
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": item.get("arguments") or ""},
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
-            elif last is not None and last["role"] == "assistant" and not last.get("content"):
-                last["tool_calls"] = [call]
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif itype == "function_call_output":
+        elif itype in calls:
+            _append_call(messages, _call_to_chat(item))
+        elif itype in outputs:
             content = _output_to_text(item.get("output"))
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
     return messages
 
 
-def untranslated_items(items: list[Any]) -> list[str]:
-    """The types of the (validated) input items a translation to chat leaves out, sorted."""
+def untranslated_items(items: list[Any], *, custom: bool = True) -> list[str]:
+    """The types of the (validated) input items a translation to chat leaves out, sorted
+    (custom tool calls and outputs among them unless ``custom``)."""
+    sent = TRANSLATED_ITEMS | CUSTOM_ITEMS if custom else TRANSLATED_ITEMS
     types = {item.get("type", "message") for item in items if isinstance(item, dict)}
-    return sorted(t for t in types if isinstance(t, str) and t not in TRANSLATED_ITEMS)
+    return sorted(t for t in types if isinstance(t, str) and t not in sent)
 
 
-def _tool_choice_to_chat(choice: Any) -> Any:
+def _tool_choice_to_chat(choice: Any, custom: bool) -> Any:
     if isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
-        return {"type": "function", "function": {"name": choice["name"]}}
+    kinds = ("function", "custom") if custom else ("function",)
+    if isinstance(choice, dict) and choice.get("type") in kinds and choice.get("name"):
+        kind = choice["type"]  # chat nests the name: {"type": "custom", "custom": {"name"}}
+        return {"type": kind, kind: {"name": choice["name"]}}
     return "auto"  # hosted-tool and allowed_tools choices: no chat equivalent
 
 
@@ -134,15 +179,19 @@ def _format_to_chat(fmt: JSON) -> JSON | None:
     return None
 
 
-def responses_request_to_chat(body: JSON, *, max_tokens_field: str = "max_tokens") -> JSON:
+def responses_request_to_chat(
+    body: JSON, *, max_tokens_field: str = "max_tokens", custom: bool = True
+) -> JSON:
     """A validated Responses request as a chat-completions request. Tools without a chat
-    form are dropped (``unsupported_tools: drop``); see ``dropped_tools``."""
-    out: JSON = {"model": body["model"], "messages": input_to_messages(body)}
-    tools, _ = split_tools(body.get("tools"))
+    form are dropped (``unsupported_tools: drop``; see ``split_tools``), custom tools and
+    their items too unless ``custom`` (``keeps_custom``)."""
+    messages = input_to_messages(body, custom=custom)
+    out: JSON = {"model": body["model"], "messages": messages}
+    tools, _ = split_tools(body.get("tools"), custom=custom)
     if tools:
         out["tools"] = tools
         if body.get("tool_choice") is not None:
-            out["tool_choice"] = _tool_choice_to_chat(body["tool_choice"])
+            out["tool_choice"] = _tool_choice_to_chat(body["tool_choice"], custom)
         if body.get("parallel_tool_calls") is not None:
             out["parallel_tool_calls"] = body["parallel_tool_calls"]
     text = body.get("text")
@@ -160,9 +209,10 @@ def responses_request_to_chat(body: JSON, *, max_tokens_field: str = "max_tokens
     return out
 
 
-def reject_unsupported_tools(body: JSON) -> None:
-    """``unsupported_tools: reject``: a 400 naming the tools a non-Responses upstream lacks."""
-    _, dropped = split_tools(body.get("tools"))
+def reject_unsupported_tools(body: JSON, *, custom: bool = True) -> None:
+    """``unsupported_tools: reject``: a 400 naming the tools a non-Responses upstream lacks
+    (custom tools among them unless ``custom``)."""
+    _, dropped = split_tools(body.get("tools"), custom=custom)
     if dropped:
         raise ProxyError(
             "invalid_request",
@@ -175,7 +225,8 @@ def reject_unsupported_tools(body: JSON) -> None:
 # -- replies ----------------------------------------------------------------------------------
 
 
-def _object(value: Any) -> JSON:
+def object_or_empty(value: Any) -> JSON:
+    """``value`` when it is an object, else an empty one (upstream replies are hostile)."""
     return value if isinstance(value, dict) else {}
 
 
@@ -185,8 +236,8 @@ def usage_to_responses(u: Any) -> JSON | None:
         return None
     inp = int(u.get("prompt_tokens") or 0)
     out = int(u.get("completion_tokens") or 0)
-    pdet = _object(u.get("prompt_tokens_details"))
-    cdet = _object(u.get("completion_tokens_details"))
+    pdet = object_or_empty(u.get("prompt_tokens_details"))
+    cdet = object_or_empty(u.get("completion_tokens_details"))
     return {
         "input_tokens": inp,
         "input_tokens_details": {
@@ -227,6 +278,50 @@ def function_call_item(
         "name": name,
         "arguments": arguments,
     }
+
+
+def custom_tool_call_item(
+    call_id: str,
+    name: str,
+    input_text: str,
+    *,
+    item_id: str | None = None,
+    status: str = "completed",
+) -> JSON:
+    """A custom_tool_call output item (``status`` as the API sends it, though the openai
+    SDK's ResponseCustomToolCall does not name it)."""
+    return {
+        "id": item_id or new_id("ctc_"),
+        "type": "custom_tool_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "input": input_text,
+    }
+
+
+def is_custom_call(call: JSON) -> bool:
+    """A chat ``tool_calls`` entry (or a streamed piece of one) that calls a custom tool:
+    ``type: "custom"``, or, on a piece without a type, a ``custom`` object that says
+    something (some gateways echo an empty ``custom: {}`` on function calls' pieces)."""
+    if call.get("type") is not None:
+        return call["type"] == "custom"
+    custom = call.get("custom")
+    return (
+        isinstance(custom, dict)
+        and any(isinstance(custom.get(k), str) for k in ("name", "input"))
+        and not isinstance(call.get("function"), dict)
+    )
+
+
+def _call_item(call: JSON) -> JSON:
+    """A chat reply's ``tool_calls`` entry as a Responses output item."""
+    call_id = call.get("id") or new_id("call_")
+    if is_custom_call(call):
+        custom = object_or_empty(call.get("custom"))
+        return custom_tool_call_item(call_id, custom.get("name") or "", custom.get("input") or "")
+    fn = object_or_empty(call.get("function"))
+    return function_call_item(call_id, fn.get("name") or "", fn.get("arguments") or "")
 
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -284,12 +379,8 @@ def chat_response_to_responses(resp: JSON, request_model: str) -> JSON:
     if isinstance(content, str) and content:
         output.append(message_item(content))
     for call in msg.get("tool_calls") or ():
-        fn = call.get("function") or {}
-        output.append(
-            function_call_item(
-                call.get("id") or new_id("call_"), fn.get("name") or "", fn.get("arguments") or ""
-            )
-        )
+        if isinstance(call, dict):
+            output.append(_call_item(call))
     model = resp["model"] if isinstance(resp.get("model"), str) else request_model
     return response_object(
         model=model,

@@ -205,12 +205,29 @@ def _validate_tools(tools: Any) -> None:
         path = f"tools[{i}]"
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise _bad(f"{path} must be an object with a string 'type'", path)
-        if tool["type"] != "function":
+        if tool["type"] not in ("function", "custom"):
             continue  # hosted and other tools: the upstream's to accept or refuse
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise _bad(f"{path}.name: required, a non-empty string", f"{path}.name")
-        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
+        if tool["type"] == "custom":
+            _validate_custom_format(tool.get("format"), f"{path}.format")
+        elif tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
             raise _bad(f"{path}.parameters must be an object", f"{path}.parameters")
+
+
+def _validate_custom_format(fmt: Any, path: str) -> None:
+    """A custom tool's ``format`` (optional): ``{"type": "text"}`` or ``{"type": "grammar",
+    "syntax": "lark" | "regex", "definition": str}`` (the SDK's CustomToolInputFormat); a
+    chat upstream is sent the grammar re-nested, so its members must be there."""
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "grammar"):
+        raise _bad(f'{path}: must be an object with type "text" or "grammar"', path)
+    if fmt["type"] == "grammar":
+        if fmt.get("syntax") not in ("lark", "regex"):
+            raise _bad(f'{path}.syntax: must be "lark" or "regex"', f"{path}.syntax")
+        if not isinstance(fmt.get("definition"), str):
+            raise _bad(f"{path}.definition: required, a string", f"{path}.definition")
 
 
 def _validate_tool_choice(choice: Any) -> None:
@@ -220,7 +237,8 @@ def _validate_tool_choice(choice: Any) -> None:
         isinstance(choice, dict)
         and isinstance(choice.get("type"), str)
         and (
-            choice["type"] != "function" or (isinstance(choice.get("name"), str) and choice["name"])
+            choice["type"] not in ("function", "custom")
+            or (isinstance(choice.get("name"), str) and choice["name"])
         )
     ):
         return
