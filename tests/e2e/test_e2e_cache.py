@@ -286,3 +286,54 @@ def test_sent_side_cache_reads_and_writes_are_recorded_and_priced(
             assert cost == pytest.approx(expected, abs=1e-12)
     finally:
         fp.stop()
+
+
+@pytest.mark.parametrize("mode", ["state", "window"])
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_a_translated_client_on_an_anthropic_upstream_gets_the_breakpoint(
+    start_proxy: StartProxy, route: str, mode: str
+) -> None:
+    """A chat-completions or Responses client (the openai SDK) on an Anthropic upstream:
+    its contract and state are one message, one text block once translated. The proxy
+    marks where the stable prefix ends there too (state: the task's block before it, as
+    the state changes every turn; window: that block, as the state changes only at
+    checkpoints), so the second turn reads what the first wrote. Before, the breakpoint was
+    looked for in the client's own format only: none was set, and nothing was ever read."""
+    fp = FakeProvider(cache="anthropic").start()
+    try:
+        p = start(start_proxy, fp, "--mode", mode)
+        sdk = openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+        headers = {SESSION_HEADER: f"translated-{route}-{mode}"}
+        kind = {"type": "message"} if route == "responses" else {}
+        system = "developer" if route == "responses" else "system"
+        transcript: list[Any] = [
+            {**kind, "role": system, "content": BIG_SYSTEM},
+            {**kind, "role": "user", "content": "TASK: ship it."},
+        ]
+        for turn in (1, 2):
+            fp.enqueue(Reply(text=envelope(turn)))
+            if route == "chat":
+                said = (
+                    sdk.chat.completions.create(
+                        model="claude-mine", messages=transcript, extra_headers=headers
+                    )
+                    .choices[0]
+                    .message.content
+                )
+            else:
+                said = sdk.responses.create(
+                    model="claude-mine", input=transcript, extra_headers=headers
+                ).output_text
+            transcript += [
+                {**kind, "role": "assistant", "content": said},
+                {**kind, "role": "user", "content": f"Observation {turn}."},
+            ]
+        marked = [breakpoints(req.json) for req in fp.requests]
+        prefix_end = 0 if mode == "state" else 1  # the task's block, or the state's
+        assert marked == [[f"messages[0][{prefix_end}]"]] * 2
+        usages = [json.loads(req.response_body)["usage"] for req in fp.requests]
+        assert usages[0]["cache_creation_input_tokens"] > 1_000  # the system text and more
+        assert usages[1]["cache_read_input_tokens"] > 1_000  # (the fake caps turn 1's at its
+        # prompt, which the prefix is nearly all of in the window form: not compared)
+    finally:
+        fp.stop()

@@ -5,8 +5,9 @@
   so one session's calls reach the same cache.
 * Anthropic-kind upstreams cache only up to ``cache_control`` breakpoints:
   :func:`with_breakpoint` marks the end of the state context's stable prefix (the contract's
-  text block, which follows the system text, tools and task) with one
-  ``{"type": "ephemeral"}`` breakpoint. The client's own breakpoints are kept; when they
+  text block, which follows the system text, tools and task; the state's in the window
+  form) with one ``{"type": "ephemeral"}`` breakpoint, whichever format the client sent.
+  The client's own breakpoints are kept; when they
   already use the 4 the API allows, none is added.
 
 Both take the request in the upstream's format, after any translation, and return a new
@@ -83,33 +84,50 @@ def count_breakpoints(body: dict[str, Any]) -> int:
 
 
 def with_breakpoint(body: dict[str, Any], prefix_end: str) -> dict[str, Any]:
-    """``body`` (Anthropic Messages) with a breakpoint on the text block of the first
-    message whose text is ``prefix_end``; unchanged when there is no such block, it is
-    already marked, or the request already has ``MAX_BREAKPOINTS``."""
+    """``body`` (Anthropic Messages) with a breakpoint on the block that ends the stable
+    prefix: among the user-side messages before the first assistant turn, the text block
+    that is ``prefix_end`` or ends with it; or, where a block starts with ``prefix_end``
+    and goes on (a chat-completions or Responses client's contract and state are one
+    message, translated into one block: the state changes every turn), the block before it.
+    Unchanged when there is no such block, it is already marked, or the request already
+    has ``MAX_BREAKPOINTS``."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+    if not isinstance(messages, list):
         return body
-    content = messages[0].get("content")
-    if not isinstance(content, list):
+    found = _prefix_end_block(messages, prefix_end)
+    if found is None:
         return body
-    at = next(
-        (
-            k
-            for k, block in enumerate(content)
-            if isinstance(block, dict)
-            and block.get("type") == "text"
-            and block.get("text") == prefix_end
-        ),
-        None,
-    )
-    if at is None or "cache_control" in content[at]:
+    i, blocks, at = found
+    if "cache_control" in blocks[at] or count_breakpoints(body) >= MAX_BREAKPOINTS:
         return body
-    if count_breakpoints(body) >= MAX_BREAKPOINTS:
-        return body
-    blocks = list(content)
-    blocks[at] = {**content[at], "cache_control": dict(EPHEMERAL)}
-    first = {**messages[0], "content": blocks}
-    return {**body, "messages": [first, *messages[1:]]}
+    blocks = list(blocks)
+    blocks[at] = {**blocks[at], "cache_control": dict(EPHEMERAL)}
+    marked = {**messages[i], "content": blocks}
+    return {**body, "messages": [*messages[:i], marked, *messages[i + 1 :]]}
+
+
+def _prefix_end_block(
+    messages: list[Any], prefix_end: str
+) -> tuple[int, list[dict[str, Any]], int] | None:
+    """(message index, its blocks, block index) of the block that ends the stable prefix
+    (see :func:`with_breakpoint`); None when there is none."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") == "assistant":
+            return None
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for at, block in enumerate(content):
+            if not isinstance(block, dict) or block.get("type") != "text":
+                continue
+            text = block.get("text")
+            if not isinstance(text, str):
+                continue
+            if text.endswith(prefix_end):
+                return i, content, at
+            if text.startswith(prefix_end):
+                return (i, content, at - 1) if at > 0 else None
+    return None
 
 
 def marked_message(message: Any) -> Any:

@@ -184,7 +184,11 @@ class Completer:
             text = text[:CUT_OFF_ECHO_CHARS] + " …"
             errors = [*errors, "the reply was cut off at max_tokens: patch only what changed"]
         asked = context.add_correction(turn.wire.context, out.body, text, errors)
-        return self.planner.outbound(turn, asked, meta.schema, meta.state, bounded=True)
+        # The turn's shape: a window checkpoint's re-ask keeps its cache breakpoint (after
+        # the state), as it extends the checkpoint's request.
+        return self.planner.outbound(
+            turn, asked, meta.schema, meta.state, bounded=True, shape=meta.shape
+        )
 
 
 async def relay_error(ex: Exchange, meta: TurnMeta, raw: bytes | None = None) -> Reply:

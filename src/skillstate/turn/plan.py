@@ -409,29 +409,40 @@ def _cache_hints(
     """The turn's hints for the provider's prompt cache (``skillstate.cost.cachehints``).
 
     The cache key: only for a session the client named (a generated id is new on every
-    request, and would scatter its calls over caches). The breakpoint: at the contract's
-    text block of a compact context in the Anthropic format (the contract ends the stable
-    prefix: system, tools, task, contract), or at ``prefix_end`` (the window form: the state
-    block, which changes only at checkpoints); its tokens are estimated from those parts."""
+    request, and would scatter its calls over caches). The breakpoint: where the contract's
+    text ends the stable prefix of a compact context (system, tools, task, contract), or at
+    ``prefix_end`` (the window form: the state, which changes only at checkpoints); its
+    tokens are estimated from those parts. Found in any client format: the breakpoint is
+    set on the upstream's request, after translation (``cachehints.with_breakpoint``)."""
     key = prompt_cache_key(turn.session) if SESSION_HEADER in turn.headers else None
-    messages = body.get("messages")
-    first = messages[0] if isinstance(messages, list) and messages else None
-    content = first.get("content") if isinstance(first, dict) else None
-    if not isinstance(content, list):
-        return CacheHints(key)
     contract = prefix_end or context.contract_text(schema, turn.envelope_form)
-    at = next(
-        (
-            k
-            for k, b in enumerate(content)
-            if isinstance(b, dict) and b.get("type") == "text" and b.get("text") == contract
-        ),
-        None,
-    )
-    if at is None:
+    head = _head_through(body.get(turn.wire.transcript[0]), contract)
+    if head is None:
         return CacheHints(key)
-    prefix = [body.get("tools"), body.get("system"), content[: at + 1]]
+    prefix = [body.get("tools"), body.get("system"), body.get("instructions"), head]
     return CacheHints(key, contract, estimate_tokens(prefix))
+
+
+def _head_through(items: Any, end: str) -> list[Any] | None:
+    """The transcript's messages up to the text ``end`` (an Anthropic client's text block
+    of its own, a chat or Responses client's message that joins the contract and the
+    state), before its first assistant turn; None when it has none."""
+    if not isinstance(items, list):
+        return None
+    for i, message in enumerate(items):
+        if not isinstance(message, dict) or message.get("role") == "assistant":
+            return None
+        content = message.get("content")
+        if isinstance(content, str):
+            if end in content:
+                return items[: i + 1]
+            continue
+        parts = content if isinstance(content, list) else []
+        for k, part in enumerate(parts):
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str) and end in text:
+                return [*items[:i], {**message, "content": parts[: k + 1]}]
+    return None
 
 
 _est = request_tokens  # tokens of what an upstream would read of a body
