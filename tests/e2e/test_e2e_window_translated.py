@@ -318,7 +318,10 @@ def test_a_rewrite_past_the_models_context_is_folded_across_a_translation(
     p = start(start_proxy, fake, kind, upstreams=[up], window_max_tokens=1_000_000)
     fake.responder = Folder()
     client = agent(p, dialect, f"fold-{dialect}-{kind}")
-    run(client, fake, 6)
+    for t in range(30):  # until a checkpoint (the model's context binds) moves the window
+        run(client, fake, 1, first=t)
+        if history(p, client.session)[-1]["estimate"]["window"]["start"] > 2:
+            break
     client.transcript = rewritten(client, 40)
     sent = json.loads(json.dumps(client.transcript))
     wanted = set(re.findall(r"KEEP-\d+", json.dumps(sent)))
@@ -339,6 +342,8 @@ def test_a_rewrite_past_the_models_context_is_folded_across_a_translation(
         texts.findall(json.dumps(sent))
     )
     assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
+    # the turn's record says its window restarted (not the ``kept`` of its re-plan)
+    assert history(p, client.session)[-1]["estimate"]["window_start"] == "changed"
     for _ in range(3):
         tidy(client)
         client.turn(stream=False)

@@ -55,6 +55,9 @@ class Folder:
         """The turn's meta and body once its window's folds are done (as they came when
         it has none)."""
         rounds = 0
+        # The turn's record says why its window restarted (``changed``, ``new``), not the
+        # ``kept`` of its re-plan from where the folds end.
+        why = meta.window.plan.reason if meta.window is not None else "kept"
         while meta.window is not None and meta.window.folds:
             if rounds == MAX_FOLD_ROUNDS:
                 raise _failed("the window still did not fit after folding")
@@ -69,7 +72,7 @@ class Folder:
                 state=state,
                 shape=plan.shape,
                 meter=plan.meter,
-                window=plan.window,
+                window=plan.window.recorded_as(why) if plan.window is not None else None,
                 folded=True,
             )
             sent = plan.sent

@@ -15,6 +15,7 @@ and the instruction after it, so the transcript's cached prefix is still read.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,11 @@ class WindowTurn:
         """The body of the fold call of ``part``, with the state as folded so far."""
         assert self.client_body is not None
         return build_fold(self.adapter, self.client_body, self.plan, part, schema, state)
+
+    def recorded_as(self, reason: str) -> WindowTurn:
+        """This turn with ``reason`` as its record's ``window_start`` (a turn re-planned
+        after its folds keeps why its window restarted)."""
+        return dataclasses.replace(self, plan=dataclasses.replace(self.plan, reason=reason))
 
     @property
     def shape(self) -> ContextShape:
