@@ -1375,6 +1375,7 @@ def _check_anthropic(body: dict[str, Any]) -> None:
             continue
         if role not in ("user", "assistant"):
             raise _Rejected(400, f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        _check_anthropic_text(m, i, last=i == len(msgs) - 1)
         prev = msgs[i - 1] if i else None
         offered = (
             {b.get("id") for b in blocks(prev, "tool_use")}
@@ -1395,7 +1396,8 @@ def _check_anthropic(body: dict[str, Any]) -> None:
                     "corresponding `tool_use` block in the previous message.",
                 )
         if role == "assistant" and i + 1 < len(msgs):
-            answered = {b.get("tool_use_id") for b in blocks(msgs[i + 1], "tool_result")}
+            # only the results that open the next message answer (any text goes after them)
+            answered = {b.get("tool_use_id") for b in _leading_results(msgs[i + 1])}
             missing = [b.get("id") for b in blocks(m, "tool_use") if b.get("id") not in answered]
             if missing:
                 raise _Rejected(
@@ -1404,6 +1406,32 @@ def _check_anthropic(body: dict[str, Any]) -> None:
                     f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
                     "must have a corresponding `tool_result` block in the next message.",
                 )
+
+
+def _check_anthropic_text(m: dict[str, Any], i: int, last: bool) -> None:
+    """What the API refuses of a message's text: an empty text block anywhere, and empty
+    content except in a final assistant message (a prefill)."""
+    content = m.get("content")
+    if content in ("", []) and not (last and m.get("role") == "assistant"):
+        raise _Rejected(
+            400,
+            f"messages.{i}: all messages must have non-empty content except for the optional "
+            "final assistant message",
+        )
+    for b in content if isinstance(content, list) else []:
+        if isinstance(b, dict) and b.get("type") == "text" and b.get("text") == "":
+            raise _Rejected(400, "messages: text content blocks must be non-empty")
+
+
+def _leading_results(m: Any) -> list[dict[str, Any]]:
+    """The tool_result blocks at the start of a message's content."""
+    content = m.get("content") if isinstance(m, dict) else None
+    out: list[dict[str, Any]] = []
+    for b in content if isinstance(content, list) else []:
+        if not (isinstance(b, dict) and b.get("type") == "tool_result"):
+            break
+        out.append(b)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -477,12 +477,30 @@ def test_anthropic_validation(fp, ant):
 
     ok = ant.messages.create(model="c", max_tokens=99, messages=[*asked, result("toolu_1")])
     assert ok.content[0].text == DEFAULT_TEXT
+    after = {
+        "role": "user",
+        "content": [*result("toolu_1")["content"], {"type": "text", "text": "x"}],
+    }
+    prefill = {"role": "assistant", "content": ""}  # empty content: a final assistant only
+    for fine in ([*asked, after], [*USER, prefill]):
+        assert ant.messages.create(model="c", max_tokens=9, messages=fine).content
     bad_cases = [
         [*asked, result("toolu_2")],
         [*USER, result("toolu_1")],
         [*asked, {"role": "user", "content": "no result"}],
         [{"role": "system", "content": [{"type": "image", "source": {}}]}, *USER],
         [],
+        # text before the results: they no longer answer "immediately after"
+        [
+            *asked,
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "x"}, *result("toolu_1")["content"]],
+            },
+        ],
+        [{"role": "user", "content": [{"type": "text", "text": ""}]}],
+        [{"role": "user", "content": ""}],
+        [*USER, {"role": "assistant", "content": ""}, *USER],
     ]
     for messages in bad_cases:
         with pytest.raises(anthropic.BadRequestError) as ei:
