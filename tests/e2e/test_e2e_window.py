@@ -92,6 +92,7 @@ class Client:
     session: str
     transcript: list[dict[str, Any]] = field(default_factory=list)
     marks_breakpoints: bool = True  # anthropic: Claude Code's moving breakpoint on the newest
+    tool_choice: Any = None  # sent on every turn when set (in the dialect's own form)
 
     def __post_init__(self) -> None:
         task = "TASK: build the project, one step at a time."
@@ -128,6 +129,8 @@ class Client:
             {"type": "function", "function": {"name": TOOL["name"], "parameters": TOOL["schema"]}}
         ]
         kw: dict[str, Any] = {"model": "m", "messages": self.transcript, "tools": tools}
+        if self.tool_choice is not None:
+            kw["tool_choice"] = self.tool_choice
         if stream:
             with c.chat.completions.stream(**kw, extra_headers=self.headers) as s:
                 msg = s.get_final_completion().choices[0].message
@@ -161,6 +164,8 @@ class Client:
             "tools": tools,
             "system": SYSTEM,
         }
+        if self.tool_choice is not None:
+            kw["tool_choice"] = self.tool_choice
         if stream:
             with c.messages.stream(**kw, extra_headers=self.headers) as s:
                 m = s.get_final_message()
@@ -181,6 +186,8 @@ class Client:
         c = openai.OpenAI(base_url=self.proxy.v1, api_key="k", max_retries=0)
         tools = [{"type": "function", "name": TOOL["name"], "parameters": TOOL["schema"]}]
         kw: dict[str, Any] = {"model": "m", "input": self.transcript, "tools": tools}
+        if self.tool_choice is not None:
+            kw["tool_choice"] = self.tool_choice
         if stream:
             with c.responses.stream(**kw, extra_headers=self.headers) as s:
                 r = s.get_final_response()
@@ -967,6 +974,76 @@ def test_a_fold_is_asked_without_the_clients_forced_tool_choice(
     assert calls[-1].json["tool_choice"] == "required"
     assert reply.choices[0].message.tool_calls  # the client's forced call, answered
     assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
+
+
+FORCED = {"openai": "required", "anthropic": {"type": "any"}, "responses": "required"}
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+def test_a_client_forcing_tool_calls_has_its_checkpoints_folded(
+    fake: FakeProvider, start_proxy: StartProxy, dialect: str
+) -> None:
+    """A client that forces a tool call on every turn gets replies that cannot carry the
+    envelope, so an in-turn checkpoint would never land and the window would grow to the
+    model's context. Where a checkpoint is due, what would leave the window is folded by a
+    call of its own (without the tool_choice, asking for the envelope only); the turn then
+    goes out as a window turn from the kept exchanges, its tool_choice kept, its reply the
+    model's."""
+    p = start(start_proxy, fake, "openai-responses" if dialect == "responses" else dialect)
+    forced = FORCED[dialect]
+    folded: list[int] = []  # each fold's step, as its envelope says
+
+    def model(req: RecordedRequest) -> Reply:
+        call = ("run", {"cmd": f"step {len(fake.requests)}"})
+        if "tool_choice" in req.json:  # the API answers a forced choice with calls only
+            assert req.json["tool_choice"] == forced
+            return Reply(tool_calls=[call])
+        assert asks_checkpoint(req), "only a fold goes without the client's tool_choice"
+        folded.append(len(fake.requests))
+        return Reply(text=envelope({"step": folded[-1]}))
+
+    fake.responder = model
+    client = Client(p, dialect, f"forced-{dialect}", tool_choice=forced)
+    for t in range(14):
+        text, calls = client.turn(stream=t % 2 == 1)
+        assert calls and text == ""
+    assert all(r.status == 200 for r in fake.requests)
+    folds = [r for r in fake.requests if "tool_choice" not in r.json]
+    turns = [r for r in fake.requests if "tool_choice" in r.json]
+    assert len(turns) == 14 and len(folds) >= 2
+    assert not any(asks_checkpoint(r) for r in turns)  # no instruction it cannot follow
+    # Each fold's patch is committed with its turn (recorded as the turn's own outcome).
+    assert p.state(client.session)["state"]["step"] == folded[-1]
+    # The window stays bounded (tool results per request: 12 lines each), where without
+    # the folds every result piles up, one more each turn.
+    key = "input" if dialect == "responses" else "messages"
+    results = [json.dumps(r.json[key]).count("line of build output") // 12 for r in turns]
+    assert max(results) <= 5 and results[-1] < 13, results
+
+
+def test_a_fold_in_place_of_a_checkpoint_that_fails_leaves_the_turn_a_window_turn(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """The fold stands in for a checkpoint, which may fail: with no valid envelope from it
+    (after its re-asks) the turn still goes out, as the window turn it was, its state and
+    its window's start kept, never an error for the client."""
+    p = start(start_proxy, fake, "openai")
+
+    def model(req: RecordedRequest) -> Reply:
+        if "tool_choice" in req.json:
+            return Reply(tool_calls=[("run", {"cmd": "go"})])
+        return Reply(text="I will not write an envelope.")
+
+    fake.responder = model
+    client = Client(p, "openai", "forced-unfolded", tool_choice="required")
+    for _ in range(8):
+        assert client.turn(stream=False)[1]
+    folds = [r for r in fake.requests if "tool_choice" not in r.json]
+    assert folds and all(r.status == 200 for r in fake.requests)
+    assert p.state(client.session)["state"].get("step") is None  # nothing folded in
+    records = history(p, client.session)
+    assert len(records) == 8 and {h["status"] for h in records} == {"window"}
+    assert "forced_tool_unfolded" in {h["estimate"]["reason"] for h in records}
 
 
 def long_rewritten_exchanges(dialect: str, head: list[dict[str, Any]], rounds: int) -> list[Any]:

@@ -84,7 +84,7 @@ class CheckpointDecision:
     """Whether this turn checkpoints, why, and the figures (USD) it was decided on."""
 
     checkpoint: bool
-    reason: str  # keep | max_tokens | context_limit | bill | wait
+    reason: str  # keep | max_tokens | context_limit | bill | wait | forced_tool[_unfolded]
     carry_usd: float | None = None  # carrying what would leave until the next checkpoint
     checkpoint_usd: float | None = None  # one checkpoint
     horizon: float | None = None  # turns to the next checkpoint

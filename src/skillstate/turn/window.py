@@ -27,6 +27,7 @@ from ..cost.pricing import Prices
 from ..cost.tokens import estimate_tokens
 from ..engine import context
 from ..engine.context import DialectContext
+from ..engine.toolchoice import forces_tool_call
 from ..engine.window import (
     WindowMark,
     WindowPlan,
@@ -70,6 +71,17 @@ class WindowTurn:
         """The body of the fold call of ``part``, with the state as folded so far."""
         assert self.client_body is not None
         return build_fold(self.adapter, self.client_body, self.plan, part, schema, state)
+
+    @property
+    def folds_optional(self) -> bool:
+        """The folds stand in for a checkpoint (the client forces a tool call, which leaves
+        its reply no room for the envelope): the turn may go out without them."""
+        return self.decision.reason == "forced_tool"
+
+    def unfolded(self) -> WindowTurn:
+        """This turn without its optional folds: a window turn, its start kept."""
+        decision = CheckpointDecision(False, "forced_tool_unfolded")
+        return dataclasses.replace(self, folds=(), after_folds=None, decision=decision)
 
     def recorded_as(self, reason: str) -> WindowTurn:
         """This turn with ``reason`` as its record's ``window_start`` (a turn re-planned
@@ -209,6 +221,17 @@ class WindowKeeper:
                 envelope_tokens=self._envelope(session),
                 context_limit=context_limit,
             )
+        if decision.checkpoint and foldable and not force and forces_tool_call(body):
+            forced = self._forced_fold(adapter, messages, plan, room)
+            if forced is not None:
+                # Its reply must be a tool call, which cannot carry the envelope: what
+                # leaves is folded by a call of its own (``turn.fold``), and the turn goes
+                # out after it as a window turn (no instruction), its tool_choice kept.
+                parts, after = forced
+                decision = dataclasses.replace(decision, checkpoint=False, reason="forced_tool")
+                return WindowTurn(
+                    adapter, messages, plan, decision, window, self.keep, room, parts, after, body
+                )
         if decision.checkpoint:
             window = self.checkpoint_body(adapter, body, window, plan, schema, state)
         return WindowTurn(adapter, messages, plan, decision, window, self.keep, room)
@@ -252,6 +275,17 @@ class WindowKeeper:
         if not parts:
             return None
         return tuple(parts), WindowPlan(plan.split, fit, "kept", 0).mark(messages)
+
+    def _forced_fold(
+        self, adapter: DialectContext, messages: list[Any], plan: WindowPlan, room: int | None
+    ) -> tuple[tuple[tuple[int, int], ...], WindowMark] | None:
+        """The fold of what a checkpoint would let leave (all but the kept exchanges), as one
+        part: it went upstream in the previous request, so it fits the model. None when
+        nothing would leave."""
+        fit = kept_start(messages, adapter, plan.start, self.keep, room)
+        if fit <= plan.start:
+            return None
+        return ((plan.start, fit),), WindowPlan(plan.split, fit, "kept", 0).mark(messages)
 
     def _sizes(
         self,
