@@ -164,7 +164,9 @@ def test_a_long_session_switches_once_into_the_cheaper_form_and_stays(
     figures = dict(kv.split("=") for kv in decided.split("; "))
     assert float(figures["saving_usd"]) > 0
     before_f = dict(kv.split("=") for kv in headers[switch - 1]["x-skillstate-auto"].split("; "))
-    assert float(before_f["saving_usd"]) <= 0
+    # The turn before it saw no saving, or the window's checkpoint rule put the switch off
+    # (the switch is the window's first checkpoint).
+    assert float(before_f["saving_usd"]) <= 0 or before_f.get("put_off") == "True"
     # The switch built the state; the turns after it keep it.
     assert "step" in p.state("long")["state"]
     # ... and in the transition history: the checkpoint that built it, with the estimates.

@@ -421,7 +421,7 @@ def test_an_edit_quotes_a_tool_result_from_three_exchanges_earlier(
             },
         },
     )
-    reads_at = 16 if mode == "auto" else 3
+    reads_at = 20 if mode == "auto" else 3
     old, forms = edit_session(p, fake, f"edit-{mode}", mode, reads_at)
     if mode == "state":
         assert old == "UNKNOWN"  # one-turn memory: the Read left the context

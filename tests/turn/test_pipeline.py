@@ -554,3 +554,69 @@ async def test_a_window_checkpoints_before_it_passes_its_share_of_the_models_con
     assert "context_limit" in reasons
     # every request stayed within the share (plus at most the one turn it grew by)
     assert max(sent) <= limit * CONTEXT_SHARE + 12_500
+
+
+# -- auto's switch timed as the window's first checkpoint -------------------------------------
+
+
+async def auto_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observations: list[str]
+) -> tuple[Pipeline, list[str]]:
+    """An ``auto`` session at Sonnet's prices under OpenAI's cache (read 0.1x), one turn per
+    observation: each turn's ``x-skillstate-context``."""
+    monkeypatch.setattr(_Candidate, "cfg", Settings(upstreams=[PRICED]).upstreams[0])
+
+    def like_a_model(out: Outbound) -> str:
+        asked = "[skillstate] CHECKPOINT" in json.dumps(out.body["messages"][-1])
+        return envelope(len(pool_of(p).sent)) if asked else "Noted."
+
+    p = make(tmp_path, like_a_model, mode=Mode.AUTO, upstreams=[PRICED])
+    transcript: list[JSON] = [{"role": "system", "content": "Be brief."}]
+    shapes: list[str] = []
+    for k, observation in enumerate(observations):
+        transcript.append({"role": "user", "content": f"observation {k}: {observation}"})
+        reply = await run_json(p, turn(list(transcript), Mode.AUTO))
+        shapes.append(reply.headers["x-skillstate-context"])
+        transcript.append({"role": "assistant", "content": "Noted."})
+    return p, shapes
+
+
+SMALL = "lorem ipsum dolor sit amet " * 30  # ~200 tokens
+
+
+@pytest.mark.parametrize("big", [7, 8, 9])
+async def test_auto_does_not_switch_while_a_large_exchange_is_among_those_it_would_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big: int
+) -> None:
+    observations = [SMALL] * 30
+    observations[big] = "a long test log line " * 1_200  # ~6,000 tokens
+    _, shapes = await auto_session(tmp_path, monkeypatch, observations)
+    switch = shapes.index("checkpoint")
+    assert set(shapes[:switch]) == {"passthrough"}
+    # The switch is a checkpoint: it keeps the last 3 exchanges and writes them into the
+    # cache again. While the large one is among them (turns big .. big + 2), the same
+    # switch a turn or two later costs less.
+    assert not big <= switch < big + 3
+
+
+async def test_after_auto_s_switch_the_checkpoint_rule_counts_the_passthrough_turns_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from skillstate.cost.checkpoint import CheckpointPolicy
+
+    counted: list[int] = []
+    decide = CheckpointPolicy.decide
+
+    def recorded(self: CheckpointPolicy, sizes: Any, **kw: Any) -> Any:
+        counted.append(sizes.turns)
+        return decide(self, sizes, **kw)
+
+    monkeypatch.setattr(CheckpointPolicy, "decide", recorded)
+    _, shapes = await auto_session(tmp_path, monkeypatch, [SMALL] * 24)
+    switch = shapes.index("checkpoint")
+    after = len(shapes) - switch - 1
+    assert switch > 3 and after > 3
+    # The turns after the switch are the session's turns switch + 2 .. (1-based), not the
+    # steps committed since the switch: a session that has run n turns is expected to run
+    # about n more, the switch's passthrough turns included.
+    assert counted[-after:] == list(range(switch + 2, len(shapes) + 1))

@@ -30,12 +30,19 @@ more than the cost of the switch (the contract and an envelope on one checkpoint
 after the client's transcript as it is, whose prefix is still cache-warm, and the new form's
 prefix written into the cache once), the session leaves passthrough for good (switching back
 would throw away a warm prefix and the state's upkeep). The switch turn is a checkpoint
-either way: it builds the state. Once an envelope's real size is known (the switch, and each
-later checkpoint of a window session), a window session weighs window against compact again
-and moves to compact when that saves more than writing compact's prefix into the cache; a
-compact session stays. A session whose state already exists (e.g. after a restart) resumes
-in window. Only the turns that weigh (passthrough ones, and a window turn after an
-envelope) need the compact context's size: :meth:`AutoPlanner.observe` says which.
+either way: it builds the state. The switch into the window is that window's first
+checkpoint, so the planner (``skillstate.turn.plan``) takes it only at a turn the window's
+checkpoint rule (``skillstate.cost.checkpoint``) would, on the window the whole transcript
+forms (:meth:`AutoPlanner.wait` puts it off otherwise: a large exchange the switch would keep
+and write again is about to leave the kept ones). Under prefix caching (``openai``) the new
+form's prefix begins with the client's own (tools, system, task), which passthrough's requests
+cached, so the switch writes only the rest of it. Once an envelope's real size is known
+(the switch, and each later checkpoint of a window session), a window session weighs window
+against compact again and moves to compact when that saves more than writing compact's
+prefix into the cache; a compact session stays. A session whose state already exists (e.g.
+after a restart) resumes in window. Only the turns that weigh (passthrough ones, and a window
+turn after an envelope) need the compact context's size: :meth:`AutoPlanner.observe` says
+which.
 
 All estimates are in the estimator's tokens (``skillstate.cost.tokens``) and USD per million
 tokens; unknown prices fall back to relative rates (input 1, output 4, cache read and
@@ -45,7 +52,7 @@ write as the regime's multipliers), which is enough to compare forms.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..choices import ContextShape
@@ -87,6 +94,8 @@ class AutoEstimate:
     compact_usd: float | None = None  # per coming turn
     switch_usd: float | None = None  # once
     saving_usd: float | None = None  # over the coming turns, the switch paid
+    # the switch pays, but is put off to a turn the window's checkpoint rule would take it
+    put_off: bool | None = None
 
     @property
     def leaves_passthrough(self) -> bool:
@@ -139,6 +148,18 @@ class AutoPlanner:
         """The form the session is in (None: not seen, or forgotten)."""
         s = self._sessions.peek(session)
         return s.form if s is not None else None
+
+    def turns(self, session: str) -> int:
+        """The session's turns so far, its passthrough ones included (0: not seen, or
+        forgotten)."""
+        s = self._sessions.peek(session)
+        return s.turns if s is not None else 0
+
+    def wait(self, session: str, estimate: AutoEstimate) -> AutoEstimate:
+        """The switch ``estimate`` chose is put off to a later turn (its checkpoint costs
+        less then): the session stays in passthrough this turn."""
+        self._sessions.get(session).form = ContextShape.PASSTHROUGH
+        return replace(estimate, form=ContextShape.PASSTHROUGH, put_off=True)
 
     def observe(self, session: str, transcript: int, *, has_state: bool) -> AutoEstimate | None:
         """Counts this turn (its client transcript's tokens). Returns the form when it is
@@ -239,14 +260,19 @@ class AutoPlanner:
         # The switch: the checkpoint turn's contract and envelope after the transcript as it
         # is, and the new form's prefix written into the cache once.
         checkpoint_turn = (sizes.contract * inp + s.envelope * out) / 1e6
-        cold = head * rewrite / 1e6 if compact_caches and head >= minimum else 0.0
-        cold_compact = prefix * rewrite / 1e6 if compact_caches and prefix >= minimum else 0.0
+        # Under prefix caching (openai) the new form's prefix begins with the client's own
+        # (tools, system, task), which passthrough's requests cached: the rest is new.
+        shared = max(prefix - sizes.contract, 0.0) if regime.pricing == "openai" else 0.0
+        cold = (head - shared) * rewrite / 1e6 if compact_caches and head >= minimum else 0.0
+        warm = compact_caches and prefix >= minimum
+        cold_compact = prefix * rewrite / 1e6 if warm else 0.0
+        switch_compact = (prefix - shared) * rewrite / 1e6 if warm else 0.0
         return _Forms(
             passthrough,
             window,
             compact,
             checkpoint_turn + cold,
-            checkpoint_turn + cold_compact,
+            checkpoint_turn + switch_compact,
             cold_compact,
         )
 

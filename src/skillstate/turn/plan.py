@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..choices import CacheBreakpoints, ContextShape, Mode
-from ..config import Settings
+from ..config import Settings, Upstream
 from ..cost.auto import AutoEstimate, AutoPlanner, TurnSizes
 from ..cost.baseline import CacheRegime, SessionPrefixCaches
 from ..cost.cachehints import CacheHints, count_breakpoints, marked_message, prompt_cache_key
@@ -126,6 +126,23 @@ class Planner:
             or (turn.mode != Mode.WINDOW and form != ContextShape.WINDOW and not switch)
         ):
             return None
+        return self.windows.plan(
+            turn.session,
+            turn.wire.context,
+            turn.body,
+            mark,
+            state,
+            schema,
+            **self._window_terms(turn, record),
+            force=compaction or (turn.mode == Mode.AUTO and (mark is None or switch)),
+            can_checkpoint=turn.envelope_form != "none",
+            whole_unless_kept=compaction,
+        )
+
+    def _window_terms(self, turn: Turn, record: SessionRecord | None) -> dict[str, Any]:
+        """What the checkpoint rule weighs a window turn of ``turn``'s session by: its turns
+        so far, the first upstream's cache regime, rates and context limit, and whether that
+        cache reads the window."""
         candidates = self.pool.candidates(turn.model or None)
         cfg = candidates[0].cfg if candidates else None
         regime = cfg.cache_regime(turn.model or None) if cfg else CacheRegime("none")
@@ -139,22 +156,16 @@ class Planner:
             )
         client_marks = turn.dialect == "anthropic" and count_breakpoints(turn.body) > 0
         caches = regime.pricing == "openai" or (regime.pricing == "anthropic" and client_marks)
-        return self.windows.plan(
-            turn.session,
-            turn.wire.context,
-            turn.body,
-            mark,
-            state,
-            schema,
-            turns=(record.step if record else 0) + 1,
-            regime=regime,
-            prices=rates,
-            window_caches=caches,
-            force=compaction or (turn.mode == Mode.AUTO and (mark is None or switch)),
-            can_checkpoint=turn.envelope_form != "none",
-            context_limit=limit,
-            whole_unless_kept=compaction,
-        )
+        turns = (record.step if record else 0) + 1
+        if turn.mode == Mode.AUTO:  # its passthrough turns committed no step
+            turns = max(turns, self.auto.turns(turn.session))
+        return {
+            "turns": turns,
+            "regime": regime,
+            "prices": rates,
+            "window_caches": caches,
+            "context_limit": limit,
+        }
 
     def build_context(
         self,
@@ -237,7 +248,27 @@ class Planner:
         settled = self.auto.observe(turn.session, est_client, has_state=has_state)
         if settled is not None:  # no estimate to make: no compact context to size
             return settled, None
-        cfg = candidates[0].cfg
+        decision, compact = self._auto_weigh(turn, state, schema, est_client, candidates[0].cfg)
+        if decision.leaves_passthrough and decision.form == ContextShape.WINDOW:
+            # The switch is the window's first checkpoint: taken at a turn the checkpoint
+            # rule would take it (not while a large exchange it would keep and rewrite is a
+            # turn or two from leaving the kept ones).
+            terms = self._window_terms(turn, None)
+            adapter = turn.wire.context
+            if self.windows.switch_waits(turn.session, adapter, turn.body, state, schema, **terms):
+                decision = self.auto.wait(turn.session, decision)
+        return decision, compact
+
+    def _auto_weigh(
+        self,
+        turn: Turn,
+        state: dict[str, Any],
+        schema: list[str],
+        est_client: int,
+        cfg: Upstream,
+    ) -> tuple[AutoEstimate, dict[str, Any]]:
+        """``auto``'s estimate of this turn's forms, and the compact context built to size
+        it."""
         adapter = turn.wire.context
         compact = context.build_compact(adapter, turn.body, schema, state, turn.envelope_form)
         anthropic_client = turn.dialect == "anthropic"

@@ -236,6 +236,21 @@ class WindowKeeper:
             window = self.checkpoint_body(adapter, body, window, plan, schema, state)
         return WindowTurn(adapter, messages, plan, decision, window, self.keep, room)
 
+    def switch_waits(
+        self,
+        session: str,
+        adapter: DialectContext,
+        body: dict[str, Any],
+        state: dict[str, Any],
+        schema: list[str],
+        **terms: Any,
+    ) -> bool:
+        """Whether ``auto``'s switch into the window should wait for a later turn: the
+        switch is the first checkpoint of a window that is the whole transcript, and the
+        checkpoint rule (:meth:`plan`'s, on ``terms``) would not take it this turn."""
+        probe = self.plan(session, adapter, body, None, state, schema, **terms)
+        return not probe.decision.checkpoint
+
     @staticmethod
     def checkpoint_body(
         adapter: DialectContext,
