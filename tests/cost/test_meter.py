@@ -89,3 +89,4 @@ def test_a_fold_set_aside_is_an_extra_attempt_and_a_new_meter_takes_the_rows_ove
 class _Cut:
     upstream = "u"
     status = 499
+    billed = True

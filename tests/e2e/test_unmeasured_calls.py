@@ -1,5 +1,6 @@
 """A call the provider may bill but whose usage the proxy never saw (the client went away
-with the call out, a stream cut before its usage event, an answer without usage) is never
+with the call out, a stream cut before its usage event, an answer without usage, an upstream
+that timed out or closed the connection once it had the request) is never
 free: its ledger row keeps ``pricing: usage-unavailable`` and no measured cost, and carries
 an estimate (the call's worst case, as its budget hold had it) that every budget counts and
 ``/cost`` shows apart from the measured cost. The real proxy (in-process uvicorn) in front
@@ -236,3 +237,64 @@ def test_metrics_by_key_name_count_an_answer_without_usage_as_estimated(
     assert 'skillstate_key_estimated_cost_usd_total{key="alice"} 0.1\n' in page
     assert "skillstate_key_cost_usd_total{" not in page
     assert "skillstate_estimated_cost_usd_total{" in page
+
+
+def start_failing(start_proxy: StartProxy, upstream: str) -> InProcessProxy:
+    """One attempt per call (no retry), and a short wait for the answer's headers."""
+    config = {"prices": PRICES, "auth_cache_ttl": 0, "retry_max_attempts": 1}
+    return start_proxy(upstream, "--schema", "notes", config={**config, "first_byte_timeout": 1})
+
+
+@pytest.mark.parametrize(
+    ("way", "status"), [("timeout", 504), ("drop", 502)], ids=["read-timeout", "dropped"]
+)
+def test_an_upstream_that_fails_after_reading_the_request_spends_the_budget(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, way: str, status: int
+) -> None:
+    """The upstream had the request (it may generate and bill it) and then timed out or
+    closed the connection without an answer: each such call is charged its worst case."""
+    proxy = start_failing(start_proxy, fake.url + "/v1")
+    never = threading.Event()
+    for _ in (1, 2):
+        reply = Reply(text="x", hold=never) if way == "timeout" else Reply(drop=True)
+        fake.enqueue(reply)
+        r = proxy.http.post(
+            proxy.v1 + "/chat/completions",
+            json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+            headers={SESSION_HEADER: "s6", "x-skillstate-budget-usd": BUDGET},
+        )
+        assert r.status_code == status, r.text
+    never.set()
+    assert len(fake.requests) == 2  # both reached the upstream
+    assert rows(tmp_path / "data") == [
+        (0, "usage-unavailable", None, pytest.approx(0.1)),
+        (0, "usage-unavailable", None, pytest.approx(0.1)),
+    ]
+    r = refused_by_budget(proxy, "s6")
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    totals = proxy.get("/cost", params={"session": "s6"}).json()["totals"]
+    assert totals["estimated_cost_usd"] == pytest.approx(0.2)
+    assert list(spend(proxy)["skillstate_estimated_cost_usd_total"].values()) == [
+        pytest.approx(0.2)
+    ]
+
+
+def test_an_upstream_that_cannot_be_reached_costs_nothing(
+    start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """Connection refused: the request never reached the provider, so it is never billed."""
+    from tests.upstream.test_upstream_client import closed_port
+
+    proxy = start_failing(start_proxy, f"http://127.0.0.1:{closed_port()}/v1")
+    for _ in (1, 2, 3):  # three worst cases would be over the budget if they counted
+        r = proxy.http.post(
+            proxy.v1 + "/chat/completions",
+            json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+            headers={SESSION_HEADER: "s7", "x-skillstate-budget-usd": BUDGET},
+        )
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["code"] != "session_budget_exceeded"
+    assert rows(tmp_path / "data") == [(0, "usage-unavailable", None, None)] * 3
+    totals = proxy.get("/cost", params={"session": "s7"}).json()["totals"]
+    assert not totals["estimated_cost_usd"]

@@ -231,7 +231,7 @@ async def test_body_read_failure_before_the_client_sees_anything_is_retried(
     ex = await pool.dispatch(outbound())
     assert ex.ok and b"second" in await ex.read()
     ex.release()
-    assert [f.status for f in ex.failed_attempts] == [0]
+    assert [(f.status, f.billed) for f in ex.failed_attempts] == [(0, True)]  # it had the call
     assert fake.requests[0].dropped
 
 
@@ -300,7 +300,7 @@ async def test_only_connection_errors_is_502_and_timeouts_504(
     await pool.open()
     err = await fails(pool)
     assert (err.status, err.kind) == (502, "upstream_unreachable")
-    assert [a.status for a in err.attempts] == [0, 0]
+    assert [(a.status, a.billed) for a in err.attempts] == [(0, False), (0, False)]  # never sent
 
     s = settings(up("slow", fake.url), retry_max_attempts=1, first_byte_timeout=0.2)
     pool = make_pool(s, FakeClock())
@@ -308,6 +308,7 @@ async def test_only_connection_errors_is_502_and_timeouts_504(
     fake.enqueue(Reply(delay=5))
     err = await fails(pool)
     assert (err.status, err.kind) == (504, "timeout")
+    assert [a.billed for a in err.attempts] == [True]  # timed out with the request out
     await fake.wait_for_async(lambda r: r[-1].disconnected)  # the timeout cancelled the call
 
 
@@ -359,6 +360,7 @@ async def test_connect_timeout_is_504_and_counts_as_a_failure(make_pool: PoolFac
             err = await fails(pool)
             assert (err.status, err.kind) == (504, "timeout")
             assert [a.error for a in err.attempts] == ["timeout", "timeout"]
+            assert [a.billed for a in err.attempts] == [False, False]  # never connected
             assert health(pool, "blackhole")["consecutive_failures"] == 2
         finally:
             for c in fillers:

@@ -38,6 +38,7 @@ from .worstcase import WorstCase
 class _Attempt(Protocol):
     upstream: str
     status: int
+    billed: bool  # the request may have reached the provider: charged an estimate
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,9 @@ class TurnMeter:
     ) -> None:
         """An attempt without usable usage: a transport failure, an error status, or (with
         ``kind="generation"``) an error answer that is what the client gets. ``billed``: the
-        upstream may bill it (it answered 2xx with something unreadable), so its row is
-        charged an estimate (a cut call, ``CLIENT_CLOSED``, always is)."""
+        upstream may bill it (it answered 2xx with something unreadable, or it had the
+        request when the transport failed), so its row is charged an estimate (a cut call,
+        ``CLIENT_CLOSED``, always is)."""
         billed = billed or status == CLIENT_CLOSED
         row = self._make(None, kind, status, upstream, None, None, None, _new_id(), billed=billed)
         self._rows.append(row)
@@ -164,9 +166,10 @@ class TurnMeter:
             self._answered = True
 
     def failed_attempts(self, attempts: Iterable[_Attempt]) -> None:
-        """The upstream layer's failed attempts before the one that answered."""
+        """The upstream layer's failed attempts before the one that answered (those that
+        failed after sending their request charged an estimate: ``AttemptRecord.billed``)."""
         for a in attempts:
-            self.failed(a.upstream, a.status)
+            self.failed(a.upstream, a.status, billed=a.billed)
 
     def cancelled(self, attempts: Iterable[_Attempt]) -> None:
         """A call cut by its turn's cancellation: each attempt, and the one it cut
@@ -174,7 +177,8 @@ class TurnMeter:
         answer when it has none yet, else as a retry."""
         for a in attempts:
             cut = a.status == CLIENT_CLOSED and not self._answered
-            self.failed(a.upstream, a.status, "generation" if cut else "transport-retry")
+            kind: Kind = "generation" if cut else "transport-retry"
+            self.failed(a.upstream, a.status, kind, billed=a.billed)
 
     def answered(
         self,

@@ -191,6 +191,18 @@ class AttemptRecord:
     upstream: str
     status: int  # 0 = no HTTP response (connection error or timeout)
     error: str
+    # The request may have reached the provider, which may then bill it though no answer
+    # came back (the ledger charges such an attempt an estimate): see ``transport_failure``.
+    billed: bool = False
+
+    @classmethod
+    def transport_failure(cls, upstream: str, e: BaseException) -> AttemptRecord:
+        """An attempt that failed without an HTTP answer. Only a failure to connect is
+        known to have sent nothing; after that (a read timeout, a connection closed or a
+        body cut mid-answer, a stream that ended before its first event) the provider had
+        the request. A bare timeout (the attempt's total deadline) may strike either side:
+        counted as sent, so that a budget never undercounts."""
+        return cls(upstream, 0, _describe(e), billed=not isinstance(e, _NOT_SENT))
 
 
 @dataclass
@@ -465,7 +477,7 @@ class UpstreamPool:
                     raise
             except _TRANSPORT_ERRORS as e:
                 await up.breaker.record_failure()
-                failures.append(AttemptRecord(up.name, 0, _describe(e)))
+                failures.append(AttemptRecord.transport_failure(up.name, e))
                 continue
             except BaseException:
                 if permit == "probe":
@@ -575,13 +587,15 @@ class UpstreamPool:
                         ex = await self._observed_send(up, out, ticket, remaining, attempt)
                     except _TRANSPORT_ERRORS as e:
                         await up.breaker.record_failure()
-                        failures.append(AttemptRecord(up.name, 0, _describe(e)))
+                        failures.append(AttemptRecord.transport_failure(up.name, e))
                         delay = self.backoff.delay(attempt)
                     except BaseException as e:
                         if isinstance(e, asyncio.CancelledError):
                             # The client went away with the request out: the upstream may
                             # bill it all the same.
-                            failures.append(AttemptRecord(up.name, CLIENT_CLOSED, "cancelled"))
+                            failures.append(
+                                AttemptRecord(up.name, CLIENT_CLOSED, "cancelled", billed=True)
+                            )
                         if permit == "probe":
                             await _released(up)  # cancelled: no verdict on the upstream
                         raise
@@ -764,6 +778,16 @@ CIRCUIT_OPEN = "circuit open"  # an upstream skipped without being called
 # Everything that means "this attempt got no usable answer"; aiohttp's timeouts are both
 # ClientError and TimeoutError, the total-timeout timer raises a bare TimeoutError.
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, _StreamStartError)
+# The transport errors of an attempt that never sent its request: it could not connect
+# (refused, DNS, TLS, the connect timeout) or its URL is wrong. aiohttp raises
+# ConnectionTimeoutError for a timeout while connecting, SocketTimeoutError (sock_read)
+# once the request is out.
+_NOT_SENT = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
+    aiohttp.ServerFingerprintMismatch,
+    aiohttp.InvalidURL,
+)
 
 
 async def _record_error_answer(up: UpstreamRuntime, status: int) -> None:
