@@ -560,7 +560,10 @@ async def test_a_window_checkpoints_before_it_passes_its_share_of_the_models_con
 
 
 async def auto_session(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observations: list[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    observations: list[str],
+    extra: JSON | None = None,
 ) -> tuple[Pipeline, list[str]]:
     """An ``auto`` session at Sonnet's prices under OpenAI's cache (read 0.1x), one turn per
     observation: each turn's ``x-skillstate-context``."""
@@ -575,7 +578,9 @@ async def auto_session(
     shapes: list[str] = []
     for k, observation in enumerate(observations):
         transcript.append({"role": "user", "content": f"observation {k}: {observation}"})
-        reply = await run_json(p, turn(list(transcript), Mode.AUTO))
+        t = turn(list(transcript), Mode.AUTO)
+        t.body.update(extra or {})
+        reply = await run_json(p, t)
         shapes.append(reply.headers["x-skillstate-context"])
         transcript.append({"role": "assistant", "content": "Noted."})
     return p, shapes
@@ -620,3 +625,16 @@ async def test_after_auto_s_switch_the_checkpoint_rule_counts_the_passthrough_tu
     # steps committed since the switch: a session that has run n turns is expected to run
     # about n more, the switch's passthrough turns included.
     assert counted[-after:] == list(range(switch + 2, len(shapes) + 1))
+
+
+async def test_auto_switches_where_the_client_forces_a_tool_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under a forced tool call the window's checkpoint is a fold (its reply cannot carry the
+    # envelope): the rule takes it, so the switch is not put off for good.
+    tool = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
+    forced = {"tools": [tool], "tool_choice": "required"}
+    _, shapes = await auto_session(tmp_path, monkeypatch, [SMALL] * 24, forced)
+    _, free = await auto_session(tmp_path / "free", monkeypatch, [SMALL] * 24)
+    assert "checkpoint" in shapes
+    assert shapes.index("checkpoint") == free.index("checkpoint")

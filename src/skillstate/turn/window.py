@@ -247,9 +247,10 @@ class WindowKeeper:
     ) -> bool:
         """Whether ``auto``'s switch into the window should wait for a later turn: the
         switch is the first checkpoint of a window that is the whole transcript, and the
-        checkpoint rule (:meth:`plan`'s, on ``terms``) would not take it this turn."""
+        checkpoint rule (:meth:`plan`'s, on ``terms``) would not take it this turn (where
+        the client forces a tool call the rule's checkpoint is a fold: it would take it)."""
         probe = self.plan(session, adapter, body, None, state, schema, **terms)
-        return not probe.decision.checkpoint
+        return not (probe.decision.checkpoint or probe.folds_optional)
 
     @staticmethod
     def checkpoint_body(
