@@ -158,6 +158,39 @@ def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
     assert r.status_code == 429, (r.text, rows(tmp_path / "data"))
 
 
+def test_a_messages_stream_the_upstream_drops_after_its_first_usage_spends_its_budget(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """As above, but the upstream closes the connection mid-stream: the input that
+    ``message_start`` reported is not the bill either (the output was being generated)."""
+    up = {"name": "up", "url": fake.url, "kind": "anthropic", "api_key": "sk-upstream"}
+    proxy = start_proxy(
+        None,
+        "--schema",
+        "notes",
+        config={"prices": PRICES, "auth_cache_ttl": 0, "upstreams": [up]},
+    )
+    import anthropic
+
+    for n in (1, 2):
+        fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", drop_after=3))
+        client = anthropic.Anthropic(base_url=proxy.url, api_key="sk", max_retries=0)
+        with (
+            pytest.raises(anthropic.APIError),
+            client.messages.stream(
+                model="m",
+                max_tokens=100,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={SESSION_HEADER: "s7", "x-skillstate-budget-usd": BUDGET},
+            ) as stream,
+        ):
+            stream.get_final_message()
+        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
+    assert [r[3] for r in rows(tmp_path / "data")] == [pytest.approx(0.1)] * 2
+    r = refused_by_budget(proxy, "s7")
+    assert r.status_code == 429, (r.text, rows(tmp_path / "data"))
+
+
 def spend(proxy: InProcessProxy) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """The measured and estimated cost counters of ``/metrics``, by their labels."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -153,9 +153,10 @@ class StreamPath:
         """Meter the stream's answer; with an envelope (``stripping``), the planner learns
         what share of the output it took."""
         usage = relay.usage
-        if status == CLIENT_CLOSED and not relay.complete:
-            # Cut before its end: what usage it reported so far is not the bill (Messages
-            # reports the input first and the output last), so it is charged an estimate.
+        if not relay.complete:
+            # Cut before its end, by the client or the upstream: what usage it reported so
+            # far is not the bill (Messages reports the input first and the output last),
+            # so it is charged an estimate.
             usage = None
         share = Fraction(0)
         if stripping is not None:
