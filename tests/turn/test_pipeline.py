@@ -20,6 +20,7 @@ import pytest
 
 from skillstate.choices import Mode
 from skillstate.config import Settings
+from skillstate.cost.auto import AutoPlanner, TurnSizes
 from skillstate.cost.pricing import PriceBook
 from skillstate.cost.usage import Usage
 from skillstate.dialects.registry import get_dialect
@@ -511,6 +512,25 @@ async def test_auto_switches_to_the_cheaper_form_building_compact_only_to_weigh(
     # the first turn after the envelope weighs window against compact (when compact may be)
     assert built[switch + 1] == (1 if auto_compact else 0)
     assert built[switch + 2] == (1 if form == "compact" else 0)
+
+
+@pytest.mark.parametrize("keep", [1, 3, 6])
+async def test_auto_weighs_the_window_with_the_configured_window_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int
+) -> None:
+    """The window's estimate rewrites the kept exchanges at each checkpoint: as many as the
+    proxy's ``window_keep``, not the default's 3."""
+    seen: list[int] = []
+    decide = AutoPlanner.decide
+
+    def spied(self: AutoPlanner, session: str, sizes: TurnSizes, **kw: Any) -> Any:
+        seen.append(sizes.keep)
+        return decide(self, session, sizes, **kw)
+
+    monkeypatch.setattr(AutoPlanner, "decide", spied)
+    p = make(tmp_path, lambda out: "Noted.", mode=Mode.AUTO, window_keep=keep)
+    await run_json(p, turn([{"role": "user", "content": "observation: " + "x" * 4_000}], Mode.AUTO))
+    assert seen and set(seen) == {keep}
 
 
 # -- the window's checkpoints and the model's context limit -----------------------------------

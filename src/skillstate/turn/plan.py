@@ -279,6 +279,7 @@ class Planner:
             contract=estimate_tokens(context.contract_text(schema, turn.envelope_form)),
             client_breakpoints=anthropic_client and count_breakpoints(turn.body) > 0,
             proxy_breakpoint=anthropic_client and cfg.cache_breakpoints == CacheBreakpoints.AUTO,
+            keep=self.settings.window_keep,
         )
         rates = self.prices.rates(
             model=turn.model or None, upstream=cfg.name, provider_hint=cfg.url
