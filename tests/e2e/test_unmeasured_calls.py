@@ -8,6 +8,7 @@ of the fake provider, driven by the openai SDK and httpx."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from pathlib import Path
@@ -129,11 +130,13 @@ def test_an_answer_without_usage_is_charged_its_estimate_and_says_so(
     assert rows(tmp_path / "data") == [(200, "usage-unavailable", None, pytest.approx(0.1))]
 
 
+@pytest.mark.parametrize("cut_by", ["client", "upstream"])
 def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
-    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, cut_by: str
 ) -> None:
     """Anthropic reports the input in ``message_start`` and the output only at the end: a
-    stream cut in between has partial usage, which is not the bill either."""
+    stream cut in between, by the client or by the upstream closing the connection, has
+    partial usage, which is not the bill either (the output was being generated)."""
     up = {"name": "up", "url": fake.url, "kind": "anthropic", "api_key": "sk-upstream"}
     proxy = start_proxy(
         None,
@@ -143,51 +146,29 @@ def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
     )
     import anthropic
 
+    session = f"s-{cut_by}"
+    cut = {"stall_after": 3} if cut_by == "client" else {"drop_after": 3}
     for n in (1, 2):
-        fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", stall_after=3))
+        fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", **cut))
         client = anthropic.Anthropic(base_url=proxy.url, api_key="sk", max_retries=0)
-        with client.messages.stream(
-            model="m",
-            max_tokens=100,
-            messages=[{"role": "user", "content": "hi"}],
-            extra_headers={SESSION_HEADER: "s4", "x-skillstate-budget-usd": BUDGET},
-        ) as stream:
-            next(iter(stream))  # message_start is here: the client has had enough
-        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
-    r = refused_by_budget(proxy, "s4")
-    assert r.status_code == 429, (r.text, rows(tmp_path / "data"))
-
-
-def test_a_messages_stream_the_upstream_drops_after_its_first_usage_spends_its_budget(
-    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
-) -> None:
-    """As above, but the upstream closes the connection mid-stream: the input that
-    ``message_start`` reported is not the bill either (the output was being generated)."""
-    up = {"name": "up", "url": fake.url, "kind": "anthropic", "api_key": "sk-upstream"}
-    proxy = start_proxy(
-        None,
-        "--schema",
-        "notes",
-        config={"prices": PRICES, "auth_cache_ttl": 0, "upstreams": [up]},
-    )
-    import anthropic
-
-    for n in (1, 2):
-        fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", drop_after=3))
-        client = anthropic.Anthropic(base_url=proxy.url, api_key="sk", max_retries=0)
-        with (
-            pytest.raises(anthropic.APIError),
-            client.messages.stream(
-                model="m",
-                max_tokens=100,
-                messages=[{"role": "user", "content": "hi"}],
-                extra_headers={SESSION_HEADER: "s7", "x-skillstate-budget-usd": BUDGET},
-            ) as stream,
-        ):
-            stream.get_final_message()
+        with contextlib.ExitStack() as stack:
+            if cut_by == "upstream":
+                stack.enter_context(pytest.raises(anthropic.APIError))
+            stream = stack.enter_context(
+                client.messages.stream(
+                    model="m",
+                    max_tokens=100,
+                    messages=[{"role": "user", "content": "hi"}],
+                    extra_headers={SESSION_HEADER: session, "x-skillstate-budget-usd": BUDGET},
+                )
+            )
+            if cut_by == "client":
+                next(iter(stream))  # message_start is here: the client has had enough
+            else:
+                stream.get_final_message()  # the upstream closes after message_start
         wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
     assert [r[3] for r in rows(tmp_path / "data")] == [pytest.approx(0.1)] * 2
-    r = refused_by_budget(proxy, "s7")
+    r = refused_by_budget(proxy, session)
     assert r.status_code == 429, (r.text, rows(tmp_path / "data"))
 
 
