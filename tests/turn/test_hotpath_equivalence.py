@@ -13,6 +13,7 @@ import json
 import math
 import random
 import re
+from collections import OrderedDict
 from fractions import Fraction
 from typing import Any
 
@@ -183,36 +184,58 @@ _message = st.one_of(
 )
 _tools = st.sampled_from([None, [], [{"name": "run", "schema": {"type": "object"}}]])
 _system = st.sampled_from([None, "", "You are an agent.", [{"type": "text", "text": "S"}]])
+_dialects = st.sampled_from(["openai", "anthropic", "openai-responses"])
+# How a session's request follows its previous one. Mostly it extends it: the turn that reuses
+# the previous turn's results. Else it repeats it, rewrites a message, truncates it, changes
+# its tools or system or its dialect, or adds a digit to a trailing number (its JSON then
+# extends the previous one's, its messages do not).
+_STEPS = ["extend"] * 6 + ["same", "rewrite", "truncate", "head", "dialect", "digit"]
+
+
+def _next_transcript(draw: st.DrawFn, step: str, messages: list[Any]) -> list[Any]:
+    messages = list(messages)
+    if step == "extend":
+        messages += draw(st.lists(_message, min_size=1, max_size=3))
+    elif step == "rewrite" and messages:
+        messages[draw(st.integers(0, len(messages) - 1))] = draw(_message)
+    elif step == "truncate" and messages:
+        messages = messages[: draw(st.integers(0, len(messages) - 1))]
+    elif step == "digit" and messages and type(messages[-1]) is int:
+        messages[-1] = messages[-1] * 10 + draw(st.integers(0, 9))
+    elif step == "digit":
+        messages.append(draw(st.integers(0, 9)))
+    return messages
 
 
 @st.composite
-def _turns(draw: st.DrawFn) -> list[tuple[str, dict[str, Any]]]:
-    """A session's requests: mostly a transcript growing turn by turn, with rewrites,
-    truncations, edits, other tools or system, a repeated request and a dialect switch."""
-    dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
-    messages: list[Any] = draw(st.lists(_message, max_size=4))
-    tools, system = draw(_tools), draw(_system)
-    turns = []
-    for _ in range(draw(st.integers(min_value=1, max_value=8))):
-        step = draw(st.sampled_from(["grow"] * 5 + ["same", "edit", "cut", "head", "dialect"]))
-        messages = list(messages)
-        if step == "grow":
-            messages += draw(st.lists(_message, max_size=3))
-        elif step == "edit" and messages:
-            messages[draw(st.integers(0, len(messages) - 1))] = draw(_message)
-        elif step == "cut" and messages:
-            messages = messages[: draw(st.integers(0, len(messages) - 1))]
-        elif step == "head":
+def _session_requests(draw: st.DrawFn) -> list[tuple[str, str, dict[str, Any]]]:
+    """Requests of up to three sessions, interleaved, each (session, dialect, body). A
+    session's first request has a transcript of its own; each later one follows the
+    session's previous request by a step of ``_STEPS``. The second request extends the
+    first, so that every example reuses a previous turn's results at least once."""
+    order = [0, 0, *draw(st.lists(st.integers(0, 2), max_size=14))]
+    last: dict[int, tuple[str, list[Any], Any, Any]] = {}
+    requests = []
+    for k, session in enumerate(order):
+        if session not in last:
+            dialect, messages = draw(_dialects), draw(st.lists(_message, min_size=1, max_size=4))
             tools, system = draw(_tools), draw(_system)
-        elif step == "dialect":
-            dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
+        else:
+            dialect, messages, tools, system = last[session]
+            step = "extend" if k == 1 else draw(st.sampled_from(_STEPS))
+            messages = _next_transcript(draw, step, messages)
+            if step == "head":
+                tools, system = draw(_tools), draw(_system)
+            elif step == "dialect":
+                dialect = draw(_dialects)
+        last[session] = (dialect, messages, tools, system)
         body: dict[str, Any] = {"model": "m", "tools": tools, "system": system}
         body["input" if dialect == "openai-responses" else "messages"] = messages
         if draw(st.booleans()):
             body["cache_control"] = {"type": "ephemeral"}
         # what the proxy sees: a body parsed from the client's bytes, new objects every turn
-        turns.append((dialect, orjson.loads(orjson.dumps(body))))
-    return turns
+        requests.append((f"s{session}", dialect, orjson.loads(orjson.dumps(body))))
+    return requests
 
 
 def _plain(dialect: str, body: dict[str, Any]) -> tuple[Any, int, list[PrefixPoint]]:
@@ -220,21 +243,42 @@ def _plain(dialect: str, body: dict[str, Any]) -> tuple[Any, int, list[PrefixPoi
     return clean, estimate_tokens(request_parts(clean)), prefix_points(clean)
 
 
-@given(st.lists(_turns(), min_size=1, max_size=3))
-def test_transcript_views_match_the_plain_definitions(sessions: list[Any]) -> None:
+def _reusable(previous: tuple[str, dict[str, Any]] | None, dialect: str, body: Any) -> int:
+    """The messages whose results a view may take from the session's previous one (its
+    ``kept``), by definition: all of the previous request's messages when there were some,
+    the dialect, tools and system are the same, and this transcript's JSON begins with
+    theirs."""
+    if previous is None or previous[0] != dialect:
+        return 0
+    key = get_dialect(dialect).transcript[0]
+    before, items = previous[1][key], body[key]
+    head = orjson.dumps([body.get("tools"), body.get("system")])
+    if head != orjson.dumps([previous[1].get("tools"), previous[1].get("system")]):
+        return 0
+    same = bool(before) and orjson.dumps(items[: len(before)]) == orjson.dumps(before)
+    return len(before) if same and len(items) >= len(before) else 0
+
+
+@given(_session_requests())
+def test_transcript_views_match_the_plain_definitions(requests: list[Any]) -> None:
     memos = SessionTranscripts(max_sessions=2)  # three sessions: one is dropped now and then
-    for turn in range(max(len(s) for s in sessions)):
-        for i, session in enumerate(sessions):
-            if turn >= len(session):
-                continue
-            dialect, body = session[turn]
-            before = orjson.dumps(body)
-            view = memos.view(f"s{i}", get_dialect(dialect), body)
-            clean, est, points = _plain(dialect, body)
-            assert view.clean == clean and view.est_tokens == est and view.points == points
-            assert _digests(view.points) == b"".join([p.digest for p in points])
-            assert (view.clean is body) == (clean is body)  # "untouched" depends on it
-            assert orjson.dumps(body) == before  # nothing mutated
+    alive: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()  # the LRU, plainly
+    reused = 0
+    for session, dialect, body in requests:
+        before = orjson.dumps(body)
+        view = memos.view(session, get_dialect(dialect), body)
+        clean, est, points = _plain(dialect, body)
+        assert view.clean == clean and view.est_tokens == est and view.points == points
+        assert _digests(view.points) == b"".join([p.digest for p in points])
+        assert (view.clean is body) == (clean is body)  # "untouched" depends on it
+        assert orjson.dumps(body) == before  # nothing mutated
+        # the results above came from the previous turn's where they may, and only there
+        assert view.kept == _reusable(alive.pop(session, None), dialect, body)
+        reused += view.kept > 0
+        alive[session] = (dialect, body)
+        if len(alive) > 2:
+            alive.popitem(last=False)
+    assert reused >= 1  # the incremental path ran (the strategy's second request is one)
 
 
 def _chat(messages: list[Any]) -> dict[str, Any]:
