@@ -192,12 +192,16 @@ _dialects = st.sampled_from(["openai", "anthropic", "openai-responses"])
 _STEPS = ["extend"] * 6 + ["same", "rewrite", "truncate", "head", "dialect", "digit"]
 
 
-def _next_transcript(draw: st.DrawFn, step: str, messages: list[Any]) -> list[Any]:
+def _next_transcript(
+    draw: st.DrawFn, step: str, messages: list[Any], message: st.SearchStrategy[Any] = _message
+) -> list[Any]:
+    """The transcript after ``messages`` by ``step`` (one of ``_STEPS``), new messages drawn
+    from ``message``."""
     messages = list(messages)
     if step == "extend":
-        messages += draw(st.lists(_message, min_size=1, max_size=3))
+        messages += draw(st.lists(message, min_size=1, max_size=3))
     elif step == "rewrite" and messages:
-        messages[draw(st.integers(0, len(messages) - 1))] = draw(_message)
+        messages[draw(st.integers(0, len(messages) - 1))] = draw(message)
     elif step == "truncate" and messages:
         messages = messages[: draw(st.integers(0, len(messages) - 1))]
     elif step == "digit" and messages and type(messages[-1]) is int:
@@ -447,15 +451,9 @@ def _checked_turns(draw: st.DrawFn) -> list[tuple[str, bytes]]:
     messages: list[Any] = draw(st.lists(_checked_message, max_size=3))
     turns = []
     for _ in range(draw(st.integers(min_value=1, max_value=10))):
-        step = draw(st.sampled_from(["grow"] * 5 + ["same", "edit", "cut", "dialect"]))
-        messages = list(messages)
-        if step == "grow":
-            messages += draw(st.lists(_checked_message, min_size=1, max_size=2))
-        elif step == "edit" and messages:
-            messages[draw(st.integers(0, len(messages) - 1))] = draw(_checked_message)
-        elif step == "cut" and messages:
-            messages = messages[: draw(st.integers(0, len(messages) - 1))]
-        elif step == "dialect":
+        step = draw(st.sampled_from(["extend"] * 5 + ["same", "rewrite", "truncate", "dialect"]))
+        messages = _next_transcript(draw, step, messages, _checked_message)
+        if step == "dialect":
             dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
         body: dict[str, Any] = {"model": "m", "max_tokens": 5}
         body["input" if dialect == "openai-responses" else "messages"] = messages
@@ -549,17 +547,11 @@ def _raw_turns(draw: st.DrawFn) -> list[tuple[str, bytes]]:
     order.shuffle(arrangement)
     turns = []
     for _ in range(draw(st.integers(min_value=1, max_value=8))):
-        steps = ["grow"] * 6 + ["same", "edit", "cut", "dialect", "format", "extra", "decoy"]
-        steps += ["twice", "order"]
+        steps = ["extend"] * 6 + ["same", "rewrite", "truncate", "dialect", "format", "extra"]
+        steps += ["decoy", "twice", "order"]
         step = draw(st.sampled_from(steps))
-        messages = list(messages)
-        if step == "grow":
-            messages += draw(st.lists(_checked_message, min_size=1, max_size=2))
-        elif step == "edit" and messages:
-            messages[draw(st.integers(0, len(messages) - 1))] = draw(_checked_message)
-        elif step == "cut" and messages:
-            messages = messages[: draw(st.integers(0, len(messages) - 1))]
-        elif step == "dialect":
+        messages = _next_transcript(draw, step, messages, _checked_message)
+        if step == "dialect":
             dialect = draw(st.sampled_from(["openai", "anthropic", "openai-responses"]))
         elif step == "format":
             fmt = draw(st.sampled_from(_FORMATS))
