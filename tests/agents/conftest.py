@@ -102,3 +102,59 @@ def run_program(
     sys.stdout.write(f"$ {' '.join(argv)}\nexit {done.returncode}\n{done.stdout}\n")
     sys.stderr.write(done.stderr)
     return done
+
+
+@dataclass(frozen=True)
+class CodexRun:
+    """A finished ``codex exec``: the process, and the last message it wrote (``-o``)."""
+
+    done: subprocess.CompletedProcess[str]
+    last_message: str
+
+
+def codex_home(
+    root: Path,
+    proxy_v1: str,
+    session: str,
+    *,
+    model: str = "gpt-test",
+    provider_name: str = "skillstate",
+    settings: str = "",
+) -> Path:
+    """A CODEX_HOME whose config sends ``model`` to the proxy, in ``session``, with no
+    retries and no approvals. ``provider_name``: Codex compacts remotely only for a provider
+    named "OpenAI". ``settings``: more TOML, before the provider's table."""
+    home = root / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f"""model = "{model}"
+model_provider = "skillstate"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+{settings}
+[model_providers.skillstate]
+name = "{provider_name}"
+base_url = "{proxy_v1}"
+env_key = "SKILLSTATE_TEST_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+http_headers = {{ "x-skillstate-session" = "{session}" }}
+"""
+    )
+    return home
+
+
+def run_codex(
+    agents: Agents, root: Path, home: Path, prompt: str, *, timeout: float = 180
+) -> CodexRun:
+    """``codex exec`` on ``prompt`` in ``root``/work (the test fills it first), configured by
+    ``home`` (:func:`codex_home`)."""
+    last = root / "last.txt"
+    done = run_program(
+        [str(agents.codex), "exec", "--skip-git-repo-check", "-o", str(last), prompt],
+        env={"CODEX_HOME": str(home), "HOME": str(root), "SKILLSTATE_TEST_KEY": "sk-dummy"},
+        cwd=root / "work",
+        timeout=timeout,
+    )
+    return CodexRun(done, last.read_text() if last.exists() else "")

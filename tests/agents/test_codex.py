@@ -11,35 +11,13 @@ from typing import Any
 
 import pytest
 
-from tests.agents.conftest import Agents, run_program
+from tests.agents.conftest import Agents, codex_home, run_codex
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
 
 PROMPT = "What do the notes in notes.txt say?"
 ANSWER = "The notes say the answer is 42."
 ENVELOPE = '```json\n{"state_patch": {"notes": "answer 42"}, "action": "answer"}\n```'
-
-
-def codex_home(root: Path, proxy_v1: str, session: str) -> Path:
-    home = root / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f"""model = "gpt-test"
-model_provider = "skillstate"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-
-[model_providers.skillstate]
-name = "skillstate"
-base_url = "{proxy_v1}"
-env_key = "SKILLSTATE_TEST_KEY"
-wire_api = "responses"
-request_max_retries = 0
-stream_max_retries = 0
-http_headers = {{ "x-skillstate-session" = "{session}" }}
-"""
-    )
-    return home
 
 
 def items(body: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -59,20 +37,11 @@ def test_codex_runs_a_command_and_answers(
     fake.enqueue(Reply(tool_calls=[shell]), Reply(text=f"{ANSWER}\n{ENVELOPE}"))
 
     session = f"codex-{mode}"
-    last = tmp_path / "last.txt"
-    done = run_program(
-        [str(agents.codex), "exec", "--skip-git-repo-check", "-o", str(last), PROMPT],
-        env={
-            "CODEX_HOME": str(codex_home(tmp_path, proxy.v1, session)),
-            "HOME": str(tmp_path),
-            "SKILLSTATE_TEST_KEY": "sk-dummy",
-        },
-        cwd=work,
-    )
+    run = run_codex(agents, tmp_path, codex_home(tmp_path, proxy.v1, session), PROMPT)
 
-    assert done.returncode == 0, done.stderr
+    assert run.done.returncode == 0, run.done.stderr
     # State mode strips its envelope from the streamed reply; passthrough relays it as said.
-    assert last.read_text().strip() == (ANSWER if mode == "state" else f"{ANSWER}\n{ENVELOPE}")
+    assert run.last_message.strip() == (ANSWER if mode == "state" else f"{ANSWER}\n{ENVELOPE}")
     turns = [r for r in fake.requests if r.path == "/v1/responses"]
     assert len(turns) == 2 and all(r.status == 200 for r in turns)
     for r in turns:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agents.conftest import Agents, run_program
-from tests.agents.test_codex import codex_home
+from tests.agents.conftest import Agents, codex_home, run_codex
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
 
@@ -33,17 +32,10 @@ def test_codex_applies_a_freeform_patch_through_a_chat_upstream(
     proxy = start_proxy(None, config={"mode": mode, "schema": ["notes"], "upstreams": [up]})
     patch = ToolCall("apply_patch", PATCH, id="call_patch_1", custom=True)
     fake.enqueue(Reply(tool_calls=[patch]), Reply(text=f"{ANSWER}\n{ENVELOPE}"))
-    home = codex_home(tmp_path, proxy.v1, f"patch-{mode}")
-    config = home / "config.toml"
-    config.write_text(config.read_text().replace('model = "gpt-test"', 'model = "gpt-5.5"'))
+    home = codex_home(tmp_path, proxy.v1, f"patch-{mode}", model="gpt-5.5")
+    run = run_codex(agents, tmp_path, home, "Create hello.txt")
 
-    done = run_program(
-        [str(agents.codex), "exec", "--skip-git-repo-check", "Create hello.txt"],
-        env={"CODEX_HOME": str(home), "HOME": str(tmp_path), "SKILLSTATE_TEST_KEY": "sk-dummy"},
-        cwd=work,
-    )
-
-    assert done.returncode == 0, done.stderr
+    assert run.done.returncode == 0, run.done.stderr
     assert (work / "hello.txt").read_text() == "hello from the patch\n"  # the patch applied
     turns = [r for r in fake.requests if r.path == "/v1/chat/completions"]
     assert len(turns) == 2 and all(r.status == 200 for r in turns)

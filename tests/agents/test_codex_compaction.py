@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from skillstate.compaction.items import CHECKPOINT_MARK, RESTORED_MARK
-from tests.agents.conftest import Agents, run_program
+from tests.agents.conftest import Agents, codex_home, run_codex
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply, ToolCall
 
@@ -30,32 +30,14 @@ LIMIT = 9000  # model_auto_compact_token_limit: about two commands above Codex's
 UPSTREAM = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
 
 
-def codex_home(root: Path, proxy_v1: str, session: str) -> Path:
-    home = root / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f"""model = "gpt-test"
-model_provider = "skillstate"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-web_search = "disabled"
+# Remote compaction every two commands or so, and nothing but the shell tool.
+SETTINGS = f"""web_search = "disabled"
 model_auto_compact_token_limit = {LIMIT}
 model_context_window = 200000
 
 [features]
 multi_agent = false
-
-[model_providers.skillstate]
-name = "OpenAI"
-base_url = "{proxy_v1}"
-env_key = "SKILLSTATE_TEST_KEY"
-wire_api = "responses"
-request_max_retries = 0
-stream_max_retries = 0
-http_headers = {{ "x-skillstate-session" = "{session}" }}
 """
-    )
-    return home
 
 
 class Model:
@@ -99,27 +81,11 @@ def test_codex_compacts_twice_through_the_proxy(
     model = Model()
     fake.responder = model
     session = f"codex-compact-{kind}"
-    last = tmp_path / "last.txt"
-    done = run_program(
-        [
-            str(agents.codex),
-            "exec",
-            "--skip-git-repo-check",
-            "-o",
-            str(last),
-            "Print the six parts.",
-        ],
-        env={
-            "CODEX_HOME": str(codex_home(tmp_path, proxy.v1, session)),
-            "HOME": str(tmp_path),
-            "SKILLSTATE_TEST_KEY": "sk-dummy",
-        },
-        cwd=work,
-        timeout=300,
-    )
+    home = codex_home(tmp_path, proxy.v1, session, provider_name="OpenAI", settings=SETTINGS)
+    run = run_codex(agents, tmp_path, home, "Print the six parts.", timeout=300)
 
-    assert done.returncode == 0, done.stderr
-    assert last.read_text().strip() == ANSWER
+    assert run.done.returncode == 0, run.done.stderr
+    assert run.last_message.strip() == ANSWER
     assert model.commands == COMMANDS and model.checkpoints >= 2
     sent = [r for r in fake.requests if r.path == UPSTREAM[kind]]
     assert all(r.status == 200 for r in sent)

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillstate.engine.window import CHECKPOINT_MARK
-from tests.agents.conftest import Agents, run_program
-from tests.agents.test_codex import codex_home
+from tests.agents.conftest import Agents, codex_home, run_codex
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply, ToolCall
 from tests.helpers import envelope
@@ -92,21 +91,11 @@ def test_codex_in_window_mode_checkpoints_and_keeps_what_it_needs(
     model = Model()
     fake.responder = model
     session = "codex-window"
-    last = tmp_path / "last.txt"
-    done = run_program(
-        [str(agents.codex), "exec", "--skip-git-repo-check", "-o", str(last), PROMPT],
-        env={
-            "CODEX_HOME": str(codex_home(tmp_path, proxy.v1, session)),
-            "HOME": str(tmp_path),
-            "SKILLSTATE_TEST_KEY": "sk-dummy",
-        },
-        cwd=work,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    run = run_codex(agents, tmp_path, codex_home(tmp_path, proxy.v1, session), PROMPT, timeout=300)
+    assert run.done.returncode == 0, run.done.stderr
     expected = SECRET.search(part(5))
     assert expected is not None
-    assert last.read_text().strip() == f"The code in part 5 is {expected.group(0)}."
+    assert run.last_message.strip() == f"The code in part 5 is {expected.group(0)}."
 
     turns = [r for r in fake.requests if r.path == "/v1/responses"]
     assert len(turns) == FILES + 1 and all(r.status == 200 for r in turns)
