@@ -30,6 +30,9 @@ TOOL = {
 }
 
 
+KIND = {"openai": "openai", "anthropic": "anthropic", "responses": "openai-responses"}  # its own
+
+
 def upstream(fake: FakeProvider, kind: str) -> dict[str, Any]:
     url = fake.url if kind == "anthropic" else fake.url + "/v1"
     return {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
@@ -75,8 +78,12 @@ class Model:
         self.turn += 1
         call = ("run", {"cmd": f"step {self.turn}"})
         if asks_checkpoint(req):
-            return Reply(text=envelope({"step": self.turn}), tool_calls=[call])
+            return Reply(text=envelope(self.patch(req)), tool_calls=[call])
         return Reply(text=f"Running step {self.turn}.", tool_calls=[call])
+
+    def patch(self, req: RecordedRequest) -> dict[str, Any]:
+        """The state patch of a checkpoint's envelope."""
+        return {"step": self.turn}
 
 
 # -- the three client dialects, driven through their SDKs ------------------------------------
@@ -622,20 +629,12 @@ def test_a_claude_code_compaction_sends_its_whole_new_transcript_once(
     assert after["state"]["step"] >= state_before["state"]["step"]  # nothing lost
 
 
-class Folder:
+class Folder(Model):
     """A fake model that folds at each checkpoint every ``KEEP-``/``FACT-`` token it
     receives (the state's included) into the state's ``facts``, and otherwise calls a tool."""
 
-    def __init__(self) -> None:
-        self.turn = 0
-
-    def __call__(self, req: RecordedRequest) -> Reply:
-        self.turn += 1
-        call = ("run", {"cmd": f"step {self.turn}"})
-        if asks_checkpoint(req):
-            facts = sorted(set(re.findall(r"(?:KEEP|FACT)-\d+", request_text(req))))
-            return Reply(text=envelope({"facts": facts}), tool_calls=[call])
-        return Reply(text=f"Running step {self.turn}.", tool_calls=[call])
+    def patch(self, req: RecordedRequest) -> dict[str, Any]:
+        return {"facts": sorted(set(re.findall(r"(?:KEEP|FACT)-\d+", request_text(req))))}
 
 
 def long_rewritten_transcript(head: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
@@ -704,14 +703,21 @@ def reserialised(transcript: list[dict[str, Any]], as_blocks: bool) -> list[dict
     return out
 
 
-@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+def assert_window_kept(p: Proxy, session: str) -> None:
+    """The session's window checkpointed as usual and never restarted on a changed
+    transcript: the client's rewrites were the same messages to it."""
+    turns = history(p, session)
+    assert sum(1 for h in turns if h["context"] == "checkpoint") >= 2
+    assert [h["estimate"]["window_start"] for h in turns].count("changed") == 0
+
+
+@pytest.mark.parametrize("dialect", list(KIND))
 def test_a_client_that_reserialises_its_history_keeps_its_window(
     fake: FakeProvider, start_proxy: StartProxy, dialect: str
 ) -> None:
     """A string ``content`` and the same text as a one-block list are one message to the
     window's digest: a client that switches between them keeps its window (no restart)."""
-    kind = {"openai": "openai", "anthropic": "anthropic", "responses": "openai-responses"}
-    p = start(start_proxy, fake, kind[dialect])
+    p = start(start_proxy, fake, KIND[dialect])
     fake.responder = Model()
     client = Client(p, dialect, f"reser-{dialect}", marks_breakpoints=False)
     for t in range(16):
@@ -721,11 +727,27 @@ def test_a_client_that_reserialises_its_history_keeps_its_window(
         client.turn(stream=False)
         if dialect == "openai" and t > 0 and not asks_checkpoint(fake.last):  # as sent
             assert fake.last.json["messages"][-3:] == [_plain(m) for m in sent]
-    turns = history(p, client.session)
-    assert sum(1 for h in turns if h["context"] == "checkpoint") >= 2
-    assert [
-        h["estimate"]["window_start"] for h in turns if h["estimate"]["window_start"] == "changed"
-    ] == []
+    assert_window_kept(p, client.session)
+
+
+def count_then_turn(
+    fake: FakeProvider, client: Client, stream: bool
+) -> tuple[RecordedRequest, RecordedRequest]:
+    """``/v1/messages/count_tokens`` of the client's next request, then its turn: what the
+    upstream was asked to count, and what the turn sent it."""
+    n = len(fake.requests)
+    anthropic.Anthropic(
+        base_url=client.proxy.url, api_key="k", max_retries=0
+    ).messages.count_tokens(
+        model="claude-x",
+        messages=client.transcript,  # type: ignore[arg-type]
+        system=SYSTEM,
+        tools=[{"name": TOOL["name"], "input_schema": TOOL["schema"]}],  # type: ignore[list-item]
+        extra_headers=client.headers,
+    )
+    (counted,) = [r for r in fake.requests[n:] if r.path == "/v1/messages/count_tokens"]
+    client.turn(stream=stream)
+    return counted, fake.last
 
 
 def test_count_tokens_counts_what_the_window_turn_sends(
@@ -738,23 +760,12 @@ def test_count_tokens_counts_what_the_window_turn_sends(
     p = start(start_proxy, fake, "anthropic")
     fake.responder = Model()
     client = Client(p, "anthropic", "count", marks_breakpoints=False)
-    tools = [{"name": TOOL["name"], "input_schema": TOOL["schema"]}]
     checkpoints = 0
     for t in range(12):
         if t == 7:
             p.stop()  # type: ignore[attr-defined]
             p.start()  # type: ignore[attr-defined]
-        n = len(fake.requests)
-        anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0).messages.count_tokens(
-            model="claude-x",
-            messages=client.transcript,  # type: ignore[arg-type]
-            system=SYSTEM,
-            tools=tools,  # type: ignore[arg-type]
-            extra_headers=client.headers,
-        )
-        (counted,) = [r for r in fake.requests[n:] if r.path == "/v1/messages/count_tokens"]
-        client.turn(stream=t % 2 == 1)
-        sent = fake.last
+        counted, sent = count_then_turn(fake, client, stream=t % 2 == 1)
         assert _no_marks(counted.json["messages"]) == _no_marks(sent.json["messages"]), t
         assert counted.json["system"] == _no_marks(sent.json["system"])
         checkpoints += asks_checkpoint(sent)
@@ -773,7 +784,6 @@ def test_count_tokens_in_auto_counts_what_the_turn_sends_once_in_the_window(
     p = start(start_proxy, fake, "anthropic", mode="auto", upstreams=[up])
     fake.responder = Model()
     client = Client(p, "anthropic", "count-auto", marks_breakpoints=False)
-    tools = [{"name": TOOL["name"], "input_schema": TOOL["schema"]}]
     windowed = checkpoints = 0
     restarted = False
     for t in range(16):
@@ -781,18 +791,8 @@ def test_count_tokens_in_auto_counts_what_the_turn_sends_once_in_the_window(
             p.stop()  # type: ignore[attr-defined]
             p.start()  # type: ignore[attr-defined]
             restarted = True
-        n = len(fake.requests)
-        anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0).messages.count_tokens(
-            model="claude-x",
-            messages=client.transcript,  # type: ignore[arg-type]
-            system=SYSTEM,
-            tools=tools,  # type: ignore[arg-type]
-            extra_headers=client.headers,
-        )
-        (counted,) = [r for r in fake.requests[n:] if r.path == "/v1/messages/count_tokens"]
-        steps_before = len(history(p, client.session))
-        client.turn(stream=t % 2 == 1)
-        sent = fake.last
+        steps_before = len(history(p, client.session))  # (a count commits no step)
+        counted, sent = count_then_turn(fake, client, stream=t % 2 == 1)
         if steps_before == 0 and history(p, client.session):
             continue  # the switch: decided when the turn ran
         assert _no_marks(counted.json["messages"]) == _no_marks(sent.json["messages"]), t
@@ -830,7 +830,7 @@ def with_nulls(transcript: list[dict[str, Any]], dialect: str, on: bool) -> list
     return out
 
 
-@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+@pytest.mark.parametrize("dialect", list(KIND))
 def test_a_client_that_drops_its_nulls_and_message_types_keeps_its_window(
     fake: FakeProvider, start_proxy: StartProxy, dialect: str
 ) -> None:
@@ -839,17 +839,15 @@ def test_a_client_that_drops_its_nulls_and_message_types_keeps_its_window(
     alternates between them (the openai SDK's ``model_dump()`` and ``exclude_none``, the
     Agents SDK's untyped ``{"role", "content"}``) keeps its window: no restart, checkpoints
     as usual."""
-    kind = {"openai": "openai", "anthropic": "anthropic", "responses": "openai-responses"}
-    p = start(start_proxy, fake, kind[dialect])
+    p = start(start_proxy, fake, KIND[dialect])
     fake.responder = Model()
     client = Client(p, dialect, f"nulls-{dialect}", marks_breakpoints=False)
     for t in range(16):
         client.transcript = with_nulls(client.transcript, dialect, on=t % 2 == 1)
         client.turn(stream=t % 3 == 0)
+    assert_window_kept(p, client.session)
     turns = history(p, client.session)
-    assert sum(1 for h in turns if h["context"] == "checkpoint") >= 2
     assert max(h["estimate"]["window"]["start"] for h in turns) > 2  # past the task
-    assert [h["estimate"]["window_start"] for h in turns].count("changed") == 0
 
 
 @pytest.mark.parametrize(("change", "stream"), [("compaction", False), ("restart", True)])
@@ -903,79 +901,6 @@ def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_that_fi
     assert wanted <= visible, sorted(wanted - visible)
 
 
-def test_a_fold_without_an_envelope_is_not_retried_by_the_sdk(
-    fake: FakeProvider, start_proxy: StartProxy
-) -> None:
-    """A fold that brings no valid envelope after its re-asks fails the turn with nothing
-    committed. The proxy already re-asked: an SDK retrying the 502 on its own (the openai and
-    anthropic SDKs retry 5xx unless ``x-should-retry: false``) would send every fold again,
-    billed each time, as a checkpoint of a compaction would (``invalid_checkpoint``)."""
-    up = {**upstream(fake, "openai"), "context_tokens": 4_000}
-    p = start(start_proxy, fake, "openai", upstreams=[up], window_max_tokens=1_000_000)
-    fake.responder = Folder()
-    client = Client(p, "openai", "fold-fails")
-    for t in range(6):
-        client.turn(stream=False, result=f"FACT-{t} " + BIG)
-    step = p.state(client.session)["step"]
-    client.transcript = long_rewritten_transcript(client.transcript[:2], 40)
-    fake.responder = lambda req: Reply(text="I would rather not.", tool_calls=[("run", {})])
-    before = len(fake.requests)
-    sdk = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=2)
-    with pytest.raises(openai.APIStatusError) as e:
-        sdk.chat.completions.create(
-            model="m",
-            messages=client.transcript,
-            extra_headers=client.headers,
-        )
-    calls = fake.requests[before:]
-    assert all(asks_checkpoint(r) for r in calls)
-    first = calls[0].json["messages"]
-    assert [r.json["messages"] == first for r in calls].count(True) == 1  # one attempt
-    assert e.value.status_code == 502
-    assert e.value.response.headers.get("x-should-retry") == "false"
-    assert p.state(client.session)["step"] == step  # nothing committed
-
-
-def test_a_fold_is_asked_without_the_clients_forced_tool_choice(
-    fake: FakeProvider, start_proxy: StartProxy
-) -> None:
-    """A client that forces a tool call on every turn (``tool_choice: "required"``, as the
-    Agents SDK's ``ModelSettings(tool_choice="required")`` sends) still gets its window
-    folded: a fold asks for the envelope only, which a forced tool call cannot carry, so
-    the fold goes without the client's tool_choice (as a compaction's checkpoint does); the
-    turn's own call keeps it."""
-    up = {**upstream(fake, "openai"), "context_tokens": 4_000}
-    p = start(start_proxy, fake, "openai", upstreams=[up], window_max_tokens=1_000_000)
-    folder = Folder()
-
-    def obeys_tool_choice(req: RecordedRequest) -> Reply:
-        if req.json.get("tool_choice") == "required":  # the API answers with calls only
-            return Reply(text="", tool_calls=[("run", {"cmd": "forced"})])
-        return folder(req)
-
-    fake.responder = obeys_tool_choice
-    client = Client(p, "openai", "fold-forced")
-    for t in range(6):
-        client.turn(stream=False, result=f"FACT-{t} " + BIG)
-    client.transcript = long_rewritten_transcript(client.transcript[:2], 40)
-    before = len(fake.requests)
-    tools = [{"type": "function", "function": {"name": TOOL["name"], "parameters": TOOL["schema"]}}]
-    sdk = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
-    reply = sdk.chat.completions.create(
-        model="m",
-        messages=client.transcript,
-        tools=tools,  # type: ignore[arg-type]
-        tool_choice="required",
-        extra_headers=client.headers,
-    )
-    calls = fake.requests[before:]
-    assert len(calls) > 2  # folds, then the turn's own call
-    assert all("tool_choice" not in r.json for r in calls[:-1])
-    assert calls[-1].json["tool_choice"] == "required"
-    assert reply.choices[0].message.tool_calls  # the client's forced call, answered
-    assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
-
-
 FORCED = {"openai": "required", "anthropic": {"type": "any"}, "responses": "required"}
 
 
@@ -989,7 +914,7 @@ def test_a_client_forcing_tool_calls_has_its_checkpoints_folded(
     call of its own (without the tool_choice, asking for the envelope only); the turn then
     goes out as a window turn from the kept exchanges, its tool_choice kept, its reply the
     model's."""
-    p = start(start_proxy, fake, "openai-responses" if dialect == "responses" else dialect)
+    p = start(start_proxy, fake, KIND[dialect])
     forced = FORCED[dialect]
     folded: list[int] = []  # each fold's step, as its envelope says
 
@@ -1188,7 +1113,7 @@ def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_on_ever
     assert wanted <= visible, sorted(wanted - visible)
 
 
-ROUTES = [("anthropic", "anthropic"), ("responses", "openai-responses")]
+ROUTES = [("openai", "openai"), ("anthropic", "anthropic"), ("responses", "openai-responses")]
 
 
 def folding_proxy(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> Proxy:
@@ -1201,8 +1126,17 @@ def folding_proxy(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> Pro
 def send_rewritten(client: Client, tool_choice: Any = None) -> Any:
     """One turn of a rewritten transcript past the context through the route's SDK, with
     its default retries; ``tool_choice`` as the client forces it."""
-    transcript = long_rewritten_exchanges(client.dialect, client.transcript[:1], 40)
     forced = {"tool_choice": tool_choice} if tool_choice is not None else {}
+    if client.dialect == "openai":
+        tool = {"name": TOOL["name"], "parameters": TOOL["schema"]}
+        return openai.OpenAI(base_url=client.proxy.v1, api_key="k").chat.completions.create(
+            model="m",
+            messages=long_rewritten_transcript(client.transcript[:2], 40),  # type: ignore[arg-type]
+            tools=[{"type": "function", "function": tool}],  # type: ignore[list-item]
+            extra_headers=client.headers,
+            **forced,
+        )
+    transcript = long_rewritten_exchanges(client.dialect, client.transcript[:1], 40)
     if client.dialect == "anthropic":
         return anthropic.Anthropic(base_url=client.proxy.url, api_key="k").messages.create(
             model="claude-x",
@@ -1226,11 +1160,13 @@ def send_rewritten(client: Client, tool_choice: Any = None) -> Any:
 def test_a_fold_on_every_route_goes_without_the_forced_tool_choice(
     fake: FakeProvider, start_proxy: StartProxy, dialect: str, kind: str
 ) -> None:
-    """Messages' ``tool_choice: {"type": "any"}`` and Responses' ``"required"`` force a
-    tool call: the folds go without it (they need the envelope only), the turn's own call
-    keeps it."""
+    """A client that forces a tool call on every turn (chat completions' and Responses'
+    ``tool_choice: "required"``, as the Agents SDK's ``ModelSettings(tool_choice="required")``
+    sends, Messages' ``{"type": "any"}``) still gets its window folded: a fold asks for the
+    envelope only, which a forced tool call cannot carry, so the folds go without the
+    client's tool_choice (as a compaction's checkpoint does); the turn's own call keeps it."""
     p = folding_proxy(fake, start_proxy, kind)
-    forced = {"type": "any"} if dialect == "anthropic" else "required"
+    forced = FORCED[dialect]
     folder = Folder()
 
     def obeys_tool_choice(req: RecordedRequest) -> Reply:
@@ -1249,8 +1185,11 @@ def test_a_fold_on_every_route_goes_without_the_forced_tool_choice(
     assert all("Do not answer" in request_text(r) for r in calls[:-1])
     assert all("tool_choice" not in r.json for r in calls[:-1])
     assert calls[-1].json["tool_choice"] == forced
-    made = reply.content if dialect == "anthropic" else reply.output
-    assert any(b.type in ("tool_use", "function_call") for b in made)  # the forced call
+    if dialect == "openai":
+        made = reply.choices[0].message.tool_calls or []
+    else:
+        made = reply.content if dialect == "anthropic" else reply.output
+    assert any(b.type in ("function", "tool_use", "function_call") for b in made)  # the call
     assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
 
 
@@ -1258,8 +1197,10 @@ def test_a_fold_on_every_route_goes_without_the_forced_tool_choice(
 def test_a_fold_without_an_envelope_is_not_retried_by_the_sdk_on_every_route(
     fake: FakeProvider, start_proxy: StartProxy, dialect: str, kind: str
 ) -> None:
-    """A fold that brings no valid envelope fails the turn once: the anthropic and openai
-    SDKs retry a 5xx on their own unless ``x-should-retry: false``; nothing committed."""
+    """A fold that brings no valid envelope after its re-asks fails the turn with nothing
+    committed. The proxy already re-asked: an SDK retrying the 502 on its own (the openai and
+    anthropic SDKs retry 5xx unless ``x-should-retry: false``) would send every fold again,
+    billed each time, as a checkpoint of a compaction would (``invalid_checkpoint``)."""
     p = folding_proxy(fake, start_proxy, kind)
     fake.responder = Folder()
     client = Client(p, dialect, f"fold-fails-{dialect}")
