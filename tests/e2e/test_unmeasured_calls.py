@@ -26,6 +26,14 @@ from tests.helpers import SESSION_HEADER, envelope
 # $0.001 per output token, input free: a call with max_tokens 100 has a worst case of $0.10.
 PRICES = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
 BUDGET = "0.25"  # two unmeasured calls' worst cases ($0.20) fit, a third call's does not
+CHAT = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+NO_USAGE = (  # a chat completion without its usage
+    b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":'
+    + httpx.Response(200, json=envelope({"notes": "x"})).content
+    + b'},"finish_reason":"stop"}]}'
+)
+UNMEASURED = ("usage-unavailable", None, pytest.approx(0.1))  # a row's pricing, cost, estimate
 
 
 def rows(data: Path) -> list[tuple[Any, ...]]:
@@ -34,10 +42,9 @@ def rows(data: Path) -> list[tuple[Any, ...]]:
         return db.execute(sql).fetchall()
 
 
-def start(start_proxy: StartProxy, fake: FakeProvider) -> InProcessProxy:
-    return start_proxy(
-        fake.url + "/v1", "--schema", "notes", config={"prices": PRICES, "auth_cache_ttl": 0}
-    )
+def start(start_proxy: StartProxy, upstream: str | None, **config: Any) -> InProcessProxy:
+    config = {"prices": PRICES, "auth_cache_ttl": 0, **config}
+    return start_proxy(upstream, "--schema", "notes", config=config)
 
 
 def client(proxy: InProcessProxy, timeout: float) -> openai.OpenAI:
@@ -45,39 +52,54 @@ def client(proxy: InProcessProxy, timeout: float) -> openai.OpenAI:
 
 
 def chat_args(session: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "m",
-        "max_tokens": 100,
-        "messages": [{"role": "user", "content": "hi"}],
-        "extra_headers": {SESSION_HEADER: session, "x-skillstate-budget-usd": BUDGET},
-        **extra,
-    }
+    headers = {SESSION_HEADER: session, "x-skillstate-budget-usd": BUDGET}
+    return {**CHAT, "extra_headers": headers, **extra}
+
+
+def post_chat(proxy: InProcessProxy, session: str, **headers: str) -> httpx.Response:
+    """CHAT in ``session`` with httpx (with the BUDGET unless ``headers`` say otherwise)."""
+    headers = {SESSION_HEADER: session, "x-skillstate-budget-usd": BUDGET, **headers}
+    return proxy.http.post(proxy.v1 + "/chat/completions", json=CHAT, headers=headers)
 
 
 def refused_by_budget(proxy: InProcessProxy, session: str) -> httpx.Response:
-    body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
-    return proxy.http.post(
-        proxy.v1 + "/chat/completions", json=body, headers={SESSION_HEADER: session}
+    """The session's next call, refused by the budget its earlier calls set."""
+    r = proxy.http.post(
+        proxy.v1 + "/chat/completions", json=CHAT, headers={SESSION_HEADER: session}
     )
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    return r
+
+
+def leave_before_the_answer(
+    proxy: InProcessProxy, fake: FakeProvider, session: str, never: threading.Event
+) -> None:
+    """A call the client gives up on (after 1 s) while the upstream holds its answer."""
+    fake.enqueue(Reply(text=envelope({"notes": "x"}), hold=never))
+    with pytest.raises(openai.APITimeoutError):
+        client(proxy, 1.0).chat.completions.create(**chat_args(session))
+
+
+def cut_a_stream(proxy: InProcessProxy, fake: FakeProvider, session: str) -> None:
+    """A stream the client closes after its first chunk: three events out, then the
+    upstream stalls, so no usage event ever comes."""
+    fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", stall_after=3))
+    stream = client(proxy, 30).chat.completions.create(**chat_args(session, stream=True))
+    next(iter(stream))  # the first chunk is here: the client has had enough
+    stream.close()
 
 
 def test_a_client_that_leaves_before_the_answer_spends_its_budget(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:
-    proxy = start(start_proxy, fake)
+    proxy = start(start_proxy, fake.url + "/v1")
     never = threading.Event()
     for n in (1, 2):
-        fake.enqueue(Reply(text=envelope({"notes": "x"}), hold=never))
-        with pytest.raises(openai.APITimeoutError):
-            client(proxy, 1.0).chat.completions.create(**chat_args("s1"))
+        leave_before_the_answer(proxy, fake, "s1", never)
         wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
-    assert rows(tmp_path / "data") == [
-        (499, "usage-unavailable", None, pytest.approx(0.1)),
-        (499, "usage-unavailable", None, pytest.approx(0.1)),
-    ]
+    assert rows(tmp_path / "data") == [(499, *UNMEASURED)] * 2
     r = refused_by_budget(proxy, "s1")
-    assert r.status_code == 429, r.text
-    assert r.json()["error"]["code"] == "session_budget_exceeded"
     assert "spent $0.200000" in r.json()["error"]["message"]
     assert len(fake.requests) == 2  # the third call never went out
     never.set()
@@ -90,44 +112,27 @@ def test_a_client_that_leaves_before_the_answer_spends_its_budget(
 def test_a_client_that_cuts_each_stream_before_its_usage_spends_its_budget(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:
-    proxy = start(start_proxy, fake)
+    proxy = start(start_proxy, fake.url + "/v1")
     for n in (1, 2):
-        # Three events out, then the upstream stalls: no usage event ever comes.
-        fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", stall_after=3))
-        stream = client(proxy, 30).chat.completions.create(**chat_args("s2", stream=True))
-        next(iter(stream))  # the first chunk is here: the client has had enough
-        stream.close()
+        cut_a_stream(proxy, fake, "s2")
         wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
-    assert rows(tmp_path / "data") == [
-        (499, "usage-unavailable", None, pytest.approx(0.1)),
-        (499, "usage-unavailable", None, pytest.approx(0.1)),
-    ]
-    r = refused_by_budget(proxy, "s2")
-    assert r.status_code == 429, r.text
-    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    assert rows(tmp_path / "data") == [(499, *UNMEASURED)] * 2
+    refused_by_budget(proxy, "s2")
     assert len(fake.requests) == 2
 
 
 def test_an_answer_without_usage_is_charged_its_estimate_and_says_so(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:
-    proxy = start(start_proxy, fake)
-    no_usage = b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,'
-    no_usage += b'"message":{"role":"assistant","content":'
-    no_usage += httpx.Response(200, json=envelope({"notes": "x"})).content
-    no_usage += b'},"finish_reason":"stop"}]}'
-    fake.enqueue(Reply(raw_body=no_usage))
-    r = proxy.http.post(
-        proxy.v1 + "/chat/completions",
-        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
-        headers={SESSION_HEADER: "s3", "x-skillstate-budget-usd": BUDGET},
-    )
+    proxy = start(start_proxy, fake.url + "/v1")
+    fake.enqueue(Reply(raw_body=NO_USAGE))
+    r = post_chat(proxy, "s3")
     assert r.status_code == 200, r.text
     assert r.headers["x-skillstate-pricing"] == "usage-unavailable"
     assert "x-skillstate-cost-usd" not in r.headers  # nothing measured
     assert r.headers["x-skillstate-estimated-cost-usd"] == "0.10000000"
     assert r.headers["x-skillstate-session-spent-usd"] == "0.10000000"
-    assert rows(tmp_path / "data") == [(200, "usage-unavailable", None, pytest.approx(0.1))]
+    assert rows(tmp_path / "data") == [(200, *UNMEASURED)]
 
 
 @pytest.mark.parametrize("cut_by", ["client", "upstream"])
@@ -138,12 +143,7 @@ def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
     stream cut in between, by the client or by the upstream closing the connection, has
     partial usage, which is not the bill either (the output was being generated)."""
     up = {"name": "up", "url": fake.url, "kind": "anthropic", "api_key": "sk-upstream"}
-    proxy = start_proxy(
-        None,
-        "--schema",
-        "notes",
-        config={"prices": PRICES, "auth_cache_ttl": 0, "upstreams": [up]},
-    )
+    proxy = start(start_proxy, None, upstreams=[up])
     import anthropic
 
     session = f"s-{cut_by}"
@@ -154,22 +154,14 @@ def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
         with contextlib.ExitStack() as stack:
             if cut_by == "upstream":
                 stack.enter_context(pytest.raises(anthropic.APIError))
-            stream = stack.enter_context(
-                client.messages.stream(
-                    model="m",
-                    max_tokens=100,
-                    messages=[{"role": "user", "content": "hi"}],
-                    extra_headers={SESSION_HEADER: session, "x-skillstate-budget-usd": BUDGET},
-                )
-            )
+            stream = stack.enter_context(client.messages.stream(**chat_args(session)))
             if cut_by == "client":
                 next(iter(stream))  # message_start is here: the client has had enough
             else:
                 stream.get_final_message()  # the upstream closes after message_start
         wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
     assert [r[3] for r in rows(tmp_path / "data")] == [pytest.approx(0.1)] * 2
-    r = refused_by_budget(proxy, session)
-    assert r.status_code == 429, (r.text, rows(tmp_path / "data"))
+    refused_by_budget(proxy, session)
 
 
 def spend(proxy: InProcessProxy) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -193,7 +185,7 @@ def test_metrics_count_each_unmeasured_calls_estimate_once_apart_from_measured_c
     """A dashboard of spend sees the calls without usage: each cut call's estimate is in
     ``skillstate_estimated_cost_usd_total`` once (as in its one ledger row and ``/cost``),
     under the labels of the measured counter, which the cut calls leave as it was."""
-    proxy = start(start_proxy, fake)
+    proxy = start(start_proxy, fake.url + "/v1")
     # A measured call: 10 output tokens at $0.001.
     fake.enqueue(Reply(text=envelope({"notes": "a"}), usage={"completion_tokens": 10}))
     answered = client(proxy, 30).chat.completions.create(**chat_args("s5"))
@@ -203,14 +195,9 @@ def test_metrics_count_each_unmeasured_calls_estimate_once_apart_from_measured_c
     assert before.get("skillstate_estimated_cost_usd_total", {}) == {}
     # A call the client gave up on (a 499 row), then a stream it cut before its usage.
     never = threading.Event()
-    fake.enqueue(Reply(text=envelope({"notes": "b"}), hold=never))
-    with pytest.raises(openai.APITimeoutError):
-        client(proxy, 1.0).chat.completions.create(**chat_args("s5"))
+    leave_before_the_answer(proxy, fake, "s5", never)
     wait_until(lambda: len(rows(tmp_path / "data")) == 2)
-    fake.enqueue(Reply(text=envelope({"notes": "c"}) + " and more", stall_after=3))
-    stream = client(proxy, 30).chat.completions.create(**chat_args("s5", stream=True))
-    next(iter(stream))
-    stream.close()
+    cut_a_stream(proxy, fake, "s5")
     wait_until(lambda: len(rows(tmp_path / "data")) == 3)
     never.set()
     estimates = [r[3] for r in rows(tmp_path / "data")]
@@ -232,18 +219,9 @@ def test_metrics_by_key_name_count_an_answer_without_usage_as_estimated(
     from tests.e2e.test_e2e_metrics import _make_key
 
     key = _make_key(tmp_path / "data", "alice")
-    config = {"prices": PRICES, "auth_cache_ttl": 0, "metrics_key_label": True}
-    proxy = start_proxy(fake.url + "/v1", "--schema", "notes", config=config)
-    no_usage = b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,'
-    no_usage += b'"message":{"role":"assistant","content":'
-    no_usage += httpx.Response(200, json=envelope({"notes": "x"})).content
-    no_usage += b'},"finish_reason":"stop"}]}'
-    fake.enqueue(Reply(raw_body=no_usage))
-    r = proxy.http.post(
-        proxy.v1 + "/chat/completions",
-        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
-        headers={SESSION_HEADER: "s6", "authorization": f"Bearer {key}"},
-    )
+    proxy = start(start_proxy, fake.url + "/v1", metrics_key_label=True)
+    fake.enqueue(Reply(raw_body=NO_USAGE))
+    r = post_chat(proxy, "s6", authorization=f"Bearer {key}")
     assert r.status_code == 200, r.text
     assert r.headers["x-skillstate-estimated-cost-usd"] == "0.10000000"
     admin = _make_key(tmp_path / "data", "ops", "--admin")
@@ -255,8 +233,7 @@ def test_metrics_by_key_name_count_an_answer_without_usage_as_estimated(
 
 def start_failing(start_proxy: StartProxy, upstream: str) -> InProcessProxy:
     """One attempt per call (no retry), and a short wait for the answer's headers."""
-    config = {"prices": PRICES, "auth_cache_ttl": 0, "retry_max_attempts": 1}
-    return start_proxy(upstream, "--schema", "notes", config={**config, "first_byte_timeout": 1})
+    return start(start_proxy, upstream, retry_max_attempts=1, first_byte_timeout=1)
 
 
 @pytest.mark.parametrize(
@@ -272,21 +249,12 @@ def test_an_upstream_that_fails_after_reading_the_request_spends_the_budget(
     for _ in (1, 2):
         reply = Reply(text="x", hold=never) if way == "timeout" else Reply(drop=True)
         fake.enqueue(reply)
-        r = proxy.http.post(
-            proxy.v1 + "/chat/completions",
-            json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
-            headers={SESSION_HEADER: "s6", "x-skillstate-budget-usd": BUDGET},
-        )
+        r = post_chat(proxy, "s6")
         assert r.status_code == status, r.text
     never.set()
     assert len(fake.requests) == 2  # both reached the upstream
-    assert rows(tmp_path / "data") == [
-        (0, "usage-unavailable", None, pytest.approx(0.1)),
-        (0, "usage-unavailable", None, pytest.approx(0.1)),
-    ]
-    r = refused_by_budget(proxy, "s6")
-    assert r.status_code == 429, r.text
-    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    assert rows(tmp_path / "data") == [(0, *UNMEASURED)] * 2
+    refused_by_budget(proxy, "s6")
     totals = proxy.get("/cost", params={"session": "s6"}).json()["totals"]
     assert totals["estimated_cost_usd"] == pytest.approx(0.2)
     assert list(spend(proxy)["skillstate_estimated_cost_usd_total"].values()) == [
@@ -302,11 +270,7 @@ def test_an_upstream_that_cannot_be_reached_costs_nothing(
 
     proxy = start_failing(start_proxy, f"http://127.0.0.1:{closed_port()}/v1")
     for _ in (1, 2, 3):  # three worst cases would be over the budget if they counted
-        r = proxy.http.post(
-            proxy.v1 + "/chat/completions",
-            json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
-            headers={SESSION_HEADER: "s7", "x-skillstate-budget-usd": BUDGET},
-        )
+        r = post_chat(proxy, "s7")
         assert r.status_code == 502, r.text
         assert r.json()["error"]["code"] != "session_budget_exceeded"
     assert rows(tmp_path / "data") == [(0, "usage-unavailable", None, None)] * 3
