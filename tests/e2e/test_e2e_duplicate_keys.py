@@ -32,11 +32,14 @@ TRANSCRIPT = {"openai": "messages", "anthropic": "messages", "openai-responses":
 # Per route: the transcript (compact JSON, as SDKs write it), each item holding a key twice
 # somewhere (a message, a content block, a tool call), the top level too ("\u006dodel" is
 # "model" escaped: the same key to every parser).
+CHAT_LIKE = {  # the same on chat completions and Responses
+    "escaped key": (b'"\\u006dodel":"big","model":"m",', b""),
+    "message": (b'"model":"m",', b'{"role":"user","content":"SECRET","content":"hi"}'),
+}
 CASES: dict[str, dict[str, tuple[bytes, bytes]]] = {
     "openai": {
         "top level": (b'"model":"big","max_tokens":9000,"model":"m","max_tokens":50,', b""),
-        "escaped key": (b'"\\u006dodel":"big","model":"m",', b""),
-        "message": (b'"model":"m",', b'{"role":"user","content":"SECRET","content":"hi"}'),
+        **CHAT_LIKE,
         "tool call": (
             b'"model":"m",',
             b'{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":'
@@ -61,8 +64,7 @@ CASES: dict[str, dict[str, tuple[bytes, bytes]]] = {
     },
     "openai-responses": {
         "top level": (b'"model":"big","model":"m",', b""),
-        "escaped key": (b'"\\u006dodel":"big","model":"m",', b""),
-        "message": (b'"model":"m",', b'{"role":"user","content":"SECRET","content":"hi"}'),
+        **CHAT_LIKE,
         "function call": (
             b'"model":"m",',
             b'{"role":"user","content":"go"},{"type":"function_call","call_id":"c1",'
@@ -85,7 +87,11 @@ def body(kind: str, lead: bytes, items: bytes) -> bytes:
     return b"{" + lead + b'"' + TRANSCRIPT[kind].encode() + b'":[' + items + b"]}"
 
 
-def post(p: InProcessProxy, kind: str, raw: bytes, mode: str, sid: str | None = None) -> None:
+def forward(
+    fake: FakeProvider, p: InProcessProxy, kind: str, raw: bytes, mode: str, sid: str | None
+) -> RecordedRequest:
+    """``raw`` posted to the proxy's route for ``kind``: the one request the upstream got."""
+    fake.reset()
     headers = {"content-type": "application/json", "x-skillstate-mode": mode}
     if kind == "anthropic":
         headers["anthropic-version"] = "2023-06-01"
@@ -93,6 +99,8 @@ def post(p: InProcessProxy, kind: str, raw: bytes, mode: str, sid: str | None = 
         headers[SESSION_HEADER] = sid
     r = p.http.post(p.url + ROUTES[kind], content=raw, headers=headers)
     assert r.status_code == 200, r.text
+    (sent,) = fake.requests
+    return sent
 
 
 def first_wins(raw: bytes) -> Any:
@@ -143,9 +151,7 @@ def test_a_key_twice_goes_upstream_as_the_proxy_read_it(
         raw = body(kind, lead, items or USER)
         assert repeated_keys(raw), name  # the case has a key twice
         for sid in (None, f"s-{mode}-{case}"):
-            fake.reset()
-            post(p, kind, raw, mode, sid)
-            (sent,) = fake.requests
+            sent = forward(fake, p, kind, raw, mode, sid)
             assert sent.body != raw, name
             assert_means_what_the_proxy_read(sent, raw)
             if kind == "openai" and "model" in name:
@@ -168,9 +174,7 @@ def test_a_session_whose_bytes_repeat_a_key_around_its_transcript_gets_them_seri
         turns = [USER, USER + b"," + reply + b"," + USER]
         for k, items in enumerate(turns):
             raw = body(kind, members, items)
-            fake.reset()
-            post(p, kind, raw, "passthrough", sid)
-            (sent,) = fake.requests
+            sent = forward(fake, p, kind, raw, "passthrough", sid)
             if members is lead:
                 assert_means_what_the_proxy_read(sent, raw)
             elif k:  # the second turn, spliced on the first: the client's own bytes
