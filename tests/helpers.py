@@ -60,3 +60,16 @@ HEAVY_ANTHROPIC_TOOLS: list[Any] = [
     {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
     for f in (t["function"] for t in HEAVY_CHAT_TOOLS)
 ]
+
+
+# Codex's freeform ``apply_patch`` as a Responses custom tool: free text under a Lark grammar
+# (the grammar cut to its first rules).
+PATCH_GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
+APPLY_PATCH: dict[str, Any] = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Use the `apply_patch` tool to edit files.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR},
+}
+# The same grammar as chat completions' custom tool carries it (nested one level deeper).
+CHAT_PATCH_FORMAT = {"type": "grammar", "grammar": {"syntax": "lark", "definition": PATCH_GRAMMAR}}

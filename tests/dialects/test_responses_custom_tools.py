@@ -19,15 +19,9 @@ from skillstate.dialects import sse
 from skillstate.dialects.openai import OPENAI
 from skillstate.dialects.registry import make_relay, reply_for, request_for
 from skillstate.dialects.responses.translate import split_tools, untranslated_items
+from tests.helpers import APPLY_PATCH, CHAT_PATCH_FORMAT
 
-GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
 PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch\n"
-APPLY_PATCH: dict[str, Any] = {
-    "type": "custom",
-    "name": "apply_patch",
-    "description": "Use the `apply_patch` tool to edit files.",
-    "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR},
-}
 SHELL = {"type": "function", "name": "shell", "parameters": {"type": "object"}}
 TRANSCRIPT: list[dict[str, Any]] = [
     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "add a.txt"}]},
@@ -50,7 +44,7 @@ def test_a_custom_tool_goes_to_chat_in_chats_shape_with_its_grammar_nested() -> 
         "custom": {
             "name": "apply_patch",
             "description": "Use the `apply_patch` tool to edit files.",
-            "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": GRAMMAR}},
+            "format": CHAT_PATCH_FORMAT,
         },
     }
     assert chat["tools"][1]["function"]["name"] == "shell"

@@ -15,16 +15,15 @@ from openai.types.responses import ResponseCustomToolCall
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
-from tests.helpers import SESSION_HEADER, envelope, oai
+from tests.helpers import (
+    APPLY_PATCH,
+    CHAT_PATCH_FORMAT,
+    SESSION_HEADER,
+    envelope,
+    oai,
+)
 
-GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
 PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello world\n*** End Patch\n"
-APPLY_PATCH: dict[str, Any] = {
-    "type": "custom",
-    "name": "apply_patch",
-    "description": "Use the `apply_patch` tool to edit files.",
-    "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR},
-}
 SHELL: dict[str, Any] = {
     "type": "function",
     "name": "shell",
@@ -36,6 +35,20 @@ def start(fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str) -> 
     url = fake.url if kind == "anthropic" else fake.url + "/v1"
     up = {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
     return start_proxy(None, "--mode", mode, "--schema", "notes", config={"upstreams": [up]})
+
+
+def patch_call(mode: str, notes: str, plain: str | None) -> Reply:
+    """The model's apply_patch call; its text: in state mode an envelope with ``notes``,
+    else ``plain``."""
+    text = envelope({"notes": notes}) if mode == "state" else plain
+    return Reply(text=text, tool_calls=[ToolCall("apply_patch", PATCH, custom=True)])
+
+
+def created(mode: str) -> Reply:
+    """The model's answer once the patch applied (with an envelope in state mode)."""
+    return Reply(
+        text=envelope({"notes": "done"}, prefix="Created.") if mode == "state" else "Created."
+    )
 
 
 def ask_for_patch(c: openai.OpenAI, streamed: bool, items: list[Any]) -> Any:
@@ -59,8 +72,7 @@ def test_a_custom_tool_call_round_trips_through_a_chat_upstream(
     p = start(fake, start_proxy, "openai", mode)
     c = oai(p, default_headers={SESSION_HEADER: f"patch-{mode}-{streamed}"})
     user = {"role": "user", "content": "Create hello.txt saying hello world."}
-    text = envelope({"notes": "patching hello.txt"}) if mode == "state" else ""
-    fake.enqueue(Reply(text=text, tool_calls=[ToolCall("apply_patch", PATCH, custom=True)]))
+    fake.enqueue(patch_call(mode, "patching hello.txt", ""))
     r, deltas = ask_for_patch(c, streamed, [user])
     call = next(o for o in r.output if o.type == "custom_tool_call")
     assert isinstance(call, ResponseCustomToolCall)
@@ -73,17 +85,13 @@ def test_a_custom_tool_call_round_trips_through_a_chat_upstream(
         "custom": {
             "name": "apply_patch",
             "description": APPLY_PATCH["description"],
-            "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": GRAMMAR}},
+            "format": CHAT_PATCH_FORMAT,
         },
     }
     # Turn 2: Codex sends the call back with its output.
     output = {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Success."}
     echoed = call.model_dump(exclude_none=True)
-    fake.enqueue(
-        Reply(
-            text=envelope({"notes": "done"}, prefix="Created.") if mode == "state" else "Created."
-        )
-    )
+    fake.enqueue(created(mode))
     raw = c.responses.with_raw_response.create(
         model="gpt-5",
         input=[user, echoed, output],  # type: ignore[list-item]
@@ -120,7 +128,7 @@ CHAT_TOOL: dict[str, Any] = {
     "type": "custom",
     "custom": {
         "name": "apply_patch",
-        "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": GRAMMAR}},
+        "format": CHAT_PATCH_FORMAT,
     },
 }
 
@@ -132,8 +140,7 @@ def test_a_chat_clients_custom_tools_pass_through_to_a_chat_upstream(
     p = start(fake, start_proxy, "openai", mode)
     c = oai(p, default_headers={SESSION_HEADER: f"chat-{mode}"})
     user = {"role": "user", "content": "Create hello.txt."}
-    text = envelope({"notes": "patching"}) if mode == "state" else None
-    fake.enqueue(Reply(text=text, tool_calls=[ToolCall("apply_patch", PATCH, custom=True)]))
+    fake.enqueue(patch_call(mode, "patching", None))
     choice = {"type": "custom", "custom": {"name": "apply_patch"}}
     r = c.chat.completions.create(
         model="gpt-5",
@@ -145,7 +152,7 @@ def test_a_chat_clients_custom_tools_pass_through_to_a_chat_upstream(
     assert tc.type == "custom" and tc.custom.input == PATCH
     assert fake.last.json["tools"] == [CHAT_TOOL] and fake.last.json["tool_choice"] == choice
     # Streamed: the custom pieces reach the client as the upstream sent them.
-    fake.enqueue(Reply(text=text, tool_calls=[ToolCall("apply_patch", PATCH, custom=True)]))
+    fake.enqueue(patch_call(mode, "patching", None))
     body = {"model": "gpt-5", "messages": [user], "tools": [CHAT_TOOL], "stream": True}
     with p.http.stream(
         "POST", p.v1 + "/chat/completions", json=body, headers={SESSION_HEADER: f"chat-{mode}"}
@@ -160,11 +167,7 @@ def test_a_chat_clients_custom_tools_pass_through_to_a_chat_upstream(
     # The next request answers the call: the upstream gets the pair.
     asked = {"role": "assistant", "content": None, "tool_calls": [tc.model_dump()]}
     answer = {"role": "tool", "tool_call_id": tc.id, "content": "Success."}
-    fake.enqueue(
-        Reply(
-            text=envelope({"notes": "done"}, prefix="Created.") if mode == "state" else "Created."
-        )
-    )
+    fake.enqueue(created(mode))
     r2 = c.chat.completions.create(
         model="gpt-5",
         messages=[user, asked, answer],  # type: ignore[list-item]
