@@ -1,5 +1,6 @@
-"""What many tests need alike: the session header, a reply carrying the state envelope, and
-the clients that talk to a proxy. Spelled out once here, so that a test says what it checks
+"""What many tests need alike: the session header, a reply carrying the state envelope, the
+clients that talk to a proxy, Codex's apply_patch custom tool, and a SQLite database held
+locked by another process. Spelled out once here, so that a test says what it checks
 rather than how a header is named or an envelope is fenced.
 
 The header's name is written out here, not imported from the proxy: a rename in the proxy
@@ -8,6 +9,11 @@ must fail the tests, not follow silently."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol
 
 import anthropic
@@ -73,3 +79,26 @@ APPLY_PATCH: dict[str, Any] = {
 }
 # The same grammar as chat completions' custom tool carries it (nested one level deeper).
 CHAT_PATCH_FORMAT = {"type": "grammar", "grammar": {"syntax": "lark", "definition": PATCH_GRAMMAR}}
+
+_LOCK_DB = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+@contextmanager
+def locked_by_another_process(db: Path, timeout: float = 30) -> Iterator[None]:
+    """The SQLite database ``db`` held by another process's write transaction (BEGIN
+    IMMEDIATE) for the block; released when it ends."""
+    other = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_DB, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"locked\n"
+        yield
+    finally:
+        other.communicate(b"\n", timeout=timeout)

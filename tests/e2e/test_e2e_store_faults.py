@@ -4,24 +4,13 @@ committed twice."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
 from tests.conftest import Proxy, StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
-
-LOCK_DB = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
+from tests.helpers import SESSION_HEADER, envelope, locked_by_another_process
 
 
 def chat(p: Proxy, session: str) -> httpx.Response:
@@ -48,12 +37,7 @@ def test_a_database_locked_by_another_process_is_a_503_and_health_says_so(
     p = start_proxy(fake.url + "/v1", "--schema", "notes")
     fake.enqueue(Reply(text=envelope({"notes": "one"})))
     assert chat(p, "lk").status_code == 200
-    locker = subprocess.Popen(
-        [sys.executable, "-c", LOCK_DB, str(tmp_path / "data" / "skillstate.db")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert locker.stdout is not None and locker.stdout.readline() == b"locked\n"
+    with locked_by_another_process(tmp_path / "data" / "skillstate.db"):
         health = p.get("/health")
         assert health.status_code == 503, health.text
         assert health.json()["ok"] is False
@@ -71,8 +55,6 @@ def test_a_database_locked_by_another_process_is_a_503_and_health_says_so(
         r = messages(p, "lk")
         assert r.status_code == 503, r.text
         assert r.json()["type"] == "error" and "locked" in r.json()["error"]["message"]
-    finally:
-        locker.communicate(b"\n", timeout=30)
     assert p.get("/health").status_code == 200
     fake.enqueue(Reply(text=envelope({"notes": "two"})))
     assert chat(p, "lk").status_code == 200

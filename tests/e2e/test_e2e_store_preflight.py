@@ -3,13 +3,12 @@ fail, after the upstream had billed it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.conftest import StartProxy
-from tests.e2e.test_e2e_store_faults import LOCK_DB, chat, envelope, messages
+from tests.e2e.test_e2e_store_faults import chat, envelope, messages
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import locked_by_another_process
 
 
 def test_a_store_that_failed_to_write_refuses_the_next_turn_before_sending_it(
@@ -18,12 +17,7 @@ def test_a_store_that_failed_to_write_refuses_the_next_turn_before_sending_it(
     p = start_proxy(fake.url + "/v1", "--schema", "notes", config={"store_busy_timeout": 0.2})
     fake.enqueue(Reply(text=envelope({"notes": "one"})))
     assert chat(p, "lk").status_code == 200
-    locker = subprocess.Popen(
-        [sys.executable, "-c", LOCK_DB, str(tmp_path / "data" / "skillstate.db")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert locker.stdout is not None and locker.stdout.readline() == b"locked\n"
+    with locked_by_another_process(tmp_path / "data" / "skillstate.db"):
         # The first turn finds out only at its commit: sent, then refused.
         fake.enqueue(Reply(text=envelope({"notes": "lost"})))
         assert chat(p, "lk").status_code == 503
@@ -35,8 +29,6 @@ def test_a_store_that_failed_to_write_refuses_the_next_turn_before_sending_it(
             assert "the turn was not sent" in r.text and "locked" in r.text
         assert r.json()["type"] == "error"  # in the client's dialect
         assert len(fake.requests) == sent
-    finally:
-        locker.communicate(b"\n", timeout=30)
     # Unlocked: the next turn probes, goes through and commits.
     fake.enqueue(Reply(text=envelope({"notes": "two"})))
     assert chat(p, "lk").status_code == 200

@@ -26,6 +26,7 @@ from skillstate.store.datadir import lock_data_dir, unlock_data_dir
 from skillstate.store.records import LedgerRow
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore
+from tests.helpers import locked_by_another_process
 
 
 def transition(step: int) -> TransitionRecord:
@@ -198,15 +199,6 @@ async def test_close_finishes_even_when_a_write_never_does(tmp_path: Path) -> No
 
 # -- issue 13 item 10: a database locked by another process ------------------------------
 
-LOCK_DB = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
-
 
 async def test_a_database_locked_by_another_process_is_reported_not_waited_on(
     tmp_path: Path,
@@ -214,19 +206,13 @@ async def test_a_database_locked_by_another_process_is_reported_not_waited_on(
     db = tmp_path / "skillstate.db"
     store = SQLiteStore(db, busy_timeout=0.05)
     await store.open()
-    other = subprocess.Popen(
-        [sys.executable, "-c", LOCK_DB, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        assert other.stdout is not None and other.stdout.readline() == b"locked\n"
+    with locked_by_another_process(db, timeout=HANG):
         problem = await store.check(timeout=HANG)
         assert problem is not None and "locked by another process" in problem
         with pytest.raises(StoreUnavailable, match="locked by another process") as err:
             await asyncio.wait_for(commit(store, 0, {"k": 1}), HANG)
         assert err.value.status == 503 and err.value.retry_after
         assert await store.load("s") is None  # nothing was written
-    finally:
-        other.communicate(b"\n", timeout=HANG)
     assert await store.check(timeout=HANG) is None
     assert await commit(store, 0, {"k": 1}) == 1
     await store.close()
