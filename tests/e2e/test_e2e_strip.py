@@ -55,22 +55,29 @@ def fake() -> Iterator[FakeProvider]:
     fp.stop()
 
 
+def launched(
+    fake: FakeProvider, tmp_path_factory: pytest.TempPathFactory, reply_envelope: str
+) -> Iterator[InProcessProxy]:
+    """A proxy with ``reply_envelope`` for the module's tests, stopped after them."""
+    p = launch_in_process(
+        tmp_path_factory.mktemp(reply_envelope), config=config(fake, reply_envelope)
+    )
+    yield p
+    p.stop()
+
+
 @pytest.fixture(scope="module")
 def stripping(
     fake: FakeProvider, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[InProcessProxy]:
-    p = launch_in_process(tmp_path_factory.mktemp("strip"), config=config(fake, "strip"))
-    yield p
-    p.stop()
+    yield from launched(fake, tmp_path_factory, "strip")
 
 
 @pytest.fixture(scope="module")
 def keeping(
     fake: FakeProvider, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[InProcessProxy]:
-    p = launch_in_process(tmp_path_factory.mktemp("keep"), config=config(fake, "keep"))
-    yield p
-    p.stop()
+    yield from launched(fake, tmp_path_factory, "keep")
 
 
 def ask(
