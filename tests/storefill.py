@@ -1,6 +1,7 @@
 """A store filled the way users fill it (a real proxy, the openai SDK, the fake provider),
-and a deep comparison of two stores: for the ``skillstate store copy`` tests of both
-tiers (SQLite in the main suite, PostgreSQL in tests/scale)."""
+a deep comparison of two stores, and a ledger row to write by hand: for the ``skillstate
+store copy`` and store tests of both tiers (SQLite in the main suite, PostgreSQL in
+tests/scale)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,24 @@ import openai
 
 from skillstate.cli.main import main
 from skillstate.store import KeptReply, Store
+from skillstate.store.records import LedgerRow
 from tests.conftest import Proxy
 from tests.fakeprovider import FakeProvider, Reply
 from tests.helpers import SESSION_HEADER, envelope
 
 SCHEMA = "facts,notes,step"
+
+
+def ledger_row(**overrides: Any) -> LedgerRow:
+    """A priced generation row of session "s" (10 in, 5 out, $0.50; baseline $2.00),
+    with ``overrides``."""
+    row: dict[str, Any] = {
+        "ts": 1.0, "session": "s", "upstream": "u", "model": "m", "kind": "generation",
+        "status": 200, "input_tokens": 10, "output_tokens": 5, "cache_read_tokens": None,
+        "cache_write_tokens": None, "pricing": "known", "cost_usd": 0.5,
+        "baseline_input_tokens": 40, "baseline_cost_usd": 2.0, "mode": "state",
+    }  # fmt: skip
+    return LedgerRow(**{**row, **overrides})
 
 
 def make_key(data: Path, name: str) -> str:

@@ -25,9 +25,9 @@ from skillstate.store import (
     TransitionRecord,
 )
 from skillstate.store.postgres.store import PostgresStore
-from skillstate.store.records import LedgerRow
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore
+from tests.storefill import ledger_row
 
 # A guard against a hang, not a performance threshold.
 HANG = 30.0
@@ -71,16 +71,6 @@ async def commit(
         session, expected_step=expected, state=state, schema=["k"],
         transition=transition(expected + 1), now=float(expected + 1), **kw,
     ))  # fmt: skip
-
-
-def ledger_row(**overrides: Any) -> LedgerRow:
-    row: dict[str, Any] = {
-        "ts": 1.0, "session": "s", "upstream": "u", "model": "m", "kind": "generation",
-        "status": 200, "input_tokens": 10, "output_tokens": 5, "cache_read_tokens": None,
-        "cache_write_tokens": None, "pricing": "known", "cost_usd": 0.5,
-        "baseline_input_tokens": 40, "baseline_cost_usd": 2.0, "mode": "state",
-    }  # fmt: skip
-    return LedgerRow(**{**row, **overrides})
 
 
 async def test_commit_load_and_history(store: Store) -> None:

@@ -23,10 +23,10 @@ from skillstate.store import (
     TransitionRecord,
 )
 from skillstate.store.datadir import lock_data_dir, unlock_data_dir
-from skillstate.store.records import LedgerRow
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore
 from tests.helpers import locked_by_another_process
+from tests.storefill import ledger_row
 
 
 def transition(step: int) -> TransitionRecord:
@@ -107,16 +107,6 @@ async def test_a_commit_conflict_drops_the_stale_cached_session(tmp_path: Path) 
 
 # A guard against a hang, not a performance threshold: before the fix these waits never end.
 HANG = 30.0
-
-
-def ledger_row(**overrides: Any) -> LedgerRow:
-    row: dict[str, Any] = {
-        "ts": 1.0, "session": "s", "upstream": "u", "model": "m", "kind": "generation",
-        "status": 200, "input_tokens": 10, "output_tokens": 5, "cache_read_tokens": None,
-        "cache_write_tokens": None, "pricing": "known", "cost_usd": 0.5,
-        "baseline_input_tokens": 40, "baseline_cost_usd": 2.0, "mode": "state",
-    }  # fmt: skip
-    return LedgerRow(**{**row, **overrides})
 
 
 async def test_an_unexpected_exception_fails_only_its_own_write(tmp_path: Path) -> None:
