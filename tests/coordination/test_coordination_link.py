@@ -33,6 +33,17 @@ class _Clock:
         return self.now
 
 
+class _Ping:
+    """An operation on Redis (a ping) that counts the times the link tried it."""
+
+    def __init__(self) -> None:
+        self.tried = 0
+
+    async def __call__(self, client: Any) -> Any:
+        self.tried += 1
+        return await client.ping()
+
+
 async def test_not_configured_runs_everything_locally() -> None:
     link = CoordinationLink(None)
     calls: list[Any] = []
@@ -50,13 +61,7 @@ async def test_not_configured_runs_everything_locally() -> None:
 async def test_refuse_gives_a_503_with_retry_after_and_tries_again_later() -> None:
     clock = _Clock()
     link = CoordinationLink(_dead_url(), CoordinationDown.REFUSE, clock=clock)
-    tried = 0
-
-    async def ping(client: Any) -> Any:
-        nonlocal tried
-        tried += 1
-        return await client.ping()
-
+    ping = _Ping()
     try:
         with pytest.raises(ProxyError) as err:
             await link.call(ping)
@@ -68,11 +73,11 @@ async def test_refuse_gives_a_503_with_retry_after_and_tries_again_later() -> No
         # Within retry_every, the dead server is not tried again: straight to the policy.
         with pytest.raises(ProxyError):
             await link.call(ping)
-        assert tried == 1
+        assert ping.tried == 1
         clock.now += link.retry_every
         with pytest.raises(ProxyError):
             await link.call(ping)
-        assert tried == 2
+        assert ping.tried == 2
     finally:
         await link.close()
 
@@ -140,21 +145,15 @@ async def test_attempt_never_refuses_and_keeps_to_the_retry_pace() -> None:
     per ``retry_every`` only."""
     clock = _Clock()
     link = CoordinationLink(_dead_url(), CoordinationDown.REFUSE, clock=clock)
-    tried = 0
-
-    async def ping(client: Any) -> Any:
-        nonlocal tried
-        tried += 1
-        return await client.ping()
-
+    ping = _Ping()
     try:
         assert await link.attempt(ping) is None
-        assert tried == 1 and not link.up
+        assert ping.tried == 1 and not link.up
         assert await link.attempt(ping) is None  # within retry_every: not tried
-        assert tried == 1
+        assert ping.tried == 1
         clock.now += link.retry_every
         assert await link.attempt(ping) is None
-        assert tried == 2
+        assert ping.tried == 2
     finally:
         await link.close()
     assert await CoordinationLink(None).attempt(ping) is None  # not configured
