@@ -146,6 +146,18 @@ def compact_edit(pause: bool) -> JSON:
     }
 
 
+def paused_compaction(c: anthropic.Anthropic, messages: list[Any], session: str) -> Any:
+    """A Messages request (beta) in ``session`` whose compact edit pauses after compacting."""
+    return c.beta.messages.create(
+        model="m-1",
+        max_tokens=100,
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        context_management=compact_edit(pause=True),  # type: ignore[arg-type]
+        extra_headers={SESSION_HEADER: session},
+    )
+
+
 def checkpoint_reply() -> Reply:
     env = {"state_patch": {"notes": "read f0..f3"}, "action": "continue"}
     return Reply(text=f"```json\n{json.dumps(env)}\n```")
@@ -160,14 +172,7 @@ def test_compaction_paused_then_carried_on(fake: FakeProvider, start_proxy: Star
     p = start(fake, start_proxy, "openai")
     fake.enqueue(checkpoint_reply())
     c = ant(p)
-    msg = c.beta.messages.create(
-        model="m-1",
-        max_tokens=100,
-        messages=transcript(),
-        tools=TOOLS,  # type: ignore[arg-type]
-        context_management=compact_edit(pause=True),  # type: ignore[arg-type]
-        extra_headers={SESSION_HEADER: "ant-1"},
-    )
+    msg = paused_compaction(c, transcript(), "ant-1")
     assert msg.stop_reason == "compaction"
     (block,) = msg.content
     assert block.type == "compaction" and block.encrypted_content.startswith("ssc1_")
@@ -179,14 +184,7 @@ def test_compaction_paused_then_carried_on(fake: FakeProvider, start_proxy: Star
         {"role": "assistant", "content": [block.model_dump(exclude_none=True)]},
         {"role": "user", "content": "And now?"},
     ]
-    r = c.beta.messages.create(
-        model="m-1",
-        max_tokens=100,
-        messages=later,
-        tools=TOOLS,  # type: ignore[arg-type]
-        context_management=compact_edit(pause=True),  # type: ignore[arg-type]
-        extra_headers={SESSION_HEADER: "ant-1"},
-    )
+    r = paused_compaction(c, later, "ant-1")
     assert r.content[0].text == "Carrying on." and r.stop_reason == "end_turn"
     sent = json.dumps(fake.requests[-1].json)
     assert RESTORED_MARK in sent and "read f0..f3" in sent and "And now?" in sent
@@ -231,14 +229,7 @@ def test_compaction_of_a_session_with_state_is_the_windows_checkpoint(
     fake.enqueue(Reply(text=f"```json\n{json.dumps(env)}\n```"))
     c.messages.create(model="m-1", max_tokens=100, messages=transcript(1), extra_headers=headers)
     fake.enqueue(checkpoint_reply())
-    msg = c.beta.messages.create(
-        model="m-1",
-        max_tokens=100,
-        messages=transcript(),
-        tools=TOOLS,  # type: ignore[arg-type]
-        context_management=compact_edit(pause=True),  # type: ignore[arg-type]
-        extra_headers={SESSION_HEADER: "ant-2"},
-    )
+    msg = paused_compaction(c, transcript(), "ant-2")
     assert msg.stop_reason == "compaction" and msg.content[0].type == "compaction"
     sent = json.dumps(fake.requests[-1].json)
     assert "f0 is short" in sent and "body of f0" in sent and "body of f3" in sent
