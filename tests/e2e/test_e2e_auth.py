@@ -183,12 +183,17 @@ def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
+def tenants(data: Path) -> tuple[str, str, str]:
+    """Keys of two tenants, alice and bob, and of an admin (root), in that order."""
+    alice = make_key(data, "create", "--name", "alice")
+    bob = make_key(data, "create", "--name", "bob")
+    return alice, bob, make_key(data, "create", "--name", "root", "--admin")
+
+
 def test_two_keys_see_only_their_own_sessions_state_and_cost(
     fake: FakeProvider, start_proxy: StartProxy, data: Path
 ) -> None:
-    a = make_key(data, "create", "--name", "alice")
-    b = make_key(data, "create", "--name", "bob")
-    root = make_key(data, "create", "--name", "root", "--admin")
+    a, b, root = tenants(data)
     proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
     fake.enqueue(
         Reply(text=envelope({"facts": "alice's"})),
@@ -252,9 +257,7 @@ def test_two_keys_see_only_their_own_sessions_state_and_cost(
 def test_cross_key_read_patch_and_delete_are_404(
     fake: FakeProvider, start_proxy: StartProxy, data: Path
 ) -> None:
-    a = make_key(data, "create", "--name", "alice")
-    b = make_key(data, "create", "--name", "bob")
-    root = make_key(data, "create", "--name", "root", "--admin")
+    a, b, root = tenants(data)
     proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
     fake.enqueue(Reply(text=envelope({"facts": "secret"})))
     chat(oai(proxy, a), "only-alice")
