@@ -54,6 +54,7 @@ def run_openai(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out + stripper.finish()
 
 
+# A reply's text: prose, fences, braces and envelopes in any order (test_strip_responses too).
 replies = st.lists(
     st.sampled_from(["Booked", " it.", "\n", "\n\n", "```json", "```", "{", "}", ENV, BLOCK, " "]),
     max_size=10,

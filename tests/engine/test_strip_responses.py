@@ -16,9 +16,8 @@ from skillstate.dialects.responses.stream import ChatToResponsesRelay
 from skillstate.dialects.sse import SSEParser
 from skillstate.engine.strip import strip_envelope, strip_reply, strip_request
 from skillstate.engine.strip_events import StrippingRelay
+from tests.engine.test_strip_events import BLOCK, replies
 
-ENV = '{"state_patch": {"step": 2}, "action": "ask the user"}'
-BLOCK = f"```json\n{ENV}\n```"
 REASONING = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "enc=="}
 CALL = {
     "type": "function_call",
@@ -121,12 +120,6 @@ def check_stream(
     assert by_type["response.output_text.done"]["text"] == expected
     assert by_type["response.content_part.done"]["part"]["text"] == expected
     return expected
-
-
-replies = st.lists(
-    st.sampled_from(["Booked", " it.", "\n", "\n\n", "```json", "```", "{", "}", ENV, BLOCK, " "]),
-    max_size=10,
-).map("".join)
 
 
 @settings(max_examples=200, deadline=None)
