@@ -576,17 +576,23 @@ def test_a_codex_shaped_turn_against_a_chat_completions_upstream(
     assert msgs[-1] == {"role": "tool", "tool_call_id": call["call_id"], "content": "a.txt\nb.txt"}
 
 
+def tool_loop(repeat: int) -> list[Any]:
+    """A task, then eight function calls, each answered by an output that names it
+    (``OUTPUT-i``, ``repeat`` times)."""
+    items: list[Any] = [{"role": "user", "content": "Task: read the files."}]
+    for i in range(8):
+        items += [
+            {"type": "function_call", "call_id": f"c{i}", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": f"OUTPUT-{i} " * repeat},
+        ]
+    return items
+
+
 def test_mask_mode_masks_old_function_call_outputs(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start(fake, start_proxy, "openai-responses", "--mode", "mask")
-    items: list[Any] = [{"role": "user", "content": "Task: read the files."}]
-    for i in range(8):
-        items += [
-            {"type": "function_call", "call_id": f"c{i}", "name": "get_weather",
-             "arguments": "{}"},
-            {"type": "function_call_output", "call_id": f"c{i}", "output": f"OUTPUT-{i} " * 50},
-        ]  # fmt: skip
+    items = tool_loop(repeat=50)
     fake.enqueue(Reply(text="ok"))
     client(p).responses.create(model="m", input=items, tools=TOOLS)
     sent = fake.last.json["input"]
@@ -603,13 +609,7 @@ def test_cost_baseline_counts_a_responses_transcript(
     """The savings baseline estimates the client's whole Responses transcript (``input``
     and ``instructions``), not only its tools: a long loop compacted in state mode saves."""
     p = start(fake, start_proxy, "openai", "--mode", "state")
-    items: list[Any] = [{"role": "user", "content": "Task: read the files."}]
-    for i in range(8):
-        items += [
-            {"type": "function_call", "call_id": f"c{i}", "name": "get_weather",
-             "arguments": "{}"},
-            {"type": "function_call_output", "call_id": f"c{i}", "output": f"OUTPUT-{i} " * 80},
-        ]  # fmt: skip
+    items = tool_loop(repeat=80)
     fake.enqueue(Reply(text=envelope({"notes": "read"})))
     client(p).responses.create(
         model="gpt-4o", instructions="Be careful. " * 20, input=items, tools=TOOLS,
