@@ -276,3 +276,38 @@ def test_an_upstream_that_cannot_be_reached_costs_nothing(
     assert rows(tmp_path / "data") == [(0, "usage-unavailable", None, None)] * 3
     totals = proxy.get("/cost", params={"session": "s7"}).json()["totals"]
     assert not totals["estimated_cost_usd"]
+
+
+@pytest.mark.parametrize("upstreams", [1, 2], ids=["retried", "failed-over"])
+def test_each_retried_attempt_that_may_be_billed_is_held_against_the_budget(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, upstreams: int
+) -> None:
+    """One turn whose upstream drops the connection after reading each request: the pool
+    retries (three attempts on one upstream, or one on each of three upstreams after a
+    failover), and each attempt may be billed ($0.10). The session's $0.25 holds two: the
+    third attempt is not sent, and the turn is refused by the budget."""
+    attempts = 3 if upstreams == 1 else 1
+    config: dict[str, Any] = {
+        "prices": PRICES,
+        "auth_cache_ttl": 0,
+        "retry_max_attempts": attempts,
+        "retry_base_delay": 0,
+    }
+    if upstreams > 1:
+        config["upstreams"] = [
+            {"name": f"u{i}", "url": fake.url + "/v1", "api_key": "sk", "priority": i}
+            for i in range(3)
+        ]
+    proxy = start_proxy(None if upstreams > 1 else fake.url + "/v1", config=config)
+    fake.enqueue(*[Reply(drop=True) for _ in range(3)])
+    r = proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+        headers={SESSION_HEADER: "s8", "x-skillstate-budget-usd": BUDGET},
+    )
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    assert len(fake.requests) == 2  # the third attempt was never sent
+    assert rows(tmp_path / "data") == [(0, "usage-unavailable", None, pytest.approx(0.1))] * 2
+    totals = proxy.get("/cost", params={"session": "s8"}).json()["totals"]
+    assert totals["estimated_cost_usd"] == pytest.approx(0.2)

@@ -189,7 +189,9 @@ class FakePool:
     def candidates(self, model: str | None = None) -> list[Any]:
         return [_Candidate()]
 
-    async def dispatch(self, out: Outbound, failures: list[Any] | None = None) -> FakeExchange:
+    async def dispatch(
+        self, out: Outbound, failures: list[Any] | None = None, before_attempt: Any = None
+    ) -> FakeExchange:
         self.sent.append(out)
         self.entered.setdefault("dispatch", asyncio.Event()).set()
         gate = self.gates.get("dispatch")

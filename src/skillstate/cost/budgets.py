@@ -4,10 +4,11 @@ A turn may be under two budgets: its key's daily budget (``budget_usd_per_day``,
 and its session's budget (``x-skillstate-budget-usd``, for the session's whole life; a key's
 ``max_session_budget_usd`` caps it, and is the budget of its sessions that set none).
 
-Before each upstream call of the turn (the first, and each re-ask) its worst case
-(``cost.worstcase``) is reserved against every budget: the budget's spend read from the
-ledger, plus what the calls in flight hold, plus this call's worst case, must fit, or the
-call is refused (429) before anything is sent. Check and hold are one step: in process, no
+Before each upstream call of the turn (the first, each re-ask, and each retry or failover
+after an attempt the upstream may have billed: ``turn.complete.HoldPerBilledAttempt``) its
+worst case (``cost.worstcase``) is reserved against every budget: the budget's spend read
+from the ledger, plus what the calls in flight hold, plus this call's worst case, must fit,
+or the call is refused (429) before anything is sent. Check and hold are one step: in process, no
 await between them; across replicas, one Redis script (``coordination.budgets``). The holds
 end once the turn's ledger rows are written (in state mode, in the commit; otherwise before
 the reply's last bytes go out; before a re-ask, the rows so far: ``Committer.write_ahead``):

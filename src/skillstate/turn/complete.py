@@ -4,6 +4,8 @@ the answer, judge it, and re-ask while it is invalid (up to ``max_retries``)."""
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from fractions import Fraction
 from typing import Any
 
@@ -24,6 +26,22 @@ from .plan import Planner
 from .types import Answer, Reply, TurnMeta, with_envelope
 
 CUT_OFF_ECHO_CHARS = 200  # of a reply cut off at max_tokens, echoed in the re-ask
+
+
+class HoldPerBilledAttempt:
+    """A budget holds the worst case of each attempt the upstream may bill: the call's first
+    hold covers its first attempt; each retry or failover after an attempt that may have
+    been billed (``AttemptRecord.billed``: its row is charged the worst case) takes a hold
+    of its own first, or the dispatch ends with the budget's refusal."""
+
+    def __init__(self, reserve: Callable[[], Awaitable[float | None]]) -> None:
+        self._reserve = reserve
+        self._holds = 1
+
+    async def __call__(self, billed: int) -> None:
+        while self._holds <= billed:
+            await self._reserve()
+            self._holds += 1
 
 
 class Completer:
@@ -59,14 +77,19 @@ class Completer:
         """Send upstream (the pool retries and fails over); failed attempts are metered.
         The call's worst case is held against the turn's budgets first (or it is refused)."""
         turn = meta.turn
-        held = None
-        if turn.budgets is not None:
+        budgets = turn.budgets
+        held = holds = None
+        if budgets is not None:
             upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
-            held = await turn.budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
+            held = await budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
         meta.meter.sending(out.est_tokens, out.body, held)
+        if budgets is not None and held is not None:
+            holds = HoldPerBilledAttempt(
+                functools.partial(budgets.reserve, turn.model, out.est_tokens, out.body, upstreams)
+            )
         failures: list[AttemptRecord] = []
         try:
-            return await self.pool.dispatch(out, failures)
+            return await self.pool.dispatch(out, failures, holds)
         except ProxyError as e:
             meta.meter.failed_attempts(e.attempts)
             raise

@@ -11,7 +11,7 @@ import asyncio
 import fnmatch
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -386,6 +386,11 @@ def _with_members(raw: bytes, members: dict[str, Any]) -> bytes:
     return head + (b"" if head.endswith(b"{") else b",") + added + b"}"
 
 
+# Awaited before each attempt of a dispatch with the number of earlier attempts the upstream
+# may bill (``UpstreamPool.dispatch``).
+BeforeAttempt = Callable[[int], Awaitable[None]]
+
+
 class UpstreamPool:
     def __init__(
         self,
@@ -498,16 +503,22 @@ class UpstreamPool:
         raise _all_failed(failures)
 
     async def dispatch(
-        self, out: Outbound, failures: list[AttemptRecord] | None = None
+        self,
+        out: Outbound,
+        failures: list[AttemptRecord] | None = None,
+        before_attempt: BeforeAttempt | None = None,
     ) -> Exchange:
         """Send with retries and failover. Returns the final response (2xx, or the last
         upstream error to relay); raises ProxyError when no upstream gave an answer, with
         the failed attempts in its `attempts`. ``failures``: the caller's list, which the
         attempts are recorded in as they fail, so that a caller cancelled meanwhile still
-        knows them (the attempt cut by the cancellation is one: ``CLIENT_CLOSED``)."""
+        knows them (the attempt cut by the cancellation is one: ``CLIENT_CLOSED``).
+        ``before_attempt``: awaited before each attempt with the number of earlier ones the
+        upstream may bill (``AttemptRecord.billed``); what it raises ends the dispatch (a
+        budget that cannot hold one more attempt's worst case)."""
         failures = [] if failures is None else failures
         try:
-            return await self._dispatch(out, failures)
+            return await self._dispatch(out, failures, before_attempt)
         except ProxyError as e:
             e.attempts = attempted(failures)
             raise
@@ -518,9 +529,12 @@ class UpstreamPool:
         out: Outbound,
         failures: list[AttemptRecord],
         held: list[Admission],
+        before_attempt: BeforeAttempt | None,
     ) -> tuple[Permit, Ticket] | None:
         """The breaker's permit and the local limits' ticket for one attempt on ``up``; None
         when either refuses (recorded in ``failures`` or ``held``, and in the telemetry)."""
+        if before_attempt is not None:
+            await before_attempt(sum(f.billed for f in failures))
         # Only a half-open breaker hands out a slot (a probe) that must be given back.
         permit = await up.breaker.acquire()
         if permit is None:
@@ -557,7 +571,9 @@ class UpstreamPool:
             )
         return candidates
 
-    async def _dispatch(self, out: Outbound, failures: list[AttemptRecord]) -> Exchange:
+    async def _dispatch(
+        self, out: Outbound, failures: list[AttemptRecord], before_attempt: BeforeAttempt | None
+    ) -> Exchange:
         candidates = self._serving(out)
         last_error: Exchange | None = None  # the last HTTP error answer, body already read
         last_record: AttemptRecord | None = None
@@ -578,7 +594,7 @@ class UpstreamPool:
                     if remaining <= 0:
                         expired = True
                         break
-                    admitted = await self._admit(up, out, failures, held)
+                    admitted = await self._admit(up, out, failures, held, before_attempt)
                     if admitted is None:
                         break
                     permit, ticket = admitted
