@@ -269,3 +269,35 @@ def test_streamed_turns_hold_and_settle_like_the_others(
     assert refused.value.body["code"] == "budget_exceeded"
     assert len(fake.requests) == 2
     assert cost_of(proxy, key) == pytest.approx(0.20)
+
+
+def test_a_call_with_two_output_limits_is_held_at_the_larger(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """A chat request with max_tokens 1 and max_completion_tokens 1,000 to an Anthropic
+    upstream goes with max_tokens 1,000 (the translation reads max_completion_tokens
+    first, as vLLM does): its worst case is 1,000 output tokens ($1.00), more than the
+    session's $0.25, so it is refused before it is sent."""
+    proxy = start_proxy(
+        None,
+        config={
+            "auth_cache_ttl": 0,
+            "prices": OUTPUT_PRICED,
+            "upstreams": [{"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "sk"}],
+        },
+    )
+    fake.enqueue(Reply(text="word " * 1000))
+    r = proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        json={
+            "model": "m",
+            "max_tokens": 1,
+            "max_completion_tokens": 1000,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        headers={SESSION: "two-limits", "x-skillstate-budget-usd": "0.25"},
+    )
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "session_budget_exceeded"
+    assert "this call alone (worst case $1.000000)" in r.json()["error"]["message"]
+    assert fake.requests == []

@@ -5,7 +5,8 @@
   (UTF-8 bytes / 4), times ``INPUT_MARGIN``, at the higher of the model's input and
   cache-write prices (a cache write is the dearest way to read a token).
 * Output: the request's own limit (``max_tokens``, ``max_completion_tokens`` or
-  ``max_output_tokens``), else the ``budget_max_tokens`` setting, at the output price.
+  ``max_output_tokens``; the largest, when it sets more than one), else the
+  ``budget_max_tokens`` setting, at the output price.
 
 ``INPUT_MARGIN`` covers the estimator's error: on the 2,366 requests of the 40 SWE-bench
 agent runs in shared/data (``scripts/estimator-error``), the real input (o200k_base and
@@ -80,12 +81,15 @@ def unpriced_rates() -> Rates:
 
 
 def output_limit(body: Mapping[str, Any], default: int) -> int:
-    """The most output tokens the call may produce: its own limit, else ``default``."""
-    for name in MAX_TOKEN_FIELDS:
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return default
+    """The most output tokens the call may produce: its own limit, else ``default``. A body
+    with two limits is held at the larger: which one an upstream reads is its own choice
+    (the translation to Messages and vLLM take ``max_completion_tokens`` first)."""
+    limits = [
+        value
+        for name in MAX_TOKEN_FIELDS
+        if isinstance(value := body.get(name), int) and not isinstance(value, bool) and value >= 0
+    ]
+    return max(limits) if limits else default
 
 
 class WorstCase:
