@@ -179,8 +179,9 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "budget_max_tokens": "Output tokens a budget reserves for a call that sets no "
         "`max_tokens` (nor `max_completion_tokens`, `max_output_tokens`): with the estimated "
         "input, the call's worst case, held against the key's and the session's budgets "
-        "until its real cost is in the ledger. A model that writes more than this can pass "
-        "a budget: set `max_tokens` in clients that run under one.",
+        "until its real cost is in the ledger. Such a call under a budget is sent with this "
+        "limit (the model stops there, `finish_reason` `length`); without a budget it goes "
+        "as it came.",
     },
     Upstream: {
         "name": "Unique name; shown in `x-skillstate-upstream`, `/health` and `/cost`.",

@@ -301,3 +301,80 @@ def test_a_call_with_two_output_limits_is_held_at_the_larger(
     assert r.json()["error"]["code"] == "session_budget_exceeded"
     assert "this call alone (worst case $1.000000)" in r.json()["error"]["message"]
     assert fake.requests == []
+
+
+LIMIT_SENT = {
+    "openai": "max_tokens",
+    "anthropic": "max_tokens",
+    "openai-responses": "max_output_tokens",
+}
+
+
+@pytest.mark.parametrize(
+    ("route", "kind"),
+    [
+        ("chat", "openai"),
+        ("chat", "anthropic"),
+        ("responses", "openai-responses"),
+        ("responses", "openai"),
+        ("responses", "anthropic"),
+    ],
+)
+def test_a_call_without_an_output_limit_is_sent_with_the_one_its_budget_holds(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, route: str, kind: str
+) -> None:
+    """Under a budget, a request that sets no output limit is held at budget_max_tokens
+    (100 here: $0.10) and goes upstream with that limit, so a model that would write 1,250
+    tokens ($1.25) stops at 100. Without a budget the request goes as it came."""
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    proxy = start_proxy(
+        None,
+        "--mode",
+        "passthrough",
+        config={
+            "auth_cache_ttl": 0,
+            "prices": OUTPUT_PRICED,
+            "budget_max_tokens": 100,
+            "upstreams": [{"name": "u", "url": url, "kind": kind, "api_key": "sk"}],
+        },
+    )
+    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+
+    def ask(session: str, budget: dict[str, str]) -> Any:
+        fake.enqueue(Reply(text="word " * 1000))
+        headers = {SESSION: session, **budget}
+        if route == "chat":
+            return oc.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
+            )
+        return oc.responses.with_raw_response.create(model="m", input="hi", extra_headers=headers)
+
+    held = ask("held", {"x-skillstate-budget-usd": "0.25"})
+    assert fake.requests[-1].json[LIMIT_SENT[kind]] == 100
+    assert float(held.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.10)
+    assert float(held.headers["x-skillstate-cost-usd"]) == pytest.approx(0.10)
+    free = ask("free", {})
+    sent = fake.requests[-1].json
+    if kind == "anthropic":  # the Messages API needs one: the translation's own default
+        assert sent["max_tokens"] == 4096
+    else:
+        assert not {"max_tokens", "max_completion_tokens", "max_output_tokens"} & set(sent)
+    assert float(free.headers["x-skillstate-cost-usd"]) == pytest.approx(1.25)
+def test_the_compact_endpoint_under_a_budget_goes_as_it_came(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """POST /responses/compact to a Responses upstream takes no output limit (the API
+    refuses max_output_tokens there): under a budget it is held and sent as it came."""
+    from tests.e2e.test_e2e_compaction import client, history
+    from tests.e2e.test_e2e_compaction import start as start_compacting
+
+    p = start_compacting(fake, start_proxy, "openai-responses", "--mode", "passthrough")
+    fake.enqueue(Reply(text="the upstream's summary"))
+    r = client(p).responses.with_raw_response.compact(
+        model="gpt-4o", input=history(), extra_headers={"x-skillstate-budget-usd": "5"}
+    )
+    assert r.parse().object == "response.compaction"
+    assert float(r.headers["x-skillstate-session-spent-usd"]) > 0
+    sent = fake.requests[-1]
+    assert sent.path == "/v1/responses/compact"
+    assert set(sent.json) == {"model", "input", "prompt_cache_key"}

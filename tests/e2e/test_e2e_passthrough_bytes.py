@@ -83,7 +83,8 @@ def test_what_the_proxy_adds_follows_even_under_a_budget(
     url = proxy.v1 + "/chat/completions"
     # A stream: the proxy asks for usage in the last chunk (for the ledger). Under a session
     # budget too: bytes shown to hold every key once mean what the proxy held the worst case
-    # of, to any parser.
+    # of, to any parser; and a body that sets no output limit gets the one the budget held
+    # (budget_max_tokens, 32,768 by default).
     budget = {**PASS, SESSION_HEADER: "held", "x-skillstate-budget-usd": "5"}
     body = turns(LEAD.replace(b'"model"', b'"stream": true, "model"'))
     for k in range(3):
@@ -93,8 +94,9 @@ def test_what_the_proxy_adds_follows_even_under_a_budget(
         got = orjson.loads(sent(fake))
         assert got == {
             **orjson.loads(raw),
+            "max_tokens": 32_768,
             "stream_options": {"include_usage": True},
             "prompt_cache_key": got["prompt_cache_key"],
         }
         if k:
-            assert sent(fake).startswith(own_bytes_then(raw, b'"stream_options":'))
+            assert sent(fake).startswith(own_bytes_then(raw, b'"max_tokens":32768,"stream'))

@@ -6,7 +6,8 @@
   cache-write prices (a cache write is the dearest way to read a token).
 * Output: the request's own limit (``max_tokens``, ``max_completion_tokens`` or
   ``max_output_tokens``; the largest, when it sets more than one), else the
-  ``budget_max_tokens`` setting, at the output price.
+  ``budget_max_tokens`` setting (the call then goes upstream with that limit:
+  ``Outbound.limit_output``), at the output price.
 
 ``INPUT_MARGIN`` covers the estimator's error: on the 2,366 requests of the 40 SWE-bench
 agent runs in shared/data (``scripts/estimator-error``), the real input (o200k_base and

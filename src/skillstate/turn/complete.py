@@ -84,6 +84,7 @@ class Completer:
             held = await budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
         meta.meter.sending(out.est_tokens, out.body, held)
         if budgets is not None and held is not None:
+            out.limit_output(self.settings.budget_max_tokens)  # the output its hold assumed
             holds = HoldPerBilledAttempt(
                 functools.partial(budgets.reserve, turn.model, out.est_tokens, out.body, upstreams)
             )

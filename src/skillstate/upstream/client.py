@@ -25,9 +25,12 @@ from ..coordination.link import CoordinationLink
 from ..cost.baseline import CacheRegime
 from ..cost.cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..cost.usage import Usage
+from ..cost.worstcase import MAX_TOKEN_FIELDS
 from ..dialects.base import error_message
+from ..dialects.openai import OPENAI
 from ..dialects.registry import get_dialect, request_for
 from ..dialects.replystream import as_stream, is_json_reply
+from ..dialects.responses import RESPONSES
 from ..dialects.streaming import StreamCut
 from ..errors import CLIENT_CLOSED, ProxyError
 from ..headertext import RELAYED_HEADER_MAX_CHARS, header_safe
@@ -305,7 +308,16 @@ class Outbound:
     # ``body`` as the client's bytes (``turn.types.ClientBytes``): sent as they are when
     # ``body`` goes to an upstream unchanged (same format, nothing added).
     raw: bytes | None = None
+    # The output limit the call goes with when its body sets none (``limit_output``).
+    output_cap: int | None = None
     _cache: dict[tuple[str, str, bool, bool], bytes] = field(default_factory=dict)
+
+    def limit_output(self, tokens: int) -> None:
+        """Send the call with at most ``tokens`` of output when its body sets no limit: a
+        budget held its worst case at that many (``cost.worstcase``), and a model left
+        without one may write up to its own maximum."""
+        self.output_cap = tokens
+        self._cache.clear()
 
     @property
     def model(self) -> str | None:
@@ -328,7 +340,7 @@ class Outbound:
             body = request_for(
                 self.client_dialect,
                 kind,
-                self.body,
+                self._capped(max_tokens_field),
                 max_tokens_field=max_tokens_field,
                 stream=self.stream,
                 grammar=self.grammar,
@@ -340,6 +352,19 @@ class Outbound:
                 body = with_breakpoint(body, hints.prefix_end)
             self._cache[key] = self._serialised(body)
         return self._cache[key]
+
+    def _capped(self, max_tokens_field: str) -> dict[str, Any]:
+        """The body with ``output_cap`` as its output limit, in the client's format, when it
+        sets none (chat completions: under the name the upstream reads)."""
+        body, cap = self.body, self.output_cap
+        # A native endpoint (``/responses/compact``) takes no output limit: the API refuses
+        # one there as an unknown parameter.
+        if cap is None or self.path is not None:
+            return body
+        if any(body.get(name) is not None for name in MAX_TOKEN_FIELDS):
+            return body
+        name = {OPENAI.name: max_tokens_field, RESPONSES.name: "max_output_tokens"}
+        return {**body, name.get(self.client_dialect, "max_tokens"): cap}
 
     def _serialised(self, body: dict[str, Any]) -> bytes:
         """``body`` as bytes. The client's body untouched is its own bytes; with members
