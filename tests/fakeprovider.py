@@ -645,6 +645,11 @@ class FakeProvider:
         finish = reply.finish_reason or ("tool_calls" if calls else "stop")
         finish = "length" if truncated else _OPENAI_FINISH.get(finish, finish)
         u = reply.usage
+        # ``n`` choices, each the scripted answer; the usage bills the tokens of them all
+        # (a scripted completion_tokens is the total).
+        n = req.get("n") if isinstance(req.get("n"), int) else 1
+        if "completion_tokens" not in u:
+            completion *= n
         prompt = u.get("prompt_tokens", prompt_tokens(req, "openai"))
         cached = self._openai_cached(req, u, prompt, "messages")
         usage = {
@@ -689,18 +694,30 @@ class FakeProvider:
             }
             if calls:
                 message["tool_calls"] = wire_calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-            return {**base, "choices": [choice], "usage": usage}
+            choices = [
+                {"index": k, "message": message, "logprobs": None, "finish_reason": finish}
+                for k in range(n)
+            ]
+            return {**base, "choices": choices, "usage": usage}
 
         include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        out = [c for k in range(n) for c in self._openai_chunks(k, text, wire_calls, finish)]
+        out = [{**base, "choices": [c], **({"usage": None} if include_usage else {})} for c in out]
+        if include_usage:
+            out.append({**base, "choices": [], "usage": usage})
+        return [b"data: " + _dumps(c) + b"\n\n" for c in out] + [b"data: [DONE]\n\n"]
+
+    @staticmethod
+    def _openai_chunks(
+        k: int, text: str, wire_calls: list[dict[str, Any]], finish: str
+    ) -> list[dict[str, Any]]:
+        """The stream's choice deltas of choice ``k``, in order."""
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            c = {**base, "choices": [choice]}
-            return {**c, "usage": None} if include_usage else c
+            return {"index": k, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
         out = []
-        if text or not calls:
+        if text or not wire_calls:
             out.append(chunk({"role": "assistant", "content": "", "refusal": None}))
             out += [chunk({"content": p}) for p in _pieces(text)]
         for i, c in enumerate(wire_calls):
@@ -718,9 +735,7 @@ class FakeProvider:
             for p in _pieces(c[kind][said]):
                 out.append(chunk({"tool_calls": [{"index": i, kind: {said: p}}]}))
         out.append(chunk({}, finish))
-        if include_usage:
-            out.append({**base, "choices": [], "usage": usage})
-        return [b"data: " + _dumps(c) + b"\n\n" for c in out] + [b"data: [DONE]\n\n"]
+        return out
 
     def _anthropic(self, req: dict[str, Any], reply: Reply, stream: bool) -> Any:
         text, calls, completion, truncated = self._content(req, reply, ("max_tokens",))

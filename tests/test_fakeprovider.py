@@ -301,6 +301,29 @@ def test_max_tokens_truncates(fp, oai, ant):
     assert m.stop_reason == "max_tokens" and m.content[0].text == "y" * 20
 
 
+def test_openai_n_choices_are_each_answered_and_all_billed(fp, oai):
+    """``n``: that many choices, and the usage counts the tokens of all of them (OpenAI:
+    "you will be charged based on the number of generated tokens across all of the
+    choices"), in JSON and in a stream (each choice's deltas under its index)."""
+    fp.enqueue("x" * 100, "x" * 100)
+    r = oai.chat.completions.create(model="m", messages=USER, max_tokens=5, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content == "x" * 20 and c.finish_reason == "length" for c in r.choices)
+    assert r.usage.completion_tokens == 15
+    chunks = list(
+        oai.chat.completions.create(
+            model="m", messages=USER, max_tokens=5, n=2, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    text = {0: "", 1: ""}
+    for c in chunks:
+        for choice in c.choices:
+            text[choice.index] += choice.delta.content or ""
+    assert text == {0: "x" * 20, 1: "x" * 20}
+    assert chunks[-1].usage.completion_tokens == 10
+
+
 def test_responses_compact_wire_shape(fp, oai):
     """``POST /v1/responses/compact`` as the openai SDK's ``responses.compact`` reads it: the
     user messages, then one opaque compaction item, and the pass's usage."""

@@ -360,6 +360,8 @@ def test_a_call_without_an_output_limit_is_sent_with_the_one_its_budget_holds(
     else:
         assert not {"max_tokens", "max_completion_tokens", "max_output_tokens"} & set(sent)
     assert float(free.headers["x-skillstate-cost-usd"]) == pytest.approx(1.25)
+
+
 def test_the_compact_endpoint_under_a_budget_goes_as_it_came(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:
@@ -378,3 +380,29 @@ def test_the_compact_endpoint_under_a_budget_goes_as_it_came(
     sent = fake.requests[-1]
     assert sent.path == "/v1/responses/compact"
     assert set(sent.json) == {"model", "input", "prompt_cache_key"}
+
+
+def test_a_call_for_several_choices_is_held_for_each_of_them(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """Chat completions' n: the provider writes (and bills) up to max_tokens for each
+    choice. n=5 at max_tokens 100 is a worst case of $0.50, over the session's $0.25: refused
+    before it is sent; n=2 ($0.20) fits, and costs what its two choices wrote."""
+    proxy = start_proxy(fake.url + "/v1", "--mode", "passthrough", config={"prices": OUTPUT_PRICED})
+    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    headers = {SESSION: "choices", "x-skillstate-budget-usd": "0.25"}
+    fake.enqueue(Reply(text="word " * 1000), Reply(text="word " * 1000))
+    with pytest.raises(openai.RateLimitError) as refused:
+        oc.chat.completions.create(
+            model="m", max_tokens=100, n=5, messages=[{"role": "user", "content": "hi"}],
+            extra_headers=headers,
+        )  # fmt: skip
+    assert "this call alone (worst case $0.500000)" in refused.value.message
+    assert fake.requests == []
+    two = oc.chat.completions.with_raw_response.create(
+        model="m", max_tokens=100, n=2, messages=[{"role": "user", "content": "hi"}],
+        extra_headers=headers,
+    )  # fmt: skip
+    assert len(two.parse().choices) == 2
+    assert float(two.headers["x-skillstate-cost-usd"]) == pytest.approx(0.20)
+    assert float(two.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.20)

@@ -7,7 +7,8 @@
 * Output: the request's own limit (``max_tokens``, ``max_completion_tokens`` or
   ``max_output_tokens``; the largest, when it sets more than one), else the
   ``budget_max_tokens`` setting (the call then goes upstream with that limit:
-  ``Outbound.limit_output``), at the output price.
+  ``Outbound.limit_output``), at the output price; times chat completions' ``n``, the
+  choices asked for (each written up to the limit, and all billed).
 
 ``INPUT_MARGIN`` covers the estimator's error: on the 2,366 requests of the 40 SWE-bench
 agent runs in shared/data (``scripts/estimator-error``), the real input (o200k_base and
@@ -93,6 +94,13 @@ def output_limit(body: Mapping[str, Any], default: int) -> int:
     return max(limits) if limits else default
 
 
+def choices(body: Mapping[str, Any]) -> int:
+    """How many answers the call asks for (chat completions' ``n``): each may write up to
+    the output limit, and the provider bills them all."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+
+
 class WorstCase:
     """Prices calls at their worst case (see the module docstring)."""
 
@@ -121,8 +129,9 @@ class WorstCase:
         return found
 
     def cost(self, rates: Rates, input_tokens: int, body: Mapping[str, Any]) -> float:
-        """USD of a call sending ``input_tokens`` (estimated) with ``body``'s output limit."""
-        out = output_limit(body, self.default_max_tokens)
+        """USD of a call sending ``input_tokens`` (estimated) with ``body``'s output limit,
+        for each of its choices."""
+        out = output_limit(body, self.default_max_tokens) * choices(body)
         return (
             input_tokens * INPUT_MARGIN * rates.input_per_mtok + out * rates.output_per_mtok
         ) / 1e6
