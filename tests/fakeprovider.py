@@ -94,6 +94,17 @@ INPUT_TOKENS_FIELDS = {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
     "reasoning", "text", "truncation", "conversation", "previous_response_id", "personality",
 }  # fmt: skip
+# What ``POST /v1/responses`` refuses as the API's "Unknown parameter" 400: the members of
+# chat completions' request (the openai SDK's CompletionCreateParams) that Responses has
+# under another name or not at all (its ResponseCreateParams). Not every unknown field: the
+# API takes some the SDK does not list (Codex's ``client_metadata``).
+CHAT_ONLY_FIELDS = {
+    "messages", "max_tokens", "max_completion_tokens", "n", "stop", "seed", "response_format",
+    "reasoning_effort", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+    "functions", "function_call", "modalities", "audio", "web_search_options", "prediction",
+    "verbosity",
+}  # fmt: skip
+RESPONSES_STREAM_OPTIONS = {"include_obfuscation"}  # ResponseCreateParams' StreamOptions
 # What ``POST /v1/responses/compact`` takes (the openai SDK's ResponseCompactParams); any
 # other field is the API's "Unknown parameter" 400 (it does not stream, for one).
 COMPACT_FIELDS = {
@@ -218,6 +229,11 @@ class Reply:
     # function calls; hosted calls the API ran (web_search_call, mcp_call, ...) and reasoning,
     # before the message. Streamed as the API streams each type (``_other_item_events``).
     items: list[dict[str, Any]] = field(default_factory=list)
+    # Responses only: the model refuses (a refusal part instead of output_text; streamed as
+    # response.refusal.delta / .done), and a stream that fails after it started (its last
+    # event response.failed, the response's status "failed" with this error message).
+    refusal: str | None = None
+    fail: str | None = None
 
     def __post_init__(self) -> None:
         calls = []
@@ -592,6 +608,7 @@ class FakeProvider:
             _check_fields(body, INPUT_TOKENS_FIELDS)
         elif rec.path == "/v1/responses":
             if self.validate:
+                _check_not_chat(body)
                 _check_responses(body)
         elif self.validate:
             (_check_anthropic if anthropic else _check_openai)(body)
@@ -845,8 +862,10 @@ class FakeProvider:
         ]
         # What the API ran itself (and reasoning) comes before the answer; client calls after.
         output += [item for item in given if item["type"] in _BEFORE_THE_MESSAGE]
-        if text or not (calls or reply.items):
+        if reply.refusal is not None or text or not (calls or reply.items):
             part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            if reply.refusal is not None:
+                part = {"type": "refusal", "refusal": reply.refusal}
             output.append(
                 {"id": _rid("msg_", 32), "type": "message", "status": "completed",
                  "role": "assistant", "content": [part]}
@@ -883,9 +902,15 @@ class FakeProvider:
         start = {**response, "status": "in_progress", "output": [], "usage": None}
         events += [{"type": "response.created", "response": start}]
         events += [{"type": "response.in_progress", "response": start}]
+        if reply.fail is not None:  # it failed before any output (ResponseFailedEvent)
+            error = {"code": "server_error", "message": reply.fail}
+            failed = {**start, "status": "failed", "error": error}
+            events.append({"type": "response.failed", "response": failed})
+            output = []
         for i, item in enumerate(output):
             events += self._responses_item_events(i, item)
-        events.append({"type": f"response.{status}", "response": response})
+        if reply.fail is None:
+            events.append({"type": f"response.{status}", "response": response})
         return [
             f"event: {e['type']}\n".encode() + b"data: " + _dumps({**e, "sequence_number": n})
             + b"\n\n"
@@ -940,6 +965,20 @@ class FakeProvider:
         added = {**item, "status": "in_progress"}
         if item["type"] not in ("message", "function_call"):
             return _other_item_events(i, item)
+        if item["type"] == "message" and item["content"][0]["type"] == "refusal":
+            part = item["content"][0]
+            return [
+                {"type": "response.output_item.added", "output_index": i,
+                 "item": {**added, "content": []}},
+                {"type": "response.content_part.added", **ids, "content_index": 0,
+                 "part": {**part, "refusal": ""}},
+                *({"type": "response.refusal.delta", **ids, "content_index": 0, "delta": p}
+                  for p in _pieces(part["refusal"])),
+                {"type": "response.refusal.done", **ids, "content_index": 0,
+                 "refusal": part["refusal"]},
+                {"type": "response.content_part.done", **ids, "content_index": 0, "part": part},
+                {"type": "response.output_item.done", "output_index": i, "item": item},
+            ]  # fmt: skip
         if item["type"] == "message":
             part = item["content"][0]
             empty = {**part, "text": ""}
@@ -1336,6 +1375,19 @@ _PAIRED_OUTPUTS = {
     "apply_patch_call_output": "apply_patch_call",
     "computer_call_output": "computer_call",
 }
+
+
+def _check_not_chat(body: dict[str, Any]) -> None:
+    """The API's ``unknown_parameter`` 400 for a chat-completions member on /v1/responses
+    (``CHAT_ONLY_FIELDS``), or in its ``stream_options`` (chat's ``include_usage``)."""
+    for key in body:
+        if key in CHAT_ONLY_FIELDS:
+            raise _Rejected(400, f"Unknown parameter: '{key}'.", key, "unknown_parameter")
+    options = body.get("stream_options")
+    for key in options if isinstance(options, dict) else ():
+        if key not in RESPONSES_STREAM_OPTIONS:
+            param = f"stream_options.{key}"
+            raise _Rejected(400, f"Unknown parameter: '{param}'.", param, "unknown_parameter")
 
 
 def _check_compact(body: dict[str, Any]) -> None:

@@ -362,6 +362,48 @@ def test_responses_compact_refuses_what_the_api_refuses(fp, oai):
         oai.responses.compact(model="gpt-5", input="hi")
 
 
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_tokens": 5}, "max_tokens"),
+        ({"stop": ["x"]}, "stop"),
+        ({"messages": USER}, "messages"),
+        (
+            {"stream": True, "stream_options": {"include_usage": True}},
+            "stream_options.include_usage",
+        ),
+    ],
+)
+def test_responses_refuses_chat_completions_members(fp, oai, extra, param):
+    """What a chat request carries and ``/v1/responses`` does not take is the API's
+    unknown_parameter 400 (what a translation that leaks chat's members meets)."""
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model="gpt-5", input="hi", extra_body=extra)
+    assert e.value.body["code"] == "unknown_parameter" and e.value.body["param"] == param
+
+
+def test_responses_refusal_and_failed_stream(fp, oai):
+    """A refusal part (JSON, and streamed as response.refusal.* events the SDK accumulates),
+    and a stream that fails: response.failed, which the SDK's stream raises on."""
+    fp.enqueue(Reply(refusal="No can do."), Reply(refusal="No can do."))
+    r = oai.responses.create(model="gpt-5", input="hi")
+    assert r.output[0].content[0].type == "refusal" and r.output_text == ""
+    with oai.responses.stream(model="gpt-5", input="hi") as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_response()
+    assert "response.refusal.delta" in kinds and "response.refusal.done" in kinds
+    assert final.output[0].content[0].refusal == "No can do."
+    fp.enqueue(Reply(fail="It broke."))
+    events = list(oai.responses.create(model="gpt-5", input="hi", stream=True))
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.failed",
+    ]
+    assert events[-1].response.status == "failed"
+    assert events[-1].response.error.message == "It broke."
+
+
 def test_responses_input_tokens(fp, oai):
     """``POST /v1/responses/input_tokens`` as the openai SDK's ``responses.input_tokens.count``
     reads it: the fake's count of what ``/v1/responses`` would bill; a field the endpoint does
