@@ -15,7 +15,9 @@ from .base import JSON, Bridge, Dialect, StreamRelay, error_message
 from .openai import OPENAI
 from .relay import AnthropicToOpenAIRelay, OpenAIToAnthropicRelay
 from .responses import RESPONSES
+from .responses.from_chat import chat_request_to_responses, responses_response_to_chat
 from .responses.stream import ChainedRelay, ChatToResponsesRelay
+from .responses.to_chat import ResponsesToChatRelay
 from .responses.translate import (
     chat_response_to_responses,
     keeps_custom,
@@ -77,6 +79,16 @@ _BRIDGES = (
         relay=lambda model, wants_usage, limit: ChainedRelay(
             AnthropicToOpenAIRelay(model=model, include_usage=True, capture_limit=limit),
             ChatToResponsesRelay(request_model=model, capture_limit=limit),
+        ),
+    ),
+    # A chat client in front of a Responses-only model (gpt-5-codex, o3-pro).
+    Bridge(
+        client="openai",
+        upstream="openai-responses",
+        request=lambda body, max_tokens_field: chat_request_to_responses(body),
+        response=responses_response_to_chat,
+        relay=lambda model, wants_usage, limit: ResponsesToChatRelay(
+            request_model=model, include_usage=wants_usage, capture_limit=limit
         ),
     ),
 )
