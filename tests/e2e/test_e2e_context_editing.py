@@ -191,11 +191,12 @@ def test_compaction_paused_then_carried_on(fake: FakeProvider, start_proxy: Star
     assert "body of f0" not in sent and "ssc1_" not in sent
 
 
+@pytest.mark.parametrize("kind", ["openai", "openai-responses"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_compaction_then_the_answer(
-    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool, kind: str
 ) -> None:
-    p = start(fake, start_proxy, "openai")
+    p = start(fake, start_proxy, kind)
     fake.enqueue(checkpoint_reply(), Reply(text="All four read."))
     request: Any = {
         "model": "m-1",

@@ -1,14 +1,16 @@
-"""A chat-completions client (the openai SDK) in front of an upstream of kind
-``openai-responses`` (a Responses-only model: gpt-5-codex, o3-pro), through the real proxy,
-the fake provider serving ``/v1/responses`` as the API does (it refuses chat's members
-there, and unpaired calls). JSON and streams, tool calls both ways, refusals, cut-off
-replies, usage and cost in the ledger, errors in the client's dialect."""
+"""A chat-completions client (the openai SDK) and a Messages client (the anthropic SDK, as
+Claude Code) in front of an upstream of kind ``openai-responses`` (a Responses-only model:
+gpt-5-codex, o3-pro), through the real proxy, the fake provider serving ``/v1/responses``
+as the API does (it refuses chat's members there, and unpaired calls). JSON and streams,
+tool calls both ways, refusals, cut-off replies, usage and cost in the ledger, errors in
+the client's dialect."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -25,6 +27,7 @@ CHAT_TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
     {"type": "custom", "custom": {"name": "apply_patch", "description": "Patch files."}},
 ]
+MESSAGES_TOOLS: list[Any] = [{"name": "get_weather", "input_schema": WEATHER}]
 
 
 def start(fake: FakeProvider, start_proxy: StartProxy, mode: str = "passthrough") -> Proxy:
@@ -34,6 +37,10 @@ def start(fake: FakeProvider, start_proxy: StartProxy, mode: str = "passthrough"
 
 def chat(p: Proxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+
+
+def messages(p: Proxy) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
 
 
 def ask_chat(p: Proxy, streamed: bool, session: str, **kw: Any) -> Any:
@@ -68,6 +75,14 @@ def ask_chat_raw(p: Proxy, streamed: bool, session: str, **kw: Any) -> dict[str,
                 calls[piece["index"]][kind][member] += piece[kind][member]
             finish = choice.finish_reason or finish
     return {"choices": [{"message": message, "finish_reason": finish}]}
+
+
+def ask_messages(p: Proxy, streamed: bool, session: str, **kw: Any) -> Any:
+    kw = {"model": "gpt-4o", "max_tokens": 300, "extra_headers": {SESSION_HEADER: session}, **kw}
+    if streamed:
+        with messages(p).messages.stream(**kw) as s:
+            return s.get_final_message()
+    return messages(p).messages.create(**kw)
 
 
 # -- chat completions -> Responses ------------------------------------------------------------
@@ -262,3 +277,92 @@ def test_upstream_errors_reach_a_chat_client_in_its_dialect(
     with pytest.raises(openai.APIError) as failed, stream as s:
         s.get_final_completion()
     assert "The model crashed." in str(failed.value)
+
+
+# -- Messages -> Responses (through chat completions) -----------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_messages_client_on_a_responses_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, streamed: bool
+) -> None:
+    """The anthropic SDK, as Claude Code: system and tools reach the Responses API as
+    instructions and flat function tools, a tool_use comes back, its tool_result goes back
+    as a function_call_output after its call; a thinking block of an earlier turn is not
+    sent (its signature is Anthropic's); usage counts cache reads apart from input, as
+    Anthropic does, and the ledger has both turns."""
+    p = start(fake, start_proxy)
+    usage = {"prompt_tokens": 1300, "cached_tokens": 1024}
+    fake.enqueue(Reply(tool_calls=[ToolCall("get_weather", {"city": "Oslo"}, id="call_w")]))
+    convo: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
+    kw = {"system": "You are terse.", "tools": MESSAGES_TOOLS}
+    m = ask_messages(p, streamed, "msg-1", messages=convo, **kw)
+    sent = fake.last.json
+    assert sent["instructions"] == "You are terse." and sent["max_output_tokens"] == 300
+    assert sent["tools"] == [
+        {"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": False}
+    ]
+    assert sent["store"] is False
+    assert m.stop_reason == "tool_use"
+    use = m.content[-1]
+    assert use.type == "tool_use" and use.id == "call_w" and use.input == {"city": "Oslo"}
+    thinking = {"type": "thinking", "thinking": "Hmm.", "signature": "sig-anthropic"}
+    convo += [
+        {"role": "assistant", "content": [thinking, use.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "call_w", "content": "rain"}
+        ]},
+    ]  # fmt: skip
+    fake.enqueue(Reply(text="Rain.", usage=usage))
+    m = ask_messages(p, streamed, "msg-1", messages=convo, **kw)
+    assert fake.last.status == 200 and "sig-anthropic" not in fake.last.body.decode()
+    assert fake.last.json["input"][1:] == [
+        {"type": "function_call", "call_id": "call_w", "name": "get_weather",
+         "arguments": '{"city":"Oslo"}'},
+        {"type": "function_call_output", "call_id": "call_w", "output": "rain"},
+    ]  # fmt: skip
+    assert m.stop_reason == "end_turn" and m.content[0].text == "Rain."  # type: ignore[union-attr]
+    assert (m.usage.input_tokens, m.usage.cache_read_input_tokens) == (276, 1024)
+    cost = p.get("/cost", params={"session": "msg-1"}).json()["totals"]
+    assert cost["requests"] == 2 and cost["cache_read_tokens"] == 1024 and cost["cost_usd"] > 0
+
+
+def test_upstream_errors_reach_a_messages_client_in_its_dialect(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy)
+    ask = [{"role": "user", "content": "hi"}]
+    fake.enqueue(Reply(status=400, error_body="Invalid 'input[0]': too long."))
+    with pytest.raises(anthropic.BadRequestError) as e:
+        messages(p).messages.create(model="gpt-4o", max_tokens=50, messages=ask)  # type: ignore[arg-type]
+    assert e.value.body["type"] == "error" and "too long" in e.value.message  # type: ignore[index]
+    fake.enqueue(Reply(fail="The model crashed."))
+    streamed = messages(p).messages.stream(model="gpt-4o", max_tokens=50, messages=ask)  # type: ignore[arg-type]
+    with pytest.raises(anthropic.APIStatusError) as failed, streamed as s:
+        s.get_final_message()
+    assert "The model crashed." in str(failed.value)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        messages(p).messages.create(
+            model="gpt-4o",
+            max_tokens=50,
+            messages=ask,
+            stop_sequences=["END"],  # type: ignore[arg-type]
+        )
+    assert refused.value.body["error"]["message"].startswith("stop_sequences")  # type: ignore[index]
+
+
+def test_a_messages_token_count_is_the_responses_apis(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """``count_tokens`` (which has no ``max_tokens``) is translated as a turn is and counted
+    at the upstream's ``/responses/input_tokens``, with only the fields it takes."""
+    p = start(fake, start_proxy)
+    ask: Any = [{"role": "user", "content": "How many tokens is this?"}]
+    counted = messages(p).messages.count_tokens(
+        model="gpt-4o", system="Be brief.", messages=ask, tools=MESSAGES_TOOLS
+    )
+    sent = fake.last
+    assert sent.path == "/v1/responses/input_tokens" and sent.status == 200
+    assert set(sent.json) == {"model", "input", "instructions", "tools"}
+    assert sent.json["instructions"] == "Be brief."
+    assert counted.input_tokens == json.loads(sent.response_body)["input_tokens"] > 0

@@ -15,7 +15,11 @@ from .base import JSON, Bridge, Dialect, StreamRelay, error_message
 from .openai import OPENAI
 from .relay import AnthropicToOpenAIRelay, OpenAIToAnthropicRelay
 from .responses import RESPONSES
-from .responses.from_chat import chat_request_to_responses, responses_response_to_chat
+from .responses.from_chat import (
+    anthropic_request_to_responses,
+    chat_request_to_responses,
+    responses_response_to_chat,
+)
 from .responses.stream import ChainedRelay, ChatToResponsesRelay
 from .responses.to_chat import ResponsesToChatRelay
 from .responses.translate import (
@@ -89,6 +93,19 @@ _BRIDGES = (
         response=responses_response_to_chat,
         relay=lambda model, wants_usage, limit: ResponsesToChatRelay(
             request_model=model, include_usage=wants_usage, capture_limit=limit
+        ),
+    ),
+    # Messages -> Responses goes through chat completions, as Responses -> Messages does.
+    Bridge(
+        client="anthropic",
+        upstream="openai-responses",
+        request=lambda body, max_tokens_field: anthropic_request_to_responses(body),
+        response=lambda resp, model: openai_response_to_anthropic(
+            responses_response_to_chat(resp, model), request_model=model
+        ),
+        relay=lambda model, wants_usage, limit: ChainedRelay(
+            ResponsesToChatRelay(request_model=model, include_usage=True, capture_limit=limit),
+            OpenAIToAnthropicRelay(request_model=model, capture_limit=limit),
         ),
     ),
 )

@@ -1,6 +1,7 @@
 """Chat completions -> the Responses API (a chat client in front of an upstream of kind
 ``openai-responses``: a Responses-only model such as gpt-5-codex or o3-pro), requests and
-non-streamed replies; the stream relay is ``to_chat.ResponsesToChatRelay``.
+non-streamed replies; the stream relay is ``to_chat.ResponsesToChatRelay``. A Messages
+client reaches such an upstream through chat completions (see ``registry``).
 
 What has no Responses form (the openai SDK's ResponseCreateParams has no member for it):
 
@@ -26,6 +27,7 @@ from typing import Any
 
 from ..base import JSON
 from ..checks import bad_request as _bad
+from ..translate import anthropic_request_to_openai
 from ..translate.common import _clean
 from .translate import new_id, object_or_empty
 
@@ -72,6 +74,24 @@ def chat_request_to_responses(body: JSON) -> JSON:
     if body.get("tool_choice") is not None:
         out["tool_choice"] = _tool_choice(body["tool_choice"])
     return out
+
+
+def anthropic_request_to_responses(body: JSON) -> JSON:
+    """A validated Messages request as a Responses request, through chat completions
+    (``anthropic_request_to_openai``, then :func:`chat_request_to_responses`). Thinking does
+    not cross: ``thinking`` blocks carry a signature only Anthropic can check (and reasoning
+    items an encrypted_content only OpenAI can read), so earlier turns' blocks are dropped,
+    and the ``thinking`` option has no faithful ``reasoning.effort`` (a token budget is not
+    an effort level): the upstream model reasons at its default effort."""
+    if body.get("stop_sequences"):
+        raise _bad(
+            "stop_sequences: the Responses API has no stop sequences (an upstream of kind "
+            "openai-responses cannot end the reply at one)",
+            "stop_sequences",
+        )
+    if "max_tokens" not in body:  # a count_tokens request: no limit to translate
+        return chat_request_to_responses(anthropic_request_to_openai({**body, "max_tokens": None}))
+    return chat_request_to_responses(anthropic_request_to_openai(body))
 
 
 def _refuse_what_has_no_form(body: JSON) -> None:
