@@ -3,7 +3,8 @@ Claude Code) in front of an upstream of kind ``openai-responses`` (a Responses-o
 gpt-5-codex, o3-pro), through the real proxy, the fake provider serving ``/v1/responses``
 as the API does (it refuses chat's members there, and unpaired calls). JSON and streams,
 tool calls both ways, refusals, cut-off replies, usage and cost in the ledger, errors in
-the client's dialect."""
+the client's dialect, and the state mode on top (the window and auto modes across these
+bridges: ``test_e2e_window_translated``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import anthropic
 import openai
 import pytest
 
+from skillstate.engine.context import STATE_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
 from tests.helpers import SESSION_HEADER
@@ -41,6 +43,10 @@ def chat(p: Proxy) -> openai.OpenAI:
 
 def messages(p: Proxy) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
+
+
+def envelope(patch: dict[str, Any]) -> str:
+    return "Done.\n```json\n" + json.dumps({"state_patch": patch, "action": "next"}) + "\n```"
 
 
 def ask_chat(p: Proxy, streamed: bool, session: str, **kw: Any) -> Any:
@@ -366,3 +372,29 @@ def test_a_messages_token_count_is_the_responses_apis(
     assert set(sent.json) == {"model", "input", "instructions", "tools"}
     assert sent.json["instructions"] == "Be brief."
     assert counted.input_tokens == json.loads(sent.response_body)["input_tokens"] > 0
+
+
+# -- the state mode on top --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["chat", "messages"])
+@pytest.mark.parametrize("streamed", [False, True])
+def test_state_mode_across_a_responses_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, client: str, streamed: bool
+) -> None:
+    """The envelope is asked for in the client's format and sent in the Responses API's;
+    the reply's state is committed, the client sees the reply without it, and the next
+    request carries the state."""
+    p = start(fake, start_proxy, mode="state")
+    session = f"state-{client}-{streamed}"
+    fake.enqueue(Reply(text=envelope({"facts": "oslo rains"})), Reply(text=envelope({})))
+    ask = ask_chat if client == "chat" else ask_messages
+    convo: list[Any] = [{"role": "user", "content": "TASK: the weather."}]
+    r = ask(p, streamed, session, messages=convo)
+    text = r.choices[0].message.content if client == "chat" else r.content[0].text
+    assert text == "Done."
+    assert p.state(session)["state"] == {"facts": "oslo rains"}
+    convo += [{"role": "assistant", "content": text}, {"role": "user", "content": "More?"}]
+    ask(p, streamed, session, messages=convo)
+    assert fake.last.path == "/v1/responses" and fake.last.status == 200
+    assert STATE_MARK in fake.last.body.decode() and "oslo rains" in fake.last.body.decode()

@@ -1,7 +1,8 @@
 """``mode: window`` and ``auto`` ACROSS TRANSLATIONS, end to end: a chat-completions client
-on an Anthropic upstream, a Messages client (anthropic SDK) on a chat upstream, a Responses
-client on an Anthropic or a chat upstream (the real proxy in-process, the real SDKs, the
-fake provider as the upstream, refusing what the real APIs refuse).
+on an Anthropic or a Responses upstream, a Messages client (anthropic SDK) on a chat or a
+Responses upstream, a Responses client on an Anthropic or a chat upstream (the real proxy
+in-process, the real SDKs, the fake provider as the upstream, refusing what the real APIs
+refuse).
 
 The window is planned in the client's format and translated after: these tests check what
 the upstream gets in its own format. Long sessions with parallel tool calls, text replies
@@ -46,6 +47,8 @@ TRANSLATED = [
     ("anthropic", "openai"),
     ("responses", "anthropic"),
     ("responses", "openai"),
+    ("openai", "openai-responses"),
+    ("anthropic", "openai-responses"),
 ]
 SAID = re.compile(r"(?:Running step|Done with part|Next prompt|Summary of part|Carry on) \d+\.")
 
