@@ -315,6 +315,7 @@ LIMIT_SENT = {
     [
         ("chat", "openai"),
         ("chat", "anthropic"),
+        ("chat", "openai-responses"),
         ("responses", "openai-responses"),
         ("responses", "openai"),
         ("responses", "anthropic"),
