@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from skillstate.dialects import sse
-from skillstate.dialects.registry import make_relay, request_for
+from skillstate.dialects.registry import make_relay, reply_for, request_for
 from skillstate.errors import ProxyError
 
 
@@ -88,6 +88,7 @@ def test_members_under_their_responses_names_and_what_is_dropped() -> None:
     assert sent["text"] == {"format": {"type": "json_object"}, "verbosity": "low"}
     assert sent["store"] is True and sent["stream"] is True and sent["max_output_tokens"] == 100
     assert sent["stream_options"] == {"include_obfuscation": False}
+    assert sent["include"] == ["message.output_text.logprobs"] and "top_logprobs" not in sent
     assert not {"seed", "frequency_penalty", "logprobs", "max_tokens", "messages"} & set(sent)
 
 
@@ -103,6 +104,43 @@ def test_what_has_no_responses_form_is_refused(member: str, value: Any, param: s
     with pytest.raises(ProxyError) as e:
         to_responses(**{member: value})
     assert e.value.status == 400 and e.value.param == param
+
+
+TOKEN = {"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}
+
+
+def test_logprobs_are_asked_for_and_come_back_as_chats() -> None:
+    """``logprobs`` / ``top_logprobs`` as the Responses API asks for them; the entries of
+    an output_text part (JSON) and of a text delta (stream) as chat's ``logprobs.content``
+    (the same members in both APIs)."""
+    sent = to_responses(logprobs=True, top_logprobs=2)
+    assert sent["include"] == ["message.output_text.logprobs"] and sent["top_logprobs"] == 2
+    part = {"type": "output_text", "text": "Hi", "annotations": [], "logprobs": [TOKEN]}
+    resp = {**RESPONSE, "status": "completed", "output": [{"type": "message", "content": [part]}]}
+    reply = reply_for("openai", "openai-responses", resp, "m")
+    assert reply["choices"][0]["logprobs"] == {"content": [TOKEN], "refusal": None}
+    no_logprobs = {**resp, "output": [{"type": "message", "content": [{**part, "logprobs": []}]}]}
+    assert (
+        reply_for("openai", "openai-responses", no_logprobs, "m")["choices"][0]["logprobs"] is None
+    )
+    delta = {"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+             "delta": "Hi", "logprobs": [TOKEN]}  # fmt: skip
+    chunks = feed(chat_relay(), [{"type": "response.created", "response": RESPONSE}, delta])
+    assert chunks[-1]["choices"][0]["logprobs"] == {"content": [TOKEN], "refusal": None}  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("effort", "sent"), [("low", "low"), ("xhigh", "xhigh"), ("max", "xhigh")])
+def test_a_messages_effort_is_the_responses_reasoning_effort(effort: str, sent: str) -> None:
+    body = {
+        "model": "gpt-5-codex",
+        "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}],
+        "output_config": {"effort": effort},
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+    }
+    assert request_for("anthropic", "openai-responses", body)["reasoning"] == {"effort": sent}
+    body.pop("output_config")  # thinking's token budget alone is no effort level
+    assert "reasoning" not in request_for("anthropic", "openai-responses", body)
 
 
 def test_an_empty_stop_and_a_single_choice_are_no_trouble() -> None:

@@ -126,6 +126,8 @@ def test_a_chat_request_reaches_the_responses_api_in_its_form(
         user="u-1",
         metadata={"k": "v"},
         prompt_cache_key="pk",
+        logprobs=True,
+        top_logprobs=2,
         **({"stream_options": {"include_usage": True}} if streamed else {}),
     )
     sent = fake.last
@@ -142,6 +144,7 @@ def test_a_chat_request_reaches_the_responses_api_in_its_form(
     assert body["reasoning"] == {"effort": "high"} and body["temperature"] == 0.5
     assert (body["user"], body["metadata"], body["prompt_cache_key"]) == ("u-1", {"k": "v"}, "pk")
     assert "stream_options" not in body  # chat's include_usage: Responses always sends usage
+    assert body["include"] == ["message.output_text.logprobs"] and body["top_logprobs"] == 2
     choice = r.choices[0]
     assert choice.message.content == "Sunny in Oslo." and choice.finish_reason == "stop"
     assert not choice.message.tool_calls and r.model == "gpt-4o"

@@ -12,8 +12,12 @@ What has no Responses form (the openai SDK's ResponseCreateParams has no member 
   output parts), ``web_search_options`` (a hosted tool there, with output items chat has
   no form for) and the legacy ``functions`` / ``function_call`` and ``function`` role;
 * dropped (sampling hints that change no contract): ``seed``, ``frequency_penalty``,
-  ``presence_penalty``, ``logit_bias``, ``logprobs`` / ``top_logprobs`` (the reply's
-  ``logprobs`` is null), ``prediction``, a message's ``name``.
+  ``presence_penalty``, ``logit_bias``, ``prediction``, a message's ``name``.
+
+``logprobs`` / ``top_logprobs`` ask for the output text's log probabilities
+(``include: ["message.output_text.logprobs"]`` and ``top_logprobs``); each token's entry has
+the same members in both APIs, so the reply's (and each text delta's) come back as chat's
+``logprobs.content`` (a reasoning model refuses them, as on chat completions).
 
 ``store`` is false unless the client asks for it (chat's own ``store: true``), so the
 upstream keeps nothing; the transcript travels whole on every request, as chat sends it.
@@ -61,6 +65,10 @@ def chat_request_to_responses(body: JSON) -> JSON:
     limit = body.get("max_tokens") if limit is None else limit
     if limit is not None:
         out["max_output_tokens"] = limit
+    if body.get("logprobs") is True:
+        out["include"] = ["message.output_text.logprobs"]
+        if body.get("top_logprobs") is not None:
+            out["top_logprobs"] = body["top_logprobs"]
     if body.get("reasoning_effort") is not None:
         out["reasoning"] = {"effort": body["reasoning_effort"]}
     text = _text_config(body)
@@ -82,7 +90,8 @@ def anthropic_request_to_responses(body: JSON) -> JSON:
     not cross: ``thinking`` blocks carry a signature only Anthropic can check (and reasoning
     items an encrypted_content only OpenAI can read), so earlier turns' blocks are dropped,
     and the ``thinking`` option has no faithful ``reasoning.effort`` (a token budget is not
-    an effort level): the upstream model reasons at its default effort."""
+    an effort level). ``output_config.effort`` is one: it is ``reasoning.effort``
+    (``max`` as ``xhigh``, the most the Responses API has)."""
     if body.get("stop_sequences"):
         raise _bad(
             "stop_sequences: the Responses API has no stop sequences (an upstream of kind "
@@ -90,8 +99,17 @@ def anthropic_request_to_responses(body: JSON) -> JSON:
             "stop_sequences",
         )
     if "max_tokens" not in body:  # a count_tokens request: no limit to translate
-        return chat_request_to_responses(anthropic_request_to_openai({**body, "max_tokens": None}))
-    return chat_request_to_responses(anthropic_request_to_openai(body))
+        body = {**body, "max_tokens": None}
+    out = chat_request_to_responses(anthropic_request_to_openai(body))
+    effort = object_or_empty(body.get("output_config")).get("effort")
+    if isinstance(effort, str) and effort in _EFFORTS:
+        out["reasoning"] = {"effort": _EFFORTS[effort]}
+    return out
+
+
+# Anthropic's ``output_config.effort`` -> ``reasoning.effort``: the same words up to xhigh;
+# ``max`` is the most the Responses API has, xhigh.
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 
 
 def _refuse_what_has_no_form(body: JSON) -> None:
@@ -287,6 +305,17 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+def token_logprobs(raw: Any) -> list[JSON]:
+    """An output_text part's (or text delta's) ``logprobs`` entries: the token's
+    ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, as chat's entries have them."""
+    return [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+
+
+def chat_logprobs(entries: list[JSON]) -> JSON | None:
+    """Chat's ``logprobs`` of a choice (or a chunk's choice): None when there are none."""
+    return {"content": entries, "refusal": None} if entries else None
+
+
 def chat_finish_reason(status: Any, incomplete_details: Any, has_tool_calls: bool) -> str:
     """A response's status (and why it is incomplete) as chat's ``finish_reason``."""
     if status == "incomplete":
@@ -320,6 +349,7 @@ def responses_response_to_chat(resp: JSON, request_model: str) -> JSON:
     ``tool_calls``. Reasoning and hosted-tool items have no chat form and are left out
     (their tokens are in the usage: ``completion_tokens_details.reasoning_tokens``)."""
     texts: list[str] = []
+    logprobs: list[JSON] = []
     refusals: list[str] = []
     calls: list[JSON] = []
     for item in resp.get("output") or ():
@@ -331,6 +361,7 @@ def responses_response_to_chat(resp: JSON, request_model: str) -> JSON:
                     continue
                 if part.get("type") == "output_text" and isinstance(part.get("text"), str):
                     texts.append(part["text"])
+                    logprobs += token_logprobs(part.get("logprobs"))
                 elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
                     refusals.append(part["refusal"])
         elif (call := chat_tool_call(item)) is not None:
@@ -351,6 +382,13 @@ def responses_response_to_chat(resp: JSON, request_model: str) -> JSON:
         "object": "chat.completion",
         "created": int(created) if isinstance(created, (int, float)) else int(time.time()),
         "model": resp["model"] if isinstance(resp.get("model"), str) else request_model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": chat_logprobs(logprobs),
+                "finish_reason": reason,
+            }
+        ],
         "usage": responses_usage_to_chat(resp.get("usage")),
     }

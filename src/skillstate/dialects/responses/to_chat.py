@@ -12,7 +12,13 @@ import orjson
 from .. import sse
 from ..capture import RelayCapture
 from ..openai import openai_error_event, usage_from_openai
-from .from_chat import chat_completion_id, chat_finish_reason, chat_tool_call
+from .from_chat import (
+    chat_completion_id,
+    chat_finish_reason,
+    chat_logprobs,
+    chat_tool_call,
+    token_logprobs,
+)
 from .from_chat import responses_usage_to_chat as _usage_to_chat
 from .translate import object_or_empty
 
@@ -73,15 +79,16 @@ class ResponsesToChatRelay(RelayCapture):
         self._said = False  # some text, refusal or call went out
         self._response: dict[str, Any] = {}  # the terminal event's response object
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def _chunk(
+        self, delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None
+    ) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         data: dict[str, Any] = {
             "id": self._id,
             "object": "chat.completion.chunk",
             "created": self._created,
             "model": self.model,
-            "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            ],
+            "choices": [choice],
         }
         if self._include_usage:
             data["usage"] = None  # as OpenAI sends every chunk before the usage chunk
@@ -126,7 +133,8 @@ class ResponsesToChatRelay(RelayCapture):
         elif etype in _PART_EVENTS:
             member, said, done = _PART_EVENTS[etype]
             at = (data.get("output_index"), data.get("content_index"))
-            out += self._part_piece(at, member, data.get(said), done)
+            logprobs = None if done else chat_logprobs(token_logprobs(data.get("logprobs")))
+            out += self._part_piece(at, member, data.get(said), done, logprobs)
         elif etype in _CALL_EVENTS:
             kind, done = _CALL_EVENTS[etype]
             piece = data.get(_MEMBER[kind] if done else "delta")
@@ -191,7 +199,9 @@ class ResponsesToChatRelay(RelayCapture):
         delta = {"index": call.index, kind: {_MEMBER[kind]: piece}}
         return [self._chunk({"tool_calls": [delta]})]
 
-    def _part_piece(self, at: tuple[Any, Any], member: str, piece: Any, done: bool) -> list[bytes]:
+    def _part_piece(
+        self, at: tuple[Any, Any], member: str, piece: Any, done: bool, logprobs: Any = None
+    ) -> list[bytes]:
         """A delta of a message part's text (chat's ``content``) or refusal (``refusal``);
         on a done event, what the deltas did not send of the whole."""
         if not isinstance(piece, str):
@@ -208,7 +218,7 @@ class ResponsesToChatRelay(RelayCapture):
         if member == "content":
             self.add_text(piece)
         self._said = True
-        return [self._chunk({member: piece})]
+        return [self._chunk({member: piece}, logprobs=logprobs)]
 
     def finish(self) -> list[bytes]:
         out = self._start()
