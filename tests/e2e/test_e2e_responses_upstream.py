@@ -336,6 +336,40 @@ def test_a_messages_client_on_a_responses_upstream(
     assert cost["requests"] == 2 and cost["cache_read_tokens"] == 1024 and cost["cost_usd"] > 0
 
 
+def test_a_claude_code_shaped_request_reaches_the_responses_api_without_anthropics_members(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """What Claude Code sends beside the transcript (its anthropic-beta header, system
+    blocks and tools with cache_control, metadata.user_id, thinking with a budget, an
+    effort) does not reach the Responses API, which has none of it; the effort is its
+    reasoning.effort."""
+    p = start(fake, start_proxy)
+    fake.enqueue(Reply(text="Ready."))
+    mark = {"type": "ephemeral"}
+    m = messages(p).messages.create(
+        model="gpt-5-codex",
+        max_tokens=2048,
+        system=[{"type": "text", "text": "You are Claude Code.", "cache_control": mark}],
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Fix the bug.", "cache_control": mark}],
+            }
+        ],
+        tools=[{**MESSAGES_TOOLS[0], "cache_control": mark}],
+        metadata={"user_id": "user_abc"},
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"output_config": {"effort": "high"}},
+        extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"},
+    )
+    assert m.content[0].text == "Ready."  # type: ignore[union-attr]
+    sent = fake.last
+    assert sent.status == 200 and sent.json["reasoning"] == {"effort": "high"}
+    assert not {"anthropic-beta", "anthropic-version", "x-api-key"} & set(sent.headers)
+    for anthropics in ("cache_control", "thinking", "budget_tokens", "user_abc"):
+        assert anthropics not in sent.body.decode(), anthropics
+
+
 def test_upstream_errors_reach_a_messages_client_in_its_dialect(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
