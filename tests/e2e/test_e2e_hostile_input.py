@@ -221,3 +221,40 @@ def test_a_body_that_is_not_what_its_coding_says_is_refused_before_upstream(
         assert r.status_code == status, (coding, r.text)
         assert says in dialect_error(path, r)["message"], (coding, r.text)
     assert turns_sent(fake) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("stream", [False, True])
+def test_huge_integers_in_a_chat_clients_tool_arguments_reach_an_anthropic_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str, stream: bool
+) -> None:
+    """A chat client's tool-call arguments are JSON text the proxy parses into Anthropic's
+    ``input`` object: an integer past the float range (400 digits) or past Python's
+    4,300-digit int conversion limit (5,000) was a 500 (OverflowError, ValueError), the
+    connection reset for a stream. Now read as orjson reads such a number: null."""
+    p = start(fake, start_proxy, "anthropic")
+    big = "9" * 400
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "sh", "arguments": f'{{"a": {big}, "b": -{"9" * 5000}, "c": 7}}'},
+    }
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    r = httpx.post(
+        p.url + "/v1/chat/completions",
+        json={"model": "m-1", "messages": messages, "stream": stream},
+        headers=headers(mode),
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    if mode == "passthrough":  # state and window send the state, not the transcript
+        (sent,) = turns_sent(fake)
+        blocks = [
+            b for m in sent.json["messages"] if isinstance(m["content"], list) for b in m["content"]
+        ]
+        (use,) = [b for b in blocks if b["type"] == "tool_use"]
+        assert use["input"] == {"a": None, "b": None, "c": 7}

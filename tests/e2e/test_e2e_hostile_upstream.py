@@ -77,17 +77,28 @@ def test_a_reply_nested_past_the_depth_limit_is_a_502(
     assert p.get("/state", params={"session": "s1"}).status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("digits", "read_as"),
+    [
+        ("123456789012345678901234567890", 1.2345678901234568e29),
+        # Past the float range (Python's int -> float: OverflowError, a 500 before) and past
+        # Python's 4,300-digit int conversion limit (ValueError, a 500 before): orjson's
+        # reading of such a number is an infinity, which JSON writes as null.
+        ("9" * 400, None),
+        ("9" * 5000, None),
+    ],
+)
 def test_huge_integer_arguments_translate_for_anthropic(
-    fake: FakeProvider, start_proxy: StartProxy
+    fake: FakeProvider, start_proxy: StartProxy, digits: str, read_as: float | None
 ) -> None:
     """An integer past 64 bits in OpenAI arguments reaches an Anthropic client (as orjson
     would read it: a float) instead of failing to serialise."""
     p = _proxy(start_proxy, fake, "openai", "passthrough")
-    fake.enqueue(Reply(tool_calls=[ToolCall("f", '{"n": 123456789012345678901234567890}')]))
+    fake.enqueue(Reply(tool_calls=[ToolCall("f", '{"n": ' + digits + "}")]))
     r = _turn(p, "anthropic")
     assert r.status_code == 200, r.text
     (block,) = [b for b in r.json()["content"] if b["type"] == "tool_use"]
-    assert block["input"] == {"n": 1.2345678901234568e29}
+    assert block["input"] == {"n": read_as}
 
 
 @pytest.mark.parametrize("client", ["openai", "anthropic"])

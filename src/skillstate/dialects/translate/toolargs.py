@@ -382,9 +382,18 @@ def _fallback_input(raw: str) -> JSON:
     return {"_raw": _clean(raw)}
 
 
+# Digits (a sign included) beyond which an integer cannot fit in 64 bits: 2**64 has 20.
+_INT64_DIGITS = 20
+
+
 def _int_or_float(digits: str) -> int | float:
     """An integer as orjson reads one: beyond 64 bits it becomes a float (orjson cannot
-    write such an int back, so the translated reply would not serialise)."""
+    write such an int back, so the translated reply would not serialise), past the float
+    range an infinity, written as null. A long one is never given to ``int``: Python refuses
+    to convert more than 4,300 digits (ValueError), and an int past the float range cannot
+    become a float (OverflowError); ``float`` reads any number of digits."""
+    if len(digits) > _INT64_DIGITS:
+        return float(digits)
     value = int(digits)
     return value if -(2**63) <= value < 2**64 else float(value)
 
