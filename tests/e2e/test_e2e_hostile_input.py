@@ -6,9 +6,12 @@ Every case here was a crash (500, the connection reset for a stream) before its 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import zlib
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +19,7 @@ import openai
 import pytest
 import zstandard
 
+from skillstate.cli.main import main
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
 from tests.helpers import envelope, oai, session
@@ -258,3 +262,52 @@ def test_huge_integers_in_a_chat_clients_tool_arguments_reach_an_anthropic_upstr
         ]
         (use,) = [b for b in blocks if b["type"] == "tool_use"]
         assert use["input"] == {"a": None, "b": None, "c": 7}
+
+
+def test_head_on_the_state_route_answers_as_get_without_a_body(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """Starlette routes a GET route's HEAD to its handler: ``HEAD /state?session=ID`` was a
+    500 (KeyError: no HEAD among the route's methods) and a listing's HEAD a 400 saying
+    ``?session=ID`` is required. Each now answers what GET would, without the body, and
+    changes nothing."""
+    p = start(fake, start_proxy, "openai")
+    fake.enqueue(Reply(text=envelope({"notes": "kept"})))
+    first = TURN_BODIES["/v1/chat/completions"]
+    assert httpx.post(
+        p.url + "/v1/chat/completions", json=first, headers=headers("state")
+    ).is_success
+    for query in ("?session=h1", "?session=h1&history=1", "", "?session=nosuch", "?session=a/b"):
+        got = httpx.get(p.url + "/state" + query)
+        head = httpx.head(p.url + "/state" + query)
+        assert (head.status_code, head.content) == (got.status_code, b""), (query, head)
+    assert p.state("h1")["state"] == {"notes": "kept"}
+
+
+def test_head_on_the_admin_keys_route_lists_instead_of_creating(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """``HEAD /admin/keys`` went down the create (POST) path: a 415 asking for a JSON body.
+    It now answers as the listing does."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert (
+            main(
+                [
+                    "keys",
+                    "--data-dir",
+                    str(tmp_path / "data"),
+                    "create",
+                    "--name",
+                    "root",
+                    "--admin",
+                ]
+            )
+            == 0
+        )
+    admin = {"authorization": "Bearer " + out.getvalue().strip()}
+    p = start(fake, start_proxy, "openai")
+    head = httpx.head(p.url + "/admin/keys", headers=admin)
+    assert (head.status_code, head.content) == (200, b""), head
+    listed = httpx.get(p.url + "/admin/keys", headers=admin).json()["data"]
+    assert [k["name"] for k in listed] == ["root"]

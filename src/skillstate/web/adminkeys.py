@@ -26,7 +26,7 @@ from ..auth.gate import principal_of
 from ..errors import ProxyError
 from ..store import StoreError
 from .runtime import runtime
-from .wire import JSONResponse, error_response, read_json_object
+from .wire import JSONResponse, error_response, method_of, read_json_object
 
 _FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,),
@@ -82,7 +82,7 @@ async def admin_keys(request: Request) -> Response:
     """``GET`` (list) and ``POST`` (create) ``/admin/keys``."""
     try:
         admin = _admin(request)
-        if request.method == "GET":
+        if method_of(request) == "GET":
             data = [shown(r) for r in await admin.list()]
             return JSONResponse({"object": "list", "data": data})
         body = await read_json_object(request, runtime(request).settings.max_body_bytes)

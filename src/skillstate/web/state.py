@@ -22,7 +22,7 @@ from ..sessions.ids import is_valid_session_id
 from ..store import StoreError, TransitionRecord
 from .paging import HISTORY_PAGE, SESSIONS_PAGE, decode_cursor, encode_cursor, parse_limit
 from .runtime import Runtime, runtime
-from .wire import JSONResponse, error_response, read_json_object
+from .wire import JSONResponse, error_response, method_of, read_json_object
 
 
 async def state(request: Request) -> Response:
@@ -38,13 +38,14 @@ async def state(request: Request) -> Response:
 async def _state(request: Request, rt: Runtime) -> Response:
     session = request.query_params.get("session")
     view = view_of(principal_of(request.scope), request.query_params.get("key"))
+    method = method_of(request)
     if session is None:
-        if request.method != "GET":
+        if method != "GET":
             raise ProxyError("invalid_request", "?session=ID is required", param="session")
         return await _list(request, rt, view)
     if not is_valid_session_id(session):
         raise ProxyError("invalid_request", "invalid session id: must match ^[A-Za-z0-9_-]{1,128}$")
-    handler = _BY_METHOD[request.method]
+    handler = _BY_METHOD[method]
     return await handler(request, rt, _Target(session, view.store_id(session)))
 
 

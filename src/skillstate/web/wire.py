@@ -117,6 +117,12 @@ async def _read_body(receive: Receive, max_bytes: int) -> bytes:
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+def method_of(request: Request) -> str:
+    """The request's method, a ``HEAD`` read as the ``GET`` it asks about: Starlette routes
+    a GET route's HEAD to the GET handler, and the server sends its answer without the body."""
+    return "GET" if request.method == "HEAD" else request.method
+
+
 def is_json_media_type(content_type: str) -> bool:
     """``application/json`` or an ``application/*+json`` type, parameters ignored."""
     media = content_type.partition(";")[0].strip().lower()
