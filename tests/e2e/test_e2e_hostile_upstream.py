@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, envelope
 
 DEEP = 300  # past orjson's 255 levels, under its parser's 1,024
 
@@ -240,3 +240,39 @@ def test_a_reply_over_the_size_bound_is_a_failed_attempt(
     assert r.status_code == 502, r.text
     message = r.json()["error"]["message"]
     assert f"up: ReplyTooLarge: the answer is over {64 * 1024} bytes" in message
+
+
+JUNK_USAGE = '{"prompt_tokens": "x", "completion_tokens": 123456789012345678901234567890}'
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "state"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_upstreams_junk_usage_reaches_a_responses_client_as_zero(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str, stream: bool
+) -> None:
+    """A chat upstream's usage becomes the Responses API's: a count that is a string was a
+    500 (int("x"): ValueError; the connection reset for a stream), one past 64 bits a 500
+    when the reply was written (orjson: Integer exceeds 64-bit range). Such a count is 0,
+    as everywhere else usage is read."""
+    p = _proxy(start_proxy, fake, "openai", mode)
+    usage = json.loads(JUNK_USAGE)
+    if stream:
+        fake.enqueue(Reply(raw_body=_openai_sse(json.dumps({"choices": [], "usage": usage}))))
+    else:
+        message = {"role": "assistant", "content": envelope({})}  # judged valid: no re-ask
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        body = {"id": "c", "object": "chat.completion", "choices": [choice], "usage": usage}
+        fake.enqueue(Reply(raw_body=json.dumps(body).encode()))
+    r = p.http.post(
+        p.url + "/v1/responses",
+        json={"model": "m", "input": "hi", "stream": stream},
+        headers={SESSION_HEADER: "s1"},
+    )
+    assert r.status_code == 200, r.text
+    if stream:
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        assert events[-1]["type"] == "response.completed", events[-1]
+        final = events[-1]["response"]
+    else:
+        final = r.json()
+    assert final["usage"]["input_tokens"] == 0 and final["usage"]["output_tokens"] == 0

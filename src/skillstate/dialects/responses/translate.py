@@ -10,6 +10,7 @@ import string
 import time
 from typing import Any
 
+from ...cost.usage import token_count
 from ...errors import ProxyError
 from ..base import JSON
 from .items import CLIENT_CALLS
@@ -231,21 +232,24 @@ def object_or_empty(value: Any) -> JSON:
 
 
 def usage_to_responses(u: Any) -> JSON | None:
-    """A chat-completions usage object in the Responses API's shape."""
+    """A chat-completions usage object in the Responses API's shape; a count that is not a
+    sane one (a string, a negative, past 2**53: upstream replies are hostile) is 0."""
     if not isinstance(u, dict):
         return None
-    inp = int(u.get("prompt_tokens") or 0)
-    out = int(u.get("completion_tokens") or 0)
+    inp = token_count(u.get("prompt_tokens")) or 0
+    out = token_count(u.get("completion_tokens")) or 0
     pdet = object_or_empty(u.get("prompt_tokens_details"))
     cdet = object_or_empty(u.get("completion_tokens_details"))
     return {
         "input_tokens": inp,
         "input_tokens_details": {
-            "cached_tokens": int(pdet.get("cached_tokens") or 0),
+            "cached_tokens": token_count(pdet.get("cached_tokens")) or 0,
             "cache_write_tokens": 0,
         },
         "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": int(cdet.get("reasoning_tokens") or 0)},
+        "output_tokens_details": {
+            "reasoning_tokens": token_count(cdet.get("reasoning_tokens")) or 0
+        },
         "total_tokens": inp + out,
     }
 
