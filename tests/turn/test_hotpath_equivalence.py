@@ -587,6 +587,10 @@ def test_serialisation_from_the_clients_bytes_is_the_serialisation(sessions: lis
                 continue
             dialect, raw = session[turn]
             wire, body = get_dialect(dialect), orjson.loads(raw)
+            known = memos.parsed(f"s{i}", raw)  # parsed from the new items only, if it can
+            if known is not None:  # what the bytes parse to, members in the same order
+                assert orjson.dumps(known) == orjson.dumps(body) and known == body
+                body = known
             got = memos.text(f"s{i}", wire, body, wire.validate, raw)
             want = plain.text(f"s{i}", wire, orjson.loads(raw), wire.validate)
             assert (got is None) == (want is None)
@@ -606,6 +610,44 @@ def test_serialisation_from_the_clients_bytes_is_the_serialisation(sessions: lis
             clean, est, points = _plain(dialect, orjson.loads(raw))
             assert view.clean == clean and view.est_tokens == est and view.points == points
             assert _digests(view.points) == b"".join([p.digest for p in points])
+
+
+def test_a_request_extending_the_last_ones_bytes_is_parsed_from_its_new_items() -> None:
+    """A compact client's request that is its previous one's bytes with new items appended to
+    the transcript is not parsed whole: the earlier messages and the other members are the
+    objects the previous request parsed to, the new ones parsed alone. A request with other
+    bytes (an edit, other members, another client's formatting) is parsed as usual."""
+    openai = get_dialect("openai")
+    memos = SessionTranscripts()
+    history: list[Any] = [{"role": "system", "content": "s"}, {"role": "user", "content": "t"}]
+
+    def request(messages: list[Any]) -> bytes:
+        return b'{"model":"m","messages":' + orjson.dumps(messages) + b',"max_tokens":9}'
+
+    def turn(raw: bytes) -> dict[str, Any]:
+        body = memos.parsed("s", raw)
+        body = orjson.loads(raw) if body is None else body
+        assert body == orjson.loads(raw)
+        memos.passed(memos.text("s", openai, body, openai.validate, raw))
+        return body
+
+    bodies = [turn(request(history))]
+    for k in range(3):
+        history += [{"role": "assistant", "content": f"a{k}"}, {"role": "user", "content": "o"}]
+        bodies.append(turn(request(history)))
+    # from the third request on (the second verified the anchor) the earlier objects are reused
+    assert bodies[-1]["messages"][0] is bodies[1]["messages"][0]
+    assert bodies[-1]["messages"][-3] is bodies[-2]["messages"][-1]
+    assert bodies[-1] is not bodies[-2] and bodies[-1]["messages"] is not bodies[-2]["messages"]
+    assert memos.parsed("s", request(history)) == bodies[-1]  # the same request again
+    edited = [*history[:-1], {"role": "user", "content": "edited"}]
+    assert memos.parsed("s", request(edited)) is None
+    assert memos.parsed("s", request(history).replace(b'"m"', b'"n"')) is None
+    unlike_orjson = request(history).replace(b'],"max', b',{"role":"user","content":1.0e1}],"max')
+    assert memos.parsed("s", unlike_orjson) is None  # orjson writes 10.0
+    spaced = json.dumps({"model": "m", "messages": history, "max_tokens": 9}).encode()
+    assert memos.parsed("s", spaced) is None
+    assert memos.parsed("other", request(history)) is None
 
 
 def _first_wins(raw: bytes) -> Any:

@@ -26,12 +26,16 @@ comparisons of bytes. A client writing compact JSON usually sends its previous r
 around the previous serialisation followed by the new items' (:meth:`_Reference.spliced`):
 the serialisation is then cut from those bytes, and the bytes, their lead and tail shown once
 per anchor to hold no key twice, may go upstream as they are
-(:attr:`TranscriptText.vouches_for_raw`).
+(:attr:`TranscriptText.vouches_for_raw`). Such a request is not even parsed whole: the
+session keeps what its last checked request parsed to, and a body that is those bytes
+followed by new items is those objects plus the new items, parsed alone
+(:meth:`SessionTranscripts.parsed`, before anything else reads the body).
 
 Memory: per session, the last checked transcript's serialisation and the bytes of its
-request around it, the last worked-out one's (the same bytes when they are the same turn's)
-and the stripped copies of its messages that had an envelope, counted as the serialisation
-once more. The least recently used sessions
+request around it (and, once its place in them is known, what that request parsed to,
+counted as three times those bytes), the last worked-out one's (the same bytes when they are
+the same turn's) and the stripped copies of its messages that had an envelope, counted as
+the serialisation once more. The least recently used sessions
 are dropped beyond ``max_sessions`` sessions or ``max_bytes`` in all (defaults: 1,000 and
 128 MiB); a dropped session's next turn takes the full path. Only sessions the client named
 are kept (a generated id is new on every request).
@@ -169,7 +173,7 @@ class TranscriptText:
 class _Reference:
     """A transcript as compact JSON, its item count, and what it was for."""
 
-    __slots__ = ("anchor", "blob", "count", "head", "owner")
+    __slots__ = ("anchor", "blob", "body", "count", "head", "owner")
 
     def __init__(self, owner: object = None) -> None:
         self.owner = owner  # the check it passed, or the dialect of its results
@@ -177,6 +181,8 @@ class _Reference:
         self.blob = b""  # the transcript, as compact JSON
         self.count = 0  # its items
         self.anchor: _Anchor | None = None  # where blob was in its request's bytes
+        # what its request's bytes parsed to (kept with an anchor: ``reparsed``)
+        self.body: dict[str, Any] | None = None
 
     def kept(self, blob: bytes, head: bytes | None = None) -> int:
         """How many leading items of the transcript serialised as ``blob`` are this
@@ -221,10 +227,41 @@ class _Reference:
             return None
         if not anchor.verified:
             if not _holds_value(anchor, body):
-                self.anchor = None  # the next requests take the full path
+                self.anchor = self.body = None  # the next requests take the full path
                 return None
             anchor = _Anchor(lead, tail, key, True)
         return blob, anchor
+
+    def reparsed(self, raw: bytes) -> dict[str, Any] | None:
+        """What ``raw`` parses to, when it is this reference's request's bytes around its
+        transcript's serialisation, on a verified anchor, followed by the new items' (what
+        :meth:`spliced` takes): only the new items are parsed; the earlier items and the
+        other members are the objects this reference's request parsed to (its lead and tail
+        are the same bytes, holding no key twice, around the same value). Shared, not
+        copied: nothing in a turn changes the body it parsed (every change is a copy)."""
+        anchor, old, body = self.anchor, self.blob, self.body
+        if anchor is None or not anchor.verified or body is None:
+            return None
+        lead, tail = anchor.lead, anchor.tail
+        start, stop = len(lead), len(raw) - len(tail)
+        end = start + len(old) - 1  # where old's closing bracket is, if there
+        if stop <= end or not (raw.startswith(lead) and raw.endswith(tail)):
+            return None
+        if not raw.startswith(memoryview(old)[:-1], start):
+            return None
+        items = body[anchor.key]
+        if stop == end + 1 and raw[end] == _CLOSE:
+            return {**body, anchor.key: list(items)}
+        if raw[end] != _COMMA:
+            return None
+        try:
+            new = orjson.loads(b"[" + raw[end + 1 : stop])
+        except orjson.JSONDecodeError:
+            return None
+        written = orjson.dumps(new)  # the new items must be orjson's bytes, as in spliced
+        if len(written) != stop - end or not raw.startswith(memoryview(written)[1:], end + 1):
+            return None
+        return {**body, anchor.key: [*items, *new]}
 
 
 class _Memo:
@@ -255,8 +292,12 @@ class _Memo:
         total = 2 * len(done.blob) + len(done.head)  # + the stripped copies, at most as much
         if checked.blob is not done.blob:
             total += len(checked.blob)
-        if checked.anchor is not None:
-            total += len(checked.anchor.lead) + len(checked.anchor.tail)
+        anchor = checked.anchor
+        if anchor is not None:
+            around = len(anchor.lead) + len(anchor.tail)
+            total += around
+            if checked.body is not None:  # parsed objects: about three times their JSON
+                total += 3 * (len(checked.blob) + around)
         return total
 
 
@@ -342,7 +383,16 @@ class SessionTranscripts:
         memo.checked = _Reference(text.check)
         memo.checked.become(text.head, text.blob, len(text.items))
         memo.checked.anchor = text.anchor
+        if text.anchor is not None:  # the next request may extend these bytes
+            memo.checked.body = text.body
         self._put(text.session, memo)
+
+    def parsed(self, session: str, raw: bytes) -> dict[str, Any] | None:
+        """``orjson.loads(raw)``, parsed from its new items only when ``raw`` extends the
+        bytes of the session's last request that passed its checks (``_Reference.reparsed``);
+        None when it does not (the caller parses it)."""
+        memo = self._memos.get(session)
+        return memo.checked.reparsed(raw) if memo is not None else None
 
     def view(
         self,

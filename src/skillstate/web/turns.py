@@ -7,6 +7,7 @@ stored responses: ``web.responses.ResponsesTurn``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -77,13 +78,15 @@ async def parse_turn(
 
     ``transcripts``: the checks (nesting, ``validate``) skip the leading transcript items
     that passed them on the named session's previous request (``validate`` takes their
-    count, and judges each item on its own). ``minted``: ``session`` is one the proxy made
-    up, the request named none (``Turn.new_session``)."""
-    body, raw = await read_json_body(request, settings.max_body_bytes)
+    count, and judges each item on its own), and a body that extends that request's bytes
+    is parsed from its new items only (``SessionTranscripts.parsed``). ``minted``:
+    ``session`` is one the proxy made up, the request named none (``Turn.new_session``)."""
     caller = principal_of(request.scope)
     header = single_header(request, SESSION_HEADER)
     named = store_session(caller, header or "")
     memo = (transcripts, named) if transcripts is not None and header is not None else None
+    known = functools.partial(memo[0].parsed, named) if memo is not None else None
+    body, raw = await read_json_body(request, settings.max_body_bytes, known)
     text = check_body(body, raw, get_dialect(dialect), validate, memo)
     mode = _header_choice(request, "x-skillstate-mode", settings.mode)
     constrain = _header_choice(request, "x-skillstate-constrain", settings.constrain)

@@ -56,10 +56,15 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return body
 
 
-async def read_json_body(request: Request, max_bytes: int) -> tuple[dict[str, Any], bytes]:
+async def read_json_body(
+    request: Request,
+    max_bytes: int,
+    known: Callable[[bytes], dict[str, Any] | None] | None = None,
+) -> tuple[dict[str, Any], bytes]:
     """As :func:`read_json_object`, with the body's (decoded) bytes, and without the nesting
     check: the caller runs :func:`check_nesting` (on what it has not checked before) before
-    anything walks the body."""
+    anything walks the body. ``known``: what the bytes parse to, when it can tell without
+    parsing them all (``SessionTranscripts.parsed``; None: it cannot)."""
     if not is_json_media_type(request.headers.get("content-type", "")):
         # text/plain and form bodies are CORS "simple" requests: any web page could send them.
         raise ProxyError(
@@ -77,6 +82,9 @@ async def read_json_body(request: Request, max_bytes: int) -> tuple[dict[str, An
         raw = decode(raw, applied, max_bytes)
     if not raw:
         raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
+    body = known(raw) if known is not None else None
+    if body is not None:
+        return body, raw
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
