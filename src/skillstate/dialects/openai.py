@@ -120,7 +120,8 @@ def validate_openai_request(body: JSON, checked: int = 0) -> None:
     ):
         raise _bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     for key, low, high, integer in _BOUNDS:
-        check_bounds(body, key, low, high, integer=integer)
+        if body.get(key) is not None:  # most are absent: no call for them
+            check_bounds(body, key, low, high, integer=integer)
     if body.get("logprobs") is not None and not isinstance(body["logprobs"], bool):
         raise _bad("'logprobs' must be a boolean", "logprobs")
     stop = body.get("stop")

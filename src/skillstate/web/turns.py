@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
@@ -43,13 +43,45 @@ C = TypeVar("C", bound=Choice)
 COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"  # the metrics' route label
 
 
+class RequestHeaders:
+    """A request's headers read once (a turn asks for half a dozen): ``values`` by
+    lower-case name (a name sent more than once: its last value, as a dict of the pairs
+    keeps it), and how often each name that came more than once came."""
+
+    __slots__ = ("repeated", "values")
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        values: dict[str, str] = {}
+        repeated: dict[str, int] = {}
+        for k, v in raw:
+            name = k.decode("latin-1").lower()
+            if name in values:
+                repeated[name] = repeated.get(name, 1) + 1
+            values[name] = v.decode("latin-1")
+        self.values = values
+        self.repeated = repeated
+
+
+_HEADERS_KEY = "skillstate.headers"  # the request's RequestHeaders, in its ASGI scope
+
+
+def request_headers(request: Request) -> RequestHeaders:
+    """The request's headers, read on the first call (kept in its scope)."""
+    scope = request.scope
+    found: RequestHeaders | None = scope.get(_HEADERS_KEY)
+    if found is None:
+        found = scope[_HEADERS_KEY] = RequestHeaders(scope["headers"])
+    return found
+
+
 def single_header(request: Request, name: str) -> str | None:
     """The one value of header ``name`` (None when absent). Sent twice it is a 400: which
     copy counts would depend on who reads it (the proxy, or something in front of it)."""
-    values = request.headers.getlist(name)
-    if len(values) > 1:
-        raise ProxyError("invalid_request", f"{name} was sent {len(values)} times", param=name)
-    return values[0] if values else None
+    headers = request_headers(request)
+    if name in headers.repeated:
+        times = headers.repeated[name]
+        raise ProxyError("invalid_request", f"{name} was sent {times} times", param=name)
+    return headers.values.get(name)
 
 
 def _header_choice(request: Request, name: str, default: C) -> C:
@@ -96,7 +128,7 @@ async def parse_turn(
     return Turn(
         dialect=dialect,
         body=body,
-        headers={k.lower(): v for k, v in request.headers.items()},
+        headers=dict(request_headers(request).values),
         session=stored,
         mode=mode,
         constrain=constrain != Constrain.OFF,
