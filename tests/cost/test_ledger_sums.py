@@ -130,8 +130,8 @@ def test_sqlite_sums_read_the_time_and_session_indexes(tmp_path: Path) -> None:
     ts) index: /cost never scans the whole ledger."""
     import sqlite3
 
-    from skillstate.store.ledgersql import GROUP_BY, sums_select
-    from skillstate.store.sqlite.store import GROUP_KEYS, _ledger_where, connect
+    from skillstate.store.ledgersql import GROUP_BY, ledger_where, sums_select
+    from skillstate.store.sqlite.store import GROUP_KEYS, connect
 
     db: sqlite3.Connection = connect(tmp_path / "skillstate.db")
     try:
@@ -141,7 +141,7 @@ def test_sqlite_sums_read_the_time_and_session_indexes(tmp_path: Path) -> None:
             ("session", "s1", None),
             ("prefix", None, "alice:"),
         ]:
-            where, args = _ledger_where(0.0, 1.0, session, prefix)
+            where, args = ledger_where(0.0, 1.0, session, prefix)
             sql = sums_select(GROUP_KEYS, "model") + where + GROUP_BY
             used[name] = " ".join(str(r[-1]) for r in db.execute(f"EXPLAIN QUERY PLAN {sql}", args))
         assert "SEARCH ledger USING INDEX ledger_ts" in used["window"], used

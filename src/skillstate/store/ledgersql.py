@@ -12,6 +12,7 @@ from typing import Any
 from ..cost.ledger import check_group_by, day_of
 from ..sessions.ids import NAMESPACE_SEP
 from .records import LedgerSums
+from .rows import prefix_range
 
 # The namespace separator as an SQL literal, for a backend's GroupKeys.key.
 SEPARATOR = f"'{NAMESPACE_SEP}'"
@@ -79,6 +80,24 @@ def sums_of(row: Sequence[Any], group_by: str | None) -> LedgerSums:
         key = day_of(int(key)) if group_by == "day" else str(key)
     values: list[Any] = [float(v) if i in _FLOATS else int(v) for i, v in enumerate(sums)]
     return LedgerSums(key, kind, int(rows), float(first_ts), *values)
+
+
+def ledger_where(
+    since: float, until: float, session: str | None, prefix: str | None, mark: str = "?"
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its arguments) of the ledger rows in ``[since, until)``, of
+    one session or of the sessions whose id starts with ``prefix`` when given; ``mark``:
+    the backend's placeholder, its ``N`` replaced by the argument's number."""
+    args: list[Any] = [since, until]
+    sql = f" WHERE ts >= {mark.replace('N', '1')} AND ts < {mark.replace('N', '2')}"
+    if session is not None:
+        args.append(session)
+        sql += f" AND session = {mark.replace('N', str(len(args)))}"
+    if prefix:
+        args += prefix_range(prefix)
+        low, high = (mark.replace("N", str(n)) for n in (len(args) - 1, len(args)))
+        sql += f" AND session >= {low} AND session < {high}"
+    return sql, args
 
 
 def spend_select(whole: bool, unpriced: tuple[float, float] | None, mark: str = "?") -> str:

@@ -66,7 +66,15 @@ from ..base import (
     TransitionRecord,
 )
 from ..cache import CachedSession, SessionCache
-from ..ledgersql import GROUP_BY, SEPARATOR, GroupKeys, spend_select, sums_of, sums_select
+from ..ledgersql import (
+    GROUP_BY,
+    SEPARATOR,
+    GroupKeys,
+    ledger_where,
+    spend_select,
+    sums_of,
+    sums_select,
+)
 from ..migrations import SchemaTooNew, SchemaTooOld
 from ..records import LedgerRow, LedgerSums, SessionCommit
 from ..rows import (
@@ -683,7 +691,7 @@ class PostgresStore:
     async def ledger_rows(
         self, since: float, until: float, session: str | None = None, prefix: str | None = None
     ) -> list[LedgerRow]:
-        where, args = _ledger_where(since, until, session, prefix)
+        where, args = ledger_where(since, until, session, prefix, mark="$N")
         sql = f"SELECT {', '.join(LEDGER_COLUMNS)} FROM ledger{where} ORDER BY ts"
         return [LedgerRow(*r) for r in await self._fetch(sql, *args)]
 
@@ -695,7 +703,7 @@ class PostgresStore:
         prefix: str | None = None,
         group_by: str | None = None,
     ) -> list[LedgerSums]:
-        where, args = _ledger_where(since, until, session, prefix)
+        where, args = ledger_where(since, until, session, prefix, mark="$N")
         sql = sums_select(GROUP_KEYS, group_by) + where + GROUP_BY
         async with self.connection() as conn:
             # /cost (and store copy's check) may sum millions of rows: seconds, more than
@@ -880,19 +888,3 @@ def _kept_already(e: StoreError, kept: KeptReply | None) -> StoreError:
 
 
 LEDGER_SUMS_TIMEOUT = 300.0  # seconds; summing 1M ledger rows took about 1 s (docs/scaling.md)
-
-
-def _ledger_where(
-    since: float, until: float, session: str | None, prefix: str | None
-) -> tuple[str, list[Any]]:
-    """The WHERE clause (and its arguments) of the ledger rows in ``[since, until)``, of
-    one session or of the sessions whose id starts with ``prefix`` when given."""
-    sql = " WHERE ts >= $1 AND ts < $2"
-    args: list[Any] = [since, until]
-    if session is not None:
-        args.append(session)
-        sql += f" AND session = ${len(args)}"
-    if prefix:
-        args += prefix_range(prefix)
-        sql += f" AND session >= ${len(args) - 1} AND session < ${len(args)}"
-    return sql, args

@@ -37,7 +37,15 @@ from ..base import (
 )
 from ..cache import BudgetCache, CachedSession, SessionCache
 from ..datadir import lock_data_dir, prepare_path, unlock_data_dir
-from ..ledgersql import GROUP_BY, SEPARATOR, GroupKeys, spend_select, sums_of, sums_select
+from ..ledgersql import (
+    GROUP_BY,
+    SEPARATOR,
+    GroupKeys,
+    ledger_where,
+    spend_select,
+    sums_of,
+    sums_select,
+)
 from ..records import LedgerRow, LedgerSums, SessionCommit
 from ..rows import (
     COUNTED_TABLES,
@@ -722,7 +730,7 @@ class SQLiteStore:
     async def ledger_rows(
         self, since: float, until: float, session: str | None = None, prefix: str | None = None
     ) -> list[LedgerRow]:
-        where, args = _ledger_where(since, until, session, prefix)
+        where, args = ledger_where(since, until, session, prefix)
         sql = f"SELECT {', '.join(LEDGER_COLUMNS)} FROM ledger{where} ORDER BY ts"
 
         def rows(db: sqlite3.Connection) -> list[LedgerRow]:
@@ -738,7 +746,7 @@ class SQLiteStore:
         prefix: str | None = None,
         group_by: str | None = None,
     ) -> list[LedgerSums]:
-        where, args = _ledger_where(since, until, session, prefix)
+        where, args = ledger_where(since, until, session, prefix)
         sql = sums_select(GROUP_KEYS, group_by) + where + GROUP_BY
 
         def sums(db: sqlite3.Connection) -> list[LedgerSums]:
@@ -966,22 +974,6 @@ class SQLiteStore:
 
 
 PURGE_CHUNK = 2000  # ledger rows per purge transaction (see purge_ledger)
-
-
-def _ledger_where(
-    since: float, until: float, session: str | None, prefix: str | None
-) -> tuple[str, tuple[Any, ...]]:
-    """The WHERE clause (and its arguments) of the ledger rows in ``[since, until)``, of
-    one session or of the sessions whose id starts with ``prefix`` when given."""
-    sql = " WHERE ts >= ? AND ts < ?"
-    args: tuple[Any, ...] = (since, until)
-    if session is not None:
-        sql += " AND session = ?"
-        args += (session,)
-    if prefix:
-        sql += " AND session >= ? AND session < ?"
-        args += prefix_range(prefix)
-    return sql, args
 
 
 _RESPONSE_CHAIN = response_chain_sql("?", "?")
