@@ -68,18 +68,24 @@ def test_turns_commit_to_postgresql_and_read_back(
     assert cost["totals"]["attempts"]["generation"] == 6
 
 
-def test_a_key_made_by_the_cli_works_on_every_replica(
-    fake: FakeProvider, start_proxy_process: StartProxyProcess, pg_url: str, tmp_path: Path
-) -> None:
+def cli_key(pg_url: str, tmp_path: Path, name: str, *flags: str) -> tuple[str, Path]:
+    """``skillstate keys create --name NAME`` against the PostgreSQL store, from a data dir
+    no replica uses: the new key, and the config file that names the store."""
     cfg = tmp_path / "keys.json"
     cfg.write_text(json.dumps({"store": pg_url}))
     made = subprocess.run(
         [sys.executable, "-m", "skillstate", "keys", "--config", str(cfg),
-         "--data-dir", str(tmp_path / "cli-data"), "create", "--name", "alice"],
+         "--data-dir", str(tmp_path / "cli-data"), "create", "--name", name, *flags],
         capture_output=True, text=True, timeout=HANG, env=proxy_env(),
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    key = next(w for w in made.stdout.split() if w.startswith("sk-ss-"))
+    return next(w for w in made.stdout.split() if w.startswith("sk-ss-")), cfg
+
+
+def test_a_key_made_by_the_cli_works_on_every_replica(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, pg_url: str, tmp_path: Path
+) -> None:
+    key, cfg = cli_key(pg_url, tmp_path, "alice")
     # Replicas whose data dir is not the CLI's: the secret is the store's.
     a = start_proxy_process(fake.url + "/v1", *SCHEMA, config={"store": pg_url})
     fake.enqueue(Reply(text=envelope({"step": 1})))
@@ -233,14 +239,7 @@ def test_a_hung_postgresql_is_503_not_a_hang(
 def test_admin_keys_over_http_on_one_replica_hold_on_another(
     fake: FakeProvider, start_proxy_process: StartProxyProcess, pg_url: str, tmp_path: Path
 ) -> None:
-    cfg = tmp_path / "keys.json"
-    cfg.write_text(json.dumps({"store": pg_url}))
-    made = subprocess.run(
-        [sys.executable, "-m", "skillstate", "keys", "--config", str(cfg),
-         "--data-dir", str(tmp_path / "cli-data"), "create", "--name", "root", "--admin"],
-        capture_output=True, text=True, timeout=HANG, env=proxy_env(),
-    )  # fmt: skip
-    root = made.stdout.strip()
+    root, _ = cli_key(pg_url, tmp_path, "root", "--admin")
     config = {"store": pg_url, "auth_cache_ttl": 0}
     a = start_proxy_process(fake.url + "/v1", *SCHEMA, config=config)
     b = start_proxy_process(fake.url + "/v1", *SCHEMA, config=config)
