@@ -15,7 +15,7 @@ import openai
 from skillstate.cli.main import main
 from skillstate.store import KeptReply, Store
 from skillstate.store.records import LedgerRow
-from tests.conftest import Proxy
+from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
 from tests.helpers import SESSION_HEADER, envelope
 
@@ -95,6 +95,18 @@ def fill(proxy: Proxy, fake: FakeProvider, key: str) -> dict[str, int]:
     )
     steps["resp"] = int(raw.headers["x-skillstate-step"])
     return steps
+
+
+def filled_by_a_proxy(
+    start_proxy: StartProxy, fake: FakeProvider, data: Path
+) -> tuple[str, dict[str, int]]:
+    """The data dir ``data`` (the one ``start_proxy`` gives its proxy) filled by a proxy,
+    stopped after, as alice's client (:func:`fill`): her key and each session's step."""
+    key = make_key(data, "alice")
+    proxy = start_proxy(fake.url + "/v1", "--schema", SCHEMA)
+    steps = fill(proxy, fake, key)
+    proxy.stop()
+    return key, steps
 
 
 async def everything(store: Store) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from tests.conftest import StartProxy, proxy_env
 from tests.cost.test_ledger_sums import check_sums_match_rows, random_row
 from tests.fakeprovider import FakeProvider, Reply
 from tests.helpers import SESSION_HEADER
-from tests.storefill import SCHEMA, envelope, everything, fill, keyed_turn, make_key, turn
+from tests.storefill import SCHEMA, envelope, everything, filled_by_a_proxy, keyed_turn, turn
 
 HANG = 60.0  # a guard against a hang, not a performance threshold
 
@@ -64,10 +64,7 @@ def test_a_proxy_filled_sqlite_store_moves_to_postgresql_and_continues_there(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, pg_url: str
 ) -> None:
     data = tmp_path / "data"
-    key = make_key(data, "alice")
-    proxy = start_proxy(fake.url + "/v1", "--schema", SCHEMA)
-    steps = fill(proxy, fake, key)
-    proxy.stop()
+    key, steps = filled_by_a_proxy(start_proxy, fake, data)
     source = data / "skillstate.db"
 
     r = store_copy("--from", f"sqlite://{source}", "--to", pg_url, cwd=tmp_path)

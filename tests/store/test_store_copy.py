@@ -22,7 +22,7 @@ from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
 from tests.fakeprovider import FakeProvider
-from tests.storefill import SCHEMA, envelope, everything, fill, keyed_turn, make_key, turn
+from tests.storefill import SCHEMA, envelope, everything, filled_by_a_proxy, keyed_turn, turn
 
 
 def store_copy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -52,10 +52,7 @@ def test_a_proxy_filled_store_is_copied_whole_and_continues_on_the_copy(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
-    key = make_key(data, "alice")
-    proxy = start_proxy(fake.url + "/v1", "--schema", SCHEMA)
-    steps = fill(proxy, fake, key)
-    proxy.stop()
+    key, steps = filled_by_a_proxy(start_proxy, fake, data)
     source, dest = data / "skillstate.db", tmp_path / "copy" / "skillstate.db"
 
     r = store_copy("--from", f"sqlite://{source}", "--to", f"sqlite://{dest}", cwd=tmp_path)
