@@ -27,6 +27,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop(proc: subprocess.Popen[bytes] | None, sig: signal.Signals) -> None:
+    """``sig`` to a server still running, killed if it has not ended within 30 s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
@@ -140,13 +151,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         """Stop the server (fast shutdown: open sessions are cut)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _stop(self.proc, signal.SIGINT)
         self.proc = None
 
     def url(self, database: str = "postgres") -> str:
@@ -205,13 +210,7 @@ class RedisServer:
         _wait_port(self.port, self.proc, "redis-server")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _stop(self.proc, signal.SIGTERM)
         self.proc = None
 
     def url(self, db: int = 0) -> str:
