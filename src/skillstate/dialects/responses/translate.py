@@ -13,6 +13,8 @@ from typing import Any
 from ...cost.usage import token_count
 from ...errors import ProxyError
 from ..base import JSON
+from ..checks import bad_request as _bad
+from ..translate.common import tool_media_label
 from .items import CLIENT_CALLS
 
 _ALNUM = string.ascii_letters + string.digits
@@ -76,37 +78,56 @@ def _spec(tool: JSON, *keys: str) -> JSON:
     return spec
 
 
-def _part_to_chat(part: JSON) -> JSON | None:
+def _part_to_chat(part: JSON, path: str) -> JSON:
+    """A content part as chat completions has it; a 400 naming the part where chat has no
+    form for it (an image by ``file_id`` only, a file by ``file_url``), never a part dropped."""
     ptype = part.get("type")
     if ptype in ("input_text", "output_text", "text"):
         return {"type": "text", "text": part.get("text") or ""}
     if ptype == "refusal":
         return {"type": "text", "text": part.get("refusal") or ""}
-    if ptype == "input_image" and part.get("image_url"):
+    if ptype == "input_image" and isinstance(part.get("image_url"), str) and part["image_url"]:
         image: JSON = {"url": part["image_url"]}
         if part.get("detail"):
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}
-    return None  # input_file by file_id and the like: nothing a chat upstream can read
+    if ptype == "input_file" and (part.get("file_data") or part.get("file_id")):
+        keys = ("file_data", "file_id", "filename")
+        return {"type": "file", "file": {k: part[k] for k in keys if part.get(k)}}
+    raise _bad(
+        f"{path}: a {str(ptype)[:64]!r} part without image_url (or, for a file, file_data or "
+        "file_id) cannot be sent to a chat-completions or Anthropic upstream",
+        path,
+    )
 
 
-def _message_to_chat(item: JSON) -> JSON:
+def _message_to_chat(item: JSON, path: str) -> JSON:
     role = item.get("role", "user")
     content = item.get("content")
     if isinstance(content, str):
         return {"role": role, "content": content}
-    parts = [p for p in (_part_to_chat(x) for x in content or ()) if p is not None]
-    if role in ("assistant", "system", "developer") or all(p["type"] == "text" for p in parts):
-        return {"role": role, "content": "".join(p.get("text", "") for p in parts)}
+    parts = [_part_to_chat(x, f"{path}.content[{k}]") for k, x in enumerate(content or ())]
+    if role != "user" and any(p["type"] != "text" for p in parts):
+        k = next(k for k, p in enumerate(parts) if p["type"] != "text")
+        raise _bad(
+            f"{path}.content[{k}]: a {role} message takes text only in chat completions;"
+            " send images and files in a user message",
+            f"{path}.content[{k}]",
+        )
+    if role != "user" or all(p["type"] == "text" for p in parts):
+        return {"role": role, "content": "".join(p["text"] for p in parts)}
     return {"role": role, "content": parts}
 
 
-def _output_to_text(output: Any) -> str:
-    if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        return "".join(p.get("text") or "" for p in output if isinstance(p, dict) and "text" in p)
-    return "" if output is None else str(output)
+def _output_to_chat(item: JSON, path: str) -> tuple[str, list[JSON]]:
+    """A call output as (the tool message's text, the image and file parts a chat ``tool``
+    message cannot carry: they go in a user message after the round's tool messages)."""
+    output = item.get("output")
+    if not isinstance(output, list):
+        return ("" if output is None else str(output)), []
+    parts = [_part_to_chat(x, f"{path}.output[{k}]") for k, x in enumerate(output)]
+    text = "".join(p["text"] for p in parts if p["type"] == "text")
+    return text, [p for p in parts if p["type"] != "text"]
 
 
 def _call_to_chat(item: JSON) -> JSON:
@@ -132,7 +153,9 @@ def _append_call(messages: list[JSON], call: JSON) -> None:
 def input_to_messages(body: JSON, *, custom: bool = True) -> list[JSON]:
     """``instructions`` and ``input`` as chat messages; consecutive function_call items (and
     custom_tool_call items, when ``custom``) are one assistant message's tool_calls, each of
-    their outputs a tool message."""
+    their outputs a tool message. The images and files an output returns follow the round's
+    tool messages in one user message, each output's labelled with its call (chat's tool
+    messages take text only; ``common.tool_media_label``)."""
     messages: list[JSON] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})
@@ -141,15 +164,24 @@ def input_to_messages(body: JSON, *, custom: bool = True) -> list[JSON]:
         return [*messages, {"role": "user", "content": raw}]
     calls = {"function_call", "custom_tool_call"} if custom else {"function_call"}
     outputs = {CLIENT_CALLS[c] for c in calls}
-    for item in raw or ():
+    media: list[JSON] = []  # what this round's outputs returned that a tool message cannot hold
+    for i, item in enumerate(raw or ()):
         itype = item.get("type", "message")
+        if itype in outputs:
+            text, parts = _output_to_chat(item, f"input[{i}]")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            if parts:
+                media += [{"type": "text", "text": tool_media_label(item["call_id"])}, *parts]
+            continue
+        if media and (itype == "message" or itype in calls):
+            messages.append({"role": "user", "content": media})
+            media = []
         if itype == "message":
-            messages.append(_message_to_chat(item))
+            messages.append(_message_to_chat(item, f"input[{i}]"))
         elif itype in calls:
             _append_call(messages, _call_to_chat(item))
-        elif itype in outputs:
-            content = _output_to_text(item.get("output"))
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
+    if media:
+        messages.append({"role": "user", "content": media})
     return messages
 
 

@@ -19,6 +19,13 @@ ASSISTANT_TEXT_JOIN = ""
 TOOL_RESULT_TEXT_JOIN = "\n"
 
 
+def tool_media_label(call_id: str) -> str:
+    """The text before the images (and files) a tool call returned, where they travel in the
+    user message after the tool messages (chat completions' ``tool`` messages take text only:
+    an Anthropic ``tool_result``'s images, a Responses call output's images and files)."""
+    return f"[image(s) returned by tool call {call_id}]"
+
+
 def _dumps(value: Any) -> str:
     """Compact JSON text with non-ASCII kept, as tool arguments are written."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

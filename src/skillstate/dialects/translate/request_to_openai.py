@@ -14,6 +14,7 @@ from .common import (
     TOOL_ERROR_PREFIX,
     TOOL_RESULT_TEXT_JOIN,
     _dumps,
+    tool_media_label,
 )
 
 
@@ -241,7 +242,7 @@ def _user_to_openai(content: str | list[JSON], path: str) -> list[JSON]:
                 {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
             )
             if images:
-                label = f"[image(s) returned by tool call {block['tool_use_id']}]"
+                label = tool_media_label(block["tool_use_id"])
                 tool_images.append({"type": "text", "text": label})
                 tool_images.extend(images)
         else:
