@@ -62,3 +62,16 @@ def check_bounds(
         else:
             span = f"at least {low:g}" if low is not None else f"at most {high:g}"
         raise bad_request(f"'{key}' must be {kind} {span}; got {value!r}", key, "invalid_value")
+
+
+def validate_allowed_tools(mode: Any, tools: Any, path: str) -> None:
+    """An ``allowed_tools`` choice's ``mode`` and ``tools`` (the SDK's ToolChoiceAllowedParam,
+    and chat's ChatCompletionAllowedToolsParam: both Required), which the translations read."""
+    if mode not in ("auto", "required"):
+        raise bad_request(f'{path}.mode: must be "auto" or "required"', f"{path}.mode")
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("type"), str) for t in tools
+    ):
+        raise bad_request(
+            f"{path}.tools: must be an array of tool objects with a type", f"{path}.tools"
+        )

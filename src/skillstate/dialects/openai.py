@@ -30,7 +30,7 @@ from . import models, sse
 from .base import JSON, Event, StreamRelay, TokenCount, content_chars, json_error_object
 from .capture import RelayCapture
 from .checks import bad_request as _bad
-from .checks import check_bounds, json_type
+from .checks import check_bounds, json_type, validate_allowed_tools
 
 NAME: Final = "openai"
 
@@ -296,8 +296,14 @@ def _validate_tool_choice(choice: Any) -> None:
         return
     if isinstance(choice, dict) and isinstance(choice.get("type"), str):
         ctype = choice["type"]
+        if ctype == "allowed_tools":
+            nested = choice.get("allowed_tools")
+            nested = nested if isinstance(nested, dict) else {}
+            path = "tool_choice.allowed_tools"
+            validate_allowed_tools(nested.get("mode"), nested.get("tools"), path)
+            return
         if ctype not in ("function", "custom"):
-            return  # e.g. allowed_tools: the upstream's to judge
+            return  # other kinds: the upstream's to judge
         spec = choice.get(ctype)
         if isinstance(spec, dict) and isinstance(spec.get("name"), str) and spec["name"]:
             return

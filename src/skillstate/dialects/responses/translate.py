@@ -200,7 +200,35 @@ def _tool_choice_to_chat(choice: Any, custom: bool) -> Any:
     if isinstance(choice, dict) and choice.get("type") in kinds and choice.get("name"):
         kind = choice["type"]  # chat nests the name: {"type": "custom", "custom": {"name"}}
         return {"type": kind, kind: {"name": choice["name"]}}
-    return "auto"  # hosted-tool and allowed_tools choices: no chat equivalent
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return _allowed_tools_to_chat(choice, kinds)
+    return "auto"  # a hosted tool's choice: that tool is not sent (split_tools)
+
+
+def _allowed_tools_to_chat(choice: JSON, kinds: tuple[str, ...]) -> Any:
+    """Responses' ``{"type": "allowed_tools", "mode", "tools": [{"type", "name"}]}`` as chat's
+    ``{"type": "allowed_tools", "allowed_tools": {"mode", "tools": [{"type": "function",
+    "function": {"name"}}]}}`` (a custom tool's entry ``{"type": "custom", "custom":
+    {"name"}}``). Entries for tools the upstream is not sent (hosted tools; custom ones on
+    Anthropic) go with them: none left is ``"none"`` under ``auto`` and a 400 under
+    ``required`` (the model could call none of them)."""
+    entries = [
+        {"type": e["type"], e["type"]: {"name": e["name"]}}
+        for e in choice["tools"]
+        if e.get("type") in kinds and isinstance(e.get("name"), str) and e["name"]
+    ]
+    if entries:
+        return {
+            "type": "allowed_tools",
+            "allowed_tools": {"mode": choice["mode"], "tools": entries},
+        }
+    if choice["mode"] == "auto":
+        return "none"
+    raise _bad(
+        "tool_choice.tools: none of the allowed tools can be sent to this upstream (it is not"
+        " of kind openai-responses); the model could call none of them",
+        "tool_choice.tools",
+    )
 
 
 def _format_to_chat(fmt: JSON) -> JSON | None:

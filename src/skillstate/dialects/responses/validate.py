@@ -9,7 +9,7 @@ from typing import Any
 
 from ..base import JSON
 from ..checks import bad_request as _bad
-from ..checks import check_bounds
+from ..checks import check_bounds, validate_allowed_tools
 
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
@@ -232,6 +232,9 @@ def _validate_custom_format(fmt: Any, path: str) -> None:
 
 def _validate_tool_choice(choice: Any) -> None:
     if isinstance(choice, str) and choice in _TOOL_CHOICE_MODES:
+        return
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        validate_allowed_tools(choice.get("mode"), choice.get("tools"), "tool_choice")
         return
     if (
         isinstance(choice, dict)

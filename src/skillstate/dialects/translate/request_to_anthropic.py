@@ -111,8 +111,9 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
     out.update(_sampling_to_anthropic(body))
     tools = body.get("tools")
     if tools:
+        tools, wanted = _allowed_tools(tools, body.get("tool_choice"))
         out["tools"] = [_openai_tool_to_anthropic(t, f"tools[{i}]") for i, t in enumerate(tools)]
-        choice = _openai_tool_choice(body.get("tool_choice"))
+        choice = _openai_tool_choice(wanted)
         if body.get("parallel_tool_calls") is False:
             choice = choice or {"type": "auto"}
             if choice["type"] != "none":
@@ -262,6 +263,28 @@ def _openai_tool_to_anthropic(tool: JSON, path: str) -> JSON:
     if isinstance(fn.get("strict"), bool):
         out["strict"] = fn["strict"]
     return out
+
+
+def _allowed_tools(tools: list[JSON], choice: Any) -> tuple[list[JSON], Any]:
+    """(the tools to send, the tool_choice that says the rest). Messages has no
+    ``allowed_tools`` choice: the model is sent only the allowed tools (it cannot call one it
+    is not shown), under ``auto`` or ``any`` (``required``); any other choice as it is.
+    Allowing none of the request's tools is a 400 (Messages needs a tool to choose)."""
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return tools, choice
+    spec = choice["allowed_tools"]  # validated: a mode and an array of typed entries
+    names = {
+        e["function"].get("name")
+        for e in spec["tools"]
+        if e["type"] == "function" and isinstance(e.get("function"), dict)
+    }
+    kept = [t for t in tools if t.get("type") != "function" or t["function"]["name"] in names]
+    if not any(t.get("type") == "function" for t in kept):
+        raise _bad(
+            "tool_choice.allowed_tools.tools: names none of the request's function tools",
+            "tool_choice.allowed_tools.tools",
+        )
+    return kept, spec["mode"]
 
 
 def _openai_tool_choice(choice: Any) -> JSON | None:
