@@ -101,6 +101,31 @@ def test_passthrough_counts_the_request(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["passthrough", "state"])
+def test_a_count_without_a_model_is_answered(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str
+) -> None:
+    """``model`` is optional at ``/responses/input_tokens`` (the SDK's InputTokenCountParams,
+    the API reference): an ``openai-responses`` upstream counts the request without one, as
+    the API takes it; an Anthropic upstream's count_tokens needs a model, and a chat upstream
+    has no endpoint: the proxy's estimate, said so."""
+    p = start(fake, start_proxy, kind, "--mode", mode)
+    raw = client(p).responses.input_tokens.with_raw_response.count(
+        input="What is the weather in Lyon?", tools=TOOLS, extra_headers={SESSION_HEADER: "nm"}
+    )
+    got = raw.parse()
+    assert got.object == "response.input_tokens" and got.input_tokens > 0
+    if kind == "openai-responses":
+        (counted,) = fake.requests
+        assert counted.path == INPUT_TOKENS_PATH and "model" not in counted.json
+        assert got.input_tokens == fake_tokens(counted.json, "responses")
+        assert "x-skillstate-token-count" not in raw.headers
+    else:
+        assert fake.requests == []
+        assert raw.headers["x-skillstate-token-count"] == "estimate"
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_state_mode_counts_the_compact_context(
     fake: FakeProvider, start_proxy: StartProxy, kind: str
 ) -> None:
@@ -206,8 +231,8 @@ def test_bad_requests_are_openai_400s_and_send_nothing(
         c.responses.input_tokens.count(model="m", input=[{"role": "robot", "content": "x"}])  # type: ignore[list-item]
     assert e.value.body["type"] == "invalid_request_error"  # type: ignore[index]
     assert e.value.body["param"] == "input[0].role"  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError) as e:
-        c.responses.input_tokens.count(input="no model")
+    with pytest.raises(openai.BadRequestError) as e:  # optional, but a string when given
+        c.responses.input_tokens.count(model="", input="empty model")
     assert e.value.body["param"] == "model"  # type: ignore[index]
     bad = [{"type": "function_call_output", "output": "sunny"}]
     with pytest.raises(openai.BadRequestError) as e:

@@ -115,7 +115,7 @@ def _input_tokens_cases() -> list[Case]:
 
     return [
         count("itok-not-json", b"{nope"),
-        count("itok-no-model", {"input": "hi"}),
+        count("itok-empty-model", {"model": "", "input": "hi"}),  # optional, a string if given
         count("itok-no-input", {"model": "m"}),
         count("itok-item-bad-role", {"model": "m", "input": [{"role": "x", "content": "y"}]}),
         count("itok-deep", {"model": "m", "input": nested(300)}),

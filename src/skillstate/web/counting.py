@@ -60,13 +60,16 @@ async def count_tokens(
 
 def _counters(pool: UpstreamPool, turn: Turn) -> list[UpstreamRuntime]:
     """The upstreams that may serve the turn and count natively: of the client's kind, or of
-    a kind its bridge reaches; all of the first such one's kind (one request fits one)."""
-    model = turn.body.get("model")
+    a kind its bridge reaches; all of the first such one's kind (one request fits one). A
+    request without a model (``/responses/input_tokens`` takes one optionally) is counted
+    only by an upstream of its own kind, which takes it so; a bridged format's counting
+    endpoint needs the model (Anthropic's ``count_tokens``): the estimate then."""
+    model = turn.model or None
     found = [
         up
-        for up in pool.candidates(model if isinstance(model, str) else None)
+        for up in pool.candidates(model)
         if up.dialect.token_count is not None
-        and (up.kind == turn.dialect or (turn.dialect, up.kind) in BRIDGES)
+        and (up.kind == turn.dialect or ((turn.dialect, up.kind) in BRIDGES and model))
     ]
     return [up for up in found if up.kind == found[0].kind]
 

@@ -32,6 +32,7 @@ from ..dialects.responses.translate import (
     split_tools,
     untranslated_items,
 )
+from ..dialects.responses.validate import validate_input_tokens_request
 from ..errors import ProxyError
 from ..headertext import HEADER_TEXT_MAX_CHARS, header_safe
 from ..observability.telemetry import TurnTelemetry
@@ -156,7 +157,7 @@ class ResponsesTurn:
 
     async def finish(self, turn: Turn, result: Reply | StreamReply) -> Reply | StreamReply:
         if self.pool is not None:
-            kind = _answering_kind(self.pool.candidates(turn.model), result.headers)
+            kind = _answering_kind(self.pool.candidates(turn.model or None), result.headers)
             if kind != DIALECT:
                 custom = keeps_custom(kind)
                 _, tools = split_tools(self.tools, custom=custom)
@@ -193,7 +194,9 @@ async def responses_input_tokens(request: Request) -> Response:
         header = single_header(request, SESSION_HEADER)
         if header is not None:
             shown[SESSION_HEADER] = resolve_session_id(header)
-        turn = await parse_turn(request, rt.settings, DIALECT, RESPONSES.validate, session="")
+        turn = await parse_turn(
+            request, rt.settings, DIALECT, validate_input_tokens_request, session=""
+        )
         _reject_unsupported(rt, turn)
         caller = principal_of(request.scope)
         adopt = header is None and turn.body.get("previous_response_id") is None
@@ -221,7 +224,7 @@ def _reject_unsupported(rt: Runtime, turn: Turn) -> None:
     of the request's tools (hosted tools; custom tools on an Anthropic one) may serve it."""
     if rt.settings.unsupported_tools != "reject":
         return
-    for kind in sorted({up.kind for up in rt.pool.candidates(turn.model)} - {DIALECT}):
+    for kind in sorted({up.kind for up in rt.pool.candidates(turn.model or None)} - {DIALECT}):
         reject_unsupported_tools(turn.body, custom=keeps_custom(kind))
 
 

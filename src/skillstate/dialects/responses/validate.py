@@ -101,6 +101,19 @@ def validate_responses_request(body: JSON, checked: int = 0) -> None:
     on its own; ``skillstate.sessions.transcripts``)."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise _bad("'model' is required and must be a non-empty string", "model")
+    _validate_request(body, checked)
+
+
+def validate_input_tokens_request(body: JSON, checked: int = 0) -> None:
+    """The checks of ``POST /responses/input_tokens``: a turn's, but ``model`` is optional
+    there (the SDK's InputTokenCountParams and the API reference: "model: optional string");
+    given, it is a non-empty string."""
+    if "model" in body and (not isinstance(body["model"], str) or not body["model"]):
+        raise _bad("'model' must be a non-empty string", "model")
+    _validate_request(body, checked)
+
+
+def _validate_request(body: JSON, checked: int) -> None:
     raw = body.get("input")
     if isinstance(raw, list):
         for i, item in enumerate(raw[checked:] if checked else raw, checked):
