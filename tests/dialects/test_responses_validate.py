@@ -132,3 +132,18 @@ def test_a_custom_tool_outputs_parts_and_a_shell_outputs_chunks_are_checked() ->
     with pytest.raises(ProxyError) as e:
         validate_responses_request(body_with(bad_chunk))
     assert e.value.param == "input[1].output[0]"
+
+
+@pytest.mark.parametrize(("call_id", "code"), [("", "invalid_value"), (7, "invalid_type")])
+def test_a_function_call_outputs_call_id_is_optional_but_an_id_when_given(
+    call_id: Any, code: str
+) -> None:
+    """The SDK 3.57's FunctionCallOutput has ``call_id: Optional[str]`` (every other output
+    requires its call's id): left out or null it passes (the upstream, or a translation,
+    judges it); given, it is a non-empty string."""
+    output = {"type": "function_call_output", "output": "sunny"}
+    validate_responses_request(body_with(output))
+    validate_responses_request(body_with({**output, "call_id": None}))
+    with pytest.raises(ProxyError) as e:
+        validate_responses_request(body_with({**output, "call_id": call_id}))
+    assert (e.value.param, e.value.code) == ("input[1].call_id", code)

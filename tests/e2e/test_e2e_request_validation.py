@@ -611,3 +611,35 @@ def test_a_malformed_client_call_output_is_a_400_through_the_sdk(
         assert e.value.code == code
         assert param in e.value.message
     assert sent(fake) == []
+
+
+def test_a_function_call_output_without_call_id_is_the_upstreams_or_a_translations_400(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """The SDK (3.57) has a function_call_output's call_id optional: an openai-responses
+    upstream is sent the item and answers for itself (the fake, as the API, cannot pair it);
+    a translation must name the call its tool message answers: a 400 in the Responses shape,
+    in the API's words for a missing member, nothing sent. An empty call_id is a 400 on both."""
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    orphan = {"type": "function_call_output", "output": "sunny"}
+    items = [{"role": "user", "content": "weather?"}, call, orphan]
+    native = start(fake, start_proxy, "openai-responses")
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(native).responses.create(model="m-1", input=items)  # type: ignore[arg-type]
+    assert "No tool call found for function call output" in e.value.message
+    assert orphan in sent(fake)[-1].json["input"]  # went upstream as it came
+    for kind in ("openai", "anthropic"):
+        fake.requests.clear()
+        p = start(fake, start_proxy, kind)
+        with pytest.raises(openai.BadRequestError) as e:
+            oai(p).responses.create(model="m-1", input=items)  # type: ignore[arg-type]
+        assert (e.value.param, e.value.code) == ("input[2].call_id", "missing_required_parameter")  # type: ignore[attr-defined]
+        assert e.value.body["message"].startswith(  # type: ignore[index]
+            "Missing required parameter: 'input[2].call_id'."
+        )
+        assert sent(fake) == []
+    fake.requests.clear()
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(native).responses.create(model="m-1", input=[*items[:2], {**orphan, "call_id": ""}])  # type: ignore[arg-type]
+    assert e.value.param == "input[2].call_id"  # type: ignore[attr-defined]
+    assert sent(fake) == []

@@ -234,7 +234,7 @@ def test_bad_requests_are_openai_400s_and_send_nothing(
     with pytest.raises(openai.BadRequestError) as e:  # optional, but a string when given
         c.responses.input_tokens.count(model="", input="empty model")
     assert e.value.body["param"] == "model"  # type: ignore[index]
-    bad = [{"type": "function_call_output", "output": "sunny"}]
+    bad = [{"type": "function_call_output", "call_id": "", "output": "sunny"}]
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.input_tokens.count(model="m", input=bad)  # type: ignore[arg-type]
     assert e.value.body["param"] == "input[0].call_id"  # type: ignore[index]

@@ -29,6 +29,7 @@ from ..dialects.responses.stream import TERMINAL_EVENTS
 from ..dialects.responses.translate import (
     keeps_custom,
     reject_unsupported_tools,
+    require_call_ids,
     split_tools,
     untranslated_items,
 )
@@ -220,11 +221,15 @@ def compact_hooks() -> ResponsesTurn:
 
 
 def _reject_unsupported(rt: Runtime, turn: Turn) -> None:
-    """``unsupported_tools: reject``: a 400 when an upstream of another kind that lacks one
-    of the request's tools (hosted tools; custom tools on an Anthropic one) may serve it."""
+    """What an upstream of another kind that may serve the turn cannot take: a function call
+    output without ``call_id`` (a 400 naming the client's item), and under
+    ``unsupported_tools: reject`` a tool it lacks (hosted tools; custom tools on Anthropic)."""
+    kinds = sorted({up.kind for up in rt.pool.candidates(turn.model or None)} - {DIALECT})
+    if kinds:
+        require_call_ids(turn.body)
     if rt.settings.unsupported_tools != "reject":
         return
-    for kind in sorted({up.kind for up in rt.pool.candidates(turn.model or None)} - {DIALECT}):
+    for kind in kinds:
         reject_unsupported_tools(turn.body, custom=keeps_custom(kind))
 
 

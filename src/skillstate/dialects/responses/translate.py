@@ -119,15 +119,22 @@ def _message_to_chat(item: JSON, path: str) -> JSON:
     return {"role": role, "content": parts}
 
 
-def _output_to_chat(item: JSON, path: str) -> tuple[str, list[JSON]]:
-    """A call output as (the tool message's text, the image and file parts a chat ``tool``
-    message cannot carry: they go in a user message after the round's tool messages)."""
+def _tool_message(item: JSON, path: str) -> tuple[JSON, list[JSON]]:
+    """A call output as (the chat ``tool`` message answering its call, the image and file
+    parts a tool message cannot carry: they go in a user message after the round's tool
+    messages). A function call output may come without ``call_id`` (the API's is optional);
+    a tool message must name its call: a 400 in the API's words for a missing member."""
+    call_id = item.get("call_id")
+    if not call_id:
+        raise _no_call_id(item, path)
     output = item.get("output")
     if not isinstance(output, list):
-        return ("" if output is None else str(output)), []
+        text = "" if output is None else str(output)
+        return {"role": "tool", "tool_call_id": call_id, "content": text}, []
     parts = [_part_to_chat(x, f"{path}.output[{k}]") for k, x in enumerate(output)]
     text = "".join(p["text"] for p in parts if p["type"] == "text")
-    return text, [p for p in parts if p["type"] != "text"]
+    tool = {"role": "tool", "tool_call_id": call_id, "content": text}
+    return tool, [p for p in parts if p["type"] != "text"]
 
 
 def _call_to_chat(item: JSON) -> JSON:
@@ -168,10 +175,10 @@ def input_to_messages(body: JSON, *, custom: bool = True) -> list[JSON]:
     for i, item in enumerate(raw or ()):
         itype = item.get("type", "message")
         if itype in outputs:
-            text, parts = _output_to_chat(item, f"input[{i}]")
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            tool, parts = _tool_message(item, f"input[{i}]")
+            messages.append(tool)
             if parts:
-                media += [{"type": "text", "text": tool_media_label(item["call_id"])}, *parts]
+                media += [{"type": "text", "text": tool_media_label(tool["tool_call_id"])}, *parts]
             continue
         if media and (itype == "message" or itype in calls):
             messages.append({"role": "user", "content": media})
@@ -268,6 +275,25 @@ def responses_request_to_chat(
         if body.get(key) is not None:
             out[key] = body[key]
     return out
+
+
+def _no_call_id(item: JSON, path: str) -> ProxyError:
+    return _bad(
+        f"Missing required parameter: '{path}.call_id'. A {item['type']} item is sent to a"
+        " chat-completions or Anthropic upstream as the answer to its call, by call_id.",
+        f"{path}.call_id",
+        "missing_required_parameter",
+    )
+
+
+def require_call_ids(body: JSON) -> None:
+    """A 400 naming the first function call output without ``call_id`` in the client's
+    ``input`` (the API's is optional, but a translation pairs each output with its call by
+    it), before the turn is planned: the path is the client's own."""
+    raw = body.get("input")
+    for i, item in enumerate(raw if isinstance(raw, list) else ()):
+        if item.get("type") == "function_call_output" and not item.get("call_id"):
+            raise _no_call_id(item, f"input[{i}]")
 
 
 def reject_unsupported_tools(body: JSON, *, custom: bool = True) -> None:

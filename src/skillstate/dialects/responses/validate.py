@@ -71,7 +71,10 @@ _STRING_KINDS = frozenset({"id", "string", "patch outcome"})
 # ``status``, a local shell or computer call's ``id`` and ``pending_safety_checks``.
 _REQUIRED: dict[str, tuple[tuple[str, str], ...]] = {
     "function_call": (("call_id", "id"), ("name", "id"), ("arguments", "string")),
-    "function_call_output": (("call_id", "id"), ("output", "text or parts")),
+    # call_id is not Required here in the SDK 3.57 (``Optional[str]``; a program's calls are
+    # answered by ``caller``): an upstream of the Responses kind judges one without it, and
+    # a translation, which must pair it with its call, refuses it (translate._tool_message)
+    "function_call_output": (("output", "text or parts"),),
     "custom_tool_call": (("call_id", "id"), ("name", "id"), ("input", "string")),
     "custom_tool_call_output": (("call_id", "id"), ("output", "text or parts")),
     "local_shell_call": (("call_id", "id"), ("action", "object")),
@@ -177,13 +180,19 @@ def _validate_item(item: Any, path: str) -> None:
 
 def _validate_members(item: dict[str, Any], itype: str, path: str) -> None:
     """The members a call or output item requires (``_REQUIRED``), each of its JSON type
-    (the 400's code as the API names the fault: ``_fault``);
+    (the 400's code as the API names the fault: ``_fault``), and a function call output's
+    optional ``call_id`` a non-empty string when given;
     the parts of an output given as an array are checked as a message's are."""
     for key, kind in _REQUIRED.get(itype, ()):
         accepts, what = _KINDS[kind]
         value = item.get(key)
         if not accepts(value):
             raise _bad(f"{path}.{key}: required, {what}", f"{path}.{key}", _fault(value, kind))
+    call_id = item.get("call_id")
+    if itype == "function_call_output" and call_id is not None and not _KINDS["id"][0](call_id):
+        raise _bad(
+            f"{path}.call_id: must be a non-empty string", f"{path}.call_id", _fault(call_id, "id")
+        )
     output = item.get("output")
     if itype in ("function_call_output", "custom_tool_call_output") and isinstance(output, list):
         for k, part in enumerate(output):
