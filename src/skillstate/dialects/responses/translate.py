@@ -47,12 +47,17 @@ def new_id(prefix: str) -> str:
 
 def split_tools(tools: Any, *, custom: bool = True) -> tuple[list[JSON], list[str]]:
     """(function tools, and custom tools when ``custom``, in chat-completions form; the
-    names/types of the tools without one)."""
+    names/types of the tools without one). Chat's tools have no ``defer_loading`` (a
+    deferred tool is sent as any other: the tool search that would load it is not) nor
+    ``allowed_callers``: a tool the model may not call itself (``allowed_callers`` without
+    ``"direct"``: only a program the Responses API runs may) has no chat form either."""
     kept: list[JSON] = []
     dropped: list[str] = []
     for tool in tools if isinstance(tools, list) else ():
         ttype = tool.get("type")
-        if ttype == "function":
+        if ttype in ("function", "custom") and not _called_directly(tool):
+            dropped.append(str(tool.get("name") or ttype))
+        elif ttype == "function":
             kept.append({"type": "function", "function": _spec(tool, "parameters", "strict")})
         elif ttype == "custom" and custom:
             spec = _spec(tool)
@@ -67,6 +72,14 @@ def split_tools(tools: Any, *, custom: bool = True) -> tuple[list[JSON], list[st
         else:
             dropped.append(str(tool.get("name") or ttype))
     return kept, dropped
+
+
+def _called_directly(tool: JSON) -> bool:
+    """Whether the model may call ``tool`` itself: ``allowed_callers`` (the SDK's
+    ``Optional[List[Literal["direct", "programmatic"]]]``) absent, null or naming
+    ``"direct"``."""
+    callers = tool.get("allowed_callers")
+    return not isinstance(callers, list) or "direct" in callers
 
 
 def _spec(tool: JSON, *keys: str) -> JSON:
@@ -200,7 +213,8 @@ def untranslated_items(items: list[Any], *, custom: bool = True) -> list[str]:
     return sorted(t for t in types if isinstance(t, str) and t not in sent)
 
 
-def _tool_choice_to_chat(choice: Any, custom: bool) -> Any:
+def _tool_choice_to_chat(choice: Any, custom: bool, sent: list[JSON]) -> Any:
+    """``sent``: the tools the chat request carries (``split_tools``)."""
     if isinstance(choice, str):
         return choice
     kinds = ("function", "custom") if custom else ("function",)
@@ -208,21 +222,22 @@ def _tool_choice_to_chat(choice: Any, custom: bool) -> Any:
         kind = choice["type"]  # chat nests the name: {"type": "custom", "custom": {"name"}}
         return {"type": kind, kind: {"name": choice["name"]}}
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        return _allowed_tools_to_chat(choice, kinds)
+        return _allowed_tools_to_chat(choice, {(t["type"], t[t["type"]]["name"]) for t in sent})
     return "auto"  # a hosted tool's choice: that tool is not sent (split_tools)
 
 
-def _allowed_tools_to_chat(choice: JSON, kinds: tuple[str, ...]) -> Any:
+def _allowed_tools_to_chat(choice: JSON, sent: set[tuple[str, str]]) -> Any:
     """Responses' ``{"type": "allowed_tools", "mode", "tools": [{"type", "name"}]}`` as chat's
     ``{"type": "allowed_tools", "allowed_tools": {"mode", "tools": [{"type": "function",
     "function": {"name"}}]}}`` (a custom tool's entry ``{"type": "custom", "custom":
-    {"name"}}``). Entries for tools the upstream is not sent (hosted tools; custom ones on
-    Anthropic) go with them: none left is ``"none"`` under ``auto`` and a 400 under
-    ``required`` (the model could call none of them)."""
+    {"name"}}``). Entries for tools the upstream is not sent (``sent``: (type, name) of those
+    it is; not hosted tools, custom ones on Anthropic, nor tools only a program may call) go
+    with them: none left is ``"none"`` under ``auto`` and a 400 under ``required`` (the model
+    could call none of them)."""
     entries = [
         {"type": e["type"], e["type"]: {"name": e["name"]}}
         for e in choice["tools"]
-        if e.get("type") in kinds and isinstance(e.get("name"), str) and e["name"]
+        if (e["type"], e.get("name")) in sent
     ]
     if entries:
         return {
@@ -259,7 +274,7 @@ def responses_request_to_chat(
     if tools:
         out["tools"] = tools
         if body.get("tool_choice") is not None:
-            out["tool_choice"] = _tool_choice_to_chat(body["tool_choice"], custom)
+            out["tool_choice"] = _tool_choice_to_chat(body["tool_choice"], custom, tools)
         if body.get("parallel_tool_calls") is not None:
             out["parallel_tool_calls"] = body["parallel_tool_calls"]
     text = body.get("text")
