@@ -17,7 +17,7 @@ from skillstate.store import KeptReply, Store
 from skillstate.store.records import LedgerRow
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, envelope, oai
 
 SCHEMA = "facts,notes,step"
 
@@ -69,7 +69,7 @@ def fill(proxy: Proxy, fake: FakeProvider, key: str) -> dict[str, int]:
     chain of stored Responses API responses and a turn kept under an Idempotency-Key
     (``keyed_turn``), as client ``key``; returns each session's step as the proxy
     reported it."""
-    client = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+    client = oai(proxy, key)
     steps: dict[str, int] = {}
     fake.enqueue(Reply(text=envelope({"notes": "kept"})))
     steps["keyed"] = int(keyed_turn(client).headers["x-skillstate-step"])

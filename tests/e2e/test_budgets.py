@@ -18,7 +18,7 @@ import pytest
 from skillstate.cli.main import main
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, ant, envelope, oai
 
 # $0.001 per output token, input free: a call with max_tokens 100 has a worst case of $0.10,
 # and costs exactly that when the model writes its 100 tokens.
@@ -118,7 +118,7 @@ def test_a_responses_call_whose_input_alone_is_over_the_budget_is_never_sent(
     # about $10, ten times the key's $1 a day.
     proxy = start(start_proxy, fake, {"m": {"input_per_mtok": 400, "output_per_mtok": 0}})
     key = make_key(tmp_path / "data", "create", "--name", "small", "--budget-usd-per-day", "1")
-    client = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+    client = oai(proxy, key)
     with pytest.raises(openai.RateLimitError) as refused:
         client.responses.create(model="m", input="x" * 100_000)
     assert refused.value.body["code"] == "budget_exceeded"
@@ -184,14 +184,14 @@ def test_a_bad_session_budget_is_a_400_in_the_clients_dialect(
     proxy = start(start_proxy, fake, OUTPUT_PRICED)
     key = make_key(tmp_path / "data", "create", "--name", "team", "--max-session-budget-usd", "1")
     bad = {"x-skillstate-budget-usd": "five"}
-    oc = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+    oc = oai(proxy, key)
     with pytest.raises(openai.BadRequestError) as e:
         oc.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=bad
         )
     assert e.value.body["param"] == "x-skillstate-budget-usd"
     assert "positive number of USD" in e.value.message
-    ac = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
+    ac = ant(proxy, key)
     for value, says in (("-1", "positive number"), ("2", "max_session_budget_usd $1")):
         with pytest.raises(anthropic.BadRequestError) as ae:
             ac.messages.create(
@@ -253,7 +253,7 @@ def test_streamed_turns_hold_and_settle_like_the_others(
     proxy = start(start_proxy, fake, OUTPUT_PRICED)
     key = make_key(tmp_path / "data", "create", "--name", "team", "--budget-usd-per-day", "0.25")
     fake.enqueue(*[full_reply() for _ in range(3)])
-    oc = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
+    oc = oai(proxy, key)
 
     def stream(session: str) -> str:
         chunks = oc.chat.completions.create(
@@ -339,7 +339,7 @@ def test_a_call_without_an_output_limit_is_sent_with_the_one_its_budget_holds(
             "upstreams": [{"name": "u", "url": url, "kind": kind, "api_key": "sk"}],
         },
     )
-    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    oc = oai(proxy, "sk")
 
     def ask(session: str, budget: dict[str, str]) -> Any:
         fake.enqueue(Reply(text="word " * 1000))
@@ -390,7 +390,7 @@ def test_a_call_for_several_choices_is_held_for_each_of_them(
     choice. n=5 at max_tokens 100 is a worst case of $0.50, over the session's $0.25: refused
     before it is sent; n=2 ($0.20) fits, and costs what its two choices wrote."""
     proxy = start_proxy(fake.url + "/v1", "--mode", "passthrough", config={"prices": OUTPUT_PRICED})
-    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    oc = oai(proxy, "sk")
     headers = {SESSION: "choices", "x-skillstate-budget-usd": "0.25"}
     fake.enqueue(Reply(text="word " * 1000), Reply(text="word " * 1000))
     with pytest.raises(openai.RateLimitError) as refused:

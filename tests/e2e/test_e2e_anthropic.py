@@ -7,12 +7,11 @@ import json
 from typing import Any
 
 import anthropic
-import openai
 import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, ant, oai
 
 TOOLS = [
     {"name": "get_weather", "description": "w", "input_schema": {"type": "object"}},
@@ -41,7 +40,7 @@ def aproxy(fake: FakeProvider, start_proxy: StartProxy, upstream_kind: str) -> P
 
 
 def client(p: Proxy) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
+    return ant(p, "sk-client")
 
 
 def comparable(msg: Any) -> dict[str, Any]:
@@ -229,7 +228,7 @@ def test_max_tokens_field_is_the_upstreams_choice(
 ) -> None:
     up = {"name": "o", "url": fake.url + "/v1", "max_tokens_field": "max_completion_tokens"}
     p = start_proxy(None, config={"upstreams": [up]})
-    c = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+    c = ant(p, "k")
     fake.enqueue(Reply(text=envelope({"notes": "n"})))
     c.messages.create(model="gpt-5", max_tokens=77, messages=[{"role": "user", "content": "go"}])
     assert fake.last.json["max_completion_tokens"] == 77 and "max_tokens" not in fake.last.json
@@ -253,7 +252,7 @@ def test_structured_outputs_cross_dialects(fake: FakeProvider, start_proxy: Star
     up = {"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "k"}
     p = start_proxy(None, config={"upstreams": [up]})
     fake.enqueue(Reply(text='{"name": "Ann", "age": 31}'))
-    c = openai.OpenAI(base_url=p.v1, api_key="x", max_retries=0)
+    c = oai(p, "x")
     r = c.chat.completions.parse(
         model="claude-x", messages=[{"role": "user", "content": "who?"}], response_format=Person
     )
@@ -265,7 +264,7 @@ def test_structured_outputs_cross_dialects(fake: FakeProvider, start_proxy: Star
     up = {"name": "o", "url": fake.url + "/v1", "kind": "openai", "api_key": "k"}
     p = start_proxy(None, config={"upstreams": [up]})
     fake.enqueue(Reply(text='{"name": "Bo", "age": 2}'))
-    a = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+    a = ant(p, "k")
     m = a.messages.create(
         model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "who?"}],
         output_config={"format": {"type": "json_schema", "schema": PERSON_SCHEMA}},
@@ -285,7 +284,7 @@ def test_openai_client_against_anthropic_upstream(
         None,
         config={"upstreams": [{"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "k"}]},
     )
-    c = openai.OpenAI(base_url=p.v1, api_key="x", max_retries=0)
+    c = oai(p, "x")
     fake.enqueue(Reply(text=envelope({"notes": "via anthropic"}), tool_calls=[("f", {"a": 1})]))
     r = c.chat.completions.create(
         model="claude-x",

@@ -332,7 +332,7 @@ def test_daily_budget_refuses_the_call_that_would_exceed_it_until_the_day_rolls_
     now = [time.time()]  # the ledger's rows carry the real time; the budget's day is now[0]
     server = ProxyServer(settings, clock=lambda: now[0]).start()
     try:
-        c = anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0)
+        c = ant(server, key)
 
         def ask(max_tokens: int) -> httpx.Response:
             r = c.messages.with_raw_response.create(

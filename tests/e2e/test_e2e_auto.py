@@ -7,13 +7,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 
 from skillstate.engine.window import CHECKPOINT_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, oai
 
 PRICES = {
     "input_per_mtok": 2.0,
@@ -61,7 +60,7 @@ def chat(
 ) -> list[dict[str, str]]:
     """A session of len(observations) turns; returns each reply's headers."""
     fake.responder = responder
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
     out = []
     for obs in observations:

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, oai
 
 PRICES = {
     "input_per_mtok": 2.0,
@@ -151,7 +150,7 @@ def test_openai_prefix_is_byte_identical_and_the_session_has_one_cache_key(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start(start_proxy, fake)
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     transcript: list[dict[str, Any]] = [
         {"role": "system", "content": BIG_SYSTEM},
         {"role": "user", "content": "TASK: ship release 7."},
@@ -192,7 +191,7 @@ def test_openai_prefix_is_byte_identical_and_the_session_has_one_cache_key(
 
 def test_openai_client_cache_key_is_kept(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start(start_proxy, fake)
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     fake.enqueue(Reply(text=envelope(1)))
     c.chat.completions.create(
         model="gpt-mine",
@@ -302,7 +301,7 @@ def test_a_translated_client_on_an_anthropic_upstream_gets_the_breakpoint(
     fp = FakeProvider(cache="anthropic").start()
     try:
         p = start(start_proxy, fp, "--mode", mode)
-        sdk = openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+        sdk = oai(p, "sk-client")
         headers = {SESSION_HEADER: f"translated-{route}-{mode}"}
         kind = {"type": "message"} if route == "responses" else {}
         system = "developer" if route == "responses" else "system"

@@ -22,7 +22,7 @@ from skillstate.compaction.items import CHECKPOINT_MARK, RESTORED_MARK
 from skillstate.engine.context import STATE_MARK
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, ant
 
 JSON = dict[str, Any]
 KINDS = ["openai", "anthropic"]
@@ -388,7 +388,7 @@ def test_an_anthropic_client_gets_the_422_in_its_dialect(
 
     p = start(fake, start_proxy, "openai", "--mode", "passthrough")
     fake.enqueue(NOT_AN_ENVELOPE, NOT_AN_ENVELOPE, NOT_AN_ENVELOPE)
-    c = anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
+    c = ant(p, "sk-client")
     edit = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50}}
     messages = [{"role": "user", "content": "read it all " * 100}]
     with pytest.raises(anthropic.UnprocessableEntityError) as e:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import anthropic
 import jsonschema
-import openai
 
 from skillstate.engine.context import CONTRACT_MARK, CORRECTION_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, ant, oai
 
 STATE_SCHEMA = {
     "type": "object",
@@ -57,7 +55,7 @@ def start(start_proxy: StartProxy, fake: FakeProvider, **config: Any) -> Proxy:
 
 
 def chat(p: Proxy, text: str = "observe", **kw: Any) -> Any:
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     return c.chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": text}], **kw
     )
@@ -132,7 +130,7 @@ def test_constraint_survives_translation_from_anthropic_messages(
 ) -> None:
     p = start(start_proxy, fake, constrain="json_schema")
     fake.enqueue(Reply(text=bare({"step": 1, "facts": {"k": "v"}})))
-    c = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+    c = ant(p, "k")
     r = c.messages.with_raw_response.create(
         model="m",
         max_tokens=64,

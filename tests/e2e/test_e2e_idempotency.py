@@ -19,20 +19,13 @@ import pytest
 
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import ant, oai
 
 KEY = "idempotency-key"
 
 
 def envelope(patch: dict[str, Any], action: str = "next") -> str:
     return f"done\n```json\n{json.dumps({'state_patch': patch, 'action': action})}\n```"
-
-
-def oai(proxy: InProcessProxy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.v1, api_key="sk-client", max_retries=0)
-
-
-def ant(proxy: InProcessProxy) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=proxy.url, api_key="sk-client", max_retries=0)
 
 
 def headers(key: str | None, session: str | None = "s1", **extra: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import httpx
-import openai
 
 from skillstate.cost.baseline import CacheRegime
 from skillstate.cost.pricing import PriceBook
@@ -19,7 +18,7 @@ from skillstate.cost.remask import RemaskRule
 from skillstate.engine.mask import MASK_MARK, mask_transcript
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, oai
 
 BIG = "line of build output\n" * 40  # an observation worth masking
 
@@ -32,7 +31,7 @@ def test_openai_mask_keeps_pairing_and_masks_in_blocks(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:
     p = start_proxy(fake.url + "/v1", "--mode", "mask", config={"mask_keep": 2})
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     transcript: list[dict[str, Any]] = [{"role": "user", "content": "TASK: build it."}]
     contexts = []
     sent: list[list[dict[str, Any]]] = []  # what the client sent, turn by turn

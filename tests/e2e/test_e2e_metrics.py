@@ -9,14 +9,13 @@ import io
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from skillstate.cli.main import main
 from tests.conftest import InProcessProxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, envelope, oai
 
 TOKEN = "metrics-token-0123456789"
 USAGE = {"prompt_tokens": 100, "completion_tokens": 10, "cached_tokens": 40}
@@ -88,7 +87,7 @@ def test_ten_turns_two_invalid_one_retry_one_failover(
     a.enqueue(Reply(status=503), valid(9))  # turn 9: a retry on a
     a.enqueue(Reply(status=401))  # turn 10: a rejects the key: failover to b
     b.enqueue(valid(10))
-    client = openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+    client = oai(p, "sk-client")
     statuses = []
     for i in range(10):
         raw = client.chat.completions.with_raw_response.create(
@@ -157,7 +156,7 @@ def test_errors_streams_and_the_breaker(
     )
     a.enqueue(Reply(status=500))  # opens a's breaker (threshold 1); b answers
     b.enqueue(Reply(text=envelope({"notes": "x"})), Reply(text=envelope({"notes": "y"})))
-    client = openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+    client = oai(p, "sk-client")
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1"}])
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "2"}], stream=True
@@ -203,7 +202,7 @@ def test_responses_route_is_counted(fake: FakeProvider, start_proxy: StartProxy)
     p = start_proxy(fake.url + "/v1", "--schema", "notes")
     fake.enqueue(Reply(text=envelope({"notes": "r"}), usage=USAGE))
     fake.enqueue(Reply(text=envelope({"notes": "s"}), usage=USAGE))
-    client = openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+    client = oai(p, "sk-client")
     client.responses.create(model=MODEL, input="hello")
     for _ in client.responses.create(model=MODEL, input="again", stream=True):
         pass
@@ -221,7 +220,7 @@ def test_key_name_label_when_enabled(
     keys = {name: _make_key(data, name) for name in ("alice", "bob")}
     p = start_proxy(fake.url + "/v1", "--schema", "notes", config={"metrics_key_label": True})
     for name, n in (("alice", 2), ("bob", 1)):
-        client = openai.OpenAI(base_url=p.v1, api_key=keys[name], max_retries=0)
+        client = oai(p, keys[name])
         for i in range(n):
             fake.enqueue(Reply(text=envelope({"notes": f"{name}{i}"}), usage=USAGE))
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
@@ -241,7 +240,7 @@ def test_no_key_label_by_default(
     key = _make_key(tmp_path / "data", "alice")
     p = start_proxy(fake.url + "/v1", "--schema", "notes")
     fake.enqueue(Reply(text=envelope({"notes": "a"}), usage=USAGE))
-    client = openai.OpenAI(base_url=p.v1, api_key=key, max_retries=0)
+    client = oai(p, key)
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     m = scrape(p, token=_make_key(tmp_path / "data", "ops", "--admin"))
     assert not [s for s in m if s[0].startswith("skillstate_key_")]

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider
+from tests.helpers import ant, oai
 
 
 @pytest.fixture(params=["openai", "anthropic"])
@@ -18,7 +19,7 @@ def mproxy(request: pytest.FixtureRequest, fake: FakeProvider, start_proxy: Star
 
 
 def test_openai_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: Proxy) -> None:
-    c = openai.OpenAI(base_url=mproxy.v1, api_key="k", max_retries=0)
+    c = oai(mproxy, "k")
     listed = c.models.list()
     assert [m.id for m in listed.data] == fake.models
     assert all(m.object == "model" and isinstance(m.created, int) for m in listed.data)
@@ -32,7 +33,7 @@ def test_openai_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: Proxy) -> No
 
 
 def test_anthropic_sdk_lists_and_retrieves(fake: FakeProvider, mproxy: Proxy) -> None:
-    c = anthropic.Anthropic(base_url=mproxy.url, api_key="k", max_retries=0)
+    c = ant(mproxy, "k")
     page = c.models.list()
     assert [m.id for m in page.data] == fake.models
     assert all(m.type == "model" and m.created_at.year >= 1970 for m in page.data)
@@ -50,12 +51,12 @@ def test_paging_reaches_an_upstream_of_the_clients_kind(
 ) -> None:
     up = {"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "k"}
     p = start_proxy(None, config={"upstreams": [up]})
-    anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0).models.list(limit=2)
+    ant(p, "k").models.list(limit=2)
     assert fake.last.path == "/v1/models" and fake.last.query == "limit=2"
 
 
 def test_unknown_route_errors_follow_the_anthropic_sdk(proxy: Proxy) -> None:
-    c = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
+    c = ant(proxy, "k")
     with pytest.raises(anthropic.NotFoundError) as e:
         c.get("/v1/nowhere", cast_to=object)
     assert e.value.body["type"] == "error"  # type: ignore[index]
@@ -64,7 +65,7 @@ def test_unknown_route_errors_follow_the_anthropic_sdk(proxy: Proxy) -> None:
 
 def test_a_model_list_that_is_not_json_is_a_502(fake: FakeProvider, mproxy: Proxy) -> None:
     fake.models_body = b"<html>maintenance</html>"
-    c = openai.OpenAI(base_url=mproxy.v1, api_key="k", max_retries=0)
+    c = oai(mproxy, "k")
     with pytest.raises(openai.APIStatusError) as e:
         c.models.list()
     assert e.value.status_code == 502 and "non-JSON model list" in e.value.message

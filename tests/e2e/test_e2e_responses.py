@@ -14,7 +14,7 @@ import pytest
 from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, oai
 
 KINDS = ["openai-responses", "openai", "anthropic"]
 UPSTREAM_PATH = {
@@ -48,7 +48,7 @@ def start(fake: FakeProvider, start_proxy: StartProxy, kind: str, *args: str) ->
 
 
 def client(proxy: Proxy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.v1, api_key="sk-client", max_retries=0)
+    return oai(proxy, "sk-client")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import openai
 import pytest
 from openai.types.responses import Response
 
@@ -20,6 +19,7 @@ from skillstate.engine.context import CORRECTION_MARK, STATE_MARK
 from skillstate.engine.window import CHECKPOINT_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import oai
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
@@ -96,7 +96,7 @@ def start(start_proxy: StartProxy, fake: FakeProvider, mode: str, **config: Any)
 def respond(p: Proxy, session: str, items: list[Any], stream: bool) -> tuple[Any, bytes, dict]:
     """One turn through the openai SDK: (the parsed response, its raw body or the stream's
     bytes, the reply's headers)."""
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     kw: dict[str, Any] = {
         "model": "gpt-test",
         "input": items,

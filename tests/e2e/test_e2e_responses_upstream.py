@@ -18,7 +18,7 @@ import pytest
 from skillstate.engine.context import STATE_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, ant, oai
 
 WEATHER = {
     "type": "object",
@@ -38,11 +38,11 @@ def start(fake: FakeProvider, start_proxy: StartProxy, mode: str = "passthrough"
 
 
 def chat(p: Proxy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=p.v1, api_key="sk-client", max_retries=0)
+    return oai(p, "sk-client")
 
 
 def messages(p: Proxy) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=p.url, api_key="sk-client", max_retries=0)
+    return ant(p, "sk-client")
 
 
 def envelope(patch: dict[str, Any]) -> str:

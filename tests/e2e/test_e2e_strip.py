@@ -13,14 +13,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
-import openai
 import pydantic
 import pytest
 
 from tests.conftest import InProcessProxy, launch_in_process
 from tests.fakeprovider import CHUNK_CHARS, FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, ant, oai
 
 ENVELOPE = "```json\n" + json.dumps({"state_patch": {"notes": "n"}, "action": "look"}) + "\n```"
 # (client, model): the upstream for claude-* is Anthropic-kind, for resp-* Responses-kind, for
@@ -89,7 +87,7 @@ def ask(
     if client == "responses":
         return ask_responses(p, model, headers, stream)
     if client == "openai":
-        oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+        oc = oai(p, "k")
         if stream:
             with oc.chat.completions.with_streaming_response.create(
                 model=model,
@@ -105,7 +103,7 @@ def ask(
             extra_headers=headers,  # type: ignore[arg-type]
         )
         return raw_reply.parse().choices[0].message.content or "", dict(raw_reply.headers)
-    ac = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+    ac = ant(p, "k")
     if stream:
         with ac.messages.stream(
             model=model,
@@ -133,7 +131,7 @@ def ask_responses(
 ) -> tuple[str, dict[str, str]]:
     """One Responses API turn through the openai SDK; a stream's events are checked to be a
     valid sequence whose closing events agree with its deltas."""
-    oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    oc = oai(p, "k")
     raw = oc.responses.with_raw_response.create(
         model=model, input="look around", stream=stream, extra_headers=headers
     )
@@ -209,7 +207,7 @@ def test_keep_shows_the_reply_as_the_model_wrote_it(
 def test_passthrough_is_never_stripped(fake: FakeProvider, stripping: InProcessProxy) -> None:
     said = f"Looking.\n{ENVELOPE}"
     fake.enqueue(Reply(text=said))
-    oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+    oc = oai(stripping, "k")
     got = oc.chat.completions.create(
         model="gpt-x",
         messages=[{"role": "user", "content": "hi"}],
@@ -235,7 +233,7 @@ def call_tools(p: InProcessProxy, client: str, model: str, session: str, stream:
     headers = {SESSION_HEADER: session}
     question = [{"role": "user", "content": "who is ann?"}]
     if client == "openai":
-        oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+        oc = oai(p, "k")
         if not stream:
             return (
                 oc.chat.completions.create(
@@ -249,7 +247,7 @@ def call_tools(p: InProcessProxy, client: str, model: str, session: str, stream:
         ) as s:
             return s.get_final_completion().choices[0].message
     if client == "anthropic":
-        ac = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0)
+        ac = ant(p, "k")
         tool = {"name": "look_up", "input_schema": TOOL["function"]["parameters"]}
         kw: dict[str, Any] = dict(
             model=model, max_tokens=500, messages=question, tools=[tool], extra_headers=headers
@@ -258,7 +256,7 @@ def call_tools(p: InProcessProxy, client: str, model: str, session: str, stream:
             return ac.messages.create(**kw)
         with ac.messages.stream(**kw) as s:
             return s.get_final_message()
-    oc = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    oc = oai(p, "k")
     tool = {"type": "function", **TOOL["function"]}
     kw = dict(model=model, input="who is ann?", tools=[tool], extra_headers=headers)
     if not stream:
@@ -330,14 +328,14 @@ def test_a_format_noop_reply_reaches_the_sdk_parser_as_the_model_wrote_it(
     headers = {SESSION_HEADER: f"noop-{client}-{model}"}
     question = [{"role": "user", "content": "judge it"}]
     if client == "openai":
-        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        oc = oai(stripping, "k")
         raw = oc.chat.completions.with_raw_response.parse(
             model=model, messages=question, response_format=Verdict, extra_headers=headers
         )
         message = raw.parse().choices[0].message
         text, parsed = message.content, message.parsed
     elif client == "anthropic":
-        ac = anthropic.Anthropic(base_url=stripping.url, api_key="k", max_retries=0)
+        ac = ant(stripping, "k")
         # Messages' raw-response wrapper has no parse(); a stream commits after its headers.
         with ac.messages.stream(
             model=model,
@@ -350,7 +348,7 @@ def test_a_format_noop_reply_reaches_the_sdk_parser_as_the_model_wrote_it(
         text, parsed = msg.content[0].text, msg.parsed_output
         raw = None
     else:
-        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        oc = oai(stripping, "k")
         raw = oc.responses.with_raw_response.parse(
             model=model, input="judge it", text_format=Verdict, extra_headers=headers
         )
@@ -371,7 +369,7 @@ def test_a_format_noop_stream_is_not_stripped(
     question = [{"role": "user", "content": "judge it"}]
     schema = Verdict.model_json_schema()
     if client == "openai":
-        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        oc = oai(stripping, "k")
         fmt = {"type": "json_schema", "json_schema": {"name": "Verdict", "schema": schema}}
         chunks = oc.chat.completions.create(
             model=model,
@@ -382,7 +380,7 @@ def test_a_format_noop_stream_is_not_stripped(
         )
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     elif client == "anthropic":
-        ac = anthropic.Anthropic(base_url=stripping.url, api_key="k", max_retries=0)
+        ac = ant(stripping, "k")
         with ac.messages.stream(
             model=model,
             max_tokens=200,
@@ -392,7 +390,7 @@ def test_a_format_noop_stream_is_not_stripped(
         ) as s:
             text = "".join(s.text_stream)
     else:
-        oc = openai.OpenAI(base_url=stripping.v1, api_key="k", max_retries=0)
+        oc = oai(stripping, "k")
         fmt = {"format": {"type": "json_schema", "name": "Verdict", "schema": schema}}
         with oc.responses.stream(
             model=model,

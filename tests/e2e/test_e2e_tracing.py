@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import openai
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -25,7 +24,7 @@ from skillstate.app.server import ProxyServer
 from skillstate.config import load_settings
 from skillstate.observability.tracing import enabled, traces_url
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, ant, envelope
 
 USAGE = {"prompt_tokens": 120, "completion_tokens": 12}
 SECRET = "the launch code is 0000"
@@ -115,7 +114,7 @@ def test_retry_and_failover_are_sibling_attempt_spans(fake: FakeProvider, tmp_pa
     try:
         fake.enqueue(Reply(status=503), Reply(status=503))
         other.enqueue(Reply(text=envelope({"notes": "x"}), usage=USAGE))
-        client = anthropic.Anthropic(base_url=server.url, api_key="sk-client", max_retries=0)
+        client = ant(server, "sk-client")
         client.messages.create(
             model="claude-haiku-4-5", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
         )

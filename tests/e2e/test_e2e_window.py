@@ -20,6 +20,7 @@ from skillstate.engine.context import CORRECTION_MARK, STATE_MARK
 from skillstate.engine.window import CHECKPOINT_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import ant, oai
 
 SYSTEM = "You are a careful builder. " * 250  # a prefix the provider caches (>= 1024 tokens)
 BIG = "line of build output 0123456789\n" * 12  # ~100 tokens per tool result
@@ -131,7 +132,7 @@ class Client:
         return self._responses(stream, result)
 
     def _openai(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
-        c = openai.OpenAI(base_url=self.proxy.v1, api_key="k", max_retries=0)
+        c = oai(self.proxy, "k")
         tools = [
             {"type": "function", "function": {"name": TOOL["name"], "parameters": TOOL["schema"]}}
         ]
@@ -156,7 +157,7 @@ class Client:
         return msg.content or "", calls
 
     def _anthropic(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
-        c = anthropic.Anthropic(base_url=self.proxy.url, api_key="k", max_retries=0)
+        c = ant(self.proxy, "k")
         msgs = json.loads(json.dumps(self.transcript))
         if self.marks_breakpoints:  # like Claude Code: on the newest message only
             last = msgs[-1]
@@ -190,7 +191,7 @@ class Client:
         return text, calls
 
     def _responses(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
-        c = openai.OpenAI(base_url=self.proxy.v1, api_key="k", max_retries=0)
+        c = oai(self.proxy, "k")
         tools = [{"type": "function", "name": TOOL["name"], "parameters": TOOL["schema"]}]
         kw: dict[str, Any] = {"model": "m", "input": self.transcript, "tools": tools}
         if self.tool_choice is not None:
@@ -303,7 +304,7 @@ def test_checkpoint_turns_and_untouched_window_replies(
     fake.responder = Model()
     client = Client(p, "openai", "cp")
     raw_replies = []
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     for _ in range(12):
         r = c.chat.completions.with_raw_response.create(
             model="m",
@@ -381,7 +382,7 @@ def edit_session(
 ) -> tuple[str, list[str]]:
     """Returns the Edit call's old_string and each turn's context form."""
     fake.responder = Editor(reads_at)
-    c = openai.OpenAI(base_url=p.v1, api_key="k", max_retries=0)
+    c = oai(p, "k")
     transcript: list[dict[str, Any]] = [{"role": "user", "content": "TASK: fix calc.py"}]
     forms = []
     headers = {"x-skillstate-session": session, "x-skillstate-mode": mode}

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import InProcessProxy, StartProxy, StartProxyProcess
 from tests.e2e.test_budgets import make_key
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, envelope, oai
 
 # $0.001 per output token, input free: a row's cost says which answer it is.
 PRICES = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
@@ -162,7 +162,7 @@ def test_a_process_killed_right_after_a_responses_commit_keeps_the_stored_respon
     assert steps == 1 and len(stored) == 1  # the turn and its response: both or neither
     proxy.env = {k: v for k, v in proxy.env.items() if k != "SKILLSTATE_TEST_KILL"}
     proxy.start()
-    client = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    client = oai(proxy, "sk")
     got = client.responses.retrieve(stored[0][0])
     assert got.id == stored[0][0]
     fake.enqueue(Reply(text=envelope({"notes": "two"})))

@@ -10,12 +10,11 @@ import json
 from typing import Any
 
 import anthropic
-import openai
 import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, ant, envelope, oai
 
 CHAT_KINDS = ["openai", "anthropic"]  # a chat or Messages client has no Responses upstream
 KINDS = [*CHAT_KINDS, "openai-responses"]
@@ -49,7 +48,7 @@ def check_metered(proxy: Proxy, session: str) -> None:
 def test_chat_completions_stream(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> None:
     p = start(fake, start_proxy, kind)
     fake.enqueue(Reply(text=envelope({"notes": "kept"}, prefix="Hello there."), usage=USAGE))
-    client = openai.OpenAI(base_url=p.v1, api_key="sk", max_retries=0)
+    client = oai(p, "sk")
     stream = client.chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "hi"}],
@@ -72,7 +71,7 @@ def test_chat_completions_stream_with_a_tool_call(
 ) -> None:
     p = start(fake, start_proxy, kind)
     fake.enqueue(Reply(tool_calls=[("get_weather", {"city": "Paris"})], usage=USAGE))
-    client = openai.OpenAI(base_url=p.v1, api_key="sk", max_retries=0)
+    client = oai(p, "sk")
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
     with client.chat.completions.stream(
         model="m",
@@ -91,7 +90,7 @@ def test_chat_completions_stream_with_a_tool_call(
 def test_messages_stream(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> None:
     p = start(fake, start_proxy, kind)
     fake.enqueue(Reply(text=envelope({"notes": "kept"}, prefix="Hello there."), usage=USAGE))
-    client = anthropic.Anthropic(base_url=p.url, api_key="sk", max_retries=0)
+    client = ant(p, "sk")
     with client.messages.stream(
         model="m",
         max_tokens=100,
@@ -110,7 +109,7 @@ def test_messages_stream(fake: FakeProvider, start_proxy: StartProxy, kind: str)
 def test_responses_stream(fake: FakeProvider, start_proxy: StartProxy, kind: str) -> None:
     p = start(fake, start_proxy, kind)
     fake.enqueue(Reply(text=envelope({"notes": "kept"}, prefix="Hello there."), usage=USAGE))
-    client = openai.OpenAI(base_url=p.v1, api_key="sk", max_retries=0)
+    client = oai(p, "sk")
     with client.responses.stream(
         model="m", input="hi", extra_headers={SESSION_HEADER: "r1"}
     ) as stream:
@@ -128,7 +127,7 @@ def test_responses_stream_with_a_function_call(
 ) -> None:
     p = start(fake, start_proxy, kind)
     fake.enqueue(Reply(tool_calls=[("get_weather", {"city": "Paris"})], usage=USAGE))
-    client = openai.OpenAI(base_url=p.v1, api_key="sk", max_retries=0)
+    client = oai(p, "sk")
     tool = {"type": "function", "name": "get_weather", "parameters": {}}
     with client.responses.stream(
         model="m",
@@ -150,7 +149,7 @@ def test_json_that_is_no_reply_is_an_error_in_the_clients_dialect(
     gone = b'{"error": {"type": "overloaded_error", "message": "try later"}}'
     for _ in range(5):  # every attempt the proxy makes gets it
         fake.enqueue(Reply(raw_body=gone))
-    client = anthropic.Anthropic(base_url=p.url, api_key="sk", max_retries=0)
+    client = ant(p, "sk")
     with (
         pytest.raises(anthropic.APIStatusError) as e,
         client.messages.stream(

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import InProcessProxy, StartProxy
 from tests.e2e.test_exactly_once import wait_until
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, ant, envelope
 
 # $0.001 per output token, input free: a call with max_tokens 100 has a worst case of $0.10.
 PRICES = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
@@ -150,7 +150,7 @@ def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
     cut = {"stall_after": 3} if cut_by == "client" else {"drop_after": 3}
     for n in (1, 2):
         fake.enqueue(Reply(text=envelope({"notes": "x"}) + " and more", **cut))
-        client = anthropic.Anthropic(base_url=proxy.url, api_key="sk", max_retries=0)
+        client = ant(proxy, "sk")
         with contextlib.ExitStack() as stack:
             if cut_by == "upstream":
                 stack.enter_context(pytest.raises(anthropic.APIError))

@@ -12,15 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import openai
-
 from skillstate.store import Store
 from skillstate.store.postgres.store import PostgresStore
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
 from tests.cost.test_ledger_sums import check_sums_match_rows, random_row
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER
+from tests.helpers import SESSION_HEADER, oai
 from tests.storefill import SCHEMA, envelope, everything, filled_by_a_proxy, keyed_turn, turn
 
 HANG = 60.0  # a guard against a hang, not a performance threshold
@@ -82,7 +80,7 @@ def test_a_proxy_filled_sqlite_store_moves_to_postgresql_and_continues_there(
         fake.url + "/v1", "--schema", SCHEMA, "--data-dir", str(tmp_path / "replica"),
         config=config,
     )  # fmt: skip
-    client = openai.OpenAI(base_url=on_pg.v1, api_key=key, max_retries=0)
+    client = oai(on_pg, key)
     r2 = turn(client, fake, "long", envelope({"notes": "on postgresql"}))
     assert r2.headers["x-skillstate-step"] == str(steps["long"] + 1)
     sent = len(fake.requests)  # the kept turn's retry replays it: nothing is sent
@@ -115,7 +113,7 @@ def test_refusals_with_postgresql_are_one_line(
 ) -> None:
     source = tmp_path / "data" / "skillstate.db"
     proxy = start_proxy(fake.url + "/v1", "--schema", SCHEMA)
-    turn(openai.OpenAI(base_url=proxy.v1, api_key="k", max_retries=0), fake, "a", envelope({}))
+    turn(oai(proxy, "k"), fake, "a", envelope({}))
     proxy.stop()
     assert store_copy("--from", f"sqlite://{source}", "--to", pg_url, cwd=tmp_path).returncode == 0
     closed = "postgresql://skillstate:secret-pw@127.0.0.1:9/none"  # nothing listens on port 9
@@ -143,7 +141,7 @@ def test_ledger_retention_purges_old_rows_on_postgresql(
     proxy = start_proxy(
         fake.url + "/v1", "--schema", SCHEMA, config={"store": pg_url, "purge_interval": 0.2}
     )
-    turn(openai.OpenAI(base_url=proxy.v1, api_key="k", max_retries=0), fake, "r", envelope({}))
+    turn(oai(proxy, "k"), fake, "r", envelope({}))
     day = 86400.0
 
     async def add_old_rows() -> None:

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from skillstate.auth.keys import SECRET_FILE
@@ -22,6 +21,7 @@ from skillstate.store.records import LedgerRow
 from skillstate.store.sqlite import SQLiteStore
 from tests.conftest import StartProxy, proxy_env
 from tests.fakeprovider import FakeProvider
+from tests.helpers import oai
 from tests.storefill import SCHEMA, envelope, everything, filled_by_a_proxy, keyed_turn, turn
 
 
@@ -74,7 +74,7 @@ def test_a_proxy_filled_store_is_copied_whole_and_continues_on_the_copy(
 
     # A proxy on the copy continues at the next step, with the same client key.
     on_copy = start_proxy(fake.url + "/v1", "--schema", SCHEMA, "--data-dir", str(dest.parent))
-    client = openai.OpenAI(base_url=on_copy.v1, api_key=key, max_retries=0)
+    client = oai(on_copy, key)
     r2 = turn(client, fake, "long", envelope({"notes": "after the copy"}))
     assert r2.headers["x-skillstate-step"] == str(steps["long"] + 1)
     state = on_copy.get(
@@ -97,7 +97,7 @@ def test_refusals_are_one_line_and_write_nothing(
 ) -> None:
     data = tmp_path / "data"
     proxy = start_proxy(fake.url + "/v1", "--schema", SCHEMA)
-    turn(openai.OpenAI(base_url=proxy.v1, api_key="k", max_retries=0), fake, "a", envelope({}))
+    turn(oai(proxy, "k"), fake, "a", envelope({}))
     source = f"sqlite://{data / 'skillstate.db'}"
     other = tmp_path / "other.db"
     cases = {
