@@ -37,6 +37,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -190,6 +191,16 @@ def fake() -> Iterator[FakeProvider]:
         yield fp
     finally:
         fp.stop()
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """The URL of a loopback port that refuses every connection for the whole test: bound and
+    never listening. (A port bound and released at once could be handed to another test's
+    server by the time the proxy connects, and answer: it did, under load.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def proxy_env(**extra: str) -> dict[str, str]:

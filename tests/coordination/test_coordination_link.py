@@ -4,7 +4,6 @@ listens is an unreachable Redis. (Against a real redis-server: tests/scale/.)"""
 from __future__ import annotations
 
 import logging
-import socket
 from typing import Any
 
 import pytest
@@ -17,12 +16,9 @@ from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider
 
 
-def _dead_url() -> str:
-    """A loopback port nobody listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"redis://127.0.0.1:{port}/0"
+def _dead_url(refused_url: str) -> str:
+    """A Redis URL on a loopback port that refuses connections (the refused_url fixture)."""
+    return refused_url.replace("http://", "redis://", 1) + "/0"
 
 
 class _Clock:
@@ -58,9 +54,9 @@ async def test_not_configured_runs_everything_locally() -> None:
     assert await link.check(1.0) == {"redis": "not configured", "degraded": False}
 
 
-async def test_refuse_gives_a_503_with_retry_after_and_tries_again_later() -> None:
+async def test_refuse_gives_a_503_with_retry_after_and_tries_again_later(refused_url: str) -> None:
     clock = _Clock()
-    link = CoordinationLink(_dead_url(), CoordinationDown.REFUSE, clock=clock)
+    link = CoordinationLink(_dead_url(refused_url), CoordinationDown.REFUSE, clock=clock)
     ping = _Ping()
     try:
         with pytest.raises(ProxyError) as err:
@@ -82,9 +78,11 @@ async def test_refuse_gives_a_503_with_retry_after_and_tries_again_later() -> No
         await link.close()
 
 
-async def test_local_runs_degraded_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+async def test_local_runs_degraded_and_says_so_once(
+    caplog: pytest.LogCaptureFixture, refused_url: str
+) -> None:
     clock = _Clock()
-    link = CoordinationLink(_dead_url(), CoordinationDown.LOCAL, clock=clock)
+    link = CoordinationLink(_dead_url(refused_url), CoordinationDown.LOCAL, clock=clock)
 
     async def ping(client: Any) -> Any:
         return await client.ping()
@@ -109,8 +107,8 @@ async def test_local_runs_degraded_and_says_so_once(caplog: pytest.LogCaptureFix
         await link.close()
 
 
-async def test_redis_errors_that_are_not_outages_propagate() -> None:
-    link = CoordinationLink(_dead_url(), CoordinationDown.LOCAL)
+async def test_redis_errors_that_are_not_outages_propagate(refused_url: str) -> None:
+    link = CoordinationLink(_dead_url(refused_url), CoordinationDown.LOCAL)
 
     async def buggy(client: Any) -> Any:
         raise ValueError("a bug in the caller")
@@ -139,12 +137,12 @@ def test_health_says_coordination_is_not_configured_by_default(
     assert h.json()["coordination"] == {"redis": "not configured", "degraded": False}
 
 
-async def test_attempt_never_refuses_and_keeps_to_the_retry_pace() -> None:
+async def test_attempt_never_refuses_and_keeps_to_the_retry_pace(refused_url: str) -> None:
     """``attempt`` (a settle, a verdict, a release after the turn's call): None while Redis
     is unreachable, even under ``refuse``, and like ``call`` it tries the dead server once
     per ``retry_every`` only."""
     clock = _Clock()
-    link = CoordinationLink(_dead_url(), CoordinationDown.REFUSE, clock=clock)
+    link = CoordinationLink(_dead_url(refused_url), CoordinationDown.REFUSE, clock=clock)
     ping = _Ping()
     try:
         assert await link.attempt(ping) is None
@@ -159,10 +157,10 @@ async def test_attempt_never_refuses_and_keeps_to_the_retry_pace() -> None:
     assert await CoordinationLink(None).attempt(ping) is None  # not configured
 
 
-async def test_coordination_timeout_setting_bounds_every_redis_wait() -> None:
+async def test_coordination_timeout_setting_bounds_every_redis_wait(refused_url: str) -> None:
     from skillstate.config import Settings
 
-    settings = Settings(coordination=_dead_url(), coordination_timeout=4.5)
+    settings = Settings(coordination=_dead_url(refused_url), coordination_timeout=4.5)
     link = CoordinationLink.from_settings(settings)
     try:
         pool = link.client.connection_pool

@@ -263,12 +263,10 @@ def test_an_upstream_that_fails_after_reading_the_request_spends_the_budget(
 
 
 def test_an_upstream_that_cannot_be_reached_costs_nothing(
-    start_proxy: StartProxy, tmp_path: Path
+    start_proxy: StartProxy, tmp_path: Path, refused_url: str
 ) -> None:
     """Connection refused: the request never reached the provider, so it is never billed."""
-    from tests.upstream.test_upstream_client import closed_port
-
-    proxy = start_failing(start_proxy, f"http://127.0.0.1:{closed_port()}/v1")
+    proxy = start_failing(start_proxy, refused_url + "/v1")
     for _ in (1, 2, 3):  # three worst cases would be over the budget if they counted
         r = post_chat(proxy, "s7")
         assert r.status_code == 502, r.text

@@ -85,12 +85,6 @@ def health(pool: UpstreamPool, name: str) -> dict[str, Any]:
     return next(h for h in pool.health() if h["name"] == name)
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # --- local limits: rpm ---------------------------------------------------------------------
 
 
@@ -273,10 +267,10 @@ async def test_priority_orders_the_upstreams(make_pool: PoolFactory) -> None:
 
 async def test_everything_failing_returns_the_last_meaningful_answer(
     make_pool: PoolFactory,
+    refused_url: str,
 ) -> None:
     with FakeProvider() as fa:
-        dead = f"http://127.0.0.1:{closed_port()}"
-        s = settings(up("a", fa.url), up("b", dead, priority=1), retry_max_attempts=2)
+        s = settings(up("a", fa.url), up("b", refused_url, priority=1), retry_max_attempts=2)
         pool = make_pool(s, FakeClock())
         await pool.open()
         fa.enqueue(Reply(status=503, error_body="busy"), Reply(status=502, error_body="still"))
@@ -293,10 +287,11 @@ async def test_everything_failing_returns_the_last_meaningful_answer(
 
 
 async def test_only_connection_errors_is_502_and_timeouts_504(
-    fake: FakeProvider, make_pool: PoolFactory
+    fake: FakeProvider,
+    make_pool: PoolFactory,
+    refused_url: str,
 ) -> None:
-    dead = f"http://127.0.0.1:{closed_port()}"
-    pool = make_pool(settings(up("dead", dead), retry_max_attempts=2), FakeClock())
+    pool = make_pool(settings(up("dead", refused_url), retry_max_attempts=2), FakeClock())
     await pool.open()
     err = await fails(pool)
     assert (err.status, err.kind) == (502, "upstream_unreachable")
@@ -428,9 +423,12 @@ async def test_failed_probe_reopens_for_another_cooldown(
     assert health(pool, "a")["next_probe_in_s"] == 10.0
 
 
-async def test_connection_errors_count_towards_the_breaker(make_pool: PoolFactory) -> None:
-    dead = f"http://127.0.0.1:{closed_port()}"
-    s = settings(up("dead", dead), failure_threshold=2, open_cooldown=30, retry_max_attempts=3)
+async def test_connection_errors_count_towards_the_breaker(
+    make_pool: PoolFactory, refused_url: str
+) -> None:
+    s = settings(
+        up("dead", refused_url), failure_threshold=2, open_cooldown=30, retry_max_attempts=3
+    )
     pool = make_pool(s, FakeClock())
     await pool.open()
     err = await fails(pool)
@@ -506,10 +504,11 @@ async def test_retry_after_beyond_the_cap_fails_over_at_once(make_pool: PoolFact
         assert len(fa.requests) == 1
 
 
-async def test_models_get_skips_a_failing_upstream(make_pool: PoolFactory) -> None:
-    dead = f"http://127.0.0.1:{closed_port()}"
+async def test_models_get_skips_a_failing_upstream(
+    make_pool: PoolFactory, refused_url: str
+) -> None:
     with FakeProvider() as fb:
-        pool = make_pool(settings(up("a", dead), up("b", fb.url, priority=1)), FakeClock())
+        pool = make_pool(settings(up("a", refused_url), up("b", fb.url, priority=1)), FakeClock())
         await pool.open()
         ex = await pool.fetch("/models", {})
         assert ex.upstream.name == "b" and ex.status == 200
