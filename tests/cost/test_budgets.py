@@ -165,13 +165,13 @@ def test_the_worst_case_counts_what_is_sent_at_the_dearest_rates() -> None:
     }
     tokens = request_tokens(body)
     assert tokens > 100
-    rates = worst.rates("m", [("a", None), ("b", None)])
+    rates = worst.rates("m", [("a", None), ("b", None)], 0)
     assert rates is not None
     assert (rates.input_per_mtok, rates.output_per_mtok) == (2.5, 20)  # cache write; upstream b
     expected = (tokens * INPUT_MARGIN * 2.5 + 500 * 20) / 1e6  # no max_output_tokens: 500
     assert worst.cost(rates, tokens, body) == pytest.approx(expected)
     assert worst.cost(rates, tokens, {**body, "max_output_tokens": 10}) < expected
-    assert worst.rates("unknown-model-x", [("a", None)]) is None
+    assert worst.rates("unknown-model-x", [("a", None)], 0) is None
 
 
 def test_an_unpriced_model_under_a_budget_is_refused_unless_allowed() -> None:

@@ -407,3 +407,25 @@ def test_a_call_for_several_choices_is_held_for_each_of_them(
     assert len(two.parse().choices) == 2
     assert float(two.headers["x-skillstate-cost-usd"]) == pytest.approx(0.20)
     assert float(two.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.20)
+
+
+def test_a_long_input_is_held_at_the_models_long_context_price(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """claude-sonnet-4-5 costs twice as much per input token past 200,000 of them (genai-
+    prices: $6 instead of $3 per million, cache writes $7.50 instead of $3.75, output
+    $22.50 instead of $15). A call of about 220,000 input tokens is held at those rates:
+    its worst case (about $2.06) is more than the session's $1.20, so it is never sent;
+    held at the short-context rates (about $1.03) it went, and cost $1.32."""
+    upstream = {"name": "a", "url": fake.url, "kind": "anthropic", "api_key": "sk"}
+    proxy = start_proxy(None, "--mode", "passthrough", config={"upstreams": [upstream]})
+    ac = anthropic.Anthropic(base_url=proxy.url, api_key="sk", max_retries=0)
+    fake.enqueue(Reply(text="ok"))
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        ac.messages.create(
+            model="claude-sonnet-4-5", max_tokens=1,
+            messages=[{"role": "user", "content": "abcd" * 220_000}],
+            extra_headers={SESSION: "long", "x-skillstate-budget-usd": "1.20"},
+        )  # fmt: skip
+    assert "this call alone (worst case $2.0" in refused.value.message
+    assert fake.requests == []

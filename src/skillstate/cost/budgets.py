@@ -276,7 +276,7 @@ class TurnBudgets:
         ends without usage (``TurnMeter.sending``)."""
         if not self.budgets:
             return None
-        rates = self.book.worst.rates(model, upstreams)
+        rates = self.book.worst.rates(model, upstreams, input_tokens)
         if rates is None:
             rates = self._unpriced(model)
         call = self.book.worst.cost(rates, input_tokens, body)

@@ -323,11 +323,13 @@ class PriceBook:
         upstream: str | None,
         provider_hint: str | None = None,
         at: datetime | None = None,
+        input_tokens: int = 0,
     ) -> Prices | None:
         """The flat rates (input, output, cache read, cache write) that :meth:`price` would
-        use for a small call, without a call to price: for estimating what a call WOULD cost
-        (the cache-aware baseline, the cost-aware ``auto``). None when unknown."""
-        probe = Usage(input_tokens=0, output_tokens=0)
+        use for a call of ``input_tokens`` (the price tier; default a small call), without a
+        call to price: for estimating what a call WOULD cost (the cache-aware baseline, the
+        cost-aware ``auto``, a budget's worst case). None when unknown."""
+        probe = Usage(input_tokens=input_tokens, output_tokens=0)
         return self.price(
             probe, model=model, upstream=upstream, provider_hint=provider_hint, at=at
         ).prices

@@ -15,6 +15,9 @@ agent runs in shared/data (``scripts/estimator-error``), the real input (o200k_b
 cl100k_base tokenizers) was at most 1.20 times the estimate. Text that tokenizes denser than
 that (CJK, long runs of digits or symbols) can still cost more than it reserved.
 
+Prices that rise with the call's input (long-context tiers: Claude Sonnet 4.5 past 200,000
+input tokens, Gemini 2.5 Pro past 200,000) are taken at the tier of the margined input.
+
 A model served by several upstreams (failover) is reserved at the highest of their rates:
 each may carry its own ``prices`` override. A model with no price anywhere is ``None``
 here; ``UNPRICED`` is what an ``allow_unpriced`` key's calls to it are counted at: the rates
@@ -25,6 +28,7 @@ at today's bundled prices; o1-pro, $150/$600 per million tokens, as of genai-pri
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -108,13 +112,19 @@ class WorstCase:
         self.prices = prices
         self.default_max_tokens = default_max_tokens
 
-    def rates(self, model: str, upstreams: Iterable[tuple[str, str | None]]) -> Rates | None:
-        """The highest rates among the upstreams that may serve ``model`` (name, URL);
+    def rates(
+        self, model: str, upstreams: Iterable[tuple[str, str | None]], input_tokens: int
+    ) -> Rates | None:
+        """The highest rates among the upstreams that may serve ``model`` (name, URL), at
+        the price tier of a call of ``input_tokens`` (estimated) times ``INPUT_MARGIN``;
         None when any of them has no price for it."""
         found: Rates | None = None
         candidates: list[tuple[str | None, str | None]] = [*upstreams] or [(None, None)]
+        tier = math.ceil(input_tokens * INPUT_MARGIN)
         for name, url in candidates:
-            p = self.prices.rates(model=model or None, upstream=name, provider_hint=url)
+            p = self.prices.rates(
+                model=model or None, upstream=name, provider_hint=url, input_tokens=tier
+            )
             if p is None:
                 return None
             inp = max(p.input_per_mtok, p.cache_write_per_mtok)
