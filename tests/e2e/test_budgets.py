@@ -429,3 +429,28 @@ def test_a_long_input_is_held_at_the_models_long_context_price(
         )  # fmt: skip
     assert "this call alone (worst case $2.0" in refused.value.message
     assert fake.requests == []
+
+
+def test_an_unpriced_model_under_a_session_budget_without_keys_names_the_price_to_add(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """Auth off, a session budget: the 400 names the prices entry, the one way to let the
+    model through, and no key setting (there is no key)."""
+    proxy = start(start_proxy, fake, OUTPUT_PRICED)
+    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        oc.chat.completions.create(
+            model="made-up-model", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={SESSION: "local", "x-skillstate-budget-usd": "1"},
+        )  # fmt: skip
+    assert refused.value.body["code"] == "model_unpriced"
+    assert '"prices": {"made-up-model"' in refused.value.message
+    assert "allow_unpriced" not in refused.value.message
+    assert fake.requests == []
+    fake.enqueue(Reply(text="hello"))  # no budget: the model goes, as it always did
+    r = oc.chat.completions.with_raw_response.create(
+        model="made-up-model", messages=[{"role": "user", "content": "hi"}],
+        extra_headers={SESSION: "unbudgeted"},
+    )  # fmt: skip
+    assert r.http_response.status_code == 200 and fake.requests
+    assert r.headers["x-skillstate-pricing"] == "unknown"

@@ -260,6 +260,7 @@ class TurnBudgets:
     budgets: list[Budget]
     book: Budgets
     allow_unpriced: bool
+    keyed: bool = False  # the turn's caller has a client key (which allow_unpriced is of)
     _spent: dict[str, float] = field(default_factory=dict)
     _releases: list[Release] = field(default_factory=list, repr=False)
 
@@ -304,12 +305,13 @@ class TurnBudgets:
             return unpriced_rates()
         under = " and ".join(b.label.rsplit(":", 1)[0] for b in self.budgets)
         name = model or "(none)"
+        # Without client keys there is no key to allow it: the price is the one way.
+        key = " or give the key allow_unpriced" if self.keyed else ""
         raise ProxyError(
             "invalid_request",
             f"model {name!r} has no known price, and this call is under a budget ({under}):"
             f' add its price to the config, e.g. "prices": {{"{name}": {{"input_per_mtok":'
-            ' 3, "output_per_mtok": 15}} (or {"local_zero": true} for a free local model),'
-            " or give the key allow_unpriced",
+            ' 3, "output_per_mtok": 15}} (or {"local_zero": true} for a free local model)' + key,
             param="model",
             code="model_unpriced",
         )
@@ -389,7 +391,7 @@ class Budgets:
         if limit is not None:
             budgets.append(session_budget(session, limit))
         allow = bool(record is not None and record.allow_unpriced)
-        return TurnBudgets(budgets, self, allow)
+        return TurnBudgets(budgets, self, allow, keyed=record is not None)
 
     async def spent(self, budget: Budget) -> float:
         """What the budget's ledger rows cost (a row without a price at the most
