@@ -180,8 +180,9 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "`max_tokens` (nor `max_completion_tokens`, `max_output_tokens`): with the estimated "
         "input, the call's worst case, held against the key's and the session's budgets "
         "until its real cost is in the ledger. Such a call under a budget is sent with this "
-        "limit (the model stops there, `finish_reason` `length`); without a budget it goes "
-        "as it came.",
+        "limit (the model stops there, `finish_reason` `length`; a provider that refuses "
+        "it, as above the model's own output maximum, gets the call again as it came); "
+        "without a budget it goes as it came.",
     },
     Upstream: {
         "name": "Unique name; shown in `x-skillstate-upstream`, `/health` and `/cost`.",

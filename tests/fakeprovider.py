@@ -298,6 +298,9 @@ class FakeProvider:
         # count: a server without the route (NO_COUNT_ROUTES), a provider's error.
         self.count_answers: dict[str, tuple[int, Any]] = {}
         self.models = ["gpt-4o-mini", "gpt-4o", "claude-sonnet-4-5", "claude-haiku-4-5"]
+        # Output maxima by model: a turn asking for more is refused, as the APIs refuse a
+        # max_tokens above the model's (gpt-4o: 16,384; claude-3-5-haiku: 8,192).
+        self.max_output_tokens: dict[str, int] = {}
         self.responder: Callable[[RecordedRequest], Reply | str | None] | None = None
         self.models_body: bytes | None = None  # a raw /v1/models answer instead of the list
         self.requests: list[RecordedRequest] = []
@@ -612,6 +615,29 @@ class FakeProvider:
                 _check_responses(body)
         elif self.validate:
             (_check_anthropic if anthropic else _check_openai)(body)
+        if rec.path not in (COUNT_TOKENS_PATH, INPUT_TOKENS_PATH, COMPACT_PATH):
+            self._check_output_limit(body, anthropic)
+
+    def _check_output_limit(self, body: dict[str, Any], anthropic: bool) -> None:
+        """A limit above the model's output maximum is refused, in each API's words."""
+        most = self.max_output_tokens.get(str(body.get("model")))
+        for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+            asked = body.get(name)
+            if most is None or not isinstance(asked, int) or asked <= most:
+                continue
+            if anthropic:
+                message = (
+                    f"max_tokens: {asked} > {most}, which is the maximum allowed number of"
+                    f" output tokens for {body['model']}"
+                )
+                raise _Rejected(400, message)
+            raise _Rejected(
+                400,
+                f"{name} is too large: {asked}. This model supports at most {most} completion"
+                f" tokens, whereas you provided {asked}.",
+                name,
+                "invalid_value",
+            )
 
     # ---- response builders ------------------------------------------------------------
     @staticmethod

@@ -324,6 +324,21 @@ def test_openai_n_choices_are_each_answered_and_all_billed(fp, oai):
     assert chunks[-1].usage.completion_tokens == 10
 
 
+def test_a_limit_above_the_models_output_maximum_is_refused(fp, oai, ant):
+    fp.max_output_tokens = {"m": 10, "c": 10}
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.chat.completions.create(model="m", messages=USER, max_completion_tokens=11)
+        assert "supports at most 10 completion tokens" in e.value.message
+        with pytest.raises(anthropic.BadRequestError) as a:
+            ant.messages.create(model="c", max_tokens=11, messages=USER)
+        assert "max_tokens: 11 > 10" in a.value.message
+        fp.enqueue("fine")
+        assert oai.chat.completions.create(model="m", messages=USER, max_tokens=10).choices
+    finally:
+        fp.max_output_tokens = {}
+
+
 def test_responses_compact_wire_shape(fp, oai):
     """``POST /v1/responses/compact`` as the openai SDK's ``responses.compact`` reads it: the
     user messages, then one opaque compaction item, and the pass's usage."""

@@ -454,3 +454,52 @@ def test_an_unpriced_model_under_a_session_budget_without_keys_names_the_price_t
     )  # fmt: skip
     assert r.http_response.status_code == 200 and fake.requests
     assert r.headers["x-skillstate-pricing"] == "unknown"
+
+
+@pytest.mark.parametrize("route", ["chat", "chat-stream", "responses"])
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_limit_the_model_refuses_is_not_sent_again(
+    fake: FakeProvider, start_proxy: StartProxy, route: str, kind: str
+) -> None:
+    """The limit a budget adds (budget_max_tokens, 10,000 here) can be above the model's own
+    output maximum (gpt-4o's 16,384 against the default 32,768): the provider refuses it
+    (400). The call then goes as the client wrote it (to Messages: with the translation's
+    own 4,096), and the model's maximum (5,000) bounds its answer below what the budget
+    held; the refused attempt costs nothing."""
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    proxy = start_proxy(
+        None,
+        "--mode",
+        "passthrough",
+        config={
+            "prices": OUTPUT_PRICED,
+            "budget_max_tokens": 10_000,
+            "upstreams": [{"name": "u", "url": url, "kind": kind, "api_key": "sk"}],
+        },
+    )
+    fake.max_output_tokens = {"m": 5_000}
+    fake.enqueue(Reply(text="abcd" * 40))
+    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    headers = {SESSION: "small-model", "x-skillstate-budget-usd": "20"}
+    hi = [{"role": "user", "content": "hi"}]
+    if route == "chat":
+        r = oc.chat.completions.with_raw_response.create(
+            model="m", messages=hi, extra_headers=headers
+        )
+        text = r.parse().choices[0].message.content
+    elif route == "chat-stream":
+        r = oc.chat.completions.with_raw_response.create(
+            model="m", messages=hi, stream=True, extra_headers=headers
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in r.parse() if c.choices)
+    else:
+        r = oc.responses.with_raw_response.create(model="m", input="hi", extra_headers=headers)
+        text = r.parse().output_text
+    assert text == "abcd" * 40
+    refused, sent = fake.requests
+    assert refused.status == 400 and refused.json[LIMIT_SENT[kind]] == 10_000
+    assert sent.status == 200
+    if kind == "openai":
+        assert not {"max_tokens", "max_completion_tokens", "max_output_tokens"} & set(sent.json)
+    spent = proxy.get("/cost", params={"session": "small-model"}).json()["totals"]
+    assert spent["cost_usd"] == pytest.approx(0.04)  # 40 tokens written, nothing for the 400

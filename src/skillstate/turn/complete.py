@@ -38,6 +38,13 @@ class HoldPerBilledAttempt:
         self._reserve = reserve
         self._holds = 1
 
+    @classmethod
+    def of(
+        cls, reserve: Callable[[], Awaitable[float | None]] | None
+    ) -> HoldPerBilledAttempt | None:
+        """One for a dispatch whose first attempt is held (None: under no budget)."""
+        return None if reserve is None else cls(reserve)
+
     async def __call__(self, billed: int) -> None:
         while self._holds <= billed:
             await self._reserve()
@@ -78,19 +85,31 @@ class Completer:
         The call's worst case is held against the turn's budgets first (or it is refused)."""
         turn = meta.turn
         budgets = turn.budgets
-        held = holds = None
+        held = reserve = None
         if budgets is not None:
             upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
             held = await budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
         meta.meter.sending(out.est_tokens, out.body, held)
         if budgets is not None and held is not None:
             out.limit_output(self.settings.budget_max_tokens)  # the output its hold assumed
-            holds = HoldPerBilledAttempt(
-                functools.partial(budgets.reserve, turn.model, out.est_tokens, out.body, upstreams)
+            reserve = functools.partial(
+                budgets.reserve, turn.model, out.est_tokens, out.body, upstreams
             )
         failures: list[AttemptRecord] = []
         try:
-            return await self.pool.dispatch(out, failures, holds)
+            ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve))
+            if ex.status == 400 and out.capped:
+                # The upstream refused the limit the budget added: above the model's own
+                # output maximum, which then bounds the answer below what the budget held.
+                # Sent again as the client wrote it; the refused attempt cost nothing, so
+                # its hold covers the new call's first attempt.
+                meta.meter.failed_attempts(ex.failed_attempts)
+                meta.meter.failed(ex.upstream_name, ex.status)
+                ex.release()
+                out.limit_output(None)
+                failures = []
+                ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve))
+            return ex
         except ProxyError as e:
             meta.meter.failed_attempts(e.attempts)
             raise

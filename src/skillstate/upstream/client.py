@@ -312,10 +312,10 @@ class Outbound:
     output_cap: int | None = None
     _cache: dict[tuple[str, str, bool, bool], bytes] = field(default_factory=dict)
 
-    def limit_output(self, tokens: int) -> None:
+    def limit_output(self, tokens: int | None) -> None:
         """Send the call with at most ``tokens`` of output when its body sets no limit: a
         budget held its worst case at that many (``cost.worstcase``), and a model left
-        without one may write up to its own maximum."""
+        without one may write up to its own maximum. None: as the body says."""
         self.output_cap = tokens
         self._cache.clear()
 
@@ -352,6 +352,11 @@ class Outbound:
                 body = with_breakpoint(body, hints.prefix_end)
             self._cache[key] = self._serialised(body)
         return self._cache[key]
+
+    @property
+    def capped(self) -> bool:
+        """Whether the call goes with ``output_cap`` as a limit it did not set itself."""
+        return self._capped("max_tokens") is not self.body
 
     def _capped(self, max_tokens_field: str) -> dict[str, Any]:
         """The body with ``output_cap`` as its output limit, in the client's format, when it
