@@ -311,3 +311,37 @@ def test_head_on_the_admin_keys_route_lists_instead_of_creating(
     assert (head.status_code, head.content) == (200, b""), head
     listed = httpx.get(p.url + "/admin/keys", headers=admin).json()["data"]
     assert [k["name"] for k in listed] == ["root"]
+
+
+@pytest.mark.parametrize("path", sorted(TURN_BODIES))
+def test_a_gzip_body_of_several_members_and_a_zstd_body_of_several_frames_are_read_whole(
+    fake: FakeProvider, start_proxy: StartProxy, path: str
+) -> None:
+    """A gzip body is a series of members, a zstd body a series of frames (RFC 1952 2.2,
+    RFC 8878 3; ``gzip -d`` and ``zstd -d`` read them whole): such a body was a 400 ("not
+    valid gzip data: truncated or trailing data"). Split over members or frames, a body past
+    ``max_body_bytes`` is still a 413 and junk after the last member still a 400."""
+    p = start(fake, start_proxy, "openai", max_body_bytes=64 * 1024)
+    raw = json.dumps(TURN_BODIES[path]).encode()
+    head, tail = raw[: len(raw) // 2], raw[len(raw) // 2 :]
+    zstd = zstandard.ZstdCompressor()
+    pad = b" " * (40 * 1024)  # whitespace: two of these pass max_body_bytes decoded
+    cases = [
+        ("gzip", gzip.compress(head) + gzip.compress(tail), 200),
+        ("zstd", zstd.compress(head) + zstd.compress(tail), 200),
+        ("gzip", gzip.compress(pad + head) + gzip.compress(pad + tail), 413),
+        ("zstd", zstd.compress(pad + head) + zstd.compress(pad + tail), 413),
+        ("gzip", gzip.compress(raw) + b"junk", 400),
+        ("zstd", zstd.compress(raw) + b"junk", 400),
+    ]
+    for coding, body, status in cases:
+        r = httpx.post(
+            p.url + path,
+            content=body,
+            headers={"content-type": "application/json", "content-encoding": coding},
+        )
+        assert r.status_code == status, (coding, status, r.text)
+        if status != 200:
+            dialect_error(path, r)
+    expected = 0 if path.endswith("count_tokens") else 2  # counted by the proxy itself
+    assert [json.loads(s.body)["model"] for s in turns_sent(fake)] == ["m-1"] * expected

@@ -5,6 +5,8 @@ HTTP clients may gzip large bodies. The proxy reads the body itself and sends up
 own JSON uncompressed, so it decodes here, before the one parse. The decoded size is capped
 by the same ``max_body_bytes`` as a plain body: a small compressed body that inflates past
 it (a decompression bomb) is a 413 as soon as the cap is passed, without inflating the rest.
+A gzip body may be several members one after another, a zstd body several frames (RFC 1952
+2.2, RFC 8878 3: what ``gzip -d`` and ``zstd -d`` read whole); each is decoded in turn.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def too_large(max_bytes: int) -> ProxyError:
 
 def _zlib(raw: bytes, coding: str, max_bytes: int) -> bytes:
     if coding == "gzip":
-        return _inflate(raw, 16 + zlib.MAX_WBITS, max_bytes)
+        return _inflate(raw, 16 + zlib.MAX_WBITS, max_bytes, members=True)
     # deflate: RFC 9110 means the zlib wrapper, but some clients send a raw deflate stream.
     try:
         return _inflate(raw, zlib.MAX_WBITS, max_bytes)
@@ -68,24 +70,41 @@ def _zlib(raw: bytes, coding: str, max_bytes: int) -> bytes:
         return _inflate(raw, -zlib.MAX_WBITS, max_bytes)
 
 
-def _inflate(raw: bytes, wbits: int, max_bytes: int) -> bytes:
-    d = zlib.decompressobj(wbits)
-    out = d.decompress(raw, max_bytes + 1)
-    if len(out) > max_bytes:
-        raise too_large(max_bytes)
-    if d.unconsumed_tail or d.unused_data or not d.eof:
-        raise zlib.error("truncated or trailing data")
-    return out
+def _inflate(raw: bytes, wbits: int, max_bytes: int, members: bool = False) -> bytes:
+    """One zlib/deflate stream, or with ``members`` the gzip members that follow each other."""
+    out: list[bytes] = []
+    size = 0
+    while True:
+        d = zlib.decompressobj(wbits)
+        part = d.decompress(raw, max_bytes + 1 - size)  # never 0 (zlib's "no limit")
+        size += len(part)
+        if size > max_bytes:
+            raise too_large(max_bytes)
+        if d.unconsumed_tail or not d.eof:
+            raise zlib.error("truncated or trailing data")
+        out.append(part)
+        raw = d.unused_data
+        if not raw:
+            return b"".join(out)
+        if not members:
+            raise zlib.error("truncated or trailing data")
 
 
 def _zstd(raw: bytes, max_bytes: int) -> bytes:
     # The reader stops at the cap (a bomb is never inflated whole) but says nothing of a frame
-    # cut short; once the size is known to be in bounds, one decompressobj pass checks that.
-    with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
+    # cut short; once the size is known to be in bounds, a decompressobj pass per frame checks
+    # that.
+    with zstandard.ZstdDecompressor().stream_reader(
+        io.BytesIO(raw), read_across_frames=True
+    ) as reader:
         if len(reader.read(max_bytes + 1)) > max_bytes:
             raise too_large(max_bytes)
-    d = zstandard.ZstdDecompressor().decompressobj()
-    out = d.decompress(raw)
-    if not d.eof or d.unused_data:
-        raise zstandard.ZstdError("truncated or trailing data")
-    return out
+    out: list[bytes] = []
+    while True:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        out.append(d.decompress(raw))
+        if not d.eof:
+            raise zstandard.ZstdError("truncated or trailing data")
+        raw = d.unused_data
+        if not raw:
+            return b"".join(out)
