@@ -317,3 +317,65 @@ def test_strip_reply_anthropic_text_blocks() -> None:
     assert strip_reply("anthropic", alone)[0]["content"] == [
         {"type": "text", "text": "ask the user"}
     ]
+
+
+# -- the sole envelope: the verdict's reading taken from the strip ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "sole"),
+    [
+        (f"```json\n{ENV}\n```", True),
+        (f"Checked the logs.\n\n```json\n{ENV}\n```\n", True),
+        (f"Plan:\n```python\nprint(1)\n```\n```json\n{ENV}\n```", True),  # python: no candidate
+        (f"{ENV}", False),  # unfenced: not a ```json block
+        (f"```json\n{ENV}\n```\n```json\n{ENV}\n```", False),  # two candidates
+        (f"```json\n{ENV}\n```\n{{not json", False),  # a line-start "{" after it
+        (f"```\n{ENV}\n```", False),  # untagged
+        ('```json\n{"state_patch": 3}\n```', False),  # no envelope
+    ],
+)
+def test_sole_marks_a_reply_whose_only_candidate_is_its_json_envelope(
+    reply: str, sole: bool
+) -> None:
+    assert strip_envelope(reply).sole is sole
+
+
+def _assert_sole_is_the_extracted_envelope(text: str) -> None:
+    stripped = strip_envelope(text)
+    if not stripped.sole:
+        return
+    assert stripped.envelope is not None
+    extracted = extract_envelope(text).envelope
+    assert extracted is not None
+    assert (extracted.state_patch, extracted.action) == (
+        stripped.envelope.state_patch,
+        stripped.envelope.action,
+    )
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(replies)
+def test_a_sole_envelope_is_the_one_the_extractor_finds(text: str) -> None:
+    # The verdict takes Stripped.sole's envelope instead of extracting it again: it must be
+    # the extractor's own pick whenever it is set.
+    _assert_sole_is_the_extracted_envelope(text)
+
+
+_AROUND = st.lists(st.sampled_from(_FRAGMENTS), max_size=6).map("".join)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    _AROUND,
+    _AROUND,
+    _envelope_parts(),
+    st.sampled_from(["```json", "~~~json", "````json", "```JSON", "  ```json", "```json {"]),
+    st.sampled_from(["```", "~~~", "````", " ```", "```  ", ""]),
+)
+def test_a_sole_envelope_in_a_json_block_among_prose_is_the_extracted_one(
+    before: str, after: str, envelope: str, opener: str, closer: str
+) -> None:
+    body = envelope[1:] if opener.endswith("{") else envelope
+    text = f"{before}\n{opener}\n{body}\n{closer}\n{after}"
+    _assert_sole_is_the_extracted_envelope(text)

@@ -85,12 +85,16 @@ class Stripped:
     ``text``: the reply without envelopes (or the action, see the module docstring).
     ``envelope``: the last envelope removed (None if none was). ``removed_chars``: the
     characters of the removed envelope spans (fences included, surrounding whitespace not),
-    for estimating the envelope's share of the output.
+    for estimating the envelope's share of the output. ``sole``: the envelope was the
+    reply's only candidate (one ```json block, no other block or line-start ``{`` that
+    might be one), so it is the one :func:`~skillstate.engine.patch.extract_envelope` finds
+    (reasoning aside): the verdict then need not read the reply again.
     """
 
     text: str
     envelope: Envelope | None
     removed_chars: int
+    sole: bool = False
 
 
 def _as_envelope(value: Any) -> Envelope | None:
@@ -134,6 +138,10 @@ class EnvelopeStripper:
     def __init__(self) -> None:
         self.envelope: Envelope | None = None
         self.removed_chars = 0
+        # Candidates read (blocks decided, line-start "{" scanned), and whether the only one
+        # so far is a ```json block that held an envelope (see Stripped.sole).
+        self.candidates = 0
+        self.sole_json_envelope = False
         self._todo = ""  # received, not yet read by the machine
         self._state = _LINE_START
         self._ws = ""  # whitespace not yet shown (it goes with an envelope that follows)
@@ -257,6 +265,7 @@ class EnvelopeStripper:
                 self._ws = "\n" + self._ws
         c = todo[j]
         if c == "{" and (self._fresh or not self._line_blanks):
+            self.candidates += 1
             self._fresh = False
             self._state = _OBJECT
             self._cand = "{"
@@ -468,6 +477,8 @@ class EnvelopeStripper:
             value, _, error = _loads_prefix(content)
             if error is None:
                 envelope = _as_envelope(value)
+        self.candidates += 1
+        self.sole_json_envelope = self.candidates == 1 and json_tag and envelope is not None
         self._decided(self._cand, envelope)
 
 
@@ -475,7 +486,8 @@ def strip_envelope(text: str, fallback: bool = True) -> Stripped:
     """``text`` without its envelopes (the whole text through :class:`EnvelopeStripper`)."""
     stripper = EnvelopeStripper()
     out = stripper.feed(text) + stripper.flush(fallback)
-    return Stripped(out, stripper.envelope, stripper.removed_chars)
+    sole = stripper.sole_json_envelope and stripper.candidates == 1
+    return Stripped(out, stripper.envelope, stripper.removed_chars, sole)
 
 
 def strip_texts(texts: Sequence[str], fallback: bool = True) -> tuple[list[str], Stripped]:

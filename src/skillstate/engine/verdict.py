@@ -11,7 +11,15 @@ from typing import Any
 
 from ..config import Settings
 from .context import EnvelopeForm
-from .patch import PatchPolicy, Transition, extract_envelope, infer_key_types, validate_and_merge
+from .patch import (
+    Envelope,
+    Extraction,
+    PatchPolicy,
+    Transition,
+    extract_envelope,
+    infer_key_types,
+    validate_and_merge,
+)
 
 ACTION_MAX_CHARS = 1000  # of the model's "action", as stored and shown
 
@@ -59,14 +67,17 @@ class Verdicts:
         state: dict[str, Any],
         schema: list[str],
         form: EnvelopeForm = "block",
+        sole: Envelope | None = None,
     ) -> Outcome:
         """The verdict on one model reply: its envelope read, its patch validated and merged
-        into ``state``. Pure: nothing is committed here."""
+        into ``state``. Pure: nothing is committed here. ``sole``: the envelope stripping
+        ``text`` found as its only candidate (``Stripped.sole``), which is the one the
+        extractor would find: the reply is not read a second time."""
         if form == "none":
             # The reply follows the client's own format, so it has no envelope to read and
             # nothing to re-ask: the state stays as it is.
             return Outcome("tool-noop" if has_tool_calls else "format-noop")
-        extraction = extract_envelope(text)
+        extraction = Extraction(sole, []) if sole is not None else extract_envelope(text)
         env = extraction.envelope
         errors = list(extraction.errors)
         if env is not None:

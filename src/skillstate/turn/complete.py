@@ -142,7 +142,12 @@ class Completer:
             if not with_envelope(meta.shape):
                 return answer, retries
             answer.outcome = self.verdicts.judge(
-                answer.text, answer.has_tool_calls, meta.state, meta.schema, turn.envelope_form
+                answer.text,
+                answer.has_tool_calls,
+                meta.state,
+                meta.schema,
+                turn.envelope_form,
+                answer.sole_envelope,
             )
             previous = answer
             if answer.outcome.status != "invalid" or retries >= self.settings.max_retries:

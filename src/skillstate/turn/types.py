@@ -16,6 +16,7 @@ from ..dialects.base import Dialect as Wire
 from ..dialects.registry import get_dialect
 from ..engine import constrain
 from ..engine.context import EnvelopeForm
+from ..engine.patch import Envelope
 from ..engine.stripper import Stripped
 from ..engine.verdict import Outcome
 from ..observability.telemetry import NO_TELEMETRY, TurnTelemetry
@@ -208,3 +209,10 @@ class Answer:
     def text(self) -> str:
         """The reply's text (read once, when the turn has an envelope; else "")."""
         return self.stripped[0] if self.stripped is not None else ""
+
+    @property
+    def sole_envelope(self) -> Envelope | None:
+        """The reply's envelope when stripping found it as the only candidate (the one the
+        verdict would extract: it need not read the text again), else None."""
+        stripped = self.stripped[1] if self.stripped is not None else None
+        return stripped.envelope if stripped is not None and stripped.sole else None
