@@ -226,7 +226,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "input_per_mtok": "USD per million plain input tokens.",
         "output_per_mtok": "USD per million output tokens.",
         "cache_read_per_mtok": "USD per million input tokens read from the prompt cache.",
-        "cache_write_per_mtok": "USD per million input tokens written to the prompt cache.",
+        "cache_write_per_mtok": "USD per million input tokens written to the prompt cache "
+        "(Anthropic's: for five minutes).",
+        "cache_write_1h_per_mtok": "USD per million input tokens written to the prompt cache "
+        'for one hour (Anthropic\'s `"ttl": "1h"`). Unset: twice the input price, as '
+        "Anthropic bills them.",
         "local_zero": "A local model: every token costs 0 (priced, not `unknown`).",
     },
 }

@@ -35,7 +35,14 @@ blocks before one of the breakpoints that an earlier request wrote is read; the 
 the last breakpoint is written when it is longer and at least the model's minimum
 (:meth:`FakeProvider.cache_minimum`: ``ANTHROPIC_CACHE_MINIMUMS``, else
 ``cache_min_tokens``); ``input_tokens`` EXCLUDES both (Anthropic's convention). Prefix
-tokens use the fake tokenizer on those bytes, capped at the prompt's tokens.
+tokens use the fake tokenizer on those bytes, capped at the prompt's tokens. When a request's
+markers set a ``ttl``, usage also carries the writes' split, ``cache_creation:
+{"ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"}`` (on the message and on
+``message_start``; ``message_delta`` repeats only the sum, as the API's MessageDeltaUsage
+does): the written tokens up to the last ``"ttl": "1h"`` breakpoint are one-hour writes
+(Anthropic wants the one-hour breakpoints before the five-minute ones), the rest five-minute
+ones. (The API sends the split on every reply; the fake only when asked, so that the usage
+of requests without a ``ttl`` stays as it was.)
 
 Fault injection (all on Reply): ``status``/``error_body``/``retry_after`` (an error in the
 endpoint's dialect), ``delay`` (before headers), ``chunk_delay`` (between events),
@@ -787,15 +794,20 @@ class FakeProvider:
         u = reply.usage
         prompt = prompt_tokens(req, "anthropic")
         scripted = any(k in u for k in ("cache_write", "cache_read", "cached_tokens"))
-        read = write = 0
+        read = write = hour = 0
         if self.cache == "anthropic" and not scripted:
-            read, write = self._anthropic_cache(req, u.get("prompt_tokens", prompt))
-        usage = {
+            read, write, hour = self._anthropic_cache(req, u.get("prompt_tokens", prompt))
+        usage: dict[str, Any] = {
             "input_tokens": u.get("prompt_tokens", prompt) - read - write,
             "cache_creation_input_tokens": u.get("cache_write", write),
             "cache_read_input_tokens": u.get("cache_read", u.get("cached_tokens", read)),
             "output_tokens": completion,
         }
+        if self.cache == "anthropic" and not scripted and _marks_ttl(req):
+            usage["cache_creation"] = {
+                "ephemeral_5m_input_tokens": write - hour,
+                "ephemeral_1h_input_tokens": hour,
+            }
         blocks: list[dict[str, Any]] = [dict(b) for b in reply.thinking]
         if text:
             blocks.append({"type": "text", "text": text})
@@ -853,8 +865,12 @@ class FakeProvider:
                 "message_delta",
                 {
                     "delta": {"stop_reason": stop, "stop_sequence": None},
-                    # As the API sends it since 2025: the input and cache counts again.
-                    "usage": {**usage, "output_tokens": completion},
+                    # As the API sends it since 2025: the input and cache counts again
+                    # (their sums: MessageDeltaUsage has no cache_creation).
+                    "usage": {
+                        **{k: v for k, v in usage.items() if k != "cache_creation"},
+                        "output_tokens": completion,
+                    },
                 },
             )
         )
@@ -1070,7 +1086,8 @@ class FakeProvider:
                 return tokens
         return self.cache_min_tokens
 
-    def _anthropic_cache(self, req: dict[str, Any], prompt: int) -> tuple[int, int]:
+    def _anthropic_cache(self, req: dict[str, Any], prompt: int) -> tuple[int, int, int]:
+        """(read, written, of those written the one-hour writes) of a Messages request."""
         blocks: list[Any] = list(req.get("tools") or [])
         system = req.get("system")
         blocks += [{"type": "text", "text": system}] if isinstance(system, str) else system or []
@@ -1078,16 +1095,18 @@ class FakeProvider:
             content = m.get("content")
             items = [{"type": "text", "text": content}] if isinstance(content, str) else content
             blocks += [{"role": m.get("role"), **b} for b in items or []]
-        prefixes, marks, text = [], [], ""
+        prefixes, marks, hour_marks, text = [], [], [], ""
         for b in blocks:
             text += _dumps({k: v for k, v in b.items() if k != "cache_control"}).decode()
             prefixes.append(text)
             marks.append(isinstance(b, dict) and "cache_control" in b)
+            hour_marks.append(isinstance(b, dict) and _ttl(b.get("cache_control")) == "1h")
         if marks and req.get("cache_control"):  # automatic caching: the last block
             marks[-1] = True
+            hour_marks[-1] = hour_marks[-1] or _ttl(req["cache_control"]) == "1h"
         breakpoints = [i for i, marked in enumerate(marks) if marked]
         if not breakpoints:
-            return 0, 0
+            return 0, 0, 0
         last = breakpoints[-1]
         minimum = self.cache_minimum(req.get("model"))
         live = self._live_cache()
@@ -1103,13 +1122,16 @@ class FakeProvider:
         read = tokens(hit) if hit is not None else 0
         if hit is not None:
             live[prefixes[hit]] = now
-        write = 0
+        write = hour = 0
         if hit != last and tokens(last) >= minimum:
             write = tokens(last) - read
             for i in breakpoints:
                 if tokens(i) >= minimum:
                     live[prefixes[i]] = now
-        return read, write
+            last_hour = max((i for i in breakpoints if hour_marks[i]), default=None)
+            if last_hour is not None:
+                hour = min(max(tokens(last_hour) - read, 0), write)
+        return read, write, hour
 
     # ---- control endpoints (for the standalone server) -----------------------------------
     async def _ctl_enqueue(self, request: web.Request) -> web.Response:
@@ -1126,6 +1148,29 @@ class FakeProvider:
     async def _ctl_reset(self, request: web.Request) -> web.Response:
         self.reset()
         return web.json_response({"ok": True})
+
+
+def _ttl(cache_control: Any) -> Any:
+    return cache_control.get("ttl") if isinstance(cache_control, dict) else None
+
+
+def _marks_ttl(req: dict[str, Any]) -> bool:
+    """Whether a Messages request sets a ``ttl`` on any ``cache_control`` marker."""
+    found = False
+
+    def visit(node: Any) -> None:
+        nonlocal found
+        if isinstance(node, dict):
+            if _ttl(node.get("cache_control")) is not None:
+                found = True
+            for v in node.values():
+                visit(v)
+        elif isinstance(node, list):
+            for v in node:
+                visit(v)
+
+    visit({k: req.get(k) for k in ("cache_control", "tools", "system", "messages")})
+    return found
 
 
 # ---- dialect-specific validation and error shapes --------------------------------------

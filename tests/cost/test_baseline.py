@@ -116,6 +116,16 @@ def test_anthropic_reads_what_an_earlier_breakpoint_wrote_and_writes_the_new_par
     assert price_baseline(split, 200, SONNET).cost_usd == pytest.approx(0.00765)
 
 
+def test_the_baseline_writes_for_an_hour_in_the_share_the_call_did() -> None:
+    """The client's markers set the writes' TTL, in its own request as in the one sent: the
+    baseline's writes are one-hour writes (2 x 3.00 = 6.00) in the sent call's share."""
+    split = CacheSplit(4000, 3000, 1000)
+    sent = Usage(5000, 200, 3000, 2000, cache_write_1h_tokens=1500)  # 3/4 of its writes
+    # read 3000 * 0.30 = 900; writes 250 * 3.75 + 750 * 6.00 = 5437.5; output 200 * 15 = 3000
+    assert price_baseline(split, 200, SONNET, sent).cost_usd == pytest.approx(0.0093375)
+    assert price_baseline(split, 200, SONNET).cost_usd == pytest.approx(0.00765)  # all 5m
+
+
 def test_anthropic_without_breakpoints_pays_full_input() -> None:
     cache = PrefixCache()
     cache.charge(points(2000, 3000), 3000, 0.0, ANTHROPIC)

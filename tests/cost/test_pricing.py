@@ -80,7 +80,7 @@ def test_real_model_claude_sonnet_4_against_bundled_data() -> None:
     #                45750 / 1e6 = $0.04575
     assert priced.status == "known"
     assert priced.cost_usd == pytest.approx(0.04575, abs=1e-12)
-    assert priced.prices == Prices(3.0, 15.0, 0.3, 3.75)
+    assert priced.prices == Prices(3.0, 15.0, 0.3, 3.75, 6.0)
     assert priced.source == "genai-prices:anthropic/claude-sonnet-4-0"
 
 
@@ -132,7 +132,7 @@ def test_local_zero_upstream_is_override_zero_even_for_a_known_model() -> None:
     priced = book.price(Usage(5000, 500), model="gpt-4o", upstream="llama")
     assert priced.status == "override"
     assert priced.cost_usd == 0.0
-    assert priced.prices == Prices(0.0, 0.0, 0.0, 0.0)
+    assert priced.prices == Prices(0.0, 0.0, 0.0, 0.0, 0.0)
     # another upstream still gets the bundled price
     assert book.price(Usage(5000, 500), model="gpt-4o", upstream="openai").status == "known"
 
@@ -156,7 +156,7 @@ def test_partial_overrides_layer_field_by_field() -> None:
     # input from the model override, output from the upstream override, cache from genai-prices
     priced = book.price(Usage(1_000_000, 1_000_000, 0, 0), model="claude-sonnet-4", upstream="gw")
     assert priced.status == "override"
-    assert priced.prices == Prices(1.0, 20.0, 0.3, 3.75)
+    assert priced.prices == Prices(1.0, 20.0, 0.3, 3.75, 6.0)
     assert priced.cost_usd == pytest.approx(21.0)
 
 
@@ -286,9 +286,9 @@ def test_offline_bundled_data_only(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("model", "hint", "expected"),
     [
-        # list prices per million tokens: input, output, cache read, cache write
+        # list prices per million tokens: input, output, cache read, cache write (5m, 1h)
         ("gpt-4o", "openai", Prices(2.5, 10.0, 1.25, 2.5)),  # no write price: plain input
-        ("claude-sonnet-4-5", "anthropic", Prices(3.0, 15.0, 0.3, 3.75)),
+        ("claude-sonnet-4-5", "anthropic", Prices(3.0, 15.0, 0.3, 3.75, 6.0)),
     ],
 )
 def test_rates_carry_genai_prices_cache_read_and_write_prices(
@@ -300,10 +300,10 @@ def test_rates_carry_genai_prices_cache_read_and_write_prices(
 def test_rates_honour_overrides_and_say_unknown() -> None:
     book = PriceBook(overrides_by_model={"claude-sonnet-4-5": {"cache_read_per_mtok": 0.1}})
     rates = book.rates(model="claude-sonnet-4-5", upstream=None, provider_hint="anthropic")
-    assert rates == Prices(3.0, 15.0, 0.1, 3.75)
+    assert rates == Prices(3.0, 15.0, 0.1, 3.75, 6.0)
     assert PriceBook().rates(model="no-such-model-xyz", upstream=None) is None
     local = PriceBook(overrides_by_upstream={"local": {"local_zero": True}})
-    assert local.rates(model="anything", upstream="local") == Prices(0.0, 0.0, 0.0, 0.0)
+    assert local.rates(model="anything", upstream="local") == Prices(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def test_context_window_is_genai_prices_bundled_one_and_none_when_unknown() -> None:
@@ -322,3 +322,70 @@ def test_context_window_is_genai_prices_bundled_one_and_none_when_unknown() -> N
     assert book.context_window("my-local-llama") is None
     assert book.context_window(None) is None
     assert book.context_window("") is None
+
+
+# The same call with 3,000 of its 5,000 cache writes written for one hour ("ttl": "1h").
+ANTHROPIC_USAGE_1H = {
+    **ANTHROPIC_USAGE,
+    "cache_creation": {"ephemeral_5m_input_tokens": 2_000, "ephemeral_1h_input_tokens": 3_000},
+}
+
+
+def test_anthropic_one_hour_writes_are_read_from_the_usage_split() -> None:
+    usage = usage_from_anthropic(ANTHROPIC_USAGE_1H)
+    assert usage == Usage(46_000, 800, 40_000, 5_000, cache_write_1h_tokens=3_000)
+    # No split (older API, a translated or OpenAI upstream): every write is a 5m write.
+    assert usage_from_anthropic(ANTHROPIC_USAGE) == Usage(46_000, 800, 40_000, 5_000)
+    # A malformed split is not a reason to lose the call's usage: the writes count as 5m.
+    for bad in ("3000", {"ephemeral_1h_input_tokens": -1}, {"ephemeral_1h_input_tokens": "x"}):
+        broken = usage_from_anthropic({**ANTHROPIC_USAGE, "cache_creation": bad})
+        assert broken == Usage(46_000, 800, 40_000, 5_000)
+    # More one-hour writes than writes: capped at the writes.
+    over = {**ANTHROPIC_USAGE, "cache_creation": {"ephemeral_1h_input_tokens": 9_000}}
+    assert usage_from_anthropic(over) == Usage(46_000, 800, 40_000, 5_000, 5_000)
+
+
+@pytest.mark.parametrize(
+    ("book", "model", "expected"),
+    [
+        # ACME declares no 1h price: twice its input price, 4.00.
+        #  1000 * 2.00 + 40000 * 0.20 + 2000 * 2.50 + 3000 * 4.00 + 800 * 10.0 = 35000
+        (PriceBook(overrides_by_model={"acme-1": ACME}), "acme-1", 0.035),
+        # ... or the one it declares: 3000 * 5.00 instead.
+        (
+            PriceBook(
+                overrides_by_model={
+                    "acme-1": ACME.model_copy(update={"cache_write_1h_per_mtok": 5.0})
+                }
+            ),
+            "acme-1",
+            0.038,
+        ),
+        # genai-prices' claude-sonnet-4: 1h writes at its cache_write_1h_mtok, 6.00.
+        #  1000 * 3.00 + 40000 * 0.30 + 2000 * 3.75 + 3000 * 6.00 + 800 * 15.0 = 52500
+        (PriceBook(), "claude-sonnet-4-20250514", 0.0525),
+    ],
+)
+def test_one_hour_cache_writes_are_priced_at_the_one_hour_write_price(
+    book: PriceBook, model: str, expected: float
+) -> None:
+    usage = usage_from_anthropic(ANTHROPIC_USAGE_1H)
+    priced = book.price(usage, model=model, upstream=None, provider_hint="anthropic")
+    assert priced.cost_usd == pytest.approx(expected, abs=1e-12)
+    assert priced.prices is not None
+    assert cost_from_prices(usage, priced.prices) == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_tiered_anthropic_model_prices_one_hour_writes_at_the_tier() -> None:
+    """claude-sonnet-4-5's prices rise past 200k input tokens (1h writes: 6 -> 12); above
+    the tier genai-prices' own calculation prices the split too."""
+    usage = Usage(300_000, 0, 0, 300_000, cache_write_1h_tokens=300_000)
+    priced = PriceBook().price(
+        usage, model="claude-sonnet-4-5", upstream=None, provider_hint="anthropic"
+    )
+    assert priced.cost_usd == pytest.approx(300_000 * 12.0 / 1e6, abs=1e-9)
+
+
+def test_a_price_override_validates_the_one_hour_write_price() -> None:
+    with pytest.raises(ValueError, match="cache_write_1h_per_mtok"):
+        PriceOverride.coerce({"cache_write_1h_per_mtok": -1})

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from skillstate.cost.usage import Usage
 from skillstate.dialects import sse
 from skillstate.dialects.registry import make_relay
 
@@ -100,3 +101,59 @@ def test_a_long_stream_holds_no_more_text_than_the_capture_limit(
     assert relay.complete
     assert text == piece * (limit // len(piece))  # a prefix of the reply, no holes
     assert held < 1 << 20, f"{held} bytes held for a {limit}-character capture"
+
+
+def _anthropic_stream_with_one_hour_writes() -> bytes:
+    """A Messages stream as the API sends it for a request marking ``"ttl": "1h"``: the writes'
+    TTL split on message_start only; message_delta repeats the sums (MessageDeltaUsage has
+    no ``cache_creation``)."""
+    start_usage = {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 5_000,
+        "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 2_000, "ephemeral_1h_input_tokens": 3_000},
+        "output_tokens": 1,
+    }
+    delta_usage = {k: v for k, v in start_usage.items() if k != "cache_creation"}
+    message = {"id": "m", "model": "m", "usage": start_usage}
+    text = {"type": "text_delta", "text": "hi"}
+    events = [
+        {"type": "message_start", "message": message},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": text},
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn"},
+            "usage": {**delta_usage, "output_tokens": 7},
+        },
+        {"type": "message_stop"},
+    ]
+    return b"".join(sse.encode(e, event=e["type"]) for e in events)
+
+
+@pytest.mark.parametrize("client", ["anthropic", "openai"])
+def test_a_streams_one_hour_cache_writes_reach_the_usage(client: str) -> None:
+    """Native and translated alike (a Responses client's stream is the chat relay's, chained),
+    the ledger's usage has the one-hour writes from message_start, though message_delta
+    (which comes later) has only their sum."""
+    relay = make_relay(
+        client, "anthropic", request_model="m", client_wants_usage=True, capture_limit=1 << 20
+    )
+    forwarded = [
+        raw
+        for e in sse.SSEParser().feed(_anthropic_stream_with_one_hour_writes())
+        for raw in relay.feed(e)
+    ]
+    forwarded += relay.finish()
+    assert relay.usage == Usage(5_010, 7, 0, 5_000, cache_write_1h_tokens=3_000)
+    if client == "openai":  # the chat client's usage is the sums, as before
+        usage_chunks = [
+            json.loads(raw.removeprefix(b"data: "))
+            for raw in forwarded
+            if raw.startswith(b"data: {") and b'"usage":{' in raw
+        ]
+        assert usage_chunks[-1]["usage"]["prompt_tokens_details"] == {
+            "cached_tokens": 0,
+            "cache_write_tokens": 5_000,
+        }

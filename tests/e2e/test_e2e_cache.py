@@ -17,7 +17,7 @@ import pytest
 from skillstate.engine.context import CONTRACT_MARK, STATE_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, oai
+from tests.helpers import SESSION_HEADER, ant, oai
 
 PRICES = {
     "input_per_mtok": 2.0,
@@ -334,5 +334,72 @@ def test_a_translated_client_on_an_anthropic_upstream_gets_the_breakpoint(
         assert usages[0]["cache_creation_input_tokens"] > 1_000  # the system text and more
         assert usages[1]["cache_read_input_tokens"] > 1_000  # (the fake caps turn 1's at its
         # prompt, which the prefix is nearly all of in the window form: not compared)
+    finally:
+        fp.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("model", "one_hour_price"),
+    [("claude-mine", 4.0), ("claude-hour", 5.0)],  # unset: twice the input price
+)
+def test_one_hour_cache_writes_are_billed_at_the_one_hour_write_price(
+    start_proxy: StartProxy, tmp_path: Path, stream: bool, model: str, one_hour_price: float
+) -> None:
+    """The anthropic SDK marks its system prompt ``"ttl": "1h"`` (as Claude Code can); the
+    proxy adds its own 5-minute breakpoint after the contract. Anthropic bills the one-hour
+    writes at twice the input price (the five-minute ones at 1.25x) and says how many there
+    were in ``usage.cache_creation``: the ledger row and /cost price them at the model's
+    one-hour write price (a ``prices`` entry's ``cache_write_1h_per_mtok``, else twice its
+    input price). Before, every write was priced at ``cache_write_per_mtok``."""
+    fp = FakeProvider(cache="anthropic").start()
+    try:
+        config = {
+            "schema": ["step"],
+            "upstreams": [{"name": "a", "url": fp.url, "kind": "anthropic"}],
+            "prices": {
+                "claude-mine": PRICES,
+                **({"claude-hour": {**PRICES, "cache_write_1h_per_mtok": one_hour_price}}
+                   if model == "claude-hour" else {}),
+            },
+        }  # fmt: skip
+        p = start_proxy(None, config=config)
+        hour = {"type": "ephemeral", "ttl": "1h"}
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": 300,
+            "system": [{"type": "text", "text": BIG_SYSTEM, "cache_control": hour}],
+            "messages": [{"role": "user", "content": "TASK: ship it."}],
+            "extra_headers": {SESSION_HEADER: "hour"},
+        }
+        fp.enqueue(Reply(text=envelope(1)))
+        if stream:
+            with ant(p).messages.stream(**body) as s:
+                got = s.get_final_message()
+        else:
+            got = ant(p).messages.create(**body)
+        split = got.usage.cache_creation
+        assert split is not None and split.ephemeral_1h_input_tokens > 1_000  # BIG_SYSTEM
+        assert split.ephemeral_5m_input_tokens > 0  # the contract, to the proxy's breakpoint
+        u = got.usage
+        assert u.cache_creation_input_tokens == (
+            split.ephemeral_1h_input_tokens + split.ephemeral_5m_input_tokens
+        )
+        db = sqlite3.connect(tmp_path / "data" / "skillstate.db")
+        ((write, cost),) = db.execute(
+            "SELECT cache_write_tokens, cost_usd FROM ledger WHERE session = 'hour'"
+        ).fetchall()
+        db.close()
+        assert write == u.cache_creation_input_tokens
+        expected = (
+            u.input_tokens * 2.0
+            + split.ephemeral_5m_input_tokens * 2.5
+            + split.ephemeral_1h_input_tokens * one_hour_price
+            + u.output_tokens * 10.0
+        ) / 1e6
+        assert cost == pytest.approx(expected, abs=1e-12)
+        r = p.get("/cost", params={"session": "hour"})
+        assert r.status_code == 200, r.text
+        assert r.json()["totals"]["cost_usd"] == pytest.approx(expected, abs=1e-9)
     finally:
         fp.stop()

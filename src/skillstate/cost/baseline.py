@@ -455,13 +455,25 @@ def baseline_output_tokens(output_tokens: int, envelope_share: Fraction) -> int:
     return round(output_tokens * (1 - envelope_share))
 
 
-def price_baseline(split: CacheSplit, output_tokens: int, prices: Prices | None) -> Baseline:
+def price_baseline(
+    split: CacheSplit, output_tokens: int, prices: Prices | None, sent: Usage | None = None
+) -> Baseline:
     """The baseline's tokens and cost at ``prices`` (cache reads and writes at their own
-    rates, as ``skillstate.cost.pricing.cost_from_prices`` bills the sent side)."""
+    rates, as ``skillstate.cost.pricing.cost_from_prices`` bills the sent side). The client's
+    own ``cache_control`` markers say how long a write lives, so the baseline's writes are
+    one-hour writes in the share the ``sent`` call's were."""
     cost = None
     if prices is not None:
+        hour = 0
+        if sent is not None and sent.cache_write_tokens > 0:
+            share = split.cache_write_tokens * sent.cache_write_1h_tokens
+            hour = round_ratio(share, sent.cache_write_tokens)
         usage = Usage(
-            split.input_tokens, output_tokens, split.cache_read_tokens, split.cache_write_tokens
+            split.input_tokens,
+            output_tokens,
+            split.cache_read_tokens,
+            split.cache_write_tokens,
+            hour,
         )
         cost = cost_from_prices(usage, prices)
     return Baseline(

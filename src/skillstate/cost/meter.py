@@ -105,7 +105,7 @@ class BaselineSource:
                     cost_usd,
                 )
             out = baseline_output_tokens(usage.output_tokens, envelope_share)
-            return price_baseline(split, out, prices)
+            return price_baseline(split, out, prices, usage)
 
         return baseline
 

@@ -6,16 +6,21 @@ Token semantics (ours and genai-prices' agree)
 cache writes included. genai-prices (checked against its source, v0.2.x: ``data_units.py`` and
 ``decompose.compute_leaf_values``) defines ``input_tokens`` the same way: ``cache_read_tokens``
 and ``cache_write_tokens`` are *descendant* units of ``input_tokens`` and are subtracted from it
-before the plain input price is applied, i.e. for a model with all four prices::
+before the plain input price is applied, i.e. for a model with all its prices::
 
     cost = (input - cache_read - cache_write) * input_price
          + cache_read * cache_read_price
-         + cache_write * cache_write_price
+         + (cache_write - cache_write_1h) * cache_write_price
+         + cache_write_1h * cache_write_1h_price
          + output * output_price                    (prices per million tokens / 1e6)
 
 so a cached token is never also billed as plain input. A model without a cache price bills
 those tokens at the plain input price (they simply stay in the input leaf); our overrides do
-the same (see ``PriceOverride``).
+the same (see ``PriceOverride``). ``cache_write_1h`` (Anthropic's one-hour writes, part of
+``cache_write``; genai-prices' ``cache_write_1h_tokens`` under ``cache_write_tokens``) is
+billed at the model's ``cache_write_1h_mtok``; a model or override without that price bills
+them at twice the input price, Anthropic's published rate (five-minute writes are 1.25x, so
+this is also 1.6x their price wherever the model has Anthropic's ratios).
 
 Offline only
 ------------
@@ -33,10 +38,11 @@ Lookup order for ``PriceBook.price``
    counts, cache tokens exceeding input) is treated the same way.
 2. Overrides, most specific first: the model override (exact, case-insensitive name; then
    glob patterns such as ``"qwen*"`` in insertion order), then the upstream override (by
-   upstream name). ``local_zero=True`` means all four prices are 0. Fields are layered
+   upstream name). ``local_zero=True`` means every price is 0. Fields are layered
    field-by-field: model override > upstream override > genai-prices' rates for the model.
    If any override applies the status is ``"override"``; the cost is then computed with the
-   flat formula above. Unset cache prices default to the input price. If input or output
+   flat formula above. Unset cache prices default to the input price (the one-hour write
+   price to twice the input price). If input or output
    price is still unknown the result is ``"unknown"`` / ``None``.
 3. Otherwise genai-prices (bundled): provider ``provider_hint`` (a provider id such as
    ``"anthropic"``, or an ``http(s)://`` API URL) if given, falling back to matching on the
@@ -84,24 +90,44 @@ __all__ = [
 PriceStatus = Literal["known", "unknown", "override", "usage-unavailable"]
 
 _MTOK = 1_000_000.0
-_FIELDS = ("input_per_mtok", "output_per_mtok", "cache_read_per_mtok", "cache_write_per_mtok")
-# genai-prices' price keys for the same four rates.
+_FIELDS = (
+    "input_per_mtok",
+    "output_per_mtok",
+    "cache_read_per_mtok",
+    "cache_write_per_mtok",
+    "cache_write_1h_per_mtok",
+)
+# genai-prices' price keys for the same rates.
 _GENAI_KEYS = {
     "input_per_mtok": "input_mtok",
     "output_per_mtok": "output_mtok",
     "cache_read_per_mtok": "cache_read_mtok",
     "cache_write_per_mtok": "cache_write_mtok",
+    "cache_write_1h_per_mtok": "cache_write_1h_mtok",
 }
+# Anthropic bills a one-hour cache write at twice the base input price (a five-minute one at
+# 1.25x): the one-hour write price of a model or override that declares none.
+ONE_HOUR_WRITE_INPUT_RATIO = 2.0
 
 
 @dataclass(frozen=True)
 class Prices:
-    """USD per million tokens. ``cache_*`` prices apply to the cache part of the input."""
+    """USD per million tokens. ``cache_*`` prices apply to the cache part of the input;
+    ``cache_write_1h_per_mtok`` to the one-hour writes among the cache writes (None: not
+    known, ``ONE_HOUR_WRITE_INPUT_RATIO`` times the input price; see ``one_hour_write``)."""
 
     input_per_mtok: float
     output_per_mtok: float
     cache_read_per_mtok: float
     cache_write_per_mtok: float
+    cache_write_1h_per_mtok: float | None = None
+
+    @property
+    def one_hour_write(self) -> float:
+        """The price of a one-hour cache write, per million tokens."""
+        if self.cache_write_1h_per_mtok is not None:
+            return self.cache_write_1h_per_mtok
+        return self.input_per_mtok * ONE_HOUR_WRITE_INPUT_RATIO
 
 
 class PriceOverride(BaseModel):
@@ -117,6 +143,7 @@ class PriceOverride(BaseModel):
     output_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     cache_read_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     cache_write_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cache_write_1h_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     local_zero: bool = False
 
     @classmethod
@@ -130,7 +157,7 @@ class PriceOverride(BaseModel):
         return cls.model_validate(obj, from_attributes=True)
 
     def layer(self) -> dict[str, float]:
-        """The fields this override declares (all four, as 0.0, for ``local_zero``)."""
+        """The fields this override declares (all of them, as 0.0, for ``local_zero``)."""
         if self.local_zero:
             return dict.fromkeys(_FIELDS, 0.0)
         return {k: float(v) for k in _FIELDS if (v := getattr(self, k)) is not None}
@@ -155,10 +182,12 @@ class Priced:
 def cost_from_prices(usage: Usage, prices: Prices) -> float:
     """The flat, cache-aware formula of the module docstring, in USD."""
     plain = usage.input_tokens - usage.cache_read_tokens - usage.cache_write_tokens
+    five_minute_writes = usage.cache_write_tokens - usage.cache_write_1h_tokens
     return (
         plain * prices.input_per_mtok
         + usage.cache_read_tokens * prices.cache_read_per_mtok
-        + usage.cache_write_tokens * prices.cache_write_per_mtok
+        + five_minute_writes * prices.cache_write_per_mtok
+        + usage.cache_write_1h_tokens * prices.one_hour_write
         + usage.output_tokens * prices.output_per_mtok
     ) / _MTOK
 
@@ -169,8 +198,11 @@ def _usage_ok(usage: Usage) -> bool:
         usage.output_tokens,
         usage.cache_read_tokens,
         usage.cache_write_tokens,
+        usage.cache_write_1h_tokens,
     )
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals):
+        return False
+    if usage.cache_write_1h_tokens > usage.cache_write_tokens:
         return False
     return usage.cache_read_tokens + usage.cache_write_tokens <= usage.input_tokens
 
@@ -265,6 +297,7 @@ def _complete(layers: dict[str, float]) -> Prices | None:
         output_per_mtok=layers["output_per_mtok"],
         cache_read_per_mtok=layers.get("cache_read_per_mtok", inp),
         cache_write_per_mtok=layers.get("cache_write_per_mtok", inp),
+        cache_write_1h_per_mtok=layers.get("cache_write_1h_per_mtok"),
     )
 
 
@@ -395,6 +428,7 @@ class PriceBook:
             output_tokens=usage.output_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             cache_write_tokens=usage.cache_write_tokens,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens,
         )
         try:
             calc = info.calc_price(g_usage, provider, genai_request_timestamp=when)

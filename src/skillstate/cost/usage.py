@@ -16,12 +16,15 @@ MAX_TOKEN_COUNT = 2**53
 
 @dataclass(frozen=True)
 class Usage:
-    """Token usage of one call. ``input_tokens`` INCLUDES cache reads and cache writes."""
+    """Token usage of one call. ``input_tokens`` INCLUDES cache reads and cache writes;
+    ``cache_write_1h_tokens`` is the part of ``cache_write_tokens`` written for one hour
+    (Anthropic's ``"ttl": "1h"``, billed above the five-minute writes)."""
 
     input_tokens: int
     output_tokens: int
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
     @property
     def uncached_input_tokens(self) -> int:

@@ -475,8 +475,12 @@ def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
     """Anthropic usage -> ``Usage``; None when missing or malformed.
 
     Anthropic's ``input_tokens`` EXCLUDES ``cache_read_input_tokens`` and
-    ``cache_creation_input_tokens``, so total input = the sum of the three. (Cache writes are
-    not split by TTL here; they are all priced at the model's cache-write price.)
+    ``cache_creation_input_tokens``, so total input = the sum of the three. The writes' split
+    by TTL, ``cache_creation: {"ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"}``
+    (in a stream: on ``message_start`` only; ``message_delta`` repeats the sum without it),
+    gives ``cache_write_1h_tokens``, which are billed at twice the input price. A missing or
+    malformed split counts every write as a five-minute one, as before the split existed,
+    rather than losing the call's usage.
     """
     if not isinstance(u, Mapping):
         return None
@@ -485,7 +489,11 @@ def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
     write = optional_token_count(u, "cache_creation_input_tokens")
     if inp is None or out is None or read is None or write is None:
         return None
-    return Usage(inp + read + write, out, read, write)
+    split = u.get("cache_creation")
+    hour = 0
+    if isinstance(split, Mapping):
+        hour = optional_token_count(split, "ephemeral_1h_input_tokens") or 0
+    return Usage(inp + read + write, out, read, write, min(hour, write))
 
 
 # -- the native stream relay ------------------------------------------------------------------

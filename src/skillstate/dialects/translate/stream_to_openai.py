@@ -144,6 +144,10 @@ class AnthropicStreamToOpenAI:
             if _is_int(usage.get(key)):
                 self._usage[key] = usage[key]
                 self._saw_usage = True
+        # The writes' TTL split (message_start only) is for the ledger's price of the 1h
+        # writes; the client's usage is built from the sums alone.
+        if isinstance(usage.get("cache_creation"), dict):
+            self._usage["cache_creation"] = usage["cache_creation"]
 
     def feed(self, event: str | None, data: JSON) -> list[bytes]:
         if self._done or not isinstance(data, dict):
