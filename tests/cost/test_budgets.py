@@ -174,6 +174,35 @@ def test_the_worst_case_counts_what_is_sent_at_the_dearest_rates() -> None:
     assert worst.rates("unknown-model-x", [("a", None)], 0) is None
 
 
+@pytest.mark.parametrize(
+    ("declared", "hour_rate"), [({}, 4.0), ({"cache_write_1h_per_mtok": 5}, 5.0)]
+)
+def test_a_body_marking_one_hour_cache_writes_is_held_at_the_one_hour_write_price(
+    declared: dict[str, float], hour_rate: float
+) -> None:
+    """Anthropic bills a one-hour cache write at twice the input price (unset: 2 x 2.0), the
+    dearest way to read a token then; a body without such a marker keeps the 5m write's."""
+    book_ = PriceBook.from_config(
+        {"m": PriceOverride(input_per_mtok=2, output_per_mtok=10, cache_write_per_mtok=2.5,
+                            **declared)}
+    )  # fmt: skip
+    worst = WorstCase(book_, default_max_tokens=500)
+    rates = worst.rates("m", [], 0)
+    assert rates is not None
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    block = {"type": "text", "text": "x" * 400}
+    body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": [block]}]}
+    marked = {**body, "system": [{"type": "text", "text": "sys", "cache_control": hour}]}
+    five_minutes = {**body, "cache_control": {"type": "ephemeral", "ttl": "5m"}}
+    tokens = 1_000
+    at = {rate: (tokens * INPUT_MARGIN * rate + 100 * 10) / 1e6 for rate in (2.5, hour_rate)}
+    assert worst.cost(rates, tokens, body) == pytest.approx(at[2.5])
+    assert worst.cost(rates, tokens, five_minutes) == pytest.approx(at[2.5])
+    assert worst.cost(rates, tokens, marked) == pytest.approx(at[hour_rate])
+    top_level = {**body, "cache_control": hour}  # automatic caching, for an hour
+    assert worst.cost(rates, tokens, top_level) == pytest.approx(at[hour_rate])
+
+
 def test_an_unpriced_model_under_a_budget_is_refused_unless_allowed() -> None:
     async def run() -> None:
         store, now = StoreStub(), [100 * DAY]

@@ -17,6 +17,7 @@ body (the input is never mutated); the work is O(number of blocks of the first m
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "CacheHints",
     "count_breakpoints",
     "marked_message",
+    "marks_one_hour_cache",
     "prompt_cache_key",
     "with_breakpoint",
     "with_prompt_cache_key",
@@ -63,24 +65,30 @@ def with_prompt_cache_key(body: dict[str, Any], key: str) -> dict[str, Any]:
     return {**body, "prompt_cache_key": key}
 
 
-def _marked(value: Any) -> int:
-    return 1 if isinstance(value, dict) and "cache_control" in value else 0
+def _markers(body: Mapping[str, Any]) -> Iterator[Any]:
+    """The ``cache_control`` markers of an Anthropic request (top level, tools, system
+    blocks, message content blocks), in the API's cache order."""
+    holders: list[Any] = [body, *(body.get("tools") or ())]
+    system = body.get("system")
+    if isinstance(system, list):
+        holders += system
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            holders += content
+    return (h["cache_control"] for h in holders if isinstance(h, dict) and "cache_control" in h)
 
 
 def count_breakpoints(body: dict[str, Any]) -> int:
     """The ``cache_control`` markers of an Anthropic request (top level, tools, system
     blocks, message content blocks)."""
-    n = _marked(body)
-    for tool in body.get("tools") or ():
-        n += _marked(tool)
-    system = body.get("system")
-    if isinstance(system, list):
-        n += sum(_marked(b) for b in system)
-    for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            n += sum(_marked(b) for b in content)
-    return n
+    return sum(1 for _ in _markers(body))
+
+
+def marks_one_hour_cache(body: Mapping[str, Any]) -> bool:
+    """Whether an Anthropic request asks for a one-hour cache write (a marker with
+    ``"ttl": "1h"``), which Anthropic bills at twice the input price."""
+    return any(isinstance(m, dict) and m.get("ttl") == "1h" for m in _markers(body))
 
 
 def with_breakpoint(body: dict[str, Any], prefix_end: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 
 * Input: the body the proxy is about to send, estimated by ``cost.tokens.estimate_tokens``
   (UTF-8 bytes / 4), times ``INPUT_MARGIN``, at the higher of the model's input and
-  cache-write prices (a cache write is the dearest way to read a token).
+  cache-write prices (a cache write is the dearest way to read a token); when the body
+  marks a one-hour cache write (Anthropic's ``"ttl": "1h"``), at the highest of those and
+  the one-hour write price (twice the input price, unless the model has its own).
 * Output: the request's own limit (``max_tokens``, ``max_completion_tokens`` or
   ``max_output_tokens``; the largest, when it sets more than one), else the
   ``budget_max_tokens`` setting (the call then goes upstream with that limit:
@@ -35,6 +37,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
+from .cachehints import marks_one_hour_cache
 from .pricing import PriceBook, Prices
 
 __all__ = ["INPUT_MARGIN", "MAX_TOKEN_FIELDS", "Rates", "WorstCase", "most_expensive_known"]
@@ -50,6 +53,8 @@ class Rates:
     input_per_mtok: float
     output_per_mtok: float
     source: str  # "priced", or "unpriced: counted at <model>"
+    # The input rate of a body that marks one-hour cache writes; None: ``input_per_mtok``.
+    one_hour_input_per_mtok: float | None = None
 
 
 @functools.cache
@@ -128,13 +133,15 @@ class WorstCase:
             if p is None:
                 return None
             inp = max(p.input_per_mtok, p.cache_write_per_mtok)
+            hour = max(inp, p.one_hour_write)
             if found is None:
-                found = Rates(inp, p.output_per_mtok, "priced")
+                found = Rates(inp, p.output_per_mtok, "priced", hour)
             else:
                 found = Rates(
                     max(found.input_per_mtok, inp),
                     max(found.output_per_mtok, p.output_per_mtok),
                     "priced",
+                    max(found.one_hour_input_per_mtok or 0.0, hour),
                 )
         return found
 
@@ -142,6 +149,7 @@ class WorstCase:
         """USD of a call sending ``input_tokens`` (estimated) with ``body``'s output limit,
         for each of its choices."""
         out = output_limit(body, self.default_max_tokens) * choices(body)
-        return (
-            input_tokens * INPUT_MARGIN * rates.input_per_mtok + out * rates.output_per_mtok
-        ) / 1e6
+        inp = rates.input_per_mtok
+        if rates.one_hour_input_per_mtok is not None and marks_one_hour_cache(body):
+            inp = rates.one_hour_input_per_mtok
+        return (input_tokens * INPUT_MARGIN * inp + out * rates.output_per_mtok) / 1e6
