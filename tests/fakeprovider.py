@@ -1496,6 +1496,7 @@ def _check_anthropic(body: dict[str, Any]) -> None:
         raise _Rejected(400, "messages: Input should be a valid list")
     if not msgs:
         raise _Rejected(400, "messages: at least one message is required")
+    _check_anthropic_ttl_order(body)
 
     def blocks(m: dict[str, Any], kind: str) -> list[dict[str, Any]]:
         content = m.get("content")
@@ -1544,6 +1545,37 @@ def _check_anthropic(body: dict[str, Any]) -> None:
                     f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
                     "must have a corresponding `tool_result` block in the next message.",
                 )
+
+
+def _check_anthropic_ttl_order(body: dict[str, Any]) -> None:
+    """The API refuses a one-hour breakpoint after a five-minute one, in the order tools,
+    system, messages (a top-level marker, automatic caching, is the last block), in its own
+    words (as Claude Code users met it)."""
+    system = body.get("system")
+    holders = [(f"tools.{i}", t) for i, t in enumerate(body.get("tools") or [])]
+    holders += [
+        (f"system.{i}", b) for i, b in enumerate(system if isinstance(system, list) else [])
+    ]
+    for i, m in enumerate(body["messages"]):
+        content = m.get("content") if isinstance(m, dict) else None
+        holders += [
+            (f"messages.{i}.content.{j}", b)
+            for j, b in enumerate(content if isinstance(content, list) else [])
+        ]
+    holders.append(("", body))
+    five_minutes = False
+    for path, holder in holders:
+        marker = holder.get("cache_control") if isinstance(holder, dict) else None
+        if not isinstance(marker, dict):
+            continue
+        if _ttl(marker) == "1h" and five_minutes:
+            raise _Rejected(
+                400,
+                f"{path + '.' if path else ''}cache_control.ttl: a ttl='1h' cache_control block "
+                "must not come after a ttl='5m' cache_control block. Note that blocks are "
+                "processed in the following order: `tools`, `system`, `messages`.",
+            )
+        five_minutes = five_minutes or _ttl(marker) != "1h"
 
 
 def _check_anthropic_text(m: dict[str, Any], i: int, last: bool) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from skillstate.cost.cachehints import with_breakpoint
+from skillstate.cost.cachehints import marked_message, with_breakpoint
 
 CONTRACT = "[contract]"
 STATE = "[state] {}"
@@ -56,3 +56,45 @@ def test_leading_system_messages_are_passed_and_the_search_stops_at_the_assistan
         {"role": "user", "content": [text(CONTRACT)]},
     )
     assert with_breakpoint(later, CONTRACT) == later
+
+
+HOUR = {"type": "ephemeral", "ttl": "1h"}
+FIVE = {"type": "ephemeral"}
+
+
+def marker_at(body: dict[str, Any], i: int, k: int) -> Any:
+    return body["messages"][i]["content"][k]["cache_control"]
+
+
+def test_the_added_breakpoint_is_one_hour_when_a_later_one_is() -> None:
+    """The API refuses a one-hour breakpoint after a five-minute one (tools, system,
+    messages): Claude Code can mark its newest message one-hour, so the proxy's breakpoint before
+    it must be one-hour too; a five-minute one otherwise, and where the one-hour ones come
+    only before it."""
+    newest = {"role": "user", "content": [{**text("latest"), "cache_control": HOUR}]}
+    first = {"role": "user", "content": [text("task"), text(CONTRACT), text(STATE)]}
+    reply = {"role": "assistant", "content": [text("ok")]}
+    assert marker_at(with_breakpoint(request(first, reply, newest), STATE), 0, 2) == HOUR
+    automatic = {
+        **request(first, reply, {"role": "user", "content": "latest"}),
+        "cache_control": HOUR,
+    }
+    assert marker_at(with_breakpoint(automatic, STATE), 0, 2) == HOUR
+    same_message = request({**first, "content": [*first["content"], newest["content"][0]]})
+    assert marker_at(with_breakpoint(same_message, STATE), 0, 2) == HOUR
+    five = {"role": "user", "content": [{**text("latest"), "cache_control": FIVE}]}
+    assert marker_at(with_breakpoint(request(first, reply, five), STATE), 0, 2) == FIVE
+    system_hour = {
+        **request(first, reply, five),
+        "system": [{**text("sys"), "cache_control": HOUR}],
+    }
+    assert marker_at(with_breakpoint(system_hour, STATE), 0, 2) == FIVE
+
+
+def test_masks_breakpoint_takes_the_ttl_of_the_breakpoints_after_it() -> None:
+    message = {"role": "user", "content": [text("observation")]}
+    later_hour = [{"role": "user", "content": [{**text("new"), "cache_control": HOUR}]}]
+    assert marked_message(message, later_hour)["content"][-1]["cache_control"] == HOUR
+    assert marked_message(message, [])["content"][-1]["cache_control"] == FIVE
+    top = {"cache_control": HOUR}
+    assert marked_message(message, [], top)["content"][-1]["cache_control"] == HOUR

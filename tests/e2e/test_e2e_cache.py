@@ -230,6 +230,40 @@ def test_anthropic_client_breakpoints_are_kept_and_limited_to_four(
     assert breakpoints(fake.last.json) == ["system[0]", "system[1]", "system[2]", "messages[0][0]"]
 
 
+@pytest.mark.parametrize("mode", ["state", "window"])
+def test_a_client_marking_its_newest_message_one_hour_gets_a_one_hour_proxy_breakpoint(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    """Claude Code can mark its newest message ``"ttl": "1h"``; the API refuses a one-hour
+    breakpoint after a five-minute one (the fake, in the API's words). The proxy's
+    breakpoint after the contract or the state comes before it, so it is one-hour too:
+    before, every such turn was a 400 from the upstream."""
+    p = start(start_proxy, fake, "--mode", mode)
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    body = {
+        "model": "claude-mine",
+        "max_tokens": 100,
+        "system": [{"type": "text", "text": BIG_SYSTEM, "cache_control": hour}],
+        "messages": [
+            {"role": "user", "content": "TASK: go"},
+            {"role": "assistant", "content": "On it."},
+            {"role": "user", "content": [{"type": "text", "text": "go on", "cache_control": hour}]},
+        ],
+    }
+    for turn in (1, 2):
+        fake.enqueue(Reply(text=envelope(turn)))
+        messages_call(p, f"hour-{mode}", body)
+        sent = fake.last.json
+        markers = [
+            b["cache_control"]
+            for m in sent["messages"]
+            for b in (m["content"] if isinstance(m["content"], list) else [])
+            if "cache_control" in b
+        ]
+        assert markers and all(m == hour for m in markers), markers
+    assert len(breakpoints(sent)) >= 3, breakpoints(sent)  # system, the proxy's, newest
+
+
 def test_no_breakpoint_below_the_minimum_or_when_off(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:

@@ -8,7 +8,11 @@
   text block, which follows the system text, tools and task; the state's in the window
   form) with one ``{"type": "ephemeral"}`` breakpoint, whichever format the client sent.
   The client's own breakpoints are kept; when they
-  already use the 4 the API allows, none is added.
+  already use the 4 the API allows, none is added. The added breakpoint is a one-hour one
+  (``"ttl": "1h"``) when a client breakpoint after it is: the API refuses a one-hour
+  breakpoint that comes after a five-minute one ("a ttl='1h' cache_control block must not
+  come after a ttl='5m' cache_control block"; tools, system, messages in that order), and
+  Claude Code can mark its newest messages with one-hour breakpoints.
 
 Both take the request in the upstream's format, after any translation, and return a new
 body (the input is never mutated); the work is O(number of blocks of the first message).
@@ -17,7 +21,7 @@ body (the input is never mutated); the work is O(number of blocks of the first m
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -35,6 +39,7 @@ __all__ = [
 
 MAX_BREAKPOINTS = 4  # cache_control markers the Anthropic API accepts in one request
 EPHEMERAL = {"type": "ephemeral"}
+ONE_HOUR = {"type": "ephemeral", "ttl": "1h"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +113,9 @@ def with_breakpoint(body: dict[str, Any], prefix_end: str) -> dict[str, Any]:
     i, blocks, at = found
     if "cache_control" in blocks[at] or count_breakpoints(body) >= MAX_BREAKPOINTS:
         return body
+    later = [{"content": blocks[at + 1 :]}, *messages[i + 1 :]]
     blocks = list(blocks)
-    blocks[at] = {**blocks[at], "cache_control": dict(EPHEMERAL)}
+    blocks[at] = {**blocks[at], "cache_control": _breakpoint_before(later, body)}
     marked = {**messages[i], "content": blocks}
     return {**body, "messages": [*messages[:i], marked, *messages[i + 1 :]]}
 
@@ -138,11 +144,28 @@ def _prefix_end_block(
     return None
 
 
-def marked_message(message: Any) -> Any:
+def _breakpoint_before(later: Sequence[Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The marker for a breakpoint the proxy adds before the messages ``later`` of ``body``:
+    one-hour when a breakpoint among them, or the top-level one (automatic caching marks the
+    last block), is; else the five-minute default (see the module docstring)."""
+    markers = [body.get("cache_control")]
+    for message in later:
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict):
+                markers.append(block.get("cache_control"))
+    one_hour = any(isinstance(m, dict) and m.get("ttl") == "1h" for m in markers)
+    return dict(ONE_HOUR if one_hour else EPHEMERAL)
+
+
+def marked_message(
+    message: Any, later: Sequence[Any] = (), body: Mapping[str, Any] | None = None
+) -> Any:
     """An Anthropic message with a breakpoint on its last content block (a string content
     becomes one text block); unchanged when that block is marked already or there is none.
     ``mask`` marks where its masked part ends, so that the next re-mask finds that prefix in
-    the cache (Anthropic reads the cache only at breakpoints)."""
+    the cache (Anthropic reads the cache only at breakpoints). ``later``: the messages after
+    it, and ``body`` the request, whose breakpoints decide the marker's TTL."""
     if not isinstance(message, dict):
         return message
     content = message.get("content")
@@ -154,5 +177,8 @@ def marked_message(message: Any) -> Any:
         return message
     return {
         **message,
-        "content": [*content[:-1], {**content[-1], "cache_control": dict(EPHEMERAL)}],
+        "content": [
+            *content[:-1],
+            {**content[-1], "cache_control": _breakpoint_before(later, body or {})},
+        ],
     }

@@ -36,7 +36,7 @@ user message is, and where its content sits, is the dialect's (``Dialect.mask_ob
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -97,12 +97,12 @@ def mask_transcript(
     keep: int = DEFAULT_MASK_KEEP,
     min_chars: int = DEFAULT_MASK_MIN_CHARS,
     pays: RemaskPays | None = None,
-    mark: Callable[[Any], Any] | None = None,
+    mark: Callable[[Any, Sequence[Any]], Any] | None = None,
 ) -> dict[str, Any]:
     """``body`` with its old observations masked (see the module docstring; ``pays``: the
     re-mask rule, None for the fixed blocks of ``keep``; ``mark``: puts a cache breakpoint
-    on the message that ends the masked part, so that the next re-mask finds the prefix
-    before it cached where the provider caches only at breakpoints).
+    on the message that ends the masked part, given the messages after it, so that the next
+    re-mask finds the prefix before it cached where the provider caches only at breakpoints).
 
     ``dialect`` is a registry name (chat completions, Messages, Responses). Returns
     a new body; unchanged messages are the same objects and nothing is mutated.
@@ -136,7 +136,7 @@ def mask_transcript(
                 out[k] = masked_messages[k]
     if mark is not None and 0 < masked < len(runs):
         end = runs[masked][0] - 1  # the message before the first observation kept whole
-        out[end] = mark(out[end])
+        out[end] = mark(out[end], out[end + 1 :])
     return {**body, key: out}
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from ..choices import CacheBreakpoints, ContextShape, Mode
@@ -189,7 +190,11 @@ class Planner:
                 turn.body,
                 self.settings.mask_keep,
                 pays=rule.pays if rule is not None else None,
-                mark=marked_message if rule is not None and rule.marks(turn.body) else None,
+                mark=(
+                    partial(marked_message, body=turn.body)
+                    if rule is not None and rule.marks(turn.body)
+                    else None
+                ),
             )
             return masked, ContextShape.MASK
         form = turn.envelope_form
