@@ -53,15 +53,21 @@ def claude_env(home: Path, proxy_url: str, session: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("mode", ["state", "passthrough"])
-def test_claude_code_reads_a_file_and_answers(
-    agents: Agents, fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, mode: str
-) -> None:
+def workspace(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(the working dir, Claude Code's HOME, notes.txt in the working dir holding the answer)."""
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
     notes = work / "notes.txt"
     notes.write_text("the answer is 42\n")
+    return work, home, notes
+
+
+@pytest.mark.parametrize("mode", ["state", "passthrough"])
+def test_claude_code_reads_a_file_and_answers(
+    agents: Agents, fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, mode: str
+) -> None:
+    work, home, notes = workspace(tmp_path)
     cfg = {
         "mode": mode,
         "schema": ["notes"],

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.agents.conftest import Agents, run_program
-from tests.agents.test_claude_code import ANSWER, ENVELOPE, PROMPT, claude_env
+from tests.agents.test_claude_code import ANSWER, ENVELOPE, PROMPT, claude_env, workspace
 from tests.conftest import StartProxy
 from tests.fakeprovider import FakeProvider, Reply, ToolCall
 
@@ -20,11 +20,7 @@ from tests.fakeprovider import FakeProvider, Reply, ToolCall
 def test_claude_code_reads_a_file_through_a_responses_only_upstream(
     agents: Agents, fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, mode: str
 ) -> None:
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
-    notes = work / "notes.txt"
-    notes.write_text("the answer is 42\n")
+    work, home, notes = workspace(tmp_path)
     cfg = {
         "mode": mode,
         "schema": ["notes"],
