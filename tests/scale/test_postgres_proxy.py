@@ -153,8 +153,12 @@ def test_postgresql_down_is_503_and_nothing_half_written(
     finally:
         postgres_server.start()
 
-    # Back: the session is exactly where the last acknowledged commit left it.
-    assert proxy.state("down") == before
+    # Back: the session is exactly where the last acknowledged commit left it. Its spend may
+    # count the failed turn's call, which the upstream answered (and bills): its ledger row
+    # is written off the turn's path, best effort, and lands if the store is back by then.
+    after = proxy.state("down")
+    assert after["spent_usd"] >= before["spent_usd"]
+    assert {**after, "spent_usd": None} == {**before, "spent_usd": None}
     assert [h["step"] for h in history(proxy, "down")] == [1, 2]
     fake.enqueue(Reply(text=envelope({"step": 3})))
     turn(c, "down", "go 3 after")
