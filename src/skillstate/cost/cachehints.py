@@ -148,14 +148,8 @@ def _breakpoint_before(later: Sequence[Any], body: Mapping[str, Any]) -> dict[st
     """The marker for a breakpoint the proxy adds before the messages ``later`` of ``body``:
     one-hour when a breakpoint among them, or the top-level one (automatic caching marks the
     last block), is; else the five-minute default (see the module docstring)."""
-    markers = [body.get("cache_control")]
-    for message in later:
-        content = message.get("content") if isinstance(message, dict) else None
-        for block in content if isinstance(content, list) else ():
-            if isinstance(block, dict):
-                markers.append(block.get("cache_control"))
-    one_hour = any(isinstance(m, dict) and m.get("ttl") == "1h" for m in markers)
-    return dict(ONE_HOUR if one_hour else EPHEMERAL)
+    after = {"messages": later, "cache_control": body.get("cache_control")}
+    return dict(ONE_HOUR if marks_one_hour_cache(after) else EPHEMERAL)
 
 
 def marked_message(
