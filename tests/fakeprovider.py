@@ -1506,11 +1506,7 @@ def _check_anthropic(body: dict[str, Any]) -> None:
     for i, m in enumerate(msgs):
         role = m.get("role") if isinstance(m, dict) else None
         if role == "system":  # mid-conversation system text (Claude Code 2.1.x sends it)
-            content = m.get("content")
-            if not isinstance(content, str) and not (
-                isinstance(content, list) and blocks(m, "text") == content
-            ):
-                raise _Rejected(400, f"messages.{i}.content: a system message holds text only")
+            _check_anthropic_system_message(m, i)
             continue
         if role not in ("user", "assistant"):
             raise _Rejected(400, f"messages.{i}.role: Input should be 'user' or 'assistant'")
@@ -1545,6 +1541,29 @@ def _check_anthropic(body: dict[str, Any]) -> None:
                     f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
                     "must have a corresponding `tool_result` block in the next message.",
                 )
+
+
+# A mid-conversation system message's blocks (the anthropic SDK 2.16's
+# BetaSystemMessageParam): text, and the beta's tool changes.
+SYSTEM_MESSAGE_BLOCKS = {"text", "tool_addition", "tool_removal"}
+
+
+def _check_anthropic_system_message(m: dict[str, Any], i: int) -> None:
+    """A ``role: "system"`` message holds text or tool changes, or only an
+    ``output_config`` (its content left out)."""
+    content = m.get("content")
+    if content is None and isinstance(m.get("output_config"), dict):
+        return
+    if isinstance(content, str):
+        return
+    items = content if isinstance(content, list) and content else [None]
+    kinds = {b.get("type") if isinstance(b, dict) else None for b in items}
+    if not kinds <= SYSTEM_MESSAGE_BLOCKS:
+        raise _Rejected(
+            400,
+            f"messages.{i}.content: a system message holds text, tool_addition and "
+            "tool_removal blocks only",
+        )
 
 
 def _check_anthropic_ttl_order(body: dict[str, Any]) -> None:

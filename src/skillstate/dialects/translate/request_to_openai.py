@@ -26,24 +26,13 @@ def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_toke
     ``metadata``, ``top_k``,
     ``thinking``, ``cache_control`` markers, ``thinking``/``redacted_thinking`` blocks and
     any other top-level field OpenAI has no equivalent for. Raises ProxyError 400 for
-    content an OpenAI upstream cannot take (server tools, file/unknown image sources, ...).
+    content an OpenAI upstream cannot take (server tools, ``mcp_servers``, a mid-conversation
+    system message's tool changes, file/unknown image sources, ...).
     """
-    messages: list[JSON] = []
-    system = body.get("system")
-    if system:
-        text = system if isinstance(system, str) else SYSTEM_JOIN.join(b["text"] for b in system)
-        if text:
-            messages.append({"role": "system", "content": text})
-    for i, msg in enumerate(body["messages"]):
-        role, content, path = msg["role"], msg["content"], f"messages[{i}]"
-        if role == "assistant":
-            messages.append(_assistant_to_openai(content, path))
-        elif role == "user":
-            messages.extend(_user_to_openai(content, path))
-        else:
-            text = content if isinstance(content, str) else "".join(b["text"] for b in content)
-            messages.append({"role": "system", "content": text})
-
+    if body.get("mcp_servers"):
+        # Servers the Messages API connects to and whose tools it offers the model.
+        raise _bad("mcp_servers cannot be sent to an OpenAI-format upstream", "mcp_servers")
+    messages = _messages_to_openai(body)
     # max_tokens_field: OpenAI's reasoning models refuse "max_tokens"; servers such as Ollama
     # ignore "max_completion_tokens". The upstream's config picks (config.Upstream).
     out: JSON = {"model": body["model"], "messages": messages, max_tokens_field: body["max_tokens"]}
@@ -81,6 +70,45 @@ def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_toke
             spec["strict"] = True
         out["response_format"] = {"type": "json_schema", "json_schema": spec}
     return out
+
+
+def _messages_to_openai(body: JSON) -> list[JSON]:
+    """The system prompt and the messages as chat messages, a mid-conversation system
+    message (``role: "system"`` in ``messages``) as a system message in its place."""
+    messages: list[JSON] = []
+    system = body.get("system")
+    if system:
+        text = system if isinstance(system, str) else SYSTEM_JOIN.join(b["text"] for b in system)
+        if text:
+            messages.append({"role": "system", "content": text})
+    roles = [msg["role"] for msg in body["messages"]]
+    last_user = max((i for i, role in enumerate(roles) if role == "user"), default=-1)
+    for i, msg in enumerate(body["messages"]):
+        role, path = msg["role"], f"messages[{i}]"
+        if role == "assistant":
+            messages.append(_assistant_to_openai(msg["content"], path))
+        elif role == "user":
+            messages.extend(_user_to_openai(msg["content"], path))
+        else:
+            cleared = msg.get("clear_at") == "next_user_message" and i < last_user
+            text = _system_message_text(msg, path)
+            if text and not cleared:
+                messages.append({"role": "system", "content": text})
+    return messages
+
+
+def _system_message_text(msg: JSON, path: str) -> str:
+    """A mid-conversation system message's text. Its beta ``tool_addition`` and
+    ``tool_removal`` blocks change the tools from that point of the conversation on, which
+    chat completions cannot say (its tools are the request's): a 400 naming the block. A
+    message that carries only a per-turn ``output_config`` has no text."""
+    content = msg.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    for j, block in enumerate(content):
+        if block["type"] != "text":
+            raise _unsupported(block["type"], f"{path}.content[{j}]")
+    return "".join(block["text"] for block in content)
 
 
 def _strict_compatible(schema: Any) -> bool:

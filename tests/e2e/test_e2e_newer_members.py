@@ -1,0 +1,124 @@
+"""The newest SDKs' request members across translations (anthropic 2.16), with the real
+SDKs through the real proxy against the fake provider: what another format has under the
+same meaning is translated; what it has not, and whose loss would change the answer (MCP
+servers, a mid-conversation tool change), is a 400 in the client's format naming it,
+before anything is sent; an upstream of the request's own format gets it as it came."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.conftest import Proxy, StartProxy
+from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, ant
+
+MODES = ["passthrough", "state"]
+# The betas of mid-conversation system messages' tool changes, output_config and clear_at.
+SYSTEM_BETAS = [
+    "mid-conversation-tool-changes-2026-07-01",
+    "mid-conversation-output-config-2026-07-01",
+    "mid-conversation-system-clear-at-2026-08-21",
+]
+LOOKUP = {"name": "lookup", "input_schema": {"type": "object"}}
+
+
+def start(fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str) -> Proxy:
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    up = {"name": "up", "url": url, "kind": kind, "api_key": "sk-upstream"}
+    return start_proxy(None, "--mode", mode, config={"upstreams": [up]})
+
+
+def messages_create(p: Proxy, messages: list[Any], **kw: Any) -> Any:
+    client = ant(p, default_headers={SESSION_HEADER: "newer"})
+    return client.beta.messages.create(
+        model="m", max_tokens=64, messages=messages, betas=SYSTEM_BETAS, **kw
+    )
+
+
+def system_texts(fake: FakeProvider, kind: str) -> list[str]:
+    """The system text the upstream got, in order (a Responses upstream: instructions, then
+    its system and developer items)."""
+    body = fake.last.json
+    if kind == "openai":
+        return [m["content"] for m in body["messages"] if m["role"] == "system"]
+    items = [i for i in body["input"] if i.get("role") in ("system", "developer")]
+    texts = [text_of(i["content"]) for i in items]
+    return ([body["instructions"]] if body.get("instructions") else []) + texts
+
+
+def text_of(content: str | list[Any]) -> str:
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
+
+
+@pytest.mark.parametrize("kind", ["openai", "openai-responses"])
+def test_mid_conversation_system_messages_reach_an_openai_format_upstream_as_the_model_sees_them(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str
+) -> None:
+    """A system message cleared at the next user message is no longer shown once one
+    follows; one that carries only a per-turn output_config has no text to send."""
+    p = start(fake, start_proxy, kind, "passthrough")
+    fake.enqueue(Reply(text="ok"))
+    messages = [
+        {"role": "user", "content": "Look it up."},
+        {"role": "system", "content": "Answer in French.", "clear_at": "next_user_message"},
+        {"role": "assistant", "content": "D'accord."},
+        {"role": "user", "content": "And now?"},
+        {"role": "system", "output_config": {"effort": "low"}},
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    ]
+    reply = messages_create(p, messages, system="You help.")
+    assert reply.content[0].text == "ok"
+    assert system_texts(fake, kind) == ["You help.", "Be brief."]
+
+
+@pytest.mark.parametrize("block", ["tool_addition", "tool_removal"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["openai", "openai-responses"])
+def test_a_tool_change_in_a_system_message_is_a_400_for_an_openai_format_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str, block: str
+) -> None:
+    """Chat completions' tools are the request's: a tool offered from one point of the
+    conversation on (or withdrawn) has no form there."""
+    p = start(fake, start_proxy, kind, mode)
+    change = {"type": block, "tool": {"type": "tool_reference", "name": "lookup"}}
+    messages = [
+        {"role": "user", "content": "Look it up."},
+        {"role": "system", "content": [change]},
+    ]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        messages_create(p, messages, tools=[LOOKUP])
+    assert f"messages[1].content[0]: {block} blocks cannot be sent" in e.value.message
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_anthropic_upstream_gets_a_tool_change_as_it_came(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    p = start(fake, start_proxy, "anthropic", mode)
+    fake.enqueue(Reply(text="ok"))
+    change = {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "lookup"}}
+    messages = [
+        {"role": "user", "content": "Look it up."},
+        {"role": "system", "content": [change]},
+    ]
+    messages_create(p, messages, tools=[LOOKUP])
+    assert {"role": "system", "content": [change]} in fake.requests[0].json["messages"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["openai", "openai-responses"])
+def test_mcp_servers_are_a_400_for_an_openai_format_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str
+) -> None:
+    """The Messages API connects to the servers and offers the model their tools: without
+    them the model would answer without the tools."""
+    p = start(fake, start_proxy, kind, mode)
+    servers = [{"type": "url", "url": "https://mcp.example/sse", "name": "docs"}]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        messages_create(p, [{"role": "user", "content": "Search."}], mcp_servers=servers)
+    assert "mcp_servers cannot be sent to an OpenAI-format upstream" in e.value.message
+    assert fake.requests == []
