@@ -1,19 +1,21 @@
-"""The newest SDKs' request members across translations (anthropic 2.16), with the real
-SDKs through the real proxy against the fake provider: what another format has under the
-same meaning is translated; what it has not, and whose loss would change the answer (MCP
-servers, a mid-conversation tool change), is a 400 in the client's format naming it,
-before anything is sent; an upstream of the request's own format gets it as it came."""
+"""The newest SDKs' request members across translations (openai 3.57, anthropic 2.16), with
+the real SDKs through the real proxy against the fake provider: what another format has
+under the same meaning is translated; what it has not, and whose loss would change the
+answer (a conversation's items, a stored prompt, MCP servers, a mid-conversation tool
+change, web search, moderation), is a 400 in the client's format naming it, before
+anything is sent; an upstream of the request's own format gets it as it came."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, Reply
-from tests.helpers import SESSION_HEADER, ant
+from tests.helpers import SESSION_HEADER, ant, oai
 
 MODES = ["passthrough", "state"]
 # The betas of mid-conversation system messages' tool changes, output_config and clear_at.
@@ -121,4 +123,95 @@ def test_mcp_servers_are_a_400_for_an_openai_format_upstream(
     with pytest.raises(anthropic.BadRequestError) as e:
         messages_create(p, [{"role": "user", "content": "Search."}], mcp_servers=servers)
     assert "mcp_servers cannot be sent to an OpenAI-format upstream" in e.value.message
+    assert fake.requests == []
+
+
+# A Responses request's members that only the Responses API holds, and what they name.
+KEPT_UPSTREAM = {"conversation": "conv_123", "prompt": {"id": "pmpt_123", "version": "2"}}
+
+
+@pytest.mark.parametrize("member", list(KEPT_UPSTREAM))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_conversation_or_a_stored_prompt_is_a_400_for_another_kind_of_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str, member: str
+) -> None:
+    """The model would answer without the conversation's items or the prompt's
+    instructions."""
+    p = start(fake, start_proxy, kind, mode)
+    create = oai(p, default_headers={SESSION_HEADER: "newer"}).responses.create
+    with pytest.raises(openai.BadRequestError) as e:
+        create(model="m", input="Go on.", **{member: KEPT_UPSTREAM[member]})
+    assert e.value.param == member and "openai-responses" in e.value.message
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_responses_upstream_gets_a_conversation_and_a_prompt_as_they_came(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    p = start(fake, start_proxy, "openai-responses", mode)
+    fake.enqueue(Reply(text="ok"))
+    oai(p).responses.create(model="m", input="Go on.", **KEPT_UPSTREAM)  # type: ignore[arg-type]
+    assert {k: fake.last.json[k] for k in KEPT_UPSTREAM} == KEPT_UPSTREAM
+
+
+def test_a_responses_request_keeps_on_a_chat_upstream_what_chat_has_by_the_same_meaning(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start(fake, start_proxy, "openai", "passthrough")
+    fake.enqueue(Reply(text="ok"))
+    oai(p).responses.create(
+        model="m",
+        input="Go on.",
+        text={"verbosity": "low"},
+        safety_identifier="user-7",
+        prompt_cache_retention="24h",
+        service_tier="flex",
+    )
+    sent = fake.last.json
+    assert sent["verbosity"] == "low" and sent["safety_identifier"] == "user-7"
+    assert sent["prompt_cache_retention"] == "24h" and sent["service_tier"] == "flex"
+
+
+MODERATION = {"model": "omni-moderation-latest", "policy": {"input": {"mode": "block"}}}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("route", "kind"),
+    [
+        ("chat", "anthropic"),
+        ("chat", "openai-responses"),
+        ("responses", "openai"),
+        ("responses", "anthropic"),
+    ],
+)
+def test_moderation_is_a_400_across_a_translation(
+    fake: FakeProvider, start_proxy: StartProxy, route: str, kind: str, mode: str
+) -> None:
+    """The translated upstream would answer unmoderated, and the reply has no place for
+    the results."""
+    p = start(fake, start_proxy, kind, mode)
+    client = oai(p, default_headers={SESSION_HEADER: "newer"})
+    with pytest.raises(openai.BadRequestError) as e:
+        if route == "chat":
+            messages = [{"role": "user", "content": "Hi."}]
+            client.chat.completions.create(model="m", messages=messages, moderation=MODERATION)  # type: ignore[arg-type]
+        else:
+            client.responses.create(model="m", input="Hi.", moderation=MODERATION)  # type: ignore[arg-type]
+    assert e.value.param == "moderation"
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_web_search_options_are_a_400_for_an_anthropic_upstream(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    """As for a Responses upstream: the answer would come from the model's memory."""
+    p = start(fake, start_proxy, "anthropic", mode)
+    messages = [{"role": "user", "content": "What happened today?"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(p).chat.completions.create(model="m", messages=messages, web_search_options={})  # type: ignore[list-item]
+    assert e.value.param == "web_search_options"
     assert fake.requests == []

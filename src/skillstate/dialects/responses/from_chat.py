@@ -10,7 +10,8 @@ What has no Responses form (the openai SDK's ResponseCreateParams has no member 
   reasoning models behind /v1/responses refuse ``stop`` on chat completions too), audio
   (``modalities`` with ``audio``, ``audio``, ``input_audio`` parts: no audio input or
   output parts), ``web_search_options`` (a hosted tool there, with output items chat has
-  no form for) and the legacy ``functions`` / ``function_call`` and ``function`` role;
+  no form for), ``moderation`` (the reply's results would not come back) and the legacy
+  ``functions`` / ``function_call`` and ``function`` role;
 * dropped (sampling hints that change no contract): ``seed``, ``frequency_penalty``,
   ``presence_penalty``, ``logit_bias``, ``prediction``, a message's ``name``.
 
@@ -32,7 +33,7 @@ from typing import Any
 from ..base import JSON
 from ..checks import bad_request as _bad
 from ..translate import anthropic_request_to_openai
-from ..translate.common import _clean
+from ..translate.common import _clean, refuse_moderation
 from .translate import new_id, object_or_empty
 
 _KIND = "openai-responses"
@@ -126,6 +127,7 @@ def _refuse_what_has_no_form(body: JSON) -> None:
         )
     if "audio" in (body.get("modalities") or ()) or body.get("audio") is not None:
         raise _bad("audio output cannot be asked of an upstream of kind openai-responses", "audio")
+    refuse_moderation(body, f"an upstream of kind {_KIND}")
     if body.get("web_search_options") is not None:
         raise _bad(
             "web_search_options cannot be sent to an upstream of kind openai-responses",

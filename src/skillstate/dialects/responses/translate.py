@@ -14,7 +14,7 @@ from ...cost.usage import token_count
 from ...errors import ProxyError
 from ..base import JSON
 from ..checks import bad_request as _bad
-from ..translate.common import tool_media_label
+from ..translate.common import refuse_moderation, tool_media_label
 from .items import CLIENT_CALLS
 
 _ALNUM = string.ascii_letters + string.digits
@@ -262,12 +262,31 @@ def _format_to_chat(fmt: JSON) -> JSON | None:
     return None
 
 
+# What a request names that only the Responses API holds: the model would answer without
+# the conversation's items, or the stored prompt's instructions (previous_response_id
+# crosses: the proxy keeps stored responses itself).
+_KEPT_UPSTREAM = {"conversation": "a conversation", "prompt": "a stored prompt"}
+# The members chat completions has under the same name and meaning.
+_SAME_IN_CHAT = (
+    "temperature", "top_p", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+    "service_tier", "user", "stream",
+)  # fmt: skip
+
+
 def responses_request_to_chat(
     body: JSON, *, max_tokens_field: str = "max_tokens", custom: bool = True
 ) -> JSON:
     """A validated Responses request as a chat-completions request. Tools without a chat
     form are dropped (``unsupported_tools: drop``; see ``split_tools``), custom tools and
     their items too unless ``custom`` (``keeps_custom``)."""
+    for key in _KEPT_UPSTREAM:
+        if body.get(key) is not None:
+            raise _bad(
+                f"{key}: {_KEPT_UPSTREAM[key]} is kept by the Responses API, so it cannot be"
+                " sent to an upstream of another kind than openai-responses",
+                key,
+            )
+    refuse_moderation(body, "a chat-completions or Anthropic upstream")
     messages = input_to_messages(body, custom=custom)
     out: JSON = {"model": body["model"], "messages": messages}
     tools, _ = split_tools(body.get("tools"), custom=custom)
@@ -286,7 +305,9 @@ def responses_request_to_chat(
         out["reasoning_effort"] = reasoning["effort"]
     if body.get("max_output_tokens") is not None:
         out[max_tokens_field] = body["max_output_tokens"]
-    for key in ("temperature", "top_p", "prompt_cache_key", "user", "stream"):
+    if isinstance(text, dict) and text.get("verbosity") is not None:
+        out["verbosity"] = text["verbosity"]
+    for key in _SAME_IN_CHAT:
         if body.get(key) is not None:
             out[key] = body[key]
     return out

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from ...cost.usage import MAX_TOKEN_COUNT
+from ..checks import bad_request
 from ..checks import is_int as _is_int
 
 JSON = dict[str, Any]
@@ -17,6 +18,17 @@ TOOL_ERROR_PREFIX = "[tool error] "
 SYSTEM_JOIN = "\n\n"
 ASSISTANT_TEXT_JOIN = ""
 TOOL_RESULT_TEXT_JOIN = "\n"
+
+
+def refuse_moderation(body: JSON, upstream: str) -> None:
+    """OpenAI's moderated completions (``moderation``, in chat completions and Responses): a
+    translated upstream would answer unmoderated, and its reply has no place for the
+    results, so a request that asks for it is a 400 naming it, never sent without it."""
+    if body.get("moderation") is not None:
+        raise bad_request(
+            f"moderation cannot be sent to {upstream}: it would answer unmoderated",
+            "moderation",
+        )
 
 
 def tool_media_label(call_id: str) -> str:

@@ -12,6 +12,7 @@ from ..checks import is_int as _is_int
 from .common import (
     JSON,
     SYSTEM_JOIN,
+    refuse_moderation,
 )
 from .toolargs import parse_tool_arguments
 
@@ -92,13 +93,20 @@ def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -
     ``json_object`` ``response_format`` (no equivalent), ``seed``, penalties, ``logit_bias``,
     ``logprobs``, ``reasoning_effort`` and the like.
     ``body`` has passed ``validate_openai_request``; raises ProxyError 400 for what Anthropic
-    cannot take (``n`` > 1, legacy ``functions``, audio, non-function tools).
+    cannot take (``n`` > 1, legacy ``functions``, audio, non-function tools,
+    ``web_search_options``, ``moderation``).
     """
     if body.get("functions") or body.get("function_call"):
         raise _bad("functions/function_call are deprecated and not supported; use tools")
     n = body.get("n")
     if n is not None and n != 1:
         raise _bad("n: only 1 choice is supported with an Anthropic upstream", "n")
+    refuse_moderation(body, "an Anthropic upstream")
+    if body.get("web_search_options") is not None:
+        # Chat's built-in web search: the reply would come from the model's memory instead.
+        raise _bad(
+            "web_search_options cannot be sent to an Anthropic upstream", "web_search_options"
+        )
     system_parts, messages = _messages_to_anthropic(body["messages"])
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
