@@ -146,6 +146,7 @@ class ResponsesTurn:
         turn = await _with_chain(rt.store, turn, header, caller)
         turn = await restore(rt, turn, caller, adopt=header is None and prev_id is None)
         shown[SESSION_HEADER] = turn.shown_session
+        _reject_conversation(turn)
         if not self.endpoint and turn.body.get("store") is not False:
             self.link = StoredLink(turn.session, prev_id, own_items)
             # The turn stores it with its commit; a compaction's parts do not (the reply is
@@ -231,6 +232,25 @@ def _reject_unsupported(rt: Runtime, turn: Turn) -> None:
         return
     for kind in kinds:
         reject_unsupported_tools(turn.body, custom=keeps_custom(kind))
+
+
+# The modes that send the proxy's own context every turn in place of the transcript.
+_OWN_CONTEXT_MODES = frozenset({Mode.STATE, Mode.WINDOW, Mode.AUTO})
+
+
+def _reject_conversation(turn: Turn) -> None:
+    """A ``conversation`` in a mode that sends its own context: the API would put the
+    conversation's items (the earlier turns' contexts) before it, and add this turn's to
+    them, so the model would read every earlier state and the session would cost more each
+    turn. A 400 naming it; the transcript and ``previous_response_id`` work in every mode."""
+    if turn.body.get("conversation") is not None and turn.mode in _OWN_CONTEXT_MODES:
+        raise ProxyError(
+            "invalid_request",
+            f"conversation: in {turn.mode} mode the proxy sends its own context every turn,"
+            " and the conversation's items would go before it; send the transcript or"
+            " previous_response_id, or use passthrough",
+            param="conversation",
+        )
 
 
 def _answering_kind(candidates: list[UpstreamRuntime], headers: dict[str, str]) -> str:
