@@ -1550,9 +1550,10 @@ SYSTEM_MESSAGE_BLOCKS = {"text", "tool_addition", "tool_removal"}
 
 def _check_anthropic_system_message(m: dict[str, Any], i: int) -> None:
     """A ``role: "system"`` message holds text or tool changes, or only an
-    ``output_config`` (its content left out)."""
+    ``output_config`` (its content left out or empty: Claude Code 2.1.332 sends
+    ``{"role": "system", "content": [], "output_config": {"effort": "medium"}}``)."""
     content = m.get("content")
-    if content is None and isinstance(m.get("output_config"), dict):
+    if content in (None, []) and isinstance(m.get("output_config"), dict):
         return
     if isinstance(content, str):
         return

@@ -69,6 +69,7 @@ def test_mid_conversation_system_messages_reach_an_openai_format_upstream_as_the
         {"role": "assistant", "content": "D'accord."},
         {"role": "user", "content": "And now?"},
         {"role": "system", "output_config": {"effort": "low"}},
+        {"role": "system", "content": [], "output_config": {"effort": "medium"}},  # Claude Code's
         {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
     ]
     reply = messages_create(p, messages, system="You help.")
