@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-NPM_PACKAGES = {"@openai/codex": "0.169.0", "@anthropic-ai/claude-code": "2.1.332"}
+NPM_PACKAGES = {"@openai/codex": "0.171.0", "@anthropic-ai/claude-code": "2.1.332"}
 PYPI_PACKAGES = {"openai-agents": "0.24.0"}
 CACHE = Path(
     os.environ.get("SKILLSTATE_AGENTS_CACHE", Path.home() / ".cache" / "skillstate" / "agents")

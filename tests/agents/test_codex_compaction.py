@@ -6,7 +6,7 @@ Codex sends a ``compaction_trigger`` and needs exactly one ``compaction`` item b
 proxy runs a checkpoint (the state folds the history in) and answers with a token, which
 Codex sends back on every later request and the proxy replaces with the state.
 
-Codex 0.169.0 has only this (v2) path: ``codex features list`` shows
+Codex 0.169.0 and 0.171.0 have only this (v2) path: ``codex features list`` shows
 ``remote_compaction_v2`` as ``removed`` (always on) and the binary has no
 ``responses/compact`` route, so the v1 endpoint is tested with the openai SDK
 (tests/e2e/test_compaction.py)."""
