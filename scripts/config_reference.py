@@ -104,7 +104,7 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "keys (a fixed window from its first failure).",
         "max_body_bytes": "Largest request body accepted (413 above).",
         "max_header_bytes": "Largest request head (request line and headers) accepted; "
-        "431 above, refused before it is buffered.",
+        "431 above (414 while still in the request target), refused before it is buffered.",
         "header_timeout": "Seconds a connection has to send a request's head (also a new "
         "connection that sends nothing); 408 and closed after.",
         "body_timeout": "Seconds a request has to send its body after its head; 408 and "

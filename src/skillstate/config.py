@@ -215,7 +215,7 @@ class Settings(BaseModel):
 
     max_body_bytes: int = Field(default=16 * MiB, ge=1024)
     # HTTP limits uvicorn does not enforce itself (httplimits.py).
-    max_header_bytes: int = Field(default=64 * 1024, ge=1024)  # request line + headers; 431
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)  # request line + headers; 431/414
     header_timeout: float = Field(default=10.0, gt=0)  # seconds to receive a request's head; 408
     body_timeout: float = Field(default=60.0, gt=0)  # seconds to receive its body; 408
     max_connections: int = Field(default=512, ge=1)  # open client connections; 503 beyond

@@ -22,15 +22,22 @@ the bytes arrive, before httptools buffers them:
   else ``408`` and close. The handler waiting for the body then sees the client gone.
 * **Connections** (``max_connections``): a connection beyond the cap is served one answer,
   ``503`` (Anthropic clients: ``529``) with ``retry-after``, and closed.
+* **Requests it cannot read** (``httprefusals``): what httptools refuses (``400``, or
+  ``413`` for a size past any limit), a request target past ``max_header_bytes`` (``414``),
+  and a head asking for what the proxy does not do (``505``, ``417``, ``501``), instead of
+  uvicorn's plain-text ``400 Invalid HTTP request received.``
 
-Answers are error objects in the dialect of the request's path. Cost on the common path,
-where a request arrives in one read: two integer comparisons per read, one timer per
-connection.
+Answers are error objects in the dialect of the request's path, and close the connection. A
+request refused while an earlier one on the connection is still being answered (bytes past a
+body's ``content-length``, pipelined) is refused after that answer, which it used to cut. Cost
+on the common path, where a request arrives in one read: a few comparisons per read, one timer
+per connection, one look at the head's version and headers per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,6 +47,7 @@ from uvicorn.server import ServerState
 
 from ..errors import ProxyError
 from ..web.wire import dialect_for, error_response
+from .httprefusals import parse_refusal, request_line_hints, unsupported_head
 
 __all__ = ["HttpLimits", "limited_protocol"]
 
@@ -68,6 +76,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.head_left: int | None = self.limits.max_header_bytes  # None: not reading a head
         self.body_done = True  # the last request's body has been read to its end
         self.read_timer: asyncio.TimerHandle | None = None
+        # The answer to a request refused while an earlier one is still being answered.
+        self.refusal: bytes | None = None
+        self.head_refusal: ProxyError | None = None  # a parsed head's (unsupported_head)
+        self.read = b""  # the read being parsed, for a refusal's dialect (_dialect)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -80,13 +92,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.refusal is not None:
+            return  # what follows a refused request is not read
         left = self.head_left
         if left is not None:
             if len(data) > left:
                 self._feed_past_head_budget(data, left)
                 return
             self.head_left = left - len(data)
+        self.read = data
         super().data_received(data)
+        self.read = b""
         self._arm_for_what_is_missing()
 
     def _feed_past_head_budget(self, data: bytes, left: int) -> None:
@@ -94,26 +110,51 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # next request) and goes on; otherwise the head is too large.
         if left:
             super().data_received(data[:left])
-        if self.transport.is_closing():
+        if self._refused():
             return
         if self.head_left is not None:
-            self._refuse(
-                ProxyError(
-                    "request_too_large",
-                    f"request headers exceed max_header_bytes ({self.limits.max_header_bytes})",
-                    status=431,
-                    code="request_header_fields_too_large",
-                ),
-            )
+            self._refuse(self._head_too_large())
             return
         super().data_received(data[left:])
         self._arm_for_what_is_missing()
 
+    def _head_too_large(self) -> ProxyError:
+        limit = self.limits.max_header_bytes
+        if not self.headers and self.parser.get_http_version() == "0.0":  # no version yet
+            return ProxyError(
+                "request_too_large",
+                f"request target exceeds max_header_bytes ({limit})",
+                status=414,
+                code="uri_too_long",
+            )
+        return ProxyError(
+            "request_too_large",
+            f"request headers exceed max_header_bytes ({limit})",
+            status=431,
+            code="request_header_fields_too_large",
+        )
+
     def on_headers_complete(self) -> None:
         self.head_left = None
-        self.body_done = False
         self._disarm()
+        refusal = unsupported_head(self.parser.get_http_version(), self.headers)
+        if refusal is not None:
+            # Raising stops the parser before the body; uvicorn answers the parser error
+            # through send_400_response, which answers this instead.
+            self.head_refusal = refusal
+            raise refusal
+        self.body_done = False
         super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this in its ``except httptools.HttpParserError`` around the parser
+        # (0.29 to 0.55), so the error being handled is the parser's.
+        self._refuse(self.head_refusal or parse_refusal(sys.exc_info()[1]))
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.refusal is not None and self.cycle.response_complete:
+            self._send_and_close(self.refusal)
 
     def on_message_complete(self) -> None:
         self.head_left = self.limits.max_header_bytes
@@ -125,7 +166,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm_for_what_is_missing(self) -> None:
         """After a read: time the head or the body still being read (one timer at a time)."""
-        if self.read_timer is not None or self.transport.is_closing():
+        if self.read_timer is not None or self._refused():
             return
         if self.head_left is not None:
             if self.head_left < self.limits.max_header_bytes:  # a head has begun
@@ -172,27 +213,54 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     # ---- answers written before (or instead of) the app's ----------------------------------
 
+    def _refused(self) -> bool:
+        return self.refusal is not None or self.transport.is_closing()
+
     def _refuse(self, err: ProxyError) -> None:
-        """Write ``err`` in the dialect of the request's path and close the connection."""
-        if self.transport.is_closing():
+        """Answer ``err`` in the dialect of the request's path and close the connection; once
+        the answers in progress are out when the refused request came after them."""
+        if self._refused():
             return
-        # The head may be partial, or not begun (no url attribute before the first byte).
-        path = getattr(self, "url", b"").partition(b"?")[0].decode("latin-1")
-        anthropic_version = any(name == b"anthropic-version" for name, _ in self.headers or ())
-        response = error_response(err, dialect_for(path, anthropic_version))
+        response = error_response(err, self._dialect())
         status, body = response.status_code, bytes(response.body)
-        self.transport.write(
-            b"".join(
-                [
-                    STATUS_LINE[status],
-                    b"content-type: application/json\r\n",
-                    b"content-length: %d\r\n" % len(body),
-                    b"connection: close\r\n\r\n",
-                    body,
-                ]
-            )
+        answer = b"".join(
+            [
+                STATUS_LINE[status],
+                b"content-type: application/json\r\n",
+                b"content-length: %d\r\n" % len(body),
+                b"connection: close\r\n\r\n",
+                body,
+            ]
         )
-        self.transport.close()
+        if self.body_done and self.cycle is not None and not self.cycle.response_complete:
+            self.refusal = answer  # on_response_complete sends it after the last answer
+            self._disarm()
+            return
+        self._send_and_close(answer)
+
+    def _send_and_close(self, answer: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()
+
+    def _dialect(self) -> str:
+        """The refused request's dialect, from what the parser read of its target and
+        headers; before its target, from the request line in the read that began it; else
+        the connection's last request's."""
+        # The head may be partial, or not begun (no url attribute before the first byte).
+        url: bytes = getattr(self, "url", b"")
+        if url:
+            path = url.partition(b"?")[0].decode("latin-1")
+            anthropic_version = any(name == b"anthropic-version" for name, _ in self.headers)
+        elif self.read and self.head_left == self.limits.max_header_bytes - len(self.read):
+            path, anthropic_version = request_line_hints(self.read)
+        elif self.cycle is not None:
+            scope = self.cycle.scope
+            path = scope["path"]
+            anthropic_version = any(name == b"anthropic-version" for name, _ in scope["headers"])
+        else:
+            path, anthropic_version = "", False
+        return dialect_for(path, anthropic_version)
 
 
 async def _over_capacity(scope: Any, receive: Any, send: Any) -> None:
