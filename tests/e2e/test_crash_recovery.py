@@ -26,6 +26,10 @@ first bytes; the hook. After each restart, for every session:
   token count), a row for every acknowledged call; the session's spend (``GET /state``,
   under a session budget) never goes down and is the sum of its rows, and ``skillstate cost
   --by session --json`` reads the same.
+
+And the WAL a crash leaves, damaged while the proxy is stopped (its header, a frame before
+later commits, the database file emptied under it): the proxy refuses to start in one line
+and leaves the files as they are, rather than let SQLite drop acknowledged turns.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -456,3 +463,81 @@ def test_a_proxy_killed_at_any_point_of_a_turn_keeps_state_and_commits_each_turn
         world.check(sessions)
     for s in sessions:
         assert s.acked == len(s.history()), s.sid
+
+
+def start_or_refuse(proxy: ProxyProcess) -> tuple[bool, str]:
+    """Start ``proxy``'s process: (True, "") when it serves, else (False, its stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skillstate", *proxy.args],
+        env=proxy.env, cwd=proxy.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    if "listening" in proc.stdout.readline():
+        proc.kill()
+        proc.communicate()
+        return True, ""
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, (proc.returncode, err)
+    return False, err
+
+
+def damaged_header(data: Path) -> None:
+    wal = data / "skillstate.db-wal"
+    raw = bytearray(wal.read_bytes())
+    raw[8:12] = b"\x00\x00\x07\x00"  # the page size field, its checksum now wrong
+    wal.write_bytes(bytes(raw))
+
+
+def damaged_frame(data: Path) -> None:
+    """A byte of the second frame's page flipped: the commits after it fail the chain."""
+    wal = data / "skillstate.db-wal"
+    raw = bytearray(wal.read_bytes())
+    page = int.from_bytes(raw[8:12], "big")
+    raw[32 + (24 + page) + 24 + 100] ^= 0xFF
+    wal.write_bytes(bytes(raw))
+
+
+def emptied_database(data: Path) -> None:
+    (data / "skillstate.db").write_bytes(b"")
+
+
+def test_a_damaged_wal_after_a_crash_is_refused_in_one_line_and_left_as_it_is(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path
+) -> None:
+    """After a kill -9 the committed turns are in the WAL. A WAL that SQLite would read
+    only in part (a damaged header, a damaged frame before later commits) or a database
+    file emptied under it would drop them in silence, and the first checkpoint would
+    overwrite them: the proxy refuses to start, in one line naming the file, and leaves the
+    files as they are; the same data dir undamaged starts with every acknowledged turn."""
+    proxy = start_proxy_process(fake.url + "/v1", "--schema", "notes", config={"prices": PRICES})
+    world = World(fake, proxy, tmp_path / "data")
+    sessions = [Session(world, LANES[i], f"torn-{i}") for i in range(3)]
+    for s in sessions * 2:
+        s.turn("acked")
+    assert proxy.proc is not None
+    proxy.proc.send_signal(signal.SIGKILL)
+    world.died()
+    data = tmp_path / "data"
+    assert (data / "skillstate.db-wal").stat().st_size > 0  # the turns are in the WAL
+    kept = tmp_path / "kept"
+    shutil.copytree(data, kept)
+    store = ("skillstate.db", "skillstate.db-wal", "skillstate.db-shm")
+    for damage in (damaged_header, damaged_frame, emptied_database):
+        shutil.rmtree(data)
+        shutil.copytree(kept, data)
+        damage(data)
+        files = {f.name: f.read_bytes() for f in data.iterdir() if f.name in store}
+        started, err = start_or_refuse(proxy)
+        assert not started, f"the proxy started on a WAL with a {damage.__name__}"
+        lines = err.strip().splitlines()
+        assert "Traceback" not in err and len(lines) == 1, err
+        assert lines[0].startswith("skillstate: data_dir: ") and "skillstate.db-wal" in lines[0]
+        assert "committed" in lines[0] or "every frame" in lines[0], lines[0]
+        for name, before in files.items():
+            assert (data / name).read_bytes() == before, name  # nothing opened, nothing lost
+    shutil.rmtree(data)
+    shutil.copytree(kept, data)
+    proxy.start()
+    for s in sessions:
+        assert proxy.state(s.sid)["step"] == s.acked == 2
+    world.check(sessions)

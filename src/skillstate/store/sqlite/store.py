@@ -3,7 +3,9 @@ SQLite call ever blocks the event loop.
 
 Durability: WAL with synchronous=NORMAL. A committed transaction is in the WAL file (in the
 OS page cache at least) before commit() returns, so it survives kill -9 of the proxy; only a
-power loss can lose the last transactions. Set `synchronous=FULL` to cover that too.
+power loss can lose the last transactions. Set `synchronous=FULL` to cover that too. A
+WAL damaged so that SQLite would drop committed transactions is refused before the store
+opens it (``refuse_wal_damage``, see ``wal``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from ..rows import (
 )
 from .migrations import SQLITE_MIGRATIONS, migrate_sqlite
 from .thread import StoreThread
+from .wal import wal_damage
 
 T = TypeVar("T")
 
@@ -156,6 +159,17 @@ def as_store_error(e: BaseException) -> StoreError:
     # A bug or a value SQLite refuses (e.g. OverflowError): the write fails, the store lives.
     log.error("store: unexpected %s in a write", type(e).__name__, exc_info=e)
     return StoreError(f"unexpected {type(e).__name__} while writing: {e}")
+
+
+def refuse_wal_damage(path: Path) -> None:
+    """StoreError when SQLite, opening ``path``, would drop committed transactions of its
+    damaged WAL (``wal_damage``): once opened, the next checkpoint overwrites them."""
+    damage = wal_damage(path)
+    if damage is not None:
+        raise StoreError(
+            f"{damage}; not opening it, which would lose them for good: keep a copy of "
+            f"{path.parent}, and move {path.name}-wal out of it to start without what it holds"
+        )
 
 
 def connect(
@@ -249,6 +263,7 @@ class SQLiteStore:
         try:
             prepare_path(path)
             lock_data_dir(path)
+            refuse_wal_damage(path)
             connect(path, busy_timeout=self._busy_timeout).close()
         except StoreError as e:
             raise ConfigError(f"data_dir: {e}") from None
@@ -263,6 +278,7 @@ class SQLiteStore:
     def migrate(self) -> list[str]:
         try:
             prepare_path(self.path)
+            refuse_wal_damage(self.path)
             db = connect(self.path, busy_timeout=self._busy_timeout, migrate=False)
             try:
                 lines = migrate_sqlite(db, f"sqlite://{self.path}")
