@@ -237,10 +237,12 @@ class Reply:
     # before the message. Streamed as the API streams each type (``_other_item_events``).
     items: list[dict[str, Any]] = field(default_factory=list)
     # Responses only: the model refuses (a refusal part instead of output_text; streamed as
-    # response.refusal.delta / .done), and a stream that fails after it started (its last
-    # event response.failed, the response's status "failed" with this error message).
+    # response.refusal.delta / .done), and a response that fails (its status "failed" with
+    # this error message and ``fail_code``, no output; streamed, it started: its last event
+    # is response.failed).
     refusal: str | None = None
     fail: str | None = None
+    fail_code: str = "server_error"
 
     def __post_init__(self) -> None:
         calls = []
@@ -938,15 +940,18 @@ class FakeProvider:
             "top_p": req.get("top_p", 1.0), "truncation": "disabled", "usage": usage,
             "metadata": req.get("metadata", {}),
         }  # fmt: skip
+        failure = {"code": reply.fail_code, "message": reply.fail}
         if not stream:
+            if reply.fail is not None:
+                return {**response, "status": "failed", "error": failure, "output": [],
+                        "incomplete_details": None}  # fmt: skip
             return response
         events: list[dict[str, Any]] = []
         start = {**response, "status": "in_progress", "output": [], "usage": None}
         events += [{"type": "response.created", "response": start}]
         events += [{"type": "response.in_progress", "response": start}]
         if reply.fail is not None:  # it failed before any output (ResponseFailedEvent)
-            error = {"code": "server_error", "message": reply.fail}
-            failed = {**start, "status": "failed", "error": error}
+            failed = {**start, "status": "failed", "error": failure}
             events.append({"type": "response.failed", "response": failed})
             output = []
         for i, item in enumerate(output):
@@ -1389,8 +1394,13 @@ _COUNT_TOKENS_FIELDS = {
 }
 
 
+# The Responses API's least max_output_tokens: below it, a 400 in these words.
+RESPONSES_MIN_OUTPUT_TOKENS = 16
+
+
 def _check_responses(body: dict[str, Any]) -> None:
-    """What the Responses API refuses with a 400: no model, no input, an orphan tool output."""
+    """What the Responses API refuses with a 400: no model, no input, an orphan tool output,
+    ``max_output_tokens`` below 16."""
     if not isinstance(body.get("model"), str):
         raise _Rejected(
             400, "Missing required parameter: 'model'.", "model", "missing_required_parameter"
@@ -1399,6 +1409,15 @@ def _check_responses(body: dict[str, Any]) -> None:
     if not isinstance(items, (str, list)):
         raise _Rejected(
             400, "Missing required parameter: 'input'.", "input", "missing_required_parameter"
+        )
+    limit = body.get("max_output_tokens")
+    if isinstance(limit, int) and limit < RESPONSES_MIN_OUTPUT_TOKENS:
+        raise _Rejected(
+            400,
+            "Invalid 'max_output_tokens': integer below minimum value. Expected a value >="
+            f" {RESPONSES_MIN_OUTPUT_TOKENS}, but got {limit} instead.",
+            "max_output_tokens",
+            "integer_below_min_value",
         )
     listed = items if isinstance(items, list) else []
     calls = {

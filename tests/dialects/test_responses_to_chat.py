@@ -271,8 +271,9 @@ IN_BAND_ERRORS = [
 
 @pytest.mark.parametrize("event", IN_BAND_ERRORS)
 def test_an_in_band_error_ends_the_stream_with_its_message(event: dict[str, Any]) -> None:
+    """... and its code: the upstream's, not a generic stream error."""
     relay = chat_relay()
     feed(relay, [{"type": "response.created", "response": RESPONSE}, event])
-    assert relay.upstream_error == "Overloaded." and not relay.complete
+    assert isinstance(relay.upstream_error, ProxyError) and not relay.complete
     err = json.loads(relay.error(relay.upstream_error).split(b"data: ")[1])
-    assert err["error"]["message"] == "Overloaded."
+    assert err["error"]["message"] == "Overloaded." and err["error"]["code"] == "server_error"

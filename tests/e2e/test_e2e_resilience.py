@@ -631,11 +631,12 @@ def test_odd_but_json_replies_do_not_crash_the_turn(
     odd = {
         "id": "c", "object": "chat.completion", "model": "m",
         "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": 5}}],
+                     "message": {"role": "assistant", "content": "5"}}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1e300, "total_tokens": 4},
     }  # fmt: skip
+    # (A content that is not text at all is no reply: test_e2e_malformed_upstream.)
     fake.enqueue(Reply(raw_body=json.dumps(odd).encode()))
-    r = chat(proxy, "w2")  # OpenAI client: relayed as is; no envelope in a number
+    r = chat(proxy, "w2")  # OpenAI client: relayed as is; no envelope in "5"
     assert r.status_code == 200 and r.headers["x-skillstate-transition"] == "invalid"
     assert r.headers["x-skillstate-pricing"] == "usage-unavailable"
     fake.enqueue(Reply(raw_body=json.dumps(odd).encode()))

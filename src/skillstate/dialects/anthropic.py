@@ -19,7 +19,17 @@ from ..engine.stripper import (
 )
 from ..errors import ProxyError
 from . import models, sse
-from .base import JSON, Event, StreamRelay, TokenCount, content_chars, json_error_object
+from .base import (
+    JSON,
+    BadReply,
+    Event,
+    StreamRelay,
+    TokenCount,
+    content_chars,
+    error_under_200,
+    json_error_object,
+    shape_of,
+)
 from .capture import RelayCapture
 from .checks import bad_request as _bad
 from .checks import check_bounds
@@ -496,11 +506,31 @@ def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
     return Usage(inp + read + write, out, read, write, min(hour, write))
 
 
+def _message_problem(resp: JSON) -> BadReply | None:
+    """What makes a Messages reply no reply (``Dialect.reply_problem``): ``content`` that is
+    not a list of blocks, each an object with a ``type``. An empty list is a reply (the API
+    sends one at ``max_tokens``, or when the model had nothing to add). An error object
+    under status 200 is named as such."""
+    content = resp.get("content")
+    if not isinstance(content, list):
+        return error_under_200(resp) or BadReply(
+            f"a message whose content is {shape_of(content)}, not a list of blocks"
+        )
+    for i, block in enumerate(content):
+        if not isinstance(block, dict):
+            return BadReply(f"a message whose content[{i}] is {shape_of(block)}, not a block")
+        if not isinstance(block.get("type"), str):
+            return BadReply(f"a message whose content[{i}] has no type")
+    return None
+
+
 # -- the native stream relay ------------------------------------------------------------------
 
 
-def anthropic_error_event(message: str) -> bytes:
-    """An in-band stream error in Anthropic's shape."""
+def anthropic_error_event(message: str | ProxyError) -> bytes:
+    """An in-band stream error in Anthropic's shape (a ProxyError: with its error type)."""
+    if isinstance(message, ProxyError):
+        return sse.encode(ANTHROPIC.error_body(message), event="error")
     return sse.encode(
         {"type": "error", "error": {"type": "api_error", "message": message}}, event="error"
     )
@@ -556,7 +586,7 @@ class AnthropicRelay(RelayCapture):
     def finish(self) -> list[bytes]:
         return self._held or [sse.encode({"type": "message_stop"}, event="message_stop")]
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         return anthropic_error_event(message)
 
 
@@ -733,6 +763,9 @@ class AnthropicDialect:
 
     def reply_cut_off(self, resp: JSON) -> bool:
         return resp.get("stop_reason") == "max_tokens"
+
+    def reply_problem(self, resp: JSON) -> BadReply | None:
+        return _message_problem(resp)
 
     def usage(self, raw: Any) -> Usage | None:
         return usage_from_anthropic(raw)

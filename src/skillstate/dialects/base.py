@@ -47,8 +47,9 @@ class StreamRelay(Protocol):
         ...
 
     @property
-    def upstream_error(self) -> str | None:
-        """The upstream sent an error event."""
+    def upstream_error(self) -> str | ProxyError | None:
+        """The upstream sent an error event: its message, or the error it reports with its
+        own code (a Responses stream's ``response.failed``)."""
         ...
 
     @property
@@ -58,7 +59,7 @@ class StreamRelay(Protocol):
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]: ...
     def finish(self) -> list[bytes]: ...
-    def error(self, message: str) -> bytes: ...
+    def error(self, message: str | ProxyError) -> bytes: ...
 
 
 Event = tuple[str | None, JSON]  # an SSE event's name (None: unnamed) and its JSON payload
@@ -122,6 +123,14 @@ class Dialect(Protocol):
 
     def reply_cut_off(self, resp: JSON) -> bool:
         """Whether a non-streamed reply stopped at its token limit."""
+        ...
+
+    def reply_problem(self, resp: JSON) -> BadReply | None:
+        """What makes a 2xx JSON object from an upstream of this kind no reply the proxy can
+        read, translate or commit (a shape no provider sends, or a failure the reply itself
+        reports), or None. Only what the proxy reads is checked: what a provider does send
+        (chat's ``content: null`` beside tool calls, Messages' empty ``content`` at
+        ``max_tokens``) passes."""
         ...
 
     def usage(self, raw: Any) -> Usage | None:
@@ -195,6 +204,54 @@ class Dialect(Protocol):
         and user content of at least ``min_chars`` characters each replaced by ``stand_in``
         of the original; ids and roles kept. ``msg`` itself when nothing is masked."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class BadReply:
+    """Why an upstream's 2xx body is no reply the client can be given: ``what`` it was (the
+    client reads "upstream NAME returned <what>", a 502), or, with ``reported``, the error
+    the reply itself reports (a Responses reply whose status is ``failed``): the client gets
+    it as the upstream's error, its message and code kept, with the status they mean."""
+
+    what: str
+    reported: ProxyError | None = None
+
+    @property
+    def status(self) -> int:
+        return 502 if self.reported is None else self.reported.status
+
+    def error(self, upstream: str) -> ProxyError:
+        if self.reported is not None:
+            return self.reported
+        return ProxyError("upstream_unreachable", f"upstream {upstream} returned {self.what}")
+
+
+def shape_of(value: Any) -> str:
+    """What a JSON value is, for a message naming what was wrong with a reply."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    return "an object"
+
+
+def error_under_200(resp: JSON) -> BadReply | None:
+    """A body that is an error object (a gateway's, or a provider's, under status 200): the
+    problem, naming its message; None for any other body."""
+    err = resp.get("error")
+    if isinstance(err, dict):
+        message = err.get("message")
+    elif isinstance(err, str):
+        message = err
+    else:
+        return None
+    return BadReply(f"an error under status 200 ({_clip(str(message or 'no message'))})")
 
 
 @dataclass(frozen=True, slots=True)

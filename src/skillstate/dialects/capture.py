@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from ..cost.usage import Usage
+from ..errors import ProxyError
 from . import sse
 
 
@@ -55,7 +56,7 @@ class RelayCapture:
         self.usage: Usage | None = None
         self.model: str | None = None
         self.complete = False
-        self.upstream_error: str | None = None
+        self.upstream_error: str | ProxyError | None = None
         self.error_forwarded = False  # the upstream's own error event reached the client
 
     def add_text(self, s: object) -> None:
@@ -67,17 +68,15 @@ class RelayCapture:
     def openai_chunk(self, event: sse.SSEEvent) -> dict[str, Any] | None:
         """The chunk object of an OpenAI chat-completions stream event, for a relay that
         translates it; None when there is nothing to translate: ``[DONE]`` (which marks the
-        stream complete), an empty, unparsable or non-object event, or an error event (its
-        message recorded as ``upstream_error``)."""
+        stream complete), an empty or non-object event, or an error event (its message
+        recorded as ``upstream_error``). Data that is not JSON raises (orjson's
+        JSONDecodeError): the stream is unreadable (``streaming._feed``)."""
         if event.data == "[DONE]":
             self.complete = True
             return None
         if not event.data:
             return None
-        try:
-            chunk = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            return None
+        chunk = orjson.loads(event.data)
         if not isinstance(chunk, dict):
             return None
         if "error" in chunk:

@@ -27,7 +27,17 @@ from ..engine.stripper import (
 )
 from ..errors import ProxyError
 from . import models, sse
-from .base import JSON, Event, StreamRelay, TokenCount, content_chars, json_error_object
+from .base import (
+    JSON,
+    BadReply,
+    Event,
+    StreamRelay,
+    TokenCount,
+    content_chars,
+    error_under_200,
+    json_error_object,
+    shape_of,
+)
 from .capture import RelayCapture
 from .checks import bad_request as _bad
 from .checks import check_bounds, json_type, validate_allowed_tools
@@ -414,8 +424,11 @@ def usage_from_openai(u: Mapping[str, Any] | None) -> Usage | None:
 # -- the native stream relay ------------------------------------------------------------------
 
 
-def openai_error_event(message: str) -> bytes:
-    """An in-band stream error in OpenAI's shape."""
+def openai_error_event(message: str | ProxyError) -> bytes:
+    """An in-band stream error in OpenAI's shape: a ProxyError as its error object (an
+    error an upstream reported with its own code), else an ``api_error``."""
+    if isinstance(message, ProxyError):
+        return sse.encode(OPENAI.error_body(message))
     return sse.encode({"error": {"message": message, "type": "api_error", "code": "stream_error"}})
 
 
@@ -467,7 +480,7 @@ class OpenAIRelay(RelayCapture):
     def finish(self) -> list[bytes]:
         return self._held or [b"data: [DONE]\n\n"]
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         return openai_error_event(message)
 
 
@@ -613,6 +626,9 @@ class OpenAIDialect:
     def reply_cut_off(self, resp: JSON) -> bool:
         return _first_choice(resp).get("finish_reason") == "length"
 
+    def reply_problem(self, resp: JSON) -> BadReply | None:
+        return chat_reply_problem(resp)
+
     def usage(self, raw: Any) -> Usage | None:
         return usage_from_openai(raw)
 
@@ -708,6 +724,41 @@ class OpenAIDialect:
         if role in ("tool", "function", "user") and content_chars(content) >= min_chars:
             return {**msg, "content": stand_in(content)}
         return msg
+
+
+def chat_reply_problem(resp: JSON) -> BadReply | None:
+    """What makes a chat completion no reply (``Dialect.reply_problem``): choices that are
+    not a non-empty list of objects each with a ``message`` object, whose ``content`` is a
+    string, null or a list of parts and whose ``tool_calls`` (when given) a list of objects.
+    An error object under status 200 is named as such."""
+    choices = resp.get("choices")
+    if not isinstance(choices, list) or not choices:
+        what = "with no choices" if choices == [] else f"whose choices is {shape_of(choices)}"
+        return error_under_200(resp) or BadReply(f"a chat completion {what}")
+    for i, choice in enumerate(choices):
+        at = f"choices[{i}]"
+        if not isinstance(choice, dict):
+            return BadReply(f"a chat completion whose {at} is {shape_of(choice)}, not an object")
+        msg = choice.get("message")
+        if not isinstance(msg, dict):
+            return BadReply(
+                f"a chat completion whose {at}.message is {shape_of(msg)}, not a message"
+            )
+        content = msg.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            return BadReply(
+                f"a chat completion whose {at}.message.content is {shape_of(content)},"
+                " not a string, null or a list of parts"
+            )
+        calls = msg.get("tool_calls")
+        if calls is not None and not (
+            isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
+        ):
+            return BadReply(
+                f"a chat completion whose {at}.message.tool_calls is {shape_of(calls)},"
+                " not a list of tool calls"
+            )
+    return None
 
 
 def _first_choice(resp: JSON) -> Mapping[str, Any]:

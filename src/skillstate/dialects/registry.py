@@ -11,7 +11,7 @@ import orjson
 from ..errors import ProxyError, kind_for_status
 from ..jsondepth import MAX_JSON_DEPTH, JSONTooDeep, nesting_exceeds
 from .anthropic import ANTHROPIC
-from .base import JSON, Bridge, Dialect, StreamRelay, error_message
+from .base import JSON, BadReply, Bridge, Dialect, StreamRelay, error_message
 from .openai import OPENAI
 from .relay import AnthropicToOpenAIRelay, OpenAIToAnthropicRelay
 from .responses import RESPONSES
@@ -175,26 +175,34 @@ def reply_for(client: str, upstream: str, resp: JSON, request_model: str) -> JSO
 
 
 def read_reply(
-    raw: bytes, upstream_kind: str, client: str, request_model: str
-) -> tuple[JSON, JSON, bytes] | str:
+    raw: bytes, upstream_kind: str, client: str, request_model: str, *, reads: bool = False
+) -> tuple[JSON, JSON, bytes] | BadReply:
     """An upstream's non-streamed 2xx body: (the reply, the reply in the client's dialect and
     its bytes), or what is wrong with it. Upstream bytes are hostile: JSON nested past
     ``MAX_JSON_DEPTH`` (in the body, or in tool-call arguments a translation parses) would
-    not serialise for the client, so it is refused like a body that is no reply."""
+    not serialise for the client, so it is refused like a body that is no reply. A reply the
+    proxy reads (translated to another format, or ``reads``: judged and committed) must have
+    its format's shape (``Dialect.reply_problem``); one relayed as it came to a client of
+    the same format (passthrough) goes byte for byte, as the provider wrote it."""
     try:
         resp = orjson.loads(raw)
     except orjson.JSONDecodeError:
         resp = None
     if not isinstance(resp, dict):
-        return "a body that is not a JSON object"
+        return BadReply("a body that is not a JSON object")
     if nesting_exceeds(resp, MAX_JSON_DEPTH, raw):
-        return f"a reply nesting JSON more than {MAX_JSON_DEPTH} levels deep"
+        return BadReply(f"a reply nesting JSON more than {MAX_JSON_DEPTH} levels deep")
+    if upstream_kind == client and not reads:
+        return resp, resp, raw
+    problem = DIALECTS[upstream_kind].reply_problem(resp)
+    if problem is not None:
+        return problem
     if upstream_kind == client:
         return resp, resp, raw
     try:
         translated = reply_for(client, upstream_kind, resp, request_model)
     except JSONTooDeep as e:
-        return f"a reply whose {e}"
+        return BadReply(f"a reply whose {e}")
     return resp, translated, orjson.dumps(translated)
 
 

@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 
 import orjson
 
+from ..errors import ProxyError
 from . import sse
 from .anthropic import usage_from_anthropic
 from .capture import RelayCapture
@@ -37,7 +38,7 @@ class _TranslatingRelay(RelayCapture, Generic[_Translator]):
     def finish(self) -> list[bytes]:
         return self._t.finish()
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         return self._t.error(message)
 
 
@@ -73,10 +74,7 @@ class AnthropicToOpenAIRelay(_TranslatingRelay[AnthropicStreamToOpenAI]):
         name = event.event
         if name is None or not event.data:
             return []
-        try:
-            data = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            return []
+        data = orjson.loads(event.data)  # not JSON: the stream is unreadable (streaming._feed)
         if name == "message_stop":
             self.complete = True
         if name == "error":

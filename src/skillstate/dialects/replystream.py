@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from . import sse
+from .base import BadReply, error_message
 
 JSON = dict[str, Any]
 Events = Iterator[bytes]
@@ -29,16 +30,22 @@ def is_json_reply(content_type: str | None, first: bytes) -> bool:
     return json_type and first.lstrip()[:1] == b"{"
 
 
-def as_stream(kind: str, raw: bytes) -> bytes | None:
+def as_stream(kind: str, raw: bytes, problem: Callable[[JSON], BadReply | None]) -> bytes | str:
     """The SSE bytes of the reply ``raw`` (JSON, in upstream kind ``kind``'s format), or
-    None when it is no reply of that kind (an error object, not JSON)."""
+    what makes it no reply of that kind: not JSON, an error object (its message), a reply
+    of a shape no provider sends (``problem``: the kind's ``Dialect.reply_problem``)."""
     try:
         resp = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None
+        resp = None
     build = _BUILDERS.get(kind)
-    if build is None or not isinstance(resp, dict) or resp.get("error"):
-        return None
+    if build is None or not isinstance(resp, dict):
+        return error_message(raw)
+    if resp.get("error") and not isinstance(resp.get("output"), list):
+        return error_message(raw)
+    bad = problem(resp)
+    if bad is not None:
+        return bad.what
     return b"".join(build(resp))
 
 

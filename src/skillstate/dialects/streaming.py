@@ -8,6 +8,9 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
+import orjson
+
+from ..errors import ProxyError
 from . import sse
 from .base import StreamRelay
 
@@ -23,7 +26,7 @@ class StreamCut(Exception):
 class StreamProblem:
     """Why a stream did not finish properly (said to the client in its dialect)."""
 
-    problem: str
+    problem: str | ProxyError  # a ProxyError: an error the upstream reported, its code kept
 
 
 async def relay_events(
@@ -69,6 +72,9 @@ def _feed(relay: StreamRelay, event: sse.SSEEvent, source: str) -> list[bytes]:
     retry (billed again)."""
     try:
         return relay.feed(event)
+    except orjson.JSONDecodeError:
+        log.warning("upstream %s: a stream event whose data is not JSON", source)
+        raise _Unreadable("a stream event whose data is not JSON") from None
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
         log.warning(
             "upstream %s: a stream event the relay cannot read (%s: %s)",

@@ -19,6 +19,7 @@ from ..dialects.base import StreamRelay
 from ..dialects.openai import OpenAIChunkStripper
 from ..dialects.registry import get_dialect
 from ..dialects.sse import SSEEvent, SSEParser, encode
+from ..errors import ProxyError
 
 __all__ = ["AnthropicEventStripper", "OpenAIChunkStripper", "StrippingRelay"]
 
@@ -63,7 +64,7 @@ class StrippingRelay:
         return bool(self._inner.complete)
 
     @property
-    def upstream_error(self) -> str | None:
+    def upstream_error(self) -> str | ProxyError | None:
         return self._inner.upstream_error
 
     @property
@@ -74,7 +75,7 @@ class StrippingRelay:
     def removed_chars(self) -> int:
         return self._events.removed_chars
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         raw = self._inner.error(message)
         if not self._rewrite:
             return raw
@@ -99,10 +100,9 @@ class StrippingRelay:
     def _event(self, event: SSEEvent) -> list[bytes]:
         data: Any = None
         if event.data and event.data != "[DONE]":
-            try:
-                data = orjson.loads(event.data)
-            except orjson.JSONDecodeError:
-                data = None
+            # Data that is not JSON (the client's SDK could not read it either) raises: the
+            # stream is unreadable and its turn not committed (streaming._feed).
+            data = orjson.loads(event.data)
         if not isinstance(data, dict):
             if not self._rewrite:
                 return [event.raw]

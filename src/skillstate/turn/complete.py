@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import Settings
 from ..cost.baseline import envelope_output_share
+from ..dialects.base import BadReply
 from ..dialects.registry import error_reply, read_reply
 from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
@@ -185,15 +186,19 @@ class Completer:
                 return await relay_error(ex, meta, raw)
             meter.failed(ex.upstream_name, ex.status)
             return None
-        read = read_reply(raw, ex.kind, meta.turn.dialect, meta.turn.model)
-        if isinstance(read, str):
+        turn = meta.turn
+        # A turn that keeps state reads its reply to judge and commit it; a native endpoint's
+        # answer (``/responses/compact``) is no turn reply.
+        reads = turn.keeps_state and turn.upstream_path is None
+        read = read_reply(raw, ex.kind, turn.dialect, turn.model, reads=reads)
+        if isinstance(read, BadReply):
             # The upstream answered (and may bill the call) with something that is no reply
-            # the client can be given.
+            # the client can be given: nothing of it is committed.
             kind: Kind = "transport-retry" if reasking else "generation"
-            meter.failed(ex.upstream_name, 502, kind, billed=True)
+            meter.failed(ex.upstream_name, read.status, kind, billed=True)
             if reasking:
                 return None
-            raise ProxyError("upstream_unreachable", f"upstream {ex.upstream_name} returned {read}")
+            raise read.error(ex.upstream_name)
         resp, client_resp, raw = read
         usage = ex.usage_of(resp)
         await ex.settle(usage)

@@ -26,7 +26,6 @@ from ..cost.baseline import CacheRegime
 from ..cost.cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..cost.usage import Usage
 from ..cost.worstcase import MAX_TOKEN_FIELDS
-from ..dialects.base import error_message
 from ..dialects.openai import OPENAI
 from ..dialects.registry import get_dialect, request_for
 from ..dialects.replystream import as_stream, is_json_reply
@@ -765,7 +764,7 @@ class UpstreamPool:
                 if not first:
                     raise _StreamStartError("upstream closed the stream before any data")
                 if is_json_reply(resp.headers.get("content-type"), first):
-                    first = await _json_as_stream(resp, first, up.kind)
+                    first = await _json_as_stream(resp, first, up)
                 ex.first_chunk = first
             else:
                 ex.body = await read_bounded(resp)
@@ -779,17 +778,17 @@ class _StreamStartError(Exception):
     pass
 
 
-async def _json_as_stream(resp: aiohttp.ClientResponse, first: bytes, kind: str) -> bytes:
+async def _json_as_stream(resp: aiohttp.ClientResponse, first: bytes, up: UpstreamRuntime) -> bytes:
     """A whole JSON reply to a streamed request (an upstream or gateway that ignored
     ``stream: true``), as the stream its kind sends for it (``dialects.replystream``): the
     turn is then relayed, metered and committed as any stream. JSON that is no reply (an
-    error object under a 200) fails the attempt, as a stream that never started does."""
+    error object under a 200, a reply of a shape no provider sends) fails the attempt, as a
+    stream that never started does."""
     raw = first + await read_bounded(resp)
-    events = as_stream(kind, raw)
-    if events is None:
+    events = as_stream(up.kind, raw, up.dialect.reply_problem)
+    if isinstance(events, str):
         raise _StreamStartError(
-            "upstream answered a streamed request with JSON that is no reply"
-            f" ({error_message(raw)})"
+            f"upstream answered a streamed request with JSON that is no reply ({events})"
         )
     return events
 

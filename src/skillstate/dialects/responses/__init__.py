@@ -14,8 +14,9 @@ from ...engine.context import DialectContext, Split, correction_text, observatio
 from ...engine.stripper import NOTHING, Known, Stripped, strip_request_transcript, strip_texts
 from ...errors import ProxyError
 from .. import models
-from ..base import JSON, StreamRelay, TokenCount, content_chars
+from ..base import JSON, BadReply, StreamRelay, TokenCount, content_chars
 from ..openai import OPENAI, usage_from_openai
+from .failure import response_problem
 from .items import call_chars, in_model_turn, is_call_output, is_client_call
 from .items import item_type as _type
 from .stream import ResponsesEventStripper, ResponsesRelay
@@ -219,6 +220,9 @@ class ResponsesDialect:
     def reply_cut_off(self, resp: JSON) -> bool:
         details = resp.get("incomplete_details")
         return isinstance(details, dict) and details.get("reason") == "max_output_tokens"
+
+    def reply_problem(self, resp: JSON) -> BadReply | None:
+        return response_problem(resp)
 
     def usage(self, raw: Any) -> Usage | None:
         return usage_from_openai(raw)

@@ -11,6 +11,7 @@ import orjson
 
 from ...cost.usage import Usage
 from ...engine.stripper import EnvelopeStripper
+from ...errors import ProxyError
 from .. import sse
 from ..base import JSON, Event, StreamRelay
 from ..capture import RelayCapture
@@ -30,12 +31,14 @@ from .translate import (
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
 
 
-def error_event(message: str, sequence_number: int = 0) -> bytes:
-    """An in-band stream error in the Responses API's shape (``type: error``)."""
+def error_event(message: str | ProxyError, sequence_number: int = 0) -> bytes:
+    """An in-band stream error in the Responses API's shape (``type: error``; a ProxyError
+    with its code)."""
+    code = message.code if isinstance(message, ProxyError) else "stream_error"
     data = {
         "type": "error",
-        "code": "stream_error",
-        "message": message,
+        "code": code,
+        "message": str(message),
         "param": None,
         "sequence_number": sequence_number,
     }
@@ -93,7 +96,7 @@ class ResponsesRelay(RelayCapture):
     def finish(self) -> list[bytes]:
         return self._held
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         return error_event(message)
 
 
@@ -286,7 +289,7 @@ class ChatToResponsesRelay(RelayCapture):
         out.append(self._event(kind, response=snap))
         return out
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         return error_event(message, self._seq)
 
 
@@ -310,7 +313,7 @@ class ChainedRelay:
         self.usage: Usage | None = None
         self.model: str | None = None
         self.complete = False
-        self.upstream_error: str | None = None
+        self.upstream_error: str | ProxyError | None = None
         self.error_forwarded = False  # the second relay writes the client's error event
 
     def _through(self, chunks: list[bytes]) -> list[bytes]:
@@ -329,7 +332,7 @@ class ChainedRelay:
         out = self._through(self._first.finish())
         return out + self._second.finish()
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         return self._second.error(message)
 
     @property

@@ -9,9 +9,11 @@ from typing import Any
 
 import orjson
 
+from ...errors import ProxyError
 from .. import sse
 from ..capture import RelayCapture
 from ..openai import openai_error_event, usage_from_openai
+from .failure import failed_response_error
 from .from_chat import (
     chat_completion_id,
     chat_finish_reason,
@@ -108,19 +110,18 @@ class ResponsesToChatRelay(RelayCapture):
         return [self._chunk({"role": "assistant"})]
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
-        try:
-            data = orjson.loads(event.data) if event.data else None
-        except orjson.JSONDecodeError:
-            return []
+        # Data that is not JSON raises: the stream is unreadable (streaming._feed).
+        data = orjson.loads(event.data) if event.data else None
         if not isinstance(data, dict):
             return []
         etype = data.get("type") or event.event
+        # The error the upstream reports, its code kept: an error event carries its code
+        # and message itself, a failed response in its ``error``.
         if etype == "error":
-            self.upstream_error = str(data.get("message") or data.get("code") or "upstream error")
+            self.upstream_error = failed_response_error({"error": data})
             return []
         if etype == "response.failed":
-            err = object_or_empty(object_or_empty(data.get("response")).get("error"))
-            self.upstream_error = str(err.get("message") or "the response failed")
+            self.upstream_error = failed_response_error(data.get("response"))
             return []
         out = self._start(data.get("response"))
         if etype in ("response.completed", "response.incomplete"):
@@ -244,5 +245,5 @@ class ResponsesToChatRelay(RelayCapture):
         out.append(sse.encode("[DONE]"))
         return out
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str | ProxyError) -> bytes:
         return openai_error_event(message)

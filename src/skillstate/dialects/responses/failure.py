@@ -1,0 +1,61 @@
+"""A Responses reply that is no reply: one whose ``status`` is ``failed`` (the error it
+reports, kept for a client of any format) and one of a shape the API never sends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import ProxyError, kind_for_status
+from ..base import JSON, BadReply, error_under_200, shape_of
+
+# A failed response's ``error.code`` (the openai SDK's ResponseError.code) -> the HTTP
+# status that failure means to a client: too many requests, the API's own fault, a tool's
+# store timing out. The other codes the API documents (``invalid_prompt``, the image
+# codes) are the request's fault: a 400.
+_FAILED_STATUS = {"rate_limit_exceeded": 429, "server_error": 500, "vector_store_timeout": 504}
+
+
+def failed_response_error(response: Any) -> ProxyError:
+    """The error a failed response reports (``response.error``: its message and code), as
+    the client's own error: the status its code means (``_FAILED_STATUS``; an unknown or
+    missing code is the upstream's failure, a 502)."""
+    err = response.get("error") if isinstance(response, dict) else None
+    err = err if isinstance(err, dict) else {}
+    code = err.get("code") if isinstance(err.get("code"), str) else None
+    message = err.get("message")
+    message = message if isinstance(message, str) and message else "the response failed"
+    if code in _FAILED_STATUS:
+        status = _FAILED_STATUS[code]
+    elif code is not None and (code.startswith("invalid_") or "image" in code):
+        status = 400
+    else:
+        status = 502
+    return ProxyError(kind_for_status(status), message, status=status, code=code)
+
+
+def response_problem(resp: JSON) -> BadReply | None:
+    """What makes a Responses reply no reply (``Dialect.reply_problem``): ``status``
+    ``failed`` (the error it reports), or ``output`` that is not a list of items, each an
+    object with a ``type``, a message's ``content`` a list of parts. ``incomplete`` is a
+    reply (cut off at its limit, or filtered). An error object under status 200 without a
+    failed status is named as such."""
+    if resp.get("status") == "failed":
+        failure = failed_response_error(resp)
+        return BadReply(f"a failed response ({failure.message})", failure)
+    output = resp.get("output")
+    if not isinstance(output, list):
+        return error_under_200(resp) or BadReply(
+            f"a response whose output is {shape_of(output)}, not a list of items"
+        )
+    for i, item in enumerate(output):
+        if not isinstance(item, dict):
+            return BadReply(f"a response whose output[{i}] is {shape_of(item)}, not an item")
+        if not isinstance(item.get("type"), str):
+            return BadReply(f"a response whose output[{i}] has no type")
+        content = item.get("content")
+        if item["type"] == "message" and not isinstance(content, list):
+            return BadReply(
+                f"a response whose output[{i}] (a message) has content {shape_of(content)},"
+                " not a list of parts"
+            )
+    return None
