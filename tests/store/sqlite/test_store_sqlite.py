@@ -139,6 +139,87 @@ async def test_an_unexpected_exception_fails_only_its_own_write(tmp_path: Path) 
         await asyncio.wait_for(store.close(), HANG)
 
 
+async def test_a_lone_failed_write_leaves_nothing_and_the_store_writes_on(tmp_path: Path) -> None:
+    # A batch of one write (a lone client's turn) is its own transaction, without a savepoint.
+    store = SQLiteStore(tmp_path / "skillstate.db")
+    await store.open()
+    try:
+
+        def boom(db: Any) -> None:
+            db.execute("INSERT INTO ledger (ts, kind, status, pricing) VALUES (1, 'x', 0, 'p')")
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+        with pytest.raises(StoreError, match="OverflowError"):
+            await asyncio.wait_for(store._write(boom), HANG)
+        assert await store.ledger_rows(0, 10) == []
+        assert await asyncio.wait_for(commit(store, 0, {"k": 1}), HANG) == 1
+        assert await store.check(timeout=HANG) is None
+    finally:
+        await asyncio.wait_for(store.close(), HANG)
+
+
+async def test_a_new_session_whose_commit_fails_is_not_created_nor_counted(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db", max_sessions=1)
+    await store.open()
+    try:
+        # A transition row already at ("s", 1): the commit creating "s" fails after its
+        # session row was inserted, alone in its batch or beside another session's commit.
+        def stray(db: Any) -> None:
+            db.execute(
+                "INSERT INTO transitions (session, step, status, errors, ts)"
+                " VALUES ('s', 1, 'valid', '[]', 1)"
+            )
+
+        await store._write(stray)
+        with pytest.raises(StoreError, match="UNIQUE"):
+            await commit(store, 0, {"k": 1})
+        assert await store.load("s", fresh=True) is None
+        results = await asyncio.gather(
+            commit(store, 0, {"k": 2}),
+            store.commit(SessionCommit(
+                "t", expected_step=0, state={"k": 3}, schema=["k"], transition=transition(1),
+                now=1.0,
+            )),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert isinstance(results[0], StoreError) and results[1] == 1  # room for one: "t"
+        assert await store.load("s", fresh=True) is None
+    finally:
+        await store.close()
+
+
+async def test_a_commit_conflicts_with_a_session_deleted_or_created_meanwhile(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "skillstate.db"
+    a, b = SQLiteStore(db), SQLiteStore(db)
+    await a.open()
+    await b.open()
+    try:
+        assert await commit(a, 0, {"k": "a1"}) == 1
+        assert await b.delete("s")
+        with pytest.raises(StoreError, match="moved from step 1 to 0"):
+            await commit(a, 1, {"k": "a2"})
+        assert await b.load("s", fresh=True) is None
+        assert await commit(b, 0, {"k": "b1"}) == 1
+        assert await commit(b, 1, {"k": "b2"}) == 2
+        with pytest.raises(StoreError, match="moved from step 0 to 2"):
+            await commit(a, 0, {"k": "a1"})
+        # A turn that changes no state moves the step on and keeps the state.
+        step = await a.commit(SessionCommit(
+            "s", expected_step=2, state=None, schema=["k"], transition=transition(3), now=3.0,
+        ))  # fmt: skip
+        assert step == 3
+        kept = await b.load("s", fresh=True)
+        assert kept is not None and (kept.step, kept.state) == (3, {"k": "b2"})
+        assert [t.step for t in await b.history_page("s", 10)] == [1, 2, 3]
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_numbers_beyond_what_sqlite_holds_are_clamped(tmp_path: Path) -> None:
     # The repro: prompt_tokens = 2^53 and a transcript > 1,024x the compact context make
     # baseline_input_tokens > 2^63, which SQLite refuses with OverflowError.
