@@ -242,8 +242,8 @@ class SQLiteStore:
         self._reader: sqlite3.Connection | None = None
         self._db: sqlite3.Connection | None = None
         # Group commit: writes that arrive while a batch is being written go together in
-        # the next transaction (one thread hop for all of them). Each still gets its own
-        # savepoint, so one failed write does not undo the others.
+        # the next transaction (one thread hop for all of them). Each still fails alone: in
+        # a batch of several each has its own savepoint, a lone one its own transaction.
         self._queue: Batch = []
         self._writing = False
         self._batch_started = 0.0  # monotonic time the running batch was handed over
