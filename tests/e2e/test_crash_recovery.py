@@ -507,8 +507,9 @@ def test_a_damaged_wal_after_a_crash_is_refused_in_one_line_and_left_as_it_is(
     """After a kill -9 the committed turns are in the WAL. A WAL that SQLite would read
     only in part (a damaged header, a damaged frame before later commits) or a database
     file emptied under it would drop them in silence, and the first checkpoint would
-    overwrite them: the proxy refuses to start, in one line naming the file, and leaves the
-    files as they are; the same data dir undamaged starts with every acknowledged turn."""
+    overwrite them: ``skillstate cost`` refuses to read it and the proxy to start, each in
+    one line naming the file, and the files are left as they are; the same data dir
+    undamaged starts with every acknowledged turn."""
     proxy = start_proxy_process(fake.url + "/v1", "--schema", "notes", config={"prices": PRICES})
     world = World(fake, proxy, tmp_path / "data")
     sessions = [Session(world, LANES[i], f"torn-{i}") for i in range(3)]
@@ -527,10 +528,15 @@ def test_a_damaged_wal_after_a_crash_is_refused_in_one_line_and_left_as_it_is(
         shutil.copytree(kept, data)
         damage(data)
         files = {f.name: f.read_bytes() for f in data.iterdir() if f.name in store}
-        started, err = start_or_refuse(proxy)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):  # a reader first: its close would checkpoint
+            assert main(["cost", "--data-dir", str(data), "--json"]) == 2
+        assert err.getvalue().startswith("skillstate: store: ") and "-wal" in err.getvalue()
+        assert len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+        started, refusal = start_or_refuse(proxy)
         assert not started, f"the proxy started on a WAL with a {damage.__name__}"
-        lines = err.strip().splitlines()
-        assert "Traceback" not in err and len(lines) == 1, err
+        lines = refusal.strip().splitlines()
+        assert "Traceback" not in refusal and len(lines) == 1, refusal
         assert lines[0].startswith("skillstate: data_dir: ") and "skillstate.db-wal" in lines[0]
         assert "committed" in lines[0] or "every frame" in lines[0], lines[0]
         for name, before in files.items():

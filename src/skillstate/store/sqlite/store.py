@@ -429,6 +429,9 @@ class SQLiteStore:
         if self._exclusive and not self._locked:
             lock_data_dir(self.path)
             self._locked = True
+        # Every opener, not only a starting proxy: a reader (`skillstate cost`) opening a
+        # crashed data dir is its last connection, whose close checkpoints and deletes the WAL.
+        refuse_wal_damage(self.path)
         db = connect(self.path, synchronous=self._synchronous, busy_timeout=self._busy_timeout)
         self._sessions = db.execute("SELECT count(*) FROM sessions").fetchone()[0]
         self._db = db

@@ -96,8 +96,10 @@ def _scan(
     broken: int | None = None
     commits = 0
     for i in range(frames):
-        head = f.read(_FRAME_HEADER)
-        data = f.read(page)
+        # One read per frame: a writer (a proxy running beside a reader) writes a frame's
+        # header before its page, so a frame read whole is never an old header on a new page.
+        frame = f.read(_FRAME_HEADER + page)
+        head, data = frame[:_FRAME_HEADER], frame[_FRAME_HEADER:]
         _, commit, s1, s2, f1, f2 = struct.unpack(">6I", head)
         if (s1, s2) != salts:
             break  # an older generation's frames from here on: never read
