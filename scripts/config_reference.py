@@ -125,6 +125,11 @@ DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "current).",
         "store_busy_timeout": "SQLite: seconds a write waits for a lock held by another "
         "process before the turn fails with 503 `store_unavailable` (nothing committed).",
+        "store_synchronous": "SQLite: `normal` (the default) writes each commit to the WAL "
+        "file before the turn is answered, so a killed or crashed proxy loses nothing "
+        "acknowledged, and syncs it to disk at checkpoints: a power loss or an OS crash can "
+        "lose the last commits. `full` also syncs the WAL on every commit (each turn waits "
+        "for the disk).",
         "store": "Where durable data lives: `sqlite:///path/to/file.db` (the URL's path is the "
         "file), or `postgresql://user:pass@host:port/db` for a store shared by replicas. Unset: "
         "`<data_dir>/skillstate.db`, one proxy process per data directory.",

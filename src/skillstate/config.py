@@ -229,6 +229,9 @@ class Settings(BaseModel):
     max_sessions: int = Field(default=10_000, ge=0)  # sessions kept; more is a 507; 0 = no cap
     session_cache_bytes: int = Field(default=64 * MiB, ge=0)  # in-memory session cache
     store_busy_timeout: float = Field(default=1.0, ge=0)  # wait for another process's lock
+    # SQLite's fsync on every commit ("full") or only at checkpoints ("normal": a kill -9
+    # loses nothing committed, a power loss or OS crash can lose the last commits).
+    store_synchronous: Literal["normal", "full"] = "normal"
     # Where sessions, transitions, the ledger, keys and stored responses live: sqlite:///path
     # (None: <data_dir>/skillstate.db, one proxy per data dir) or postgresql://… (shared by
     # replicas; pair it with coordination).

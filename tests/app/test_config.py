@@ -149,6 +149,7 @@ def test_max_tokens_field_for_translated_requests(
         ({}, {}, {"state_schema": {"type": "bogus"}}, "state_schema: not a valid JSON Schema"),
         ({"upstream": "http://127.0.0.1:99999/v1"}, {}, None, "bad port"),
         ({"upstream": "http://a b/v1"}, {}, None, "bad host"),
+        ({}, {}, {"store_synchronous": "off"}, "store_synchronous"),
     ],
 )
 def test_bad_config_is_one_clear_line(

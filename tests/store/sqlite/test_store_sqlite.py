@@ -4,6 +4,7 @@ the database has moved past."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import subprocess
 import sys
@@ -517,3 +518,28 @@ def test_the_budget_cache_is_bounded_and_refuses_a_read_older_than_a_write() -> 
     cache.remember("c", 4.0, cache.epoch)
     cache.changed()  # a purge: every budget may be gone
     assert cache.get("b") == (False, None) and cache.get("c") == (False, None)
+
+
+@pytest.mark.parametrize(("setting", "pragma"), [(None, 1), ("normal", 1), ("full", 2)])
+def test_store_synchronous_sets_the_writers_fsync_policy(
+    tmp_path: Path, setting: str | None, pragma: int
+) -> None:
+    """``store_synchronous`` (in the config file, as a deployment sets it) reaches the
+    connection that commits: NORMAL (1) syncs at checkpoints, FULL (2) on every commit."""
+    from skillstate.config import load_settings
+    from skillstate.store.factory import make_store
+
+    config = {} if setting is None else {"store_synchronous": setting}
+    (tmp_path / "skillstate.json").write_text(json.dumps(config))
+    settings = load_settings({}, env={"SKILLSTATE_DATA_DIR": str(tmp_path)}, cwd=tmp_path)
+    store = make_store(settings)
+    assert isinstance(store, SQLiteStore)
+
+    async def run() -> int:
+        await store.open()
+        try:
+            return await store._write(lambda db: db.execute("PRAGMA synchronous").fetchone()[0])
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) == pragma

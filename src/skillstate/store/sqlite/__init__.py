@@ -31,6 +31,7 @@ def make_store(settings: Settings, *, exclusive: bool) -> SQLiteStore:
         cache_bytes=settings.session_cache_bytes,
         max_sessions=settings.max_sessions,
         busy_timeout=settings.store_busy_timeout,
+        synchronous=settings.store_synchronous.upper(),
     )
 
 

@@ -3,7 +3,8 @@ SQLite call ever blocks the event loop.
 
 Durability: WAL with synchronous=NORMAL. A committed transaction is in the WAL file (in the
 OS page cache at least) before commit() returns, so it survives kill -9 of the proxy; only a
-power loss can lose the last transactions. Set `synchronous=FULL` to cover that too. A
+power loss or an OS crash can lose the last transactions. The ``store_synchronous: "full"``
+setting covers that too (an fsync of the WAL on every commit). A
 WAL damaged so that SQLite would drop committed transactions is refused before the store
 opens it (``refuse_wal_damage``, see ``wal``).
 """
