@@ -26,9 +26,8 @@ from .base import (
     StreamRelay,
     TokenCount,
     content_chars,
-    error_under_200,
     json_error_object,
-    shape_of,
+    typed_items_problem,
 )
 from .capture import RelayCapture
 from .checks import bad_request as _bad
@@ -511,17 +510,7 @@ def _message_problem(resp: JSON) -> BadReply | None:
     not a list of blocks, each an object with a ``type``. An empty list is a reply (the API
     sends one at ``max_tokens``, or when the model had nothing to add). An error object
     under status 200 is named as such."""
-    content = resp.get("content")
-    if not isinstance(content, list):
-        return error_under_200(resp) or BadReply(
-            f"a message whose content is {shape_of(content)}, not a list of blocks"
-        )
-    for i, block in enumerate(content):
-        if not isinstance(block, dict):
-            return BadReply(f"a message whose content[{i}] is {shape_of(block)}, not a block")
-        if not isinstance(block.get("type"), str):
-            return BadReply(f"a message whose content[{i}] has no type")
-    return None
+    return typed_items_problem(resp, "content", "a message whose", "blocks", "a block")
 
 
 # -- the native stream relay ------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ..cost.usage import Usage
 from ..engine.stripper import Known, Stripped
 from ..errors import ProxyError
 from . import sse
+from .checks import json_type
 
 if TYPE_CHECKING:
     from ..engine.context import DialectContext
@@ -227,18 +228,29 @@ class BadReply:
 
 
 def shape_of(value: Any) -> str:
-    """What a JSON value is, for a message naming what was wrong with a reply."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (int, float)):
-        return "a number"
+    """What a JSON value is, for a message naming what was wrong with a reply: as the
+    request checks name it (``checks.json_type``), a list as a reply's fields call it."""
     if isinstance(value, list):
         return "a list" if value else "an empty list"
-    return "an object"
+    return json_type(value)
+
+
+def typed_items_problem(resp: JSON, key: str, whose: str, items: str, item: str) -> BadReply | None:
+    """What makes ``resp[key]`` no list of ``items``, each an object with a ``type`` (a
+    Messages reply's content blocks, a Responses reply's output items): ``whose`` names the
+    reply ("a message whose"), ``item`` one of them ("a block"). Where it is no list, an
+    error object under status 200 is named as such."""
+    value = resp.get(key)
+    if not isinstance(value, list):
+        return error_under_200(resp) or BadReply(
+            f"{whose} {key} is {shape_of(value)}, not a list of {items}"
+        )
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            return BadReply(f"{whose} {key}[{i}] is {shape_of(entry)}, not {item}")
+        if not isinstance(entry.get("type"), str):
+            return BadReply(f"{whose} {key}[{i}] has no type")
+    return None
 
 
 def error_under_200(resp: JSON) -> BadReply | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ProxyError, kind_for_status
-from ..base import JSON, BadReply, error_under_200, shape_of
+from ..base import JSON, BadReply, shape_of, typed_items_problem
 
 # A failed response's ``error.code`` (the openai SDK's ResponseError.code) -> the HTTP
 # status that failure means to a client: too many requests, the API's own fault, a tool's
@@ -42,16 +42,10 @@ def response_problem(resp: JSON) -> BadReply | None:
     if resp.get("status") == "failed":
         failure = failed_response_error(resp)
         return BadReply(f"a failed response ({failure.message})", failure)
-    output = resp.get("output")
-    if not isinstance(output, list):
-        return error_under_200(resp) or BadReply(
-            f"a response whose output is {shape_of(output)}, not a list of items"
-        )
-    for i, item in enumerate(output):
-        if not isinstance(item, dict):
-            return BadReply(f"a response whose output[{i}] is {shape_of(item)}, not an item")
-        if not isinstance(item.get("type"), str):
-            return BadReply(f"a response whose output[{i}] has no type")
+    problem = typed_items_problem(resp, "output", "a response whose", "items", "an item")
+    if problem is not None:
+        return problem
+    for i, item in enumerate(resp["output"]):
         content = item.get("content")
         if item["type"] == "message" and not isinstance(content, list):
             return BadReply(
