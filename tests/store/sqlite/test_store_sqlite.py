@@ -110,14 +110,16 @@ async def test_a_commit_conflict_drops_the_stale_cached_session(tmp_path: Path) 
 HANG = 30.0
 
 
+def boom(db: Any) -> None:
+    """A write that fails after its first statement: none of it may stay."""
+    db.execute("INSERT INTO ledger (ts, kind, status, pricing) VALUES (1, 'x', 0, 'p')")
+    raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+
 async def test_an_unexpected_exception_fails_only_its_own_write(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "skillstate.db")
     await store.open()
     try:
-
-        def boom(db: Any) -> None:
-            db.execute("INSERT INTO ledger (ts, kind, status, pricing) VALUES (1, 'x', 0, 'p')")
-            raise OverflowError("Python int too large to convert to SQLite INTEGER")
 
         def fine(db: Any) -> int:
             db.execute("INSERT INTO ledger (ts, kind, status, pricing) VALUES (2, 'y', 0, 'p')")
@@ -145,11 +147,6 @@ async def test_a_lone_failed_write_leaves_nothing_and_the_store_writes_on(tmp_pa
     store = SQLiteStore(tmp_path / "skillstate.db")
     await store.open()
     try:
-
-        def boom(db: Any) -> None:
-            db.execute("INSERT INTO ledger (ts, kind, status, pricing) VALUES (1, 'x', 0, 'p')")
-            raise OverflowError("Python int too large to convert to SQLite INTEGER")
-
         with pytest.raises(StoreError, match="OverflowError"):
             await asyncio.wait_for(store._write(boom), HANG)
         assert await store.ledger_rows(0, 10) == []
