@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from skillstate.choices import CacheBreakpoints, Constrain, Mode, ReplyEnvelope
@@ -575,7 +575,25 @@ def _raw_turns(draw: st.DrawFn) -> list[tuple[str, bytes]]:
     return turns
 
 
+# A request extending the last one with items nested past orjson's writing limit (255):
+# parsed alone they could not be written back (found by the test below, a TypeError).
+_GROWING = b'{"model":"m","max_tokens":5,"x":0,"messages":[{"role":"user","content":""}'
+_DEEP_TAIL = b',{"role":"user","content":[{"type":"text","text":"t","x":%s"x"%s}]}' % (
+    b"[" * 300,
+    b"]" * 300,
+)
+
+
 @given(st.lists(_raw_turns(), min_size=1, max_size=3))
+@example(
+    sessions=[
+        [
+            ("openai", _GROWING + b"]}"),
+            ("openai", _GROWING + b',{"role":"user","content":""}]}'),
+            ("openai", _GROWING + b',{"role":"user","content":""}' + _DEEP_TAIL + b"]}"),
+        ]
+    ]
+)
 def test_serialisation_from_the_clients_bytes_is_the_serialisation(sessions: list[Any]) -> None:
     """With the client's bytes (``raw``), a session's transcript text (serialisation, head,
     items that passed the checks), the checks' verdict and the transcript results are what

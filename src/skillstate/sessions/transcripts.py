@@ -258,7 +258,10 @@ class _Reference:
             new = orjson.loads(b"[" + raw[end + 1 : stop])
         except orjson.JSONDecodeError:
             return None
-        written = orjson.dumps(new)  # the new items must be orjson's bytes, as in spliced
+        try:
+            written = orjson.dumps(new)  # the new items must be orjson's bytes, as in spliced
+        except orjson.JSONEncodeError:  # nested past orjson's limit: the full path refuses it
+            return None
         if len(written) != stop - end or not raw.startswith(memoryview(written)[1:], end + 1):
             return None
         return {**body, anchor.key: [*items, *new]}
