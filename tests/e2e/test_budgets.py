@@ -503,3 +503,49 @@ def test_a_limit_the_model_refuses_is_not_sent_again(
         assert not {"max_tokens", "max_completion_tokens", "max_output_tokens"} & set(sent.json)
     spent = proxy.get("/cost", params={"session": "small-model"}).json()["totals"]
     assert spent["cost_usd"] == pytest.approx(0.04)  # 40 tokens written, nothing for the 400
+
+
+@pytest.mark.parametrize("route", ["chat", "messages", "budget_max_tokens"])
+def test_a_limit_under_the_responses_minimum_is_held_at_the_16_it_is_sent_as(
+    fake: FakeProvider, start_proxy: StartProxy, route: str
+) -> None:
+    """The Responses API takes no max_output_tokens under 16, so a chat or Messages
+    max_tokens of 5 (or a budget_max_tokens of 5 added to a request without a limit) goes
+    to an openai-responses upstream as 16, and the model may write 16 tokens ($0.016 here).
+    That is the call's worst case: over a session's $0.01 it is refused before it is sent
+    (held at the client's 5, $0.005, it went and spent $0.016 of the $0.01); under $0.02
+    it goes and costs its 16 tokens."""
+    proxy = start_proxy(
+        None,
+        "--mode",
+        "passthrough",
+        config={
+            "prices": OUTPUT_PRICED,
+            "budget_max_tokens": 5,
+            "upstreams": [
+                {"name": "r", "url": fake.url + "/v1", "kind": "openai-responses", "api_key": "sk"}
+            ],
+        },
+    )
+    hi = [{"role": "user", "content": "hi"}]
+
+    def ask(session: str, usd: str) -> Any:
+        headers = {SESSION: session, "x-skillstate-budget-usd": usd}
+        if route == "messages":
+            return ant(proxy, "sk").messages.with_raw_response.create(
+                model="m", max_tokens=5, messages=hi, extra_headers=headers
+            )
+        limit = {"max_tokens": 5} if route == "chat" else {}
+        return oai(proxy, "sk").chat.completions.with_raw_response.create(
+            model="m", messages=hi, extra_headers=headers, **limit
+        )
+
+    fake.enqueue(Reply(text="word " * 100))
+    with pytest.raises((openai.RateLimitError, anthropic.RateLimitError)) as refused:
+        ask("tight", "0.01")
+    assert "this call alone (worst case $0.016000)" in str(refused.value)
+    assert fake.requests == []
+    r = ask("roomy", "0.02")
+    assert fake.requests[-1].json["max_output_tokens"] == 16
+    assert float(r.headers["x-skillstate-cost-usd"]) == pytest.approx(0.016)
+    assert float(r.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.016)

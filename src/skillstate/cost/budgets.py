@@ -277,10 +277,11 @@ class TurnBudgets:
         ends without usage (``TurnMeter.sending``)."""
         if not self.budgets:
             return None
+        upstreams = list(upstreams)
         rates = self.book.worst.rates(model, upstreams, input_tokens)
         if rates is None:
             rates = self._unpriced(model)
-        call = self.book.worst.cost(rates, input_tokens, body)
+        call = self.book.worst.cost(rates, input_tokens, body, [name for name, _ in upstreams])
         held: list[Release] = []
         spent_before: dict[str, float] = {}
         try:

@@ -335,7 +335,7 @@ class TurnMeter:
         if self._worst is None:
             return None
         rates = self._worst.rates(model or "", [(upstream, provider_hint)], est_tokens)
-        return None if rates is None else self._worst.cost(rates, est_tokens, body)
+        return None if rates is None else self._worst.cost(rates, est_tokens, body, [upstream])
 
 
 def _new_id() -> str:

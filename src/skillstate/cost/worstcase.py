@@ -10,7 +10,10 @@
   ``max_output_tokens``; the largest, when it sets more than one), else the
   ``budget_max_tokens`` setting (the call then goes upstream with that limit:
   ``Outbound.limit_output``), at the output price; times chat completions' ``n``, the
-  choices asked for (each written up to the limit, and all billed).
+  choices asked for (each written up to the limit, and all billed). The limit is the one
+  sent: when an upstream that may serve the call is of kind ``openai-responses``, a limit
+  of 1 to 15 is held at 16, what the translation sends that API (its least
+  ``max_output_tokens``: ``dialects.responses.from_chat.at_least_the_apis_minimum``).
 
 ``INPUT_MARGIN`` covers the estimator's error: on the 2,366 requests of the 40 SWE-bench
 agent runs in shared/data (``scripts/estimator-error``), the real input (o200k_base and
@@ -35,10 +38,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..dialects.responses import RESPONSES
+from ..dialects.responses.from_chat import at_least_the_apis_minimum
 from .cachehints import marks_one_hour_cache
 from .pricing import PriceBook, Prices
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 __all__ = ["INPUT_MARGIN", "MAX_TOKEN_FIELDS", "Rates", "WorstCase", "most_expensive_known"]
 
@@ -113,9 +121,19 @@ def choices(body: Mapping[str, Any]) -> int:
 class WorstCase:
     """Prices calls at their worst case (see the module docstring)."""
 
-    def __init__(self, prices: PriceBook, default_max_tokens: int) -> None:
+    def __init__(
+        self, prices: PriceBook, default_max_tokens: int, kinds: Mapping[str, str] | None = None
+    ) -> None:
         self.prices = prices
         self.default_max_tokens = default_max_tokens
+        # Each upstream's kind, by name: the output limit a call is sent with depends on it.
+        self._responses = {name for name, kind in (kinds or {}).items() if kind == RESPONSES.name}
+
+    @classmethod
+    def of(cls, prices: PriceBook, settings: Settings) -> WorstCase:
+        """The worst cases of the calls to ``settings``' upstreams."""
+        kinds = {u.name: u.kind for u in settings.upstreams}
+        return cls(prices, settings.budget_max_tokens, kinds)
 
     def rates(
         self, model: str, upstreams: Iterable[tuple[str, str | None]], input_tokens: int
@@ -145,11 +163,25 @@ class WorstCase:
                 )
         return found
 
-    def cost(self, rates: Rates, input_tokens: int, body: Mapping[str, Any]) -> float:
+    def cost(
+        self,
+        rates: Rates,
+        input_tokens: int,
+        body: Mapping[str, Any],
+        upstreams: Iterable[str | None] = (),
+    ) -> float:
         """USD of a call sending ``input_tokens`` (estimated) with ``body``'s output limit,
-        for each of its choices."""
-        out = output_limit(body, self.default_max_tokens) * choices(body)
+        as the upstreams named ``upstreams`` (those that may serve it) are sent it, for each
+        of its choices."""
+        out = self.output_sent(body, upstreams) * choices(body)
         inp = rates.input_per_mtok
         if rates.one_hour_input_per_mtok is not None and marks_one_hour_cache(body):
             inp = rates.one_hour_input_per_mtok
         return (input_tokens * INPUT_MARGIN * inp + out * rates.output_per_mtok) / 1e6
+
+    def output_sent(self, body: Mapping[str, Any], upstreams: Iterable[str | None]) -> int:
+        """The largest output limit any of ``upstreams`` is sent for ``body``."""
+        limit = output_limit(body, self.default_max_tokens)
+        if any(name in self._responses for name in upstreams):
+            return max(limit, at_least_the_apis_minimum(limit))
+        return limit

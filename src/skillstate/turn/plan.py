@@ -58,7 +58,7 @@ class Planner:
         self.pool = pool
         self.prices = prices
         # What a call without usage is charged when no budget held it (``TurnMeter``).
-        self.worst = WorstCase(prices, settings.budget_max_tokens)
+        self.worst = WorstCase.of(prices, settings)
         # What each session's baseline request (no proxy) would have in the prompt cache.
         self.baseline_caches = SessionPrefixCaches(max(settings.max_sessions, 1_000))
         self.auto = AutoPlanner(

@@ -67,7 +67,7 @@ class Runtime:
         self.keys = KeyBook(self.store, KeyHasher(secret), settings)
         self.quotas = KeyQuotas(link=self.coordination)
         # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
-        worst = WorstCase(prices, settings.budget_max_tokens)
+        worst = WorstCase.of(prices, settings)
         self.budgets = Budgets(
             self.store, worst, self.coordination, clock, ledger=self.pipeline.ledger
         )

@@ -65,7 +65,7 @@ def chat_request_to_responses(body: JSON) -> JSON:
     limit = body.get("max_completion_tokens")
     limit = body.get("max_tokens") if limit is None else limit
     if limit is not None:
-        out["max_output_tokens"] = _at_least_the_apis_minimum(limit)
+        out["max_output_tokens"] = at_least_the_apis_minimum(limit)
     if body.get("logprobs") is True:
         out["include"] = ["message.output_text.logprobs"]
         if body.get("top_logprobs") is not None:
@@ -91,12 +91,12 @@ def chat_request_to_responses(body: JSON) -> JSON:
 MIN_OUTPUT_TOKENS = 16
 
 
-def _at_least_the_apis_minimum(limit: Any) -> Any:
+def at_least_the_apis_minimum(limit: Any) -> Any:
     """A client's positive output limit under the Responses API's minimum is sent as that
     minimum: the call is served (a ``max_tokens: 1`` probe of the model is answered) and
-    its answer may run to 16 tokens, which the usage reports and the ledger prices. 0 (a
-    request for no output, which the API has no form for) goes as it came, to the API's
-    own 400."""
+    its answer may run to 16 tokens, which the usage reports and the ledger prices, and
+    which a budget holds (``cost.worstcase``). 0 (a request for no output, which the API
+    has no form for) goes as it came, to the API's own 400."""
     if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < MIN_OUTPUT_TOKENS:
         return MIN_OUTPUT_TOKENS
     return limit
