@@ -15,6 +15,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+import websockets
+import websockets.sync.client
 
 from tests.conftest import ProxyProcess, proxy_argv, proxy_env
 from tests.e2e.test_e2e_http_limits import (
@@ -276,3 +278,50 @@ def test_what_the_head_checks_let_through_is_served(
     raw = exchange(proxy, request(path, body=body, line=f"POST {path} HTTP/1.0"))
     assert raw.startswith(b"HTTP/1.1 200 "), raw[:300]
     assert len(fake.requests) == sent + 3
+
+
+def handshake(path: str, *extra: str) -> bytes:
+    """A WebSocket opening handshake (RFC 6455 4.1) for ``path``."""
+    lines = [
+        f"GET {path} HTTP/1.1",
+        "host: 127.0.0.1",
+        "upgrade: websocket",
+        "connection: Upgrade",
+        "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==",
+        "sec-websocket-version: 13",
+        *extra,
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_websocket_handshake_is_a_426_that_says_so_in_the_paths_dialect(
+    served: tuple[FakeProvider, ProxyProcess], path: str
+) -> None:
+    """Codex's Responses WebSocket transport (and any WebSocket client) gets an error object
+    saying the proxy serves HTTP only, not uvicorn's empty 403; nothing reaches the upstream.
+    The real ``websockets`` client sees the same 426 and its JSON body."""
+    fake, proxy = served
+    sent = len(fake.requests)
+    words = "WebSocket is not supported by this proxy"
+    extra = ("anthropic-version: 2023-06-01",) if path == "/v1/messages" else ()
+    raw = exchange(proxy, handshake(path, *extra))
+    assert_refused_json(raw, path, 426, "websocket_not_supported", words)
+    url = proxy.url.replace("http://", "ws://") + path
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        websockets.sync.client.connect(url, open_timeout=10).close()
+    assert refused.value.response.status_code == 426
+    assert words in json.loads(refused.value.response.body)["error"]["message"]
+    assert len(fake.requests) == sent
+    assert_still_served(fake, proxy, path)
+
+
+def test_another_upgrade_is_served_over_http_1_1(
+    served: tuple[FakeProvider, ProxyProcess],
+) -> None:
+    """``upgrade: h2c`` is not a WebSocket handshake: the request is answered over HTTP/1.1
+    (RFC 9110 7.8 lets a server ignore the upgrade)."""
+    _, proxy = served
+    lines = ["GET /v1/models HTTP/1.1", "host: 127.0.0.1", "connection: Upgrade, close"]
+    raw = exchange(proxy, ("\r\n".join([*lines, "upgrade: h2c"]) + "\r\n\r\n").encode())
+    assert raw.startswith(b"HTTP/1.1 200 "), raw[:300]

@@ -24,8 +24,10 @@ the bytes arrive, before httptools buffers them:
   ``503`` (Anthropic clients: ``529``) with ``retry-after``, and closed.
 * **Requests it cannot read** (``httprefusals``): what httptools refuses (``400``, or
   ``413`` for a size past any limit), a request target past ``max_header_bytes`` (``414``),
-  and a head asking for what the proxy does not do (``505``, ``417``, ``501``), instead of
-  uvicorn's plain-text ``400 Invalid HTTP request received.``
+  and a head asking for what the proxy does not do (``505``, ``417``, ``501``, and ``426``
+  for a WebSocket handshake), instead of uvicorn's plain-text ``400 Invalid HTTP request
+  received.`` (and, for a handshake, the empty ``403`` its WebSocket protocol answers when
+  no route takes it).
 
 Answers are error objects in the dialect of the request's path, and close the connection. A
 request refused while an earlier one on the connection is still being answered (bytes past a
@@ -145,6 +147,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             raise refusal
         self.body_done = False
         super().on_headers_complete()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # uvicorn's, for an upgrade it does not do: "Unsupported upgrade request." and, the
+        # proxy running without a WebSocket protocol (``ws="none"``), a hint to install one.
+        # A WebSocket handshake never gets here (``unsupported_head`` refuses it: 426), and
+        # another upgrade (h2c) is served over HTTP/1.1: nothing to warn about.
+        return
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this in its ``except httptools.HttpParserError`` around the parser

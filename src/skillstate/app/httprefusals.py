@@ -15,14 +15,15 @@ import httptools
 
 from ..errors import ProxyError
 
-__all__ = ["parse_refusal", "request_line_hints", "unsupported_head"]
+__all__ = ["parse_refusal", "request_line_hints", "unsupported_head", "websocket_refusal"]
 
 # llhttp's reasons (httptools' HttpParserError text) that name a size past any limit.
 _TOO_LARGE = frozenset({"Content-Length overflow", "Chunk size overflow"})
 # llhttp's reason for "PRI * HTTP/2.0", the preface of HTTP/2 with prior knowledge.
 _HTTP2_PREFACE = "Pause on PRI/Upgrade"
 _HTTP_VERSIONS = frozenset({"1.1", "1.0"})
-_ASKING = frozenset({b"expect", b"transfer-encoding"})  # the headers unsupported_head reads
+# The headers unsupported_head reads.
+_ASKING = frozenset({b"expect", b"transfer-encoding", b"upgrade"})
 _NAME = operator.itemgetter(0)
 # A target's path as far as it can be read: up to its query, or a byte no target may hold.
 _PATH_PREFIX = re.compile(rb"[\x21-\x3e\x40-\x7e]*")
@@ -53,7 +54,9 @@ def unsupported_head(
     than 1.0 and 1.1 (llhttp reads "HTTP/2.0" and HTTP/0.9 request lines as heads), an
     ``expect`` other than ``100-continue`` (RFC 9110 10.1.1: 417), a transfer coding other
     than one ``chunked`` (RFC 9112 6.1: 501; llhttp refuses one that does not end in
-    ``chunked``, and would decode ``gzip, chunked`` as chunked only)."""
+    ``chunked``, and would decode ``gzip, chunked`` as chunked only), a WebSocket handshake
+    (``upgrade: websocket``; 426: the proxy serves HTTP only). Another upgrade (``h2c``) is
+    not refused: the request is served over HTTP/1.1, as RFC 9110 7.8 lets a server do."""
     if http_version not in _HTTP_VERSIONS:
         return ProxyError(
             "invalid_request",
@@ -74,6 +77,8 @@ def unsupported_head(
             )
         if name == b"transfer-encoding":
             codings += (c.strip().lower() for c in value.split(b","))
+        if name == b"upgrade" and b"websocket" in value.lower():
+            return websocket_refusal()
     if codings and codings != [b"chunked"]:
         return ProxyError(
             "invalid_request",
@@ -82,6 +87,19 @@ def unsupported_head(
             code="not_implemented",
         )
     return None
+
+
+def websocket_refusal() -> ProxyError:
+    """The answer to a WebSocket handshake (such as the Responses API's WebSocket transport,
+    ``OpenAI-Beta: responses_websockets=...``): 426, the request must be made over another
+    protocol, here plain HTTP."""
+    return ProxyError(
+        "invalid_request",
+        "WebSocket is not supported by this proxy: send the request over HTTP (POST, with"
+        ' "stream": true for server-sent events)',
+        status=426,
+        code="websocket_not_supported",
+    )
 
 
 def request_line_hints(head: bytes) -> tuple[str, bool]:

@@ -104,6 +104,9 @@ def _uvicorn_config(
         app or create_app(settings, tracer_provider=tracer_provider, clock=clock),
         loop="uvloop",
         http=limited_protocol(limits),
+        # No WebSocket protocol: a handshake is refused with a JSON 426 (``httprefusals``),
+        # whether or not a WebSocket library happens to be installed.
+        ws="none",
         # Nothing reads the client address, so no X-Forwarded-For rewriting on every request.
         proxy_headers=False,
         lifespan="on",
