@@ -325,3 +325,46 @@ def test_another_upgrade_is_served_over_http_1_1(
     lines = ["GET /v1/models HTTP/1.1", "host: 127.0.0.1", "connection: Upgrade, close"]
     raw = exchange(proxy, ("\r\n".join([*lines, "upgrade: h2c"]) + "\r\n\r\n").encode())
     assert raw.startswith(b"HTTP/1.1 200 "), raw[:300]
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        (b"GET /\r\n", "/"),
+        (b"GET /v1/messages\n", "/v1/messages"),
+        (b"\r\nGET /v1/responses\r\n", "/v1/responses"),
+        (b"POST /v1/chat/completions\r\nhost: 127.0.0.1\r\n", "/v1/chat/completions"),
+    ],
+    ids=["http-0.9", "bare-newline", "leading-empty-line", "header-after-no-version"],
+)
+def test_a_request_line_without_a_version_is_a_505_without_waiting_for_headers(
+    served: tuple[FakeProvider, ProxyProcess], data: bytes, path: str
+) -> None:
+    """HTTP/0.9's request line has no version and no headers follow it: llhttp reads it as a
+    head still being sent, which waited out header_timeout (10 s) for a 408. It is answered
+    as soon as the line ends, in the path's dialect, and the connection is closed."""
+    fake, proxy = served
+    raw = exchange(proxy, data)
+    words = "HTTP/0.9 is not supported"
+    assert_refused_json(raw, path, 505, "http_version_not_supported", words)
+    assert_still_served(fake, proxy, PATHS[0])
+
+
+def test_a_flood_of_refused_requests_is_one_line_in_the_log(
+    fake: FakeProvider, start_proxy_process: Callable[..., ProxyProcess]
+) -> None:
+    """uvicorn wrote "Invalid HTTP request received." for every request its parser refused
+    (and, for an upgrade it did not do, a hint to install a WebSocket library): 40 bad
+    requests were 40 lines. The first refusal is a line that says what was refused; the
+    others are counted into one line a minute."""
+    proxy = start_proxy_process(fake.url + "/v1", config={"mode": "passthrough"})
+    for _ in range(40):
+        raw = exchange(proxy, request(PATHS[0], "x-note: a\x01b"))
+        assert raw.startswith(b"HTTP/1.1 400 "), raw[:200]
+    assert exchange(proxy, handshake(PATHS[2])).startswith(b"HTTP/1.1 426 ")
+    log = proxy.stop()
+    refused = [line for line in log.splitlines() if "refused" in line.lower()]
+    first = "HTTP request refused: 400 invalid_http_request: invalid HTTP request:"
+    assert len(refused) == 1 and first in refused[0], log
+    for misleading in ("Invalid HTTP request received", "pip install", "Unsupported upgrade"):
+        assert misleading not in log

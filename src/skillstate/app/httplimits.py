@@ -29,6 +29,11 @@ the bytes arrive, before httptools buffers them:
   received.`` (and, for a handshake, the empty ``403`` its WebSocket protocol answers when
   no route takes it).
 
+A request line without an HTTP version (HTTP/0.9's ``GET /``), which llhttp reads as a head
+whose headers are still to come, is answered ``505`` as soon as the line ends, not after
+``header_timeout``. Refusals are logged by ``httprefusals.RefusalLog`` (the first, then one
+line a minute counting the others), instead of uvicorn's warning line per refused request.
+
 Answers are error objects in the dialect of the request's path, and close the connection. A
 request refused while an earlier one on the connection is still being answered (bytes past a
 body's ``content-length``, pipelined) is refused after that answer, which it used to cut. Cost
@@ -49,7 +54,14 @@ from uvicorn.server import ServerState
 
 from ..errors import ProxyError
 from ..web.wire import dialect_for, error_response
-from .httprefusals import parse_refusal, request_line_hints, unsupported_head
+from .httprefusals import (
+    RefusalLog,
+    parse_refusal,
+    request_line_hints,
+    unsupported_head,
+    uvicorn_log,
+    versionless_request_line,
+)
 
 __all__ = ["HttpLimits", "limited_protocol"]
 
@@ -66,6 +78,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with ``limits`` enforced (see the module docstring)."""
 
     limits: ClassVar[HttpLimits]
+    refusals: ClassVar[RefusalLog]  # the server's log of what its connections refused
 
     def __init__(
         self,
@@ -75,6 +88,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        self.logger = uvicorn_log  # type: ignore[assignment]  # without a line per refusal
         self.head_left: int | None = self.limits.max_header_bytes  # None: not reading a head
         self.body_done = True  # the last request's body has been read to its end
         self.read_timer: asyncio.TimerHandle | None = None
@@ -104,8 +118,19 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.head_left = left - len(data)
         self.read = data
         super().data_received(data)
+        if self.head_left is not None and self.head_left < self.limits.max_header_bytes:
+            self._refuse_a_versionless_head()  # a head begun and not ended: rare
         self.read = b""
         self._arm_for_what_is_missing()
+
+    def _refuse_a_versionless_head(self) -> None:
+        """An HTTP/0.9 request line (``GET /``) is answered now, not after header_timeout."""
+        version, url = self.parser.get_http_version(), getattr(self, "url", b"")
+        began = self.head_left == self.limits.max_header_bytes - len(self.read)
+        if versionless_request_line(version, url, self.read, began):
+            refusal = unsupported_head("0.9", ())
+            assert refusal is not None
+            self._refuse(refusal)
 
     def _feed_past_head_budget(self, data: bytes, left: int) -> None:
         # Feed what the budget allows: if the head ends within it, the rest is body (or the
@@ -230,6 +255,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         the answers in progress are out when the refused request came after them."""
         if self._refused():
             return
+        self.refusals.note(err, self.loop)
         response = error_response(err, self._dialect())
         status, body = response.status_code, bytes(response.body)
         answer = b"".join(
@@ -285,4 +311,5 @@ async def _over_capacity(scope: Any, receive: Any, send: Any) -> None:
 
 def limited_protocol(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
     """The protocol class for uvicorn's ``http`` setting, bound to ``limits``."""
-    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+    bound = {"limits": limits, "refusals": RefusalLog()}
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), bound)

@@ -7,15 +7,29 @@ dialect of the request's path (``httplimits``), then closes the connection."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import operator
 import re
+from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import httptools
 
 from ..errors import ProxyError
 
-__all__ = ["parse_refusal", "request_line_hints", "unsupported_head", "websocket_refusal"]
+__all__ = [
+    "RefusalLog",
+    "parse_refusal",
+    "request_line_hints",
+    "unsupported_head",
+    "uvicorn_log",
+    "versionless_request_line",
+    "websocket_refusal",
+]
+
+log = logging.getLogger("skillstate")
 
 # llhttp's reasons (httptools' HttpParserError text) that name a size past any limit.
 _TOO_LARGE = frozenset({"Content-Length overflow", "Chunk size overflow"})
@@ -102,6 +116,20 @@ def websocket_refusal() -> ProxyError:
     )
 
 
+def versionless_request_line(version: str, url: bytes, read: bytes, began: bool) -> bool:
+    """Whether a head still incomplete after ``read`` has a request line without an HTTP
+    version (HTTP/0.9's ``GET /``, which has no headers): llhttp reads it as a request whose
+    headers are still to come, and it would wait out ``header_timeout``. Its version reads
+    "0.9" once a header line follows, "0.0" while none has, which a request line still being
+    read also reads: that one has not ended (no newline after its target; ``began``: this read
+    began the head, whose leading empty lines llhttp skips)."""
+    if version == "0.9":
+        return True
+    if version != "0.0" or not url:
+        return False
+    return b"\n" in (read.lstrip(b"\r\n") if began else read)
+
+
 def request_line_hints(head: bytes) -> tuple[str, bool]:
     """The path of the request line that starts ``head``, and whether an
     ``anthropic-version`` header follows: what a refusal's dialect is chosen by when the parser
@@ -114,3 +142,56 @@ def request_line_hints(head: bytes) -> tuple[str, bool]:
 
 def _text(raw: bytes) -> str:
     return raw.decode("latin-1")
+
+
+# uvicorn's warning for each request its parser refuses (httptools_impl.data_received).
+_PARSER_WARNING = "Invalid HTTP request received."
+
+
+class _UvicornLog:
+    """uvicorn's error logger without its line per refused request: ``RefusalLog`` says
+    what was refused, a few lines a minute however many were."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg != _PARSER_WARNING:
+            self._logger.warning(msg, *args, **kwargs)
+
+
+uvicorn_log = _UvicornLog(logging.getLogger("uvicorn.error"))
+
+
+class RefusalLog:
+    """The log of the requests refused at the HTTP level: the first one is a line of its
+    own; those that follow within ``interval`` seconds are counted by status and code and
+    written as one line when it ends (and the next interval counts on, while refusals keep
+    coming). A flood of bad requests is one line a minute, not one line per request."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        self.interval = interval
+        self._counts: Counter[str] = Counter()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def note(self, err: ProxyError, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._counts[f"{err.status} {err.code}"] += 1
+            return
+        log.warning("HTTP request refused: %d %s: %s", err.status, err.code, err.message)
+        self._timer = loop.call_later(self.interval, self._summary, loop)
+
+    def _summary(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        if not self._counts:
+            return
+        total = sum(self._counts.values())
+        kinds = ", ".join(f"{n} x {kind}" for kind, n in self._counts.most_common())
+        log.warning(
+            "HTTP requests refused: %d more in the last %g s (%s)", total, self.interval, kinds
+        )
+        self._counts.clear()
+        self._timer = loop.call_later(self.interval, self._summary, loop)
