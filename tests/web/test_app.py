@@ -67,6 +67,9 @@ class FailingCommitStore(SQLiteStore):
     async def commit(self, c: SessionCommit) -> int:
         raise StoreError("disk full")
 
+    def commit_at_once(self, c: SessionCommit) -> int | None:
+        return None  # every commit through commit()
+
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_a_stream_whose_commit_fails_ends_with_an_error_event(
@@ -93,6 +96,9 @@ class ConcurrentWriterStore(SQLiteStore):
     async def commit(self, c: SessionCommit) -> int:
         raise StepConflict(f"session {c.session} moved from step 0 to 1")
 
+    def commit_at_once(self, c: SessionCommit) -> int | None:
+        return None  # every commit through commit()
+
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_a_step_conflict_is_a_409_in_the_clients_dialect(
@@ -115,6 +121,40 @@ def test_a_step_conflict_is_a_409_in_the_clients_dialect(
         # The attempt is still metered, once.
         attempts = c.get("/cost", params={"session": "sc"}).json()["totals"]["attempts"]
         assert attempts["generation"] == 1
+
+
+class AtOnceRecordingStore(SQLiteStore):
+    """Records what each commit offered to ``commit_at_once`` answered (None: declined)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.at_once: list[int | None] = []
+
+    def commit_at_once(self, c: SessionCommit) -> int | None:
+        step = super().commit_at_once(c)
+        self.at_once.append(step)
+        return step
+
+
+def test_a_lone_turn_is_offered_to_the_store_to_commit_at_once(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    s = settings(fake, tmp_path)
+    store = AtOnceRecordingStore(s.db_path)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(create_app(s, store), base_url=LOCAL) as c:
+        for step in (1, 2):
+            fake.enqueue(
+                Reply(text=f'```json\n{{"state_patch": {{"k": {step}}}, "action": "a"}}\n```')
+            )
+            r = c.post("/v1/chat/completions", json=body, headers={SESSION_HEADER: "lone"})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-skillstate-step"] == str(step)
+        state = c.get("/state", params={"session": "lone"}).json()
+    # Both turns were offered (no other turn in flight); whichever way each committed, the
+    # session is at step 2 with the second turn's state.
+    assert len(store.at_once) == 2 and set(store.at_once) <= {None, 1, 2}
+    assert state["step"] == 2 and state["state"]["k"] == 2
 
 
 def test_turn_routes_direct_entry_keeps_the_router_answers(

@@ -119,6 +119,13 @@ class Store(Protocol):
         step."""
         ...
 
+    def commit_at_once(self, c: SessionCommit) -> int | None:
+        """``commit`` without waiting, for a turn with no other in flight, when the store
+        can do it now on the caller's thread without blocking it (SQLite: its thread idle,
+        the file not locked); None when it cannot, with nothing written: the caller
+        awaits ``commit`` then. Fails as ``commit`` does."""
+        ...
+
     async def kept_reply(self, scope: str, key: str) -> KeptReply | None:
         """The reply kept under ``key`` in ``scope``, read from the database (another
         replica may have kept it); None when there is none."""

@@ -138,10 +138,12 @@ class Committer:
         outcome: Outcome,
         kept: KeptReply | None,
         response: StoredResponse | None = None,
+        *,
+        alone: bool = False,
     ) -> int:
         """Commit the judged turn with its ledger rows, its kept reply (a turn sent with an
         Idempotency-Key) and its stored response (a Responses turn with ``store``), see
-        ``commit_transition``."""
+        ``commit_transition``; ``alone``: no other turn is in flight."""
         new_state = outcome.state
         if new_state is None and (meta.is_new or meta.folded):
             # create the session with its initial state; or keep what the folds made of it
@@ -173,7 +175,7 @@ class Committer:
                 kept,
                 response,
             )
-            step = await self.commit_transition(c, meta.hold)
+            step = await self.commit_transition(c, meta.hold, alone=alone)
         if response is not None and meta.turn.stored is not None:
             meta.turn.stored.done = True
         if idem is not None:
@@ -182,8 +184,14 @@ class Committer:
         meta.meter.mark_written()
         return step
 
-    async def commit_transition(self, c: SessionCommit, hold: Hold | None = None) -> int:
+    async def commit_transition(
+        self, c: SessionCommit, hold: Hold | None = None, *, alone: bool = False
+    ) -> int:
         """Commit one transition of a session whose lock (``hold``) the caller holds.
+
+        ``alone`` (no other turn in flight, so no batch of commits to join): the store may
+        commit it at once, on this thread, when it can without waiting
+        (``Store.commit_at_once``); nothing can cancel that midway.
 
         The store's commit and its cache update are one unit that cancellation cannot split:
         a client that goes away while it runs does not release the session (the caller's
@@ -196,13 +204,22 @@ class Committer:
         """
         if hold is not None:
             hold.check()
+        if alone:
+            try:
+                step = self.store.commit_at_once(c)
+            except StoreError as e:
+                if hold is not None:
+                    hold.unsure()
+                raise _not_committed(e) from e
+            if step is not None:
+                if hold is not None:
+                    hold.committed(step)
+                return step
         work = asyncio.ensure_future(self.store.commit(c))
         try:
             return await uncancellable(work)
-        except StepConflict as e:
-            raise ProxyError("conflict", f"the turn was not committed: {e}; retry it") from e
         except StoreError as e:
-            raise e.for_client("could not commit the turn") from e
+            raise _not_committed(e) from e
         finally:
             if hold is not None:  # also when cancelled after the commit finished
                 ok = work.done() and not work.cancelled() and work.exception() is None
@@ -246,6 +263,13 @@ class Committer:
     async def settle(self) -> None:
         """Wait for the ledger rows handed over off the critical path to be written."""
         await self.ledger.settle()
+
+
+def _not_committed(e: StoreError) -> ProxyError:
+    """A failed commit as the client's error: a step conflict is a 409, never a 500."""
+    if isinstance(e, StepConflict):
+        return ProxyError("conflict", f"the turn was not committed: {e}; retry it")
+    return e.for_client("could not commit the turn")
 
 
 async def _written_then_released(flush: Awaitable[None], budgets: TurnBudgets | None) -> None:

@@ -151,7 +151,10 @@ class Pipeline:
     ) -> int:
         """Commit the judged turn with its ledger rows, kept reply and stored response
         (``Committer.commit``); ``auto`` learns the verdict."""
-        step = await self.commits.commit(meta, outcome, kept, response)
+        # With no other turn in flight there is no batch of commits to join: the store may
+        # commit this one at once (``Committer.commit_transition``).
+        alone = len(self.locks) <= 1
+        step = await self.commits.commit(meta, outcome, kept, response, alone=alone)
         self.planner.committed(meta, outcome.status, step)
         return step
 

@@ -4,8 +4,10 @@ the database has moved past."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ from skillstate.store import (
 from skillstate.store.datadir import lock_data_dir, unlock_data_dir
 from skillstate.store.rows import MAX_USD
 from skillstate.store.sqlite import SQLiteStore
+from skillstate.store.sqlite.store import CHECKPOINT_PAGES
 from tests.helpers import locked_by_another_process
 from tests.storefill import ledger_row
 
@@ -540,3 +543,135 @@ def test_store_synchronous_sets_the_writers_fsync_policy(
             await store.close()
 
     assert asyncio.run(run()) == pragma
+
+
+# -- a lone turn's commit on the event loop's thread (commit_at_once) ----------------------
+
+
+def turn_commit(session: str, expected: int, state: dict[str, Any]) -> SessionCommit:
+    return SessionCommit(
+        session, expected_step=expected, state=state, schema=["k"],
+        transition=transition(expected + 1), now=float(expected + 1),
+        ledger=[ledger_row(ts=float(expected + 1), session=session)],
+    )  # fmt: skip
+
+
+async def thread_idle(store: SQLiteStore) -> None:
+    """Until the store thread has finished its last call: its answer can reach the loop
+    a moment before the thread counts the call done, and till then no commit is at once."""
+    while not store._exec.idle:
+        await asyncio.sleep(0)
+
+
+def committed_steps(db: Path, session: str) -> tuple[int | None, list[int]]:
+    """The session's step and its transitions' steps, as another connection reads them."""
+    with contextlib.closing(sqlite3.connect(db)) as other:
+        row = other.execute("SELECT step FROM sessions WHERE id = ?", (session,)).fetchone()
+        steps = other.execute(
+            "SELECT step FROM transitions WHERE session = ? ORDER BY step", (session,)
+        ).fetchall()
+    return (None if row is None else row[0]), [s[0] for s in steps]
+
+
+async def test_a_lone_commit_at_once_is_in_the_database_when_it_returns(tmp_path: Path) -> None:
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db)
+    await store.open()
+    await thread_idle(store)
+    try:
+        handed_over = store._exec._posted
+        assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) == 1
+        assert store.commit_at_once(turn_commit("s", 1, {"k": 2})) == 2
+        assert store._exec._posted == handed_over  # no call went to the store thread
+        assert committed_steps(db, "s") == (2, [1, 2])  # another connection sees both
+        assert len(await store.ledger_rows(0, 10, session="s")) == 2
+        # Its failures are commit()'s: a step conflict writes nothing, the store goes on.
+        with pytest.raises(StoreError, match="moved from step 1 to 2"):
+            store.commit_at_once(turn_commit("s", 1, {"k": 3}))
+        assert committed_steps(db, "s") == (2, [1, 2])
+        assert store.commit_at_once(turn_commit("s", 2, {"k": 3})) == 3
+        loaded = await store.load("s", fresh=True)
+        assert loaded is not None and (loaded.step, loaded.state) == (3, {"k": 3})
+    finally:
+        await store.close()
+
+
+async def test_commit_at_once_declines_while_the_store_thread_has_work(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db")
+    await store.open()
+    release = threading.Event()
+
+    def stuck(db: Any) -> None:
+        release.wait(HANG)
+
+    first = asyncio.ensure_future(store._write(stuck))
+    await asyncio.sleep(0)
+    try:
+        assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) is None
+        assert await store.load("s") is None  # nothing was written
+    finally:
+        release.set()
+        await asyncio.wait_for(first, HANG)
+    await thread_idle(store)
+    assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) == 1
+    await store.close()
+
+
+async def test_on_a_locked_database_commit_at_once_declines_at_once_and_commit_waits(
+    tmp_path: Path,
+) -> None:
+    # The loop's thread never waits for another process's lock: the commit goes to the
+    # store thread, which waits up to busy_timeout (here long enough for the lock to go).
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db, busy_timeout=HANG)
+    await store.open()
+    await thread_idle(store)
+    try:
+        with locked_by_another_process(db, timeout=HANG):
+            assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) is None
+            fallback = asyncio.ensure_future(store.commit(turn_commit("s", 0, {"k": 1})))
+            while not store._writing:  # handed to the thread, which waits for the lock
+                await asyncio.sleep(0)
+            assert not fallback.done()
+        assert await asyncio.wait_for(fallback, HANG) == 1
+        assert committed_steps(db, "s") == (1, [1])
+        await thread_idle(store)
+        assert store.commit_at_once(turn_commit("s", 1, {"k": 2})) == 2  # at once again
+    finally:
+        await store.close()
+
+
+async def test_commits_at_once_leave_checkpoints_to_the_store_thread(tmp_path: Path) -> None:
+    # wal_autocheckpoint is off (a checkpoint syncs the file: never on the loop's thread);
+    # the store thread checkpoints instead, so the WAL stays about as small as SQLite's own
+    # policy keeps it.
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db)
+    await store.open()
+    try:
+        step = 0
+        while step < 3 * CHECKPOINT_PAGES // 8:  # ~3x CHECKPOINT_PAGES pages of commits
+            c = turn_commit("s", step, {"k": step})
+            done = store.commit_at_once(c)
+            step = done if done is not None else await store.commit(c)
+        assert await store.check(timeout=HANG) is None  # after any checkpoint handed over
+        with contextlib.closing(sqlite3.connect(db)) as other:
+            (autocheckpoint,) = other.execute("PRAGMA wal_autocheckpoint").fetchone()
+            _, frames, _ = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert autocheckpoint == 1000  # another connection's own setting, untouched
+        assert frames < 2 * CHECKPOINT_PAGES  # without the thread's checkpoints: > 3x
+    finally:
+        await store.close()
+
+
+async def test_under_store_synchronous_full_every_commit_goes_to_the_store_thread(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db", synchronous="FULL")  # fsyncs each commit
+    await store.open()
+    await thread_idle(store)
+    try:
+        assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) is None
+        assert await store.commit(turn_commit("s", 0, {"k": 1})) == 1
+    finally:
+        await store.close()

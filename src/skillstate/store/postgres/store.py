@@ -522,6 +522,10 @@ class PostgresStore:
         self._cache.committed(session, stored_state, c.schema, int(step), now)
         return int(step)
 
+    def commit_at_once(self, c: SessionCommit) -> int | None:
+        """None: a commit is a round trip to the server (``commit``)."""
+        return None
+
     async def kept_reply(self, scope: str, key: str) -> KeptReply | None:
         rows = await self._fetch(
             f"SELECT {KEPT_COLUMNS} FROM idempotency_keys WHERE scope = $1 AND key = $2",

@@ -1,5 +1,13 @@
 """The embedded store: stdlib sqlite3 in WAL mode, used from one dedicated thread so that no
-SQLite call ever blocks the event loop.
+SQLite call that can wait (for a lock, an fsync, a checkpoint) ever blocks the event loop.
+
+One exception, for speed: a lone turn's commit (no other turn in flight, the store thread
+idle) runs on the event loop's thread (``commit_at_once``), which saves two thread
+hand-offs and a loop iteration, and it can wait for nothing: the connection's lock wait
+(``busy_timeout``) is 0 outside the thread's own calls, so a database locked by another
+process sends the commit to the thread instead; checkpoints are never part of a commit
+(``wal_autocheckpoint`` off) but calls of their own on the thread; and it is not taken
+under ``store_synchronous: "full"``, whose commits fsync.
 
 Durability: WAL with synchronous=NORMAL. A committed transaction is in the WAL file (in the
 OS page cache at least) before commit() returns, so it survives kill -9 of the proxy; only a
@@ -132,6 +140,10 @@ def _insert_kept(db: sqlite3.Connection, values: tuple[Any, ...]) -> None:
 
 
 Batch = list[tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]]
+
+# Written WAL pages (a guess made per write) after which the store thread checkpoints:
+# SQLite's own wal_autocheckpoint default, which the store turns off (see the docstring).
+CHECKPOINT_PAGES = 1000
 Results = list[tuple["asyncio.Future[Any]", Any, BaseException | None]]
 
 # SQLite primary result codes (sqlite.org/rescode.html) for "cannot write now, nothing
@@ -233,7 +245,9 @@ class SQLiteStore:
         # Every turn reads its session's budget (cost.budgets): from here, not the database.
         self._budgets = BudgetCache(cache_sessions)
         self._max_sessions = max_sessions
-        self._sessions = 0  # sessions in the database; only the store thread writes it
+        # Sessions in the database: written by the store thread, or by commit_at_once
+        # while that thread is idle.
+        self._sessions = 0
         self._batch_new = 0  # sessions the running batch created
         self._exec = StoreThread("skillstate-sqlite")  # its post() is the cheap hand-off
         # Long reads (/cost's sums over the ledger) have their own connection and thread: in
@@ -250,6 +264,9 @@ class SQLiteStore:
         self._batch_started = 0.0  # monotonic time the running batch was handed over
         self._write_failure: StoreError | None = None  # why the last batch failed, if it did
         self._probe: asyncio.Future[None] | None = None
+        # Lone commits on the loop's thread (module docstring): not when commits fsync.
+        self._at_once = synchronous.upper() == "NORMAL"
+        self._wal_pages = 0  # written since the last checkpoint (a guess; the loop's thread)
 
     # -- before the proxy runs (Store: home, exists, preflight, migrate) -----------------
 
@@ -301,14 +318,46 @@ class SQLiteStore:
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
-            if self._db is None:
+            db = self._db
+            if db is None:
                 raise StoreUnavailable("store is closed")
             try:
-                return fn(self._db)
+                with self._waiting(db):
+                    return fn(db)
             except Exception as e:
                 raise as_store_error(e) from e
 
+        self._written(4)  # most calls read; a purge or a delete writes more: a guess
         return await asyncio.get_running_loop().run_in_executor(self._exec, call)
+
+    @contextmanager
+    def _waiting(self, db: sqlite3.Connection) -> Iterator[None]:
+        """On the store thread: the connection waits ``busy_timeout`` for another process's
+        lock while the body runs, and not at all otherwise (``commit_at_once``)."""
+        if not self._at_once:
+            yield
+            return
+        db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        try:
+            yield
+        finally:
+            if self._db is db:  # (not closed by the body)
+                db.execute("PRAGMA busy_timeout=0")
+
+    def _written(self, pages: int) -> None:
+        """Count a write's WAL pages (a guess); past ``CHECKPOINT_PAGES``, the store
+        thread checkpoints (never a commit on the loop's thread: see the docstring)."""
+        self._wal_pages += pages
+        if self._wal_pages >= CHECKPOINT_PAGES and self._at_once:
+            self._wal_pages = 0
+            with contextlib.suppress(RuntimeError):  # shut down: close() checkpoints
+                self._exec.post(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        """On the store thread: copy the WAL into the database as far as no reader needs
+        it, so that the next writes start the WAL over (SQLite's automatic checkpoint)."""
+        if self._db is not None:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run the read-only ``fn`` on the reader connection (see ``_read_exec``)."""
@@ -334,8 +383,10 @@ class SQLiteStore:
             self._reader.close()
             self._reader = None
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn` inside a write transaction; returns once that transaction committed."""
+    async def _write(self, fn: Callable[[sqlite3.Connection], T], pages: int = 4) -> T:
+        """Run `fn` inside a write transaction; returns once that transaction committed.
+        ``pages``: about how many WAL pages it writes (see ``_written``)."""
+        self._written(pages)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         self._queue.append((fn, fut))
@@ -359,7 +410,11 @@ class SQLiteStore:
         and the next batch can start: an exception fails writes, never the store."""
         results: Results | None = None
         try:
-            results = self._commit_batch(batch)
+            db = self._db
+            if db is None:
+                raise StoreUnavailable("store is closed")
+            with self._waiting(db):
+                results = self._commit_batch(db, batch)
             self._write_failure = None
         except Exception as e:
             err = as_store_error(e)
@@ -372,10 +427,7 @@ class SQLiteStore:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._settle, results, loop)
 
-    def _commit_batch(self, batch: Batch) -> Results:
-        db = self._db
-        if db is None:
-            raise StoreUnavailable("store is closed")
+    def _commit_batch(self, db: sqlite3.Connection, batch: Batch) -> Results:
         results: Results = []
         self._batch_new = 0
         db.execute("BEGIN IMMEDIATE")
@@ -435,6 +487,9 @@ class SQLiteStore:
         refuse_wal_damage(self.path)
         db = connect(self.path, synchronous=self._synchronous, busy_timeout=self._busy_timeout)
         self._sessions = db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+        if self._at_once:  # see the module docstring and _waiting
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            db.execute("PRAGMA busy_timeout=0")
         self._db = db
 
     async def open(self) -> None:
@@ -543,6 +598,74 @@ class SQLiteStore:
         return load
 
     async def commit(self, c: SessionCommit) -> int:
+        write, state_blob, now = self._commit_write(c)
+        try:
+            step = await self._write(write, _pages(state_blob))
+        except StoreError:
+            # The cached copy may be what is stale (the database moved on): reload next time.
+            self._cache.forget(c.session)
+            raise
+        self._cache.committed(c.session, state_blob, c.schema, step, now)
+        return step
+
+    def commit_at_once(self, c: SessionCommit) -> int | None:
+        """``commit`` on the caller's thread (the event loop's), for a turn with no other
+        in flight, when that cannot wait for anything (module docstring): the store thread
+        idle, no write queued, the database's write lock free. None when not, with nothing
+        written: the caller awaits ``commit``."""
+        if not self._at_once or self._writing or self._queue or not self._exec.idle:
+            return None
+        db = self._db
+        if db is None:
+            return None  # closed: commit() says so
+        write, state_blob, now = self._commit_write(c)
+        try:
+            step = self._write_now(db, write)
+        except StoreError:
+            self._cache.forget(c.session)
+            raise
+        if step is None:
+            return None
+        self._written(_pages(state_blob))
+        self._cache.committed(c.session, state_blob, c.schema, step, now)
+        return step
+
+    def _write_now(
+        self, db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], int]
+    ) -> int | None:
+        """``fn`` in a transaction of its own on this thread, as a batch of one on the
+        store thread would run it; None when another process holds the write lock (the
+        connection does not wait here), with nothing written."""
+        self._batch_new = 0
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            if _busy(e):
+                return None
+            self._write_failure = as_store_error(e)
+            raise self._write_failure from e
+        try:
+            value = fn(db)
+        except Exception as e:
+            _roll_back(db)
+            raise as_store_error(e) from e
+        try:
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            _roll_back(db)  # a failed COMMIT leaves it open: nothing was written
+            if _busy(e):
+                return None
+            self._write_failure = as_store_error(e)
+            raise self._write_failure from e
+        self._write_failure = None
+        self._sessions += self._batch_new
+        return value
+
+    def _commit_write(
+        self, c: SessionCommit
+    ) -> tuple[Callable[[sqlite3.Connection], int], bytes | None, float]:
+        """The write of ``c`` (run in a transaction: the new step, or StepConflict,
+        StoreFull, KeptAlready), its state as stored, and its time as stored."""
         session, expected_step, transition = c.session, c.expected_step, c.transition
         now = clamp_time(c.now)
         try:
@@ -556,7 +679,7 @@ class SQLiteStore:
             raise StoreError(f"cannot store the turn: {e}") from e
 
         def commit(db: sqlite3.Connection) -> int:
-            # Runs inside the group-commit transaction (see _write).
+            # Runs inside the group-commit transaction (see _write), or its own (_write_now).
             created = False
             if expected_step and advance(db):  # the usual turn: one statement, no read
                 step = expected_step + 1
@@ -611,14 +734,7 @@ class SQLiteStore:
                 )
             return step, row is None
 
-        try:
-            step = await self._write(commit)
-        except StoreError:
-            # The cached copy may be what is stale (the database moved on): reload next time.
-            self._cache.forget(session)
-            raise
-        self._cache.committed(session, state_blob, c.schema, step, now)
-        return step
+        return commit, state_blob, now
 
     # -- pages (GET /state and ?history=1) ----------------------------------------------
 
@@ -1029,6 +1145,30 @@ class SQLiteStore:
 
 
 PURGE_CHUNK = 2000  # ledger rows per purge transaction (see purge_ledger)
+
+
+def _pages(state: bytes | None) -> int:
+    """About how many WAL pages a turn's commit writes (see ``SQLiteStore._written``): the
+    session's row with its state, the transition, a ledger row and their indexes (8 in a
+    run of small turns), and the state's overflow pages."""
+    return 8 + (len(state) >> 12 if state is not None else 0)
+
+
+def _roll_back(db: sqlite3.Connection) -> None:
+    """End the open transaction, if SQLite has not ended it itself (after some errors)."""
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.exception("store: rollback failed")
+
+
+def _busy(e: sqlite3.Error) -> bool:
+    """Whether ``e`` says that another connection holds the lock (nothing was written)."""
+    code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+
+    if code is None:
+        code = _CODE_BY_MESSAGE.get(str(e))
+    return code is not None and code & 0xFF in (_BUSY, _LOCKED)
 
 
 _RESPONSE_CHAIN = response_chain_sql("?", "?")

@@ -9,6 +9,10 @@ for the price of one queue put, and ``submit`` (for ``loop.run_in_executor``) ad
 ``Future``. Calls run one at a time, in the order they were handed over, like a
 one-worker ``ThreadPoolExecutor``.
 
+``idle`` says whether every call handed over has finished: the store commits a lone turn
+on the event loop's thread only then (``SQLiteStore.commit_at_once``), never while the
+thread may be using the connection.
+
 Lifetime, as with ``ThreadPoolExecutor``: the thread starts with the first call; it ends
 after ``shutdown``, or once the executor is garbage collected; at interpreter exit the calls
 already handed over still run before it ends.
@@ -43,6 +47,15 @@ class StoreThread(Executor):
         self._thread: threading.Thread | None = None
         self._closed = False
         self._lock = threading.Lock()  # start and shutdown, from any thread
+        # Calls handed over, and calls finished: each written by one side only (the
+        # caller, under the lock; the thread), so that reading both needs no lock.
+        self._posted = 0
+        self._finished = [0]
+
+    @property
+    def idle(self) -> bool:
+        """Whether every call handed over so far has finished (the thread waits for work)."""
+        return self._finished[0] == self._posted
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the thread after everything handed over before; nothing
@@ -52,6 +65,7 @@ class StoreThread(Executor):
         with self._lock:  # (a C lock: cheap) no call lands behind shutdown's end marker
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
+            self._posted += 1
             self._calls.put((fn, args))
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
@@ -90,13 +104,15 @@ class StoreThread(Executor):
             # (a store never closed) ends its thread, as ThreadPoolExecutor's does.
             owner = weakref.ref(self, lambda _: calls.put(None))
             self._thread = threading.Thread(
-                target=_work, args=(calls, owner), name=self._name, daemon=True
+                target=_work, args=(calls, owner, self._finished), name=self._name, daemon=True
             )
             self._thread.start()
             _LIVE.add(self)
 
 
-def _work(calls: queue.SimpleQueue[_Call | None], owner: weakref.ref[StoreThread]) -> None:
+def _work(
+    calls: queue.SimpleQueue[_Call | None], owner: weakref.ref[StoreThread], finished: list[int]
+) -> None:
     # ``owner`` is not read: it is the weak reference whose callback ends this loop, kept
     # alive (so that the callback runs) by the thread's own arguments.
     while (item := calls.get()) is not None:
@@ -106,6 +122,7 @@ def _work(calls: queue.SimpleQueue[_Call | None], owner: weakref.ref[StoreThread
         except BaseException:
             log.exception("store thread: a call failed")
         del item, fn, args  # drop the finished call's references before waiting again
+        finished[0] += 1  # only this thread writes it (see StoreThread.idle)
 
 
 @atexit.register
