@@ -20,6 +20,7 @@ import pytest
 from skillstate.cost.usage import MAX_TOKEN_COUNT
 from skillstate.store import (
     SessionCommit,
+    SessionRecord,
     StoreError,
     StoreFull,
     StoreUnavailable,
@@ -673,5 +674,54 @@ async def test_under_store_synchronous_full_every_commit_goes_to_the_store_threa
     try:
         assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) is None
         assert await store.commit(turn_commit("s", 0, {"k": 1})) == 1
+    finally:
+        await store.close()
+
+
+# -- a batch of writes: savepoints only when one of them fails ---------------------------
+
+
+async def one_batch(store: SQLiteStore, writes: list[Any]) -> list[Any]:
+    """Run ``writes`` (coroutines of store writes) as one batch: queued behind a write that
+    holds the store thread until all of them wait."""
+    release = threading.Event()
+    held = asyncio.ensure_future(store._write(lambda db: release.wait(HANG)))
+    await asyncio.sleep(0)
+    queued = [asyncio.ensure_future(w) for w in writes]
+    await asyncio.sleep(0)
+    assert len(store._queue) == len(writes)
+    release.set()
+    await asyncio.wait_for(held, HANG)
+    return await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), HANG)
+
+
+async def test_a_batch_runs_savepoints_only_when_one_of_its_writes_fails(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "skillstate.db")
+    await store.open()
+    statements: list[str] = []
+    assert store._db is not None
+    store._db.set_trace_callback(statements.append)
+    try:
+        commits = [store.commit(turn_commit(f"s{i}", 0, {"k": i})) for i in range(3)]
+        assert await one_batch(store, commits) == [1, 1, 1]
+        assert not [s for s in statements if "SAVEPOINT" in s]  # two statements a write fewer
+        statements.clear()
+        # One write fails: the batch runs again with a savepoint each; the failed one
+        # leaves nothing, the others commit once, and the sessions count stays right.
+        imported = SessionRecord("n", {"k": 9}, ["k"], 4, 1.0, 1.0)
+        results = await one_batch(
+            store,
+            [
+                store.import_session(imported),
+                store._write(boom),
+                store.commit(turn_commit("s0", 1, {"k": 5})),
+            ],
+        )
+        assert results[0] is None and results[2] == 2
+        assert isinstance(results[1], StoreError) and "OverflowError" in str(results[1])
+        assert len([s for s in statements if s.startswith("SAVEPOINT")]) == 3
+        assert store._sessions == 4  # s0, s1, s2 and n: the import counted once
+        assert [r.kind for r in await store.ledger_rows(0, 10)] == ["generation"] * 4
+        assert committed_steps(tmp_path / "skillstate.db", "s0") == (2, [1, 2])
     finally:
         await store.close()

@@ -257,8 +257,9 @@ class SQLiteStore:
         self._reader: sqlite3.Connection | None = None
         self._db: sqlite3.Connection | None = None
         # Group commit: writes that arrive while a batch is being written go together in
-        # the next transaction (one thread hop for all of them). Each still fails alone: in
-        # a batch of several each has its own savepoint, a lone one its own transaction.
+        # the next transaction (one thread hop for all of them). Each still fails alone: a
+        # batch of several in which one fails runs again with a savepoint for each, a lone
+        # write is its own transaction.
         self._queue: Batch = []
         self._writing = False
         self._batch_started = 0.0  # monotonic time the running batch was handed over
@@ -439,30 +440,46 @@ class SQLiteStore:
                 try:
                     results.append((fut, fn(db), None))
                 except Exception as e:
-                    if db.in_transaction:  # (SQLite ends it itself after some errors)
-                        db.execute("ROLLBACK")
+                    _roll_back(db)
                     return [(fut, None, as_store_error(e))]
             else:
-                for fn, fut in batch:
-                    db.execute("SAVEPOINT w")
-                    try:
-                        value = fn(db)
-                    except Exception as e:
-                        db.execute("ROLLBACK TO w")
-                        db.execute("RELEASE w")
-                        results.append((fut, None, as_store_error(e)))
-                    else:
-                        db.execute("RELEASE w")
-                        results.append((fut, value, None))
+                results = self._all_of(db, batch) or self._each_of(db, batch)
             db.execute("COMMIT")
         except BaseException:
-            if db.in_transaction:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    log.exception("store: rollback failed")
+            _roll_back(db)
             raise
         self._sessions += self._batch_new
+        return results
+
+    def _all_of(self, db: sqlite3.Connection, batch: Batch) -> Results | None:
+        """Every write of the batch, with no savepoints (two statements fewer a write);
+        None when one failed, the transaction then rolled back and begun again, empty."""
+        results: Results = []
+        try:
+            for fn, fut in batch:
+                results.append((fut, fn(db), None))
+        except Exception:
+            _roll_back(db)
+            self._batch_new = 0
+            db.execute("BEGIN IMMEDIATE")
+            return None
+        return results
+
+    def _each_of(self, db: sqlite3.Connection, batch: Batch) -> Results:
+        """Every write of the batch in a savepoint of its own: a failed one leaves nothing,
+        the others commit (after ``_all_of`` found one that fails)."""
+        results: Results = []
+        for fn, fut in batch:
+            db.execute("SAVEPOINT w")
+            try:
+                value = fn(db)
+            except Exception as e:
+                db.execute("ROLLBACK TO w")
+                db.execute("RELEASE w")
+                results.append((fut, None, as_store_error(e)))
+            else:
+                db.execute("RELEASE w")
+                results.append((fut, value, None))
         return results
 
     def _settle(self, results: Results, loop: asyncio.AbstractEventLoop) -> None:
@@ -1078,7 +1095,7 @@ class SQLiteStore:
                 db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?)", row)
             except sqlite3.IntegrityError:
                 raise StoreError(f"session {record.session} already exists") from None
-            self._sessions += 1
+            self._batch_new += 1  # counted once its transaction commits (_commit_batch)
 
         await self._write(insert)
 
