@@ -70,6 +70,41 @@ class ProxyError(Exception):
         return {**out, "retry-after": str(max(secs, 1)), "retry-after-ms": str(ms)}
 
 
+# An error type or code an upstream reports in its stream (OpenAI's or Anthropic's words) ->
+# the kind it means. A code names the error more closely than a type, so it is read first.
+_KIND_OF_REPORTED = {
+    "invalid_request_error": "invalid_request",
+    "context_length_exceeded": "invalid_request",
+    "invalid_prompt": "invalid_request",
+    "authentication_error": "authentication",
+    "invalid_api_key": "authentication",
+    "permission_error": "permission",
+    "not_found_error": "not_found",
+    "request_too_large": "request_too_large",
+    "rate_limit_error": "rate_limit",
+    "rate_limit_exceeded": "rate_limit",
+    "insufficient_quota": "rate_limit",
+    "overloaded_error": "overloaded",
+    "server_is_overloaded": "overloaded",
+    "slow_down": "overloaded",
+    "timeout_error": "timeout",
+    "api_error": "api_error",
+    "server_error": "api_error",
+}
+
+
+def reported_error(err: object) -> ProxyError:
+    """The error object an upstream reports inside a stream (``{"message", "type", "code"}``,
+    OpenAI's or Anthropic's) as the client's error: the kind its code or type means (an
+    unknown one is the upstream's failure, ``api_error``), its message and code kept."""
+    fields = err if isinstance(err, dict) else {"message": err}
+    code, type_, message = fields.get("code"), fields.get("type"), fields.get("message")
+    code = code if isinstance(code, str) and code else None
+    kind = _KIND_OF_REPORTED.get(code or "") or _KIND_OF_REPORTED.get(str(type_), "api_error")
+    text = message if isinstance(message, str) and message else "upstream error"
+    return ProxyError(kind, text, code=code)
+
+
 def kind_for_status(status: int) -> str:
     """The error kind that best describes an upstream HTTP status."""
     if status == 401:

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from ..cost.usage import Usage
-from ..errors import ProxyError
+from ..errors import ProxyError, reported_error
 from . import sse
 
 
@@ -68,9 +68,10 @@ class RelayCapture:
     def openai_chunk(self, event: sse.SSEEvent) -> dict[str, Any] | None:
         """The chunk object of an OpenAI chat-completions stream event, for a relay that
         translates it; None when there is nothing to translate: ``[DONE]`` (which marks the
-        stream complete), an empty or non-object event, or an error event (its message
-        recorded as ``upstream_error``). Data that is not JSON raises (orjson's
-        JSONDecodeError): the stream is unreadable (``streaming._feed``)."""
+        stream complete), an empty or non-object event, or an error event (the error it
+        reports, its kind and code kept, recorded as ``upstream_error``). Data that is not
+        JSON raises (orjson's JSONDecodeError): the stream is unreadable
+        (``streaming._feed``)."""
         if event.data == "[DONE]":
             self.complete = True
             return None
@@ -80,8 +81,7 @@ class RelayCapture:
         if not isinstance(chunk, dict):
             return None
         if "error" in chunk:
-            err = chunk["error"]
-            self.upstream_error = str(err.get("message") if isinstance(err, dict) else err)
+            self.upstream_error = reported_error(chunk["error"])
             return None
         return chunk
 

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 import orjson
 
-from ..errors import ProxyError
+from ..errors import ProxyError, reported_error
 from . import sse
 from .anthropic import usage_from_anthropic
 from .capture import RelayCapture
@@ -79,7 +79,9 @@ class AnthropicToOpenAIRelay(_TranslatingRelay[AnthropicStreamToOpenAI]):
             self.complete = True
         if name == "error":
             err = (data.get("error") or {}) if isinstance(data, dict) else {}
-            self.upstream_error = str(err.get("message") or "upstream error")
+            if not isinstance(err, dict):  # a shape no provider sends: unreadable
+                raise TypeError("an error event whose error is not an object")
+            self.upstream_error = reported_error(err)
             return []
         out = self._t.feed(name, data)
         self.has_tool_calls = self._t.has_tool_calls

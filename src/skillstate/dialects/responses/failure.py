@@ -1,5 +1,6 @@
 """A Responses reply that is no reply: one whose ``status`` is ``failed`` (the error it
-reports, kept for a client of any format) and one of a shape the API never sends."""
+reports, kept for a client of any format) and one of a shape the API never sends; and the
+code a failed response says another format's error with."""
 
 from __future__ import annotations
 
@@ -31,6 +32,42 @@ def failed_response_error(response: Any) -> ProxyError:
     else:
         status = 502
     return ProxyError(kind_for_status(status), message, status=status, code=code)
+
+
+# The codes a failed response's ``error.code`` takes that clients act on: the SDK's
+# ResponseError codes, and those Codex reads from ``response.failed`` (context_length_exceeded
+# starts its context-window handling; insufficient_quota and usage_not_included stop the
+# turn; server_is_overloaded and slow_down are "the model is at capacity"; the rest is
+# retried, rate_limit_exceeded after the wait its message names).
+_FAILURE_CODES = frozenset(
+    {
+        "server_error",
+        "rate_limit_exceeded",
+        "invalid_prompt",
+        "context_length_exceeded",
+        "insufficient_quota",
+        "usage_not_included",
+        "server_is_overloaded",
+        "slow_down",
+    }
+)
+# A ProxyError kind -> the failure code that says it (any other kind: ``server_error``).
+_CODE_OF_KIND = {"rate_limit": "rate_limit_exceeded", "overloaded": "server_is_overloaded"}
+# Anthropic reports a prompt past the context window as an invalid request saying so.
+_CONTEXT_WINDOW_WORDS = ("prompt is too long",)
+
+
+def failure_code(err: ProxyError) -> str:
+    """The Responses ``error.code`` of an error another format's upstream reported: its own
+    code when a Responses client knows it, a prompt past the context window as
+    ``context_length_exceeded``, else the code of its kind."""
+    if err.code in _FAILURE_CODES:
+        return err.code
+    if err.kind in ("invalid_request", "request_too_large") and any(
+        words in err.message.lower() for words in _CONTEXT_WINDOW_WORDS
+    ):
+        return "context_length_exceeded"
+    return _CODE_OF_KIND.get(err.kind, "server_error")
 
 
 def response_problem(resp: JSON) -> BadReply | None:

@@ -16,6 +16,7 @@ from .. import sse
 from ..base import JSON, Event, StreamRelay
 from ..capture import RelayCapture
 from ..openai import usage_from_openai
+from .failure import failure_code
 from .items import call_chars, is_client_call
 from .translate import (
     custom_tool_call_item,
@@ -290,7 +291,20 @@ class ChatToResponsesRelay(RelayCapture):
         return out
 
     def error(self, message: str | ProxyError) -> bytes:
-        return error_event(message, self._seq)
+        """An error the upstream reported (a ProxyError) ends the response as the API ends
+        one that fails: ``response.failed``, its ``error`` the code a Responses client acts
+        on (``failure_code``: Codex reads only this event); the proxy's own problem (a cut,
+        an unreadable event) is an ``error`` event."""
+        if not isinstance(message, ProxyError):
+            return error_event(message, self._seq)
+        out = self._start()
+        # No output, as the API fails a response: its deltas are all the client gets of
+        # it (an output here would bypass the envelope stripper, which reads only the
+        # deltas and the items' done events).
+        snap = {**self._snapshot("failed"), "output": []}
+        snap["error"] = {"code": failure_code(message), "message": message.message}
+        out.append(self._event("response.failed", response=snap))
+        return b"".join(out)
 
 
 # A call item's streamed member and the event family its deltas and done event belong to.

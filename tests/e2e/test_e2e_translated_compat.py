@@ -1,0 +1,183 @@
+"""Drop-in compatibility across a translation, with the real SDKs through one real proxy
+against the fake provider: an error an upstream reports mid-stream reaches a client of
+another format as that format says it (a Responses client: ``response.failed`` with the
+code Codex and the SDK act on, not a generic ``stream_error``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.conftest import InProcessProxy, StartProxy, launch_in_process
+from tests.fakeprovider import FakeProvider, Reply
+from tests.helpers import SESSION_HEADER, ant, oai
+
+# model name prefix -> the upstream kind it is routed to
+KINDS = {"chat": "openai", "claude": "anthropic"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeProvider, Any]]:
+    """One fake provider and one passthrough proxy for the module: ``chat-*`` models go to
+    its chat-completions face, ``claude-*`` to its Messages face."""
+    fake = FakeProvider().start()
+    upstreams = [
+        {"name": "chat", "url": fake.url + "/v1", "kind": "openai", "models": ["chat-*"]},
+        {"name": "claude", "url": fake.url, "kind": "anthropic", "models": ["claude-*"]},
+    ]
+    for up in upstreams:
+        up["api_key"] = "sk-upstream"
+    tmp = tmp_path_factory.mktemp("translated-compat")
+    proxy = launch_in_process(tmp, None, "--mode", "passthrough", config={"upstreams": upstreams})
+    try:
+        yield fake, proxy
+    finally:
+        proxy.stop()
+        fake.stop()
+
+
+@pytest.fixture
+def fake(served: tuple[FakeProvider, InProcessProxy]) -> FakeProvider:
+    served[0].reset()
+    return served[0]
+
+
+@pytest.fixture
+def proxy(served: tuple[FakeProvider, InProcessProxy]) -> InProcessProxy:
+    return served[1]
+
+
+def chat_stream(error: dict[str, Any], said: str = "hi") -> bytes:
+    """A chat-completions stream that says ``said``, then reports ``error``."""
+    delta = {"role": "assistant", "content": said}
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "chat-m",
+             "choices": [{"index": 0, "delta": delta}]}  # fmt: skip
+    return b"".join(f"data: {json.dumps(d)}\n\n".encode() for d in (chunk, {"error": error}))
+
+
+def messages_stream(error: dict[str, Any]) -> bytes:
+    """A Messages stream that starts, then reports ``error`` in an ``error`` event."""
+    usage = {"input_tokens": 3, "output_tokens": 0}
+    start = {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-m",
+        "content": [], "stop_reason": None, "usage": usage}}  # fmt: skip
+    events = [("message_start", start), ("error", {"type": "error", "error": error})]
+    return b"".join(f"event: {n}\ndata: {json.dumps(d)}\n\n".encode() for n, d in events)
+
+
+def upstream_error(model: str, type_: str, message: str, code: str | None = None) -> Reply:
+    """A 200 stream from the upstream ``model`` routes to, ending with the error it reports
+    (chat's error object has a code, Anthropic's only a type)."""
+    if model.startswith("chat"):
+        error = {"message": message, "type": type_, "param": None, "code": code}
+        return Reply(raw_body=chat_stream(error))
+    return Reply(raw_body=messages_stream({"type": type_, "message": message}))
+
+
+TOO_LONG_CHAT = "This model's maximum context length is 128000 tokens."
+TOO_LONG_CLAUDE = "prompt is too long: 210000 tokens > 200000 maximum"
+
+
+@pytest.mark.parametrize(
+    ("model", "type_", "code", "message", "failure_code"),
+    [
+        ("chat-m", "invalid_request_error", "context_length_exceeded", TOO_LONG_CHAT,
+         "context_length_exceeded"),
+        ("chat-m", "tokens", "rate_limit_exceeded", "Try again in 2s.", "rate_limit_exceeded"),
+        ("chat-m", "server_error", None, "The server had an error.", "server_error"),
+        ("claude-m", "invalid_request_error", None, TOO_LONG_CLAUDE, "context_length_exceeded"),
+        ("claude-m", "overloaded_error", None, "Overloaded", "server_is_overloaded"),
+        ("claude-m", "rate_limit_error", None, "Slow down.", "rate_limit_exceeded"),
+        ("claude-m", "api_error", None, "Internal server error", "server_error"),
+    ],
+)  # fmt: skip
+def test_an_upstream_stream_error_fails_a_responses_stream_with_its_code(
+    fake: FakeProvider,
+    proxy: InProcessProxy,
+    model: str,
+    type_: str,
+    code: str | None,
+    message: str,
+    failure_code: str,
+) -> None:
+    """Codex reads only ``response.failed``, by its ``error.code``: context_length_exceeded
+    starts its context-window handling, server_is_overloaded says the model is at capacity,
+    rate_limit_exceeded and server_error are retried."""
+    fake.enqueue(upstream_error(model, type_, message, code))
+    events = list(oai(proxy).responses.create(model=model, input="Hi", stream=True))
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    failed = events[-1]
+    assert failed.type == "response.failed"
+    assert failed.response.status == "failed"
+    assert failed.response.error is not None
+    assert (failed.response.error.code, failed.response.error.message) == (failure_code, message)
+    assert failed.response.output == []
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_failed_response_shows_no_envelope_and_commits_nothing(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """In ``state``, the envelope the model had begun when the upstream failed reaches the
+    client nowhere: not in the deltas (held back), not in the failed response (no output)."""
+    up = {"name": "chat", "url": fake.url + "/v1", "kind": "openai", "api_key": "sk-upstream"}
+    p = start_proxy(None, "--mode", "state", config={"upstreams": [up]})
+    said = 'Done.\n```json\n{"state_patch": {"notes": "secret"'
+    error = {"message": "Overloaded", "type": "server_error", "code": "server_is_overloaded"}
+    fake.enqueue(Reply(raw_body=chat_stream(error, said)))
+    sdk = oai(p, default_headers={SESSION_HEADER: "s1"})
+    events = list(sdk.responses.create(model="chat-m", input="Hi", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "server_is_overloaded"
+    assert not any("secret" in e.model_dump_json() for e in events)
+    assert p.get("/state", params={"session": "s1"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("model", "type_", "code", "seen"),
+    [
+        ("claude-m", "overloaded_error", None, ("overloaded_error", "overloaded")),
+        ("claude-m", "rate_limit_error", None, ("rate_limit_error", "rate_limit")),
+    ],
+)
+def test_an_anthropic_stream_error_reaches_a_chat_client_with_its_type(
+    fake: FakeProvider,
+    proxy: InProcessProxy,
+    model: str,
+    type_: str,
+    code: str | None,
+    seen: tuple[str, str],
+) -> None:
+    """Not a generic ``api_error``: the type says what the client can do about it."""
+    fake.enqueue(upstream_error(model, type_, "busy", code))
+    stream = oai(proxy).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], stream=True
+    )
+    with pytest.raises(openai.APIError) as e:
+        list(stream)
+    assert isinstance(e.value.body, dict)
+    assert (e.value.body["type"], e.value.body["code"], e.value.message) == (*seen, "busy")
+
+
+@pytest.mark.parametrize(
+    ("code", "type_", "seen"),
+    [
+        ("rate_limit_exceeded", "tokens", "rate_limit_error"),
+        ("server_is_overloaded", "server_error", "overloaded_error"),
+        (None, "server_error", "api_error"),
+    ],
+)
+def test_a_chat_stream_error_reaches_a_messages_client_with_its_type(
+    fake: FakeProvider, proxy: InProcessProxy, code: str | None, type_: str, seen: str
+) -> None:
+    """Claude Code waits and retries a rate_limit_error or overloaded_error."""
+    fake.enqueue(upstream_error("chat-m", type_, "busy", code))
+    request = {"model": "chat-m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(anthropic.APIStatusError) as e, ant(proxy).messages.stream(**request) as s:
+        list(s)
+    assert e.value.body == {"type": "error", "error": {"type": seen, "message": "busy"}}
