@@ -181,3 +181,58 @@ def test_a_chat_stream_error_reaches_a_messages_client_with_its_type(
     with pytest.raises(anthropic.APIStatusError) as e, ant(proxy).messages.stream(**request) as s:
         list(s)
     assert e.value.body == {"type": "error", "error": {"type": seen, "message": "busy"}}
+
+
+# A 200 from each upstream that is no reply: chat's choices null, Messages' content null.
+NO_REPLY = {
+    "chat-m": {"id": "c1", "object": "chat.completion", "model": "chat-m", "choices": None},
+    "claude-m": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-m",
+                 "content": None, "stop_reason": "end_turn",
+                 "usage": {"input_tokens": 3, "output_tokens": 1}},
+}  # fmt: skip
+
+
+# Each client format on an upstream of another format (a passthrough of the client's own
+# format relays the upstream's bytes unread).
+TRANSLATED = [("chat", "claude-m"), ("messages", "chat-m"), ("responses", "chat-m"),
+              ("responses", "claude-m")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("client", "model"), TRANSLATED)
+def test_a_reply_that_is_no_reply_is_a_502_the_sdks_do_not_send_again(
+    fake: FakeProvider, proxy: InProcessProxy, client: str, model: str
+) -> None:
+    """The upstream answered (and may bill the call): the SDKs' two retries of a 502 would
+    bill it twice more for the same unusable reply, so the 502 says ``x-should-retry:
+    false``, which both SDKs obey before their own rule."""
+    fake.responder = lambda request: Reply(raw_body=json.dumps(NO_REPLY[model]).encode())
+    with pytest.raises((anthropic.InternalServerError, openai.InternalServerError)) as e:
+        ask(proxy, client, model, max_retries=2)
+    assert e.value.status_code == 502
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert len(fake.requests) == 1
+
+
+def test_an_upstream_503_is_still_the_sdks_to_retry(
+    fake: FakeProvider, proxy: InProcessProxy
+) -> None:
+    """An overloaded upstream may serve the next call: the error says nothing against it."""
+    fake.responder = lambda request: Reply(status=503, error_body="busy")
+    with pytest.raises(openai.InternalServerError) as e:
+        ask(proxy, "responses", "claude-m", max_retries=0)
+    assert "x-should-retry" not in e.value.response.headers
+
+
+def ask(proxy: InProcessProxy, client: str, model: str, *, max_retries: int) -> Any:
+    """One unstreamed turn by the ``client`` SDK (chat, messages, responses)."""
+    base, key = proxy.url, "sk-client"
+    if client == "messages":
+        return anthropic.Anthropic(
+            base_url=base, api_key=key, max_retries=max_retries
+        ).messages.create(model=model, max_tokens=16, messages=[{"role": "user", "content": "Hi"}])
+    sdk = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=max_retries)
+    if client == "chat":
+        return sdk.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}]
+        )
+    return sdk.responses.create(model=model, input="Hi")

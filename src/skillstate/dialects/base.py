@@ -222,9 +222,15 @@ class BadReply:
         return 502 if self.reported is None else self.reported.status
 
     def error(self, upstream: str) -> ProxyError:
+        """The client's error: a reply that is no reply is a 502 with ``x-should-retry:
+        false`` (the SDKs would send the call twice more, each billed again, for a reply
+        the upstream gave and would likely give again); a reported error keeps the SDKs'
+        own rule (a 429 or 500 is worth retrying)."""
         if self.reported is not None:
             return self.reported
-        return ProxyError("upstream_unreachable", f"upstream {upstream} returned {self.what}")
+        return ProxyError(
+            "upstream_unreachable", f"upstream {upstream} returned {self.what}", should_retry=False
+        )
 
 
 def shape_of(value: Any) -> str:
