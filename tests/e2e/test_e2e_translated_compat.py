@@ -236,3 +236,86 @@ def ask(proxy: InProcessProxy, client: str, model: str, *, max_retries: int) -> 
             model=model, messages=[{"role": "user", "content": "Hi"}]
         )
     return sdk.responses.create(model=model, input="Hi")
+
+
+def token(text: str, logprob: float, *alternatives: tuple[str, float]) -> dict[str, Any]:
+    """A token's log-probability entry, the same in chat's ``logprobs.content`` and in a
+    Responses output_text part's ``logprobs``."""
+    tops = [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alternatives]
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": tops}
+
+
+TOKENS = [token("Hi", -0.1, ("Hi", -0.1), ("Hey", -2.5)), token("!", -0.3, ("!", -0.3))]
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def chat_reply_with_logprobs(streamed: bool) -> Reply:
+    """A chat reply "Hi!" with its tokens' log probabilities: one choice, or a chunk a token."""
+    base = {"id": "c1", "created": 1, "model": "chat-m"}
+    if not streamed:
+        message = {"role": "assistant", "content": "Hi!"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop",
+                  "logprobs": {"content": TOKENS, "refusal": None}}  # fmt: skip
+        reply = {**base, "object": "chat.completion", "choices": [choice]}
+        return Reply(raw_body=json.dumps(reply).encode())
+    chunks = [
+        {"index": 0, "delta": {"role": "assistant", "content": t["token"]},
+         "logprobs": {"content": [t], "refusal": None}, "finish_reason": None}
+        for t in TOKENS
+    ] + [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]  # fmt: skip
+    events = [{**base, "object": "chat.completion.chunk", "choices": [c]} for c in chunks]
+    data = [json.dumps(e) for e in events] + ["[DONE]"]
+    return Reply(raw_body=b"".join(f"data: {d}\n\n".encode() for d in data))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_responses_clients_logprobs_cross_a_chat_upstream(
+    fake: FakeProvider, proxy: InProcessProxy, streamed: bool
+) -> None:
+    """``include: ["message.output_text.logprobs"]`` and ``top_logprobs`` are chat's
+    ``logprobs`` and ``top_logprobs``; the tokens' entries come back in the output_text
+    part, and streamed in each text delta and the done events."""
+    fake.enqueue(chat_reply_with_logprobs(streamed))
+    sdk = oai(proxy)
+    if not streamed:
+        response = sdk.responses.create(
+            model="chat-m", input="Hi", include=LOGPROBS, top_logprobs=2
+        )
+    else:
+        stream = sdk.responses.create(
+            model="chat-m", input="Hi", include=LOGPROBS, top_logprobs=2, stream=True
+        )
+        events = list(stream)
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        assert [[t.model_dump() for t in e.logprobs] for e in deltas] == [[t] for t in TOKENS]
+        done = next(e for e in events if e.type == "response.output_text.done")
+        assert [t.model_dump() for t in done.logprobs] == TOKENS
+        assert events[-1].type == "response.completed"
+        response = events[-1].response
+    sent = fake.last.json
+    assert (sent["logprobs"], sent["top_logprobs"]) == (True, 2)
+    part = response.output[0].content[0]
+    assert part.type == "output_text" and part.text == "Hi!"
+    assert [t.model_dump() for t in part.logprobs] == TOKENS
+
+
+def test_logprobs_are_a_400_for_an_anthropic_upstream(
+    fake: FakeProvider, proxy: InProcessProxy
+) -> None:
+    """Claude models give no log probabilities: a reply whose ``logprobs`` were silently
+    empty would pass for one that had none to give."""
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(proxy).responses.create(model="claude-m", input="Hi", include=LOGPROBS)
+    assert e.value.param == "include"
+    assert "message.output_text.logprobs cannot be sent to an Anthropic upstream" in e.value.message
+    assert fake.requests == []
+
+
+def test_top_logprobs_without_include_asks_a_chat_upstream_for_none(
+    fake: FakeProvider, proxy: InProcessProxy
+) -> None:
+    """The Responses API returns log probabilities only when ``include`` asks for them;
+    chat would refuse ``top_logprobs`` without ``logprobs``."""
+    fake.enqueue(Reply(text="ok"))
+    oai(proxy).responses.create(model="chat-m", input="Hi", top_logprobs=2)
+    assert "logprobs" not in fake.last.json and "top_logprobs" not in fake.last.json

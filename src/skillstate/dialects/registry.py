@@ -75,7 +75,7 @@ _BRIDGES = (
         client="openai-responses",
         upstream="anthropic",
         request=lambda body, max_tokens_field: openai_request_to_anthropic(
-            responses_request_to_chat(body, custom=keeps_custom("anthropic"))
+            responses_request_to_chat(body, custom=keeps_custom("anthropic"), logprobs=False)
         ),
         response=lambda resp, model: chat_response_to_responses(
             anthropic_response_to_openai(resp), model

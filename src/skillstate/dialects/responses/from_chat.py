@@ -34,7 +34,7 @@ from ..base import JSON
 from ..checks import bad_request as _bad
 from ..translate import anthropic_request_to_openai
 from ..translate.common import _clean, refuse_moderation
-from .translate import new_id, object_or_empty
+from .translate import OUTPUT_LOGPROBS, new_id, object_or_empty, token_logprobs
 
 _KIND = "openai-responses"
 # Chat request members copied to the Responses request as they are (same name, same values).
@@ -67,7 +67,7 @@ def chat_request_to_responses(body: JSON) -> JSON:
     if limit is not None:
         out["max_output_tokens"] = at_least_the_apis_minimum(limit)
     if body.get("logprobs") is True:
-        out["include"] = ["message.output_text.logprobs"]
+        out["include"] = [OUTPUT_LOGPROBS]
         if body.get("top_logprobs") is not None:
             out["top_logprobs"] = body["top_logprobs"]
     if body.get("reasoning_effort") is not None:
@@ -322,12 +322,6 @@ def responses_usage_to_chat(usage: Any) -> JSON | None:
 
 def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def token_logprobs(raw: Any) -> list[JSON]:
-    """An output_text part's (or text delta's) ``logprobs`` entries: the token's
-    ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, as chat's entries have them."""
-    return [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
 
 
 def chat_logprobs(entries: list[JSON]) -> JSON | None:

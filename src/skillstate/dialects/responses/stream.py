@@ -19,6 +19,7 @@ from ..openai import usage_from_openai
 from .failure import failure_code
 from .items import call_chars, is_client_call
 from .translate import (
+    choice_logprobs,
     custom_tool_call_item,
     function_call_item,
     is_custom_call,
@@ -158,14 +159,16 @@ class ChatToResponsesRelay(RelayCapture):
                 continue
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str) and delta["content"]:
-                out += self._text_delta(delta["content"])
+                out += self._text_delta(delta["content"], choice_logprobs(choice))
             for call in delta.get("tool_calls") or ():
                 out += self._tool_call(call)
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
         return out
 
-    def _text_delta(self, piece: str) -> list[bytes]:
+    def _text_delta(self, piece: str, logprobs: list[JSON]) -> list[bytes]:
+        """A piece of the reply's text (and its tokens' log probabilities, when asked for):
+        the first opens a message item and its output_text part."""
         self.add_text(piece)
         out: list[bytes] = []
         if self._open is None or self._output[self._open]["type"] != "message":
@@ -194,6 +197,7 @@ class ChatToResponsesRelay(RelayCapture):
             )
         item = self._output[self._open]
         item["content"][0]["text"] += piece
+        item["content"][0]["logprobs"] += logprobs
         out.append(
             self._event(
                 "response.output_text.delta",
@@ -201,7 +205,7 @@ class ChatToResponsesRelay(RelayCapture):
                 output_index=self._open,
                 content_index=0,
                 delta=piece,
-                logprobs=[],
+                logprobs=logprobs,
             )
         )
         return out
@@ -262,7 +266,7 @@ class ChatToResponsesRelay(RelayCapture):
                     output_index=pos,
                     content_index=0,
                     text=part["text"],
-                    logprobs=[],
+                    logprobs=part["logprobs"],
                 )
             )
             out.append(

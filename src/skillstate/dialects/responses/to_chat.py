@@ -19,10 +19,9 @@ from .from_chat import (
     chat_finish_reason,
     chat_logprobs,
     chat_tool_call,
-    token_logprobs,
 )
 from .from_chat import responses_usage_to_chat as _usage_to_chat
-from .translate import object_or_empty
+from .translate import object_or_empty, token_logprobs
 
 # The events that stream a call's arguments (or input): chat's name for the call's kind,
 # and whether the event carries the whole (its done event) or a piece.

@@ -29,6 +29,9 @@ TRANSLATED_ITEMS = frozenset({"message", "function_call", "function_call_output"
 # ``tool_calls`` entries ``{"type": "custom", "custom": {"name", "input"}}``), Anthropic's
 # Messages has no tool whose input is free text, so an Anthropic upstream is sent neither.
 CUSTOM_ITEMS = frozenset({"custom_tool_call", "custom_tool_call_output"})
+# The ``include`` value that asks for the output text's log probabilities (chat's
+# ``logprobs: true``; its ``top_logprobs`` is the request's, in both APIs).
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 
 
 def keeps_custom(kind: str) -> bool:
@@ -274,11 +277,14 @@ _SAME_IN_CHAT = (
 
 
 def responses_request_to_chat(
-    body: JSON, *, max_tokens_field: str = "max_tokens", custom: bool = True
+    body: JSON, *, max_tokens_field: str = "max_tokens", custom: bool = True, logprobs: bool = True
 ) -> JSON:
     """A validated Responses request as a chat-completions request. Tools without a chat
     form are dropped (``unsupported_tools: drop``; see ``split_tools``), custom tools and
-    their items too unless ``custom`` (``keeps_custom``)."""
+    their items too unless ``custom`` (``keeps_custom``). The output text's log
+    probabilities (``include``, ``top_logprobs``) are chat's ``logprobs`` and
+    ``top_logprobs``; without ``logprobs`` (an Anthropic upstream's models give none) asking
+    for them is a 400, not a reply whose ``logprobs`` are silently empty."""
     for key in _KEPT_UPSTREAM:
         if body.get(key) is not None:
             raise _bad(
@@ -307,9 +313,29 @@ def responses_request_to_chat(
         out[max_tokens_field] = body["max_output_tokens"]
     if isinstance(text, dict) and text.get("verbosity") is not None:
         out["verbosity"] = text["verbosity"]
+    out.update(_logprobs_to_chat(body, logprobs))
     for key in _SAME_IN_CHAT:
         if body.get(key) is not None:
             out[key] = body[key]
+    return out
+
+
+def _logprobs_to_chat(body: JSON, kept: bool) -> JSON:
+    """Chat's ``logprobs`` and ``top_logprobs`` for a request whose ``include`` asks for the
+    output text's (``top_logprobs`` alone asks for none, as in the Responses API: chat would
+    refuse it without ``logprobs``); a 400 where the upstream has none (``kept`` False)."""
+    include = body.get("include")
+    if not isinstance(include, list) or OUTPUT_LOGPROBS not in include:
+        return {}
+    if not kept:
+        raise _bad(
+            f"include: {OUTPUT_LOGPROBS} cannot be sent to an Anthropic upstream: its models"
+            " give no log probabilities",
+            "include",
+        )
+    out: JSON = {"logprobs": True}
+    if body.get("top_logprobs") is not None:
+        out["top_logprobs"] = body["top_logprobs"]
     return out
 
 
@@ -376,15 +402,35 @@ def usage_to_responses(u: Any) -> JSON | None:
     }
 
 
-def message_item(text: str, *, item_id: str | None = None, status: str = "completed") -> JSON:
-    """An assistant message output item with one output_text part."""
+def message_item(
+    text: str,
+    *,
+    item_id: str | None = None,
+    status: str = "completed",
+    logprobs: list[JSON] | None = None,
+) -> JSON:
+    """An assistant message output item with one output_text part (and its tokens'
+    ``logprobs``, when asked for)."""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {
         "id": item_id or new_id("msg_"),
         "type": "message",
         "status": status,
         "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        "content": [part],
     }
+
+
+def token_logprobs(raw: Any) -> list[JSON]:
+    """An output_text part's (or text delta's) ``logprobs`` entries: the token's
+    ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, as chat's entries have them."""
+    return [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+
+
+def choice_logprobs(choice: Any) -> list[JSON]:
+    """A chat choice's (or chunk choice's) content tokens' ``logprobs`` entries, which an
+    output_text part takes as they are."""
+    return token_logprobs(object_or_empty(object_or_empty(choice).get("logprobs")).get("content"))
 
 
 def function_call_item(
@@ -503,7 +549,7 @@ def chat_response_to_responses(resp: JSON, request_model: str) -> JSON:
     if isinstance(content, list):
         content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
     if isinstance(content, str) and content:
-        output.append(message_item(content))
+        output.append(message_item(content, logprobs=choice_logprobs(choice)))
     for call in msg.get("tool_calls") or ():
         if isinstance(call, dict):
             output.append(_call_item(call))
