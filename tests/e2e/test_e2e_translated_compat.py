@@ -23,13 +23,17 @@ KINDS = {"chat": "openai", "claude": "anthropic"}
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeProvider, Any]]:
-    """One fake provider and one passthrough proxy for the module: ``chat-*`` models go to
-    its chat-completions face, ``claude-*`` to its Messages face."""
+    """One fake provider and one passthrough proxy for the module: ``chat-*``, ``gpt-*``
+    and ``o*`` models go to its chat-completions face, ``claude-*`` to its Messages face,
+    ``responses/*`` to its Responses face."""
     fake = FakeProvider().start()
     upstreams = [
-        {"name": "chat", "url": fake.url + "/v1", "kind": "openai", "models": ["chat-*"]},
+        {"name": "resp", "url": fake.url + "/v1", "kind": "openai-responses",
+         "models": ["responses/*"]},
+        {"name": "chat", "url": fake.url + "/v1", "kind": "openai",
+         "models": ["chat-*", "gpt-*", "o*"]},
         {"name": "claude", "url": fake.url, "kind": "anthropic", "models": ["claude-*"]},
-    ]
+    ]  # fmt: skip
     for up in upstreams:
         up["api_key"] = "sk-upstream"
     tmp = tmp_path_factory.mktemp("translated-compat")
@@ -319,3 +323,64 @@ def test_top_logprobs_without_include_asks_a_chat_upstream_for_none(
     fake.enqueue(Reply(text="ok"))
     oai(proxy).responses.create(model="chat-m", input="Hi", top_logprobs=2)
     assert "logprobs" not in fake.last.json and "top_logprobs" not in fake.last.json
+
+
+# Claude Code's beta of a mid-conversation system message's output_config.
+EFFORT_BETA = ["mid-conversation-output-config-2026-07-01"]
+ASKED = {"role": "user", "content": "Plan it."}
+ANSWERED = {"role": "assistant", "content": "Planned."}
+USE = {"role": "assistant", "content": [
+    {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}]}  # fmt: skip
+RESULT = {"role": "user", "content": [
+    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "found"}]}  # fmt: skip
+
+
+def effort(level: str) -> dict[str, Any]:
+    """Claude Code's effort-only system message."""
+    return {"role": "system", "content": [], "output_config": {"effort": level}}
+
+
+@pytest.mark.parametrize(
+    ("model", "messages", "sent"),
+    [
+        ("gpt-5.1", [ASKED], "medium"),  # the request's own (Claude Code's)
+        # Right after a user turn with new input: that turn's reply is asked at that level.
+        ("gpt-5.1", [ASKED, effort("low")], "low"),
+        ("responses/gpt-5.1-codex", [ASKED, effort("high")], "high"),
+        ("o3", [ASKED, effort("high")], "high"),
+        ("gpt-5.1", [ASKED, effort("max")], "xhigh"),  # Anthropic's most, OpenAI's xhigh
+        # Elsewhere: from the next user turn with new input on, and until another changes it.
+        ("gpt-5.1", [ASKED, ANSWERED, effort("low"), ASKED], "low"),
+        ("gpt-5.1", [ASKED, effort("low"), ANSWERED, ASKED], "low"),
+        # Tool results alone are no new input: the turn keeps the level it started with.
+        ("gpt-5.1", [ASKED, USE, effort("low"), RESULT], "medium"),
+        ("responses/gpt-5.1", [ASKED, USE, effort("low"), RESULT, ANSWERED, ASKED], "low"),
+        # A model that takes no reasoning effort refuses one: none is sent.
+        ("gpt-4.1", [ASKED, effort("low")], None),
+        ("responses/gpt-4.1", [ASKED], None),
+    ],
+)
+def test_claude_codes_effort_is_openais_reasoning_effort(
+    fake: FakeProvider,
+    proxy: InProcessProxy,
+    model: str,
+    messages: list[dict[str, Any]],
+    sent: str | None,
+) -> None:
+    """``output_config.effort``, top-level or a mid-conversation system message's (beta
+    mid-conversation-output-config), is chat's ``reasoning_effort`` / the Responses
+    API's ``reasoning.effort`` for the reply, where the model takes one."""
+    fake.enqueue(Reply(text="ok"))
+    ant(proxy).beta.messages.create(
+        model=model,
+        max_tokens=64,
+        messages=messages,  # type: ignore[arg-type]
+        tools=[{"name": "lookup", "input_schema": {"type": "object"}}],
+        output_config={"effort": "medium"},
+        betas=EFFORT_BETA,
+    )
+    body = fake.last.json
+    if model.startswith("responses/"):
+        assert body.get("reasoning", {}).get("effort") == sent
+    else:
+        assert body.get("reasoning_effort") == sent

@@ -108,8 +108,8 @@ def anthropic_request_to_responses(body: JSON) -> JSON:
     not cross: ``thinking`` blocks carry a signature only Anthropic can check (and reasoning
     items an encrypted_content only OpenAI can read), so earlier turns' blocks are dropped,
     and the ``thinking`` option has no faithful ``reasoning.effort`` (a token budget is not
-    an effort level). ``output_config.effort`` is one: it is ``reasoning.effort``
-    (``max`` as ``xhigh``, the most the Responses API has)."""
+    an effort level). ``output_config.effort`` is one: chat's ``reasoning_effort``, so
+    ``reasoning.effort`` (``translate.effort``)."""
     if body.get("stop_sequences"):
         raise _bad(
             "stop_sequences: the Responses API has no stop sequences (an upstream of kind "
@@ -118,16 +118,7 @@ def anthropic_request_to_responses(body: JSON) -> JSON:
         )
     if "max_tokens" not in body:  # a count_tokens request: no limit to translate
         body = {**body, "max_tokens": None}
-    out = chat_request_to_responses(anthropic_request_to_openai(body))
-    effort = object_or_empty(body.get("output_config")).get("effort")
-    if isinstance(effort, str) and effort in _EFFORTS:
-        out["reasoning"] = {"effort": _EFFORTS[effort]}
-    return out
-
-
-# Anthropic's ``output_config.effort`` -> ``reasoning.effort``: the same words up to xhigh;
-# ``max`` is the most the Responses API has, xhigh.
-_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
+    return chat_request_to_responses(anthropic_request_to_openai(body))
 
 
 def _refuse_what_has_no_form(body: JSON) -> None:

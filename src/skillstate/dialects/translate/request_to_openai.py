@@ -16,13 +16,16 @@ from .common import (
     _dumps,
     tool_media_label,
 )
+from .effort import reasoning_effort
 
 
 def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_tokens") -> JSON:
     """An Anthropic Messages request -> an OpenAI chat-completions request.
 
     ``body`` has passed ``validate_anthropic_request``. Structured outputs
-    (``output_config.format``) become a ``json_schema`` ``response_format``. Dropped:
+    (``output_config.format``) become a ``json_schema`` ``response_format``; the effort
+    (``output_config.effort``, a mid-conversation system message's included) the
+    ``reasoning_effort`` of a model that takes one (``effort.reasoning_effort``). Dropped:
     ``metadata``, ``top_k``,
     ``thinking``, ``cache_control`` markers, ``thinking``/``redacted_thinking`` blocks and
     any other top-level field OpenAI has no equivalent for. Raises ProxyError 400 for
@@ -61,6 +64,9 @@ def anthropic_request_to_openai(body: JSON, *, max_tokens_field: str = "max_toke
                 out["tool_choice"] = {"type": "function", "function": {"name": tc["name"]}}
             if tc.get("disable_parallel_tool_use") and ttype != "none":
                 out["parallel_tool_calls"] = False
+    effort = reasoning_effort(body)
+    if effort is not None:
+        out["reasoning_effort"] = effort
     schema = _anthropic_output_schema(body)
     if schema is not None:
         # Anthropic guarantees the schema; OpenAI does only in strict mode, which refuses
