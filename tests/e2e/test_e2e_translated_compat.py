@@ -384,3 +384,85 @@ def test_claude_codes_effort_is_openais_reasoning_effort(
         assert body.get("reasoning", {}).get("effort") == sent
     else:
         assert body.get("reasoning_effort") == sent
+
+
+BREAKPOINT = {"mode": "explicit", "ttl": "12h"}
+
+
+def test_a_responses_clients_cache_options_and_breakpoints_reach_a_chat_upstream(
+    fake: FakeProvider, proxy: InProcessProxy
+) -> None:
+    """``prompt_cache_options`` and a part's ``prompt_cache_breakpoint`` (the same objects in
+    both APIs): the mode and a 30-minute ttl cross, the diagnostics' response id (one chat
+    does not know) does not; a part with a breakpoint stays a part (it marks the part's
+    end), so the user message keeps its list."""
+    fake.enqueue(Reply(text="ok"))
+    oai(proxy).responses.create(
+        model="gpt-5.1",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "input_text",
+                        "text": "The long, stable prefix.",
+                        "prompt_cache_breakpoint": BREAKPOINT,
+                    },
+                    {"type": "input_text", "text": "The question."},
+                ],
+            }
+        ],
+        prompt_cache_options={"mode": "explicit", "ttl": "30m", "comparison_response_id": "r1"},
+    )
+    body = fake.last.json
+    assert body["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+    assert body["messages"][-1]["content"] == [
+        {"type": "text", "text": "The long, stable prefix.", "prompt_cache_breakpoint": BREAKPOINT},
+        {"type": "text", "text": "The question."},
+    ]
+
+
+def test_a_12h_cache_ttl_is_chats_30_minutes_and_prewarming_is_a_400(
+    fake: FakeProvider, proxy: InProcessProxy
+) -> None:
+    """Chat's request ttl is 30m only (the 12h minimum is the cache's, not the answer's);
+    ``prewarm`` asks for no answer, which chat has no request for."""
+    fake.enqueue(Reply(text="ok"))
+    sdk = oai(proxy)
+    sdk.responses.create(model="gpt-5.1", input="Hi", prompt_cache_options={"ttl": "12h"})
+    assert "prompt_cache_options" not in fake.last.json
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.responses.create(model="gpt-5.1", input="Hi", prompt_cache_options={"prewarm": True})
+    assert e.value.param == "prompt_cache_options.prewarm"
+    assert len(fake.requests) == 1
+
+
+def test_a_chat_clients_cache_options_and_breakpoints_reach_a_responses_upstream(
+    fake: FakeProvider, proxy: InProcessProxy
+) -> None:
+    fake.enqueue(Reply(text="ok"))
+    image = "https://example.com/cat.png"
+    oai(proxy).chat.completions.create(
+        model="responses/gpt-5.1",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Stable.", "prompt_cache_breakpoint": BREAKPOINT},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": image},
+                        "prompt_cache_breakpoint": {"mode": "explicit"},
+                    },
+                ],
+            }
+        ],
+        prompt_cache_options={"mode": "explicit", "ttl": "30m"},
+    )
+    body = fake.last.json
+    assert body["prompt_cache_options"] == {"mode": "explicit", "ttl": "30m"}
+    assert body["input"][0]["content"] == [
+        {"type": "input_text", "text": "Stable.", "prompt_cache_breakpoint": BREAKPOINT},
+        {"type": "input_image", "image_url": image, "detail": "auto",
+         "prompt_cache_breakpoint": {"mode": "explicit"}},
+    ]  # fmt: skip

@@ -13,7 +13,9 @@ What has no Responses form (the openai SDK's ResponseCreateParams has no member 
   no form for), ``moderation`` (the reply's results would not come back) and the legacy
   ``functions`` / ``function_call`` and ``function`` role;
 * dropped (sampling hints that change no contract): ``seed``, ``frequency_penalty``,
-  ``presence_penalty``, ``logit_bias``, ``prediction``, a message's ``name``.
+  ``presence_penalty``, ``logit_bias``, ``prediction``, a message's ``name``, a system or
+  developer message's ``prompt_cache_breakpoint`` (their text is ``instructions``; a user
+  part's breakpoint and ``prompt_cache_options`` cross as they are).
 
 ``logprobs`` / ``top_logprobs`` ask for the output text's log probabilities
 (``include: ["message.output_text.logprobs"]`` and ``top_logprobs``); each token's entry has
@@ -40,7 +42,8 @@ _KIND = "openai-responses"
 # Chat request members copied to the Responses request as they are (same name, same values).
 _SAME_MEMBERS = (
     "temperature", "top_p", "stream", "user", "metadata", "prompt_cache_key",
-    "prompt_cache_retention", "safety_identifier", "service_tier", "parallel_tool_calls",
+    "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "service_tier",
+    "parallel_tool_calls",
 )  # fmt: skip
 
 
@@ -183,6 +186,15 @@ def _user_item(content: Any, path: str) -> JSON:
 
 
 def _user_part(part: JSON, path: str) -> JSON:
+    """A user message's part as a Responses input part, its ``prompt_cache_breakpoint``
+    kept (the same object in both APIs)."""
+    out = _user_part_body(part, path)
+    if isinstance(part.get("prompt_cache_breakpoint"), dict):
+        out["prompt_cache_breakpoint"] = part["prompt_cache_breakpoint"]
+    return out
+
+
+def _user_part_body(part: JSON, path: str) -> JSON:
     ptype = part["type"]
     if ptype == "text":
         return {"type": "input_text", "text": part["text"]}

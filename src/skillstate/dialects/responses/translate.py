@@ -95,8 +95,16 @@ def _spec(tool: JSON, *keys: str) -> JSON:
 
 
 def _part_to_chat(part: JSON, path: str) -> JSON:
-    """A content part as chat completions has it; a 400 naming the part where chat has no
-    form for it (an image by ``file_id`` only, a file by ``file_url``), never a part dropped."""
+    """A content part as chat completions has it, its ``prompt_cache_breakpoint`` kept (the
+    same object in both APIs); a 400 naming the part where chat has no form for it (an
+    image by ``file_id`` only, a file by ``file_url``), never a part dropped."""
+    out = _part_body_to_chat(part, path)
+    if isinstance(part.get("prompt_cache_breakpoint"), dict):
+        out["prompt_cache_breakpoint"] = part["prompt_cache_breakpoint"]
+    return out
+
+
+def _part_body_to_chat(part: JSON, path: str) -> JSON:
     ptype = part.get("type")
     if ptype in ("input_text", "output_text", "text"):
         return {"type": "text", "text": part.get("text") or ""}
@@ -130,7 +138,8 @@ def _message_to_chat(item: JSON, path: str) -> JSON:
             " send images and files in a user message",
             f"{path}.content[{k}]",
         )
-    if role != "user" or all(p["type"] == "text" for p in parts):
+    plain = all(p["type"] == "text" and "prompt_cache_breakpoint" not in p for p in parts)
+    if plain:  # a breakpoint marks a part's end: its parts stay parts
         return {"role": role, "content": "".join(p["text"] for p in parts)}
     return {"role": role, "content": parts}
 
@@ -314,9 +323,33 @@ def responses_request_to_chat(
     if isinstance(text, dict) and text.get("verbosity") is not None:
         out["verbosity"] = text["verbosity"]
     out.update(_logprobs_to_chat(body, logprobs))
+    cache_options = _cache_options_to_chat(body.get("prompt_cache_options"))
+    if cache_options:
+        out["prompt_cache_options"] = cache_options
     for key in _SAME_IN_CHAT:
         if body.get(key) is not None:
             out[key] = body[key]
+    return out
+
+
+def _cache_options_to_chat(options: Any) -> JSON:
+    """``prompt_cache_options`` as chat completions takes them: ``mode`` as it is, ``ttl``
+    when chat has it (``30m``; a ``12h`` minimum lifetime is the cache's, not the answer's:
+    chat's 30 minutes apply), ``comparison_response_id`` (diagnostics of a response chat
+    does not know) left out. ``prewarm`` would answer with no output: a 400."""
+    if not isinstance(options, dict):
+        return {}
+    if options.get("prewarm") is True:
+        raise _bad(
+            "prompt_cache_options.prewarm cannot be sent to a chat-completions or Anthropic"
+            " upstream: it has no request that prepares the cache without answering",
+            "prompt_cache_options.prewarm",
+        )
+    out: JSON = {}
+    if options.get("mode") is not None:
+        out["mode"] = options["mode"]
+    if options.get("ttl") == "30m":
+        out["ttl"] = "30m"
     return out
 
 
