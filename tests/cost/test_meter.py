@@ -90,3 +90,17 @@ class _Cut:
     upstream = "u"
     status = 499
     billed = True
+
+
+def test_row_ids_grow_with_time_and_differ_within_a_millisecond(monkeypatch) -> None:
+    """Row ids lead with the time (the ledger's unique index is appended to, not written at
+    random pages) and stay 32 hex digits, unique however close together they are made."""
+    clock = iter([1_700_000_000_123_000_000, 1_700_000_000_123_400_000, 1_700_000_000_124_000_000])
+    monkeypatch.setattr("time.time_ns", lambda: next(clock))
+    meter = TurnMeter(BOOK, CTX)
+    for tokens in (100, 110, 120):
+        answer(meter, tokens)
+    ids = [r.row_id for r in meter.rows]
+    assert all(i is not None and len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert ids[0] != ids[1] and ids[0][:12] == ids[1][:12] == f"{1_700_000_000_123:012x}"
+    assert ids[2] > ids[1] and ids[2] > ids[0]
