@@ -273,8 +273,8 @@ async def admit(request: Request, rt: Runtime, turn: Turn) -> None:
 def with_budgets(turn: Turn, result: Reply | StreamReply) -> dict[str, str]:
     """The reply's headers with what the turn's budgets have spent and have left (a stream:
     spent before it; its own cost is in its closing comment)."""
-    if turn.budgets is None:
-        return result.headers
+    if turn.budgets is None or not turn.budgets.budgets:
+        return result.headers  # under no budget: nothing to add (no copy of the headers)
     cost = 0.0
     if isinstance(result, Reply):  # what the ledger charges the turn, measured or estimated
         for name in ("x-skillstate-cost-usd", "x-skillstate-estimated-cost-usd"):

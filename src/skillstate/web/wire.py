@@ -65,7 +65,8 @@ async def read_json_body(
     check: the caller runs :func:`check_nesting` (on what it has not checked before) before
     anything walks the body. ``known``: what the bytes parse to, when it can tell without
     parsing them all (``SessionTranscripts.parsed``; None: it cannot)."""
-    if not is_json_media_type(request.headers.get("content-type", "")):
+    content_type, encoding, declared = _body_headers(request.scope["headers"])
+    if not is_json_media_type(content_type):
         # text/plain and form bodies are CORS "simple" requests: any web page could send them.
         raise ProxyError(
             "invalid_request",
@@ -73,8 +74,7 @@ async def read_json_body(
             status=415,
             code="unsupported_media_type",
         )
-    applied = codings(request.headers.get("content-encoding", ""))
-    declared = request.headers.get("content-length")
+    applied = codings(encoding)
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(max_bytes)
     raw = await _read_body(request.receive, max_bytes)
@@ -92,6 +92,23 @@ async def read_json_body(
     if not isinstance(body, dict):
         raise ProxyError("invalid_request", "request body must be a JSON object")
     return body, raw
+
+
+def _body_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, str, str | None]:
+    """The request's ``content-type`` and ``content-encoding`` ("" when absent) and
+    ``content-length`` (None), each its first value as Starlette's ``Headers.get`` has it, in
+    one pass over the headers instead of one per name."""
+    found: dict[bytes, bytes] = {}
+    for name, value in raw:
+        if name in _BODY_HEADERS and name not in found:
+            found[name] = value
+    content_type = found.get(b"content-type", b"").decode("latin-1")
+    encoding = found.get(b"content-encoding", b"").decode("latin-1")
+    length = found.get(b"content-length")
+    return content_type, encoding, None if length is None else length.decode("latin-1")
+
+
+_BODY_HEADERS = frozenset({b"content-type", b"content-encoding", b"content-length"})
 
 
 def check_nesting(body: dict[str, Any], raw: bytes, skip: tuple[str, int] | None = None) -> None:
