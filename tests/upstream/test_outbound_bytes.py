@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
+from skillstate.config import Upstream
+from skillstate.cost.cachehints import CacheHints
 from skillstate.upstream.client import Outbound
 
 RAW = b' {"model": "m" ,\n "messages": [{"role": "user", "content": "caf\\u00e9"}] }\n'
@@ -47,3 +49,24 @@ def test_another_format_or_no_client_bytes_is_serialised() -> None:
     assert outbound(raw=RAW).payload_for("anthropic") != RAW  # bridged: another body
     body = orjson.loads(RAW)
     assert Outbound("openai", body, False, 1, {}).payload_for("openai") == orjson.dumps(body)
+
+
+def test_the_stable_prefix_is_found_only_for_an_upstream_that_takes_a_breakpoint() -> None:
+    """Finding the cache breakpoint's place (the contract in the transcript, its tokens) is
+    left to the first upstream that reads it: one billed like Anthropic's cache."""
+    found: list[int] = []
+
+    def find() -> tuple[str | None, int]:
+        found.append(1)
+        return None, 0
+
+    hints = CacheHints("skillstate-key", find=find)
+    out = outbound(cache_hints=hints)
+    openai = Upstream(name="o", url="http://o.example", kind="openai")
+    sent = out.payload_for_upstream(openai, "openai", "max_tokens")
+    assert orjson.loads(sent)["prompt_cache_key"] == "skillstate-key"
+    assert found == []
+    anthropic = Upstream(name="a", url="http://a.example", kind="anthropic")
+    out.payload_for_upstream(anthropic, "anthropic", "max_tokens")
+    assert found == [1]
+    assert (hints.prefix_end, hints.prefix_tokens) == (None, 0) and found == [1]  # once

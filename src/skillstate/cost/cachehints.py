@@ -21,8 +21,7 @@ body (the input is never mutated); the work is O(number of blocks of the first m
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -42,7 +41,6 @@ EPHEMERAL = {"type": "ephemeral"}
 ONE_HOUR = {"type": "ephemeral", "ttl": "1h"}
 
 
-@dataclass(frozen=True, slots=True)
 class CacheHints:
     """What the upstream layer needs to build a cache-friendly request for one turn.
 
@@ -50,11 +48,41 @@ class CacheHints:
     ``prefix_end``: the exact text of the block that ends the stable prefix (the contract),
     None when this turn has no stable prefix of the proxy's making. ``prefix_tokens``: the
     estimated tokens of that prefix, for the model's minimum cacheable length.
+
+    ``find``: instead of the two, what finds them, called on the first read of either: only
+    a breakpoint for an Anthropic-billed upstream reads them, and finding the prefix (the
+    contract's text in the transcript, its tokens) is work that an OpenAI-kind call skips.
     """
 
-    cache_key: str | None = None
-    prefix_end: str | None = None
-    prefix_tokens: int = 0
+    __slots__ = ("_find", "_prefix", "cache_key")
+
+    def __init__(
+        self,
+        cache_key: str | None = None,
+        prefix_end: str | None = None,
+        prefix_tokens: int = 0,
+        *,
+        find: Callable[[], tuple[str | None, int]] | None = None,
+    ) -> None:
+        self.cache_key = cache_key
+        self._prefix: tuple[str | None, int] | None = (
+            None if find is not None else (prefix_end, prefix_tokens)
+        )
+        self._find = find
+
+    @property
+    def prefix_end(self) -> str | None:
+        return self._stable_prefix()[0]
+
+    @property
+    def prefix_tokens(self) -> int:
+        return self._stable_prefix()[1]
+
+    def _stable_prefix(self) -> tuple[str | None, int]:
+        if self._prefix is None:
+            assert self._find is not None
+            self._prefix, self._find = self._find(), None
+        return self._prefix
 
 
 @lru_cache(maxsize=4096)  # a pure function of the id, asked on every turn of the session

@@ -450,14 +450,19 @@ def _cache_hints(
     text ends the stable prefix of a compact context (system, tools, task, contract), or at
     ``prefix_end`` (the window form: the state, which changes only at checkpoints); its
     tokens are estimated from those parts. Found in any client format: the breakpoint is
-    set on the upstream's request, after translation (``cachehints.with_breakpoint``)."""
+    set on the upstream's request, after translation (``cachehints.with_breakpoint``); the
+    breakpoint's place is found only when an upstream asks for it (``CacheHints.find``)."""
     key = prompt_cache_key(turn.session) if SESSION_HEADER in turn.headers else None
-    contract = prefix_end or context.contract_text(schema, turn.envelope_form)
-    head = _head_through(body.get(turn.wire.transcript[0]), contract)
-    if head is None:
-        return CacheHints(key)
-    prefix = [body.get("tools"), body.get("system"), body.get("instructions"), head]
-    return CacheHints(key, contract, estimate_tokens(prefix))
+
+    def stable_prefix() -> tuple[str | None, int]:
+        contract = prefix_end or context.contract_text(schema, turn.envelope_form)
+        head = _head_through(body.get(turn.wire.transcript[0]), contract)
+        if head is None:
+            return None, 0
+        prefix = [body.get("tools"), body.get("system"), body.get("instructions"), head]
+        return contract, estimate_tokens(prefix)
+
+    return CacheHints(key, find=stable_prefix)
 
 
 def _head_through(items: Any, end: str) -> list[Any] | None:
