@@ -23,9 +23,10 @@ first bytes; the hook. After each restart, for every session:
 - a retry gets the kept reply (``x-skillstate-replayed``, nothing sent upstream) when the
   commit landed, else runs the turn once; a second retry is the same bytes again;
 - the ledger has at most one row per upstream call (each call's reply has its own output
-  token count), a row for every acknowledged call; the session's spend (``GET /state``,
-  under a session budget) never goes down and is the sum of its rows, and ``skillstate cost
-  --by session --json`` reads the same.
+  token count), a row for every acknowledged call, and a row for a call the kill cut, charged
+  its worst case (``interrupted``, none left ``pending``); the session's spend (``GET
+  /state``, under a session budget) never goes down and is the sum of its rows (cost, else
+  estimate), and ``skillstate cost --by session --json`` reads the same.
 
 And the WAL a crash leaves, damaged while the proxy is stopped (its header, a frame before
 later commits, the database file emptied under it): the proxy refuses to start in one line
@@ -226,14 +227,21 @@ class Session:
             assert kept[: self.acked] == self.patches, (self.sid, kept, self.patches)
             assert all(p in self.world.answered.values() for p in kept), kept  # whole patches
             assert state["state"]["notes"] == kept[-1]["notes"]
-        rows = self.world.ledger(self.sid)
+        all_rows = self.world.ledger(self.sid)
+        # A call a kill cut is charged its worst case (its pending row, settled at the
+        # restart: cost.pending); none is pending once the proxy is up again.
+        cut = [r for r in all_rows if r[2] == "interrupted"]
+        assert all(r[3] is not None and r[3] > 0 for r in cut), cut
+        assert "pending" not in [r[2] for r in all_rows], all_rows
+        rows = [r for r in all_rows if r[2] != "interrupted"]
         used = [r[0] for r in rows]
         assert len(used) == len(set(used)), f"two rows for one upstream call: {sorted(used)}"
         assert set(used) <= set(self.world.answered), (used, self.world.answered)
         assert self.acked_calls <= set(used), (self.sid, self.acked_calls, used)
         spent = float(state["spent_usd"])
         assert spent >= self.spent - 1e-9, (self.sid, spent, self.spent)  # never goes down
-        assert spent == pytest.approx(sum(r[1] or 0 for r in rows)), (self.sid, spent, rows)
+        charged = sum(r[1] if r[1] is not None else r[3] or 0 for r in all_rows)
+        assert spent == pytest.approx(charged), (self.sid, spent, all_rows)
         self.spent = spent
 
     def retry(self, label: str, landed_expected: bool | None) -> None:
@@ -303,9 +311,13 @@ class World:
 
         return self.fake.wait_for(found, timeout=SIGNAL_WAIT)  # type: ignore[no-any-return]
 
-    def ledger(self, session: str) -> list[tuple[int | None, float | None]]:
+    def ledger(self, session: str) -> list[tuple[Any, ...]]:
+        """(output tokens, cost, pricing, estimated cost) of the session's rows."""
         with contextlib.closing(sqlite3.connect(self.data / "skillstate.db")) as db:
-            q = "SELECT output_tokens, cost_usd FROM ledger WHERE session = ?"
+            q = (
+                "SELECT output_tokens, cost_usd, pricing, estimated_cost_usd FROM ledger"
+                " WHERE session = ?"
+            )
             return db.execute(q, (session,)).fetchall()
 
     def committed_call(self, s: Session) -> int:
@@ -332,7 +344,8 @@ class World:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):  # the CLI's own entry point, in this process
             assert main(["cost", "--data-dir", str(self.data), "--by", "session", "--json"]) == 0
-        read = {g["key"]: g["cost_usd"] for g in json.loads(out.getvalue())["groups"]}
+        groups = json.loads(out.getvalue())["groups"]
+        read = {g["key"]: (g["cost_usd"] or 0) + (g["estimated_cost_usd"] or 0) for g in groups}
         assert read == pytest.approx({s.sid: s.spent for s in sessions}), read
 
     def died(self) -> None:

@@ -42,6 +42,13 @@ def rows(data: Path) -> list[tuple[Any, ...]]:
         return db.execute(sql).fetchall()
 
 
+def calls_done(data: Path, n: int) -> bool:
+    """``n`` calls are in the ledger and none is in flight (a budgeted call's pending row,
+    ``cost.pending``, is gone once its own row is written)."""
+    got = rows(data)
+    return len(got) == n and all(pricing != "pending" for _, pricing, _, _ in got)
+
+
 def start(start_proxy: StartProxy, upstream: str | None, **config: Any) -> InProcessProxy:
     config = {"prices": PRICES, "auth_cache_ttl": 0, **config}
     return start_proxy(upstream, "--schema", "notes", config=config)
@@ -97,7 +104,7 @@ def test_a_client_that_leaves_before_the_answer_spends_its_budget(
     never = threading.Event()
     for n in (1, 2):
         leave_before_the_answer(proxy, fake, "s1", never)
-        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
+        wait_until(lambda n=n: calls_done(tmp_path / "data", n))
     assert rows(tmp_path / "data") == [(499, *UNMEASURED)] * 2
     r = refused_by_budget(proxy, "s1")
     assert "spent $0.200000" in r.json()["error"]["message"]
@@ -115,7 +122,7 @@ def test_a_client_that_cuts_each_stream_before_its_usage_spends_its_budget(
     proxy = start(start_proxy, fake.url + "/v1")
     for n in (1, 2):
         cut_a_stream(proxy, fake, "s2")
-        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
+        wait_until(lambda n=n: calls_done(tmp_path / "data", n))
     assert rows(tmp_path / "data") == [(499, *UNMEASURED)] * 2
     refused_by_budget(proxy, "s2")
     assert len(fake.requests) == 2
@@ -159,7 +166,7 @@ def test_a_messages_stream_cut_after_its_first_usage_spends_its_budget(
                 next(iter(stream))  # message_start is here: the client has had enough
             else:
                 stream.get_final_message()  # the upstream closes after message_start
-        wait_until(lambda n=n: len(rows(tmp_path / "data")) == n)
+        wait_until(lambda n=n: calls_done(tmp_path / "data", n))
     assert [r[3] for r in rows(tmp_path / "data")] == [pytest.approx(0.1)] * 2
     refused_by_budget(proxy, session)
 

@@ -17,7 +17,9 @@ a budget is charged the real cost of each call done, the worst case of each call
 flight, and the worst case of each call that ended without usage (its ledger row's
 ``estimated_cost_usd``: a client leaving before the usage spends as if it stayed), so the
 only way past it is a call whose real cost was above its worst case (the
-estimator's error, see ``cost.worstcase``).
+estimator's error, see ``cost.worstcase``). The holds live in memory (or Redis): each call
+also has a pending ledger row at its worst case, written before it is sent, so that a
+process killed with calls out leaves them charged (``cost.pending``).
 
 Unpriced models: a call under any budget to a model without a price is refused (400) unless
 the key has ``allow_unpriced``; then it is reserved, and its ledger rows (which record no
@@ -27,6 +29,7 @@ cost) are counted, at the most expensive known model's rates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -44,7 +47,9 @@ from .worstcase import Rates, WorstCase, unpriced_rates
 if TYPE_CHECKING:
     from ..coordination.budgets import SharedHolds
     from ..coordination.link import CoordinationLink
+    from ..store.records import LedgerRow
     from .ledgerwrites import LedgerWrites
+    from .pending import PendingCalls
 
 audit_log = logging.getLogger("skillstate.audit")
 
@@ -261,8 +266,11 @@ class TurnBudgets:
     book: Budgets
     allow_unpriced: bool
     keyed: bool = False  # the turn's caller has a client key (which allow_unpriced is of)
+    session: str = ""  # the turn's session (store id) and mode: its pending rows'
+    mode: str = ""
     _spent: dict[str, float] = field(default_factory=dict)
     _releases: list[Release] = field(default_factory=list, repr=False)
+    _pending: list[str] = field(default_factory=list, repr=False)  # its pending rows' ids
 
     async def reserve(
         self,
@@ -284,10 +292,13 @@ class TurnBudgets:
         call = self.book.worst.cost(rates, input_tokens, body, [name for name, _ in upstreams])
         held: list[Release] = []
         spent_before: dict[str, float] = {}
+        pending = self.book.pending_row(self.session, model, self.mode, call)
+        written = pending  # written with the first spend read
         try:
             for budget in self.budgets:
                 since = await self.book.holds.mark()  # before the ledger is read
-                spent = spent_before[budget.holder] = await self.book.spent(budget)
+                spent = spent_before[budget.holder] = await self.book.spent(budget, written)
+                written = None
                 release, others = await self.book.holds.hold(budget, call, spent, since)
                 if release is None:
                     raise budget.refusal(spent, others, call, self.book.clock())
@@ -295,8 +306,12 @@ class TurnBudgets:
         except BaseException:
             for release in held:
                 await asyncio.shield(release())
+            if pending is not None and pending.row_id is not None:  # the call is not sent
+                await asyncio.shield(self.book.drop_pending([pending.row_id]))
             raise
         self._releases += held
+        if pending is not None and pending.row_id is not None:
+            self._pending.append(pending.row_id)
         for holder, spent in spent_before.items():  # a re-ask's: the turn's own first call
             self._spent.setdefault(holder, spent)
         return call
@@ -323,11 +338,16 @@ class TurnBudgets:
         return bool(self._releases)
 
     async def release(self) -> None:
-        """End every hold (idempotent): the turn's cost is in the ledger now."""
+        """End every hold (idempotent): the turn's cost is in the ledger now, and so its
+        pending rows go (before the reply's last bytes, like the rows: a reader of the
+        ledger after the reply sees the call once)."""
         releases, self._releases = self._releases, []
         for release in releases:
             # Shielded: a turn being cancelled still gives its holds back.
             await asyncio.shield(release())
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.shield(self.book.drop_pending(pending))
 
     def headers(self, turn_cost: float) -> dict[str, str]:
         """What each budget has spent, this turn's cost (measured and estimated) included,
@@ -353,6 +373,7 @@ class Budgets:
         link: CoordinationLink | None = None,
         clock: Callable[[], float] = time.time,
         ledger: LedgerWrites | None = None,
+        pending: PendingCalls | None = None,
     ) -> None:
         self.store = store
         self.worst = worst
@@ -360,6 +381,21 @@ class Budgets:
         self.clock = clock
         # The rows written off the critical path: all written before a spend is read.
         self.ledger = ledger
+        # Each call's pending row, written before it is sent (None: no such rows).
+        self.pending = pending
+
+    def pending_row(self, session: str, model: str, mode: str, usd: float) -> LedgerRow | None:
+        """The pending row of a call about to be sent (None without pending rows)."""
+        if self.pending is None:
+            return None
+        return self.pending.row(session, model, mode, usd)
+
+    async def drop_pending(self, row_ids: list[str]) -> None:
+        """Delete the pending rows of calls whose rows are written, or that were not sent
+        after all (best effort: a row left is counted at its worst case once this process
+        is gone)."""
+        with contextlib.suppress(StoreError):
+            await self.store.drop_ledger_rows(row_ids)
 
     async def for_turn(
         self,
@@ -369,6 +405,7 @@ class Budgets:
         asked: str | None,
         *,
         stored: bool = True,
+        mode: str = "",
     ) -> TurnBudgets:
         """The budgets of a turn of ``session`` by the key ``key`` (None with auth off);
         ``asked``: the turn's budget header, which sets the session's budget when it has
@@ -392,20 +429,30 @@ class Budgets:
         if limit is not None:
             budgets.append(session_budget(session, limit))
         allow = bool(record is not None and record.allow_unpriced)
-        return TurnBudgets(budgets, self, allow, keyed=record is not None)
+        return TurnBudgets(
+            budgets, self, allow, keyed=record is not None, session=session, mode=mode
+        )
 
-    async def spent(self, budget: Budget) -> float:
+    async def spent(self, budget: Budget, pending: LedgerRow | None = None) -> float:
         """What the budget's ledger rows cost (a row without a price at the most
-        expensive known model's rates)."""
+        expensive known model's rates), the pending rows of calls in flight left out (their
+        holds count them); ``pending``: a call's pending row, written in the same store call."""
         fallback = unpriced_rates()
         if self.ledger is not None:
             await self.ledger.settle()
+        unpriced = (fallback.input_per_mtok, fallback.output_per_mtok)
         try:
+            if self.pending is None:
+                return await self.store.ledger_spend(
+                    budget.sessions, budget.since, whole=budget.whole, unpriced=unpriced
+                )
             return await self.store.ledger_spend(
                 budget.sessions,
                 budget.since,
                 whole=budget.whole,
-                unpriced=(fallback.input_per_mtok, fallback.output_per_mtok),
+                unpriced=unpriced,
+                pending=pending,
+                in_flight=self.pending.in_flight(time.time()),
             )
         except StoreError as e:
             raise e.for_client(f"could not read the spend of the {budget.label}") from e

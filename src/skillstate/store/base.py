@@ -198,10 +198,24 @@ class Store(Protocol):
         *,
         whole: bool = False,
         unpriced: tuple[float, float] | None = None,
+        pending: LedgerRow | None = None,
+        in_flight: tuple[str, float] | None = None,
     ) -> float:
         """USD of the rows since ``since`` whose session id starts with ``prefix`` (is
         ``prefix``, when ``whole``). A row without a price counts at ``unpriced`` (input and
-        output USD per million tokens), when given; else as nothing."""
+        output USD per million tokens), when given; else as nothing. ``pending``: a row
+        written in the same transaction, durably before this returns (not counted: the
+        reservation it is of holds it). ``in_flight``: the pending rows left out (a LIKE
+        pattern of row ids, and a time from which all are), see ``cost.pending``."""
+        ...
+
+    async def drop_ledger_rows(self, row_ids: list[str]) -> None:
+        """Delete the rows with these ids (pending rows whose calls are in the ledger)."""
+        ...
+
+    async def settle_pending(self, older_than: float) -> int:
+        """Mark the pending rows older than ``older_than`` interrupted (``cost.pending``): the
+        calls of a process that died with them out. How many there were."""
         ...
 
     # Session budgets (cost.budgets): kept apart from the session's row, so that sessions

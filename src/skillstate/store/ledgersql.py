@@ -11,7 +11,7 @@ from typing import Any
 
 from ..cost.ledger import check_group_by, day_of
 from ..sessions.ids import NAMESPACE_SEP
-from .records import LedgerSums
+from .records import PENDING, LedgerSums
 from .rows import prefix_range
 
 # The namespace separator as an SQL literal, for a backend's GroupKeys.key.
@@ -89,7 +89,10 @@ def ledger_where(
     one session or of the sessions whose id starts with ``prefix`` when given; ``mark``:
     the backend's placeholder, its ``N`` replaced by the argument's number."""
     args: list[Any] = [since, until]
+    # A pending row is a call in flight, or one whose process died before it was marked
+    # interrupted (``cost.pending``): not a call /cost can report yet.
     sql = f" WHERE ts >= {mark.replace('N', '1')} AND ts < {mark.replace('N', '2')}"
+    sql += f" AND pricing <> '{PENDING}'"
     if session is not None:
         args.append(session)
         sql += f" AND session = {mark.replace('N', str(len(args)))}"
@@ -100,12 +103,16 @@ def ledger_where(
     return sql, args
 
 
-def spend_select(whole: bool, unpriced: tuple[float, float] | None, mark: str = "?") -> str:
+def spend_select(
+    whole: bool, unpriced: tuple[float, float] | None, mark: str = "?", in_flight: bool = False
+) -> str:
     """``SELECT`` of what the rows of one session (``whole``: its id is the first argument)
     or one id range (the first two arguments: ``rows.prefix_range``) cost since the next
     argument. A row without usage counts at its estimate (``estimated_cost_usd``); a row
     without a price at ``unpriced`` (input, output USD per million tokens) when given
-    (budgets: ``cost.budgets``), else as nothing."""
+    (budgets: ``cost.budgets``), else as nothing. ``in_flight``: the pending rows of calls
+    in flight are left out (``cost.pending``): those whose id is LIKE the next argument, and
+    those from the one after it on."""
     cost = "coalesce(cost_usd, estimated_cost_usd)"
     if unpriced is not None:
         inp, out = (float(v) for v in unpriced)  # floats: safe to write into the SQL
@@ -113,9 +120,14 @@ def spend_select(whole: bool, unpriced: tuple[float, float] | None, mark: str = 
             f"coalesce(cost_usd, estimated_cost_usd, (coalesce(input_tokens, 0) * {inp!r}"
             f" + coalesce(output_tokens, 0) * {out!r}) / 1000000.0)"
         )
-    marks = [mark.replace("N", str(i)) for i in (1, 2, 3)]
+    marks = [mark.replace("N", str(i)) for i in (1, 2, 3, 4, 5)]
     if whole:
-        sessions, since = f"session = {marks[0]}", marks[1]
+        sessions, since, more = f"session = {marks[0]}", marks[1], marks[2:]
     else:
-        sessions, since = f"session >= {marks[0]} AND session < {marks[1]}", marks[2]
-    return f"SELECT coalesce(sum({cost}), 0) FROM ledger WHERE {sessions} AND ts >= {since}"
+        sessions = f"session >= {marks[0]} AND session < {marks[1]}"
+        since, more = marks[2], marks[3:]
+    sql = f"SELECT coalesce(sum({cost}), 0) FROM ledger WHERE {sessions} AND ts >= {since}"
+    if in_flight:
+        mine, live = more[:2]
+        sql += f" AND (pricing <> '{PENDING}' OR (row_id NOT LIKE {mine} AND ts < {live}))"
+    return sql

@@ -14,6 +14,12 @@ from ..sessions.ids import split_session
 Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
 
 
+# ``LedgerRow.pricing`` of a budgeted call's row written before it is sent, and of such a
+# row left by a process that died with the call out (``cost.pending``).
+PENDING = "pending"
+INTERRUPTED = "interrupted"
+
+
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
     session: str

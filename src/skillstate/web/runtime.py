@@ -21,6 +21,7 @@ from ..compaction.pinned import PinnedStates
 from ..config import Settings
 from ..coordination.link import CoordinationLink
 from ..cost.budgets import Budgets
+from ..cost.pending import PendingCalls
 from ..cost.pricing import PriceBook
 from ..cost.worstcase import WorstCase
 from ..observability.telemetry import Telemetry
@@ -68,9 +69,34 @@ class Runtime:
         self.quotas = KeyQuotas(link=self.coordination)
         # ``clock``: the wall clock of the keys' daily budgets (a test's, to roll the day over).
         worst = WorstCase.of(prices, settings)
+        # Each budgeted call's pending row, written before it is sent (``cost.pending``).
+        self.pending = PendingCalls(shared_holds=self.coordination.configured)
         self.budgets = Budgets(
-            self.store, worst, self.coordination, clock, ledger=self.pipeline.ledger
+            self.store,
+            worst,
+            self.coordination,
+            clock,
+            ledger=self.pipeline.ledger,
+            pending=self.pending,
         )
+
+    async def settle_pending(self) -> None:
+        """Mark the pending rows of dead processes interrupted (best effort: unmarked, a
+        budget counts them all the same)."""
+        exclusive = self.store.home is not None  # SQLite: one process's (a data-dir lock)
+        try:
+            settled = await self.store.settle_pending(
+                self.pending.dead_before(time.time(), exclusive)
+            )
+        except StoreError as e:
+            log.warning("pending ledger rows not settled: %s", e)
+            return
+        if settled:
+            log.warning(
+                "ledger: %d call(s) cut by a proxy that stopped with them out, charged their"
+                " worst case (pricing: interrupted)",
+                settled,
+            )
 
     async def purge_forever(self) -> None:
         """Drop expired sessions, old ledger rows and replies kept past ``idempotency_ttl``,
@@ -86,6 +112,8 @@ class Runtime:
                 if s.ledger_retention > 0:
                     await self.store.purge_ledger(now - s.ledger_retention)
                 await self.store.purge_kept_replies(now - s.idempotency_ttl)
+                if self.store.home is None:  # a shared store: replicas that died since
+                    await self.settle_pending()
             except StoreError as e:
                 log.warning("purge skipped: %s", e)
             except Exception as e:
@@ -127,6 +155,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     """Open the store and the pool; on shutdown, let pending ledger writes land first."""
     rt: Runtime = app.state.runtime
     await rt.store.open()
+    await rt.settle_pending()
     shared = await rt.store.shared_secret()
     if shared is not None:
         rt.keys.hasher = KeyHasher(shared)

@@ -76,7 +76,7 @@ from ..ledgersql import (
     sums_select,
 )
 from ..migrations import SchemaTooNew, SchemaTooOld
-from ..records import LedgerRow, LedgerSums, SessionCommit
+from ..records import INTERRUPTED, PENDING, LedgerRow, LedgerSums, SessionCommit
 from ..rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
@@ -722,10 +722,32 @@ class PostgresStore:
         *,
         whole: bool = False,
         unpriced: tuple[float, float] | None = None,
+        pending: LedgerRow | None = None,
+        in_flight: tuple[str, float] | None = None,
     ) -> float:
-        sql = spend_select(whole, unpriced, mark="$N")
-        args = (prefix, since) if whole else (*prefix_range(prefix), since)
-        return float(await self._fetchval(sql, *args))
+        sql = spend_select(whole, unpriced, mark="$N", in_flight=in_flight is not None)
+        args: tuple[Any, ...] = (prefix, since) if whole else (*prefix_range(prefix), since)
+        args += in_flight or ()
+        if pending is None:
+            return float(await self._fetchval(sql, *args))
+        # One statement: the pending row's INSERT in a WITH, which the sum does not see (it
+        # reads the statement's snapshot), committed before the sum is returned.
+        insert = f"INSERT INTO ledger ({', '.join(LEDGER_COLUMNS)}) {_unnest(len(args) + 1)}"
+        sql = f"WITH pending AS ({insert}{LEDGER_CONFLICT}) {sql}"
+        return float(await self._write(sql, *args, *_ledger_arrays([ledger_tuple(pending)])))
+
+    async def drop_ledger_rows(self, row_ids: list[str]) -> None:
+        await self._write("DELETE FROM ledger WHERE row_id = ANY($1::text[])", row_ids)
+
+    async def settle_pending(self, older_than: float) -> int:
+        settled = await self._write(
+            "WITH settled AS (UPDATE ledger SET pricing = $1 WHERE pricing = $2 AND ts < $3"
+            " RETURNING 1) SELECT count(*) FROM settled",
+            INTERRUPTED,
+            PENDING,
+            older_than,
+        )
+        return int(settled)
 
     async def session_budget(self, session: str) -> float | None:
         usd = await self._fetchval(

@@ -57,7 +57,7 @@ from ..ledgersql import (
     sums_of,
     sums_select,
 )
-from ..records import LedgerRow, LedgerSums, SessionCommit
+from ..records import INTERRUPTED, PENDING, LedgerRow, LedgerSums, SessionCommit
 from ..rows import (
     COUNTED_TABLES,
     EXPORTED_SESSION_COLUMNS,
@@ -949,16 +949,36 @@ class SQLiteStore:
         *,
         whole: bool = False,
         unpriced: tuple[float, float] | None = None,
+        pending: LedgerRow | None = None,
+        in_flight: tuple[str, float] | None = None,
     ) -> float:
         """USD of the ledger rows since ``since`` whose session id starts with ``prefix``
-        (``whole``: is ``prefix``); see ``ledgersql.spend_select`` for ``unpriced``."""
-        sql = spend_select(whole, unpriced)
-        args = (prefix, since) if whole else (*prefix_range(prefix), since)
+        (``whole``: is ``prefix``); see ``ledgersql.spend_select`` for ``unpriced`` and
+        ``in_flight``. ``pending`` is written in the same group-commit transaction."""
+        sql = spend_select(whole, unpriced, in_flight=in_flight is not None)
+        args: tuple[Any, ...] = (prefix, since) if whole else (*prefix_range(prefix), since)
+        args += in_flight or ()
+        row = None if pending is None else ledger_tuple(pending)
 
         def spend(db: sqlite3.Connection) -> float:
+            if row is not None:
+                db.execute(_LEDGER_INSERT, row)
             return float(db.execute(sql, args).fetchone()[0])
 
-        return await self._run(spend)
+        return await (self._run(spend) if row is None else self._write(spend))
+
+    async def drop_ledger_rows(self, row_ids: list[str]) -> None:
+        def drop(db: sqlite3.Connection) -> None:
+            db.executemany("DELETE FROM ledger WHERE row_id = ?", [(i,) for i in row_ids])
+
+        await self._write(drop)
+
+    async def settle_pending(self, older_than: float) -> int:
+        def settle(db: sqlite3.Connection) -> int:
+            sql = "UPDATE ledger SET pricing = ? WHERE pricing = ? AND ts < ?"
+            return int(db.execute(sql, (INTERRUPTED, PENDING, older_than)).rowcount)
+
+        return await self._write(settle)
 
     # -- session budgets (cost.budgets) -------------------------------------------------
 

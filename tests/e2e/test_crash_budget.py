@@ -1,0 +1,104 @@
+"""A budget holds across a proxy killed with calls out: each budgeted call is in the ledger
+(a pending row, ``cost.pending``) before it is sent, and a restart charges the calls its
+predecessor was killed with at their worst case, marked ``interrupted``. The real proxy
+process, SIGKILLed while the fake provider holds two calls, restarted on its SQLite data
+dir; the openai SDK and ``skillstate cost`` read what it kept. tests/scale runs the same
+kill on the PostgreSQL store."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from skillstate.cli.main import main
+from tests.conftest import ProxyProcess, StartProxyProcess
+from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
+from tests.helpers import SESSION_HEADER, oai
+
+# $0.001 per output token, input free: max_tokens 100 is a worst case of $0.10.
+PRICES = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
+HEADERS = {SESSION_HEADER: "run", "x-skillstate-budget-usd": "0.25"}
+SIGNAL_WAIT = 60.0  # a liveness bound only
+
+
+def call(proxy: ProxyProcess, label: str) -> None:
+    """One call of the session with max_tokens 100 ($0.10 worst case)."""
+    oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.create(
+        model="m",
+        max_tokens=100,
+        messages=[{"role": "user", "content": label}],
+        extra_headers=HEADERS,
+    )
+
+
+def kill_with_two_calls_out(proxy: ProxyProcess, fake: FakeProvider) -> None:
+    """Two calls of the session held by the provider, and the proxy SIGKILLed."""
+    held = threading.Event()
+    fake.enqueue(Reply(text="word " * 100, hold=held), Reply(text="word " * 100, hold=held))
+
+    def cut(label: str) -> None:
+        with contextlib.suppress(openai.APIError):
+            call(proxy, label)
+
+    calls = [threading.Thread(target=cut, args=(f"call {i}",)) for i in (1, 2)]
+    for t in calls:
+        t.start()
+
+    def both_out(requests: list[RecordedRequest]) -> bool:
+        return len(requests) == 2
+
+    fake.wait_for(both_out, timeout=SIGNAL_WAIT)
+    proxy.kill9()
+    held.set()
+    for t in calls:
+        t.join(SIGNAL_WAIT)
+
+
+def assert_a_third_call_is_refused(proxy: ProxyProcess, fake: FakeProvider) -> None:
+    """$0.20 of cut calls plus $0.10 is more than the session's $0.25: nothing is sent."""
+    fake.enqueue(Reply(text="word " * 100))
+    with pytest.raises(openai.RateLimitError) as refused:
+        call(proxy, "call 3")
+    assert "spent $0.200000" in refused.value.message
+    assert len(fake.requests) == 2
+
+
+def ledger(data: Path) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(data / "skillstate.db")) as db:
+        sql = "SELECT pricing, cost_usd, estimated_cost_usd FROM ledger ORDER BY rowid"
+        return db.execute(sql).fetchall()
+
+
+def test_calls_cut_by_a_kill_are_charged_their_worst_case_after_the_restart(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path
+) -> None:
+    """A session with a $0.25 budget has two calls out ($0.10 worst case each) when the proxy
+    is killed. Without their rows the restarted proxy saw $0 spent and let two more calls
+    through: $0.40 of calls the provider may bill against $0.25. Now both are in the ledger at
+    $0.10 (interrupted), a third call is refused, and /cost and ``skillstate cost`` count them
+    as estimated."""
+    proxy = start_proxy_process(
+        fake.url + "/v1", "--mode", "passthrough", config={"prices": PRICES}
+    )
+    kill_with_two_calls_out(proxy, fake)
+    assert [r[0] for r in ledger(tmp_path / "data")] == ["pending", "pending"]
+
+    proxy.start()
+    interrupted = ("interrupted", None, pytest.approx(0.10))
+    assert ledger(tmp_path / "data") == [interrupted, interrupted]
+    assert_a_third_call_is_refused(proxy, fake)
+    totals = proxy.get("/cost", params={"session": "run"}).json()["totals"]
+    assert totals["estimated_cost_usd"] == pytest.approx(0.20)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["cost", "--data-dir", str(tmp_path / "data"), "--json"]) == 0
+    assert json.loads(out.getvalue())["totals"]["estimated_cost_usd"] == pytest.approx(0.20)
+    assert "2 call(s) cut by a proxy that stopped with them out" in proxy.stop()
