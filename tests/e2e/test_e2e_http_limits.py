@@ -11,11 +11,12 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ProxyProcess, StartProxyProcess
+from tests.conftest import ProxyProcess, StartProxyProcess, proxy_argv, proxy_env
 from tests.fakeprovider import FakeProvider
 
 OUTER_BOUND = 30.0  # seconds a socket read may block before the test gives up
@@ -102,6 +103,55 @@ def exchange(proxy: ProxyProcess, data: bytes) -> bytes:
         return read_until_closed(sock)
 
 
+# One process per configuration for the module's raw-socket tests (a start costs about a
+# second of CPU): each test opens its own connections and keeps no state in the proxy, and
+# ``fake`` is the module's upstream, emptied before each test, so "nothing reached the
+# upstream" is still per test. A test that stops its proxy starts its own.
+SHORT_TIMEOUTS = {"header_timeout": 0.3, "body_timeout": 0.3}
+
+
+@pytest.fixture(scope="module")
+def _upstream() -> Iterator[FakeProvider]:
+    fp = FakeProvider().start()
+    try:
+        yield fp
+    finally:
+        fp.stop()
+
+
+@pytest.fixture
+def fake(_upstream: FakeProvider) -> FakeProvider:
+    _upstream.reset()
+    return _upstream
+
+
+def shared_process(
+    upstream: FakeProvider, tmp: Path, config: dict[str, Any] | None = None
+) -> Iterator[ProxyProcess]:
+    """A proxy process for the whole module; at the end, nothing any test did to it made it
+    log a traceback."""
+    argv = proxy_argv(tmp, upstream.url + "/v1", (), config)
+    p = ProxyProcess(argv, proxy_env(SKILLSTATE_API_KEY="sk-upstream"), tmp)
+    try:
+        yield p
+    finally:
+        assert "Traceback" not in p.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    _upstream: FakeProvider, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
+    yield from shared_process(_upstream, tmp_path_factory.mktemp("proxy"))
+
+
+@pytest.fixture(scope="module")
+def short_timeouts(
+    _upstream: FakeProvider, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
+    yield from shared_process(_upstream, tmp_path_factory.mktemp("short"), SHORT_TIMEOUTS)
+
+
 # ---- header bytes -----------------------------------------------------------------------------
 
 
@@ -153,17 +203,6 @@ def test_max_header_bytes_is_configurable(
 # ---- read timeouts ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def proxy(fake: FakeProvider, start_proxy_process: StartProxyProcess) -> ProxyProcess:
-    return start_proxy_process(fake.url + "/v1")
-
-
-@pytest.fixture
-def short_timeouts(fake: FakeProvider, start_proxy_process: StartProxyProcess) -> ProxyProcess:
-    config = {"header_timeout": 0.3, "body_timeout": 0.3}
-    return start_proxy_process(fake.url + "/v1", config=config)
-
-
 @pytest.mark.parametrize("path", PATHS)
 def test_a_head_never_finished_is_a_408_and_closed(
     fake: FakeProvider, short_timeouts: ProxyProcess, path: str
@@ -193,8 +232,9 @@ def test_a_kept_alive_connection_times_out_a_slow_second_head(
 
 @pytest.mark.parametrize("path", PATHS)
 def test_a_body_never_finished_is_a_408_and_closed(
-    fake: FakeProvider, short_timeouts: ProxyProcess, path: str
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, path: str
 ) -> None:
+    short_timeouts = start_proxy_process(fake.url + "/v1", config=SHORT_TIMEOUTS)
     body = body_for(path)
     raw = exchange(short_timeouts, head(path, body) + body[:10])
     assert_refused(raw, path, 408, "body_timeout")
