@@ -21,8 +21,12 @@ lint: $(STAMP)
 
 # The suite runs on every core (pytest-xdist): each test starts its own proxy on a free port
 # with its own data dir, so tests share nothing. On 2 cores: about 4 min, against 7+ in one.
+# --dist worksteal: a worker that runs out takes half of another's queue. xdist's default
+# (load) hands out long runs of tests in collection order, so one worker could be left with
+# a whole slow module (test_e2e_window_translated) while the other sat idle: 125 s of a
+# 910 s run on a loaded machine, about 14% of the wall time.
 test: lint
-	$(BIN)/pytest -n auto tests
+	$(BIN)/pytest -n auto --dist worksteal tests
 
 # The unit tier: every test module of the main suite but the end-to-end ones (tests/e2e: a real
 # proxy over HTTP, the soak), the CLI-process ones (tests/cli) and the benchmarks' (tests/bench).
