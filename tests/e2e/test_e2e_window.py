@@ -101,6 +101,9 @@ class Client:
     transcript: list[dict[str, Any]] = field(default_factory=list)
     marks_breakpoints: bool = True  # anthropic: Claude Code's moving breakpoint on the newest
     tool_choice: Any = None  # sent on every turn when set (in the dialect's own form)
+    # One SDK client per proxy address, kept across turns as an agent keeps its own (a new
+    # one loads the CA bundle: about 30 ms of CPU, in every turn of these long sessions).
+    _sdks: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         task = "TASK: build the project, one step at a time."
@@ -123,6 +126,15 @@ class Client:
         else:
             self.transcript.append({"role": "user", "content": text})
 
+    def _sdk(self) -> Any:
+        """The dialect's SDK client of the proxy (a restarted proxy has a new address)."""
+        key = f"{self.dialect}@{self.proxy.url}"
+        if key not in self._sdks:
+            self._sdks[key] = (
+                ant(self.proxy, "k") if self.dialect == "anthropic" else oai(self.proxy, "k")
+            )
+        return self._sdks[key]
+
     def turn(self, stream: bool, result: str = BIG) -> tuple[str, list[tuple[str, str]]]:
         """One turn: returns the reply's text and its calls (id, arguments)."""
         if self.dialect == "openai":
@@ -132,7 +144,7 @@ class Client:
         return self._responses(stream, result)
 
     def _openai(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
-        c = oai(self.proxy, "k")
+        c: openai.OpenAI = self._sdk()
         tools = [
             {"type": "function", "function": {"name": TOOL["name"], "parameters": TOOL["schema"]}}
         ]
@@ -157,7 +169,7 @@ class Client:
         return msg.content or "", calls
 
     def _anthropic(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
-        c = ant(self.proxy, "k")
+        c: anthropic.Anthropic = self._sdk()
         msgs = json.loads(json.dumps(self.transcript))
         if self.marks_breakpoints:  # like Claude Code: on the newest message only
             last = msgs[-1]
@@ -191,7 +203,7 @@ class Client:
         return text, calls
 
     def _responses(self, stream: bool, result: str) -> tuple[str, list[tuple[str, str]]]:
-        c = oai(self.proxy, "k")
+        c: openai.OpenAI = self._sdk()
         tools = [{"type": "function", "name": TOOL["name"], "parameters": TOOL["schema"]}]
         kw: dict[str, Any] = {"model": "m", "input": self.transcript, "tools": tools}
         if self.tool_choice is not None:
