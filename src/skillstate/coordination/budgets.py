@@ -13,12 +13,11 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from .link import LOCAL, CoordinationLink
+from .link import HOLD_TTL, LOCAL, CoordinationLink
 from .scripts import run_script
 
 PREFIX = "skillstate:budget:"
 RELEASED = "skillstate:budget-released:"
-HOLD_TTL = 900.0  # seconds a hold outlives a replica that died holding it
 
 # A hold ends once its call's cost is in the ledger, and a reservation reads the ledger
 # before its script runs: a hold released in between would be in neither, so the script

@@ -50,6 +50,9 @@ T = TypeVar("T")
 TIMEOUT = 1.0  # default seconds a connect or a command may take before Redis counts as down
 MAX_CONNECTIONS = 64  # per process; a call holds one for a round trip
 RETRY_EVERY = 1.0  # seconds between tries while down (and the refusals' Retry-After)
+# Seconds a budget hold in Redis outlives a replica that died holding it (``budgets``); here,
+# without Redis's client, for what reads it in every process (``cost.pending``).
+HOLD_TTL = 900.0
 
 
 class _Local(enum.Enum):

@@ -33,7 +33,7 @@ import math
 import os
 import time
 
-from ..coordination.budgets import HOLD_TTL
+from ..coordination.link import HOLD_TTL
 from ..store.records import PENDING, LedgerRow
 
 __all__ = ["PendingCalls"]
