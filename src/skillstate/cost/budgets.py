@@ -440,19 +440,15 @@ class Budgets:
         fallback = unpriced_rates()
         if self.ledger is not None:
             await self.ledger.settle()
-        unpriced = (fallback.input_per_mtok, fallback.output_per_mtok)
+        in_flight = None if self.pending is None else self.pending.in_flight(time.time())
         try:
-            if self.pending is None:
-                return await self.store.ledger_spend(
-                    budget.sessions, budget.since, whole=budget.whole, unpriced=unpriced
-                )
             return await self.store.ledger_spend(
                 budget.sessions,
                 budget.since,
                 whole=budget.whole,
-                unpriced=unpriced,
+                unpriced=(fallback.input_per_mtok, fallback.output_per_mtok),
                 pending=pending,
-                in_flight=self.pending.in_flight(time.time()),
+                in_flight=in_flight,
             )
         except StoreError as e:
             raise e.for_client(f"could not read the spend of the {budget.label}") from e

@@ -36,7 +36,13 @@ from ..base import JSON
 from ..checks import bad_request as _bad
 from ..translate import anthropic_request_to_openai
 from ..translate.common import _clean, refuse_moderation
-from .translate import OUTPUT_LOGPROBS, new_id, object_or_empty, token_logprobs
+from .translate import (
+    OUTPUT_LOGPROBS,
+    new_id,
+    object_or_empty,
+    token_logprobs,
+    with_cache_breakpoint,
+)
 
 _KIND = "openai-responses"
 # Chat request members copied to the Responses request as they are (same name, same values).
@@ -188,10 +194,7 @@ def _user_item(content: Any, path: str) -> JSON:
 def _user_part(part: JSON, path: str) -> JSON:
     """A user message's part as a Responses input part, its ``prompt_cache_breakpoint``
     kept (the same object in both APIs)."""
-    out = _user_part_body(part, path)
-    if isinstance(part.get("prompt_cache_breakpoint"), dict):
-        out["prompt_cache_breakpoint"] = part["prompt_cache_breakpoint"]
-    return out
+    return with_cache_breakpoint(part, _user_part_body(part, path))
 
 
 def _user_part_body(part: JSON, path: str) -> JSON:

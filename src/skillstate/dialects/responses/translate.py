@@ -98,7 +98,12 @@ def _part_to_chat(part: JSON, path: str) -> JSON:
     """A content part as chat completions has it, its ``prompt_cache_breakpoint`` kept (the
     same object in both APIs); a 400 naming the part where chat has no form for it (an
     image by ``file_id`` only, a file by ``file_url``), never a part dropped."""
-    out = _part_body_to_chat(part, path)
+    return with_cache_breakpoint(part, _part_body_to_chat(part, path))
+
+
+def with_cache_breakpoint(part: JSON, out: JSON) -> JSON:
+    """``out``, ``part`` in the other API, with ``part``'s ``prompt_cache_breakpoint`` (the
+    same object in chat completions and Responses), when it has one."""
     if isinstance(part.get("prompt_cache_breakpoint"), dict):
         out["prompt_cache_breakpoint"] = part["prompt_cache_breakpoint"]
     return out

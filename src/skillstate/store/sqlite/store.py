@@ -166,11 +166,9 @@ def as_store_error(e: BaseException) -> StoreError:
     if isinstance(e, StoreError):
         return e
     if isinstance(e, sqlite3.Error):
-        code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+
-        if code is None:  # Python 3.10: only the message says which
-            code = _CODE_BY_MESSAGE.get(str(e))
-        if code is not None and code & 0xFF in _UNAVAILABLE_CODES:
-            if code & 0xFF in (_BUSY, _LOCKED):
+        code = _primary_code(e)
+        if code in _UNAVAILABLE_CODES:
+            if code in (_BUSY, _LOCKED):
                 return StoreUnavailable(f"the database is locked by another process ({e})")
             return StoreUnavailable(f"the database cannot be written ({e})")
         return StoreError(f"sqlite: {e}")
@@ -1202,10 +1200,16 @@ def _roll_back(db: sqlite3.Connection) -> None:
 
 def _busy(e: sqlite3.Error) -> bool:
     """Whether ``e`` says that another connection holds the lock (nothing was written)."""
+    return _primary_code(e) in (_BUSY, _LOCKED)
+
+
+def _primary_code(e: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of ``e`` (the low byte of the extended one), for the
+    codes in ``_CODE_BY_MESSAGE`` at least; None when it cannot tell."""
     code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+
-    if code is None:
+    if code is None:  # Python 3.10: only the message says which
         code = _CODE_BY_MESSAGE.get(str(e))
-    return code is not None and code & 0xFF in (_BUSY, _LOCKED)
+    return None if code is None else code & 0xFF
 
 
 _RESPONSE_CHAIN = response_chain_sql("?", "?")
