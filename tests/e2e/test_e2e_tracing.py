@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+import skillstate
 from skillstate.app.server import ProxyServer
 from skillstate.config import load_settings
 from skillstate.observability.tracing import enabled, traces_url
@@ -178,7 +179,12 @@ def test_nothing_of_opentelemetry_is_imported_when_off(tmp_path: Path) -> None:
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={}
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        # No OTEL_* variable may reach it; the path is the one under test (a worktree's src).
+        env={"PYTHONPATH": str(Path(skillstate.__file__).parents[1])},
     )
     assert out.stdout.strip() == "[]"
 
