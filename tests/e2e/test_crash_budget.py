@@ -102,3 +102,55 @@ def test_calls_cut_by_a_kill_are_charged_their_worst_case_after_the_restart(
         assert main(["cost", "--data-dir", str(tmp_path / "data"), "--json"]) == 0
     assert json.loads(out.getvalue())["totals"]["estimated_cost_usd"] == pytest.approx(0.20)
     assert "2 call(s) cut by a proxy that stopped with them out" in proxy.stop()
+
+
+KILL_AFTER_COMMIT = {"SKILLSTATE_TEST_KILL": "after-commit:k1"}
+
+
+def kill_right_after_a_budgeted_commit(proxy: ProxyProcess, fake: FakeProvider) -> None:
+    """A budgeted call answered ($0.006: 6 output tokens) and its row committed with the
+    turn (an Idempotency-Key's kept reply), then the proxy SIGKILLed by the test hook
+    before the turn's holds end; restarted without the hook."""
+    fake.enqueue(Reply(text="one two three four five"))
+    with pytest.raises(openai.APIConnectionError):  # the process died under the request
+        oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.create(
+            model="m",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={**HEADERS, "Idempotency-Key": "k1"},
+        )
+    assert proxy.proc is not None and proxy.proc.wait(timeout=SIGNAL_WAIT) == -9
+    proxy.env = {k: v for k, v in proxy.env.items() if k not in KILL_AFTER_COMMIT}
+    proxy.start()
+
+
+def assert_the_call_counts_once(proxy: ProxyProcess, fake: FakeProvider) -> None:
+    """The session's spend is the call's real cost alone, with no `interrupted` worst case
+    of the same call on top: the next call's spend is $0.006 + its own $0.006 (before:
+    $0.112, the cut call's $0.10 estimate too)."""
+    fake.enqueue(Reply(text="one two three four five"))
+    reply = oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.with_raw_response.create(
+        model="m",
+        max_tokens=100,
+        messages=[{"role": "user", "content": "again"}],
+        extra_headers=HEADERS,
+    )
+    assert float(reply.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.012)
+    totals = proxy.get("/cost", params={"session": "run"}).json()["totals"]
+    assert totals["requests"] == 2
+    assert totals["cost_usd"] == pytest.approx(0.012)
+    assert not totals.get("estimated_cost_usd")
+    assert "cut by a proxy" not in proxy.stop()
+
+
+def test_a_kill_after_a_calls_row_is_written_charges_it_once(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path
+) -> None:
+    """The call's row replaces its pending row in the same statement (it takes its id), so a
+    kill between that write and the end of the turn's holds leaves the real row alone."""
+    proxy = start_proxy_process(
+        fake.url + "/v1", "--mode", "passthrough", config={"prices": PRICES}, env=KILL_AFTER_COMMIT
+    )
+    kill_right_after_a_budgeted_commit(proxy, fake)
+    assert ledger(tmp_path / "data") == [("override", pytest.approx(0.006), None)]
+    assert_the_call_counts_once(proxy, fake)

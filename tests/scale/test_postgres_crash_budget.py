@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from tests.conftest import StartProxyProcess
 from tests.e2e.test_crash_budget import (
+    KILL_AFTER_COMMIT,
     PRICES,
     assert_a_third_call_is_refused,
+    assert_the_call_counts_once,
+    kill_right_after_a_budgeted_commit,
     kill_with_two_calls_out,
 )
 from tests.fakeprovider import FakeProvider
@@ -24,3 +27,14 @@ def test_calls_cut_by_a_kill_hold_the_budget_on_postgresql(
     proxy.start()
     assert_a_third_call_is_refused(proxy, fake)
     assert "Traceback" not in proxy.stop()
+
+
+def test_a_kill_after_a_calls_row_is_written_charges_it_once_on_postgresql(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, pg_url: str
+) -> None:
+    config = {"prices": PRICES, "store": pg_url}
+    proxy = start_proxy_process(
+        fake.url + "/v1", "--mode", "passthrough", config=config, env=KILL_AFTER_COMMIT
+    )
+    kill_right_after_a_budgeted_commit(proxy, fake)
+    assert_the_call_counts_once(proxy, fake)

@@ -271,6 +271,7 @@ class TurnBudgets:
     _spent: dict[str, float] = field(default_factory=dict)
     _releases: list[Release] = field(default_factory=list, repr=False)
     _pending: list[str] = field(default_factory=list, repr=False)  # its pending rows' ids
+    _claimed: int = 0  # of which the first are taken by the turn's rows (``claim``)
 
     async def reserve(
         self,
@@ -337,17 +338,28 @@ class TurnBudgets:
         """Whether a call of the turn holds a reservation."""
         return bool(self._releases)
 
+    def claim(self) -> str | None:
+        """The id of the oldest pending row no row of the turn has taken yet (None: none
+        left), for a row of the turn (``TurnMeter``): written, that row replaces the pending
+        row in the same statement, so a kill never leaves both (``cost.pending``)."""
+        if self._claimed >= len(self._pending):
+            return None
+        self._claimed += 1
+        return self._pending[self._claimed - 1]
+
     async def release(self) -> None:
-        """End every hold (idempotent): the turn's cost is in the ledger now, and so its
-        pending rows go (before the reply's last bytes, like the rows: a reader of the
-        ledger after the reply sees the call once)."""
+        """End every hold (idempotent): the turn's cost is in the ledger now. Its pending
+        rows were replaced by the rows that took their ids; any other (a hold no attempt
+        used) goes now, before the reply's last bytes, like the rows: a reader of the
+        ledger after the reply sees the call once."""
         releases, self._releases = self._releases, []
         for release in releases:
             # Shielded: a turn being cancelled still gives its holds back.
             await asyncio.shield(release())
-        pending, self._pending = self._pending, []
-        if pending:
-            await asyncio.shield(self.book.drop_pending(pending))
+        unclaimed = self._pending[self._claimed :]
+        self._pending, self._claimed = [], 0
+        if unclaimed:
+            await asyncio.shield(self.book.drop_pending(unclaimed))
 
     def headers(self, turn_cost: float) -> dict[str, str]:
         """What each budget has spent, this turn's cost (measured and estimated) included,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
@@ -136,16 +136,28 @@ class TurnMeter:
         # How the last answer's row was made, to make it again as a rollback-retry.
         self._last_answer: tuple[Usage | None, int, str, str | None, str | None] | None = None
         self._answered = False
+        # Where a row of a budgeted call takes its id: the oldest pending row of the turn's
+        # not yet taken (``TurnBudgets.claim``), which the row replaces when it is written.
+        self._claim: Callable[[], str | None] | None = None
 
     @property
     def rows(self) -> list[LedgerRow]:
         """The rows so far (a copy: the meter alone changes them)."""
         return list(self._rows)
 
-    def sending(self, est_tokens: int, body: Mapping[str, Any], held: float | None) -> None:
+    def sending(
+        self,
+        est_tokens: int,
+        body: Mapping[str, Any],
+        held: float | None,
+        claim: Callable[[], str | None] | None = None,
+    ) -> None:
         """A call goes out: ``est_tokens`` its estimated input, ``held`` the worst case its
-        budgets hold for it (None: no budget). A row of it without usage is charged that."""
+        budgets hold for it (None: no budget). A row of it without usage is charged that.
+        ``claim``: the turn's pending rows' ids, for its rows (see ``_row_id``)."""
         self._call = (est_tokens, body, held)
+        if claim is not None:
+            self._claim = claim
 
     @property
     def answered_yet(self) -> bool:
@@ -161,7 +173,8 @@ class TurnMeter:
         request when the transport failed), so its row is charged an estimate (a cut call,
         ``CLIENT_CLOSED``, always is)."""
         billed = billed or status == CLIENT_CLOSED
-        row = self._make(None, kind, status, upstream, None, None, None, _new_id(), billed=billed)
+        row_id = self._row_id()
+        row = self._make(None, kind, status, upstream, None, None, None, row_id, billed=billed)
         self._rows.append(row)
         if kind in ("generation", "stream"):
             self._answered = True
@@ -213,7 +226,7 @@ class TurnMeter:
             model,
             est_sent,
             provider_hint,
-            _new_id(),
+            self._row_id(),
             modelled,
             billed=True,
         )
@@ -284,6 +297,14 @@ class TurnMeter:
         return ledger_headers(self._rows)
 
     # -- rows ---------------------------------------------------------------------------
+
+    def _row_id(self) -> str:
+        """A new row's id: a pending row's of the turn while one is not taken, so that
+        writing the row replaces that pending row in the same statement (the ledger's
+        upsert on ``row_id``): a process killed at any point leaves the call's pending row
+        or its real row, never both (``cost.pending``); else a new id."""
+        claimed = self._claim() if self._claim is not None else None
+        return claimed if claimed is not None else _new_id()
 
     def _make(
         self,

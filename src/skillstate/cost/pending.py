@@ -8,10 +8,13 @@ nowhere. So each reservation also writes a **pending** row (``pricing`` ``pendin
 ``estimated_cost_usd`` the worst case it holds), in the same store call as the spend read
 that precedes it (no extra round trip: SQLite runs both in one group-commit transaction,
 PostgreSQL in one statement), durable before the call goes out. Once the call's real rows
-are written and its holds end, the pending row is deleted, before the reply's last bytes
-as the holds end (``TurnBudgets.release``): a reader of the ledger after the reply sees the
-call once. Nothing of this runs for a turn under no budget; a budgeted call costs a row
-inserted with the spend read and one more store write, the delete.
+are written, the pending row is gone: the call's first row takes the pending row's id
+(``TurnBudgets.claim``), and the ledger's upsert on ``row_id`` writes it over the pending
+row, in the same statement, so a reader of the ledger sees the call once, and a process
+killed at any point leaves either the pending row or the real one, never both. A hold that
+no attempt used (its call never went out) has its pending row deleted as the holds end
+(``TurnBudgets.release``). Nothing of this runs for a turn under no budget; a budgeted call
+costs a row inserted with the spend read, and a delete only for a hold no row took.
 
 A budget's spend counts every row but the pending rows of calls still in flight, which
 their holds already count: this process's own (their ids start with ``PendingCalls.prefix``),
@@ -22,9 +25,6 @@ each purge) those rows are marked ``interrupted`` (``Store.settle_pending``): th
 store is one process's (a data-dir lock), so all of its pending rows are; in a shared store,
 those older than ``HOLD_TTL``. ``/cost`` lists interrupted rows with their estimate
 (``estimated_cost_usd``) and leaves the pending ones of calls in flight out.
-
-A process killed between writing a call's rows and deleting its pending row leaves both:
-the call then counts twice, on the side of the budget.
 """
 
 from __future__ import annotations

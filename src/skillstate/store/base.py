@@ -210,7 +210,8 @@ class Store(Protocol):
         ...
 
     async def drop_ledger_rows(self, row_ids: list[str]) -> None:
-        """Delete the rows with these ids (pending rows whose calls are in the ledger)."""
+        """Delete the pending rows with these ids (of holds no call used); a row written
+        over one (``TurnBudgets.claim``) is no longer pending and stays."""
         ...
 
     async def settle_pending(self, older_than: float) -> int:

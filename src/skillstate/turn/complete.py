@@ -90,7 +90,8 @@ class Completer:
         if budgets is not None:
             upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
             held = await budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
-        meta.meter.sending(out.est_tokens, out.body, held)
+        claim = budgets.claim if budgets is not None else None
+        meta.meter.sending(out.est_tokens, out.body, held, claim)
         if budgets is not None and held is not None:
             out.limit_output(self.settings.budget_max_tokens)  # the output its hold assumed
             reserve = functools.partial(

@@ -737,7 +737,9 @@ class PostgresStore:
         return float(await self._write(sql, *args, *_ledger_arrays([ledger_tuple(pending)])))
 
     async def drop_ledger_rows(self, row_ids: list[str]) -> None:
-        await self._write("DELETE FROM ledger WHERE row_id = ANY($1::text[])", row_ids)
+        await self._write(
+            "DELETE FROM ledger WHERE row_id = ANY($1::text[]) AND pricing = $2", row_ids, PENDING
+        )
 
     async def settle_pending(self, older_than: float) -> int:
         settled = await self._write(

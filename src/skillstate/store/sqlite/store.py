@@ -967,7 +967,8 @@ class SQLiteStore:
 
     async def drop_ledger_rows(self, row_ids: list[str]) -> None:
         def drop(db: sqlite3.Connection) -> None:
-            db.executemany("DELETE FROM ledger WHERE row_id = ?", [(i,) for i in row_ids])
+            sql = "DELETE FROM ledger WHERE row_id = ? AND pricing = ?"
+            db.executemany(sql, [(i, PENDING) for i in row_ids])
 
         await self._write(drop)
 
