@@ -383,6 +383,28 @@ def test_the_compact_endpoint_under_a_budget_goes_as_it_came(
     assert set(sent.json) == {"model", "input", "prompt_cache_key"}
 
 
+def test_the_compact_endpoint_is_held_at_the_output_it_may_write(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """/responses/compact goes with no output limit, so it is held at what a model of the API
+    may write (128,000 tokens, $128 here), not at budget_max_tokens (100, $0.10): before, a
+    compaction of 1,000 output tokens cost $1.00 against the session's $0.25."""
+    from tests.e2e.test_e2e_compaction import client, history
+    from tests.e2e.test_e2e_compaction import start as start_compacting
+
+    p = start_compacting(
+        fake, start_proxy, "openai-responses", "--mode", "passthrough",
+        prices=OUTPUT_PRICED, budget_max_tokens=100,
+    )  # fmt: skip
+    fake.enqueue(Reply(text="word " * 1000))
+    with pytest.raises(openai.RateLimitError) as refused:
+        client(p).responses.compact(
+            model="m", input=history(), extra_headers={"x-skillstate-budget-usd": "0.25"}
+        )
+    assert refused.value.code == "session_budget_exceeded"
+    assert not fake.requests  # refused before it was sent
+
+
 def test_a_call_for_several_choices_is_held_for_each_of_them(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:

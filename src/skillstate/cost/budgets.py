@@ -279,18 +279,22 @@ class TurnBudgets:
         input_tokens: int,
         body: Mapping[str, Any],
         upstreams: Iterable[tuple[str, str | None]],
+        *,
+        unlimited: bool = False,
     ) -> float | None:
         """Hold one call's worst case against every budget of the turn, or raise (429 over
         a budget, 400 for a model without a price); nothing is held when it raises. The
         worst case held (None: the turn is under no budget): what the call is charged if it
-        ends without usage (``TurnMeter.sending``)."""
+        ends without usage (``TurnMeter.sending``). ``unlimited``: the call goes with no
+        output limit (``WorstCase.cost``)."""
         if not self.budgets:
             return None
         upstreams = list(upstreams)
         rates = self.book.worst.rates(model, upstreams, input_tokens)
         if rates is None:
             rates = self._unpriced(model)
-        call = self.book.worst.cost(rates, input_tokens, body, [name for name, _ in upstreams])
+        names = [name for name, _ in upstreams]
+        call = self.book.worst.cost(rates, input_tokens, body, names, unlimited=unlimited)
         held: list[Release] = []
         spent_before: dict[str, float] = {}
         pending = self.book.pending_row(self.session, model, self.mode, call)

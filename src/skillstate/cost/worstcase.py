@@ -14,6 +14,9 @@
   sent: when an upstream that may serve the call is of kind ``openai-responses``, a limit
   of 1 to 15 is held at 16, what the translation sends that API (its least
   ``max_output_tokens``: ``dialects.responses.from_chat.at_least_the_apis_minimum``).
+  A call that can go with no output limit at all (the Responses API's native
+  ``/responses/compact``, which refuses one) is held at ``UNLIMITED_OUTPUT``, the most any
+  model of that API writes, since nothing bounds it below that.
 
 ``INPUT_MARGIN`` covers the estimator's error: on the 2,366 requests of the 40 SWE-bench
 agent runs in shared/data (``scripts/estimator-error``), the real input (o200k_base and
@@ -48,10 +51,21 @@ from .pricing import PriceBook, Prices
 if TYPE_CHECKING:
     from ..config import Settings
 
-__all__ = ["INPUT_MARGIN", "MAX_TOKEN_FIELDS", "Rates", "WorstCase", "most_expensive_known"]
+__all__ = [
+    "INPUT_MARGIN",
+    "MAX_TOKEN_FIELDS",
+    "UNLIMITED_OUTPUT",
+    "Rates",
+    "WorstCase",
+    "most_expensive_known",
+]
 
 INPUT_MARGIN = 1.25
 MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# The most output tokens a call sent without a limit can be billed: the largest output
+# maximum of the Responses API's models (the gpt-5 family's 128,000), so a call that takes
+# no limit (``/responses/compact``) cannot pass what a budget held for it.
+UNLIMITED_OUTPUT = 128_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +183,15 @@ class WorstCase:
         input_tokens: int,
         body: Mapping[str, Any],
         upstreams: Iterable[str | None] = (),
+        *,
+        unlimited: bool = False,
     ) -> float:
         """USD of a call sending ``input_tokens`` (estimated) with ``body``'s output limit,
         as the upstreams named ``upstreams`` (those that may serve it) are sent it, for each
-        of its choices."""
-        out = self.output_sent(body, upstreams) * choices(body)
+        of its choices. ``unlimited``: the call goes with no output limit, whatever
+        ``body`` says (``UNLIMITED_OUTPUT`` is held)."""
+        sent = UNLIMITED_OUTPUT if unlimited else self.output_sent(body, upstreams)
+        out = sent * choices(body)
         inp = rates.input_per_mtok
         if rates.one_hour_input_per_mtok is not None and marks_one_hour_cache(body):
             inp = rates.one_hour_input_per_mtok

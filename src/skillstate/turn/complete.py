@@ -89,14 +89,23 @@ class Completer:
         held = reserve = None
         if budgets is not None:
             upstreams = [(u.name, u.cfg.url) for u in self.pool.candidates(turn.model or None)]
-            held = await budgets.reserve(turn.model, out.est_tokens, out.body, upstreams)
+            # Held at the output it may write: a native endpoint takes no limit.
+            unlimited = not out.takes_output_limit
+            reserve = functools.partial(
+                budgets.reserve,
+                turn.model,
+                out.est_tokens,
+                out.body,
+                upstreams,
+                unlimited=unlimited,
+            )
+            held = await reserve()
+            if held is None:  # under no budget
+                reserve = None
         claim = budgets.claim if budgets is not None else None
         meta.meter.sending(out.est_tokens, out.body, held, claim)
         if budgets is not None and held is not None:
             out.limit_output(self.settings.budget_max_tokens)  # the output its hold assumed
-            reserve = functools.partial(
-                budgets.reserve, turn.model, out.est_tokens, out.body, upstreams
-            )
         failures: list[AttemptRecord] = []
         try:
             ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve))

@@ -353,6 +353,12 @@ class Outbound:
         return self._cache[key]
 
     @property
+    def takes_output_limit(self) -> bool:
+        """Whether the call can go with an output limit: a native endpoint
+        (``/responses/compact``) takes none (the API refuses one as an unknown parameter)."""
+        return self.path is None
+
+    @property
     def capped(self) -> bool:
         """Whether the call goes with ``output_cap`` as a limit it did not set itself."""
         return self._capped("max_tokens") is not self.body
@@ -361,9 +367,7 @@ class Outbound:
         """The body with ``output_cap`` as its output limit, in the client's format, when it
         sets none (chat completions: under the name the upstream reads)."""
         body, cap = self.body, self.output_cap
-        # A native endpoint (``/responses/compact``) takes no output limit: the API refuses
-        # one there as an unknown parameter.
-        if cap is None or self.path is not None:
+        if cap is None or not self.takes_output_limit:
             return body
         if any(body.get(name) is not None for name in MAX_TOKEN_FIELDS):
             return body
