@@ -527,6 +527,36 @@ def test_a_limit_the_model_refuses_is_not_sent_again(
     assert spent["cost_usd"] == pytest.approx(0.04)  # 40 tokens written, nothing for the 400
 
 
+def test_a_refused_small_limit_is_not_sent_again_to_messages_with_more_than_was_held(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """budget_max_tokens 100 ($0.10 held) is sent to a Messages upstream and refused (400):
+    sent again as the client wrote it, the translation's 4,096 would go, more than was
+    held. The 400 is relayed instead; before, the resend wrote 1,000 tokens, $1.00 against
+    the session's $0.25."""
+    proxy = start_proxy(
+        None,
+        "--mode",
+        "passthrough",
+        config={
+            "prices": OUTPUT_PRICED,
+            "budget_max_tokens": 100,
+            "upstreams": [{"name": "u", "url": fake.url, "kind": "anthropic", "api_key": "sk"}],
+        },
+    )
+    fake.enqueue(Reply(status=400, error_body="max_tokens: refused"), Reply(text="word " * 1000))
+    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    with pytest.raises(openai.BadRequestError):
+        oc.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={SESSION: "small", "x-skillstate-budget-usd": "0.25"},
+        )  # fmt: skip
+    (refused,) = fake.requests
+    assert refused.json["max_tokens"] == 100
+    spent = proxy.get("/cost", params={"session": "small"}).json()["totals"]
+    assert not spent["cost_usd"] and not spent["estimated_cost_usd"]
+
+
 @pytest.mark.parametrize("route", ["chat", "messages", "budget_max_tokens"])
 def test_a_limit_under_the_responses_minimum_is_held_at_the_16_it_is_sent_as(
     fake: FakeProvider, start_proxy: StartProxy, route: str

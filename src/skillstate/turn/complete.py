@@ -11,8 +11,10 @@ from typing import Any
 
 from ..config import Settings
 from ..cost.baseline import envelope_output_share
+from ..dialects.anthropic import ANTHROPIC
 from ..dialects.base import BadReply
 from ..dialects.registry import error_reply, read_reply
+from ..dialects.translate.request_to_anthropic import DEFAULT_MAX_TOKENS
 from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
 from ..engine.verdict import Outcome, Verdicts
@@ -109,7 +111,7 @@ class Completer:
         failures: list[AttemptRecord] = []
         try:
             ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve))
-            if ex.status == 400 and out.capped:
+            if ex.status == 400 and out.capped and self._resend_within_hold(turn.model):
                 # The upstream refused the limit the budget added: above the model's own
                 # output maximum, which then bounds the answer below what the budget held.
                 # Sent again as the client wrote it; the refused attempt cost nothing, so
@@ -129,6 +131,16 @@ class Completer:
             # every attempt is metered, the cut one (499) as the turn's answer if it has none.
             meta.meter.cancelled(attempted(failures))
             raise
+
+    def _resend_within_hold(self, model: str) -> bool:
+        """Whether a call whose added limit (``budget_max_tokens``) was refused can go again
+        as the client wrote it within what its budget held: to a Messages upstream it goes
+        with the translation's ``DEFAULT_MAX_TOKENS`` (the API requires a limit), more than
+        a smaller ``budget_max_tokens`` held, so then it does not go again (a limit that
+        small was not refused as above the model's maximum: the 400 is relayed)."""
+        if self.settings.budget_max_tokens >= DEFAULT_MAX_TOKENS:
+            return True
+        return all(u.cfg.kind != ANTHROPIC.name for u in self.pool.candidates(model or None))
 
     async def ask(self, out: Outbound, meta: TurnMeta) -> tuple[Answer, int] | Reply:
         """Call, judge, re-ask while the answer is invalid (up to ``max_retries``): the answer

@@ -82,7 +82,14 @@ def _openai_part_to_block(part: Any, path: str) -> JSON:
     raise _bad(f"{path}: content part type {ptype!r} cannot be sent to an Anthropic upstream", path)
 
 
-def openai_request_to_anthropic(body: JSON, *, default_max_tokens: int = 4096) -> JSON:
+# The max_tokens a request that sets no output limit goes to Messages with (the API
+# requires one).
+DEFAULT_MAX_TOKENS = 4096
+
+
+def openai_request_to_anthropic(
+    body: JSON, *, default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> JSON:
     """An OpenAI chat-completions request -> an Anthropic Messages request.
 
     ``system``/``developer`` messages (wherever they are) are joined into ``system``;
