@@ -217,6 +217,27 @@ def test_a_reply_that_is_no_reply_is_a_502_the_sdks_do_not_send_again(
     assert len(fake.requests) == 1
 
 
+@pytest.mark.parametrize(("client", "model"), [("chat", "claude-m"), ("messages", "chat-m")])
+def test_a_stream_that_never_started_is_a_502_the_sdks_do_not_send_again(
+    fake: FakeProvider, start_proxy: StartProxy, client: str, model: str
+) -> None:
+    """The same unusable 2xx to a streamed request fails each of the proxy's attempts before
+    the first byte: its 502 says ``x-should-retry: false`` as the unstreamed one does, so the
+    SDKs do not send (and the proxy bill) all its attempts twice more (before: the SDKs'
+    third try found the upstream's circuit open). Its own proxy: the failures count
+    against the upstream's breaker."""
+    kind = KINDS[model.split("-")[0]]
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    up = {"name": "u", "url": url, "kind": kind, "api_key": "sk-upstream"}
+    proxy = start_proxy(None, "--mode", "passthrough", config={"upstreams": [up]})
+    fake.responder = lambda request: Reply(raw_body=json.dumps(NO_REPLY[model]).encode())
+    with pytest.raises((anthropic.InternalServerError, openai.InternalServerError)) as e:
+        ask(proxy, client, model, max_retries=2, stream=True)
+    assert e.value.status_code == 502
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert len(fake.requests) == 3  # the proxy's own attempts (retry_max_attempts)
+
+
 def test_an_upstream_503_is_still_the_sdks_to_retry(
     fake: FakeProvider, proxy: InProcessProxy
 ) -> None:
@@ -227,19 +248,20 @@ def test_an_upstream_503_is_still_the_sdks_to_retry(
     assert "x-should-retry" not in e.value.response.headers
 
 
-def ask(proxy: InProcessProxy, client: str, model: str, *, max_retries: int) -> Any:
-    """One unstreamed turn by the ``client`` SDK (chat, messages, responses)."""
+def ask(
+    proxy: InProcessProxy, client: str, model: str, *, max_retries: int, stream: bool = False
+) -> Any:
+    """One turn by the ``client`` SDK (chat, messages, responses), read whole."""
     base, key = proxy.url, "sk-client"
+    hi = [{"role": "user", "content": "Hi"}]
     if client == "messages":
         return anthropic.Anthropic(
             base_url=base, api_key=key, max_retries=max_retries
-        ).messages.create(model=model, max_tokens=16, messages=[{"role": "user", "content": "Hi"}])
+        ).messages.create(model=model, max_tokens=16, messages=hi, stream=stream)
     sdk = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=max_retries)
     if client == "chat":
-        return sdk.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "Hi"}]
-        )
-    return sdk.responses.create(model=model, input="Hi")
+        return sdk.chat.completions.create(model=model, messages=hi, stream=stream)
+    return sdk.responses.create(model=model, input="Hi", stream=stream)
 
 
 def token(text: str, logprob: float, *alternatives: tuple[str, float]) -> dict[str, Any]:

@@ -196,6 +196,9 @@ class AttemptRecord:
     # The request may have reached the provider, which may then bill it though no answer
     # came back (the ledger charges such an attempt an estimate): see ``transport_failure``.
     billed: bool = False
+    # The upstream answered a streamed request with a 2xx that is no stream (closed before
+    # any data, or JSON that is no reply): ``_all_failed``'s 502 then says not to retry.
+    unusable: bool = False
 
     @classmethod
     def transport_failure(cls, upstream: str, e: BaseException) -> AttemptRecord:
@@ -204,7 +207,8 @@ class AttemptRecord:
         body cut mid-answer, a stream that ended before its first event) the provider had
         the request. A bare timeout (the attempt's total deadline) may strike either side:
         counted as sent, so that a budget never undercounts."""
-        return cls(upstream, 0, _describe(e), billed=not isinstance(e, _NOT_SENT))
+        unusable = isinstance(e, _StreamStartError)
+        return cls(upstream, 0, _describe(e), not isinstance(e, _NOT_SENT), unusable)
 
 
 @dataclass
@@ -874,6 +878,14 @@ def _all_failed(failures: list[AttemptRecord]) -> ProxyError:
     last = real[-1]
     if last.error == "timeout":
         return ProxyError("timeout", f"upstream {last.upstream} timed out")
+    if last.unusable:
+        # As a non-streamed 2xx that is no reply (``BadReply.error``): the upstream answered
+        # and may bill each call, so the SDKs' own two retries of a 5xx are told not to.
+        return ProxyError(
+            "upstream_unreachable",
+            f"upstream {last.upstream} returned no usable stream: {last.error}",
+            should_retry=False,
+        )
     return ProxyError(
         "upstream_unreachable", f"no upstream could be reached: {last.upstream}: {last.error}"
     )
