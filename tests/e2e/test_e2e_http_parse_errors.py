@@ -327,6 +327,32 @@ def test_another_upgrade_is_served_over_http_1_1(
     assert raw.startswith(b"HTTP/1.1 200 "), raw[:300]
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-write", "body-after-head"])
+def test_a_post_with_another_upgrade_keeps_its_body(
+    served: tuple[FakeProvider, ProxyProcess], split: bool
+) -> None:
+    """``upgrade: h2c`` on a POST (curl --http2 on http://): the request is served over
+    HTTP/1.1 with its body, which reaches the upstream whole, whether it came with the head
+    or after it."""
+    fake, proxy = served
+    fake.reset()
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "h2c body"}]})
+    request_head = "\r\n".join([
+        "POST /v1/chat/completions HTTP/1.1", "host: 127.0.0.1",
+        "connection: Upgrade, HTTP2-Settings, close", "upgrade: h2c",
+        "http2-settings: AAMAAABkAAQAAP__", "content-type: application/json",
+        "authorization: Bearer sk", f"content-length: {len(body)}",
+    ]) + "\r\n\r\n"  # fmt: skip
+    with connect(proxy) as sock:
+        sock.sendall(request_head.encode() if split else (request_head + body).encode())
+        if split:
+            sock.sendall(body.encode())
+        raw = read_until_closed(sock)
+    assert raw.startswith(b"HTTP/1.1 200 "), raw[:300]
+    (sent,) = fake.requests
+    assert sent.json["messages"] == [{"role": "user", "content": "h2c body"}]
+
+
 @pytest.mark.parametrize(
     ("data", "path"),
     [

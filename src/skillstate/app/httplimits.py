@@ -29,6 +29,11 @@ the bytes arrive, before httptools buffers them:
   received.`` (and, for a handshake, the empty ``403`` its WebSocket protocol answers when
   no route takes it).
 
+An upgrade other than WebSocket (``upgrade: h2c``, as curl's ``--http2`` sends on ``http://``)
+is ignored, as RFC 9110 7.8 allows: httptools takes such a request as having no body and stops
+at its head, so the head is parsed again without its ``upgrade`` header (``without_upgrade``)
+and the request served over HTTP/1.1 with its body.
+
 A request line without an HTTP version (HTTP/0.9's ``GET /``), which llhttp reads as a head
 whose headers are still to come, is answered ``505`` as soon as the line ends, not after
 ``header_timeout``. Refusals are logged by ``httprefusals.RefusalLog`` (the first, then one
@@ -48,6 +53,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import httptools
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -96,6 +102,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.refusal: bytes | None = None
         self.head_refusal: ProxyError | None = None  # a parsed head's (unsupported_head)
         self.read = b""  # the read being parsed, for a refusal's dialect (_dialect)
+        # The reads of the head being parsed (a list: no copy on the common path), to parse
+        # it again without an upgrade it asks for (``_parse_without_upgrade``).
+        self.head_reads: list[bytes] = []
+        self.unupgraded: bytes | None = None  # a head to parse again so (on_headers_complete)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -116,6 +126,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._feed_past_head_budget(data, left)
                 return
             self.head_left = left - len(data)
+            self.head_reads.append(data)
         self.read = data
         super().data_received(data)
         if self.head_left is not None and self.head_left < self.limits.max_header_bytes:
@@ -136,6 +147,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # Feed what the budget allows: if the head ends within it, the rest is body (or the
         # next request) and goes on; otherwise the head is too large.
         if left:
+            self.head_reads.append(data[:left])
             super().data_received(data[:left])
         if self._refused():
             return
@@ -170,6 +182,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             # through send_400_response, which answers this instead.
             self.head_refusal = refusal
             raise refusal
+        reads, self.head_reads = self.head_reads, []
+        if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
+            # An upgrade the proxy does not do (h2c; a WebSocket handshake was refused
+            # above): httptools would take the request as having no body and drop the
+            # bytes after the head. Raising stops the parser here; send_400_response then
+            # parses the head again without its upgrade, and the request is served over
+            # HTTP/1.1 with its body (RFC 9110 7.8 lets a server ignore an upgrade).
+            self.unupgraded = without_upgrade(b"".join(reads), self.parser.get_method(), self.url)
+            if self.unupgraded is not None:
+                raise _Reparse
         self.body_done = False
         super().on_headers_complete()
 
@@ -183,7 +205,19 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this in its ``except httptools.HttpParserError`` around the parser
         # (0.29 to 0.55), so the error being handled is the parser's.
+        if self.unupgraded is not None:
+            self._parse_without_upgrade(self.unupgraded)
+            return
         self._refuse(self.head_refusal or parse_refusal(sys.exc_info()[1]))
+
+    def _parse_without_upgrade(self, data: bytes) -> None:
+        """Parse the request again from its head, its ``upgrade`` header left out, with a
+        new parser (the old one stopped in error), and what followed the head."""
+        self.unupgraded = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
+        self.head_left = self.limits.max_header_bytes
+        HttpToolsProtocol.data_received(self, data)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -191,6 +225,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._send_and_close(self.refusal)
 
     def on_message_complete(self) -> None:
+        self.head_reads = []
         self.head_left = self.limits.max_header_bytes
         self.body_done = True
         self._disarm()
@@ -307,6 +342,22 @@ async def _over_capacity(scope: Any, receive: Any, send: Any) -> None:
         err, dialect_for(scope["path"], anthropic_version), {"connection": "close"}
     )
     await response(scope, receive, send)
+
+
+class _Reparse(Exception):
+    """Stops the parser at a head to parse again without its upgrade."""
+
+
+def without_upgrade(read: bytes, method: bytes, url: bytes) -> bytes | None:
+    """``read`` (a request's head and what followed it) with the head's ``upgrade`` header
+    left out, so that no parser takes it for an upgrade; None when ``read`` does not hold the
+    request's head from its request line (a pipelined head that began in the read that
+    ended the previous request: its reads were not kept)."""
+    head, sep, rest = read.lstrip(b"\r\n").partition(b"\r\n\r\n")
+    if not sep or not head.startswith(method + b" " + url + b" "):
+        return None
+    lines = [line for line in head.split(b"\r\n") if line[:8].lower() != b"upgrade:"]
+    return b"\r\n".join(lines) + sep + rest
 
 
 def limited_protocol(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
