@@ -271,14 +271,15 @@ def test_a_stream_event_that_is_not_json_ends_the_stream_with_an_error(
     fake: FakeProvider, start_proxy: StartProxy, kind: str, client: str, mode: str
 ) -> None:
     """Data that is not JSON in a stream the proxy translates or commits: the client's
-    stream ends with an error event naming it (before: it was left out, and the stream
-    ended as if whole, the turn committed), and nothing is committed."""
+    stream ends with an error event naming it, a Responses client's ``response.failed``
+    (before: it was left out, and the stream ended as if whole, the turn committed), and
+    nothing is committed."""
     p = start(fake, start_proxy, kind, mode)
     fake.enqueue(Reply(raw_body=NOT_JSON_STREAMS[kind]))
     said = "upstream up sent a stream event whose data is not JSON"
-    if client == "responses":  # the SDK yields the error event
+    if client == "responses":  # the response fails, as the API fails one
         last = list(ask(p, client, "s1", stream=True))[-1]
-        assert last.type == "error" and last.message == said
+        assert last.type == "response.failed" and last.response.error.message == said
     else:
         with pytest.raises((openai.APIError, anthropic.APIStatusError)) as raised:
             for _ in ask(p, client, "s1", stream=True):

@@ -488,3 +488,49 @@ def test_a_chat_clients_cache_options_and_breakpoints_reach_a_responses_upstream
         {"type": "input_image", "image_url": image, "detail": "auto",
          "prompt_cache_breakpoint": {"mode": "explicit"}},
     ]  # fmt: skip
+
+
+# Each client format on an upstream of its own format and of another.
+CUT = [("chat", "chat-m"), ("chat", "claude-m"), ("responses", "responses/m"),
+       ("responses", "chat-m"), ("responses", "claude-m"), ("messages", "claude-m"),
+       ("messages", "chat-m")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("client", "model"), CUT)
+def test_a_stream_the_upstream_cuts_ends_in_the_clients_own_error_shape(
+    fake: FakeProvider, proxy: InProcessProxy, client: str, model: str
+) -> None:
+    """The upstream closes the stream mid-answer (the proxy's own stream failure, not an
+    error the upstream reported). A Responses client gets ``response.failed`` with
+    ``server_error``, as the API fails a response (the openai SDK only yields an ``error``
+    event, and Codex ignores one: before, ``type: error`` with code ``stream_error``); a
+    chat client the error chunk the openai SDK raises, the proxy's own 500 error object (was
+    code ``stream_error``); a Messages client Anthropic's ``error`` event with
+    ``api_error``."""
+    fake.enqueue(Reply(text="one two three four five six", drop_after=3))
+    hi = [{"role": "user", "content": "Hi"}]
+    if client == "messages":
+        request = {"model": model, "max_tokens": 16, "messages": hi}
+        with (
+            pytest.raises(anthropic.APIStatusError) as cut,
+            ant(proxy).messages.stream(**request) as s,
+        ):
+            list(s)
+        assert cut.value.body["error"]["type"] == "api_error"
+        return
+    sdk = openai.OpenAI(base_url=proxy.v1, api_key="sk-client", max_retries=0)
+    if client == "chat":
+        with pytest.raises(openai.APIError) as failed:
+            list(sdk.chat.completions.create(model=model, messages=hi, stream=True))
+        assert failed.value.body == {
+            "message": failed.value.message, "type": "api_error", "param": None,
+            "code": "api_error",
+        }  # fmt: skip
+        return
+    events = list(sdk.responses.create(model=model, input="Hi", stream=True))
+    last = events[-1]
+    assert last.type == "response.failed", [e.type for e in events]
+    assert last.response.status == "failed" and last.response.error is not None
+    assert last.response.error.code == "server_error"
+    assert "mid-stream" in last.response.error.message
+    assert last.sequence_number == events[-2].sequence_number + 1

@@ -26,7 +26,18 @@ class StreamCut(Exception):
 class StreamProblem:
     """Why a stream did not finish properly (said to the client in its dialect)."""
 
-    problem: str | ProxyError  # a ProxyError: an error the upstream reported, its code kept
+    # An error the upstream reported (its kind and code kept), or the proxy's own failure
+    # (``failure``).
+    problem: ProxyError
+
+
+def failure(message: str) -> ProxyError:
+    """A stream that failed on the proxy's side of it (its source cut, an event it cannot
+    read, an early end), or an upstream's error known only by its message: a server error
+    in each dialect's own shape (chat's error chunk of type ``api_error``, Anthropic's
+    ``api_error`` event, Responses' ``response.failed`` with ``server_error``), not an
+    error event with a code of the proxy's own making that no client acts on."""
+    return ProxyError("api_error", message)
 
 
 async def relay_events(
@@ -49,16 +60,16 @@ async def relay_events(
         if ready:
             yield b"".join(ready)
     except StreamCut as e:
-        yield StreamProblem(str(e))
+        yield StreamProblem(failure(str(e)))
         return
     except _Unreadable as e:
-        yield StreamProblem(f"upstream {source} sent {e}")
+        yield StreamProblem(failure(f"upstream {source} sent {e}"))
         return
     problem_ = relay.upstream_error or (
         None if relay.complete else "upstream closed the stream before it finished"
     )
     if problem_ is not None:
-        yield StreamProblem(problem_)
+        yield StreamProblem(problem_ if isinstance(problem_, ProxyError) else failure(problem_))
 
 
 class _Unreadable(Exception):

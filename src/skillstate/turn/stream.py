@@ -16,7 +16,7 @@ from ..config import Settings
 from ..cost.baseline import envelope_output_share
 from ..dialects.base import StreamRelay
 from ..dialects.registry import make_relay
-from ..dialects.streaming import relay_events
+from ..dialects.streaming import failure, relay_events
 from ..engine.strip_events import StrippingRelay
 from ..engine.stripper import strip_envelope
 from ..engine.verdict import Outcome, Verdicts
@@ -212,8 +212,8 @@ class StreamPath:
             # connection.
             if not isinstance(e, ProxyError):
                 log.exception("turn %s: judging or committing a stream", turn.session)
-            internal = f"internal proxy error ({type(e).__name__})"
-            return relay.error(str(e) if isinstance(e, ProxyError) else internal), False
+            internal = failure(f"internal proxy error ({type(e).__name__})")
+            return relay.error(e if isinstance(e, ProxyError) else internal), False
         return note, True
 
 

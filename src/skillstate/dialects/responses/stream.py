@@ -55,6 +55,7 @@ class ResponsesRelay(RelayCapture):
         super().__init__(capture_limit)
         self._held: list[bytes] = []
         self.response: JSON | None = None
+        self._seq = -1  # the sequence number of the last event relayed
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
         try:
@@ -64,6 +65,9 @@ class ResponsesRelay(RelayCapture):
         if not isinstance(data, dict):
             return [event.raw]
         etype = data.get("type") or event.event
+        seq = data.get("sequence_number")
+        if type(seq) is int:
+            self._seq = seq
         if etype == "response.output_text.delta" and isinstance(data.get("delta"), str):
             self.add_text(data["delta"])
         elif etype == "response.output_item.added":
@@ -99,7 +103,17 @@ class ResponsesRelay(RelayCapture):
         return self._held
 
     def error(self, message: str | ProxyError) -> bytes:
-        return error_event(message)
+        """The response the upstream began, ended as the API ends one that fails
+        (``response.failed``, its error's code the one a client acts on); an ``error``
+        event when no response began (nothing to fail)."""
+        if not isinstance(message, ProxyError) or self.response is None:
+            return error_event(message, self._seq + 1)
+        self._seq += 1
+        error = {"code": failure_code(message), "message": message.message}
+        # No output, as in ChatToResponsesRelay.error (its deltas went out already).
+        failed = {**self.response, "status": "failed", "output": [], "error": error}
+        data = {"type": "response.failed", "response": failed, "sequence_number": self._seq}
+        return sse.encode(data, event="response.failed")
 
 
 class ChatToResponsesRelay(RelayCapture):
@@ -295,10 +309,9 @@ class ChatToResponsesRelay(RelayCapture):
         return out
 
     def error(self, message: str | ProxyError) -> bytes:
-        """An error the upstream reported (a ProxyError) ends the response as the API ends
-        one that fails: ``response.failed``, its ``error`` the code a Responses client acts
-        on (``failure_code``: Codex reads only this event); the proxy's own problem (a cut,
-        an unreadable event) is an ``error`` event."""
+        """An error (the upstream's, or the proxy's own: a cut, an unreadable event) ends
+        the response as the API ends one that fails: ``response.failed``, its ``error`` the
+        code a Responses client acts on (``failure_code``: Codex reads only this event)."""
         if not isinstance(message, ProxyError):
             return error_event(message, self._seq)
         out = self._start()
