@@ -378,12 +378,14 @@ class Planner:
     def envelope_seen(self, meta: TurnMeta, usage: Usage | None, share: Fraction) -> None:
         """What an envelope cost in output tokens, for ``auto``'s and the checkpoint
         policy's estimates."""
-        if usage is None:
-            return
-        tokens = float(usage.output_tokens * share)
-        if meta.window is not None:
+        window, auto = meta.window is not None, meta.turn.mode == Mode.AUTO
+        if usage is None or not (window or auto):
+            return  # (the usual compact turn: nobody keeps the figure)
+        # float(output_tokens * share) without building a Fraction (microseconds each)
+        tokens = usage.output_tokens * share.numerator / share.denominator
+        if window:
             self.windows.envelope_cost(meta.turn.session, tokens)
-        if meta.turn.mode == Mode.AUTO:
+        if auto:
             self.auto.envelope_cost(meta.turn.session, tokens)
 
     def committed(self, meta: TurnMeta, status: str, step: int) -> None:
