@@ -4,9 +4,13 @@ committed twice."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import Proxy, StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, Reply
@@ -137,3 +141,52 @@ def test_an_absurd_usage_report_wedges_neither_the_store_nor_shutdown(
     err = p.stop()
     assert p.proc is not None and p.proc.returncode in (0, -15), err
     assert "Traceback" not in err
+
+
+BUDGETED = {SESSION_HEADER: "down", "x-skillstate-budget-usd": "0.25"}
+OUTPUT_PRICED = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}  # $0.001 a token
+
+
+def budgeted_call(p: Proxy) -> httpx.Response:
+    """A passthrough call with max_tokens 100 ($0.10 worst case) under the session budget."""
+    return p.http.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]},
+        headers=BUDGETED,
+        timeout=60,
+    )
+
+
+def ledger_pricing(db: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return [r[0] for r in conn.execute("SELECT pricing FROM ledger ORDER BY rowid")]
+
+
+def test_a_budgeted_call_the_store_could_not_record_is_written_later_and_counted_once(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """The store is locked when a budgeted call's row is written at the end of its turn: the
+    reply goes out, and the row, its holds and its pending row wait. The next call's spend
+    read writes it first: the session has spent both calls' real cost ($0.006 each), and
+    the ledger holds the two rows, no pending one. Before, the row was dropped and the
+    pending row, this process's own, was counted as a call still in flight: the second
+    call saw $0.006 spent, and the first was charged only at the next start."""
+    p = start_proxy(fake.url + "/v1", "--mode", "passthrough", config={"prices": OUTPUT_PRICED})
+    db = tmp_path / "data" / "skillstate.db"
+    held = threading.Event()
+    fake.enqueue(Reply(text="one two three four five", hold=held))
+    first: list[httpx.Response] = []
+    out = threading.Thread(target=lambda: first.append(budgeted_call(p)))
+    out.start()
+    fake.wait_for(lambda requests: len(requests) == 1, timeout=60)
+    with locked_by_another_process(db):
+        held.set()
+        out.join(60)
+    assert first[0].status_code == 200, first[0].text
+    assert ledger_pricing(db) == ["pending"]  # the call's row could not be written
+
+    fake.enqueue(Reply(text="one two three four five"))
+    second = budgeted_call(p)
+    assert second.status_code == 200, second.text
+    assert float(second.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.012)
+    assert ledger_pricing(db) == ["override", "override"]

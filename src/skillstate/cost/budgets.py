@@ -29,7 +29,6 @@ cost) are counted, at the most expensive known model's rates.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
@@ -42,12 +41,13 @@ from ..auth.record import KeyRecord
 from ..errors import ProxyError
 from ..sessions.ids import NAMESPACE_SEP, split_session
 from ..store import Store, StoreError
+from ..store.records import LedgerRow
+from .unsettled import UnsettledCalls
 from .worstcase import Rates, WorstCase, unpriced_rates
 
 if TYPE_CHECKING:
     from ..coordination.budgets import SharedHolds
     from ..coordination.link import CoordinationLink
-    from ..store.records import LedgerRow
     from .ledgerwrites import LedgerWrites
     from .pending import PendingCalls
 
@@ -299,6 +299,9 @@ class TurnBudgets:
         spent_before: dict[str, float] = {}
         pending = self.book.pending_row(self.session, model, self.mode, call)
         written = pending  # written with the first spend read
+        # The turns the store could not take before, written first: their holds end, and
+        # the spend read below counts their calls once, at their real cost.
+        await self.book.unsettled.settle()
         try:
             for budget in self.budgets:
                 since = await self.book.holds.mark()  # before the ledger is read
@@ -365,6 +368,15 @@ class TurnBudgets:
         if unclaimed:
             await asyncio.shield(self.book.drop_pending(unclaimed))
 
+    def release_once_written(self, rows: list[LedgerRow]) -> None:
+        """The turn's rows could not be written (the store is down): its holds stay, and
+        its pending rows, until a later write of ``rows`` replaces them
+        (``cost.unsettled``); the turn itself is over."""
+        releases, self._releases = self._releases, []
+        unclaimed = self._pending[self._claimed :]
+        self._pending, self._claimed = [], 0
+        self.book.unsettled.add(rows, unclaimed, releases)
+
     def headers(self, turn_cost: float) -> dict[str, str]:
         """What each budget has spent, this turn's cost (measured and estimated) included,
         and what is left."""
@@ -399,6 +411,8 @@ class Budgets:
         self.ledger = ledger
         # Each call's pending row, written before it is sent (None: no such rows).
         self.pending = pending
+        # The turns whose rows the store could not take at their end, written again.
+        self.unsettled = UnsettledCalls(store)
 
     def pending_row(self, session: str, model: str, mode: str, usd: float) -> LedgerRow | None:
         """The pending row of a call about to be sent (None without pending rows)."""
@@ -407,11 +421,12 @@ class Budgets:
         return self.pending.row(session, model, mode, usd)
 
     async def drop_pending(self, row_ids: list[str]) -> None:
-        """Delete the pending rows of calls whose rows are written, or that were not sent
-        after all (best effort: a row left is counted at its worst case once this process
-        is gone)."""
-        with contextlib.suppress(StoreError):
+        """Delete the pending rows of holds no call used; with the store down, later
+        (``cost.unsettled``), not left to be charged as calls at the next start."""
+        try:
             await self.store.drop_ledger_rows(row_ids)
+        except StoreError:
+            self.unsettled.add([], row_ids, [])
 
     async def for_turn(
         self,

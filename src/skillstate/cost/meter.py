@@ -10,7 +10,6 @@ tuples and rows patched by index.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,7 +18,6 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from ..errors import CLIENT_CLOSED
-from ..store import Store, StoreError
 from ..store.records import Kind, LedgerRow
 from .baseline import (
     Baseline,
@@ -283,14 +281,6 @@ class TurnMeter:
         """The rows so far were written (by the commit): ``flush`` leaves them alone."""
         self._written = len(self._rows)
         self._rewritten = []
-
-    async def flush(self, store: Store) -> None:
-        """Write the rows not yet written, best effort: a turn never fails on its ledger."""
-        rows = self.unwritten()
-        self.mark_written()
-        if rows:
-            with contextlib.suppress(StoreError):
-                await store.add_ledger_rows(rows)
 
     def headers(self) -> dict[str, str]:
         """The turn's ``x-skillstate-pricing/-cost-usd/-saved-tokens`` headers."""

@@ -15,6 +15,8 @@ killed at any point leaves either the pending row or the real one, never both. A
 no attempt used (its call never went out) has its pending row deleted as the holds end
 (``TurnBudgets.release``). Nothing of this runs for a turn under no budget; a budgeted call
 costs a row inserted with the spend read, and a delete only for a hold no row took.
+A turn whose rows the store could not take at its end (store down) keeps its holds and its
+pending rows until a later write of its rows replaces them (``cost.unsettled``).
 
 A budget's spend counts every row but the pending rows of calls still in flight, which
 their holds already count: this process's own (their ids start with ``PendingCalls.prefix``),

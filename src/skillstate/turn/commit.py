@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
@@ -254,7 +254,7 @@ class Committer:
         turn. A turn holding budget reservations writes them before its reply goes out and
         then ends its holds: the next call reads the real cost."""
         if turn.budgets is not None and turn.budgets.holding:
-            await shielded(_written_then_released(meter.flush(self.store), turn.budgets))
+            await shielded(_written_then_released(self.store, meter, turn.budgets))
         else:
             rows = meter.unwritten()
             meter.mark_written()
@@ -272,10 +272,18 @@ def _not_committed(e: StoreError) -> ProxyError:
     return e.for_client("could not commit the turn")
 
 
-async def _written_then_released(flush: Awaitable[None], budgets: TurnBudgets | None) -> None:
-    """The ledger rows written, then the budget holds they replace released."""
+async def _written_then_released(store: Store, meter: TurnMeter, budgets: TurnBudgets) -> None:
+    """The turn's rows written, then the budget holds they replace released; with the store
+    down, both wait for a later write (``TurnBudgets.release_once_written``)."""
+    rows = meter.unwritten()
+    meter.mark_written()
     try:
-        await flush
-    finally:
-        if budgets is not None:
-            await budgets.release()
+        if rows:
+            await store.add_ledger_rows(rows)
+    except StoreError:
+        budgets.release_once_written(rows)
+        return
+    except BaseException:
+        await budgets.release()  # a bug: the holds end all the same
+        raise
+    await budgets.release()

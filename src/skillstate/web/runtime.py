@@ -171,6 +171,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             await purge
         await rt.pool.close()
         await rt.pipeline.settle()
+        await rt.budgets.unsettled.close()
         await rt.store.close()
         await rt.coordination.close()
         # The exporter's last batch may wait on a slow collector: not on the event loop.
