@@ -203,6 +203,9 @@ def test_floor_arm_is_measured_in_the_same_run(tmp_path: Path) -> None:
     assert conc["vs_floor"]["rps_ratio"] == round(conc["proxied"]["rps"] / conc["floor"]["rps"], 3)
     for key in ("cpu_vs_floor", "rps_vs_floor"):
         assert rep["targets"][key]["value"] is not None
+    # both CPU ratios are judged, each against its own figure
+    assert rep["targets"]["concurrent_cpu_vs_floor"]["value"] == conc["vs_floor"]["cpu_ratio"]
+    assert rep["targets"]["cpu_vs_floor"]["value"] == seq["vs_floor"]["cpu_ratio"]
     # the floor relays the upstream's answer: a chat completion with the envelope text
     sample = orjson.loads(rep["samples"]["floor"])
     assert sample["object"] == "chat.completion" and "state_patch" in str(sample["choices"])
