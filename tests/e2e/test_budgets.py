@@ -43,6 +43,25 @@ def start(start_proxy: StartProxy, fake: FakeProvider, prices: dict[str, Any]) -
     )
 
 
+def passthrough_to(
+    start_proxy: StartProxy, fake: FakeProvider, kind: str, budget_max_tokens: int
+) -> InProcessProxy:
+    """A passthrough proxy in front of one upstream of ``kind``, output priced at $1 per 1,000
+    tokens, that holds a call without its own limit at ``budget_max_tokens``."""
+    url = fake.url if kind == "anthropic" else fake.url + "/v1"
+    return start_proxy(
+        None,
+        "--mode",
+        "passthrough",
+        config={
+            "auth_cache_ttl": 0,
+            "prices": OUTPUT_PRICED,
+            "budget_max_tokens": budget_max_tokens,
+            "upstreams": [{"name": "u", "url": url, "kind": kind, "api_key": "sk"}],
+        },
+    )
+
+
 def full_reply(n: int = 100) -> Reply:
     """An answer that writes ``n`` output tokens (max_tokens' worth: the worst case)."""
     return Reply(text=envelope({}), usage={"completion_tokens": n})
@@ -327,18 +346,7 @@ def test_a_call_without_an_output_limit_is_sent_with_the_one_its_budget_holds(
     """Under a budget, a request that sets no output limit is held at budget_max_tokens
     (100 here: $0.10) and goes upstream with that limit, so a model that would write 1,250
     tokens ($1.25) stops at 100. Without a budget the request goes as it came."""
-    url = fake.url if kind == "anthropic" else fake.url + "/v1"
-    proxy = start_proxy(
-        None,
-        "--mode",
-        "passthrough",
-        config={
-            "auth_cache_ttl": 0,
-            "prices": OUTPUT_PRICED,
-            "budget_max_tokens": 100,
-            "upstreams": [{"name": "u", "url": url, "kind": kind, "api_key": "sk"}],
-        },
-    )
+    proxy = passthrough_to(start_proxy, fake, kind, 100)
     oc = oai(proxy, "sk")
 
     def ask(session: str, budget: dict[str, str]) -> Any:
@@ -488,17 +496,7 @@ def test_a_limit_the_model_refuses_is_not_sent_again(
     (400). The call then goes as the client wrote it (to Messages: with the translation's
     own 4,096), and the model's maximum (5,000) bounds its answer below what the budget
     held; the refused attempt costs nothing."""
-    url = fake.url if kind == "anthropic" else fake.url + "/v1"
-    proxy = start_proxy(
-        None,
-        "--mode",
-        "passthrough",
-        config={
-            "prices": OUTPUT_PRICED,
-            "budget_max_tokens": 10_000,
-            "upstreams": [{"name": "u", "url": url, "kind": kind, "api_key": "sk"}],
-        },
-    )
+    proxy = passthrough_to(start_proxy, fake, kind, 10_000)
     fake.max_output_tokens = {"m": 5_000}
     fake.enqueue(Reply(text="abcd" * 40))
     oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
@@ -534,16 +532,7 @@ def test_a_refused_small_limit_is_not_sent_again_to_messages_with_more_than_was_
     sent again as the client wrote it, the translation's 4,096 would go, more than was
     held. The 400 is relayed instead; before, the resend wrote 1,000 tokens, $1.00 against
     the session's $0.25."""
-    proxy = start_proxy(
-        None,
-        "--mode",
-        "passthrough",
-        config={
-            "prices": OUTPUT_PRICED,
-            "budget_max_tokens": 100,
-            "upstreams": [{"name": "u", "url": fake.url, "kind": "anthropic", "api_key": "sk"}],
-        },
-    )
+    proxy = passthrough_to(start_proxy, fake, "anthropic", 100)
     fake.enqueue(Reply(status=400, error_body="max_tokens: refused"), Reply(text="word " * 1000))
     oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
     with pytest.raises(openai.BadRequestError):
@@ -567,18 +556,7 @@ def test_a_limit_under_the_responses_minimum_is_held_at_the_16_it_is_sent_as(
     That is the call's worst case: over a session's $0.01 it is refused before it is sent
     (held at the client's 5, $0.005, it went and spent $0.016 of the $0.01); under $0.02
     it goes and costs its 16 tokens."""
-    proxy = start_proxy(
-        None,
-        "--mode",
-        "passthrough",
-        config={
-            "prices": OUTPUT_PRICED,
-            "budget_max_tokens": 5,
-            "upstreams": [
-                {"name": "r", "url": fake.url + "/v1", "kind": "openai-responses", "api_key": "sk"}
-            ],
-        },
-    )
+    proxy = passthrough_to(start_proxy, fake, "openai-responses", 5)
     hi = [{"role": "user", "content": "hi"}]
 
     def ask(session: str, usd: str) -> Any:
