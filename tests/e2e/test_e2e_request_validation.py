@@ -165,6 +165,32 @@ CHAT_CASES: dict[str, tuple[JSON, str, str | None, str]] = {
         None,
         "no answer for: call_2",
     ),
+    "tool message without content": (
+        {
+            "messages": [
+                USER,
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "call_1"},
+            ]
+        },
+        "messages[2].content",
+        "missing_required_parameter",
+        "Missing required parameter: 'messages[2].content'",
+    ),
+    # A list or an object where a string names the kind: unhashable, so a set lookup raised
+    # (a 500, and the connection closed under the client's next request).
+    "response_format type a list": (
+        {"response_format": {"type": ["json_object"]}},
+        "response_format",
+        None,
+        "must be an object with type",
+    ),
+    "response_format type an object": (
+        {"response_format": {"type": {"json_object": True}}},
+        "response_format",
+        None,
+        "must be an object with type",
+    ),
     "temperature above 2": ({"temperature": 2.5}, "temperature", "invalid_value", "between 0"),
     "top_p above 1": ({"top_p": 1.5}, "top_p", "invalid_value", "between 0 and 1"),
     "n of 0": ({"n": 0}, "n", "invalid_value", "between 1 and 128"),
@@ -309,6 +335,11 @@ ANTHROPIC_CASES: dict[str, tuple[JSON, str, str]] = {
         },
         "messages[4].content[0].tool_use_id",
         "corresponding tool_use block",
+    ),
+    "tool_choice type a list": (
+        {"tool_choice": {"type": ["auto"]}},
+        "tool_choice",
+        "must be an object with type",
     ),
     "tool_use ids used twice": (
         {
@@ -538,6 +569,29 @@ def test_responses_numeric_bounds(fake: FakeProvider, start_proxy: StartProxy) -
         assert r.status_code == 400, (case, r.text)
         err = error_of(r, anthropic_shape=False)
         assert (err["param"], err["code"]) == (param, "invalid_value"), (case, err)
+    assert sent(fake) == []
+
+
+@pytest.mark.parametrize("kind", ["openai-responses", "openai", "anthropic"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_format_type_that_is_no_string_is_a_400(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str, mode: str
+) -> None:
+    """``text.format.type`` a list or an object: a 400 naming ``text.format``. It was
+    unhashable in the check's set lookup: a 500, and the connection closed under the next
+    request on it."""
+    p = start(fake, start_proxy, kind)
+    with httpx.Client(timeout=30) as c:  # one connection: the 400 must leave it usable
+        for kind_of_format in (["json_object"], {"json_object": True}):
+            for stream in (False, True):
+                body = {"model": "m-1", "input": "hi", "stream": stream}
+                body["text"] = {"format": {"type": kind_of_format}}
+                h = {**session("f1"), "x-skillstate-mode": mode}
+                r = c.post(p.url + "/v1/responses", json=body, headers=h)
+                assert r.status_code == 400, r.text
+                err = error_of(r, anthropic_shape=False)
+                assert err["param"] == "text.format", err
+                assert "must be an object with type" in err["message"], err
     assert sent(fake) == []
 
 

@@ -31,7 +31,7 @@ from .base import (
 )
 from .capture import RelayCapture
 from .checks import bad_request as _bad
-from .checks import check_bounds
+from .checks import check_bounds, is_one_of
 from .checks import is_int as _is_int
 
 NAME: Final = "anthropic"
@@ -134,7 +134,7 @@ def validate_anthropic_request(body: Any, checked: int = 0, *, count_tokens: boo
     _validate_output_config(body)
     if "tool_choice" in body and body["tool_choice"] is not None:
         tc = body["tool_choice"]
-        if not isinstance(tc, dict) or tc.get("type") not in _TOOL_CHOICE_TYPES:
+        if not isinstance(tc, dict) or not is_one_of(tc.get("type"), _TOOL_CHOICE_TYPES):
             raise _bad(
                 'tool_choice: must be an object with type "auto", "any", "tool" or "none"',
                 "tool_choice",

@@ -21,6 +21,12 @@ def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_one_of(value: Any, choices: frozenset[str]) -> bool:
+    """Whether ``value`` is one of ``choices``. A client's list or object is never one, and
+    is unhashable: ``value in choices`` would raise instead of answering no."""
+    return isinstance(value, str) and value in choices
+
+
 def is_number(value: Any) -> bool:
     """Whether ``value`` is an integer or a float (JSON ``true``/``false`` are not)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

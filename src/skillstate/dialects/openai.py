@@ -40,7 +40,7 @@ from .base import (
 )
 from .capture import RelayCapture
 from .checks import bad_request as _bad
-from .checks import check_bounds, json_type, validate_allowed_tools
+from .checks import check_bounds, is_one_of, json_type, validate_allowed_tools
 
 NAME: Final = "openai"
 
@@ -153,6 +153,14 @@ def _validate_message(m: Any, path: str) -> None:
     if role == "tool" and (not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]):
         raise _bad(f"{path}: a tool message needs tool_call_id", f"{path}.tool_call_id")
     content = m.get("content")
+    if role == "tool" and content is None:
+        # Required by the API (a tool message is its call's output), and what a translation
+        # to Messages or Responses sends as that output.
+        raise _bad(
+            f"Missing required parameter: '{path}.content'.",
+            f"{path}.content",
+            "missing_required_parameter",
+        )
     if content is not None and not isinstance(content, (str, list)):
         raise _bad(f"{path}.content must be a string or an array of parts", f"{path}.content")
     allowed = _PART_TYPES.get(role, _TEXT_PARTS)
@@ -325,7 +333,7 @@ def _validate_tool_choice(choice: Any) -> None:
 
 
 def _validate_response_format(fmt: Any) -> None:
-    if not isinstance(fmt, dict) or fmt.get("type") not in _RESPONSE_FORMATS:
+    if not isinstance(fmt, dict) or not is_one_of(fmt.get("type"), _RESPONSE_FORMATS):
         raise _bad(
             'response_format: must be an object with type "text", "json_object" or "json_schema"',
             "response_format",

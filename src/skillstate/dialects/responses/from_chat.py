@@ -174,11 +174,11 @@ def messages_to_items(messages: list[JSON]) -> list[JSON]:
         elif role == "tool":
             call_id = msg["tool_call_id"]
             kind = "custom_tool_call_output" if call_id in custom_ids else "function_call_output"
-            items.append({"type": kind, "call_id": call_id, "output": _text_of(msg["content"])})
+            items.append({"type": kind, "call_id": call_id, "output": _text_of(msg.get("content"))})
         elif role == "user":
             items.append(_user_item(msg.get("content"), f"messages[{i}]"))
         elif role in ("system", "developer"):
-            items.append({"type": "message", "role": role, "content": _text_of(msg["content"])})
+            items.append({"type": "message", "role": role, "content": _text_of(msg.get("content"))})
         else:  # "function", the one role left after validation
             raise _bad(f"messages[{i}]: legacy function messages are not supported; use tools")
     return items

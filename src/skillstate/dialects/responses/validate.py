@@ -9,7 +9,7 @@ from typing import Any
 
 from ..base import JSON
 from ..checks import bad_request as _bad
-from ..checks import check_bounds, validate_allowed_tools
+from ..checks import check_bounds, is_one_of, validate_allowed_tools
 
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
@@ -274,7 +274,7 @@ def _validate_tool_choice(choice: Any) -> None:
 
 
 def _validate_format(fmt: Any) -> None:
-    if not isinstance(fmt, dict) or fmt.get("type") not in _FORMATS:
+    if not isinstance(fmt, dict) or not is_one_of(fmt.get("type"), _FORMATS):
         raise _bad(
             'text.format: must be an object with type "text", "json_object" or "json_schema"',
             "text.format",
