@@ -218,3 +218,69 @@ async def test_a_newer_schema_is_refused_in_one_line(tmp_path: Path) -> None:
         assert r.returncode == 2 and "Traceback" not in r.stderr
         (line,) = r.stderr.splitlines()
         assert f"schema version {LATEST + 1}, newer than this skillstate-proxy knows" in line
+
+
+def at_version_5(path: Path) -> None:
+    """A database as the release before migration 6 left it: migrations 1-5 applied."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(
+        "CREATE TABLE schema_version"
+        " (version INTEGER PRIMARY KEY, applied REAL NOT NULL, description TEXT NOT NULL)"
+    )
+    for m in SQLITE_MIGRATIONS[:5]:
+        for statement in m.statements:
+            db.execute(statement)
+        db.execute("INSERT INTO schema_version VALUES (?, 1.0, ?)", (m.version, m.description))
+    db.close()
+
+
+# (id, updated): minutes 16666 (999,960 to 1,000,020) and 16667, a tie, a row at a minute's
+# first second, and one of 1970.
+V5_SESSIONS = [
+    ("a", 1_000_000.0), ("b", 1_000_010.0), ("f", 1_000_010.0), ("d", 1_000_020.0),
+    ("c", 1_000_030.5), ("e", 2.0),
+]  # fmt: skip
+
+
+async def test_a_version_5_database_keeps_every_session_and_its_order(tmp_path: Path) -> None:
+    path = tmp_path / "v5.db"
+    at_version_5(path)
+    db = sqlite3.connect(path)
+    db.executemany(
+        "INSERT INTO sessions (id, state, schema, step, created, updated)"
+        " VALUES (?, ?, ?, 1, ?, ?)",
+        [(s, f'{{"k": "{s}"}}'.encode(), '["k"]', t - 1, t) for s, t in V5_SESSIONS],
+    )
+    db.execute(
+        "INSERT INTO transitions (session, step, patch, action, status, errors, ts)"
+        " VALUES ('a', 1, '{\"k\": \"a\"}', 'x', 'valid', '[]', 1000000.0)"
+    )
+    db.commit()
+    before = db.execute("SELECT * FROM sessions ORDER BY id").fetchall()
+    db.close()
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        db = sqlite3.connect(path)
+        assert versions(path) == list(range(1, LATEST + 1))
+        columns = "id, state, schema, step, created, updated"
+        assert db.execute(f"SELECT {columns} FROM sessions ORDER BY id").fetchall() == before
+        indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "sessions_touched" in indexes and "sessions_updated" not in indexes
+        db.close()
+        # GET /state's order, two at a time: most recently updated first, ties by id.
+        listed, after = [], None
+        while page := await store.sessions_page(2, after):
+            listed += [p["session"] for p in page]
+            after = (page[-1]["updated"], page[-1]["session"])
+        assert listed == ["c", "d", "b", "f", "a", "e"]
+        assert [t.step for t in await store.history_page("a", 10)] == [1]
+        # A turn of "e" in a later minute puts it first; the TTL purge takes exactly the
+        # sessions updated before its time.
+        tr = TransitionRecord(2, "valid", {"k": 2}, "c", [], 1_000_100.0)
+        await store.commit(SessionCommit("e", 1, {"k": 2}, ["k"], tr, 1_000_100.0))
+        assert [p["session"] for p in await store.sessions_page(1)] == ["e"]
+        assert await store.purge_sessions(older_than=1_000_010.0) == 1  # "a"
+        assert [p["session"] for p in await store.sessions_page(10)] == ["e", "c", "d", "b", "f"]
+    finally:
+        await store.close()

@@ -725,3 +725,35 @@ async def test_a_batch_runs_savepoints_only_when_one_of_its_writes_fails(tmp_pat
         assert committed_steps(tmp_path / "skillstate.db", "s0") == (2, [1, 2])
     finally:
         await store.close()
+
+
+async def test_sessions_are_listed_and_purged_by_their_last_update_across_minutes(
+    tmp_path: Path,
+) -> None:
+    # The index keeps each session's minute (written on its first commit of a minute);
+    # the list and the purge are still by the exact time of the last update.
+    store = SQLiteStore(tmp_path / "s.db")
+    await store.open()
+    steps: dict[str, int] = {}
+
+    async def turn(session: str, now: float) -> None:
+        step = steps.get(session, 0)
+        tr = TransitionRecord(step + 1, "valid", {"n": now}, "a", [], now)
+        steps[session] = await store.commit(SessionCommit(session, step, {}, [], tr, now))
+
+    try:
+        # (minute 1: 60-119 s, minute 2: 120-179 s, minute 3)
+        for session, now in [("s1", 100.0), ("s2", 110.0), ("s3", 130.0), ("s4", 115.0)]:
+            await turn(session, now)
+        await turn("s1", 119.5)  # again within its minute
+        await turn("s2", 200.0)  # again in a later one
+        await turn("s4", 125.0)  # in the next one
+        listed = [p["session"] for p in await store.sessions_page(10)]
+        assert listed == ["s2", "s3", "s4", "s1"]
+        first, second = await store.sessions_page(2), None
+        second = await store.sessions_page(2, (first[-1]["updated"], first[-1]["session"]))
+        assert [p["session"] for p in first + second] == listed
+        assert await store.purge_sessions(older_than=125.0) == 1  # s1 (119.5), not s4 (125)
+        assert [p["session"] for p in await store.sessions_page(10)] == ["s2", "s3", "s4"]
+    finally:
+        await store.close()

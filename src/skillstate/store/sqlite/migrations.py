@@ -148,6 +148,17 @@ CREATE UNIQUE INDEX ledger_row_id ON ledger(row_id)
 # before it have none (they counted as nothing, as they did then).
 _SQLITE_ESTIMATES = "ALTER TABLE ledger ADD COLUMN estimated_cost_usd REAL"
 
+# Version 6: sessions indexed by the minute they were last updated (``touched``), not by
+# ``updated``: a turn's commit changes ``updated`` and, with it, an index on it (its old
+# entry's page and the newest page: 2 of a lone commit's 10 WAL pages), but ``touched``
+# only on a session's first commit of a minute (store/sqlite/store.py, _advance_sql).
+_SQLITE_TOUCHED = """
+ALTER TABLE sessions ADD COLUMN touched INTEGER NOT NULL DEFAULT 0;
+UPDATE sessions SET touched = CAST(updated / 60 AS INTEGER);
+DROP INDEX sessions_updated;
+CREATE INDEX sessions_touched ON sessions(touched)
+"""
+
 SQLITE_MIGRATIONS = (
     Migration(
         1,
@@ -163,6 +174,7 @@ SQLITE_MIGRATIONS = (
     Migration(3, "idempotency_keys", ddl_statements(_SQLITE_IDEMPOTENCY)),
     Migration(4, "ledger.row_id", ddl_statements(_SQLITE_ROW_IDS)),
     Migration(5, "ledger.estimated_cost_usd", ddl_statements(_SQLITE_ESTIMATES)),
+    Migration(6, "sessions.touched, indexed instead of updated", ddl_statements(_SQLITE_TOUCHED)),
 )
 
 _SQLITE_VERSION_TABLE = (

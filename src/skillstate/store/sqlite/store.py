@@ -113,9 +113,32 @@ _TRANSITION_INSERT = (
 )
 
 
-# A session's next step, only from the step the turn started from (else nothing changes).
-_SESSION_ADVANCE = "UPDATE sessions SET state = ?, step = ?, updated = ? WHERE id = ? AND step = ?"
-_STEP_ADVANCE = "UPDATE sessions SET step = ?, updated = ? WHERE id = ? AND step = ?"
+# The minute of a session's last update, which its row keeps as ``touched`` (indexed by
+# sessions_touched: migration 6), of the time in the parameter ``?N``: one expression for
+# every statement that writes or reads it, so that touched = MINUTE(updated) in every row.
+def _minute(param: str) -> str:
+    return f"CAST({param} / 60 AS INTEGER)"
+
+
+def _advance_sql(state: bool, touch: bool) -> str:
+    """A session's next step (parameters: state, step, updated, id, the step it was at),
+    only from the step the turn started from (else nothing changes); ``state``: its new
+    state too. Not ``touch``: only within the minute of its last update, and then
+    sessions_touched is not written; ``touch``: in any minute, which moves its entry."""
+    sets = f"{'state = ?1, ' if state else ''}step = ?2, updated = ?3"
+    if touch:
+        return f"UPDATE sessions SET {sets}, touched = {_minute('?3')} WHERE id = ?4 AND step = ?5"
+    return f"UPDATE sessions SET {sets} WHERE id = ?4 AND step = ?5 AND touched = {_minute('?3')}"
+
+
+# _advance_sql's four statements, by (state, touch).
+_ADVANCE = {
+    (state, touch): _advance_sql(state, touch) for state in (True, False) for touch in (False, True)
+}
+_SESSION_INSERT = (
+    "INSERT INTO sessions (id, state, schema, step, created, updated, touched)"
+    f" VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_minute('?6')})"
+)
 
 
 def _transition_values(t: TransitionRecord, ts: float) -> tuple[Any, ...]:
@@ -711,14 +734,15 @@ class SQLiteStore:
                 self._batch_new += 1  # last: a write that failed above created nothing
             return step
 
+        values = (state_blob, expected_step + 1, now, session, expected_step)
+        has_state = state_blob is not None
+
         def advance(db: sqlite3.Connection) -> bool:
-            """The session moved from ``expected_step`` to the next, if it was there."""
-            if state_blob is not None:
-                values = (state_blob, expected_step + 1, now, session, expected_step)
-                cur = db.execute(_SESSION_ADVANCE, values)
-            else:
-                cur = db.execute(_STEP_ADVANCE, (expected_step + 1, now, session, expected_step))
-            return cur.rowcount == 1
+            """The session moved from ``expected_step`` to the next, if it was there: in
+            the minute of its last update (most turns) without a write of its index."""
+            if db.execute(_ADVANCE[has_state, False], values).rowcount == 1:
+                return True
+            return db.execute(_ADVANCE[has_state, True], values).rowcount == 1
 
         def create_or_update(db: sqlite3.Connection) -> tuple[int, bool]:
             """A new session's row, or the step conflict where ``advance`` found none at
@@ -733,20 +757,10 @@ class SQLiteStore:
                 if self._max_sessions and self._sessions + self._batch_new >= self._max_sessions:
                     raise StoreFull(full_message(self._max_sessions))
                 db.execute(
-                    "INSERT INTO sessions (id, state, schema, step, created, updated)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (session, state_blob or b"{}", schema_blob, step, now, now),
+                    _SESSION_INSERT, (session, state_blob or b"{}", schema_blob, step, now, now)
                 )
-            elif state_blob is not None:
-                db.execute(
-                    "UPDATE sessions SET state = ?, step = ?, updated = ? WHERE id = ?",
-                    (state_blob, step, now, session),
-                )
-            else:
-                db.execute(
-                    "UPDATE sessions SET step = ?, updated = ? WHERE id = ?",
-                    (step, now, session),
-                )
+            else:  # (at ``expected_step``, as just read)
+                db.execute(_ADVANCE[has_state, True], values)
             return step, row is None
 
         return commit, state_blob, now
@@ -762,12 +776,14 @@ class SQLiteStore:
         sql = "SELECT id, step, updated, length(state) FROM sessions WHERE 1"
         args: tuple[Any, ...] = ()
         if after is not None:
-            sql += " AND (updated < ? OR (updated = ? AND id > ?))"
-            args = (after[0], after[0], after[1])
+            sql += f" AND touched <= {_minute('?')} AND (updated < ? OR (updated = ? AND id > ?))"
+            args = (after[0], after[0], after[0], after[1])
         if prefix:
             sql += " AND id >= ? AND id < ?"
             args += prefix_range(prefix)
-        sql += " ORDER BY updated DESC, id LIMIT ?"
+        # The same order as by updated alone (touched is its minute), read by sessions_touched
+        # minute by minute, each minute's sessions sorted.
+        sql += " ORDER BY touched DESC, updated DESC, id LIMIT ?"
 
         def page(db: sqlite3.Connection) -> list[dict[str, Any]]:
             rows = db.execute(sql, (*args, limit)).fetchall()
@@ -815,7 +831,10 @@ class SQLiteStore:
 
         def purge(db: sqlite3.Connection) -> list[str]:
             with _transaction(db):
-                expired = db.execute("SELECT id FROM sessions WHERE updated < ?", (older_than,))
+                expired = db.execute(
+                    f"SELECT id FROM sessions WHERE touched <= {_minute('?1')} AND updated < ?1",
+                    (older_than,),
+                )
                 ids = [r[0] for r in expired if r[0] not in kept]
                 db.executemany("DELETE FROM transitions WHERE session = ?", [(i,) for i in ids])
                 db.executemany("DELETE FROM sessions WHERE id = ?", [(i,) for i in ids])
@@ -1111,7 +1130,7 @@ class SQLiteStore:
 
         def insert(db: sqlite3.Connection) -> None:
             try:
-                db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?)", row)
+                db.execute(_SESSION_INSERT, row)
             except sqlite3.IntegrityError:
                 raise StoreError(f"session {record.session} already exists") from None
             self._batch_new += 1  # counted once its transaction commits (_commit_batch)
