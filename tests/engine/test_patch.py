@@ -899,14 +899,63 @@ def test_property_idempotent(target: Any, patch: Any) -> None:
     assert canonical(merge_patch(once, patch)) == canonical(once)
 
 
+def _untouched(target: Any, patch: Any) -> list[Any]:
+    """The containers of ``target`` (a subtree's included) that ``patch`` leaves as they are:
+    the values of keys it does not name, at any depth of the objects it merges into."""
+    if not (isinstance(patch, dict) and isinstance(target, dict)):
+        return []
+    found: list[Any] = []
+    for key, value in target.items():
+        if key not in patch:
+            found.extend(_containers(value))
+        else:
+            found.extend(_untouched(value, patch[key]))
+    return found
+
+
 @given(target=JSON_VALUES, patch=JSON_VALUES)
-def test_property_inputs_not_mutated_and_not_shared(target: Any, patch: Any) -> None:
+def test_property_inputs_not_mutated_and_untouched_subtrees_shared(target: Any, patch: Any) -> None:
     target_before, patch_before = canonical(target), canonical(patch)
     result = merge_patch(target, patch)
     assert canonical(target) == target_before
     assert canonical(patch) == patch_before
-    input_ids = {id(c) for c in _containers(target) + _containers(patch)}
-    assert not input_ids & {id(c) for c in _containers(result)}
+    result_ids = {id(c) for c in _containers(result)}
+    assert not result_ids & {id(c) for c in _containers(patch)}
+    # Shared with the target: exactly the subtrees the patch does not reach.
+    untouched = {id(c) for c in _untouched(target, patch)}
+    assert result_ids & {id(c) for c in _containers(target)} == untouched
+    if isinstance(patch, dict) and isinstance(target, dict):
+        for key, value in target.items():
+            if key not in patch:
+                assert result[key] is value
+
+
+@given(
+    first=JSON_OBJECTS,
+    patches=st.lists(JSON_OBJECTS | st.lists(JSON_VALUES, max_size=3), min_size=1, max_size=6),
+)
+def test_property_a_sessions_earlier_states_never_change(
+    first: dict[str, Any], patches: list[Any]
+) -> None:
+    """A session's states share subtrees turn after turn (each merge shares what its patch
+    leaves untouched): no later merge, valid or refused, changes an earlier state."""
+    states = [first]
+    snapshots = [canonical(first)]
+    policy = PatchPolicy(max_state_bytes=200)  # some merges are refused, after merging
+    for patch in patches:
+        if isinstance(patch, dict):
+            result = validate_and_merge(states[-1], patch, policy)
+            if not result.ok:
+                continue
+            assert result.new_state is not None
+            assert result.new_state_json == orjson.dumps(result.new_state)
+            new = result.new_state
+        else:
+            new = merge_patch(states[-1], {"k": patch})
+        states.append(new)
+        snapshots.append(canonical(new))
+    for state, snapshot in zip(states, snapshots, strict=True):
+        assert canonical(state) == snapshot
 
 
 @given(target=JSON_OBJECTS, keys=st.lists(KEYS, max_size=5), rest=JSON_OBJECTS)

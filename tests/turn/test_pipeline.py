@@ -9,6 +9,7 @@ and the dialect looked up once per turn)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -663,3 +664,88 @@ async def test_auto_switches_where_the_client_forces_a_tool_call(
     _, free = await auto_session(tmp_path / "free", monkeypatch, [SMALL] * 24)
     assert "checkpoint" in shapes
     assert shapes.index("checkpoint") == free.index("checkpoint")
+
+
+# -- states are shared, never changed in place --------------------------------------------------
+
+
+class _FrozenDict(dict):  # type: ignore[type-arg]
+    """A state's object that fails the test when anything changes it in place."""
+
+    def _changed(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a loaded state was changed in place")
+
+    __setitem__ = __delitem__ = __ior__ = _changed  # type: ignore[assignment]
+    pop = popitem = clear = update = setdefault = _changed  # type: ignore[assignment]
+
+
+class _FrozenList(list):  # type: ignore[type-arg]
+    def _changed(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a loaded state was changed in place")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _changed  # type: ignore[assignment]
+    append = extend = insert = pop = remove = clear = sort = reverse = _changed  # type: ignore[assignment]
+
+
+def frozen(value: Any) -> Any:
+    if isinstance(value, dict):
+        return _FrozenDict({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return _FrozenList(frozen(v) for v in value)
+    return value
+
+
+class FrozenStore(FakeStore):
+    """Hands out every loaded state frozen: a merge shares the subtrees its patch leaves
+    untouched with the state it merged into (``engine.patch.merge_patch``), so a change in
+    place anywhere in a turn would change the session's earlier states too."""
+
+    async def commit(self, c: SessionCommit) -> int:
+        if c.state is not None:
+            assert c.state_json is None or c.state_json == orjson.dumps(c.state)
+            c = dataclasses.replace(c, state=frozen(c.state), state_json=None)
+        return await super().commit(c)
+
+
+INITIAL = {"n": 0, "notes": {"a": [1, {"b": 2}], "keep": {"c": [3]}}, "log": ["start"]}
+
+
+def nested_envelope(k: int) -> str:
+    patch: JSON = {"n": k, "notes": {"a": [k, {"b": k}], "new": {"d": [k]}}}
+    if k % 3 == 0:
+        patch["log"] = None if k % 2 else ["again"]
+    return f"Done.\n```json\n{json.dumps({'state_patch': patch, 'action': 'next'})}\n```"
+
+
+@pytest.mark.parametrize("mode", [Mode.STATE, Mode.WINDOW])
+async def test_no_turn_changes_a_loaded_state_in_place(tmp_path: Path, mode: Mode) -> None:
+    """Each turn's state shares its untouched subtrees with the last one: with the states
+    the store hands out frozen, state and window turns (re-asks and checkpoints among them)
+    never change one in place; every committed state stays as it was committed, and the
+    initial state as configured."""
+    calls = 0
+
+    def answer(out: Outbound) -> str:
+        nonlocal calls
+        calls += 1
+        return "no envelope this time" if calls % 4 == 0 else nested_envelope(calls)
+
+    settings = Settings(
+        data_dir=tmp_path, schema=list(INITIAL), initial_state=INITIAL, mode=mode, window_keep=1
+    )
+    prices = PriceBook.from_config(settings.prices, settings.upstreams)
+    p = Pipeline(settings, FrozenStore(), FakePool(answer), prices)  # type: ignore[arg-type]
+    transcript: list[JSON] = [{"role": "system", "content": "Be brief."}]
+    states: list[tuple[Any, bytes]] = []
+    for k in range(8):
+        transcript.append({"role": "user", "content": f"observation {k}"})
+        reply = await run_json(p, turn(list(transcript), mode))
+        assert reply.status == 200, reply.body
+        transcript.append({"role": "assistant", "content": "Noted."})
+        record = store_of(p).sessions.get("s")
+        if record is not None:
+            states.append((record.state, orjson.dumps(record.state)))
+    assert store_of(p).transitions and {t.status for t in store_of(p).transitions} & {"valid"}
+    for state, was in states:  # every state as it was committed
+        assert orjson.dumps(state) == was
+    assert settings.initial_state == INITIAL

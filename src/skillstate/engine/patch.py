@@ -17,7 +17,8 @@ decoding, as the whole reply (optionally with a ``"reasoning"`` field).
   :class:`Transition`: the new state on success, short model-actionable errors otherwise.
   Inputs are never mutated.
 * :func:`merge_patch` is RFC 7386 JSON Merge Patch. The result shares no mutable
-  container with either input.
+  container with the patch, and with the target only the values the patch leaves
+  untouched: states are never changed in place (a session's cached state is shared).
 """
 
 from __future__ import annotations
@@ -137,8 +138,9 @@ class PatchPolicy:
 class Transition:
     """Result of :func:`validate_and_merge`.
 
-    On success ``ok`` is true and ``new_state``/``applied_patch`` are fresh objects (the
-    applied patch is the input patch minus any dropped keys). On failure both are None and
+    On success ``ok`` is true, ``applied_patch`` is a fresh object (the input patch minus
+    any dropped keys) and ``new_state`` a new state that shares with the old one the values
+    the patch leaves untouched (:func:`merge_patch`). On failure both are None and
     ``errors`` says why; the caller's state is untouched either way.
     """
 
@@ -147,6 +149,9 @@ class Transition:
     applied_patch: dict[str, Any] | None
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # ``new_state`` as compact JSON (``orjson.dumps``), made for its size check: the commit
+    # stores these bytes rather than serialising the state again.
+    new_state_json: bytes | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -179,8 +184,8 @@ def _type_matches(expected: str, value: Any) -> bool:
 def _copy_json(value: Any) -> Any:
     """Deep copy of dicts and lists; scalars are immutable and shared.
 
-    Containers recurse, scalars are taken inline: a merge copies the whole state every
-    turn, and most of a state's values are scalars (a call per scalar doubled the cost)."""
+    Containers recurse, scalars are taken inline: most of a patch's values are scalars (a
+    call per scalar doubled the cost)."""
     if isinstance(value, dict):
         return {k: _copy_json(v) if isinstance(v, _CONTAINERS) else v for k, v in value.items()}
     if isinstance(value, list):
@@ -403,24 +408,22 @@ def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON Merge Patch of ``target`` by ``patch``.
 
     A non-object patch replaces the target; objects merge recursively; ``null`` deletes a
-    key; arrays (and every other value) replace whole. Neither input is mutated and the
-    result shares no dict or list with them. Recursive: depth is bounded by validation.
+    key; arrays (and every other value) replace whole. Neither input is mutated. The result
+    shares no dict or list with ``patch``; with ``target`` it shares the values the patch
+    leaves untouched (copying them cost a turn more than the rest of the merge): a state is
+    never changed in place, every change is a new merge. Keys keep the target's order, new
+    ones follow in the patch's. Recursive: depth is bounded by validation.
     """
     if not isinstance(patch, dict):
         return _copy_json(patch)
     if not isinstance(target, dict):
         target = {}
-    result: dict[Any, Any] = {}
-    for key, value in target.items():
-        if key in patch:
-            change = patch[key]
-            if change is not None:
-                result[key] = merge_patch(value, change)
-        else:
-            result[key] = _copy_json(value)
+    result = dict(target)
     for key, change in patch.items():
-        if key not in target and change is not None:
-            result[key] = merge_patch(None, change)
+        if change is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(target.get(key), change)
     return result
 
 
@@ -463,9 +466,10 @@ def _check_json_tree(patch: dict[str, Any], max_depth: int) -> str | None:
     return None
 
 
-def _dumped_size(value: Any) -> int | str:
+def _dumped(value: Any) -> bytes | str:
+    """``value`` as compact JSON, or why orjson cannot write it."""
     try:
-        return len(orjson.dumps(value))
+        return orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
         return str(exc)
 
@@ -492,12 +496,12 @@ def validate_and_merge(
     problem = _check_json_tree(patch, policy.max_depth)
     if problem is not None:
         return _fail([problem], warnings)
-    size = _dumped_size(patch)
-    if isinstance(size, str):
-        return _fail([f"state_patch is not serializable: {size}"], warnings)
-    if size > policy.max_patch_bytes:
+    dumped = _dumped(patch)
+    if isinstance(dumped, str):
+        return _fail([f"state_patch is not serializable: {dumped}"], warnings)
+    if len(dumped) > policy.max_patch_bytes:
         return _fail(
-            [f"state_patch is {size} bytes, over the {policy.max_patch_bytes}-byte limit"],
+            [f"state_patch is {len(dumped)} bytes, over the {policy.max_patch_bytes}-byte limit"],
             warnings,
         )
 
@@ -530,9 +534,10 @@ def validate_and_merge(
     if errors:
         return _fail(errors, warnings)
 
-    size = _dumped_size(new_state)
-    if isinstance(size, str):
-        return _fail([f"merged state is not serializable: {size}"], warnings)
+    state_json = _dumped(new_state)
+    if isinstance(state_json, str):
+        return _fail([f"merged state is not serializable: {state_json}"], warnings)
+    size = len(state_json)
     if size > policy.max_state_bytes:
         return _fail(
             [f"merged state would be {size} bytes, over the {policy.max_state_bytes}-byte limit"],
@@ -551,4 +556,4 @@ def validate_and_merge(
                 warnings,
             )
 
-    return Transition(True, new_state, _copy_json(applied), [], warnings)
+    return Transition(True, new_state, _copy_json(applied), [], warnings, state_json)

@@ -33,6 +33,7 @@ class Outcome:
     patch: dict[str, Any] | None = None
     action: str | None = None
     errors: list[str] = field(default_factory=list)
+    state_json: bytes | None = None  # ``state`` as compact JSON (``Transition.new_state_json``)
 
 
 class Verdicts:
@@ -84,7 +85,10 @@ class Verdicts:
             tr = validate_and_merge(state, env.state_patch, self.policy(tuple(schema)))
             if tr.ok:
                 action = _capped(env.action, ACTION_MAX_CHARS)
-                return Outcome("valid", tr.new_state, tr.applied_patch, action, tr.warnings)
+                return Outcome(
+                    "valid", tr.new_state, tr.applied_patch, action, tr.warnings,
+                    tr.new_state_json,
+                )  # fmt: skip
             errors = tr.errors
         if has_tool_calls:
             return Outcome("tool-noop", errors=errors if env is not None else [])

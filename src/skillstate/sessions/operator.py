@@ -66,8 +66,9 @@ class SessionOperator:
                 time.time(),
             )
             change = SessionCommit(
-                session, record.step, tr.new_state, record.schema, transition, transition.ts
-            )
+                session, record.step, tr.new_state, record.schema, transition, transition.ts,
+                state_json=tr.new_state_json,
+            )  # fmt: skip
             step = await self.commits.commit_transition(change, hold)
         return OperatorChange(step, tr.new_state, tr.warnings)
 

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from ..sessions.ids import split_session
 
 Kind = Literal["generation", "rollback-retry", "transport-retry", "stream"]
@@ -179,3 +181,12 @@ class SessionCommit:
     ledger: list[LedgerRow] | None = None
     kept: KeptReply | None = None
     response: StoredResponse | None = None
+    # ``state`` as compact JSON, when the turn made it already (``Transition.new_state_json``)
+    state_json: bytes | None = None
+
+    def state_blob(self) -> bytes | None:
+        """The new state as stored (orjson's compact JSON); None: unchanged. Raises
+        ``orjson.JSONEncodeError`` (a TypeError) for a state orjson cannot write."""
+        if self.state is None:
+            return None
+        return self.state_json if self.state_json is not None else orjson.dumps(self.state)

@@ -144,10 +144,10 @@ class Committer:
         """Commit the judged turn with its ledger rows, its kept reply (a turn sent with an
         Idempotency-Key) and its stored response (a Responses turn with ``store``), see
         ``commit_transition``; ``alone``: no other turn is in flight."""
-        new_state = outcome.state
+        new_state, state_json = outcome.state, outcome.state_json
         if new_state is None and (meta.is_new or meta.folded):
             # create the session with its initial state; or keep what the folds made of it
-            new_state = meta.state
+            new_state, state_json = meta.state, None
         transition = TransitionRecord(
             step=meta.step + 1,
             status=outcome.status,
@@ -174,6 +174,7 @@ class Committer:
                 rows,
                 kept,
                 response,
+                state_json,
             )
             step = await self.commit_transition(c, meta.hold, alone=alone)
         if response is not None and meta.turn.stored is not None:

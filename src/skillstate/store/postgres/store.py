@@ -482,7 +482,7 @@ class PostgresStore:
         now = clamp_time(c.now)
         try:
             ledger_values = [ledger_tuple(r) for r in c.ledger or []]
-            state_blob = orjson.dumps(c.state) if c.state is not None else None
+            state_blob = c.state_blob()
             patch_blob = orjson.dumps(transition.patch) if transition.patch is not None else None
             errors = orjson.dumps(transition.errors).decode()
             estimate = None if transition.estimate is None else orjson.dumps(transition.estimate)

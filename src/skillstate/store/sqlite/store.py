@@ -710,7 +710,7 @@ class SQLiteStore:
             ledger_values = [ledger_tuple(r) for r in c.ledger or []]
             kept_row = None if c.kept is None else kept_values(c.kept)
             response_row = None if c.response is None else response_values(c.response)
-            state_blob = orjson.dumps(c.state) if c.state is not None else None
+            state_blob = c.state_blob()
             transition_row = _transition_values(transition, now)
             schema_blob = orjson.dumps(c.schema)
         except (TypeError, ValueError) as e:  # orjson.JSONEncodeError is a TypeError
