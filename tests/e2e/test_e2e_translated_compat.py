@@ -534,3 +534,31 @@ def test_a_stream_the_upstream_cuts_ends_in_the_clients_own_error_shape(
     assert last.response.error.code == "server_error"
     assert "mid-stream" in last.response.error.message
     assert last.sequence_number == events[-2].sequence_number + 1
+
+
+@pytest.mark.parametrize("helper", ["create", "stream"])
+def test_a_responses_stream_cut_before_it_began_is_a_response_created_then_failed(
+    fake: FakeProvider, proxy: InProcessProxy, helper: str
+) -> None:
+    """A Responses upstream answers 200, sends only a keep-alive comment and closes: the
+    stream failed before any response existed. The client gets ``response.created`` then
+    ``response.failed`` with ``server_error``, the one pair all Responses clients read:
+    Codex reads only ``response.failed``, and the openai SDK's ``responses.stream`` raises
+    on any first event but ``response.created``. Before: a lone ``error`` event with code
+    ``api_error`` (a RuntimeError in ``responses.stream``; ignored by Codex)."""
+    fake.enqueue(Reply(raw_body=b": processing\n\n"))
+    sdk = openai.OpenAI(base_url=proxy.v1, api_key="sk-client", max_retries=0)
+    if helper == "create":
+        events = list(sdk.responses.create(model="responses/m", input="Hi", stream=True))
+    else:
+        with sdk.responses.stream(model="responses/m", input="Hi") as s:
+            events = list(s)
+    assert [e.type for e in events] == ["response.created", "response.failed"]
+    created, failed = events
+    assert [created.sequence_number, failed.sequence_number] == [0, 1]
+    assert created.response.status == "in_progress"
+    assert failed.response.id == created.response.id
+    assert failed.response.model == "responses/m"
+    assert failed.response.status == "failed" and failed.response.error is not None
+    assert failed.response.error.code == "server_error"
+    assert "closed the stream" in failed.response.error.message

@@ -255,7 +255,7 @@ class ResponsesDialect:
     def relay(
         self, *, request_model: str, client_wants_usage: bool, capture_limit: int
     ) -> StreamRelay:
-        return ResponsesRelay(capture_limit=capture_limit)
+        return ResponsesRelay(request_model=request_model, capture_limit=capture_limit)
 
     def model_list(self, body: JSON, *, single: bool) -> JSON:
         return models.model_to_openai(body) if single else models.models_to_openai(body)

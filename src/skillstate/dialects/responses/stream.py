@@ -51,10 +51,11 @@ class ResponsesRelay(RelayCapture):
     """Responses upstream -> Responses client: each event's bytes untouched; the terminal
     event held back until the turn is committed. Keeps the final ``response`` object."""
 
-    def __init__(self, *, capture_limit: int) -> None:
+    def __init__(self, *, request_model: str, capture_limit: int) -> None:
         super().__init__(capture_limit)
         self._held: list[bytes] = []
         self.response: JSON | None = None
+        self._request_model = request_model
         self._seq = -1  # the sequence number of the last event relayed
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
@@ -104,16 +105,31 @@ class ResponsesRelay(RelayCapture):
 
     def error(self, message: str | ProxyError) -> bytes:
         """The response the upstream began, ended as the API ends one that fails
-        (``response.failed``, its error's code the one a client acts on); an ``error``
-        event when no response began (nothing to fail)."""
-        if not isinstance(message, ProxyError) or self.response is None:
+        (``response.failed``, its error's code the one a client acts on). When none began
+        (the stream failed before ``response.created``), one is begun here to be failed:
+        Codex reads only ``response.failed``, and the openai SDK's ``responses.stream``
+        refuses any first event but ``response.created`` (a lone ``error`` event is read
+        by neither)."""
+        if not isinstance(message, ProxyError):
             return error_event(message, self._seq + 1)
-        self._seq += 1
+        out = []
+        begun = self.response
+        if begun is None:
+            begun = response_object(
+                model=self._request_model, output=[], usage=None, finish_reason=None,
+                status="in_progress",
+            )  # fmt: skip
+            out.append(self._event("response.created", response=begun))
         error = {"code": failure_code(message), "message": message.message}
         # No output, as in ChatToResponsesRelay.error (its deltas went out already).
-        failed = {**self.response, "status": "failed", "output": [], "error": error}
-        data = {"type": "response.failed", "response": failed, "sequence_number": self._seq}
-        return sse.encode(data, event="response.failed")
+        failed = {**begun, "status": "failed", "output": [], "error": error}
+        out.append(self._event("response.failed", response=failed))
+        return b"".join(out)
+
+    def _event(self, etype: str, **fields: Any) -> bytes:
+        """An event of the proxy's own, numbered after the last one relayed."""
+        self._seq += 1
+        return sse.encode({"type": etype, **fields, "sequence_number": self._seq}, event=etype)
 
 
 class ChatToResponsesRelay(RelayCapture):
