@@ -585,6 +585,28 @@ def test_breaker_opens_stays_open_probes_once_and_closes(
     assert chat(proxy, "after").status_code == 200
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_2xx_that_is_no_usable_reply_counts_against_the_breaker(
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+) -> None:
+    """An upstream that answers 200 with nothing usable is failing, streamed (closed before
+    any data) or not (an HTML page under 200): each such answer counts against its breaker
+    as a 5xx does, and ``failure_threshold`` of them open it. Before, the non-streamed one
+    counted as a success: the breaker stayed closed however many came."""
+    cfg = config(
+        upstream("a", fake.url + "/v1"), failure_threshold=2, open_cooldown=60,
+        retry_max_attempts=1,
+    )  # fmt: skip
+    proxy = start_proxy(config=cfg)
+    for _ in range(2):
+        fake.enqueue(Reply(drop_after=0) if stream else Reply(raw_body=b"<html>ok</html>"))
+    assert [chat(proxy, s, stream=stream).status_code for s in ("u1", "u2")] == [502, 502]
+    a = health_of(proxy, "a")
+    assert (a["circuit"], a["consecutive_failures"]) == ("open", 2)
+    assert chat(proxy, "u3", stream=stream).status_code == 503  # not sent: the circuit is open
+    assert len(fake.requests) == 2
+
+
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [

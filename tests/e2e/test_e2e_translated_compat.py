@@ -37,7 +37,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeProvi
     for up in upstreams:
         up["api_key"] = "sk-upstream"
     tmp = tmp_path_factory.mktemp("translated-compat")
-    proxy = launch_in_process(tmp, None, "--mode", "passthrough", config={"upstreams": upstreams})
+    # Tests of unusable replies count against the shared upstreams' breakers: never opened.
+    config = {"upstreams": upstreams, "failure_threshold": 1000}
+    proxy = launch_in_process(tmp, None, "--mode", "passthrough", config=config)
     try:
         yield fake, proxy
     finally:

@@ -129,6 +129,7 @@ class FakeExchange:
         self.ticket = None
         self.closed = False
         self.released = False
+        self.reading: Any = None
 
     @property
     def ok(self) -> bool:
@@ -194,7 +195,11 @@ class FakePool:
         return [_Candidate()]
 
     async def dispatch(
-        self, out: Outbound, failures: list[Any] | None = None, before_attempt: Any = None
+        self,
+        out: Outbound,
+        failures: list[Any] | None = None,
+        before_attempt: Any = None,
+        read: Any = None,
     ) -> FakeExchange:
         self.sent.append(out)
         self.entered.setdefault("dispatch", asyncio.Event()).set()
@@ -203,6 +208,8 @@ class FakePool:
             await gate.wait()
         body = orjson.dumps(completion(self.answer(out)))
         ex = FakeExchange(200, body, self.stream_chunks or [], self.gates.get("read"))
+        if read is not None and not out.stream:
+            ex.reading = read(ex)  # as the pool reads a non-streamed 2xx
         self.exchanges.append(ex)
         return ex
 

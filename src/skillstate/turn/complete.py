@@ -21,7 +21,15 @@ from ..engine.verdict import Outcome, Verdicts
 from ..errors import ProxyError
 from ..store import SessionRecord
 from ..store.records import Kind
-from ..upstream.client import AttemptRecord, Exchange, Outbound, UpstreamPool, attempted
+from ..upstream.client import (
+    AttemptRecord,
+    Exchange,
+    Outbound,
+    ReadReply,
+    ReplyReader,
+    UpstreamPool,
+    attempted,
+)
 from . import render
 from .commit import Committer
 from .fold import Folder
@@ -109,8 +117,9 @@ class Completer:
         if budgets is not None and held is not None:
             out.limit_output(self.settings.budget_max_tokens)  # the output its hold assumed
         failures: list[AttemptRecord] = []
+        read = reply_reader(meta)
         try:
-            ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve))
+            ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve), read)
             if ex.status == 400 and out.capped and self._resend_within_hold(turn.model):
                 # The upstream refused the limit the budget added: above the model's own
                 # output maximum, which then bounds the answer below what the budget held.
@@ -121,7 +130,7 @@ class Completer:
                 ex.release()
                 out.limit_output(None)
                 failures = []
-                ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve))
+                ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve), read)
             return ex
         except ProxyError as e:
             meta.meter.failed_attempts(e.attempts)
@@ -208,11 +217,8 @@ class Completer:
                 return await relay_error(ex, meta, raw)
             meter.failed(ex.upstream_name, ex.status)
             return None
-        turn = meta.turn
-        # A turn that keeps state reads its reply to judge and commit it; a native endpoint's
-        # answer (``/responses/compact``) is no turn reply.
-        reads = turn.keeps_state and turn.upstream_path is None
-        read = read_reply(raw, ex.kind, turn.dialect, turn.model, reads=reads)
+        read = ex.reading
+        assert read is not None  # read by the pool (``reply_reader``)
         if isinstance(read, BadReply):
             # The upstream answered (and may bill the call) with something that is no reply
             # the client can be given: nothing of it is committed.
@@ -264,6 +270,21 @@ class Completer:
         return self.planner.outbound(
             turn, asked, meta.schema, meta.state, bounded=True, shape=meta.shape
         )
+
+
+def reply_reader(meta: TurnMeta) -> ReplyReader:
+    """How the turn reads a non-streamed 2xx (the pool reads it once, before its breaker's
+    verdict on the upstream, which a body that is no reply counts against)."""
+    turn = meta.turn
+    # A turn that keeps state reads its reply to judge and commit it; a native endpoint's
+    # answer (``/responses/compact``) is no turn reply.
+    reads = turn.keeps_state and turn.upstream_path is None
+
+    def read(ex: Exchange) -> ReadReply:
+        assert ex.body is not None  # a non-streamed answer, read whole by the pool
+        return read_reply(ex.body, ex.kind, turn.dialect, turn.model, reads=reads)
+
+    return read
 
 
 async def relay_error(ex: Exchange, meta: TurnMeta, raw: bytes | None = None) -> Reply:

@@ -26,6 +26,7 @@ from ..cost.baseline import CacheRegime
 from ..cost.cachehints import CacheHints, with_breakpoint, with_prompt_cache_key
 from ..cost.usage import Usage
 from ..cost.worstcase import MAX_TOKEN_FIELDS
+from ..dialects.base import JSON, BadReply
 from ..dialects.openai import OPENAI
 from ..dialects.registry import get_dialect, request_for
 from ..dialects.replystream import as_stream, is_json_reply
@@ -211,6 +212,13 @@ class AttemptRecord:
         return cls(upstream, 0, _describe(e), not isinstance(e, _NOT_SENT), unusable)
 
 
+# A non-streamed 2xx body as its caller reads it (``dialects.registry.read_reply``): the
+# reply, in the upstream's and the client's format, and the client's bytes; or what makes
+# it no reply. The pool reads it before its breaker's verdict (``_record_answer``).
+ReadReply = tuple[JSON, JSON, bytes] | BadReply
+ReplyReader = Callable[["Exchange"], ReadReply]
+
+
 @dataclass
 class Exchange:
     """The upstream that answered, with its response still open for reading."""
@@ -221,6 +229,8 @@ class Exchange:
     first_chunk: bytes = b""
     failed_attempts: list[AttemptRecord] = field(default_factory=list)
     body: bytes | None = None  # a non-streamed answer, read whole (and bounded) by the pool
+    # What dispatch's ``ReplyReader`` made of a non-streamed 2xx body (None: not read).
+    reading: ReadReply | None = None
 
     @property
     def status(self) -> int:
@@ -544,6 +554,7 @@ class UpstreamPool:
         out: Outbound,
         failures: list[AttemptRecord] | None = None,
         before_attempt: BeforeAttempt | None = None,
+        read: ReplyReader | None = None,
     ) -> Exchange:
         """Send with retries and failover. Returns the final response (2xx, or the last
         upstream error to relay); raises ProxyError when no upstream gave an answer, with
@@ -552,10 +563,12 @@ class UpstreamPool:
         knows them (the attempt cut by the cancellation is one: ``CLIENT_CLOSED``).
         ``before_attempt``: awaited before each attempt with the number of earlier ones the
         upstream may bill (``AttemptRecord.billed``); what it raises ends the dispatch (a
-        budget that cannot hold one more attempt's worst case)."""
+        budget that cannot hold one more attempt's worst case). ``read``: how the caller reads a
+        non-streamed 2xx (kept in ``Exchange.reading``), which the breaker's verdict on the
+        upstream waits for: a 2xx that is no reply is the upstream failing."""
         failures = [] if failures is None else failures
         try:
-            return await self._dispatch(out, failures, before_attempt)
+            return await self._dispatch(out, failures, before_attempt, read)
         except ProxyError as e:
             e.attempts = attempted(failures)
             raise
@@ -609,7 +622,11 @@ class UpstreamPool:
         return candidates
 
     async def _dispatch(
-        self, out: Outbound, failures: list[AttemptRecord], before_attempt: BeforeAttempt | None
+        self,
+        out: Outbound,
+        failures: list[AttemptRecord],
+        before_attempt: BeforeAttempt | None,
+        read: ReplyReader | None,
     ) -> Exchange:
         candidates = self._serving(out)
         last_error: Exchange | None = None  # the last HTTP error answer, body already read
@@ -653,24 +670,20 @@ class UpstreamPool:
                             await _released(up)  # cancelled: no verdict on the upstream
                         raise
                     else:
-                        status = ex.status
-                        if ex.ok:
-                            await up.breaker.record_success()
-                            ex.failed_attempts = attempted(failures)
-                            return ex
-                        # An error answer generated nothing: it costs no tokens.
-                        await up.limits.settle(ticket, 0)
-                        if not fails_over(status):
-                            await up.breaker.record_success()  # it answered; the request is wrong
+                        if not ex.ok:
+                            # An error answer generated nothing: it costs no tokens.
+                            await up.limits.settle(ticket, 0)
+                        if ex.ok or not fails_over(ex.status):
+                            await _record_answer(up, permit, ex, None if out.stream else read)
                             ex.failed_attempts = attempted(failures)
                             return ex
                         if last_error is not None:
                             last_error.release()
                         last_error = ex
-                        last_record = AttemptRecord(up.name, status, f"HTTP {status}")
+                        last_record = AttemptRecord(up.name, ex.status, f"HTTP {ex.status}")
                         failures.append(last_record)
-                        await _record_error_answer(up, status)
-                        if is_key_rejected(status):
+                        await _record_error_answer(up, ex.status)
+                        if is_key_rejected(ex.status):
                             break  # not retried on the same upstream: fail over
                         delay = self.backoff.delay(attempt, retry_after_from_headers(ex.headers()))
                     if delay is None or attempt + 1 >= self.settings.retry_max_attempts:
@@ -841,6 +854,27 @@ _NOT_SENT = (
     aiohttp.ServerFingerprintMismatch,
     aiohttp.InvalidURL,
 )
+
+
+async def _record_answer(
+    up: UpstreamRuntime, permit: Permit, ex: Exchange, read: ReplyReader | None
+) -> None:
+    """What an answer that ends the dispatch says about the upstream's health. A 4xx is the
+    request's fault: it answered. A non-streamed 2xx is read first (``read``): one that is
+    no reply counts against the breaker, as a 2xx stream that never started does (a
+    transport failure), and one that reports an error as that error's status would."""
+    if ex.ok and read is not None:
+        try:
+            ex.reading = read(ex)
+        except BaseException:
+            ex.close()
+            if permit == "probe":
+                await _released(up)  # the proxy's own failure: no verdict on the upstream
+            raise
+        if isinstance(ex.reading, BadReply):
+            await _record_error_answer(up, ex.reading.status)
+            return
+    await up.breaker.record_success()
 
 
 async def _record_error_answer(up: UpstreamRuntime, status: int) -> None:
