@@ -170,7 +170,8 @@ class RefusalLog:
     """The log of the requests refused at the HTTP level: the first one is a line of its
     own; those that follow within ``interval`` seconds are counted by status and code and
     written as one line when it ends (and the next interval counts on, while refusals keep
-    coming). A flood of bad requests is one line a minute, not one line per request."""
+    coming), or when the server stops first (``flush``). A flood of bad requests is one line
+    a minute, not one line per request."""
 
     def __init__(self, interval: float = 60.0) -> None:
         self.interval = interval
@@ -188,10 +189,20 @@ class RefusalLog:
         self._timer = None
         if not self._counts:
             return
+        self._write(f"in the last {self.interval:g} s")
+        self._timer = loop.call_later(self.interval, self._summary, loop)
+
+    def flush(self) -> None:
+        """The server stops: what was counted since the last line is written now (its
+        line would have come at the end of the interval, which the stop cuts short)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._counts:
+            self._write("before shutdown")
+
+    def _write(self, when: str) -> None:
         total = sum(self._counts.values())
         kinds = ", ".join(f"{n} x {kind}" for kind, n in self._counts.most_common())
-        log.warning(
-            "HTTP requests refused: %d more in the last %g s (%s)", total, self.interval, kinds
-        )
+        log.warning("HTTP requests refused: %d more %s (%s)", total, when, kinds)
         self._counts.clear()
-        self._timer = loop.call_later(self.interval, self._summary, loop)

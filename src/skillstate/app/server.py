@@ -23,7 +23,7 @@ from ..config import ConfigError, Settings
 from ..store import StoreError
 from ..store.factory import describe_store, make_store
 from .factory import create_app
-from .httplimits import HttpLimits, limited_protocol
+from .httplimits import HttpLimits, LimitedHttpToolsProtocol, limited_protocol
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -150,7 +150,7 @@ def serve(settings: Settings) -> int:
     else:
         logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     app = _startup_errors(create_app(settings))
-    server = uvicorn.Server(_uvicorn_config(settings, app=app))
+    server = _Server(_uvicorn_config(settings, app=app))
     ups = ", ".join(f"{u.name}={u.url}" for u in settings.upstreams) or "none"
     print(
         f"skillstate-proxy {__version__} listening on {_url(sock)}"
@@ -166,6 +166,19 @@ def serve(settings: Settings) -> int:
             raise ConfigError(app.failure) from None
         raise
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also writes the HTTP refusals counted since the log's last
+    line on them as it shuts down (``RefusalLog.flush``: that line comes a minute after
+    the first refusal). Here, not after ``run``: after a SIGTERM, uvicorn raises it again
+    once shut down, and the process ends there."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets=sockets)
+        protocol = self.config.http
+        if isinstance(protocol, type) and issubclass(protocol, LimitedHttpToolsProtocol):
+            protocol.refusals.flush()
 
 
 def _startup_errors(app: ASGIApp) -> StartupErrors:
@@ -208,7 +221,7 @@ class ProxyServer:
         self._app = _startup_errors(
             create_app(settings, tracer_provider=tracer_provider, clock=clock)
         )
-        self._server = uvicorn.Server(_uvicorn_config(settings, app=self._app))
+        self._server = _Server(_uvicorn_config(settings, app=self._app))
         # uvicorn installs signal handlers only on the main thread, so none here.
         self._thread = threading.Thread(target=self._run, name="skillstate-proxy", daemon=True)
 
