@@ -71,9 +71,10 @@ def assert_a_third_call_is_refused(proxy: ProxyProcess, fake: FakeProvider) -> N
     assert len(fake.requests) == 2
 
 
-def ledger(data: Path) -> list[tuple[Any, ...]]:
+def ledger(data: Path, first: str = "pricing") -> list[tuple[Any, ...]]:
+    """The ledger's rows in order: ``first`` (a column), the cost and the estimate."""
     with contextlib.closing(sqlite3.connect(data / "skillstate.db")) as db:
-        sql = "SELECT pricing, cost_usd, estimated_cost_usd FROM ledger ORDER BY rowid"
+        sql = f"SELECT {first}, cost_usd, estimated_cost_usd FROM ledger ORDER BY rowid"
         return db.execute(sql).fetchall()
 
 
@@ -154,3 +155,46 @@ def test_a_kill_after_a_calls_row_is_written_charges_it_once(
     kill_right_after_a_budgeted_commit(proxy, fake)
     assert ledger(tmp_path / "data") == [("override", pytest.approx(0.006), None)]
     assert_the_call_counts_once(proxy, fake)
+
+
+KILL_AFTER_LEDGER = {"SKILLSTATE_TEST_KILL": "after-ledger:k2"}
+
+
+def test_a_kill_after_a_failed_calls_rows_charges_no_hold_it_did_not_use(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path
+) -> None:
+    """The call's first attempt is cut (the provider closes the connection: it may bill
+    it) and opens the breaker; its retry's worst case is held, then not sent (the circuit
+    is open): the turn ends with one row and a hold no attempt used. The proxy is killed
+    as soon as the turn's rows are written (test hook ``after-ledger``). Before, the unused
+    hold's pending row was deleted after that write, and the restart charged it as a call
+    cut by the kill: the session had spent $0.20 for one cut attempt, and a second call
+    ($0.10 worst case) was refused against its $0.25. Now that row goes first."""
+    config = {"prices": PRICES, "retry_max_attempts": 2, "failure_threshold": 1,
+              "retry_base_delay": 0.01, "open_cooldown": 600}  # fmt: skip
+    proxy = start_proxy_process(
+        fake.url + "/v1", "--mode", "passthrough", config=config, env=KILL_AFTER_LEDGER
+    )
+    fake.enqueue(Reply(drop=True))
+    with pytest.raises(openai.APIConnectionError):  # the process died under the request
+        oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.create(
+            model="m",
+            max_tokens=100,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={**HEADERS, "Idempotency-Key": "k2"},
+        )
+    assert proxy.proc is not None and proxy.proc.wait(timeout=SIGNAL_WAIT) == -9
+    assert len(fake.requests) == 1
+    proxy.env = {k: v for k, v in proxy.env.items() if k not in KILL_AFTER_LEDGER}
+    proxy.start()
+    cut = ("transport-retry", None, pytest.approx(0.10))  # the cut attempt, at its worst case
+    assert ledger(tmp_path / "data", "kind") == [cut]
+    fake.enqueue(Reply(text="one two three four five"))
+    reply = oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.with_raw_response.create(
+        model="m",
+        max_tokens=100,
+        messages=[{"role": "user", "content": "again"}],
+        extra_headers=HEADERS,
+    )
+    assert float(reply.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.106)
+    assert "cut by a proxy" not in proxy.stop()

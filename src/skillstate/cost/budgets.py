@@ -354,19 +354,30 @@ class TurnBudgets:
         self._claimed += 1
         return self._pending[self._claimed - 1]
 
+    async def drop_unused(self) -> None:
+        """Delete the pending rows no row of the turn took (holds whose call never went
+        out), before the turn's rows are written: a process killed after that write then
+        leaves no pending row of a call that was never sent, which its next start would
+        charge at its worst case (``cost.pending``). Killed between the two writes, it
+        leaves the pending rows of the calls that went out, as a kill before any write
+        does. With the store down, the delete waits in ``cost.unsettled``, ahead of the
+        rows."""
+        unclaimed = self._pending[self._claimed :]
+        if unclaimed:
+            del self._pending[self._claimed :]
+            await asyncio.shield(self.book.drop_pending(unclaimed))
+
     async def release(self) -> None:
         """End every hold (idempotent): the turn's cost is in the ledger now. Its pending
         rows were replaced by the rows that took their ids; any other (a hold no attempt
-        used) goes now, before the reply's last bytes, like the rows: a reader of the
-        ledger after the reply sees the call once."""
+        used), if ``drop_unused`` has not taken it yet, goes now, before the reply's last
+        bytes, like the rows: a reader of the ledger after the reply sees the call once."""
         releases, self._releases = self._releases, []
         for release in releases:
             # Shielded: a turn being cancelled still gives its holds back.
             await asyncio.shield(release())
-        unclaimed = self._pending[self._claimed :]
+        await self.drop_unused()
         self._pending, self._claimed = [], 0
-        if unclaimed:
-            await asyncio.shield(self.book.drop_pending(unclaimed))
 
     def release_once_written(self, rows: list[LedgerRow]) -> None:
         """The turn's rows could not be written (the store is down): its holds stay, and

@@ -12,9 +12,11 @@ are written, the pending row is gone: the call's first row takes the pending row
 (``TurnBudgets.claim``), and the ledger's upsert on ``row_id`` writes it over the pending
 row, in the same statement, so a reader of the ledger sees the call once, and a process
 killed at any point leaves either the pending row or the real one, never both. A hold that
-no attempt used (its call never went out) has its pending row deleted as the holds end
-(``TurnBudgets.release``). Nothing of this runs for a turn under no budget; a budgeted call
-costs a row inserted with the spend read, and a delete only for a hold no row took.
+no attempt used (its call never went out) has its pending row deleted before the turn's
+rows are written (``TurnBudgets.drop_unused``), so that a process killed after that write
+leaves none of them to be charged as a call. Nothing of this runs for a turn under no
+budget; a budgeted call costs a row inserted with the spend read, and a delete only for a
+hold no row took.
 A turn whose rows the store could not take at its end (store down) keeps its holds and its
 pending rows until a later write of its rows replaces them (``cost.unsettled``).
 

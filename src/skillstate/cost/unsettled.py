@@ -71,12 +71,14 @@ class UnsettledCalls:
             while self._waiting:
                 first = self._waiting[0]
                 try:
-                    if first.rows:
-                        await self.store.add_ledger_rows(first.rows)
-                        first.rows = []
+                    # The pending rows of holds no call used go first: a kill after the
+                    # rows' write then leaves none of them to be charged as calls.
                     if first.drop:
                         await self.store.drop_ledger_rows(first.drop)
                         first.drop = []
+                    if first.rows:
+                        await self.store.add_ledger_rows(first.rows)
+                        first.rows = []
                 except StoreError:
                     return
                 self._waiting.pop(0)

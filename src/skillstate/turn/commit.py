@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
 
 from ..cancelsafe import shielded, uncancellable
 from ..config import Settings
@@ -33,9 +32,6 @@ from ..store import (
 )
 from .idempotency import Idempotency, hold_key
 from .types import Turn, TurnMeta
-
-if TYPE_CHECKING:
-    from ..cost.budgets import TurnBudgets
 
 log = logging.getLogger("skillstate")
 
@@ -122,6 +118,7 @@ class Committer:
         idem = meta.turn.idempotency
         if kept is None or idem is None:
             return
+        await _unused_holds_dropped(meta.turn)
         idem.test_hook("before-commit")
         try:
             await self.store.keep_reply(kept, meta.meter.unwritten())
@@ -161,6 +158,7 @@ class Committer:
         rows = meta.meter.unwritten()
         tel = meta.turn.telemetry
         idem = meta.turn.idempotency
+        await _unused_holds_dropped(meta.turn)
         if idem is not None:
             idem.test_hook("before-commit")
         with tel.span("commit state"):
@@ -238,6 +236,7 @@ class Committer:
         rows = meter.unwritten()
         if not rows:
             return
+        await _unused_holds_dropped(turn)
         work = asyncio.ensure_future(self.store.add_ledger_rows(rows))
         try:
             await uncancellable(work)
@@ -255,7 +254,7 @@ class Committer:
         turn. A turn holding budget reservations writes them before its reply goes out and
         then ends its holds: the next call reads the real cost."""
         if turn.budgets is not None and turn.budgets.holding:
-            await shielded(_written_then_released(self.store, meter, turn.budgets))
+            await shielded(_written_then_released(self.store, meter, turn))
         else:
             rows = meter.unwritten()
             meter.mark_written()
@@ -273,11 +272,21 @@ def _not_committed(e: StoreError) -> ProxyError:
     return e.for_client("could not commit the turn")
 
 
-async def _written_then_released(store: Store, meter: TurnMeter, budgets: TurnBudgets) -> None:
+async def _unused_holds_dropped(turn: Turn) -> None:
+    """Before a write of the turn's rows, the pending rows of its holds no call used go
+    (``TurnBudgets.drop_unused``): a kill after the rows' write charges none of them."""
+    if turn.budgets is not None:
+        await turn.budgets.drop_unused()
+
+
+async def _written_then_released(store: Store, meter: TurnMeter, turn: Turn) -> None:
     """The turn's rows written, then the budget holds they replace released; with the store
     down, both wait for a later write (``TurnBudgets.release_once_written``)."""
+    budgets = turn.budgets
+    assert budgets is not None
     rows = meter.unwritten()
     meter.mark_written()
+    await budgets.drop_unused()  # first: see _unused_holds_dropped
     try:
         if rows:
             await store.add_ledger_rows(rows)
@@ -287,4 +296,6 @@ async def _written_then_released(store: Store, meter: TurnMeter, budgets: TurnBu
     except BaseException:
         await budgets.release()  # a bug: the holds end all the same
         raise
+    if turn.idempotency is not None:
+        turn.idempotency.test_hook("after-ledger")
     await budgets.release()
