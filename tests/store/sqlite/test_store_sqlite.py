@@ -678,6 +678,48 @@ async def test_under_store_synchronous_full_every_commit_goes_to_the_store_threa
         await store.close()
 
 
+def ledger_count(db: Path) -> int:
+    with contextlib.closing(sqlite3.connect(db)) as other:
+        return int(other.execute("SELECT count(*) FROM ledger").fetchone()[0])
+
+
+async def test_ledger_rows_go_in_on_the_loops_thread_while_the_store_thread_is_idle(
+    tmp_path: Path,
+) -> None:
+    # The groups of forwarded calls' rows (cost.ledgerwrites): no hand-off to the store
+    # thread, and in the database, for any connection, when add_ledger_rows returns.
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db)
+    await store.open()
+    await thread_idle(store)
+    try:
+        handed_over = store._exec._posted
+        await store.add_ledger_rows([ledger_row(session="a"), ledger_row(session="b")])
+        assert store._exec._posted == handed_over
+        assert ledger_count(db) == 2
+    finally:
+        await store.close()
+
+
+async def test_on_a_locked_database_ledger_rows_go_to_the_store_thread_which_waits(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db, busy_timeout=HANG)
+    await store.open()
+    await thread_idle(store)
+    try:
+        with locked_by_another_process(db, timeout=HANG):
+            added = asyncio.ensure_future(store.add_ledger_rows([ledger_row(session="a")]))
+            while not store._writing:  # handed to the thread, which waits for the lock
+                await asyncio.sleep(0)
+            assert not added.done()
+        await asyncio.wait_for(added, HANG)
+        assert ledger_count(db) == 1
+    finally:
+        await store.close()
+
+
 # -- a batch of writes: savepoints only when one of them fails ---------------------------
 
 

@@ -1,11 +1,12 @@
 """The embedded store: stdlib sqlite3 in WAL mode, used from one dedicated thread so that no
 SQLite call that can wait (for a lock, an fsync, a checkpoint) ever blocks the event loop.
 
-One exception, for speed: a lone turn's commit (no other turn in flight, the store thread
+Two exceptions, for speed: a lone turn's commit (no other turn in flight, the store thread
 idle) runs on the event loop's thread (``commit_at_once``), which saves two thread
-hand-offs and a loop iteration, and it can wait for nothing: the connection's lock wait
+hand-offs and a loop iteration, and so does a group of ledger rows (``add_ledger_rows``)
+while the store thread is idle. Neither can wait for anything: the connection's lock wait
 (``busy_timeout``) is 0 outside the thread's own calls, so a database locked by another
-process sends the commit to the thread instead; checkpoints are never part of a commit
+process sends the write to the thread instead; checkpoints are never part of a commit
 (``wal_autocheckpoint`` off) but calls of their own on the thread; and it is not taken
 under ``store_synchronous: "full"``, whose commits fsync.
 
@@ -651,11 +652,9 @@ class SQLiteStore:
         in flight, when that cannot wait for anything (module docstring): the store thread
         idle, no write queued, the database's write lock free. None when not, with nothing
         written: the caller awaits ``commit``."""
-        if not self._at_once or self._writing or self._queue or not self._exec.idle:
-            return None
-        db = self._db
+        db = self._db_now()
         if db is None:
-            return None  # closed: commit() says so
+            return None  # (closed: commit() says so)
         write, state_blob, now = self._commit_write(c)
         try:
             step = self._write_now(db, write)
@@ -667,6 +666,13 @@ class SQLiteStore:
         self._written(_pages(state_blob))
         self._cache.committed(c.session, state_blob, c.schema, step, now)
         return step
+
+    def _db_now(self) -> sqlite3.Connection | None:
+        """The connection, when a write on the caller's thread cannot wait for anything
+        (module docstring): the store thread idle and no write queued; else None."""
+        if not self._at_once or self._writing or self._queue or not self._exec.idle:
+            return None
+        return self._db
 
     def _write_now(
         self, db: sqlite3.Connection, fn: Callable[[sqlite3.Connection], int]
@@ -927,9 +933,18 @@ class SQLiteStore:
             return
         values = [ledger_tuple(r) for r in rows]
 
-        def add(db: sqlite3.Connection) -> None:
+        def add(db: sqlite3.Connection) -> int:
             db.executemany(_LEDGER_INSERT, values)
+            return len(values)
 
+        # On the loop's thread when that cannot wait, as a lone commit (module docstring):
+        # the rows of forwarded calls come here in groups while the store thread is idle,
+        # and handing each group over made that thread take the GIL back after every row's
+        # statement, against a loop that is busy then (see docs/benchmarks.md).
+        db = self._db_now()
+        if db is not None and self._write_now(db, add) is not None:
+            self._written(4)
+            return
         await self._write(add)
 
     async def ledger_rows(
