@@ -678,6 +678,30 @@ async def test_under_store_synchronous_full_every_commit_goes_to_the_store_threa
         await store.close()
 
 
+async def test_concurrent_commits_go_in_on_the_loops_thread_while_the_store_thread_is_idle(
+    tmp_path: Path,
+) -> None:
+    # The commits of one pass of the loop, one batch at its next pass: no hand-off to the
+    # store thread, each commit in the database when it returns, a failed one alone.
+    db = tmp_path / "skillstate.db"
+    store = SQLiteStore(db)
+    await store.open()
+    await thread_idle(store)
+    try:
+        handed_over = store._exec._posted
+        steps = await asyncio.gather(
+            store.commit(turn_commit("a", 0, {"k": 1})),
+            store.commit(turn_commit("b", 0, {"k": 1})),
+            store.commit(turn_commit("a", 5, {"k": 1})),  # a step conflict
+            return_exceptions=True,
+        )
+        assert steps[:2] == [1, 1] and isinstance(steps[2], StoreError)
+        assert store._exec._posted == handed_over
+        assert committed_steps(db, "a") == (1, [1]) and committed_steps(db, "b") == (1, [1])
+    finally:
+        await store.close()
+
+
 def ledger_count(db: Path) -> int:
     with contextlib.closing(sqlite3.connect(db)) as other:
         return int(other.execute("SELECT count(*) FROM ledger").fetchone()[0])

@@ -1,10 +1,12 @@
 """The embedded store: stdlib sqlite3 in WAL mode, used from one dedicated thread so that no
 SQLite call that can wait (for a lock, an fsync, a checkpoint) ever blocks the event loop.
 
-Two exceptions, for speed: a lone turn's commit (no other turn in flight, the store thread
-idle) runs on the event loop's thread (``commit_at_once``), which saves two thread
-hand-offs and a loop iteration, and so does a group of ledger rows (``add_ledger_rows``)
-while the store thread is idle. Neither can wait for anything: the connection's lock wait
+The exception, for speed: while the store thread is idle, writes run on the event loop's
+thread. A lone turn's commit (no other turn in flight) and a group of ledger rows
+(``add_ledger_rows``) at once (``commit_at_once``), which saves two thread hand-offs and a
+loop iteration; other writes as one batch at the loop's next pass (``_write_here``), which
+saves the store thread's taking the GIL back after each statement against a busy loop
+(docs/benchmarks.md). None of it can wait for anything: the connection's lock wait
 (``busy_timeout``) is 0 outside the thread's own calls, so a database locked by another
 process sends the write to the thread instead; checkpoints are never part of a commit
 (``wal_autocheckpoint`` off) but calls of their own on the thread; and it is not taken
@@ -418,9 +420,39 @@ class SQLiteStore:
         return await fut
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch, self._queue = self._queue, []
+        """Start the next batch: with the store thread idle, on the loop's thread at the
+        next pass of the loop (the writes queued until then together, ``_write_here``);
+        else on the store thread."""
         self._writing = True
         self._batch_started = time.monotonic()
+        if self._at_once and self._exec.idle:
+            loop.call_soon(self._write_here, loop)
+        else:
+            self._post_batch(loop)
+
+    def _write_here(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The queued writes as one batch on the loop's thread, as the store thread writes
+        them (``_write_batch``), when that cannot wait (module docstring); the store thread
+        writes them instead when it got work meanwhile or the file is locked."""
+        db = self._db
+        if db is None or not self._exec.idle:
+            self._post_batch(loop)
+            return
+        batch, self._queue = self._queue, []
+        try:
+            results = self._commit_batch(db, batch)
+            self._write_failure = None
+        except Exception as e:
+            if isinstance(e, sqlite3.Error) and _busy(e):  # nothing written
+                self._queue = batch + self._queue
+                self._post_batch(loop)
+                return
+            err = self._write_failure = as_store_error(e)
+            results = [(fut, None, err) for _, fut in batch]
+        self._settle(results, loop)
+
+    def _post_batch(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, self._queue = self._queue, []
         try:
             self._exec.post(self._write_batch, batch, loop)
         except RuntimeError as e:  # the executor is shut down (close() gave up waiting)
