@@ -249,6 +249,14 @@ async def test_numbers_beyond_what_sqlite_holds_are_clamped(tmp_path: Path) -> N
         await asyncio.wait_for(store.close(), HANG)
 
 
+def store_thread_stuck(store: SQLiteStore, release: threading.Event) -> None:
+    """The store thread busy until ``release``, so that a write queued next goes to it.
+    (With the thread idle, a batch is written on the loop's thread instead, and a write
+    stuck there stops the test's own loop: which of the two a test got after ``open()``
+    depended on whether the thread had yet counted its last call done.)"""
+    store._exec.post(release.wait, HANG)
+
+
 async def test_close_finishes_even_when_a_write_never_does(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "skillstate.db", close_timeout=0.2)
     await store.open()
@@ -257,6 +265,7 @@ async def test_close_finishes_even_when_a_write_never_does(tmp_path: Path) -> No
     def stuck(db: Any) -> None:
         release.wait(HANG)
 
+    store_thread_stuck(store, release)
     first = asyncio.ensure_future(store._write(stuck))
     await asyncio.sleep(0)
     queued = asyncio.ensure_future(commit(store, 0, {"k": 1}))  # waits behind it
@@ -371,6 +380,7 @@ async def test_health_check_answers_while_a_write_is_stuck(tmp_path: Path) -> No
     store = SQLiteStore(tmp_path / "skillstate.db", close_timeout=0.2)
     await store.open()
     release = threading.Event()
+    store_thread_stuck(store, release)
     stuck = asyncio.ensure_future(store._write(lambda db: release.wait(HANG)))
     await asyncio.sleep(0)
     try:
@@ -487,6 +497,7 @@ async def test_a_budget_read_overlapping_a_write_is_not_kept(tmp_path: Path) -> 
     release = threading.Event()
     try:
         # The store thread is busy: the read and the write queue behind it, in that order.
+        store_thread_stuck(store, release)
         stuck = asyncio.ensure_future(store._write(lambda db: release.wait(HANG)))
         await asyncio.sleep(0)
         read = asyncio.ensure_future(store.session_budget("s"))
@@ -605,6 +616,7 @@ async def test_commit_at_once_declines_while_the_store_thread_has_work(tmp_path:
     def stuck(db: Any) -> None:
         release.wait(HANG)
 
+    store_thread_stuck(store, release)
     first = asyncio.ensure_future(store._write(stuck))
     await asyncio.sleep(0)
     try:
@@ -751,6 +763,7 @@ async def one_batch(store: SQLiteStore, writes: list[Any]) -> list[Any]:
     """Run ``writes`` (coroutines of store writes) as one batch: queued behind a write that
     holds the store thread until all of them wait."""
     release = threading.Event()
+    store_thread_stuck(store, release)
     held = asyncio.ensure_future(store._write(lambda db: release.wait(HANG)))
     await asyncio.sleep(0)
     queued = [asyncio.ensure_future(w) for w in writes]
