@@ -108,27 +108,31 @@ def test_calls_cut_by_a_kill_are_charged_their_worst_case_after_the_restart(
 KILL_AFTER_COMMIT = {"SKILLSTATE_TEST_KILL": "after-commit:k1"}
 
 
-def kill_right_after_a_budgeted_commit(proxy: ProxyProcess, fake: FakeProvider) -> None:
-    """A budgeted call answered ($0.006: 6 output tokens) and its row committed with the
-    turn (an Idempotency-Key's kept reply), then the proxy SIGKILLed by the test hook
-    before the turn's holds end; restarted without the hook."""
-    fake.enqueue(Reply(text="one two three four five"))
+def killed_under_a_budgeted_call(proxy: ProxyProcess, key: str) -> None:
+    """A budgeted call (Idempotency-Key ``key``, which the test hook in the proxy's env
+    names) during which the hook SIGKILLs the proxy; the hook then left out of its env."""
     with pytest.raises(openai.APIConnectionError):  # the process died under the request
         oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.create(
             model="m",
             max_tokens=100,
             messages=[{"role": "user", "content": "hi"}],
-            extra_headers={**HEADERS, "Idempotency-Key": "k1"},
+            extra_headers={**HEADERS, "Idempotency-Key": key},
         )
     assert proxy.proc is not None and proxy.proc.wait(timeout=SIGNAL_WAIT) == -9
-    proxy.env = {k: v for k, v in proxy.env.items() if k not in KILL_AFTER_COMMIT}
+    proxy.env = {k: v for k, v in proxy.env.items() if k != "SKILLSTATE_TEST_KILL"}
+
+
+def kill_right_after_a_budgeted_commit(proxy: ProxyProcess, fake: FakeProvider) -> None:
+    """A budgeted call answered ($0.006: 6 output tokens) and its row committed with the
+    turn (an Idempotency-Key's kept reply), then the proxy SIGKILLed by the test hook
+    before the turn's holds end; restarted without the hook."""
+    fake.enqueue(Reply(text="one two three four five"))
+    killed_under_a_budgeted_call(proxy, "k1")
     proxy.start()
 
 
-def assert_the_call_counts_once(proxy: ProxyProcess, fake: FakeProvider) -> None:
-    """The session's spend is the call's real cost alone, with no `interrupted` worst case
-    of the same call on top: the next call's spend is $0.006 + its own $0.006 (before:
-    $0.112, the cut call's $0.10 estimate too)."""
+def spent_after_a_call(proxy: ProxyProcess, fake: FakeProvider) -> float:
+    """The session's spend that a next budgeted call ($0.006 itself) answers with."""
     fake.enqueue(Reply(text="one two three four five"))
     reply = oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.with_raw_response.create(
         model="m",
@@ -136,7 +140,14 @@ def assert_the_call_counts_once(proxy: ProxyProcess, fake: FakeProvider) -> None
         messages=[{"role": "user", "content": "again"}],
         extra_headers=HEADERS,
     )
-    assert float(reply.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.012)
+    return float(reply.headers["x-skillstate-session-spent-usd"])
+
+
+def assert_the_call_counts_once(proxy: ProxyProcess, fake: FakeProvider) -> None:
+    """The session's spend is the call's real cost alone, with no `interrupted` worst case
+    of the same call on top: the next call's spend is $0.006 + its own $0.006 (before:
+    $0.112, the cut call's $0.10 estimate too)."""
+    assert spent_after_a_call(proxy, fake) == pytest.approx(0.012)
     totals = proxy.get("/cost", params={"session": "run"}).json()["totals"]
     assert totals["requests"] == 2
     assert totals["cost_usd"] == pytest.approx(0.012)
@@ -176,25 +187,10 @@ def test_a_kill_after_a_failed_calls_rows_charges_no_hold_it_did_not_use(
         fake.url + "/v1", "--mode", "passthrough", config=config, env=KILL_AFTER_LEDGER
     )
     fake.enqueue(Reply(drop=True))
-    with pytest.raises(openai.APIConnectionError):  # the process died under the request
-        oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.create(
-            model="m",
-            max_tokens=100,
-            messages=[{"role": "user", "content": "hi"}],
-            extra_headers={**HEADERS, "Idempotency-Key": "k2"},
-        )
-    assert proxy.proc is not None and proxy.proc.wait(timeout=SIGNAL_WAIT) == -9
+    killed_under_a_budgeted_call(proxy, "k2")
     assert len(fake.requests) == 1
-    proxy.env = {k: v for k, v in proxy.env.items() if k not in KILL_AFTER_LEDGER}
     proxy.start()
     cut = ("transport-retry", None, pytest.approx(0.10))  # the cut attempt, at its worst case
     assert ledger(tmp_path / "data", "kind") == [cut]
-    fake.enqueue(Reply(text="one two three four five"))
-    reply = oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.with_raw_response.create(
-        model="m",
-        max_tokens=100,
-        messages=[{"role": "user", "content": "again"}],
-        extra_headers=HEADERS,
-    )
-    assert float(reply.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.106)
+    assert spent_after_a_call(proxy, fake) == pytest.approx(0.106)
     assert "cut by a proxy" not in proxy.stop()

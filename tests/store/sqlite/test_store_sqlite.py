@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -32,6 +33,8 @@ from skillstate.store.sqlite import SQLiteStore
 from skillstate.store.sqlite.store import CHECKPOINT_PAGES
 from tests.helpers import locked_by_another_process
 from tests.storefill import ledger_row
+
+T = TypeVar("T")
 
 
 def transition(step: int) -> TransitionRecord:
@@ -575,6 +578,15 @@ async def thread_idle(store: SQLiteStore) -> None:
         await asyncio.sleep(0)
 
 
+async def idle_store(db: Path) -> SQLiteStore:
+    """An open store on ``db`` whose thread is idle (so that a write may go in at once),
+    and which waits out locks on that thread (busy_timeout HANG)."""
+    store = SQLiteStore(db, busy_timeout=HANG)
+    await store.open()
+    await thread_idle(store)
+    return store
+
+
 def committed_steps(db: Path, session: str) -> tuple[int | None, list[int]]:
     """The session's step and its transitions' steps, as another connection reads them."""
     with contextlib.closing(sqlite3.connect(db)) as other:
@@ -587,9 +599,7 @@ def committed_steps(db: Path, session: str) -> tuple[int | None, list[int]]:
 
 async def test_a_lone_commit_at_once_is_in_the_database_when_it_returns(tmp_path: Path) -> None:
     db = tmp_path / "skillstate.db"
-    store = SQLiteStore(db)
-    await store.open()
-    await thread_idle(store)
+    store = await idle_store(db)
     try:
         handed_over = store._exec._posted
         assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) == 1
@@ -630,23 +640,37 @@ async def test_commit_at_once_declines_while_the_store_thread_has_work(tmp_path:
     await store.close()
 
 
+async def waited_out_a_lock(
+    store: SQLiteStore,
+    db: Path,
+    write: Coroutine[Any, Any, T],
+    first: Callable[[], None] = lambda: None,
+) -> T:
+    """``write`` started (after ``first``) while another process holds ``db``'s lock: it
+    is handed to the store thread, which waits for the lock; its result once it is gone."""
+    with locked_by_another_process(db, timeout=HANG):
+        first()
+        started = asyncio.ensure_future(write)
+        while not store._writing:  # handed to the thread, which waits for the lock
+            await asyncio.sleep(0)
+        assert not started.done()
+    return await asyncio.wait_for(started, HANG)
+
+
 async def test_on_a_locked_database_commit_at_once_declines_at_once_and_commit_waits(
     tmp_path: Path,
 ) -> None:
     # The loop's thread never waits for another process's lock: the commit goes to the
     # store thread, which waits up to busy_timeout (here long enough for the lock to go).
     db = tmp_path / "skillstate.db"
-    store = SQLiteStore(db, busy_timeout=HANG)
-    await store.open()
-    await thread_idle(store)
+    store = await idle_store(db)
     try:
-        with locked_by_another_process(db, timeout=HANG):
+
+        def declined_at_once() -> None:
             assert store.commit_at_once(turn_commit("s", 0, {"k": 1})) is None
-            fallback = asyncio.ensure_future(store.commit(turn_commit("s", 0, {"k": 1})))
-            while not store._writing:  # handed to the thread, which waits for the lock
-                await asyncio.sleep(0)
-            assert not fallback.done()
-        assert await asyncio.wait_for(fallback, HANG) == 1
+
+        fallback = store.commit(turn_commit("s", 0, {"k": 1}))
+        assert await waited_out_a_lock(store, db, fallback, first=declined_at_once) == 1
         assert committed_steps(db, "s") == (1, [1])
         await thread_idle(store)
         assert store.commit_at_once(turn_commit("s", 1, {"k": 2})) == 2  # at once again
@@ -724,9 +748,7 @@ async def test_concurrent_commits_go_in_on_the_loops_thread_while_the_store_thre
     # The commits of one pass of the loop, one batch at its next pass: no hand-off to the
     # store thread, each commit in the database when it returns, a failed one alone.
     db = tmp_path / "skillstate.db"
-    store = SQLiteStore(db)
-    await store.open()
-    await thread_idle(store)
+    store = await idle_store(db)
     try:
         handed_over = store._exec._posted
         steps = await asyncio.gather(
@@ -753,9 +775,7 @@ async def test_ledger_rows_go_in_on_the_loops_thread_while_the_store_thread_is_i
     # The groups of forwarded calls' rows (cost.ledgerwrites): no hand-off to the store
     # thread, and in the database, for any connection, when add_ledger_rows returns.
     db = tmp_path / "skillstate.db"
-    store = SQLiteStore(db)
-    await store.open()
-    await thread_idle(store)
+    store = await idle_store(db)
     try:
         handed_over = store._exec._posted
         await store.add_ledger_rows([ledger_row(session="a"), ledger_row(session="b")])
@@ -769,16 +789,9 @@ async def test_on_a_locked_database_ledger_rows_go_to_the_store_thread_which_wai
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "skillstate.db"
-    store = SQLiteStore(db, busy_timeout=HANG)
-    await store.open()
-    await thread_idle(store)
+    store = await idle_store(db)
     try:
-        with locked_by_another_process(db, timeout=HANG):
-            added = asyncio.ensure_future(store.add_ledger_rows([ledger_row(session="a")]))
-            while not store._writing:  # handed to the thread, which waits for the lock
-                await asyncio.sleep(0)
-            assert not added.done()
-        await asyncio.wait_for(added, HANG)
+        await waited_out_a_lock(store, db, store.add_ledger_rows([ledger_row(session="a")]))
         assert ledger_count(db) == 1
     finally:
         await store.close()
