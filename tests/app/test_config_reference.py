@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+import orjson
 import pytest
 
-from skillstate.config import PriceOverride, Settings, Upstream
+from skillstate.config import PriceOverride, Settings, Upstream, load_settings
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "config_reference.py"
 
@@ -65,3 +66,22 @@ def test_the_docs_page_uses_the_generated_reference() -> None:
     page = (SCRIPT.parents[1] / "docs" / "configuration.md").read_text()
     assert "<!-- config-reference -->" in page
     assert "| `port` |" not in page  # generated at build time, never hand-kept
+
+
+def test_the_example_config_has_every_setting_and_loads() -> None:
+    """README and docs/configuration.md promise that skillstate.json.example shows every key
+    with its default: a setting added to the model must be added there too."""
+    example = SCRIPT.parents[1] / "skillstate.json.example"
+    settings = load_settings({"config": str(example)}, env={})
+    data = orjson.loads(example.read_bytes())
+    upstream_keys = {k for entry in data["upstreams"] for k in entry}
+    assert [
+        k for k in Settings.model_fields if (Settings.model_fields[k].alias or k) not in data
+    ] == []
+    assert [k for k in Upstream.model_fields if k not in upstream_keys] == []
+    unset = {"schema", "initial_state", "prices", "upstreams", "_comment"}  # examples, not defaults
+    defaults = Settings().model_dump(by_alias=True, mode="json")
+    as_loaded = settings.model_dump(by_alias=True, mode="json")
+    assert {k: as_loaded[k] for k in defaults if k not in unset} == {
+        k: v for k, v in defaults.items() if k not in unset
+    }
