@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import asyncpg
@@ -163,3 +164,78 @@ async def test_a_newer_schema_is_refused_in_one_line(pg_url: str, tmp_path: Path
         assert r.returncode == 2 and "Traceback" not in r.stderr
         (line,) = r.stderr.splitlines()
         assert f"schema version {LATEST + 1}, newer than this skillstate-proxy knows" in line
+
+
+# (id, updated): minutes 16666 (999,960 to 1,000,020) and 16667, a tie, a row at a minute's
+# first second, and one of 1970.
+V5_SESSIONS = [
+    ("a", 1_000_000.0), ("b", 1_000_010.0), ("f", 1_000_010.0), ("d", 1_000_020.0),
+    ("c", 1_000_030.5), ("e", 2.0),
+]  # fmt: skip
+SESSION_COLUMNS = "id, state, schema, step, created, updated"
+
+
+async def test_a_version_5_database_keeps_every_session_and_its_order(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", POSTGRES_MIGRATIONS[:5])
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await migrate_postgres(conn, "db", upgrade=False)  # what the release before made
+        await conn.executemany(
+            f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, '[\"k\"]', 1, $3, $4)",
+            [(s, f'{{"k": "{s}"}}'.encode(), t - 1, t) for s, t in V5_SESSIONS],
+        )
+        before = await conn.fetch(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id")
+        monkeypatch.setattr(migrations, "POSTGRES_MIGRATIONS", POSTGRES_MIGRATIONS)
+        assert await migrate_postgres(conn, "db", upgrade=True) == [
+            f"db: schema 5 -> 6: {POSTGRES_MIGRATIONS[5].description}"
+        ]
+        assert await conn.fetch(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id") == before
+        indexes = {r[0] for r in await conn.fetch("SELECT indexname FROM pg_indexes")}
+        assert "sessions_touched" in indexes and "sessions_updated" not in indexes
+    finally:
+        await conn.close()
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        # GET /state's order, two at a time: most recently updated first, ties by id.
+        listed, after = [], None
+        while page := await store.sessions_page(2, after):
+            listed += [p["session"] for p in page]
+            after = (page[-1]["updated"], page[-1]["session"])
+        assert listed == ["c", "d", "b", "f", "a", "e"]
+        # A turn of "e" in a later minute puts it first; the TTL purge takes exactly the
+        # sessions updated before its time.
+        tr = TransitionRecord(2, "valid", {"k": 2}, "c", [], 1_000_100.0)
+        await store.commit(SessionCommit("e", 1, {"k": 2}, ["k"], tr, 1_000_100.0))
+        assert [p["session"] for p in await store.sessions_page(1)] == ["e"]
+        assert await store.purge_sessions(older_than=1_000_010.0) == 1  # "a"
+        assert [p["session"] for p in await store.sessions_page(10)] == ["e", "c", "d", "b", "f"]
+    finally:
+        await store.close()
+
+
+async def test_a_sessions_turns_within_a_minute_leave_its_indexes_alone(pg_url: str) -> None:
+    """Every commit but a session's first of a minute is a heap-only tuple (HOT) update:
+    no entry added to the sessions' indexes (with an index on ``updated``, none could be)."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    state = {"notes": "n" * 900}
+    turns = 40
+    try:
+        for step in range(turns):  # at 1,000,020.0-1,000,059.0: all in minute 16,667
+            tr = TransitionRecord(step + 1, "valid", {"k": step}, "c", [], 1_000_020.0 + step)
+            await store.commit(SessionCommit("s", step, state, ["notes"], tr, tr.ts))
+    finally:
+        await store.close()  # its connections end, and with them their pending statistics
+    conn = await asyncpg.connect(pg_url)
+    try:
+        sql = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'sessions'"
+        deadline = time.monotonic() + HANG  # a guard against a hang
+        while (counts := tuple(await conn.fetchrow(sql)))[0] < turns - 1:
+            assert time.monotonic() < deadline, counts
+            await asyncio.sleep(0.05)  # the ended backends' statistics arrive
+        assert counts == (turns - 1, turns - 1)
+    finally:
+        await conn.close()

@@ -132,6 +132,20 @@ CREATE UNIQUE INDEX ledger_row_id ON ledger(row_id)
 # before it have none (they counted as nothing, as they did then).
 _POSTGRES_ESTIMATES = "ALTER TABLE ledger ADD COLUMN estimated_cost_usd DOUBLE PRECISION"
 
+# Version 6: sessions indexed by the minute they were last updated (``touched``), not by
+# ``updated``, as SQLite's version 6 does. A turn's commit changes ``updated``; with an index
+# on it no UPDATE of a session can be a heap-only tuple (HOT) update, so every commit adds
+# an entry to both of the table's indexes (left for VACUUM to clear). ``touched`` changes
+# on a session's first commit of a minute only: the other commits of the minute are HOT
+# when the page has room, which the lower fill factor keeps for the new pages.
+_POSTGRES_TOUCHED = """
+ALTER TABLE sessions ADD COLUMN touched BIGINT NOT NULL DEFAULT 0;
+UPDATE sessions SET touched = trunc(updated / 60)::bigint;
+DROP INDEX sessions_updated;
+CREATE INDEX sessions_touched ON sessions(touched);
+ALTER TABLE sessions SET (fillfactor = 80)
+"""
+
 POSTGRES_MIGRATIONS = (
     Migration(
         1,
@@ -146,6 +160,7 @@ POSTGRES_MIGRATIONS = (
     Migration(3, "idempotency_keys", ddl_statements(_POSTGRES_IDEMPOTENCY)),
     Migration(4, "ledger.row_id", ddl_statements(_POSTGRES_ROW_IDS)),
     Migration(5, "ledger.estimated_cost_usd", ddl_statements(_POSTGRES_ESTIMATES)),
+    Migration(6, "sessions.touched, indexed instead of updated", ddl_statements(_POSTGRES_TOUCHED)),
 )
 
 # pg_advisory_lock's key for migrations: "skillsta" as a big-endian int64.

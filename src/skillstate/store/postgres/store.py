@@ -178,24 +178,43 @@ def _kept_args(kept: KeptReply | None) -> tuple[Any, ...]:
     return (*v[:3], *v[4:9])
 
 
+def _minute(param: str) -> str:
+    """The minute of the time in ``param``, which a session's row keeps as ``touched``
+    (indexed by sessions_touched: migration 6): one expression for every statement that
+    writes or reads it, so that touched = its minute of updated in every row. Setting it to
+    the value it has leaves the index alone, and the UPDATE can be a HOT update."""
+    return f"trunc({param}::float8 / 60)::bigint"
+
+
 # $1 session, $2 expected step, $3 state (NULL: unchanged), $4 now, $5-$10 the transition
 # (patch, action, status, errors, context, estimate), $11- the ledger columns.
-_COMMIT_EXISTING = """
+_COMMIT_EXISTING = (
+    """
 WITH moved AS (
-    UPDATE sessions SET state = coalesce($3::bytea, state), step = step + 1, updated = $4
+    UPDATE sessions SET state = coalesce($3::bytea, state), step = step + 1, updated = $4,
+        touched = """
+    + _minute("$4")
+    + """
     WHERE id = $1 AND step = $2::bigint
     RETURNING step
-)""" + _commit_rest(11)
+)"""
+    + _commit_rest(11)
+)
 
 # $2 max_sessions (0: no cap), $11 the schema, $12- the ledger columns; the rest as above.
-_COMMIT_NEW = """
+_COMMIT_NEW = (
+    """
 WITH moved AS (
-    INSERT INTO sessions (id, state, schema, step, created, updated)
-    SELECT $1, $3::bytea, $11::text, 1, $4, $4
+    INSERT INTO sessions (id, state, schema, step, created, updated, touched)
+    SELECT $1, $3::bytea, $11::text, 1, $4, $4, """
+    + _minute("$4")
+    + """
     WHERE $2::bigint = 0 OR (SELECT count(*) FROM sessions) < $2::bigint
     ON CONFLICT (id) DO NOTHING
     RETURNING step
-)""" + _commit_rest(12)
+)"""
+    + _commit_rest(12)
+)
 
 _RESPONSE_CHAIN = response_chain_sql("$1", "$2")
 
@@ -564,13 +583,15 @@ class PostgresStore:
         args: list[Any] = []
         if after is not None:
             args += [after[0], after[1]]
+            sql += f" AND touched <= {_minute('$1')}"
             sql += " AND (updated < $1 OR (updated = $1 AND id > $2))"
         if prefix:
             low, high = prefix_range(prefix)
             args += [low, high]
             sql += f" AND id >= ${len(args) - 1} AND id < ${len(args)}"
         args.append(limit)
-        sql += f" ORDER BY updated DESC, id LIMIT ${len(args)}"
+        # The same order as by updated alone (touched is its minute), read by sessions_touched.
+        sql += f" ORDER BY touched DESC, updated DESC, id LIMIT ${len(args)}"
         rows = await self._fetch(sql, *args)
         return [{"session": r[0], "step": r[1], "updated": r[2], "state_bytes": r[3]} for r in rows]
 
@@ -603,8 +624,8 @@ class PostgresStore:
     async def purge_sessions(self, older_than: float, keep: Collection[str] = ()) -> int:
         async with self.connection() as conn:
             purged: list[str] = await conn.fetchval(
-                "WITH gone AS (DELETE FROM sessions WHERE updated < $1 AND id <> ALL($2::text[])"
-                " RETURNING id),"
+                f"WITH gone AS (DELETE FROM sessions WHERE touched <= {_minute('$1')}"
+                " AND updated < $1 AND id <> ALL($2::text[]) RETURNING id),"
                 " t AS (DELETE FROM transitions WHERE session IN (SELECT id FROM gone)),"
                 # Stored responses expire with the same TTL (passthrough turns store them
                 # under sessions that have no state row).
@@ -830,8 +851,9 @@ class PostgresStore:
 
     async def import_session(self, record: SessionRecord) -> None:
         inserted = await self._write(
-            "WITH added AS (INSERT INTO sessions (id, state, schema, step, created, updated)"
-            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING RETURNING 1)"
+            "WITH added AS (INSERT INTO sessions (id, state, schema, step, created, updated,"
+            f" touched) VALUES ($1, $2, $3, $4, $5, $6, {_minute('$6')})"
+            " ON CONFLICT (id) DO NOTHING RETURNING 1)"
             " SELECT count(*) FROM added",
             record.session,
             orjson.dumps(record.state),
