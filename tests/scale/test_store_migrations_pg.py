@@ -214,6 +214,29 @@ async def test_a_version_5_database_keeps_every_session_and_its_order(
         assert [p["session"] for p in await store.sessions_page(10)] == ["e", "c", "d", "b", "f"]
     finally:
         await store.close()
+    # Replicas of the release before, still running while the operator upgrades, write
+    # `updated` alone: their sessions are still listed and purged by their last update.
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("UPDATE sessions SET updated = 1000200.0, step = 2 WHERE id = 'b'")
+        await conn.execute(
+            f"INSERT INTO sessions ({SESSION_COLUMNS})"
+            " VALUES ('g', '{}', '[]', 1, 1.0, 1000150.0)"
+        )
+    finally:
+        await conn.close()
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        listed, after = [], None
+        while page := await store.sessions_page(2, after):
+            listed += [p["session"] for p in page]
+            after = (page[-1]["updated"], page[-1]["session"])
+        assert listed == ["b", "g", "e", "c", "d", "f"]
+        assert await store.purge_sessions(older_than=1_000_160.0) == 5  # all but "b"
+        assert [p["session"] for p in await store.sessions_page(10)] == ["b"]
+    finally:
+        await store.close()
 
 
 async def test_a_sessions_turns_within_a_minute_leave_its_indexes_alone(pg_url: str) -> None:

@@ -137,10 +137,12 @@ _POSTGRES_ESTIMATES = "ALTER TABLE ledger ADD COLUMN estimated_cost_usd DOUBLE P
 # on it no UPDATE of a session can be a heap-only tuple (HOT) update, so every commit adds
 # an entry to both of the table's indexes (left for VACUUM to clear). ``touched`` changes
 # on a session's first commit of a minute only: the other commits of the minute are HOT
-# when the page has room, which the lower fill factor keeps for the new pages.
+# when the page has room, which the lower fill factor keeps for the new pages. A generated
+# column, so that it is right whoever writes the row: replicas of the release before,
+# still running while the operator upgrades, write ``updated`` alone.
 _POSTGRES_TOUCHED = """
-ALTER TABLE sessions ADD COLUMN touched BIGINT NOT NULL DEFAULT 0;
-UPDATE sessions SET touched = trunc(updated / 60)::bigint;
+ALTER TABLE sessions
+    ADD COLUMN touched BIGINT GENERATED ALWAYS AS (trunc(updated / 60)::bigint) STORED;
 DROP INDEX sessions_updated;
 CREATE INDEX sessions_touched ON sessions(touched);
 ALTER TABLE sessions SET (fillfactor = 80)

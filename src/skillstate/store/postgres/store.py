@@ -179,42 +179,30 @@ def _kept_args(kept: KeptReply | None) -> tuple[Any, ...]:
 
 
 def _minute(param: str) -> str:
-    """The minute of the time in ``param``, which a session's row keeps as ``touched``
-    (indexed by sessions_touched: migration 6): one expression for every statement that
-    writes or reads it, so that touched = its minute of updated in every row. Setting it to
-    the value it has leaves the index alone, and the UPDATE can be a HOT update."""
+    """The minute of the time in ``param``, as a session's row keeps it in ``touched``
+    (generated from ``updated`` and indexed by sessions_touched: migration 6), for the
+    statements that read the sessions by their last update."""
     return f"trunc({param}::float8 / 60)::bigint"
 
 
 # $1 session, $2 expected step, $3 state (NULL: unchanged), $4 now, $5-$10 the transition
 # (patch, action, status, errors, context, estimate), $11- the ledger columns.
-_COMMIT_EXISTING = (
-    """
+_COMMIT_EXISTING = """
 WITH moved AS (
-    UPDATE sessions SET state = coalesce($3::bytea, state), step = step + 1, updated = $4,
-        touched = """
-    + _minute("$4")
-    + """
+    UPDATE sessions SET state = coalesce($3::bytea, state), step = step + 1, updated = $4
     WHERE id = $1 AND step = $2::bigint
     RETURNING step
-)"""
-    + _commit_rest(11)
-)
+)""" + _commit_rest(11)
 
 # $2 max_sessions (0: no cap), $11 the schema, $12- the ledger columns; the rest as above.
-_COMMIT_NEW = (
-    """
+_COMMIT_NEW = """
 WITH moved AS (
-    INSERT INTO sessions (id, state, schema, step, created, updated, touched)
-    SELECT $1, $3::bytea, $11::text, 1, $4, $4, """
-    + _minute("$4")
-    + """
+    INSERT INTO sessions (id, state, schema, step, created, updated)
+    SELECT $1, $3::bytea, $11::text, 1, $4, $4
     WHERE $2::bigint = 0 OR (SELECT count(*) FROM sessions) < $2::bigint
     ON CONFLICT (id) DO NOTHING
     RETURNING step
-)"""
-    + _commit_rest(12)
-)
+)""" + _commit_rest(12)
 
 _RESPONSE_CHAIN = response_chain_sql("$1", "$2")
 
@@ -851,9 +839,8 @@ class PostgresStore:
 
     async def import_session(self, record: SessionRecord) -> None:
         inserted = await self._write(
-            "WITH added AS (INSERT INTO sessions (id, state, schema, step, created, updated,"
-            f" touched) VALUES ($1, $2, $3, $4, $5, $6, {_minute('$6')})"
-            " ON CONFLICT (id) DO NOTHING RETURNING 1)"
+            "WITH added AS (INSERT INTO sessions (id, state, schema, step, created, updated)"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING RETURNING 1)"
             " SELECT count(*) FROM added",
             record.session,
             orjson.dumps(record.state),
