@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from skillstate.choices import CacheBreakpoints, Constrain, Mode, ReplyEnvelope
@@ -43,6 +43,7 @@ from skillstate.dialects.openai import (
 )
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.patch import _FENCE_RUN, _copy_json
+from skillstate.engine.stripper import _strip_by_machine, strip_envelope
 from skillstate.errors import ProxyError
 from skillstate.jsondepth import nesting_exceeds
 from skillstate.sessions.transcripts import SessionTranscripts
@@ -789,3 +790,38 @@ def test_openai_cache_reads_on_a_growing_transcript() -> None:
         assert made == points and _digests(made) == b"".join([p.digest for p in points])
         split = memo_cache.charge(made, 10 * len(messages), float(k), regime)
         assert split.cache_read_tokens == want
+
+
+# --- a reply that is one ```json block (engine/stripper.py) --------------------------------
+
+_BLOCK_OPENERS = ["```json\n", "```json \n", "```JSON\n", "````json\n", "~~~json\n", "```json\r\n"]
+_BLOCK_OPENERS += ["```\n", "x```json\n", "\n```json\n", "```json"]
+_BLOCK_CLOSERS = ["\n```", "\n```\n", "\n````", "```", "\n~~~", "\n``` ", "\n```x", "\n", ""]
+_block_envelope = st.builds(
+    lambda patch, action, pretty: orjson.dumps(
+        {"state_patch": patch, "action": action} if action != "-" else {"state_patch": patch},
+        option=orjson.OPT_INDENT_2 if pretty else 0,
+    ).decode(),
+    st.dictionaries(st.sampled_from("ab"), st.integers(-5, 5) | st.text(max_size=3), max_size=2),
+    st.sampled_from(["run", "", "-", None, 3, "a`b", "a~b", "x\ny", " "]) | st.text(max_size=4),
+    st.booleans(),
+)
+_BLOCK_BITS = ["", " ", "\n", "\r", "{", "}", "`", "~", "```", '{"answer": 42}']
+_BLOCK_BITS += ['{"state_patch": 3}']
+_block_content = st.lists(_block_envelope | st.sampled_from(_BLOCK_BITS), max_size=3).map("".join)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(_BLOCK_OPENERS), _block_content, st.sampled_from(_BLOCK_CLOSERS))
+@example("```json\n", '{"state_patch": {"step": 1}, "action": "run"}', "\n```")
+@example("```json\n", '{"state_patch": {"step": 1}}', "\n```")
+@example("```json\n", '{"state_patch": {"step": 1}, "action": ""}', "\n```")
+@example("```json\n", '{"state_patch": {}}{"state_patch": {}}', "\n```")
+@example("```json\n", '{"state_patch": {}} trailing', "\n```")
+@example("```json\n", "", "\n```")
+def test_a_reply_of_one_json_block_strips_as_the_machine_strips_it(
+    opener: str, content: str, closer: str
+) -> None:
+    text = opener + content + closer
+    for fallback in (True, False):
+        assert strip_envelope(text, fallback) == _strip_by_machine(text, fallback), fallback
