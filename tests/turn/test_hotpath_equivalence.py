@@ -21,8 +21,9 @@ import orjson
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from starlette.requests import Request
 
-from skillstate.choices import CacheBreakpoints, Constrain, Mode, ReplyEnvelope
+from skillstate.choices import CacheBreakpoints, Choice, Constrain, Mode, ReplyEnvelope
 from skillstate.cost.baseline import (
     CacheRegime,
     PrefixCache,
@@ -48,7 +49,7 @@ from skillstate.errors import ProxyError
 from skillstate.jsondepth import nesting_exceeds
 from skillstate.sessions.transcripts import SessionTranscripts
 from skillstate.store.rows import MAX_USD, clamp_amount, clamp_count, clamp_signed
-from skillstate.web.turns import check_body
+from skillstate.web.turns import _header_choice, check_body
 
 PLAIN_FENCE_RUN = re.compile(r"`{3,}|~{3,}")
 
@@ -825,3 +826,50 @@ def test_a_reply_of_one_json_block_strips_as_the_machine_strips_it(
     text = opener + content + closer
     for fallback in (True, False):
         assert strip_envelope(text, fallback) == _strip_by_machine(text, fallback), fallback
+
+
+# --- a mode header read (web/turns.py) ------------------------------------------------------
+
+
+def _plain_header_choice(sent: str | None, name: str, default: Choice) -> Choice:
+    """The definition: the header's value (else the setting's), stripped and lower-cased,
+    one of the enum's values, else a 400."""
+    kind = type(default)
+    value = (sent or default.value).strip().lower()
+    if value not in kind.values():
+        allowed = ", ".join(kind.values())
+        raise ProxyError("invalid_request", f"{name} must be one of {allowed}", param=name)
+    return kind(value)
+
+
+def _choice_or_error(read: Any, *args: Any) -> Any:
+    try:
+        return read(*args)
+    except ProxyError as e:
+        return ("error", e.status, str(e), e.param)
+
+
+def _enums() -> list[type[Choice]]:
+    found, todo = [], list(Choice.__subclasses__())
+    while todo:
+        kind = todo.pop()
+        found.append(kind)
+        todo.extend(kind.__subclasses__())
+    return found
+
+
+@pytest.mark.parametrize("kind", _enums(), ids=lambda k: k.__name__)
+def test_a_mode_header_is_read_as_the_plain_definition_reads_it(kind: type[Choice]) -> None:
+    name = "x-skillstate-mode"
+    sent: list[str | None] = [None, "", " ", "nope", "State ", "\tstate", "STATE", "stat"]
+    for member in kind:
+        sent += [member.value, member.value.upper(), f"  {member.value}\t", member.value + "x"]
+    for default in kind:
+        for value in sent:
+            headers = [] if value is None else [(name.encode(), value.encode("latin-1"))]
+            request = Request({"type": "http", "headers": headers})
+            got = _choice_or_error(_header_choice, request, name, default)
+            expected = _choice_or_error(_plain_header_choice, value, name, default)
+            assert got == expected and type(got) is type(expected), (default, value)
+            if isinstance(got, Choice):
+                assert got is expected

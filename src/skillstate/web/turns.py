@@ -85,13 +85,19 @@ def single_header(request: Request, name: str) -> str | None:
 
 
 def _header_choice(request: Request, name: str, default: C) -> C:
-    """The per-request override of a setting, one of its enum's values, else a 400."""
+    """The per-request override of a setting, one of its enum's values, else a 400; the
+    setting itself when the header is absent or empty (every value is lower-case and
+    unpadded: it is what the lookup would find)."""
+    sent = single_header(request, name)
+    if not sent:
+        return default
     kind = type(default)
-    value = (single_header(request, name) or default.value).strip().lower()
-    if value not in kind.values():
+    # The member by its value, as kind(value) finds it, without the enum's call machinery.
+    found: C | None = kind._value2member_map_.get(sent.strip().lower())  # type: ignore[assignment]
+    if found is None:
         allowed = ", ".join(kind.values())
         raise ProxyError("invalid_request", f"{name} must be one of {allowed}", param=name)
-    return kind(value)
+    return found
 
 
 async def parse_turn(
