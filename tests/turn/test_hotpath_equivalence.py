@@ -44,7 +44,7 @@ from skillstate.dialects.openai import (
 )
 from skillstate.dialects.registry import get_dialect
 from skillstate.engine.patch import _FENCE_RUN, _copy_json
-from skillstate.engine.stripper import _strip_by_machine, strip_envelope
+from skillstate.engine.stripper import NOTHING, _strip_by_machine, strip_content, strip_envelope
 from skillstate.errors import ProxyError
 from skillstate.jsondepth import nesting_exceeds
 from skillstate.sessions.transcripts import SessionTranscripts
@@ -873,3 +873,53 @@ def test_a_mode_header_is_read_as_the_plain_definition_reads_it(kind: type[Choic
             assert got == expected and type(got) is type(expected), (default, value)
             if isinstance(got, Choice):
                 assert got is expected
+
+
+# --- a chat completion's choices stripped (dialects/openai.py) -----------------------------
+
+
+def _plain_strip_reply(resp: dict[str, Any], known: Any = None) -> tuple[Any, Any]:
+    """The definition: every choice's message content stripped, the reply copied when one
+    changed (``OpenAIDialect.strip_reply`` before it copied the choices only on a change)."""
+    choices = resp.get("choices")
+    if not isinstance(choices, list):
+        return resp, NOTHING
+    first, out = NOTHING, list(choices)
+    for k, choice in enumerate(choices):
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        calls = bool(message.get("tool_calls") or message.get("function_call"))
+        content, summary = strip_content(message.get("content"), known=known, fallback=not calls)
+        if k == 0:
+            first = summary
+        if content is not message.get("content"):
+            if calls and not content:
+                content = None
+            out[k] = {**choice, "message": {**message, "content": content}}
+    changed = any(a is not b for a, b in zip(out, choices, strict=True))
+    return ({**resp, "choices": out} if changed else resp), first
+
+
+_reply_message = st.builds(
+    lambda content, calls: {"role": "assistant", "content": content, **calls},
+    _content,
+    st.sampled_from([{}, {"tool_calls": [{"id": "c"}]}, {"tool_calls": []}, {"function_call": 1}]),
+)
+_choices = st.lists(
+    st.builds(lambda m: {"index": 0, "message": m}, _reply_message) | st.sampled_from([1, {}]),
+    max_size=3,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_choices | st.sampled_from([None, {}, "x"]), st.booleans())
+def test_a_chat_reply_strips_as_the_plain_definition_strips_it(choices: Any, known: bool) -> None:
+    resp = {"id": "r", "choices": choices}
+    first = choices[0] if isinstance(choices, list) and choices else None
+    said = first.get("message", {}).get("content") if isinstance(first, dict) else None
+    hint = (said, strip_envelope(said)) if known and isinstance(said, str) else None
+    got, got_first = get_dialect("openai").strip_reply(resp, hint)
+    expected, expected_first = _plain_strip_reply(resp, hint)
+    assert got == expected and got_first == expected_first
+    assert (got is resp) == (expected is resp)

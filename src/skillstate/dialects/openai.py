@@ -695,23 +695,23 @@ class OpenAIDialect:
         if not isinstance(choices, list):
             return resp, NOTHING
         first = NOTHING
-        out = list(choices)
+        out: list[Any] | None = None  # the choices, copied once one changes
         for k, choice in enumerate(choices):
             message = choice.get("message") if isinstance(choice, dict) else None
             if not isinstance(message, dict):
                 continue
             calls = bool(message.get("tool_calls") or message.get("function_call"))
-            content, summary = strip_content(
-                message.get("content"), known=known, fallback=not calls
-            )
+            said = message.get("content")
+            content, summary = strip_content(said, known=known, fallback=not calls)
             if k == 0:
                 first = summary
-            if content is not message.get("content"):
+            if content is not said:
                 if calls and not content:  # the text was only the envelope: nothing was said
                     content = None
+                if out is None:
+                    out = list(choices)
                 out[k] = {**choice, "message": {**message, "content": content}}
-        changed = any(a is not b for a, b in zip(out, choices, strict=True))
-        return ({**resp, "choices": out} if changed else resp), first
+        return ({**resp, "choices": out} if out is not None else resp), first
 
     def strip_request(self, body: JSON) -> JSON:
         return strip_request_transcript(body, *self.transcript)
