@@ -136,6 +136,17 @@ def test_baseline_input_tokens() -> None:
     assert baseline_input_tokens(0, 999, 10) == 0
 
 
+def test_mask_baseline_input_adds_the_estimated_difference() -> None:
+    """A mask request is the transcript with contents replaced: what both carry (tools,
+    framing, what the provider counts beyond the estimate) is not scaled. The demo's turn 30:
+    2,964 provider tokens for a masked request estimated at 2,408, the transcript 12,647."""
+    assert baseline_input_tokens(2964, 12_647, 2408, "mask") == 13_203
+    assert baseline_input_tokens(2964, 12_647, 2408, "compact") == 15_567  # scaled
+    assert baseline_input_tokens(2964, 12_647, 2408) == 15_567
+    assert baseline_input_tokens(500, 500, 500, "mask") == 500  # nothing masked
+    assert baseline_input_tokens(10, 5, 100, "mask") == 0  # never below 0
+
+
 def test_baseline_cost_prices_extra_tokens_at_full_input_price() -> None:
     prices = Prices(2.0, 10.0, 0.2, 2.5)
     # actual cost $0.0305 with 46000 input tokens; baseline 100000 input:

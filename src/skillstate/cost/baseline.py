@@ -2,9 +2,9 @@
 
 Pure logic; the caller (the turn's meter) supplies the client's transcript with the
 proxy's envelopes removed (:func:`skillstate.engine.strip.strip_transcript`), the baseline input
-tokens (the upstream's reported input scaled by the estimated size ratio, as
-:func:`skillstate.cost.ledger.baseline_input_tokens` does), the reply, the price book's rates
-and the clock.
+tokens (the upstream's reported input scaled by the estimated size ratio, or for a ``mask``
+turn plus the estimated difference: :func:`skillstate.cost.ledger.baseline_input_tokens`),
+the reply, the price book's rates and the clock.
 
 Caching, per session (:class:`PrefixCache`, a few hashes per session)
 -------------------------------------------------------------------

@@ -25,13 +25,28 @@ with the same estimator (``skillstate.cost.tokens.estimate_tokens``)::
 
 (exact rational arithmetic, Python's round-half-to-even; ``est_sent <= 0`` -> ``actual_input``),
 where ``est_transcript`` is the client's transcript with every envelope the proxy caused
-removed (``skillstate.engine.strip.strip_transcript``). The turn's meter then models the
-provider's prompt cache for that transcript (``skillstate.cost.baseline``: per session, the
-prefix the previous baseline request left in the cache, under the upstream's
-``cache_pricing``, ``cache_ttl_s`` and ``cache_min_tokens``) and removes the envelope's
-share from the output tokens; ``baseline_cached_tokens``, ``baseline_output_tokens`` and
-``baseline_cost_usd`` are that model's figures, priced with the model's cache read/write
-rates. When the turn sent the client's body untouched (nothing added, nothing to strip),
+removed (``skillstate.engine.strip.strip_transcript``). A ``mask`` turn (context ``mask``)
+instead adds the difference::
+
+    baseline_input_tokens = actual_input + est_transcript - est_sent   (at least 0)
+
+because its request IS the client's transcript with some observations' content replaced by
+a placeholder: the tool definitions, the system, every message's framing and whatever the
+provider counts that the estimator does not are in both requests, and ``actual_input``
+already has them once. Scaling would multiply them by the compression ratio: on the demo's
+30th turn the masked request was 2,964 tokens for 2,408 estimated, the transcript 13,225 for
+12,647; scaled, its baseline was 15,567 tokens, by the difference 13,203, and the demo's /cost
+said mask saved $0.0074 where it cost $0.0022 more. The masked text itself is counted at the
+estimator's rate (a provider's tokenizer may count it differently, by its own bytes per
+token on that text).
+
+The turn's meter then models the provider's prompt cache for that transcript
+(``skillstate.cost.baseline``: per session, the prefix the previous baseline request left
+in the cache, under the upstream's ``cache_pricing``, ``cache_ttl_s`` and
+``cache_min_tokens``) and removes the envelope's share from the output tokens;
+``baseline_cached_tokens``, ``baseline_output_tokens`` and ``baseline_cost_usd`` are that
+model's figures, priced with the model's cache read/write rates. When the turn sent the
+client's body untouched (nothing added, nothing to strip),
 the baseline IS the turn: the same tokens and cost, a zero saving.
 
 ``saved_cost_usd = baseline_cost_usd - cost_usd`` and ``saved_cost_pct`` (of the baseline
@@ -138,8 +153,19 @@ class BaselineModel(Protocol):
     ) -> Baseline: ...
 
 
-def baseline_input_tokens(actual_input: int, est_transcript: int, est_sent: int) -> int:
-    """``round(actual_input * est_transcript / est_sent)``; ``actual_input`` if est_sent <= 0."""
+# The context shapes whose request is the client's transcript, message for message, with
+# some contents replaced: their baseline adds the estimated difference (module docstring).
+SAME_MESSAGES_SHAPES: frozenset[str] = frozenset({"mask"})
+
+
+def baseline_input_tokens(
+    actual_input: int, est_transcript: int, est_sent: int, context: str | None = None
+) -> int:
+    """``round(actual_input * est_transcript / est_sent)`` (``actual_input`` if est_sent
+    <= 0); for a ``context`` in ``SAME_MESSAGES_SHAPES``, ``actual_input + est_transcript -
+    est_sent``, at least 0 (see the module docstring)."""
+    if context in SAME_MESSAGES_SHAPES:
+        return max(actual_input + est_transcript - est_sent, 0)
     if est_sent <= 0:
         return actual_input
     return round_ratio(actual_input * max(est_transcript, 0), est_sent)
@@ -175,6 +201,7 @@ def _baseline(
     est_transcript: int | None,
     est_sent: int | None,
     baseline_model: BaselineModel | None,
+    context: str | None,
 ) -> tuple[int | None, int | None, int | None, float | None]:
     """A row's baseline: input, cached and output tokens, and USD (None: not computed)."""
     if u is None:
@@ -183,7 +210,7 @@ def _baseline(
         return 0, 0, 0, (0.0 if priced.cost_usd is not None else None)
     if est_transcript is None or est_sent is None:
         return None, None, None, None
-    b_in = baseline_input_tokens(u.input_tokens, est_transcript, est_sent)
+    b_in = baseline_input_tokens(u.input_tokens, est_transcript, est_sent, context)
     if baseline_model is not None:
         modelled = baseline_model(b_in, u, priced.prices, priced.cost_usd)
         return b_in, modelled.cache_read_tokens, modelled.output_tokens, modelled.cost_usd
@@ -231,7 +258,7 @@ def make_row(
     )
     u = usage if priced.status != "usage-unavailable" else None
     b_in, b_cached, b_out, b_cost = _baseline(
-        kind, u, priced, est_transcript, est_sent, baseline_model
+        kind, u, priced, est_transcript, est_sent, baseline_model, context
     )
     saved, saved_pct = saved_cost(b_cost, priced.cost_usd)
     return LedgerRow(
