@@ -84,6 +84,7 @@ def test_a_json_array_streams_an_element_at_a_time(monkeypatch: pytest.MonkeyPat
         (data[:200], "truncated"),
         (data.replace(b'"n"', b"n", 1), "not JSON"),
         (b"[1] 2", "after"),
+        (b"[1, " + b"[" * 100_000, "element 2 is not JSON \\(depth limit exceeded\\)"),
     ]:
         with pytest.raises(LogError, match=why):
             list(iter_json_array(io.BytesIO(broken)))

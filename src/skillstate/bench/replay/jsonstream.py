@@ -109,6 +109,10 @@ def iter_json_array(f: IO[bytes]) -> Iterator[Any]:
             if cut:
                 raise LogError(f"truncated: element {index + 1} is cut off") from None
             raise LogError(f"element {index + 1} is not JSON ({e.msg})") from None
+        except RecursionError:
+            # The standard library's decoder recurses per nesting level; orjson's limit
+            # (1,024) says the same of a JSON lines or a single-transcript file.
+            raise LogError(f"element {index + 1} is not JSON (depth limit exceeded)") from None
         if end == len(w.text) and not w.eof and not isinstance(value, (dict, list, str)):
             w.more()  # a number could go on in the next chunk
             continue
