@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +176,33 @@ def test_a_compaction_restarts_the_context() -> None:
     assert [len(c.messages) for c in session.calls] == [1, 3, 1, 3]
     first_after = session.pool[session.calls[2].messages[0]]
     assert first_after["content"] == "Summary: two files were read."
+
+
+def _edited(path: Path, line: int, edit: Any) -> bytes:
+    lines = path.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[line])
+    edit(record)
+    return b"".join([*lines[:line], json.dumps(record).encode() + b"\n", *lines[line + 1 :]])
+
+
+def test_a_record_of_another_shape_is_one_problem_line_or_ignored(tmp_path: Path) -> None:
+    from skillstate.bench.replay.forms import RequestBuilder
+
+    (tmp_path / "a.jsonl").write_bytes(
+        _edited(CODEX, 0, lambda r: r["payload"].update(base_instructions="text"))
+    )
+    (tmp_path / "b.jsonl").write_bytes(_edited(CLAUDE, 16, lambda r: r.update(cacheControl=5)))
+    odd_marks = [{"path": []}, {"path": ["messages", 1, "content", "0"]}, {"path": "system"}]
+    (tmp_path / "c.jsonl").write_bytes(
+        _edited(CLAUDE, 16, lambda r: r.update(cacheControl=odd_marks))
+    )
+    sessions, problems = sessions_and_problems(tmp_path)
+    assert [(Path(p.path).name, p.reason.split(" (")[0]) for p in problems] == [
+        ("a.jsonl", "a codex log with a record this replay cannot read")
+    ]
+    assert all("\n" not in p.line() for p in problems)
+    # The logged breakpoints that are no paths are no breakpoints; the calls still replay.
+    assert [s.source for s in sessions] == ["claude-code", "claude-code"]
+    for session in sessions:
+        builder = RequestBuilder(session, "claude-opus-5-5")
+        assert all(json.loads(builder.body(call))["messages"] for call in session.calls)

@@ -253,10 +253,22 @@ def _exact_calls(log: _Log, session: Session) -> None:
             if isinstance(betas, list) and betas:
                 session.headers["anthropic-beta"] = ",".join(str(b) for b in betas)
             session.params = {k: v for k, v in params.items() if k not in ("model", "betas")}
-        marks = [tuple(m["path"]) for m in req.get("cacheControl") or [] if isinstance(m, dict)]
+        marks = _cache_marks(req.get("cacheControl"))
         session.calls.append(
             Call(messages, reply_of(entry.blocks, entry.usage), entry.usage, entry.at, marks)
         )
+
+
+def _cache_marks(logged: Any) -> list[tuple[Any, ...]]:
+    """The breakpoints' paths an ``api-request`` line logs (a list of ``{"path": [...]}``);
+    anything else in their place is no breakpoint."""
+    if not isinstance(logged, list):
+        return []
+    return [
+        tuple(m["path"])
+        for m in logged
+        if isinstance(m, dict) and isinstance(m.get("path"), list) and m["path"]
+    ]
 
 
 def _wire_system_message(message: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

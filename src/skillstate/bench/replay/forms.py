@@ -131,7 +131,7 @@ class RequestBuilder:
             if path[0] == "messages" and len(path) >= 2 and isinstance(path[1], int):
                 i = path[1]
                 if 0 <= i < len(parts):
-                    block = path[3] if len(path) > 3 else None
+                    block = path[3] if len(path) > 3 and isinstance(path[3], int) else None
                     message = self.session.pool[call.messages[i]]
                     parts[i] = orjson.dumps(_marked_message(message, block))
             elif path[0] == "system" and sys_blocks:

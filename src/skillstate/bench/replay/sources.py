@@ -82,6 +82,11 @@ def detect(head: bytes) -> str:
     raise LogError("unknown format (neither a Claude Code log, a Codex rollout nor a transcript)")
 
 
+def _why(e: Exception) -> str:
+    text = str(e).splitlines()[0][:200] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def _skipped_line(skipped: list[str]) -> str:
     more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
     return f"{skipped[0]}{more}; skipped, the rest replayed"
@@ -105,7 +110,7 @@ def iter_sessions(paths: Iterable[str | Path]) -> Iterator[tuple[str, Session | 
         if isinstance(item, Problem):
             yield item.path, item
             continue
-        name = str(item)
+        name, fmt = str(item), "JSON"
         try:
             with item.open("rb") as f:
                 fmt = detect(f.read(SNIFF))
@@ -119,5 +124,11 @@ def iter_sessions(paths: Iterable[str | Path]) -> Iterator[tuple[str, Session | 
                     yield name, s
         except LogError as e:
             yield name, Problem(name, str(e))
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            # Valid JSON of a recognised format whose records have another shape than the
+            # readers expect (a value of the wrong type where a field was): a hand-edited or
+            # newer log. The file is one problem line, not a traceback that ends the replay.
+            why = f"a {fmt} log with a record this replay cannot read ({_why(e)})"
+            yield name, Problem(name, why)
         except OSError as e:
             yield name, Problem(name, e.strerror or str(e))
