@@ -206,3 +206,22 @@ def test_a_record_of_another_shape_is_one_problem_line_or_ignored(tmp_path: Path
     for session in sessions:
         builder = RequestBuilder(session, "claude-opus-5-5")
         assert all(json.loads(builder.body(call))["messages"] for call in session.calls)
+
+
+def test_a_transcript_tool_call_of_another_shape_is_answered_as_a_function_call() -> None:
+    from skillstate.bench.replay.transcripts import session_of
+
+    calls = [
+        {"id": "a", "type": "function", "function": {"name": "f"}},  # no arguments
+        {"id": "b", "function": "f"},  # not an object
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+    ]
+    messages = [
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+    ]
+    session = session_of({"id": "t", "messages": messages}, "t")
+    (call,) = session.calls
+    # The simulated upstream answers every call with JSON text arguments (what it bills).
+    assert call.reply.tool_inputs() == ["{}", "{}", '{"x":1}']
+    assert [c["id"] for c in call.reply.tool_calls] == ["a", "b", "c"]

@@ -26,8 +26,22 @@ def _reply(message: dict[str, Any]) -> Reply:
         content = "".join(
             str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
         )
-    calls = tuple(c for c in message.get("tool_calls") or [] if isinstance(c, dict))
+    logged = message.get("tool_calls")
+    calls = (
+        tuple(_call(c) for c in logged if isinstance(c, dict)) if isinstance(logged, list) else ()
+    )
     return Reply(content if isinstance(content, str) else "", calls)
+
+
+def _call(logged: dict[str, Any]) -> dict[str, Any]:
+    """A logged tool call in the shape the simulated upstream answers with (Reply's): a
+    ``function`` with JSON text ``arguments``, whatever the log held there."""
+    fn = logged.get("function")
+    fn = fn if isinstance(fn, dict) else {}
+    args = fn.get("arguments")
+    if not isinstance(args, str):
+        args = orjson.dumps(args if args is not None else {}).decode()
+    return {**logged, "type": "function", "function": {**fn, "arguments": args}}
 
 
 def session_of(obj: Any, name: str) -> Session:
