@@ -225,6 +225,43 @@ def test_state_endpoint_crud(fake: FakeProvider, proxy: Proxy) -> None:
     assert proxy.get("/state", params={"session": "crud"}).status_code == 404
 
 
+def test_an_operator_patch_and_budget_in_one_request_are_both_applied_or_neither(
+    fake: FakeProvider, proxy: Proxy
+) -> None:
+    fake.enqueue(Reply(text=envelope({"notes": "n1"})))
+    oai(proxy).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        extra_headers={SESSION_HEADER: "both"},
+    )
+
+    def patch(body: dict[str, object], budget: str) -> httpx.Response:
+        # The body read once: reading it again waited for ASGI messages that never came.
+        return proxy.http.patch(
+            proxy.url + "/state",
+            params={"session": "both"},
+            json=body,
+            headers={"x-skillstate-budget-usd": budget},
+        )
+
+    done = patch({"facts": {"op": True}}, "2.50")
+    assert done.status_code == 200, done.text
+    assert done.json()["budget_usd"] == 2.5 and done.json()["step"] == 2
+    got = proxy.state("both")
+    assert got["state"] == {"notes": "n1", "facts": {"op": True}} and got["budget_usd"] == 2.5
+    refused = patch({"nope": 1}, "none")  # a patch the schema refuses: no budget change
+    assert refused.status_code == 400 and "nope" in refused.json()["error"]["message"]
+    assert proxy.state("both")["budget_usd"] == 2.5
+    unknown = proxy.http.patch(
+        proxy.url + "/state",
+        params={"session": "nobody"},
+        json={"notes": "x"},
+        headers={"x-skillstate-budget-usd": "1"},
+    )
+    assert unknown.status_code == 404
+    assert proxy.get("/state", params={"session": "nobody"}).status_code == 404
+
+
 def test_failed_rollback_retry_still_answers_with_the_last_reply(
     fake: FakeProvider, start_proxy: StartProxy
 ) -> None:

@@ -22,7 +22,13 @@ from ..sessions.ids import is_valid_session_id
 from ..store import StoreError, TransitionRecord
 from .paging import HISTORY_PAGE, SESSIONS_PAGE, decode_cursor, encode_cursor, parse_limit
 from .runtime import Runtime, runtime
-from .wire import JSONResponse, error_response, method_of, read_json_object
+from .wire import (
+    JSONResponse,
+    error_response,
+    method_of,
+    read_json_object,
+    read_optional_json_object,
+)
 
 
 async def state(request: Request) -> Response:
@@ -144,27 +150,32 @@ async def _delete(request: Request, rt: Runtime, target: _Target) -> Response:
 async def _patch(request: Request, rt: Runtime, target: _Target) -> Response:
     """A patch of the session's state (the body), and/or a new budget for it (the
     ``x-skillstate-budget-usd`` header; ``none`` removes it). With the header, the body may
-    be empty: then only the budget changes (a session may get one before its first turn)."""
+    be empty: then only the budget changes (a session may get one before its first turn).
+    The budget is set once the patch is in: a refused request changes neither."""
     caller = principal_of(request.scope)
     asked = request.headers.get(BUDGET_HEADER)
-    out: dict[str, Any] = {"session": target.shown}
+    usd: float | None = None
+    patch: dict[str, Any] | None
     if asked is not None:
         cap = caller.record.max_session_budget_usd if caller is not None else None
         usd = None if asked.strip().lower() == "none" else parse_budget(asked, cap)
+        patch = await read_optional_json_object(request, rt.settings.max_body_bytes)
+    else:
+        patch = await read_json_object(request, rt.settings.max_body_bytes)
+    out: dict[str, Any] = {"session": target.shown}
+    if patch is not None:
+        try:
+            done = await rt.sessions.operator_patch(
+                target.stored, patch, by=caller.name if caller else None
+            )
+        except ProxyError as e:
+            if e.kind == "not_found":
+                raise ProxyError("not_found", f"unknown session {target.shown}") from None
+            raise
+        out.update(step=done.step, state=done.state, warnings=done.warnings)
+    if asked is not None:
         out["budget_usd"] = await rt.store.set_session_budget(target.stored, usd, replace=True)
         audit_session_budget(target.stored, usd, f"key:{caller.name}" if caller else "operator")
-        if not (await request.body()).strip():
-            return JSONResponse(out)
-    patch = await read_json_object(request, rt.settings.max_body_bytes)
-    try:
-        done = await rt.sessions.operator_patch(
-            target.stored, patch, by=caller.name if caller else None
-        )
-    except ProxyError as e:
-        if e.kind == "not_found":
-            raise ProxyError("not_found", f"unknown session {target.shown}") from None
-        raise
-    out.update(step=done.step, state=done.state, warnings=done.warnings)
     return JSONResponse(out)
 
 

@@ -56,6 +56,18 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return body
 
 
+async def read_optional_json_object(request: Request, max_bytes: int) -> dict[str, Any] | None:
+    """As :func:`read_json_object`, where a body that is empty or only blanks is None (and
+    needs no content-type): a request whose headers can say it all (``PATCH /state`` with a
+    budget). The body is read once: the ASGI messages cannot be read again."""
+    raw = await _body_bytes(request, max_bytes, blank_ok=True)
+    if not raw.strip():
+        return None
+    body = _json_object(raw)
+    check_nesting(body, raw)
+    return body
+
+
 async def read_json_body(
     request: Request,
     max_bytes: int,
@@ -65,33 +77,51 @@ async def read_json_body(
     check: the caller runs :func:`check_nesting` (on what it has not checked before) before
     anything walks the body. ``known``: what the bytes parse to, when it can tell without
     parsing them all (``SessionTranscripts.parsed``; None: it cannot)."""
+    raw = await _body_bytes(request, max_bytes)
+    if not raw:
+        raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
+    body = known(raw) if known is not None else None
+    if body is not None:
+        return body, raw
+    return _json_object(raw), raw
+
+
+async def _body_bytes(request: Request, max_bytes: int, blank_ok: bool = False) -> bytes:
+    """The body's (decoded) bytes, 415 unless declared as JSON (``blank_ok``: unless it is
+    blank), 413 past ``max_bytes``."""
     content_type, encoding, declared = _body_headers(request.scope["headers"])
-    if not is_json_media_type(content_type):
-        # text/plain and form bodies are CORS "simple" requests: any web page could send them.
-        raise ProxyError(
-            "invalid_request",
-            "content-type must be application/json",
-            status=415,
-            code="unsupported_media_type",
-        )
+    json_declared = is_json_media_type(content_type)
+    if not json_declared and not blank_ok:
+        raise _not_json()
     applied = codings(encoding)
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(max_bytes)
     raw = await _read_body(request.receive, max_bytes)
     if applied:
         raw = decode(raw, applied, max_bytes)
-    if not raw:
-        raise ProxyError("invalid_request", "request body is empty; expected a JSON object")
-    body = known(raw) if known is not None else None
-    if body is not None:
-        return body, raw
+    if not json_declared and raw.strip():
+        raise _not_json()
+    return raw
+
+
+def _not_json() -> ProxyError:
+    # text/plain and form bodies are CORS "simple" requests: any web page could send them.
+    return ProxyError(
+        "invalid_request",
+        "content-type must be application/json",
+        status=415,
+        code="unsupported_media_type",
+    )
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise ProxyError("invalid_request", f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ProxyError("invalid_request", "request body must be a JSON object")
-    return body, raw
+    return body
 
 
 def _body_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, str, str | None]:
