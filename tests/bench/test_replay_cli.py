@@ -82,12 +82,15 @@ def test_an_unknown_arm_or_price_is_one_line(capsys: pytest.CaptureFixture[str])
     log = str(FIXTURES / "codex.jsonl")
     assert main(["replay", log, "--arms", "passthrough,bogus"]) == 2
     assert main(["replay", log, "--price-as", "no-such-model-anywhere"]) == 2
+    # Refused before any log is read (a missing one here: the check does not wait for it).
+    assert main(["replay", "no-such-log.jsonl", "--envelope-tokens", str(10**20)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("skillstate replay: --arms: this proxy has no mode bogus")
     assert err[1] == (
         "skillstate replay: no bundled price for model 'no-such-model-anywhere': "
         "price it as a known model with --price-as MODEL"
     )
+    assert err[2] == "skillstate replay: --envelope-tokens must be 0 to 128,000"
 
 
 def test_bench_replay_runs_every_arm_under_both_regimes(

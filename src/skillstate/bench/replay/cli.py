@@ -126,11 +126,14 @@ def shared_traces() -> Path:
 
 
 def _options(args: argparse.Namespace, regimes: tuple[str, ...]) -> ReplayOptions:
+    from ...cost.worstcase import UNLIMITED_OUTPUT as MAX_ENVELOPE_TOKENS
     from .run import ReplayError, ReplayOptions
 
     arms = tuple(a.strip() for a in (args.arms or "").split(",") if a.strip())
-    if args.envelope_tokens < 0:
-        raise ReplayError("--envelope-tokens must be 0 or more")
+    if not 0 <= args.envelope_tokens <= MAX_ENVELOPE_TOKENS:
+        # The simulated model writes that many tokens per reply: past a model's output
+        # limit the replay would only build strings until memory runs out.
+        raise ReplayError(f"--envelope-tokens must be 0 to {MAX_ENVELOPE_TOKENS:,}")
     return ReplayOptions(
         arms=arms,
         regimes=regimes,
