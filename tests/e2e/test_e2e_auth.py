@@ -280,6 +280,45 @@ def test_cross_key_read_patch_and_delete_are_404(
     assert http.delete(url, params=params, headers=bearer(root)).status_code == 204
 
 
+def test_sessions_made_before_the_first_key_are_an_admins_with_key_none(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({"facts": "kept"})))
+    chat(oai(proxy, "no-keys-yet"), "early")  # stored as "early": no namespace
+    a, _, root = tenants(data)
+    http, url = proxy.http, proxy.url + "/state"
+    unkeyed = {"session": "early", "key": "(none)"}
+    listed = http.get(url, headers=bearer(root)).json()["sessions"]
+    assert [(s["session"], s["key"]) for s in listed] == [("early", None)]
+    r = http.get(url, params=unkeyed, headers=bearer(root))
+    assert r.status_code == 200 and r.json()["state"] == {"facts": "kept"}
+    assert r.json()["session"] == "early"
+    # A non-admin key never reaches it, named or not; an admin's own namespace has no "early".
+    for caller, params in ((a, unkeyed), (a, {"session": "early"}), (root, {"session": "early"})):
+        assert http.get(url, params=params, headers=bearer(caller)).status_code == 404
+        r = http.patch(url, params=params, headers=bearer(caller), json={"facts": "x"})
+        assert r.status_code == 404
+        assert http.delete(url, params=params, headers=bearer(caller)).status_code == 404
+    assert http.get(url, params={"key": "(none)"}, headers=bearer(a)).status_code == 404
+    # Its ledger rows: the admin's /cost names them the same way; by key, their key is null.
+    spent = proxy.get("/cost", params={**unkeyed, "since": "all"}, headers=bearer(root))
+    assert spent.json()["totals"]["requests"] == 1
+    assert proxy.get("/cost", params=unkeyed, headers=bearer(a)).status_code == 404
+    by_key = proxy.get("/cost", params={"group_by": "key"}, headers=bearer(root)).json()
+    assert [(g["key"], g["requests"]) for g in by_key["groups"]] == [(None, 1)]
+    # One session at a time: the store lists by key prefix, and these have none.
+    r = http.get(url, params={"key": "(none)"}, headers=bearer(root))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "key"
+    r = http.patch(url, params=unkeyed, headers=bearer(root), json={"facts": "fixed"})
+    assert r.status_code == 200 and r.json()["state"] == {"facts": "fixed"}
+    history = http.get(url, params={**unkeyed, "history": "1"}, headers=bearer(root)).json()
+    assert history["history"][-1]["action"] == "operator:root"
+    assert http.delete(url, params=unkeyed, headers=bearer(root)).status_code == 204
+    assert http.get(url, params=unkeyed, headers=bearer(root)).status_code == 404
+    assert http.get(url, headers=bearer(root)).json()["sessions"] == []
+
+
 # -- per-key limits -----------------------------------------------------------------------
 
 

@@ -4,6 +4,10 @@ The store id of a session a keyed client names ``s1`` is ``<key name>:s1``. Clie
 see it: ``:`` is not allowed in a client's session id, so no client id can reach into
 another namespace, and the proxy answers with the client's own id. Ledger rows carry the
 store id, so each row records the key that spent it (``GET /cost`` filters on the prefix).
+
+Sessions created while there were no keys keep their plain id (no namespace): listings show
+them with ``"key": null``, and an admin names them ``?key=(none)`` (``UNKEYED``, no key's
+name: ``(`` is not allowed in one) to read, patch or delete one of them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from ..sessions.ids import NAMESPACE_SEP as SEP
 from ..sessions.ids import split_session
 from .gate import Principal
 from .keys import KEY_NAME
+
+# ``?key=`` of the sessions stored without a namespace (made while there were no keys); the
+# name listings and ``skillstate cost --by key`` show for their null key.
+UNKEYED = "(none)"
 
 
 def store_session(caller: Principal | None, session: str) -> str:
@@ -32,27 +40,40 @@ class View:
 
     owner: str | None
     prefix: str | None
+    keyed: bool = True  # False: auth is off, listings show no key
 
     def store_id(self, session: str) -> str:
         return session if self.owner is None else self.owner + SEP + session
 
     def shown(self, store_id: str) -> dict[str, Any]:
         """A session as a listing shows it: its client id, and its key when auth is on."""
-        if self.owner is None:
+        if not self.keyed:
             return {"session": store_id}
         key, session = split_session(store_id)
         return {"session": session, "key": key}
 
 
-def view_of(caller: Principal | None, key: str | None) -> View:
+def view_of(caller: Principal | None, key: str | None, session: str | None) -> View:
     """The caller's view; ``key`` (``?key=NAME``) picks another key's namespace, which only
-    an admin may: for anyone else it is a 404, as if there were nothing there."""
+    an admin may: for anyone else it is a 404, as if there were nothing there. ``UNKEYED``
+    picks the sessions without one, for one ``session`` (the store lists by id prefix, and
+    these have none: an admin's listing without ``?key=`` shows them, with a null key)."""
     if caller is None:
-        return View(None, None)
-    if key is not None and not KEY_NAME.match(key):
-        raise ProxyError("invalid_request", f"key must match {KEY_NAME.pattern}", param="key")
+        return View(None, None, keyed=False)
+    if key is not None and key != UNKEYED and not KEY_NAME.match(key):
+        raise ProxyError(
+            "invalid_request", f"key must match {KEY_NAME.pattern} or be {UNKEYED}", param="key"
+        )
     if key is not None and key != caller.name and not caller.admin:
         raise ProxyError("not_found", "unknown session")
+    if key == UNKEYED:
+        if session is None:
+            raise ProxyError(
+                "invalid_request",
+                f"?key={UNKEYED} needs ?session=ID (listed without ?key=, with a null key)",
+                param="key",
+            )
+        return View(None, None)
     owner = key or caller.name
     prefix = None if caller.admin and key is None else owner + SEP
     return View(owner, prefix)

@@ -84,10 +84,10 @@ async def cost(request: Request) -> Response:
     q = request.query_params
     now = time.time()
     try:
-        view = view_of(principal_of(request.scope), q.get("key"))
+        session = q.get("session")
+        view = view_of(principal_of(request.scope), q.get("key"), session)
         since = parse_since(q.get("since"), now, name="since")
         until = parse_since(q.get("until"), now, name="until") if q.get("until") else now
-        session = q.get("session")
         if session is not None and not is_valid_session_id(session):
             raise ValueError("invalid session id")
         group_by = q.get("group_by")
