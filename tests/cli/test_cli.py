@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,52 @@ def test_help_lists_flags_env_endpoints_and_session_header() -> None:
     ):
         assert path in out
     assert SESSION_HEADER in out
+
+
+def _mounted() -> set[tuple[str, str]]:
+    """(method, path) of every route the app mounts, ``{param}`` as ``{}``; a path served
+    with and without /v1 once, with it; HEAD (Starlette's, with GET) and post_only (the
+    405 of a POST-only path) left out."""
+    from starlette.routing import Mount, Route
+
+    from skillstate.web.failures import post_only
+    from skillstate.web.routes import ROUTES
+
+    paths = {getattr(r, "path", "") for r in ROUTES}
+    out = set()
+    for r in ROUTES:
+        assert isinstance(r, (Route, Mount)), r
+        if r.path.startswith("/") and "/v1" + r.path in paths:
+            continue
+        if isinstance(r, Mount):
+            out.add(("GET", r.path))
+            continue
+        if r.endpoint is post_only:
+            continue
+        path = re.sub(r"\{[^}]*\}", "{}", r.path)
+        out |= {(m, path) for m in (r.methods or ()) if m != "HEAD"}
+    return out
+
+
+def _in_help(text: str) -> set[tuple[str, str]]:
+    """(method, path) of each endpoint line of --help: ``METHOD[|METHOD] PATH ...``, the
+    query (``?...``, ``[?...]``) dropped, an optional ``[/segment]`` as both paths."""
+    out = set()
+    for methods, path in re.findall(r"^  ([A-Z]+(?:\|[A-Z]+)*) +(/\S*)", text, re.M):
+        path = re.sub(r"\{[^}]*\}", "{}", re.split(r"\[?\?", path)[0])
+        optional = re.fullmatch(r"(.*)\[(/[^\]]*)\]", path)
+        paths = [optional[1], optional[1] + optional[2]] if optional else [path]
+        out |= {(m, p) for m in methods.split("|") for p in paths}
+    return out
+
+
+def test_help_lists_every_route_the_app_mounts_and_no_other() -> None:
+    from skillstate.cli.main import ENDPOINTS
+
+    mounted, listed = _mounted(), _in_help(ENDPOINTS)
+    assert ("GET", "/v1/responses/{}/input_items") in mounted  # the walk sees every kind
+    assert mounted - listed == set(), "routes --help leaves out"
+    assert listed - mounted == set(), "--help lists routes the app does not mount"
 
 
 @pytest.mark.parametrize(

@@ -12,14 +12,20 @@ from .. import __version__
 from ..choices import Constrain, GroupBy, Mode
 from ..config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings
 
+# Every route web.routes mounts, once (each /v1/... is also served without /v1): kept here,
+# not built from the route table, so --help does not import the app; tests/cli/test_cli.py
+# checks the two agree.
 ENDPOINTS = (
-    """endpoints:
+    """endpoints (each /v1/... also without the /v1):
   POST /v1/chat/completions   OpenAI chat completions (JSON and SSE, tools)
   POST /v1/messages           Anthropic Messages (JSON and SSE, tools)
   POST /v1/messages/count_tokens   tokens the turn would send upstream
   POST /v1/responses          OpenAI Responses API (JSON and SSE, tools, stored responses)
+  POST /v1/responses/compact  the transcript compacted into the session's state
   POST /v1/responses/input_tokens  tokens the Responses turn would send upstream
-  GET  /v1/models[/ID]        the upstream's models, in the client's format
+  GET|DELETE /v1/responses/{id}    a stored response; forget it
+  GET  /v1/responses/{id}/input_items   the items a stored response was made from
+  GET  /v1/models[/{id}]      the upstream's models, in the client's format
   GET  /health                upstream circuits, limits, store
   GET  /state[?session=ID[&history=1]]   list sessions, or one session's state
   PATCH /state?session=ID     operator correction (body: a JSON merge patch)
@@ -27,7 +33,11 @@ ENDPOINTS = (
   GET  /metrics               Prometheus metrics (Bearer metrics_token when set)
   GET  /cost[?since=24h&session=ID&group_by="""
     + GroupBy.spelled("|")
-    + "]"
+    + """]
+  GET|POST /admin/keys        client keys (admin key only): list, create
+  POST /admin/keys/{name}/rotate   a new secret for a key
+  DELETE /admin/keys/{name}   revoke a key
+  GET  /ui                    the dashboard"""
 )
 
 SESSION_HELP = f"""session header:
