@@ -50,13 +50,24 @@ export async function api(path, { params, method = "GET", body } = {}) {
   return data;
 }
 
-/** GET /state?session=ID&history=1, following pagination cursors when the proxy has them. */
-export async function sessionWithHistory(id) {
-  const first = await api("/state", { params: { session: id, history: 1 } });
+// ?key= of the sessions made before the first client key (listed with "key": null).
+export const UNKEYED = "(none)";
+
+/** The name /state and /cost take in ?key= for a listed session's key: with client keys on a
+ * listing row has `key`, null for a session made before the first key. Undefined: keys off. */
+export function keyParam(row) {
+  if (!("key" in row)) return undefined;
+  return row.key === null ? UNKEYED : row.key;
+}
+
+/** GET /state?session=ID&history=1, following pagination cursors when the proxy has them;
+ * `key`: the session's key (keyParam), for an admin looking at another key's session. */
+export async function sessionWithHistory(id, key) {
+  const first = await api("/state", { params: { session: id, key, history: 1 } });
   let history = first.history || [];
   let cursor = first.next_cursor || first.history_next_cursor || null;
   for (let pages = 0; cursor && pages < 1000; pages++) {
-    const more = await api("/state", { params: { session: id, history: 1, cursor } });
+    const more = await api("/state", { params: { session: id, key, history: 1, cursor } });
     const batch = more.history || [];
     if (!batch.length) break;
     history = history.concat(batch);
@@ -89,9 +100,9 @@ export async function allSessions(max = 20000) {
 }
 
 /** /cost as of a window; since/until as unix seconds (sent as ISO with microseconds). */
-export function cost({ since, until, group_by, session } = {}) {
+export function cost({ since, until, group_by, session, key } = {}) {
   return api("/cost", {
-    params: { since: isoTime(since), until: isoTime(until), group_by, session },
+    params: { since: isoTime(since), until: isoTime(until), group_by, session, key },
   });
 }
 

@@ -13,7 +13,8 @@ const live = document.getElementById("live");
 const routes = [
   [/^#?\/?$/, overview, "overview"],
   [/^#\/sessions\/?$/, sessions, "sessions"],
-  [/^#\/sessions?\/([A-Za-z0-9_-]{1,128})$/, session, "sessions"],
+  // #/session/ID, or #/session/KEY/ID with client keys on (KEY "(none)": made before any key).
+  [/^#\/sessions?\/(?:([A-Za-z0-9_-]{1,64}|\(none\))\/)?([A-Za-z0-9_-]{1,128})$/, session, "sessions"],
   [/^#\/cost\/?$/, cost, "cost"],
 ];
 
@@ -86,7 +87,7 @@ async function route() {
     return;
   }
   const [re, page] = match;
-  const params = hash.match(re).slice(1).map(decodeURIComponent);
+  const params = hash.match(re).slice(1).map((v) => (v === undefined ? undefined : decodeURIComponent(v)));
   put(main, h("p", { class: "muted" }, "Loading…"));
   try {
     const handle = await page.render(main, ...params);

@@ -23,8 +23,8 @@ function diffTable(before, after) {
     h("td", { class: "d-after" }, c.kind === "removed" ? h("span", { class: "muted" }, "removed") : h("ins", {}, compact(c.after)))))));
 }
 
-export async function render(main, id) {
-  let data = await sessionWithHistory(id);
+export async function render(main, key, id) {
+  let data = await sessionWithHistory(id, key);
   let states = replay(data.state, data.history);
   let viewing = null; // null = the latest step; else an index into history
   let shown = TIMELINE_PAGE;
@@ -39,7 +39,7 @@ export async function render(main, id) {
     put(head, 
       h("a", { class: "back", href: "#/sessions" }, "← Sessions"),
       h("h1", { class: "session-id" }, data.session),
-      h("span", { class: "muted small" }, `step ${data.step} · created ${fmt.time(data.created)} · updated ${fmt.ago(data.updated)}`),
+      h("span", { class: "muted small" }, `${key === undefined ? "" : `key ${key} · `}step ${data.step} · created ${fmt.time(data.created)} · updated ${fmt.ago(data.updated)}`),
       h("button", { type: "button", class: "danger push", onclick: confirmReset }, "Reset…"));
   }
 
@@ -77,7 +77,7 @@ export async function render(main, id) {
     const t = data.history[i];
     if (!costCache.has(t.step)) {
       const prev = i > 0 ? data.history[i - 1].ts : "all";
-      costCache.set(t.step, cost({ session: data.session, since: prev, until: t.ts })
+      costCache.set(t.step, cost({ session: data.session, key, since: prev, until: t.ts })
         .then((c) => c.totals).catch(() => null));
     }
     return costCache.get(t.step);
@@ -143,7 +143,7 @@ export async function render(main, id) {
         }
         submit.disabled = true;
         try {
-          const r = await api("/state", { params: { session: data.session }, method: "PATCH", body: patch });
+          const r = await api("/state", { params: { session: data.session, key }, method: "PATCH", body: patch });
           area.removeAttribute("aria-invalid");
           area.value = "";
           msg.className = "form-msg ok";
@@ -170,7 +170,7 @@ export async function render(main, id) {
           type: "button", class: "danger",
           onclick: async () => {
             try {
-              await api("/state", { params: { session: data.session }, method: "DELETE" });
+              await api("/state", { params: { session: data.session, key }, method: "DELETE" });
               dialog.close();
               location.hash = "#/sessions";
             } catch (err) {
@@ -184,7 +184,7 @@ export async function render(main, id) {
   }
 
   async function reload() {
-    data = await sessionWithHistory(id);
+    data = await sessionWithHistory(id, key);
     states = replay(data.state, data.history);
     if (viewing !== null && viewing >= data.history.length) viewing = null;
     drawHead();
@@ -202,7 +202,7 @@ export async function render(main, id) {
   return {
     every: () => (Date.now() / 1000 - data.updated < RUNNING_S ? 2000 : 15000),
     refresh: async () => {
-      const now = await api("/state", { params: { session: id } });
+      const now = await api("/state", { params: { session: id, key } });
       if (now.step !== data.step) await reload();
       else drawHead();
     },

@@ -1,5 +1,5 @@
 // Sessions: a searchable, paginated list.
-import { allSessions, listSessions } from "../api.js";
+import { UNKEYED, allSessions, keyParam, listSessions } from "../api.js";
 import { fmt, h, put } from "../dom.js";
 
 const PAGE = 25;
@@ -46,13 +46,22 @@ export async function render(main) {
     return { rows: rows.slice(start, start + PAGE), total: rows.length, hasNext: start + PAGE < rows.length };
   }
 
+  function link(r) {
+    const key = keyParam(r);
+    const path = key === undefined ? [r.session] : [key, r.session];
+    return `#/session/${path.map(encodeURIComponent).join("/")}`;
+  }
+
   function draw() {
     const { rows, total, hasNext } = visible();
     count.textContent = total === null ? "" : `${fmt.int(total)} session${total === 1 ? "" : "s"}`;
+    const keyed = rows.some((r) => "key" in r); // client keys on: each row has its key
+    const heads = keyed ? ["Session", "Key", "Step", "Updated", "State size"] : ["Session", "Step", "Updated", "State size"];
     put(table, rows.length ? h("table", { class: "sessions" },
-      h("thead", {}, h("tr", {}, ["Session", "Step", "Updated", "State size"].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, heads.map((t) => h("th", {}, t)))),
       h("tbody", {}, rows.map((r) => h("tr", {},
-        h("td", { class: "id-cell" }, h("a", { href: `#/session/${encodeURIComponent(r.session)}` }, r.session)),
+        h("td", { class: "id-cell" }, h("a", { href: link(r) }, r.session)),
+        keyed ? h("td", { class: "id-cell" }, r.key === null ? UNKEYED : r.key) : null,
         h("td", { class: "num" }, fmt.int(r.step)),
         h("td", { title: fmt.time(r.updated) }, fmt.ago(r.updated)),
         h("td", { class: "num" }, fmt.bytes(r.state_bytes))))))
