@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -389,3 +390,57 @@ def test_a_tiered_anthropic_model_prices_one_hour_writes_at_the_tier() -> None:
 def test_a_price_override_validates_the_one_hour_write_price() -> None:
     with pytest.raises(ValueError, match="cache_write_1h_per_mtok"):
         PriceOverride.coerce({"cache_write_1h_per_mtok": -1})
+
+
+def _tiered_models(when: datetime) -> list[tuple[str, str, list[int]]]:
+    """(provider, model, tier starts) of every model whose bundled prices have tiers."""
+    found = []
+    for provider in pricing._snapshot().providers:
+        for info in provider.models:
+            try:
+                model_price = info.get_prices(when)
+            except (LookupError, ValueError):
+                continue
+            starts = sorted(
+                {
+                    int(tier.start)
+                    for key in ("input_mtok", "output_mtok", "cache_read_mtok", "cache_write_mtok")
+                    for tier in getattr(getattr(model_price, key, None), "tiers", None) or ()
+                }
+            )
+            if starts:
+                found.append((provider.id, info.id, starts))
+    return found
+
+
+def test_the_cached_tiers_price_every_tiered_model_as_genai_prices_does() -> None:
+    """The hot path keeps each hour's rates per span of input sizes between tier starts
+    (pricing._HourPrices); genai-prices' own calculation, on either side of every start of
+    every tiered model in the bundled data, is the definition."""
+    from genai_prices import Usage as GenaiUsage
+
+    when = datetime(2026, 12, 3, 8, 30, tzinfo=timezone.utc)
+    tiered = _tiered_models(when)
+    assert len(tiered) >= 10  # the data has them (claude-sonnet-4-5 at 200k, gemini at 128k)
+    book = PriceBook()
+    for provider_id, model, starts in tiered:
+        provider, info = pricing._lookup(model, provider_id) or (None, None)
+        if info is None or info.id != model:
+            continue  # a name another provider's model answers first
+        for total in sorted({0, 1, *(s + d for s in starts for d in (-1, 0, 1) if s + d >= 0)}):
+            usage = Usage(total, 1_000, total // 2, total // 4)
+            theirs = info.calc_price(
+                GenaiUsage(
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    cache_read_tokens=usage.cache_read_tokens,
+                    cache_write_tokens=usage.cache_write_tokens,
+                ),
+                provider,
+                genai_request_timestamp=when,
+            )
+            ours = book.price(usage, model=model, upstream=None, provider_hint=provider_id, at=when)
+            assert ours.cost_usd == pytest.approx(float(theirs.total_price), rel=1e-9, abs=1e-12), (
+                model,
+                total,
+            )

@@ -66,8 +66,10 @@ a hosted model's name is priced like the hosted model unless you add ``local_zer
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import functools
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -193,18 +195,24 @@ def cost_from_prices(usage: Usage, prices: Prices) -> float:
 
 
 def _usage_ok(usage: Usage) -> bool:
-    vals = (
+    counts = (
         usage.input_tokens,
         usage.output_tokens,
         usage.cache_read_tokens,
         usage.cache_write_tokens,
         usage.cache_write_1h_tokens,
     )
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals):
-        return False
+    for v in counts:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            return False
     if usage.cache_write_1h_tokens > usage.cache_write_tokens:
         return False
     return usage.cache_read_tokens + usage.cache_write_tokens <= usage.input_tokens
+
+
+# The answers that carry nothing of the call (Priced is frozen: one instance each serves all).
+_UNAVAILABLE = Priced("usage-unavailable", None)
+_UNKNOWN = Priced("unknown", None)
 
 
 # --- genai-prices, bundled data only -------------------------------------------------------
@@ -240,25 +248,55 @@ def _lookup(model: str, hint: str | None) -> tuple[Any, Any] | None:
     return found if found is not None else _lookup_one(model, None)
 
 
-_PRICES_AT: dict[tuple[int, datetime], tuple[Any, Prices | None]] = {}
+@dataclass(frozen=True)
+class _HourPrices:
+    """A model's genai-prices rates for one hour, as the hot path reads them: its
+    ModelPrice, whether it has a per-request fee (then genai-prices' own calc_price
+    prices the call), and the flat Prices of each span of input sizes between its rates'
+    tier starts (``bounds``, sorted; one span and no bound when no rate is tiered)."""
+
+    model_price: Any
+    per_request: bool
+    bounds: tuple[int, ...]
+    spans: tuple[Prices | None, ...]
+
+    def flat(self, total_input: int) -> Prices | None:
+        """The flat rates of a call of ``total_input`` input tokens: those of the span it
+        falls in (a tier applies above its start, as in ``_resolve``)."""
+        return self.spans[bisect.bisect_left(self.bounds, total_input) if self.bounds else 0]
 
 
-def _prices_at(info: Any, hour: datetime) -> tuple[Any, Prices | None]:
-    """(info.get_prices(hour), its flat Prices unless some rate is tiered), memoised.
-    ModelInfo is not hashable; `_lookup` keeps each one alive, so its id is stable."""
+def _hour_prices(model_price: Any) -> _HourPrices:
+    bounds = sorted(
+        {
+            int(tier.start)
+            for theirs in _GENAI_KEYS.values()
+            for tier in getattr(getattr(model_price, theirs, None), "tiers", None) or ()
+        }
+    )
+    # A span's rates at one input size inside it: 0 for the first (at or below every start),
+    # one past the start that opens each later one.
+    sizes = [0, *(start + 1 for start in bounds)]
+    spans = tuple(_complete(_genai_rates(model_price, n)) for n in sizes)
+    per_request = getattr(model_price, "requests_kcount", None) is not None
+    return _HourPrices(model_price, per_request, tuple(bounds), spans)
+
+
+_PRICES_AT: dict[tuple[int, int], _HourPrices] = {}
+
+
+def _prices_at(info: Any, when: datetime | None) -> _HourPrices:
+    """info.get_prices(hour) as ``_HourPrices``, memoised per hour (``when``: now when
+    None). ModelInfo is not hashable; `_lookup` keeps each one alive, so its id is stable."""
+    hour = int((time.time() if when is None else when.timestamp()) // 3600)
     key = (id(info), hour)
-    if key not in _PRICES_AT:
+    found = _PRICES_AT.get(key)
+    if found is None:
         if len(_PRICES_AT) > 4096:
             _PRICES_AT.clear()
-        model_price = info.get_prices(hour)
-        tiered = any(
-            getattr(model_price, theirs, None) is not None
-            and not isinstance(getattr(model_price, theirs), Decimal)
-            for theirs in _GENAI_KEYS.values()
-        )
-        flat = None if tiered else _complete(_genai_rates(model_price, 0))
-        _PRICES_AT[key] = (model_price, flat)
-    return _PRICES_AT[key]
+        found = _hour_prices(info.get_prices(datetime.fromtimestamp(hour * 3600, timezone.utc)))
+        _PRICES_AT[key] = found
+    return found
 
 
 def _resolve(price: Any, total_input: int) -> float | None:
@@ -386,7 +424,7 @@ class PriceBook:
     ) -> Priced:
         """Price one call. ``at`` (default now) selects date-conditional genai-prices rates."""
         if usage is None or not _usage_ok(usage):
-            return Priced("usage-unavailable", None)
+            return _UNAVAILABLE
 
         layers: dict[str, float] = {}
         sources: list[str] = []
@@ -397,8 +435,8 @@ class PriceBook:
             layers = {**uo.layer(), **layers}
             sources.append(f"upstream={upstream}")
 
-        when = at or datetime.now(tz=timezone.utc)
         if sources:
+            when = at or datetime.now(tz=timezone.utc)
             if model and len(layers) < len(_FIELDS):  # fill the gaps from genai-prices
                 found = _lookup(model, provider_hint)
                 if found is not None:
@@ -412,15 +450,16 @@ class PriceBook:
 
         found = _lookup(model, provider_hint) if model else None
         if found is None:
-            return Priced("unknown", None)
+            return _UNKNOWN
         provider, info = found
         # Hot path: per-call genai calc_price costs ~0.3 ms; token prices only change with
-        # the date, so the hour's ModelPrice is cached and the flat formula applied.
-        model_price, flat = _prices_at(info, when.replace(minute=0, second=0, microsecond=0))
-        prices = flat or _complete(_genai_rates(model_price, usage.input_tokens))
-        if prices is not None and getattr(model_price, "requests_kcount", None) is None:
+        # the date, so the hour's rates are cached, each tier's, and the flat formula applied.
+        hour = _prices_at(info, at)
+        prices = hour.flat(usage.input_tokens)
+        if prices is not None and not hour.per_request:
             source = f"genai-prices:{provider.id}/{info.id}"
             return Priced("known", cost_from_prices(usage, prices), prices, source)
+        when = at or datetime.now(tz=timezone.utc)
         from genai_prices import Usage as GenaiUsage
 
         g_usage = GenaiUsage(
