@@ -18,6 +18,7 @@ from skillstate.bench.replay.sources import Problem, detect, iter_sessions
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
 CLAUDE = FIXTURES / "claude-code.jsonl"
 CODEX = FIXTURES / "codex.jsonl"
+MESSAGES_USER = {"role": "user", "content": "hi"}
 
 
 def sessions_and_problems(*paths: Path) -> tuple[list[Session], list[Problem]]:
@@ -225,3 +226,51 @@ def test_a_transcript_tool_call_of_another_shape_is_answered_as_a_function_call(
     # The simulated upstream answers every call with JSON text arguments (what it bills).
     assert call.reply.tool_inputs() == ["{}", "{}", '{"x":1}']
     assert [c["id"] for c in call.reply.tool_calls] == ["a", "b", "c"]
+
+
+def test_a_log_saved_with_a_byte_order_mark_replays(tmp_path: Path) -> None:
+    """Editors on Windows save UTF-8 with a BOM; it is not part of the log."""
+    transcript = {"id": "t", "messages": [MESSAGES_USER, {"role": "assistant", "content": "yo"}]}
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "claude.jsonl").write_bytes(bom + CLAUDE.read_bytes())
+    (tmp_path / "codex.jsonl").write_bytes(bom + CODEX.read_bytes())
+    (tmp_path / "one.json").write_bytes(bom + json.dumps(transcript).encode())
+    (tmp_path / "list.json").write_bytes(bom + json.dumps([transcript, transcript]).encode())
+    sessions, problems = sessions_and_problems(tmp_path)
+    assert problems == []
+    assert sorted(s.source for s in sessions) == sorted(
+        [
+            *(s.source for s in sessions_and_problems(CLAUDE, CODEX)[0]),
+            "transcript",
+            "transcript",
+            "transcript",
+        ]
+    )
+
+
+def test_an_element_of_another_shape_leaves_the_rest_of_its_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An element the reader cannot read (a crash of a shape no check foresaw, here made
+    by the test) is its own problem line; the elements after it in the file replay."""
+    from skillstate.bench.replay import transcripts
+
+    read = transcripts.session_of
+
+    def session_of(obj: Any, name: str) -> Session:
+        if obj.get("id") == "odd":
+            raise TypeError("'int' object is not iterable")
+        return read(obj, name)
+
+    monkeypatch.setattr(transcripts, "session_of", session_of)
+    elements = [
+        {"id": k, "messages": [MESSAGES_USER, {"role": "assistant", "content": "yo"}]}
+        for k in ("a", "odd", "b")
+    ]
+    (tmp_path / "list.json").write_text(json.dumps(elements))
+    sessions, problems = sessions_and_problems(tmp_path)
+    assert [p.reason for p in problems] == [
+        "element 2 (odd): a transcript this replay cannot read"
+        " (TypeError: 'int' object is not iterable)"
+    ]
+    assert len(sessions) == 2

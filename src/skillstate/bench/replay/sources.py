@@ -24,6 +24,7 @@ __all__ = ["FORMATS", "Problem", "detect", "iter_sessions", "log_files"]
 
 FORMATS = ("claude-code", "codex", "transcripts", "transcript")
 SNIFF = 1 << 16  # bytes read to tell the format of a file
+BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +114,11 @@ def iter_sessions(paths: Iterable[str | Path]) -> Iterator[tuple[str, Session | 
         name, fmt = str(item), "JSON"
         try:
             with item.open("rb") as f:
-                fmt = detect(f.read(SNIFF))
-                f.seek(0)
+                head = f.read(SNIFF)
+                # A UTF-8 byte order mark (Windows editors save one) is not the log's.
+                start = len(BOM) if head.startswith(BOM) else 0
+                fmt = detect(head[start:])
+                f.seek(start)
                 for s in _sessions(fmt, f, item.stem):
                     if isinstance(s, LogError):
                         yield name, Problem(name, str(s))

@@ -87,3 +87,8 @@ def iter_transcript_list(f: IO[bytes], name: str) -> Iterator[Session | LogError
             yield session_of(obj, f"element {k} ({label})")
         except LogError as e:
             yield e
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            # As sources.iter_sessions says of a whole file: an element of another shape
+            # than the reader expects is its own problem line; the elements after it replay.
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else ""
+            yield LogError(f"element {k} ({label}): a transcript this replay cannot read ({why})")
