@@ -432,6 +432,33 @@ def test_responses_api_ids_and_sessions_are_namespaced_by_key(
     assert proxy.get("/state", params={"session": "r1"}, headers=bearer(b)).status_code == 404
 
 
+def test_responses_made_before_the_first_key_are_an_admins_to_read_and_delete_not_chain(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    proxy = start_proxy(fake.url + "/v1", "--schema", "facts", config=NO_CACHE)
+    fake.enqueue(Reply(text=envelope({"facts": "early"})))
+    early = oai(proxy).responses.create(model="m", input="hi")  # no key yet: no namespace
+    a, _, root = tenants(data)
+    alice, admin = oai(proxy, a), oai(proxy, root)
+    assert admin.responses.retrieve(early.id).id == early.id
+    items = admin.responses.input_items.list(early.id).data
+    assert [i.type for i in items] == ["message"]
+    for caller in (alice, admin):
+        # A keyed client's turns are its own namespace's: no one chains on it, admin included.
+        with pytest.raises(openai.NotFoundError):
+            caller.responses.create(model="m", input="more", previous_response_id=early.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.retrieve(early.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.input_items.list(early.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.delete(early.id)
+    assert len(fake.requests) == 1
+    admin.responses.delete(early.id)
+    with pytest.raises(openai.NotFoundError):
+        admin.responses.retrieve(early.id)
+
+
 def test_the_request_log_names_the_key_never_the_key_itself(
     fake: FakeProvider, start_proxy: StartProxy, data: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

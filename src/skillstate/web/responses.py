@@ -105,8 +105,17 @@ async def _with_chain(
 
 
 def _owned(found: StoredResponse, caller: Principal | None) -> bool:
-    """Whether the caller may see a stored response: its key's own (anyone, auth off)."""
+    """Whether the caller may chain on a stored response (``previous_response_id``): its
+    key's own (anyone's, auth off). Not one made before the first key, even for an admin:
+    a keyed client's turns are its own namespace's (``skillstate.auth.tenancy``)."""
     return caller is None or split_session(found.session)[0] == caller.name
+
+
+def _reachable(found: StoredResponse, caller: Principal | None) -> bool:
+    """Whether the caller may read or delete a stored response: its own, or for an admin
+    also one made before the first key (no key: as ``?key=(none)`` on ``/state``)."""
+    unkeyed = caller is not None and caller.admin and split_session(found.session)[0] is None
+    return unkeyed or _owned(found, caller)
 
 
 class ResponsesTurn:
@@ -290,7 +299,7 @@ async def _stored(request: Request, links: int = 1) -> list[StoredResponse]:
     first, the response itself last); a 404 when it is unknown or another key's."""
     rid = request.path_params["response_id"]
     chain = await _chain(runtime(request).store, rid, links)
-    if not chain or not _owned(chain[-1], principal_of(request.scope)):
+    if not chain or not _reachable(chain[-1], principal_of(request.scope)):
         raise ProxyError("not_found", f"No response found with id '{rid}'.", param="response_id")
     return chain
 
