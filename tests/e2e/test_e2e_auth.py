@@ -307,9 +307,6 @@ def test_sessions_made_before_the_first_key_are_an_admins_with_key_none(
     assert proxy.get("/cost", params=unkeyed, headers=bearer(a)).status_code == 404
     by_key = proxy.get("/cost", params={"group_by": "key"}, headers=bearer(root)).json()
     assert [(g["key"], g["requests"]) for g in by_key["groups"]] == [(None, 1)]
-    # One session at a time: the store lists by key prefix, and these have none.
-    r = http.get(url, params={"key": "(none)"}, headers=bearer(root))
-    assert r.status_code == 400 and r.json()["error"]["param"] == "key"
     r = http.patch(url, params=unkeyed, headers=bearer(root), json={"facts": "fixed"})
     assert r.status_code == 200 and r.json()["state"] == {"facts": "fixed"}
     history = http.get(url, params={**unkeyed, "history": "1"}, headers=bearer(root)).json()
@@ -317,6 +314,34 @@ def test_sessions_made_before_the_first_key_are_an_admins_with_key_none(
     assert http.delete(url, params=unkeyed, headers=bearer(root)).status_code == 204
     assert http.get(url, params=unkeyed, headers=bearer(root)).status_code == 404
     assert http.get(url, headers=bearer(root)).json()["sessions"] == []
+
+
+def test_key_none_lists_and_sums_only_the_sessions_made_before_the_first_key(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    proxy = start_proxy(fake.url + "/v1", config=NO_CACHE)
+    for session in ("early1", "early2", "early3"):
+        chat(oai(proxy, "no-keys-yet"), session)
+    a, _, root = tenants(data)
+    chat(oai(proxy, a), "early1")  # alice's own early1: alice:early1
+    chat(oai(proxy, root), "mine")
+    http, url, unkeyed = proxy.http, proxy.url + "/state", {"key": "(none)", "limit": "2"}
+    listed, cursor = [], None
+    while True:
+        r = http.get(url, params={**unkeyed, **({"cursor": cursor} if cursor else {})},
+                     headers=bearer(root))  # fmt: skip
+        assert r.status_code == 200
+        listed += [(s["session"], s["key"]) for s in r.json()["sessions"]]
+        if (cursor := r.json()["next_cursor"]) is None:
+            break
+    assert sorted(listed) == [("early1", None), ("early2", None), ("early3", None)]
+    cost = proxy.get("/cost", params={"key": "(none)", "group_by": "session"}, headers=bearer(root))
+    groups = {g["key"]: g["requests"] for g in cost.json()["groups"]}
+    assert groups == {"early1": 1, "early2": 1, "early3": 1}
+    by_key = proxy.get("/cost", params={"group_by": "key"}, headers=bearer(root)).json()
+    assert {g["key"]: g["requests"] for g in by_key["groups"]} == {None: 3, "alice": 1, "root": 1}
+    for path in ("/state", "/cost"):  # a client key never reaches them
+        assert proxy.get(path, params={"key": "(none)"}, headers=bearer(a)).status_code == 404
 
 
 # -- per-key limits -----------------------------------------------------------------------

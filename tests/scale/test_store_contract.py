@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from skillstate.auth.record import KeyRecord
+from skillstate.auth.tenancy import UNKEYED
 from skillstate.cost.ledger import summarize, summarize_sums
 from skillstate.cost.usage import MAX_TOKEN_COUNT
 from skillstate.store import (
@@ -214,6 +215,39 @@ async def test_sessions_pages_delete_and_purge(store: Store) -> None:
     assert await store.purge_sessions(older_than=12.5, keep={"a.1"}) == 1
     assert {p["session"] for p in await store.sessions_page(10)} == {"a.1", "a.3"}
     assert await store.history_page("b.1", 10) == []
+
+
+async def test_the_ids_in_no_namespace_are_listed_and_summed_with_unkeyed(store: Store) -> None:
+    """``UNKEYED`` as the prefix: the ids without ``:`` (sessions made before the first
+    key), page by page; an id with one is its prefix's, a key's or not (``ghost``)."""
+    names = ["early2", "alice:s1", "early1", "ghost:x", "early3", "alice:s2"]
+    for i, name in enumerate(names):
+        await store.commit(SessionCommit(
+            name, expected_step=0, state={"k": i}, schema=["k"], transition=transition(1),
+            now=float(10 + i % 3),  # ties in updated: the pages go by id within them
+        ))  # fmt: skip
+    listed: list[str] = []
+    after = None
+    while page := await store.sessions_page(1, after, UNKEYED):
+        listed += [p["session"] for p in page]
+        after = (page[-1]["updated"], page[-1]["session"])
+    assert listed == ["early1", "early3", "early2"]
+    assert [p["session"] for p in await store.sessions_page(10, None, "alice:")] == [
+        "alice:s2", "alice:s1",
+    ]  # fmt: skip
+    sessions = [*names, None]
+    rows = [ledger_row(ts=float(i), session=s, cost_usd=1.0) for i, s in enumerate(sessions)]
+    await store.add_ledger_rows(rows)
+    unkeyed = await store.ledger_rows(0, 100, prefix=UNKEYED)
+    assert [r.session for r in unkeyed] == ["early2", "early1", "early3", None]
+    by_key = summarize_sums(await store.ledger_sums(0, 100, group_by="key"), "key")
+    mine = summarize_sums(await store.ledger_sums(0, 100, None, UNKEYED), None)
+    none_group = next(g for g in by_key["groups"] if g["key"] is None)
+    assert mine["totals"]["requests"] == none_group["requests"] == 4
+    assert mine["totals"]["cost_usd"] == pytest.approx(none_group["cost_usd"])
+    one = await store.ledger_sums(0, 100, "early1", UNKEYED)
+    assert summarize_sums(one, None)["totals"]["requests"] == 1
+    assert await store.ledger_sums(0, 100, "alice:s1", UNKEYED) == []
 
 
 async def test_a_call_without_usage_is_spent_at_its_estimate(store: Store) -> None:

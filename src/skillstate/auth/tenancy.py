@@ -7,7 +7,9 @@ store id, so each row records the key that spent it (``GET /cost`` filters on th
 
 Sessions created while there were no keys keep their plain id (no namespace): listings show
 them with ``"key": null``, and an admin names them ``?key=(none)`` (``UNKEYED``, no key's
-name: ``(`` is not allowed in one) to read, patch or delete one of them.
+name: ``(`` is not allowed in one) to list them, sum their cost, or read, patch or delete one.
+An id is in no namespace when it has no ``:`` at all, as ``split_session`` reads it: one
+with a ``:`` is its prefix's, whether or not a key of that name exists.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from typing import Any
 
 from ..errors import ProxyError
 from ..sessions.ids import NAMESPACE_SEP as SEP
-from ..sessions.ids import split_session
+from ..sessions.ids import UNKEYED, split_session
 from .gate import Principal
 from .keys import KEY_NAME
 
-# ``?key=`` of the sessions stored without a namespace (made while there were no keys); the
-# name listings and ``skillstate cost --by key`` show for their null key.
-UNKEYED = "(none)"
+__all__ = ["UNKEYED", "View", "store_session", "view_of"]
 
 
 def store_session(caller: Principal | None, session: str) -> str:
@@ -53,11 +53,10 @@ class View:
         return {"session": session, "key": key}
 
 
-def view_of(caller: Principal | None, key: str | None, session: str | None) -> View:
+def view_of(caller: Principal | None, key: str | None) -> View:
     """The caller's view; ``key`` (``?key=NAME``) picks another key's namespace, which only
     an admin may: for anyone else it is a 404, as if there were nothing there. ``UNKEYED``
-    picks the sessions without one, for one ``session`` (the store lists by id prefix, and
-    these have none: an admin's listing without ``?key=`` shows them, with a null key)."""
+    picks the sessions without one (the stores take it as the prefix of those)."""
     if caller is None:
         return View(None, None, keyed=False)
     if key is not None and key != UNKEYED and not KEY_NAME.match(key):
@@ -67,13 +66,7 @@ def view_of(caller: Principal | None, key: str | None, session: str | None) -> V
     if key is not None and key != caller.name and not caller.admin:
         raise ProxyError("not_found", "unknown session")
     if key == UNKEYED:
-        if session is None:
-            raise ProxyError(
-                "invalid_request",
-                f"?key={UNKEYED} needs ?session=ID (listed without ?key=, with a null key)",
-                param="key",
-            )
-        return View(None, None)
+        return View(None, UNKEYED)
     owner = key or caller.name
     prefix = None if caller.admin and key is None else owner + SEP
     return View(owner, prefix)

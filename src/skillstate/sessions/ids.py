@@ -17,6 +17,11 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # ``:`` is not allowed in a client's id, so the split below is unambiguous.
 NAMESPACE_SEP = ":"
 
+# The namespace of the ids without the separator (sessions made while there were no keys):
+# ``?key=`` names it so, and a store's listing and ledger take it as their ``prefix``. It is
+# no key's name (``(`` is not allowed in one) and no prefix of a key's (those end with ``:``).
+UNKEYED = "(none)"
+
 
 def split_session(store_id: str) -> tuple[str | None, str]:
     """``(key name or None, client session id)`` of a store id."""

@@ -144,8 +144,8 @@ class Store(Protocol):
         self, limit: int, after: tuple[float, str] | None = None, prefix: str | None = None
     ) -> list[dict[str, Any]]:
         """Up to ``limit`` sessions, most recently updated first (ties by id), after the
-        ``(updated, id)`` of the previous page's last one; only ids starting with ``prefix``
-        when given (a key's namespace)."""
+        ``(updated, id)`` of the previous page's last one; only ids in ``prefix``'s namespace
+        when given (``<key>:``, or ``UNKEYED``: the ids in none)."""
         ...
 
     async def history_page(

@@ -12,7 +12,7 @@ from typing import Any
 from ..cost.ledger import check_group_by, day_of
 from ..sessions.ids import NAMESPACE_SEP
 from .records import PENDING, LedgerSums
-from .rows import prefix_range
+from .rows import namespace_where
 
 # The namespace separator as an SQL literal, for a backend's GroupKeys.key.
 SEPARATOR = f"'{NAMESPACE_SEP}'"
@@ -86,7 +86,8 @@ def ledger_where(
     since: float, until: float, session: str | None, prefix: str | None, mark: str = "?"
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (and its arguments) of the ledger rows in ``[since, until)``, of
-    one session or of the sessions whose id starts with ``prefix`` when given; ``mark``:
+    one session or of the sessions in ``prefix``'s namespace when given (``UNKEYED``: in
+    none; ``rows.namespace_where``); ``mark``:
     the backend's placeholder, its ``N`` replaced by the argument's number."""
     args: list[Any] = [since, until]
     # A pending row is a call in flight, or one whose process died before it was marked
@@ -97,9 +98,10 @@ def ledger_where(
         args.append(session)
         sql += f" AND session = {mark.replace('N', str(len(args)))}"
     if prefix:
-        args += prefix_range(prefix)
-        low, high = (mark.replace("N", str(n)) for n in (len(args) - 1, len(args)))
-        sql += f" AND session >= {low} AND session < {high}"
+        low, high = (mark.replace("N", str(n)) for n in (len(args) + 1, len(args) + 2))
+        where, range_args = namespace_where("session", prefix, low, high)
+        sql += where
+        args += range_args
     return sql, args
 
 

@@ -15,6 +15,7 @@ import orjson
 
 from ..auth.record import KeyRecord
 from ..cost.usage import MAX_TOKEN_COUNT
+from ..sessions.ids import NAMESPACE_SEP, UNKEYED
 from .records import KeptReply, LedgerRow, SessionRecord, StoredResponse, TransitionRecord
 
 LEDGER_COLUMNS = [f.name for f in fields(LedgerRow)]
@@ -223,6 +224,17 @@ EXPORTED_SESSION_COLUMNS = "id, state, schema, step, created, updated"
 def exported_session(r: Any) -> SessionRecord:
     """A SessionRecord (with its state's size) from a row of EXPORTED_SESSION_COLUMNS."""
     return SessionRecord(r[0], orjson.loads(r[1]), orjson.loads(r[2]), r[3], r[4], r[5], len(r[1]))
+
+
+def namespace_where(column: str, prefix: str, low: str, high: str) -> tuple[str, tuple[str, ...]]:
+    """`` AND`` the condition that ``column`` is an id in ``prefix``'s namespace, and its
+    arguments (for the placeholders ``low`` and ``high``): the ids that start with it
+    (``prefix_range``), or for ``UNKEYED`` the ids (or ledger rows) in no namespace: no
+    separator, as ``split_session`` and the backends' ``GroupKeys.key`` read them (a scan;
+    ``:`` is no LIKE wildcard)."""
+    if prefix == UNKEYED:
+        return f" AND ({column} IS NULL OR {column} NOT LIKE '%{NAMESPACE_SEP}%')", ()
+    return f" AND {column} >= {low} AND {column} < {high}", prefix_range(prefix)
 
 
 def prefix_range(prefix: str) -> tuple[str, str]:

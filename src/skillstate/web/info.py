@@ -85,7 +85,7 @@ async def cost(request: Request) -> Response:
     now = time.time()
     try:
         session = q.get("session")
-        view = view_of(principal_of(request.scope), q.get("key"), session)
+        view = view_of(principal_of(request.scope), q.get("key"))
         since = parse_since(q.get("since"), now, name="since")
         until = parse_since(q.get("until"), now, name="until") if q.get("until") else now
         if session is not None and not is_valid_session_id(session):

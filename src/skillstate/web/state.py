@@ -43,7 +43,7 @@ async def state(request: Request) -> Response:
 
 async def _state(request: Request, rt: Runtime) -> Response:
     session = request.query_params.get("session")
-    view = view_of(principal_of(request.scope), request.query_params.get("key"), session)
+    view = view_of(principal_of(request.scope), request.query_params.get("key"))
     method = method_of(request)
     if session is None:
         if method != "GET":

@@ -95,6 +95,7 @@ from ..rows import (
     key_values,
     ledger_column_kind,
     ledger_tuple,
+    namespace_where,
     prefix_range,
     response_chain_sql,
     response_values,
@@ -574,9 +575,10 @@ class PostgresStore:
             sql += f" AND touched <= {_minute('$1')}"
             sql += " AND (updated < $1 OR (updated = $1 AND id > $2))"
         if prefix:
-            low, high = prefix_range(prefix)
-            args += [low, high]
-            sql += f" AND id >= ${len(args) - 1} AND id < ${len(args)}"
+            low, high = f"${len(args) + 1}", f"${len(args) + 2}"
+            where, range_args = namespace_where("id", prefix, low, high)
+            sql += where
+            args += range_args
         args.append(limit)
         # The same order as by updated alone (touched is its minute), read by sessions_touched.
         sql += f" ORDER BY touched DESC, updated DESC, id LIMIT ${len(args)}"

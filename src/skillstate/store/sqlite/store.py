@@ -78,6 +78,7 @@ from ..rows import (
     key_record,
     key_values,
     ledger_tuple,
+    namespace_where,
     prefix_range,
     response_chain_sql,
     response_values,
@@ -818,16 +819,17 @@ class SQLiteStore:
         self, limit: int, after: tuple[float, str] | None = None, prefix: str | None = None
     ) -> list[dict[str, Any]]:
         """Up to ``limit`` sessions, most recently updated first (ties by id), starting
-        after the ``(updated, id)`` of the last one of the previous page; only ids that
-        start with ``prefix`` when it is given."""
+        after the ``(updated, id)`` of the last one of the previous page; only ids in
+        ``prefix``'s namespace when it is given (``UNKEYED``: in none)."""
         sql = "SELECT id, step, updated, length(state) FROM sessions WHERE 1"
         args: tuple[Any, ...] = ()
         if after is not None:
             sql += f" AND touched <= {_minute('?')} AND (updated < ? OR (updated = ? AND id > ?))"
             args = (after[0], after[0], after[0], after[1])
         if prefix:
-            sql += " AND id >= ? AND id < ?"
-            args += prefix_range(prefix)
+            where, range_args = namespace_where("id", prefix, "?", "?")
+            sql += where
+            args += range_args
         # The same order as by updated alone (touched is its minute), read by sessions_touched
         # minute by minute, each minute's sessions sorted.
         sql += " ORDER BY touched DESC, updated DESC, id LIMIT ?"
