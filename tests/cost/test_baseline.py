@@ -53,11 +53,33 @@ def test_openai_reads_the_prefix_shared_with_the_previous_request() -> None:
     first = cache.charge(points(1000, 2000, 3000), 3000, now=0.0, regime=OPENAI)
     assert first == CacheSplit(3000, 0, 0)  # nothing cached yet
     second = cache.charge(points(1000, 2000, 3000, 4000), 4000, now=100.0, regime=OPENAI)
-    assert second == CacheSplit(4000, 3000, 0)
+    assert second == CacheSplit(4000, 2944, 0)  # 3000 shared, served in steps of 128
     baseline = price_baseline(second, 200, GPT_4O)
-    # plain input (4000 - 3000) * 2.50 = 2500; cache read 3000 * 1.25 = 3750;
-    # output 200 * 10.00 = 2000; total 8250 / 1e6
-    assert baseline == Baseline(4000, 3000, 0, 200, pytest.approx(0.00825))
+    # plain input (4000 - 2944) * 2.50 = 2640; cache read 2944 * 1.25 = 3680;
+    # output 200 * 10.00 = 2000; total 8320 / 1e6
+    assert baseline == Baseline(4000, 2944, 0, 200, pytest.approx(0.00832))
+
+
+def test_openai_reads_whole_steps_of_128_tokens_from_the_minimum_on() -> None:
+    # OpenAI caches from 1,024 prompt tokens and reports the longest cached prefix in
+    # increments of 128: a shared prefix of n tokens is read as n - n % 128.
+    for shared, read in [(1023, 0), (1024, 1024), (1151, 1024), (1152, 1152), (1300, 1280)]:
+        cache = PrefixCache()
+        cache.charge(points(shared, 2000), 2000, now=0.0, regime=OPENAI)
+        grown = [points(shared)[0], *points(2500, tag="new")]  # shares only the first piece
+        split = cache.charge(grown, 2500, now=1.0, regime=OPENAI)
+        assert split == CacheSplit(2500, read, 0), shared
+    # the steps hold under a lowered minimum too (OpenAI's increments do not move with it)
+    small = CacheRegime("openai", min_tokens=100)
+    cache = PrefixCache()
+    cache.charge(points(300, 400), 400, now=0.0, regime=small)
+    grown = [points(300)[0], *points(500, tag="new")]
+    assert cache.charge(grown, 500, 1.0, small).cache_read_tokens == 256
+    # the anthropic regime reads exactly what was written: no steps
+    cache = PrefixCache()
+    cache.charge(points(1300, 2000, breakpoints=(0,)), 2000, now=0.0, regime=ANTHROPIC)
+    split = cache.charge(points(1300, 2500, breakpoints=(0,)), 2500, 1.0, ANTHROPIC)
+    assert split.cache_read_tokens == 1300
 
 
 def test_openai_cache_expires_after_the_ttl() -> None:
@@ -69,7 +91,7 @@ def test_openai_cache_expires_after_the_ttl() -> None:
     )
     # ... measured from the previous request, which was just sent
     assert (
-        cache.charge(points(1000, 2000, 3000, 4000), 4000, 400.0, OPENAI).cache_read_tokens == 3000
+        cache.charge(points(1000, 2000, 3000, 4000), 4000, 400.0, OPENAI).cache_read_tokens == 2944
     )
 
 
@@ -80,21 +102,21 @@ def test_openai_prefix_below_the_minimum_is_not_cached() -> None:
     small = CacheRegime("openai", min_tokens=512)
     cache = PrefixCache()
     cache.charge(points(600, 1000), 1000, now=0.0, regime=small)
-    assert cache.charge(points(600, 1000, 1500), 1500, 1.0, small).cache_read_tokens == 1000
+    assert cache.charge(points(600, 1000, 1500), 1500, 1.0, small).cache_read_tokens == 896
 
 
 def test_openai_a_changed_early_message_breaks_the_prefix() -> None:
     cache = PrefixCache()
     cache.charge(points(2000, 3000, 4000), 4000, now=0.0, regime=OPENAI)
     changed = [points(2000)[0], *points(3000, 4000, 5000, tag="x")]
-    assert cache.charge(changed, 5000, 1.0, OPENAI).cache_read_tokens == 2000
+    assert cache.charge(changed, 5000, 1.0, OPENAI).cache_read_tokens == 1920  # 2000, in 128s
 
 
 def test_tokens_are_allocated_in_proportion_to_the_estimates() -> None:
-    # the estimates say 3000 of 4000, the provider counted 2000 input: 3/4 of it is cached
+    # the estimates say 3000 of 4000, the provider counted 2048 input: 3/4 of it is cached
     cache = PrefixCache()
     cache.charge(points(1500, 3000), 3000, now=0.0, regime=OPENAI)
-    assert cache.charge(points(1500, 3000, 4000), 2000, 1.0, OPENAI) == CacheSplit(2000, 1500)
+    assert cache.charge(points(1500, 3000, 4000), 2048, 1.0, OPENAI) == CacheSplit(2048, 1536)
 
 
 # --- anthropic regime ------------------------------------------------------------------------
@@ -374,11 +396,12 @@ def test_end_to_end_openai_session_with_hand_computed_cost() -> None:
     p2 = prefix_points(turn2)
     assert [p.digest for p in p2[:2]] == [p.digest for p in p1]
     split = cache.charge(p2, 2000, 10.0, regime)
-    # the four messages estimate the same (same size and keys): half the input is cached
+    # the four messages estimate the same (same size and keys): half the input is shared,
+    # 1000 tokens, read in steps of 128: 896
     assert p2[1].est_tokens * 2 == p2[3].est_tokens
-    assert split == CacheSplit(2000, 1000, 0)
-    # 1000 * 2.50 + 1000 * 1.25 + 50 * 10.00 = 2500 + 1250 + 500 = 4250 -> $0.00425
-    assert price_baseline(split, 50, GPT_4O).cost_usd == pytest.approx(0.00425)
+    assert split == CacheSplit(2000, 896, 0)
+    # 1104 * 2.50 + 896 * 1.25 + 50 * 10.00 = 2760 + 1120 + 500 = 4380 -> $0.00438
+    assert price_baseline(split, 50, GPT_4O).cost_usd == pytest.approx(0.00438)
 
 
 def test_session_caches_are_per_session_and_bounded() -> None:

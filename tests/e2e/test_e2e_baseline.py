@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -84,6 +85,11 @@ def share(tokens: int, part: int, whole: int) -> int:
     return round(Fraction(tokens * part, whole))
 
 
+def in_steps(tokens: int) -> int:
+    """A cached prefix as OpenAI serves it: in whole steps of 128 tokens."""
+    return tokens - tokens % 128
+
+
 def base_output(out: int, text: str) -> int:
     kept = len(prose(text))  # the envelope (fences included) and the newline before it go
     envelope_chars = len(text) - kept - 1
@@ -117,6 +123,13 @@ def env(
                 "cache_pricing": "none",
             },
             {
+                "name": "real",  # OpenAI's own cache rules: from 1,024 tokens on
+                "url": fp.url + "/v1",
+                "kind": "openai",
+                "api_key": "k",
+                "models": ["gpt-real"],
+            },
+            {
                 "name": "o",
                 "url": fp.url + "/v1",
                 "kind": "openai",
@@ -124,7 +137,7 @@ def env(
                 "cache_min_tokens": 0,
             },
         ],
-        "prices": {m: PRICES for m in ("plain-model", "gpt-mine", "claude-mine")},
+        "prices": {m: PRICES for m in ("plain-model", "gpt-mine", "gpt-real", "claude-mine")},
     }
     proxy = launch_in_process(tmp, config=config)
     try:
@@ -227,11 +240,48 @@ def test_openai_cached_prefix_baseline_and_a_negative_saving(env: Any) -> None:
     clean2 = [system, task, {"role": "assistant", "content": prose(first)}, obs]
     points = cumulative([(m, True) for m in clean2])
     assert b_in == round(Fraction(inp * est({"messages": clean2}), est(fake.requests[1].json)))
-    assert b_cached == share(b_in, points[1], points[-1]) > 0
+    # ... served in OpenAI's steps of 128 tokens (the minimum is lowered to 0 here)
+    assert b_cached == in_steps(share(b_in, points[1], points[-1])) > 0
     expected = ((b_in - b_cached) * 2.0 + b_cached * 0.2 + b_out * 10.0) / 1e6
     assert b_out == base_output(out, reply2)
     assert b_cost == pytest.approx(expected, abs=1e-12)
     assert saved == pytest.approx(b_cost - cost, abs=1e-9)
+
+
+def test_openai_baseline_reads_what_openai_would_serve_the_unproxied_client(env: Any) -> None:
+    """The baseline's cached tokens of a turn are what the provider bills the client's own
+    (unproxied) request: OpenAI's rule, from 1,024 tokens on in steps of 128 (the fake
+    provider's ``cache="openai"``)."""
+    fake, p, db = env
+    fake.reset()
+    session = {SESSION_HEADER: "oai-steps"}
+    # A shared prefix of about 1,215 tokens: mid-way between two steps (1,152 and 1,280),
+    # so that the ledger's estimate and the fake's byte count fall in the same step.
+    system = {"role": "system", "content": "You review code. " * 284}
+    task = {"role": "user", "content": "TASK: review the diff."}
+    first, reply2 = reply_text(1), reply_text(2)
+    obs = {"role": "user", "content": "The tests pass."}
+    c = oai(p)
+    fake.enqueue(Reply(text=first), Reply(text=reply2))
+    c.chat.completions.create(model="gpt-real", messages=[system, task], extra_headers=session)
+    turn2 = [system, task, {"role": "assistant", "content": first}, obs]
+    c.chat.completions.create(model="gpt-real", messages=turn2, extra_headers=session)
+    b_cached = rows_of(db, "oai-steps")[1][4]
+
+    # The same client without the proxy: the envelope-free transcripts, to OpenAI's rule.
+    direct = FakeProvider(cache="openai").start()
+    try:
+        client = openai.OpenAI(base_url=direct.url + "/v1", api_key="k", max_retries=0)
+        clean2 = [system, task, {"role": "assistant", "content": prose(first)}, obs]
+        direct.enqueue(Reply(text="a"), Reply(text="b"))
+        client.chat.completions.create(model="gpt-real", messages=[system, task])
+        got = client.chat.completions.create(model="gpt-real", messages=clean2)
+    finally:
+        direct.stop()
+    assert got.usage is not None and got.usage.prompt_tokens_details is not None
+    served = got.usage.prompt_tokens_details.cached_tokens
+    assert served == 1152  # the system and the task, in steps of 128
+    assert b_cached == served
 
 
 def test_anthropic_cached_prefix_baseline_reads_what_a_breakpoint_wrote(env: Any) -> None:

@@ -716,7 +716,7 @@ def test_a_compact_clients_transcript_is_taken_from_its_bytes_and_checked_once()
 
 class _PlainOpenAICache:
     """The OpenAI regime's definition: the last point whose digest was one of the previous
-    request's (within the ttl) is read."""
+    request's (within the ttl) is read, in OpenAI's steps of 128 tokens."""
 
     def __init__(self) -> None:
         self.previous: set[bytes] = set()
@@ -729,7 +729,7 @@ class _PlainOpenAICache:
             if hits:
                 total = points[-1].est_tokens
                 at = round(Fraction(tokens * points[hits[-1]].est_tokens, total)) if total else 0
-                read = at if at >= regime.min_tokens else 0
+                read = at // 128 * 128 if at >= regime.min_tokens else 0
         self.previous, self.at = {p.digest for p in points}, now
         return read
 
@@ -783,13 +783,14 @@ def test_openai_cache_reads_on_a_growing_transcript() -> None:
         if k == 20:  # the client rewrote its history
             messages = [{"role": "system", "content": "s2"}, *messages[1:]]
         points = prefix_points({"messages": messages})
-        got = cache.charge(points, 10 * len(messages), float(k), regime).cache_read_tokens
-        want = plain.charge(points, 10 * len(messages), float(k), regime)
+        tokens = 100 * len(messages)  # enough that every shared prefix holds a 128-token step
+        got = cache.charge(points, tokens, float(k), regime).cache_read_tokens
+        want = plain.charge(points, tokens, float(k), regime)
         assert got == want
         assert (got == 0) == (k in (0, 20))
         made = memo.points({"messages": messages}, kept)
         assert made == points and _digests(made) == b"".join([p.digest for p in points])
-        split = memo_cache.charge(made, 10 * len(messages), float(k), regime)
+        split = memo_cache.charge(made, tokens, float(k), regime)
         assert split.cache_read_tokens == want
 
 

@@ -40,6 +40,7 @@ from skillstate.cost.baseline import (
     CACHE_PRICING,
     DEFAULT_MIN_TOKENS,
     DEFAULT_TTL_S,
+    OPENAI_CACHE_STEP_TOKENS,
     CachePricing,
     CacheRegime,
     PrefixCache,
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 HISTORY = 8  # openai: the requests whose prefixes stay in the simulated cache
-STEP_TOKENS = 128  # openai: cached tokens are counted in steps of this many
+STEP_TOKENS = OPENAI_CACHE_STEP_TOKENS  # openai: cached tokens are counted in these steps
 
 
 @dataclass(frozen=True, slots=True)

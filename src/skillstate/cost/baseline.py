@@ -17,7 +17,9 @@ plain input under one of three regimes (:class:`CacheRegime`):
 
 * ``openai`` (automatic caching): the longest boundary prefix that the previous baseline
   request also had is read from the cache, if that request was sent within ``ttl_s`` and
-  the prefix holds at least ``min_tokens``. No writes are billed.
+  the prefix holds at least ``min_tokens``, rounded down to a multiple of
+  ``OPENAI_CACHE_STEP_TOKENS`` (OpenAI reports ``cached_tokens`` in 128-token increments
+  from 1,024 on). No writes are billed.
 * ``anthropic`` (explicit breakpoints): a prefix is read only if an earlier request WROTE
   it at one of its ``cache_control`` breakpoints (within ``ttl_s`` of its last use), at a
   boundary no later than this request's last breakpoint. The part from there to the last
@@ -58,6 +60,7 @@ from .usage import Usage
 
 __all__ = [
     "ANTHROPIC_MIN_TOKENS",
+    "OPENAI_CACHE_STEP_TOKENS",
     "Baseline",
     "CachePricing",
     "CacheRegime",
@@ -82,6 +85,9 @@ CachePricing = Literal["none", "openai", "anthropic"]
 CACHE_PRICING: tuple[CachePricing, ...] = ("none", "openai", "anthropic")
 DEFAULT_TTL_S = 300.0
 DEFAULT_MIN_TOKENS = 1024
+# OpenAI serves a cached prefix in steps of this many tokens (its prompt-caching docs: "cache
+# hits occurring in increments of 128 tokens"), so a read is rounded down to a multiple.
+OPENAI_CACHE_STEP_TOKENS = 128
 # Anthropic's minimum cacheable prefix where a model's is not DEFAULT_MIN_TOKENS (its
 # prompt-caching docs; fnmatch patterns, the first match wins). OpenAI's is 1,024 for every
 # model. A shorter prefix is neither written nor read, whatever its breakpoints.
@@ -336,7 +342,7 @@ class PrefixCache:
             hit = _last_shared(points, self._previous)
             if hit is not None:
                 at = _allocator(points, input_tokens)(hit)
-                read = at if at >= regime.min_tokens else 0
+                read = at - at % OPENAI_CACHE_STEP_TOKENS if at >= regime.min_tokens else 0
         self._previous = _digests(points)
         self._previous_at = now
         return CacheSplit(input_tokens, read, 0)
