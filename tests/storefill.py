@@ -22,6 +22,17 @@ from tests.helpers import SESSION_HEADER, envelope, oai
 SCHEMA = "facts,notes,step"
 
 
+async def listed_in_pages(store: Store, size: int) -> list[str]:
+    """The sessions as GET /state pages them, ``size`` at a time (most recently updated
+    first, ties by id), following each page's cursor."""
+    listed: list[str] = []
+    after = None
+    while page := await store.sessions_page(size, after):
+        listed += [p["session"] for p in page]
+        after = (page[-1]["updated"], page[-1]["session"])
+    return listed
+
+
 def ledger_row(**overrides: Any) -> LedgerRow:
     """A priced generation row of session "s" (10 in, 5 out, $0.50; baseline $2.00),
     with ``overrides``."""

@@ -20,6 +20,7 @@ from skillstate.store.postgres import migrations
 from skillstate.store.postgres.migrations import POSTGRES_MIGRATIONS, migrate_postgres
 from skillstate.store.postgres.store import PostgresStore
 from tests.conftest import proxy_env
+from tests.storefill import listed_in_pages
 
 LATEST = POSTGRES_MIGRATIONS[-1].version
 HANG = 60.0  # a guard against a hang, not a performance threshold
@@ -200,11 +201,7 @@ async def test_a_version_5_database_keeps_every_session_and_its_order(
     await store.open()
     try:
         # GET /state's order, two at a time: most recently updated first, ties by id.
-        listed, after = [], None
-        while page := await store.sessions_page(2, after):
-            listed += [p["session"] for p in page]
-            after = (page[-1]["updated"], page[-1]["session"])
-        assert listed == ["c", "d", "b", "f", "a", "e"]
+        assert await listed_in_pages(store, 2) == ["c", "d", "b", "f", "a", "e"]
         # A turn of "e" in a later minute puts it first; the TTL purge takes exactly the
         # sessions updated before its time.
         tr = TransitionRecord(2, "valid", {"k": 2}, "c", [], 1_000_100.0)
@@ -228,11 +225,7 @@ async def test_a_version_5_database_keeps_every_session_and_its_order(
     store = PostgresStore(pg_url)
     await store.open()
     try:
-        listed, after = [], None
-        while page := await store.sessions_page(2, after):
-            listed += [p["session"] for p in page]
-            after = (page[-1]["updated"], page[-1]["session"])
-        assert listed == ["b", "g", "e", "c", "d", "f"]
+        assert await listed_in_pages(store, 2) == ["b", "g", "e", "c", "d", "f"]
         assert await store.purge_sessions(older_than=1_000_160.0) == 5  # all but "b"
         assert [p["session"] for p in await store.sessions_page(10)] == ["b"]
     finally:

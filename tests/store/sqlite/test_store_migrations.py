@@ -17,6 +17,7 @@ from skillstate.store.migrations import SchemaTooNew
 from skillstate.store.sqlite import SQLiteStore
 from skillstate.store.sqlite.migrations import SQLITE_MIGRATIONS
 from tests.conftest import proxy_env
+from tests.storefill import listed_in_pages
 
 LATEST = SQLITE_MIGRATIONS[-1].version
 
@@ -269,11 +270,7 @@ async def test_a_version_5_database_keeps_every_session_and_its_order(tmp_path: 
         assert "sessions_touched" in indexes and "sessions_updated" not in indexes
         db.close()
         # GET /state's order, two at a time: most recently updated first, ties by id.
-        listed, after = [], None
-        while page := await store.sessions_page(2, after):
-            listed += [p["session"] for p in page]
-            after = (page[-1]["updated"], page[-1]["session"])
-        assert listed == ["c", "d", "b", "f", "a", "e"]
+        assert await listed_in_pages(store, 2) == ["c", "d", "b", "f", "a", "e"]
         assert [t.step for t in await store.history_page("a", 10)] == [1]
         # A turn of "e" in a later minute puts it first; the TTL purge takes exactly the
         # sessions updated before its time.
