@@ -28,6 +28,7 @@ from skillstate.cost.baseline import (
     tool_call_chars,
 )
 from skillstate.cost.ledger import Usage
+from skillstate.cost.meter import BaselineSource
 from skillstate.cost.pricing import Prices, cost_from_prices
 
 GPT_4O = Prices(2.5, 10.0, 1.25, 2.5)
@@ -80,6 +81,26 @@ def test_openai_reads_whole_steps_of_128_tokens_from_the_minimum_on() -> None:
     cache.charge(points(1300, 2000, breakpoints=(0,)), 2000, now=0.0, regime=ANTHROPIC)
     split = cache.charge(points(1300, 2500, breakpoints=(0,)), 2500, 1.0, ANTHROPIC)
     assert split.cache_read_tokens == 1300
+
+
+def test_a_re_asks_scaled_baseline_reads_whole_openai_steps() -> None:
+    # A re-ask's answer reuses the turn's first split scaled to its own input; under openai
+    # the scaled read is still one OpenAI could report (whole 128-token steps, none below
+    # the minimum), while the anthropic regime scales reads and writes as they are.
+    cache = PrefixCache()
+    cache.charge(points(1300, 2000), 2000, now=0.0, regime=OPENAI)
+    grown = [points(1300)[0], *points(2500, tag="new")]
+    source = BaselineSource(cache, grown, untouched=False, now=1.0)
+    assert source.split(2500, OPENAI) == CacheSplit(2500, 1280, 0)
+    for re_ask, read in [(2600, 1280), (2750, 1408), (3000, 1536), (1900, 0), (2000, 1024)]:
+        split = source.split(re_ask, OPENAI)
+        # 1280 * re_ask / 2500, rounded down to a step: 1331 -> 1280, 1408, 1536; 972 -> 0
+        assert split == CacheSplit(re_ask, read, 0), re_ask
+    cache = PrefixCache()
+    cache.charge(points(1300, 2000, breakpoints=(0,)), 2000, now=0.0, regime=ANTHROPIC)
+    source = BaselineSource(cache, points(1300, 2500, breakpoints=(0,)), False, now=1.0)
+    assert source.split(2500, ANTHROPIC).cache_read_tokens == 1300
+    assert source.split(2750, ANTHROPIC).cache_read_tokens == 1430  # 1300 * 1.1, unrounded
 
 
 def test_openai_cache_expires_after_the_ttl() -> None:

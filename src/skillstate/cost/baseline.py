@@ -74,6 +74,7 @@ __all__ = [
     "baseline_output_tokens",
     "baseline_turn",
     "envelope_output_share",
+    "openai_read",
     "prefix_points",
     "price_baseline",
     "round_ratio",
@@ -118,6 +119,14 @@ class CacheRegime:
             raise ValueError(f"cache ttl_s must be >= 0, not {self.ttl_s!r}")
         if self.min_tokens < 0:
             raise ValueError(f"cache min_tokens must be >= 0, not {self.min_tokens!r}")
+
+
+def openai_read(shared_tokens: int, regime: CacheRegime) -> int:
+    """What OpenAI reads from its cache of a shared prefix of ``shared_tokens``: nothing
+    below the regime's minimum, else whole steps of ``OPENAI_CACHE_STEP_TOKENS``."""
+    if shared_tokens < regime.min_tokens:
+        return 0
+    return shared_tokens - shared_tokens % OPENAI_CACHE_STEP_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +351,7 @@ class PrefixCache:
             hit = _last_shared(points, self._previous)
             if hit is not None:
                 at = _allocator(points, input_tokens)(hit)
-                read = at - at % OPENAI_CACHE_STEP_TOKENS if at >= regime.min_tokens else 0
+                read = openai_read(at, regime)
         self._previous = _digests(points)
         self._previous_at = now
         return CacheSplit(input_tokens, read, 0)

@@ -26,6 +26,7 @@ from .baseline import (
     PrefixCache,
     PrefixPoint,
     baseline_output_tokens,
+    openai_read,
     price_baseline,
     round_ratio,
 )
@@ -84,9 +85,11 @@ class BaselineSource:
         def scaled(n: int) -> int:
             return round_ratio(n * baseline_input, first_input)
 
-        return CacheSplit(
-            baseline_input, scaled(first.cache_read_tokens), scaled(first.cache_write_tokens)
-        )
+        read = scaled(first.cache_read_tokens)
+        if regime.pricing == "openai" and read:
+            # still a read OpenAI could report: whole steps from its minimum on
+            read = openai_read(read, regime)
+        return CacheSplit(baseline_input, read, scaled(first.cache_write_tokens))
 
     def model(self, regime: CacheRegime, envelope_share: Fraction) -> Any:
         """The ``ledger.BaselineModel`` of one answered attempt."""
