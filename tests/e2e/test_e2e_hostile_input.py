@@ -227,6 +227,28 @@ def test_a_body_that_is_not_what_its_coding_says_is_refused_before_upstream(
     assert turns_sent(fake) == []
 
 
+def test_an_empty_body_labelled_compressed_is_an_empty_body(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """Zero bytes have nothing to decode: a client that labels every request gzip can set a
+    session's budget with an empty ``PATCH /state`` (it was a 400, "not valid gzip data"),
+    and a turn with no body is told that its body is empty, not that it is bad gzip."""
+    p = start(fake, start_proxy, "openai")
+    for coding in ("gzip", "deflate", "zstd"):
+        budget = {"x-skillstate-budget-usd": "1.5", "content-encoding": coding}
+        r = p.http.patch(p.url + "/state", params={"session": f"e-{coding}"}, headers=budget)
+        assert r.status_code == 200, (coding, r.text)
+        assert r.json() == {"session": f"e-{coding}", "budget_usd": 1.5}  # as stored
+        turn = httpx.post(
+            p.url + "/v1/chat/completions",
+            content=b"",
+            headers={"content-type": "application/json", "content-encoding": coding},
+        )
+        assert turn.status_code == 400, (coding, turn.text)
+        assert "request body is empty" in turn.json()["error"]["message"], turn.text
+    assert turns_sent(fake) == []
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("stream", [False, True])
 def test_huge_integers_in_a_chat_clients_tool_arguments_reach_an_anthropic_upstream(

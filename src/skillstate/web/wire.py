@@ -97,7 +97,7 @@ async def _body_bytes(request: Request, max_bytes: int, blank_ok: bool = False) 
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(max_bytes)
     raw = await _read_body(request.receive, max_bytes)
-    if applied:
+    if applied and raw:  # no content has nothing to decode: an empty body stays empty
         raw = decode(raw, applied, max_bytes)
     if not json_declared and raw.strip():
         raise _not_json()
