@@ -1269,10 +1269,11 @@ def _pages(state: bytes | None) -> int:
 
 
 # Of a commit's ``_pages``, those a batch of commits writes once (``SQLiteStore._write``):
-# the newest pages of the b-trees in time order (the transitions, the ledger and its
-# ``ts`` index), not the session's row nor its entries in the keys by session (the
-# transitions' and ``ledger_session``) and the ledger rows' random ``row_id``s, which are
-# each on a page of their own once those indexes have grown. Measured (WAL frames a batch
+# the newest pages of the four b-trees in time order (the transitions, the ledger, its
+# ``ts`` index and its ``row_id`` index, whose ids begin with their milliseconds:
+# ``cost.meter._new_id``), not the session's row nor its entries in the keys by session
+# (the transitions' and ``ledger_session``), which are each on a page of their own once
+# those indexes have grown. Measured (WAL frames a batch
 # of n commits, 3-4 KiB states): 8.3 for n = 1 and 84 for n = 64 on a new file, 137-230
 # for n = 64 after 10,000-20,000 commits.
 _SHARED_PAGES = 4
