@@ -10,7 +10,13 @@ import pytest
 
 from skillstate.auth.record import KeyRecord
 from skillstate.config import PriceOverride
-from skillstate.cost.budgets import KEY_REMAINING, BudgetExceeded, Budgets, TurnBudgets
+from skillstate.cost.budgets import (
+    KEY_REMAINING,
+    BudgetExceeded,
+    Budgets,
+    TurnBudgets,
+    parse_budget,
+)
 from skillstate.cost.pricing import PriceBook
 from skillstate.cost.tokens import request_tokens
 from skillstate.cost.worstcase import INPUT_MARGIN, WorstCase, most_expensive_known
@@ -268,3 +274,37 @@ def test_a_call_that_ends_while_another_reads_the_ledger_is_still_counted() -> N
         await reserve(second, 40)  # read again: $0.60 spent + $0.40 fits
 
     asyncio.run(run())
+
+
+def test_a_budget_header_is_a_plain_positive_decimal_number_of_usd() -> None:
+    for text, usd in [
+        ("5", 5.0),
+        ("5.00", 5.0),
+        (" 2.5 ", 2.5),
+        (".5", 0.5),
+        ("2.", 2.0),
+        ("+2", 2.0),
+        ("1e2", 100.0),
+        ("1E-2", 0.01),
+    ]:
+        assert parse_budget(text, None) == usd, text
+    # float() takes the first three; a money header does not (1_000 was $1,000)
+    for text in [
+        "1_000",
+        "\uff11",
+        "\u0661",
+        "infinity",
+        "nan",
+        "1e999",
+        "0",
+        "-1",
+        "0x10",
+        "1,5",
+        "",
+        "5 USD",
+        "$5",
+    ]:
+        with pytest.raises(ProxyError, match="must be a positive number of USD"):
+            parse_budget(text, None)
+    with pytest.raises(ProxyError, match="more than this key allows"):
+        parse_budget("10", 5.0)

@@ -32,6 +32,7 @@ import asyncio
 import functools
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -154,12 +155,15 @@ def audit_session_budget(session: str, usd: float | None, by: str) -> None:
         audit_log.info("audit: session budget set session=%s usd=%g by=%s", shown, usd, by)
 
 
+# A decimal number of USD: ``5``, ``5.00``, ``.5``, ``1e2``. Python's float() also takes
+# ``1_000``, non-ASCII digits and ``infinity``, which a money header should not.
+_USD = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def parse_budget(value: str, cap: float | None, name: str = BUDGET_HEADER) -> float:
     """A budget header's USD (``5.00``), or a 400 that says what is wrong with it."""
-    try:
-        usd = float(value.strip())
-    except ValueError:
-        usd = math.nan
+    text = value.strip()
+    usd = float(text) if _USD.fullmatch(text) else math.nan
     if not math.isfinite(usd) or usd <= 0:
         raise ProxyError(
             "invalid_request",
