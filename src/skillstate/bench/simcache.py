@@ -44,6 +44,7 @@ from skillstate.cost.baseline import (
     CachePricing,
     CacheRegime,
     PrefixCache,
+    openai_read,
     prefix_points,
 )
 from skillstate.cost.tokens import estimate_text_tokens, estimate_tokens
@@ -180,6 +181,4 @@ class SimCache:
         best = max((_common_prefix_len(h, data) for h, _ in live), default=0)
         self._history = [*live[-(HISTORY - 1) :], (data, now)]
         tokens = min(best // 4, prompt)  # skillstate.cost.tokens: 4 bytes per token
-        if tokens < self.regime.min_tokens:
-            return 0
-        return tokens - tokens % STEP_TOKENS
+        return openai_read(tokens, self.regime)

@@ -86,7 +86,7 @@ class BaselineSource:
             return round_ratio(n * baseline_input, first_input)
 
         read = scaled(first.cache_read_tokens)
-        if regime.pricing == "openai" and read:
+        if regime.pricing == "openai":
             # still a read OpenAI could report: whole steps from its minimum on
             read = openai_read(read, regime)
         return CacheSplit(baseline_input, read, scaled(first.cache_write_tokens))
