@@ -21,6 +21,7 @@ import pytest
 from skillstate.bench import overhead
 from skillstate.bench.fastupstream import FastUpstream, start_fast_upstream
 from skillstate.bench.overhead.arguments import validate
+from skillstate.bench.overhead.run import FLOOR_NAMES
 from skillstate.bench.overhead.transcripts import exchange
 
 TINY = [
@@ -187,9 +188,11 @@ def test_against_real_proxy(tmp_path: Path, mode: str) -> None:
 
 
 @pytest.mark.skipif(not _HAS_PROXY, reason="the skillstate proxy is not there")
-def test_floor_arm_is_measured_in_the_same_run(tmp_path: Path) -> None:
-    rep = _run(tmp_path, "--floor", *TINY)
+@pytest.mark.parametrize("server", ["aiohttp", "uvicorn"])
+def test_floor_arm_is_measured_in_the_same_run(tmp_path: Path, server: str) -> None:
+    rep = _run(tmp_path, "--floor", "--floor-server", server, *TINY)
     _check_common(rep)
+    assert rep["config"]["floor"] == FLOOR_NAMES[server] and server in rep["config"]["floor"]
     seq, conc = rep["sequential"], rep["concurrency"]
     _check_stats(seq["floor"])
     assert seq["floor"]["n"] == seq["proxied"]["n"] == 4
@@ -218,6 +221,7 @@ def test_floor_arm_is_measured_in_the_same_run(tmp_path: Path) -> None:
         (["--replicas", "2", "--store", "sqlite:///x.db", "--coordination", "redis://h"], "needs"),
         (["--replicas", "2", "--store", "postgresql://h/db"], "needs"),
         (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--floor-server", "uvicorn"], "--floor-server only makes sense with --floor"),
         (["--target", "http://127.0.0.1:9", "--store", "postgresql://h/db"], "not a --target"),
     ],
 )

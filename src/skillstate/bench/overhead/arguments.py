@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from skillstate.cli.paths import output_file
 from skillstate.store.schemes import BACKENDS, shares_database
 
+from .servers import FLOOR_SERVERS
 from .transcripts import BLOCKS, parse_sizes
 
 DESCRIPTION = (
@@ -52,6 +53,12 @@ def _add_what(g: argparse._ArgumentGroup) -> None:
         action="store_true",
         help="also measure a minimal aiohttp + uvloop forwarder in the same interleaved run, "
         "and state the proxy's cost as a ratio to it",
+    )
+    g.add_argument(
+        "--floor-server",
+        choices=FLOOR_SERVERS,
+        help="with --floor: serve the floor with aiohttp's server (the default) or with "
+        "uvicorn, the proxy's own (a bare ASGI app: no Starlette)",
     )
     g.add_argument(
         "--direct",
@@ -214,6 +221,8 @@ def validate(a: argparse.Namespace) -> str | None:
             return f"--{flag}: only http:// URLs are supported, got {url!r}"
     if a.target_pid and not a.target:
         return "--target-pid only makes sense with --target"
+    if a.floor_server and not a.floor:
+        return "--floor-server only makes sense with --floor"
     if a.transcript_kb is not None:
         try:
             parse_sizes(a.transcript_kb)

@@ -22,9 +22,15 @@ from .client_process import run_client
 from .engines import count_turns
 from .machine import machine_info
 from .report import build_report, print_report
-from .servers import base_of, start_floor, start_proxy
+from .servers import FLOOR_SERVERS, base_of, start_floor, start_proxy
 from .transcripts import parse_sizes
 from .workload import Endpoint, chat_body, initial_state
+
+FLOOR_NAMES = {
+    "aiohttp": "aiohttp + uvloop minimal forwarder (bench/overhead/floor.py)",
+    "uvicorn": "uvicorn (uvloop, httptools) + bare ASGI minimal forwarder "
+    "(bench/overhead/floor.py --server uvicorn)",
+}
 
 # Measurement parameters passed to the client process and echoed in the report's config.
 RUN_PARAMS = ("warmup", "rounds", "requests", "concurrency", "duration", "segments")
@@ -163,7 +169,9 @@ def _start_servers(args: argparse.Namespace, srv: _Servers, tmp: Path, state: An
         srv.proxy_name = "skillstate" if args.proxy_module == "skillstate" else args.proxy_module
     srv.pids = {"proxied": srv.proxy_pid} if srv.proxy_pid else {}
     if args.floor:
-        srv.floor, floor_url = start_floor(base_of(srv.direct_url), args.start_timeout)
+        srv.floor, floor_url = start_floor(
+            base_of(srv.direct_url), args.start_timeout, args.floor_server or FLOOR_SERVERS[0]
+        )
         srv.pids["floor"] = srv.floor.proc.pid
         f_ep = Endpoint.from_base(floor_url)
         srv.floor_ep = [f_ep.host, f_ep.port, f_ep.path, f_ep.netloc]
@@ -210,9 +218,7 @@ def _config(
         "mode": args.mode,
         "stream": args.stream,
         "proxy": srv.proxy_name,
-        "floor": "aiohttp + uvloop minimal forwarder (bench/overhead/floor.py)"
-        if args.floor
-        else None,
+        "floor": FLOOR_NAMES[args.floor_server or FLOOR_SERVERS[0]] if args.floor else None,
         "direct": srv.direct_url,
         "proxied": srv.proxied_url,
         "mode_header": _mode_header(args),

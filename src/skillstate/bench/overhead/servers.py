@@ -147,7 +147,13 @@ def start_proxy(
     return _serve("skillstate proxy", cmd, env, upstream, timeout, cwd=data_dir)
 
 
-def start_floor(upstream: str, timeout: float) -> tuple[_Proc, str]:
-    """Start the minimal forwarder (:mod:`.floor`) in front of ``upstream``."""
+# The servers the floor forwarder (:mod:`.floor`) runs on; the first (aiohttp's) is the default.
+FLOOR_SERVERS = ("aiohttp", "uvicorn")
+
+
+def start_floor(upstream: str, timeout: float, server: str = FLOOR_SERVERS[0]) -> tuple[_Proc, str]:
+    """Start the minimal forwarder (:mod:`.floor`) in front of ``upstream``, served by
+    aiohttp's server or by uvicorn (``server``)."""
     cmd = [sys.executable, "-m", "skillstate.bench.overhead.floor", "--upstream", upstream]
+    cmd += ["--server", server]
     return _serve("floor forwarder", cmd, dict(os.environ), upstream, timeout, cwd=None)
