@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +82,14 @@ class Turn:
     minted_session: str | None = None
     # The body's bytes as they came (skillstate.upstream.client.Outbound sends them as is).
     client_bytes: ClientBytes | None = None
+    # The client's dialect object, when whoever made the turn already looked it up (the
+    # request checks use it): ``wire`` is then that object, not a second lookup.
+    looked_up: InitVar[Wire | None] = None
+
+    def __post_init__(self, looked_up: Wire | None) -> None:
+        if looked_up is not None:
+            assert looked_up.name == self.dialect, (looked_up.name, self.dialect)
+            self.__dict__["wire"] = looked_up  # what the cached property would have stored
 
     @property
     def new_session(self) -> bool:
@@ -129,7 +137,7 @@ class Turn:
 
     @cached_property
     def wire(self) -> Wire:
-        """The client's dialect (looked up once per turn)."""
+        """The client's dialect (looked up at most once per turn: see ``looked_up``)."""
         return get_dialect(self.dialect)
 
 

@@ -125,7 +125,8 @@ async def parse_turn(
     memo = (transcripts, named) if transcripts is not None and header is not None else None
     known = functools.partial(memo[0].parsed, named) if memo is not None else None
     body, raw = await read_json_body(request, settings.max_body_bytes, known)
-    text = check_body(body, raw, get_dialect(dialect), validate, memo)
+    wire = get_dialect(dialect)
+    text = check_body(body, raw, wire, validate, memo)
     mode = _header_choice(request, "x-skillstate-mode", settings.mode)
     constrain = _header_choice(request, "x-skillstate-constrain", settings.constrain)
     key = single_header(request, IDEMPOTENCY_HEADER)
@@ -144,6 +145,7 @@ async def parse_turn(
         transcript=text,
         minted_session=stored if minted else None,
         client_bytes=_own_bytes(body, raw, text),
+        looked_up=wire,
     )
 
 
