@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import sqlite3
 import stat
@@ -62,10 +63,6 @@ def test_rotate_replaces_the_digest_and_revoke_marks_the_key(
         (("create", "--name", "a b"), "key name must match"),
         (("create", "--name", "x", "--expires", "soon"), "expected a duration"),
         (("create", "--name", "x", "--expires", "99999999999w"), "at most 36500d"),
-        (("create", "--name", "x", "--rpm", "0"), "keys create: rpm must be a finite number > 0"),
-        (("create", "--name", "x", "--budget-usd-per-day", "inf"), "budget_usd_per_day must be"),
-        (("create", "--name", "x", "--budget-usd-per-day", "nan"), "budget_usd_per_day must be"),
-        (("create", "--name", "x", "--max-session-budget-usd", "inf"), "max_session_budget_usd"),
         (("revoke", "nobody"), "no key named 'nobody'"),
         (("rotate", "nobody"), "no key named 'nobody'"),
     ],
@@ -75,6 +72,47 @@ def test_cli_errors_are_one_line(
 ) -> None:
     rc, _, err = keys_cmd(capsys, tmp_path, *args)
     assert rc == 2 and message in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--rpm", "0", "argument --rpm: must be a whole number >= 1 (got '0')"),
+        ("--tpm", "1_000", "argument --tpm: must be a whole number >= 1"),
+        ("--rpm", "\uff11", "argument --rpm: must be a whole number >= 1"),
+        ("--budget-usd-per-day", "inf", "argument --budget-usd-per-day: must be a positive"),
+        ("--budget-usd-per-day", "nan", "positive number of USD, like 5.00"),
+        ("--budget-usd-per-day", "1_000", "positive number of USD, like 5.00 (got '1_000')"),
+        ("--budget-usd-per-day", "\uff11", "positive number of USD"),
+        ("--budget-usd-per-day", "-5", "positive number of USD"),
+        ("--max-session-budget-usd", "inf", "argument --max-session-budget-usd: must be"),
+        ("--max-session-budget-usd", "0x10", "positive number of USD"),
+    ],
+)
+def test_limit_options_take_what_the_budget_header_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    # float() and int() would take 1_000 as 1000 and a full-width digit as that digit:
+    # a budget typed at the command line reads as the budget header does (cost.budgets).
+    with pytest.raises(SystemExit) as exc:
+        main(["keys", "--data-dir", str(tmp_path), "create", "--name", "x", option, value])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and message in err and "\n" not in err and "Traceback" not in err
+    assert main(["keys", "--data-dir", str(tmp_path), "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []  # nothing was created
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "stored"),
+    [("--budget-usd-per-day", " 2.50 ", 2.5), ("--rpm", "60", 60), ("--tpm", "1000", 1000)],
+)
+def test_limit_options_in_the_plain_forms_are_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, stored: float
+) -> None:
+    assert keys_cmd(capsys, tmp_path, "create", "--name", "x", option, value)[0] == 0
+    assert main(["keys", "--data-dir", str(tmp_path), "list", "--json"]) == 0
+    (key,) = json.loads(capsys.readouterr().out)
+    assert key[option.lstrip("-").replace("-", "_")] == stored
 
 
 def test_a_taken_name_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,8 +17,28 @@ import orjson
 from ..auth.admin import LIMITS, KeyAdmin, KeyRefused, KeySpec, shown
 from ..auth.keys import KeyHasher, server_secret
 from ..config import ConfigError, Settings
+from ..cost.budgets import usd_amount
 from ..store import Store, StoreError
 from ..store.factory import make_store
+
+
+def _usd(text: str) -> float:
+    """A budget option's USD, in the budget header's grammar (``cost.budgets.usd_amount``):
+    argparse's ``float`` would take ``1_000`` as 1000 and a full-width ``１`` as 1."""
+    usd = usd_amount(text)
+    if usd is None:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of USD, like 5.00 (got {text!r})"
+        )
+    return usd
+
+
+def _per_minute(text: str) -> int:
+    """A rate limit: a whole number >= 1 in ASCII digits (``int`` also takes ``1_000``)."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (got {text!r})")
+    return int(text)
 
 
 def add_keys_parser(sub: Any) -> None:
@@ -29,14 +49,14 @@ def add_keys_parser(sub: Any) -> None:
     ks = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = ks.add_parser("create", help="make a key; it is printed once")
     create.add_argument("--name", required=True)
-    create.add_argument("--budget-usd-per-day", type=float, default=None, metavar="USD")
-    create.add_argument("--rpm", type=int, default=None, help="requests per minute")
-    create.add_argument("--tpm", type=int, default=None, help="tokens per minute")
+    create.add_argument("--budget-usd-per-day", type=_usd, default=None, metavar="USD")
+    create.add_argument("--rpm", type=_per_minute, default=None, help="requests per minute")
+    create.add_argument("--tpm", type=_per_minute, default=None, help="tokens per minute")
     create.add_argument("--expires", default=None, metavar="DURATION", help="e.g. 30d, 12h")
     create.add_argument("--admin", action="store_true", help="may see and change every key's data")
     create.add_argument(
         "--max-session-budget-usd",
-        type=float,
+        type=_usd,
         default=None,
         metavar="USD",
         help="the most a session's budget may be (also the budget of sessions that set none)",

@@ -160,11 +160,19 @@ def audit_session_budget(session: str, usd: float | None, by: str) -> None:
 _USD = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
+def usd_amount(text: str) -> float | None:
+    """``text`` (blanks around it aside) as a positive, finite decimal number of USD; None
+    when it is not one. The one grammar of a USD amount a person types: the budget header
+    and the ``keys`` command's budgets."""
+    text = text.strip()
+    usd = float(text) if _USD.fullmatch(text) else math.nan
+    return usd if math.isfinite(usd) and usd > 0 else None
+
+
 def parse_budget(value: str, cap: float | None, name: str = BUDGET_HEADER) -> float:
     """A budget header's USD (``5.00``), or a 400 that says what is wrong with it."""
-    text = value.strip()
-    usd = float(text) if _USD.fullmatch(text) else math.nan
-    if not math.isfinite(usd) or usd <= 0:
+    usd = usd_amount(value)
+    if usd is None:
         raise ProxyError(
             "invalid_request",
             f"{name} must be a positive number of USD, like 5.00 (got {value[:40]!r})",
