@@ -140,6 +140,9 @@ def test_durations() -> None:
     assert parse_duration("90m") == 5400
     with pytest.raises(ValueError):
         parse_duration("0d")
+    for other_digits in ("\uff13\uff10d", "\u0663d"):  # float() reads them; a duration does not
+        with pytest.raises(ValueError, match="expected a duration"):
+            parse_duration(other_digits)
 
 
 def test_a_stored_expiry_past_year_9999_still_lists(

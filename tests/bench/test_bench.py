@@ -351,6 +351,10 @@ def test_cli_arguments() -> None:
         config_from_args(parser.parse_args(["tools", "--offline", "--upstream", "http://x"]))
     with pytest.raises(BenchError):
         config_from_args(parser.parse_args(["tools", "--inject-failure", "nope"]))
+    # "²".isdigit() is true and int("²") raises: an error line, not a traceback
+    for turn in ("\u00b2", "\uff12"):
+        with pytest.raises(BenchError, match="expected ARM:N"):
+            config_from_args(parser.parse_args(["tools", "--inject-failure", f"state:{turn}"]))
 
 
 def test_the_proxies_run_with_the_config_file(

@@ -406,7 +406,8 @@ def test_parse_since_default() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "   ", "yesterday", "24", "-5h", "5x", "5 hours", "2023-13-01"]
+    "bad",
+    ["", "   ", "yesterday", "24", "-5h", "5x", "5 hours", "2023-13-01", "\uff11h", "\u0663d"],
 )
 def test_parse_since_rejects(bad: str) -> None:
     with pytest.raises(ValueError, match=r"invalid --since value .*24h.*ISO"):

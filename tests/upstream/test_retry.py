@@ -56,7 +56,22 @@ def test_retry_after_seconds(value: str, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [None, "", "soon", "nan", "inf", "1e3", "1_0", "0x10", "12 s", "Mon, 99 Foo"]
+    "value",
+    # and other scripts' digits, which float() reads
+    [
+        None,
+        "",
+        "soon",
+        "nan",
+        "inf",
+        "1e3",
+        "1_0",
+        "0x10",
+        "12 s",
+        "Mon, 99 Foo",
+        "\uff11",
+        "\u0663",
+    ],
 )
 def test_retry_after_garbage(value: str | None) -> None:
     assert parse_retry_after(value, NOW_WALL) is None
@@ -83,7 +98,15 @@ def test_retry_after_http_date_defaults_to_wall_clock() -> None:
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("1500", 1.5), ("0", 0.0), ("250.5", 0.2505), ("-20", 0.0), ("x", None), (None, None)],
+    [
+        ("1500", 1.5),
+        ("0", 0.0),
+        ("250.5", 0.2505),
+        ("-20", 0.0),
+        ("x", None),
+        (None, None),
+        ("\uff11\uff15", None),  # full-width digits: float() would read 15
+    ],
 )
 def test_retry_after_ms(value: str | None, expected: float | None) -> None:
     assert parse_retry_after_ms(value) == expected

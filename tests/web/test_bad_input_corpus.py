@@ -191,6 +191,11 @@ def _state_and_cost_cases() -> list[Case]:
         get("state-get-missing", "/state?session=nobody-here", 404),
         get("state-list-bad-limit", "/state?limit=-1"),
         get("state-list-limit-word", "/state?limit=ten"),
+        # "²".isdigit() is true and int("²") raised: a 500 before
+        get("state-list-limit-superscript", "/state?limit=%C2%B2"),
+        get("state-list-limit-fullwidth", "/state?limit=%EF%BC%91"),
+        get("state-history-limit-superscript", "/state?session=seed&history=1&limit=%C2%B2"),
+        get("cost-since-fullwidth-digits", "/cost?since=%EF%BC%91h"),
         get("state-list-bad-cursor", "/state?cursor=%00garbage"),
         get("state-history-bad-limit", "/state?session=seed&history=1&limit=0"),
         Case("state-delete-bad-session", "DELETE", "/state?session=bad%20id", None, {}, 400),

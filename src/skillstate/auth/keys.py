@@ -34,7 +34,7 @@ KEY_PREFIX = "sk-ss-"
 SECRET_FILE = "auth.secret"
 _SECRET_BYTES = 32
 KEY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([smhdw])$")  # digits 0-9 only
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 MAX_DURATION = 100 * 365 * 86400  # a key's lifetime: 100 years is "never expires" already
 

@@ -148,7 +148,7 @@ def parse_injection(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     arm, _, turn = value.partition(":")
-    if arm not in ARMS or not turn.isdigit() or int(turn) < 1:
+    if arm not in ARMS or not (turn.isascii() and turn.isdigit()) or int(turn) < 1:
         raise BenchError(
             f"--inject-failure: expected ARM:N (ARM one of {', '.join(ARMS)}), got {value!r}"
         )

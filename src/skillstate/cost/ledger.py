@@ -490,7 +490,8 @@ def day_of(epoch_day: int) -> str:
 
 # --- --since --------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
+# Digits 0-9 only (``\d`` is every script's, and float() takes them all).
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([smhdw])$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 

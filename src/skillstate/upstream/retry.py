@@ -15,8 +15,8 @@ RETRYABLE_STATUSES: frozenset[int] = frozenset({408, 429, *range(500, 600)})
 _AUTH_STATUSES = frozenset({401, 403})  # this upstream's key is bad; another may work
 
 # HTTP says delta-seconds is an integer; we also take decimals and (clamped) negatives,
-# but not what float() would also swallow ("nan", "inf", "1_0", "1e3").
-_SECONDS = re.compile(r"-?\d+(?:\.\d+)?")
+# but not what float() would also swallow ("nan", "inf", "1_0", "1e3", other scripts' digits).
+_SECONDS = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
 
 
 def is_retryable_status(status: int) -> bool:

@@ -23,7 +23,8 @@ def parse_limit(value: str | None, default: int) -> int:
     """The page size asked for: an integer in 1..MAX_PAGE, else a 400."""
     if value is None:
         return default
-    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE:
+    # ASCII digits only: str.isdigit() is also true of "²", which int() refuses.
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PAGE:
         raise ProxyError(
             "invalid_request", f"limit must be an integer from 1 to {MAX_PAGE}", param="limit"
         )

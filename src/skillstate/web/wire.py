@@ -94,7 +94,12 @@ async def _body_bytes(request: Request, max_bytes: int, blank_ok: bool = False) 
     if not json_declared and not blank_ok:
         raise _not_json()
     applied = codings(encoding)
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    if (
+        declared is not None
+        and declared.isascii()
+        and declared.isdigit()
+        and int(declared) > max_bytes
+    ):
         raise too_large(max_bytes)
     raw = await _read_body(request.receive, max_bytes)
     if applied and raw:  # no content has nothing to decode: an empty body stays empty
