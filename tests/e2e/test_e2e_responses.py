@@ -356,6 +356,35 @@ def test_previous_response_id_to_a_native_upstream_is_rebuilt_too(
     assert sent["input"][1]["content"][0]["text"] == "First."
 
 
+def test_input_items_come_in_the_apis_pages(fake: FakeProvider, start_proxy: StartProxy) -> None:
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    c = client(p)
+    fake.enqueue(Reply(text="Read them."))
+    said = [f"note {n}" for n in range(25)]
+    r = c.responses.create(model="m", input=[{"role": "user", "content": text} for text in said])
+
+    def texts(items: Any) -> list[str]:
+        return [i.content[0].text for i in items]
+
+    first = c.responses.input_items.list(r.id)  # the API's page: 20, newest first
+    assert texts(first.data) == said[::-1][:20] and first.has_more
+    assert texts(c.responses.input_items.list(r.id)) == said[::-1]  # the SDK walks the pages
+    page = c.responses.input_items.list(r.id, order="asc", limit=10)
+    assert texts(page.data) == said[:10] and page.has_more
+    assert page.last_id == page.data[-1].id
+    rest = c.responses.input_items.list(r.id, order="asc", limit=100, after=page.last_id)
+    assert texts(rest.data) == said[10:] and not rest.has_more
+    for query, param in (
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+        ({"order": "sideways"}, "order"),
+        ({"after": "item_nowhere"}, "after"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.input_items.list(r.id, **query)  # type: ignore[arg-type]
+        assert e.value.body["param"] == param  # type: ignore[index]
+
+
 def test_get_delete_and_input_items(fake: FakeProvider, start_proxy: StartProxy) -> None:
     p = start(fake, start_proxy, "openai", "--mode", "passthrough")
     c = client(p)

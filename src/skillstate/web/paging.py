@@ -19,14 +19,14 @@ HISTORY_PAGE = 1000  # default transitions per page
 MAX_PAGE = 1000
 
 
-def parse_limit(value: str | None, default: int) -> int:
-    """The page size asked for: an integer in 1..MAX_PAGE, else a 400."""
+def parse_limit(value: str | None, default: int, most: int = MAX_PAGE) -> int:
+    """The page size asked for: an integer in 1..``most``, else a 400."""
     if value is None:
         return default
     # ASCII digits only: str.isdigit() is also true of "²", which int() refuses.
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PAGE:
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= most:
         raise ProxyError(
-            "invalid_request", f"limit must be an integer from 1 to {MAX_PAGE}", param="limit"
+            "invalid_request", f"limit must be an integer from 1 to {most}", param="limit"
         )
     return int(value)
 

@@ -45,9 +45,14 @@ from ..turn.types import Reply, StreamReply, Turn
 from ..upstream.client import UpstreamPool, UpstreamRuntime
 from .compaction import Run, plan, restore
 from .counting import count_tokens
+from .paging import parse_limit
 from .runtime import Runtime, runtime
 from .turns import parse_turn, single_header
 from .wire import error_response
+
+# GET /responses/{id}/input_items pages as the API does: 20 items, at most 100.
+INPUT_ITEMS_PAGE = 20
+INPUT_ITEMS_MOST = 100
 
 DIALECT = RESPONSES.name
 JSON = dict[str, Any]
@@ -320,25 +325,64 @@ async def response_item(request: Request) -> Response:
 
 async def response_input_items(request: Request) -> Response:
     """``GET /v1/responses/{id}/input_items``: the items the response was generated from,
-    in the API's list shape (newest first unless ``order=asc``)."""
+    in the API's list shape and pages: ``order`` (``desc``, newest first, by default, or
+    ``asc``), ``limit`` (1 to 100, 20 by default) items ``after`` the item of that id."""
     try:
+        order, limit, after = _input_items_query(request)
         chain = await _stored(request, MAX_CHAIN)
+        found = chain[-1]
+        items = [
+            {"id": item.get("id") or f"item_{found.id}_{i}", **_listed(item)}
+            for i, item in enumerate([*_history(chain[:-1]), *found.input])
+            if isinstance(item, dict)
+        ]
+        if order == "desc":
+            items.reverse()
+        start = _after(items, after)
     except ProxyError as e:
         return error_response(e, DIALECT)
-    found = chain[-1]
-    items = [
-        {"id": item.get("id") or f"item_{found.id}_{i}", **item}
-        for i, item in enumerate([*_history(chain[:-1]), *found.input])
-        if isinstance(item, dict)
-    ]
-    if request.query_params.get("order", "desc") != "asc":
-        items.reverse()
+    page = items[start : start + limit]
     return JSONResponse(
         {
             "object": "list",
-            "data": items,
-            "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None,
-            "has_more": False,
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": start + limit < len(items),
         }
     )
+
+
+def _listed(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as the API lists it: a message in the easy form (its ``content`` a
+    string) as a message item of content parts, the SDKs' ``ResponseInputMessageItem`` (an
+    assistant's: ``ResponseOutputMessage``)."""
+    content = item.get("content")
+    if "role" not in item or not isinstance(content, str):
+        return item
+    if item["role"] == "assistant":
+        part: dict[str, Any] = {"type": "output_text", "text": content, "annotations": []}
+    else:
+        part = {"type": "input_text", "text": content}
+    return {**item, "type": "message", "content": [part]}
+
+
+def _input_items_query(request: Request) -> tuple[str, int, str | None]:
+    """``order``, ``limit`` and ``after`` of an input items listing; a 400 naming the one
+    that is not what the API takes."""
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ProxyError("invalid_request", "order must be 'asc' or 'desc'", param="order")
+    return order, parse_limit(q.get("limit"), INPUT_ITEMS_PAGE, INPUT_ITEMS_MOST), q.get("after")
+
+
+def _after(items: list[dict[str, Any]], after: str | None) -> int:
+    """Where the page after the item ``after`` starts (0 without one); a 400 when no item
+    of the listing has that id."""
+    if after is None:
+        return 0
+    for i, item in enumerate(items):
+        if item["id"] == after:
+            return i + 1
+    raise ProxyError("invalid_request", f"no input item {after[:80]!r} in this list", param="after")
