@@ -15,6 +15,7 @@ from skillstate.cost.ledger import (
     baseline_input_tokens,
     make_row,
     parse_since,
+    parse_window,
     summarize,
 )
 from skillstate.cost.pricing import PriceBook, PriceOverride, Prices
@@ -399,6 +400,18 @@ NOW = 1_700_000_000.0
 )
 def test_parse_since(value: str | None, expected: float) -> None:
     assert parse_since(value, NOW) == pytest.approx(expected)
+
+
+def test_parse_window() -> None:
+    assert parse_window(None, None, NOW) == (NOW - 86400, NOW)
+    assert parse_window("2h", "1h", NOW) == (NOW - 7200, NOW - 3600)
+    assert parse_window("1h", "1h", NOW) == (NOW - 3600, NOW - 3600)  # empty, not backwards
+    with pytest.raises(ValueError, match=r"^--since '1h' is after --until '2h': the window is"):
+        parse_window("1h", "2h", NOW, ("--since", "--until"))
+    with pytest.raises(ValueError, match=r"^since 24h \(the default\) is after until '2020-01-01'"):
+        parse_window(None, "2020-01-01", NOW)
+    with pytest.raises(ValueError, match=r"invalid until value 'soon'"):
+        parse_window("1h", "soon", NOW)
 
 
 def test_parse_since_default() -> None:

@@ -196,6 +196,7 @@ def _state_and_cost_cases() -> list[Case]:
         get("state-list-limit-fullwidth", "/state?limit=%EF%BC%91"),
         get("state-history-limit-superscript", "/state?session=seed&history=1&limit=%C2%B2"),
         get("cost-since-fullwidth-digits", "/cost?since=%EF%BC%91h"),
+        get("cost-window-backwards", "/cost?since=1h&until=2h"),
         get("state-list-bad-cursor", "/state?cursor=%00garbage"),
         get("state-history-bad-limit", "/state?session=seed&history=1&limit=0"),
         Case("state-delete-bad-session", "DELETE", "/state?session=bad%20id", None, {}, 400),

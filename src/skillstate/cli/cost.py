@@ -12,7 +12,7 @@ import orjson
 from rich.console import Console
 
 from ..config import ConfigError, Settings
-from ..cost.ledger import BASELINE_MODEL_NOTE, RETRY_KINDS, parse_since, summarize_sums
+from ..cost.ledger import BASELINE_MODEL_NOTE, RETRY_KINDS, parse_window, summarize_sums
 from ..sessions.ids import is_valid_session_id
 from ..store import StoreError
 from ..store.factory import describe_store, make_store
@@ -21,8 +21,7 @@ from ..store.factory import describe_store, make_store
 def print_cost(settings: Settings, args: argparse.Namespace) -> int:
     now = time.time()
     try:
-        since = parse_since(args.since, now)
-        until = parse_since(args.until, now, name="--until") if args.until else now
+        since, until = parse_window(args.since, args.until, now, ("--since", "--until"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.session is not None and not is_valid_session_id(args.session):

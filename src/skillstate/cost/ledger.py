@@ -115,6 +115,7 @@ __all__ = [
     "baseline_input_tokens",
     "make_row",
     "parse_since",
+    "parse_window",
     "summarize",
     "summarize_sums",
 ]
@@ -524,3 +525,17 @@ def parse_since(
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
+
+
+def parse_window(
+    since: str | None, until: str | None, now: float, names: tuple[str, str] = ("since", "until")
+) -> tuple[float, float]:
+    """The ``[since, until)`` window of a ledger read (``parse_since``'s forms; no ``until``:
+    ``now``). ValueError naming the option (``names``) when a value is not one of those
+    forms, or when the window ends before it starts (an empty report would hide the slip)."""
+    start = parse_since(since, now, name=names[0])
+    end = parse_since(until, now, name=names[1]) if until else now
+    if start > end:
+        began = "24h (the default)" if since is None else repr(since)
+        raise ValueError(f"{names[0]} {began} is after {names[1]} {until!r}: the window is empty")
+    return start, end

@@ -13,7 +13,7 @@ from .. import __version__
 from ..auth.gate import principal_of
 from ..auth.tenancy import split_session, view_of
 from ..choices import GroupBy
-from ..cost.ledger import check_group_by, parse_since, summarize_sums
+from ..cost.ledger import check_group_by, parse_window, summarize_sums
 from ..errors import ProxyError
 from ..observability.metrics import CONTENT_TYPE
 from ..sessions.ids import is_valid_session_id
@@ -86,8 +86,7 @@ async def cost(request: Request) -> Response:
     try:
         session = q.get("session")
         view = view_of(principal_of(request.scope), q.get("key"))
-        since = parse_since(q.get("since"), now, name="since")
-        until = parse_since(q.get("until"), now, name="until") if q.get("until") else now
+        since, until = parse_window(q.get("since"), q.get("until"), now)
         if session is not None and not is_valid_session_id(session):
             raise ValueError("invalid session id")
         group_by = q.get("group_by")
