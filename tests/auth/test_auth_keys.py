@@ -63,6 +63,8 @@ def test_rotate_replaces_the_digest_and_revoke_marks_the_key(
         (("create", "--name", "a b"), "key name must match"),
         (("create", "--name", "x", "--expires", "soon"), "expected a duration"),
         (("create", "--name", "x", "--expires", "99999999999w"), "at most 36500d"),
+        (("create", "--name", "x", "--rpm", "9" * 23), "rpm must be at most 9,007,199,254,740,991"),
+        (("create", "--name", "x", "--budget-usd-per-day", "1e300"), "budget_usd_per_day must be"),
         (("revoke", "nobody"), "no key named 'nobody'"),
         (("rotate", "nobody"), "no key named 'nobody'"),
     ],

@@ -583,6 +583,9 @@ def test_admin_keys_create_list_rotate_revoke_over_http_with_audit_lines(
         assert admin.post("/admin/keys", json={"name": "a b"}).status_code == 400
         assert admin.post("/admin/keys", json={"name": "x", "rpm": "5"}).status_code == 400
         assert admin.post("/admin/keys", json={"name": "x", "secret": "y"}).status_code == 400
+        # Past what the store's integers hold: a 400 naming the field (a 500 before).
+        r = admin.post("/admin/keys", json={"name": "x", "tpm": 2**63})
+        assert r.status_code == 400 and "tpm must be at most" in r.json()["error"]["message"]
     # Any other key: a 403, and nothing changed.
     with httpx.Client(base_url=proxy.url, timeout=30, headers=bearer(user)) as other:
         for r in (

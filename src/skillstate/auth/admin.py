@@ -24,6 +24,9 @@ audit_log = logging.getLogger("skillstate.audit")
 audit_log.setLevel(logging.INFO)  # shown by the server's log at its default level too
 
 LIMITS = ("rpm", "tpm", "budget_usd_per_day", "max_session_budget_usd")
+# The largest limit a key takes: the largest integer a JSON reader (the dashboard's
+# JavaScript) keeps exact, far below what the stores' 64-bit integers hold.
+MAX_LIMIT = 2**53 - 1
 
 
 class KeyRefused(Exception):
@@ -75,6 +78,8 @@ class KeyAdmin:
             value = getattr(spec, limit)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise KeyRefused(f"{limit} must be a finite number > 0")
+            if value is not None and value > MAX_LIMIT:
+                raise KeyRefused(f"{limit} must be at most {MAX_LIMIT:,}")
         if any(r.name == name for r in await self.store.keys()):
             raise KeyRefused(f"a key named {name!r} already exists", 409)
         key = new_key()
