@@ -117,6 +117,9 @@ def test_help_lists_every_route_the_app_mounts_and_no_other() -> None:
     ("args", "env", "needle"),
     [
         (["--port", "99999"], {}, "--port"),
+        # int() would read these as 8080 and 1: digits 0-9 only
+        (["--port", "8_080"], {}, "--port: must be a whole number from 0 to 65535, got '8_080'"),
+        (["--port", "\uff11"], {}, "--port: must be a whole number from 0 to 65535"),
         (["--upstream", "ftp://nope"], {}, "url"),
         (["--config", "/nonexistent.json", "--upstream", "http://x"], {}, "not found"),
         (["--upstream", "http://x"], {"SKILLSTATE_INITIAL_STATE": "[]"}, "initial_state"),

@@ -132,13 +132,11 @@ def _add_benches(bench_sub: Any) -> None:
 
 
 def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0..65535, got {port}")
-    return port
+    # Digits 0-9 only: int() also reads "8_080" and other scripts' digits ("１" is 1).
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 65535, got {value!r}")
+    return int(text)
 
 
 def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
