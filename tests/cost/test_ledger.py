@@ -443,6 +443,26 @@ def test_render_table() -> None:
     assert "total" in empty.export_text()
 
 
+def test_render_table_shows_a_clients_model_name_as_plain_text() -> None:
+    # A model name is whatever a client sent: "[/]" made `skillstate cost` fail (rich read
+    # it as markup), "[link=...]" drew a link, and escape sequences went to the terminal.
+    markup = ["[/]", "[bold]loud[/bold]", "[link=http://evil.example]x[/link]"]
+    names = [*markup, "\x1b[2Jgone", "a\nb"]
+    rows = [
+        make_row(book=BOOK, usage=Usage(10, 1), kind="generation", status=200, mode="state",
+                 model=name, session="s")
+        for name in names
+    ]  # fmt: skip
+    console = Console(record=True, width=300, color_system="truecolor", force_terminal=True)
+    render_table(summarize([r.as_dict() for r in rows], "model"), console)
+    shown = console.export_text(styles=True, clear=False)
+    plain = console.export_text()
+    for name in markup:
+        assert name in plain
+    assert "\\x1b[2Jgone" in plain and "a\\nb" in plain
+    assert "\x1b[2J" not in shown and "\x1b]8;" not in shown  # no screen clear, no hyperlink
+
+
 def test_summarize_by_client_key_reads_the_session_namespace() -> None:
     def row(session: str | None) -> LedgerRow:
         return make_row(

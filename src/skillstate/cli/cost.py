@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from rich.console import Console
+from rich.text import Text
 
 from ..config import ConfigError, Settings
 from ..cost.ledger import BASELINE_MODEL_NOTE, RETRY_KINDS, parse_window, summarize_sums
@@ -112,6 +113,15 @@ def _cells(m: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _label(key: Any) -> Text:
+    """A group's key as the table shows it: plain text. A model name (or an upstream's
+    context) is whatever a client sent, so rich must not read it as markup (``[/]`` made the
+    command fail; ``[link=…]`` would have drawn a link), and control characters (a
+    terminal's escape sequences, new lines) are shown escaped, not sent to the terminal."""
+    text = "(none)" if key is None else str(key)
+    return Text("".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text))
+
+
 def render_table(summary: Mapping[str, Any], console: Console) -> None:
     """Print ``summarize()`` output as a rich table (groups, then a bold total row).
 
@@ -124,8 +134,8 @@ def render_table(summary: Mapping[str, Any], console: Console) -> None:
     group_by = summary.get("group_by")
     groups = summary.get("groups") or []
     totals = summary.get("totals") or {}
-    lines = [("(none)" if g.get("key") is None else str(g.get("key")), _cells(g)) for g in groups]
-    lines.append(("total", _cells(totals)))
+    lines = [(_label(g.get("key")), _cells(g)) for g in groups]
+    lines.append((Text("total"), _cells(totals)))
 
     def build(title: str, picks: list[int], caption: str | None) -> Table:
         headers = _TOKEN_COLUMNS + _MONEY_COLUMNS
