@@ -1,4 +1,4 @@
-"""Header values made from model or client text."""
+"""Client or model text made safe to show: in a header value, a log line or a terminal."""
 
 from __future__ import annotations
 
@@ -24,3 +24,12 @@ def header_safe(text: str, limit: int = HEADER_TEXT_MAX_CHARS) -> str:
     cut = flat[: limit - 3]
     tail = cut.rfind("%", len(cut) - 2)  # never leave half a %XX escape
     return (cut[:tail] if tail != -1 else cut) + "..."
+
+
+def printable(text: str) -> str:
+    """``text`` for a log line or a terminal: each character that is not printable (a new
+    line, a terminal's escape sequence) written as its Python escape (``\\n``, ``\\x1b``), so
+    a client's text can neither start a forged line nor drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)

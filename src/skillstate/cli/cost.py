@@ -14,6 +14,7 @@ from rich.text import Text
 
 from ..config import ConfigError, Settings
 from ..cost.ledger import BASELINE_MODEL_NOTE, RETRY_KINDS, parse_window, summarize_sums
+from ..headertext import printable
 from ..sessions.ids import is_valid_session_id
 from ..store import StoreError
 from ..store.factory import describe_store, make_store
@@ -118,8 +119,7 @@ def _label(key: Any) -> Text:
     context) is whatever a client sent, so rich must not read it as markup (``[/]`` made the
     command fail; ``[link=…]`` would have drawn a link), and control characters (a
     terminal's escape sequences, new lines) are shown escaped, not sent to the terminal."""
-    text = "(none)" if key is None else str(key)
-    return Text("".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text))
+    return Text("(none)" if key is None else printable(str(key)))
 
 
 def render_table(summary: Mapping[str, Any], console: Console) -> None:

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from ..dialects.registry import dialect_for_path
 from ..errors import Dialect, ProxyError
+from ..headertext import printable
 from .catalog import catalog_dialect
 from .wire import error_response
 
@@ -46,6 +47,6 @@ async def post_only(request: Request) -> Response:
 
 async def crashed(request: Request, exc: Exception) -> Response:
     """A bug: logged with its traceback, answered as a 500 without one."""
-    log.exception("internal error on %s %s", request.method, request.url.path)
+    log.exception("internal error on %s %s", request.method, printable(request.url.path))
     err = ProxyError("api_error", f"internal proxy error ({type(exc).__name__})")
     return error_response(err, dialect_of(request))

@@ -8,6 +8,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..auth.gate import principal_of
+from ..headertext import printable
 from ..sessions.ids import SESSION_HEADER
 
 log = logging.getLogger("skillstate")
@@ -43,6 +44,6 @@ class RequestLog:
             caller = principal_of(scope)  # the key's name, never the key
             log.info(
                 "%s %s key=%s session=%s status=%s upstream=%s ms=%.1f",
-                scope["method"], scope["path"], caller.name if caller else "-",
+                scope["method"], printable(scope["path"]), caller.name if caller else "-",
                 seen["session"], seen["status"], seen["upstream"], ms,
             )  # fmt: skip
