@@ -115,10 +115,10 @@ def _cells(m: Mapping[str, Any]) -> list[str]:
 
 
 def _label(key: Any) -> Text:
-    """A group's key as the table shows it: plain text. A model name (or an upstream's
-    context) is whatever a client sent, so rich must not read it as markup (``[/]`` made the
-    command fail; ``[link=…]`` would have drawn a link), and control characters (a
-    terminal's escape sequences, new lines) are shown escaped, not sent to the terminal."""
+    """A group's key as the table shows it: plain text. A model name is whatever a client
+    sent, so rich must not read it as markup (``[/]`` made the command fail; ``[link=…]``
+    would have drawn a link), and control characters (a terminal's escape sequences, new
+    lines) are shown escaped, not sent to the terminal."""
     return Text("(none)" if key is None else printable(str(key)))
 
 
