@@ -14,6 +14,7 @@ from skillstate.bench.arm import (
     split_regime,
 )
 from skillstate.cli.paths import output_file
+from skillstate.numbertext import whole_number
 
 EPILOG = (
     "Live runs read the key from SKILLSTATE_API_KEY or OPENAI_API_KEY. Exit status: 0 valid "
@@ -148,11 +149,12 @@ def parse_injection(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     arm, _, turn = value.partition(":")
-    if arm not in ARMS or not (turn.isascii() and turn.isdigit()) or int(turn) < 1:
+    n = whole_number(turn)
+    if arm not in ARMS or n is None or n < 1:
         raise BenchError(
             f"--inject-failure: expected ARM:N (ARM one of {', '.join(ARMS)}), got {value!r}"
         )
-    return arm, int(turn)
+    return arm, n
 
 
 def _given(value: int | None, default: int) -> int:

@@ -18,6 +18,7 @@ from ..auth.admin import LIMITS, KeyAdmin, KeyRefused, KeySpec, shown
 from ..auth.keys import KeyHasher, server_secret
 from ..config import ConfigError, Settings
 from ..cost.budgets import usd_amount
+from ..numbertext import whole_number
 from ..store import Store, StoreError
 from ..store.factory import make_store
 
@@ -36,9 +37,10 @@ def _usd(text: str) -> float:
 def _per_minute(text: str) -> int:
     """A rate limit: a whole number >= 1 in ASCII digits (``int`` also takes ``1_000``)."""
     text = text.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+    rate = whole_number(text)
+    if rate is None or rate < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (got {text!r})")
-    return int(text)
+    return rate
 
 
 def add_keys_parser(sub: Any) -> None:

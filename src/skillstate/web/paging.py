@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from ..errors import ProxyError
+from ..numbertext import whole_number
 
 SESSIONS_PAGE = 100  # default sessions per page
 HISTORY_PAGE = 1000  # default transitions per page
@@ -23,12 +24,12 @@ def parse_limit(value: str | None, default: int, most: int = MAX_PAGE) -> int:
     """The page size asked for: an integer in 1..``most``, else a 400."""
     if value is None:
         return default
-    # ASCII digits only: str.isdigit() is also true of "²", which int() refuses.
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= most:
+    limit = whole_number(value)
+    if limit is None or not 1 <= limit <= most:
         raise ProxyError(
             "invalid_request", f"limit must be an integer from 1 to {most}", param="limit"
         )
-    return int(value)
+    return limit
 
 
 def encode_cursor(kind: str, position: list[Any]) -> str:

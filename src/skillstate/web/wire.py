@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from ..dialects.registry import dialect_for_path, get_dialect
 from ..errors import Dialect, ProxyError
 from ..jsondepth import MAX_JSON_DEPTH, nesting_exceeds
+from ..numbertext import whole_number
 from .bodycoding import codings, decode, too_large
 
 T = TypeVar("T")
@@ -94,12 +95,8 @@ async def _body_bytes(request: Request, max_bytes: int, blank_ok: bool = False) 
     if not json_declared and not blank_ok:
         raise _not_json()
     applied = codings(encoding)
-    if (
-        declared is not None
-        and declared.isascii()
-        and declared.isdigit()
-        and int(declared) > max_bytes
-    ):
+    size = None if declared is None else whole_number(declared)
+    if size is not None and size > max_bytes:
         raise too_large(max_bytes)
     raw = await _read_body(request.receive, max_bytes)
     if applied and raw:  # no content has nothing to decode: an empty body stays empty

@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import aiohttp
 from aiohttp import web
+from starlette.types import Receive, Scope, Send
 from yarl import URL
 
 from .servers import FLOOR_SERVERS
@@ -33,11 +32,6 @@ _HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "host", "content-length", "upgrade"}
 )
 _HOP_BYTES = frozenset(h.encode() for h in _HOP)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 def _client_session() -> aiohttp.ClientSession:
