@@ -296,6 +296,9 @@ class FakeProvider:
         self.cache_min_tokens = 1024
         self._cached: dict[str, float] = {}  # openai: prompt bytes; anthropic: prefixes
         self.require_auth = require_auth  # OpenAI: Bearer; Anthropic: x-api-key or Bearer
+        # Responses created with ``background: true`` (answered ``queued``), by id: what
+        # ``GET /v1/responses/{id}`` answers, finished.
+        self.background: dict[str, dict[str, Any]] = {}
         self.validate = validate  # the 400 checks on message structure
         # A compatible server that takes ``stream`` on /v1/responses/compact and answers
         # JSON regardless (OpenAI's refuses the field: "Unknown parameter").
@@ -332,6 +335,7 @@ class FakeProvider:
             self.requests.clear()
             self.responder = None
             self._cached.clear()
+            self.background.clear()
 
     @property
     def pending(self) -> int:
@@ -413,6 +417,7 @@ class FakeProvider:
         app.router.add_post("/v1/messages", self._handle)
         app.router.add_post("/v1/responses", self._handle)
         app.router.add_post("/v1/responses/compact", self._handle)
+        app.router.add_get("/v1/responses/{response_id}", self._get_response)
         app.router.add_post("/v1/messages/count_tokens", self._handle)
         app.router.add_post(INPUT_TOKENS_PATH, self._handle)
         app.router.add_get("/v1/models", self._handle)
@@ -941,6 +946,12 @@ class FakeProvider:
             "metadata": req.get("metadata", {}),
         }  # fmt: skip
         failure = {"code": reply.fail_code, "message": reply.fail}
+        if req.get("background") is True:
+            response["background"] = True
+            if not stream and reply.fail is None:
+                # The API answers at once, queued, and runs it; a GET finds it done here.
+                self.background[response["id"]] = response
+                return {**response, "status": "queued", "output": [], "usage": None}
         if not stream:
             if reply.fail is not None:
                 return {**response, "status": "failed", "error": failure, "output": [],
@@ -1137,6 +1148,16 @@ class FakeProvider:
             if last_hour is not None:
                 hour = min(max(tokens(last_hour) - read, 0), write)
         return read, write, hour
+
+    async def _get_response(self, request: web.Request) -> web.Response:
+        """``GET /v1/responses/{id}``: a background response, finished (the API keeps every
+        stored response; this fake only those it answered ``queued``)."""
+        rid = request.match_info["response_id"]
+        found = self.background.get(rid)
+        if found is None:
+            err = _Rejected(404, f"No response found with id '{rid}'.")
+            return web.json_response(_error(False, err), status=404)
+        return web.json_response(found)
 
     # ---- control endpoints (for the standalone server) -----------------------------------
     async def _ctl_enqueue(self, request: web.Request) -> web.Response:

@@ -24,8 +24,10 @@ ENDPOINTS = (
   POST /v1/responses          OpenAI Responses API (JSON and SSE, tools, stored responses)
   POST /v1/responses/compact  the transcript compacted into the session's state
   POST /v1/responses/input_tokens  tokens the Responses turn would send upstream
-  GET|DELETE /v1/responses/{id}    a stored response; forget it
+  GET|DELETE /v1/responses/{id}    a stored response (?stream=true: a background one's
+                              events); forget it
   GET  /v1/responses/{id}/input_items   the items a stored response was made from
+  POST /v1/responses/{id}/cancel   a background response (finished: as it is)
   GET  /v1/models[/{id}]      the upstream's models, in the client's format
   GET  /health                upstream circuits, limits, store
   GET  /state[?session=ID[&history=1]]   list sessions, or one session's state

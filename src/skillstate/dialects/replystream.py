@@ -133,17 +133,22 @@ def _anthropic_block(index: int, block: JSON) -> Events:
     yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
 
 
-def _responses(resp: JSON) -> Events:
+def responses_events(resp: JSON, after: int = -1) -> Events:
     """A Responses reply as its events: created, each output item (added, its text or
-    arguments as one delta and done, done), then ``response.completed`` with the reply."""
-    seq = _Sequence()
+    arguments as one delta and done, done), then the terminal event its status names
+    (``response.completed``, ``.incomplete`` or ``.failed``) with the reply. ``after``: only
+    the events whose ``sequence_number`` is greater (``GET /v1/responses/{id}``'s
+    ``starting_after``)."""
+    seq = _Sequence(after)
     pending = {**resp, "status": "in_progress", "output": [], "usage": None}
     yield seq.event("response.created", {"response": pending})
     yield seq.event("response.in_progress", {"response": pending})
     for index, item in enumerate(resp.get("output") or ()):
         if isinstance(item, dict):
             yield from _responses_item(seq, index, item)
-    yield seq.event("response.completed", {"response": resp})
+    status = resp.get("status")
+    terminal = f"response.{status}" if status in ("incomplete", "failed") else "response.completed"
+    yield seq.event(terminal, {"response": resp})
 
 
 def _responses_item(seq: _Sequence, index: int, item: JSON) -> Events:
@@ -180,13 +185,16 @@ def _responses_part(seq: _Sequence, at: JSON, part: JSON) -> Events:
 class _Sequence:
     """A Responses stream's events, each with its ``sequence_number``."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: int = -1) -> None:
         self.n = 0
+        self.after = after  # the events up to this sequence number are left out (b"")
 
     def event(self, name: str, data: JSON) -> bytes:
-        out = _event(name, {"type": name, "sequence_number": self.n, **data})
+        n = self.n
         self.n += 1
-        return out
+        if n <= self.after:
+            return b""
+        return _event(name, {"type": name, "sequence_number": n, **data})
 
 
 def _event(name: str, data: JSON) -> bytes:
@@ -196,5 +204,5 @@ def _event(name: str, data: JSON) -> bytes:
 _BUILDERS: dict[str, Callable[[JSON], Events]] = {
     "openai": _openai,
     "anthropic": _anthropic,
-    "openai-responses": _responses,
+    "openai-responses": responses_events,
 }

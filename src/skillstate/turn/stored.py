@@ -20,17 +20,23 @@ from ..store import StoredResponse
 class StoredLink:
     """What a stored response records besides itself: its session, the response it chained
     on and the request's own input items (the chain's are stored once, in their links).
-    ``done``: the turn wrote it (with its commit, or alone when it commits nothing)."""
+    ``done``: the turn wrote it (with its commit, or alone when it commits nothing).
+    ``background``: the client asked for a background run, which the proxy served in the
+    foreground (``web.responses``); the response says ``background: true`` as the API's does,
+    which is what lets it be cancelled and streamed again later."""
 
     session: str
     previous: str | None
     items: list[Any]
     done: bool = False
+    background: bool = False
 
     def record(self, resp: dict[str, Any]) -> StoredResponse | None:
         """The response to store (None when it has no id: nothing to chain on)."""
         if not isinstance(resp.get("id"), str):
             return None
+        if self.background:
+            resp = {**resp, "background": True}
         return StoredResponse(
             resp["id"], self.session, time.time(), self.previous, self.items, resp
         )
@@ -46,6 +52,9 @@ class StoredLink:
             return raw, None
         if self.previous is not None:
             resp["previous_response_id"] = self.previous
+        if self.background:
+            resp["background"] = True
+        if self.previous is not None or self.background:
             raw = orjson.dumps(resp)
         return raw, self.record(resp)
 

@@ -1,7 +1,8 @@
 """The Responses API routes: ``POST /v1/responses`` (a turn, with ``previous_response_id``
 chains and ``store`` kept by the proxy, for every upstream kind),
 ``POST /v1/responses/input_tokens`` (what that turn would send, counted) and
-``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``.
+``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and
+``POST /v1/responses/{id}/cancel``.
 
 A Responses turn runs through the shared turn handler (``web.turns``) with ``ResponsesTurn``
 as its hooks. The chain is rebuilt there, before the turn: the stored response's input and
@@ -24,6 +25,7 @@ from ..auth.gate import Principal, principal_of
 from ..auth.tenancy import split_session, store_session
 from ..choices import Mode
 from ..dialects import sse
+from ..dialects.replystream import responses_events
 from ..dialects.responses import RESPONSES, input_items
 from ..dialects.responses.stream import TERMINAL_EVENTS
 from ..dialects.responses.translate import (
@@ -36,6 +38,7 @@ from ..dialects.responses.translate import (
 from ..dialects.responses.validate import validate_input_tokens_request
 from ..errors import ProxyError
 from ..headertext import HEADER_TEXT_MAX_CHARS, header_safe
+from ..numbertext import whole_number
 from ..observability.telemetry import TurnTelemetry
 from ..sessions.ids import SESSION_HEADER, resolve_session_id
 from ..store import Store, StoredResponse, StoreError
@@ -152,6 +155,7 @@ class ResponsesTurn:
             telemetry=tel,
             transcripts=rt.transcripts,
         )
+        turn, background = (turn, False) if self.endpoint else _in_foreground(turn)
         prev_id = turn.body.get("previous_response_id")
         own_items = input_items(turn.body.get("input"))
         self.tools, self.own_items = turn.body.get("tools"), own_items
@@ -162,7 +166,7 @@ class ResponsesTurn:
         shown[SESSION_HEADER] = turn.shown_session
         _reject_conversation(turn)
         if not self.endpoint and turn.body.get("store") is not False:
-            self.link = StoredLink(turn.session, prev_id, own_items)
+            self.link = StoredLink(turn.session, prev_id, own_items, background=background)
             # The turn stores it with its commit; a compaction's parts do not (the reply is
             # made after them: ``finish`` stores it).
             turn = dataclasses.replace(turn, stored=self.link)
@@ -233,6 +237,32 @@ def compact_hooks() -> ResponsesTurn:
     """The hooks of ``POST /v1/responses/compact``: the request's transcript compacted into
     the session's state, answered with its user messages and one ``compaction`` item."""
     return ResponsesTurn(endpoint=True)
+
+
+def _in_foreground(turn: Turn) -> tuple[Turn, bool]:
+    """The turn without ``background`` and ``background_options``, and whether it asked for
+    a background run. The proxy serves a turn while its client waits: it reads the reply to
+    commit the session's state, and stores the response it answers. So a background request
+    runs in the foreground, upstream too (an upstream asked for one would answer ``queued``,
+    with no output to commit, and the stored response would stay queued); the client gets
+    the finished response, with ``background: true``, which ends any polling loop at once.
+    A discounted completion window (``2h``, ``8h``) is refused: in the foreground it would
+    be billed in full, which is not what the client asked for."""
+    body = turn.body
+    if "background" not in body and "background_options" not in body:
+        return turn, False
+    options = body.get("background_options")
+    window = options.get("completion_window") if isinstance(options, dict) else None
+    if window is not None and window != "soonest":
+        raise ProxyError(
+            "invalid_request",
+            f"background_options.completion_window {str(window)[:20]!r}: the proxy runs a"
+            " background request while its client waits, so it cannot wait for a discounted"
+            " window; use 'soonest' (or none), or send the request to the API directly",
+            param="background_options.completion_window",
+        )
+    body = {k: v for k, v in body.items() if k not in ("background", "background_options")}
+    return dataclasses.replace(turn, body=body), turn.body.get("background") is True
 
 
 def _reject_unsupported(rt: Runtime, turn: Turn) -> None:
@@ -310,17 +340,76 @@ async def _stored(request: Request, links: int = 1) -> list[StoredResponse]:
 
 
 async def response_item(request: Request) -> Response:
-    """``GET`` (the stored response object) and ``DELETE`` ``/v1/responses/{id}``."""
+    """``GET`` (the stored response object; with ``stream=true``, a background response's
+    events after ``starting_after``) and ``DELETE`` ``/v1/responses/{id}``."""
     try:
+        streamed = request.method == "GET" and _stream_query(request)
         found = (await _stored(request))[-1]
         if request.method == "DELETE":
             await runtime(request).store.delete_response(found.id)
             return JSONResponse({"id": found.id, "object": "response", "deleted": True})
+        if streamed:
+            return _streamed_again(found.response, _starting_after(request))
     except ProxyError as e:
         return error_response(e, DIALECT)
     except StoreError as e:
         return error_response(e.for_client("could not delete the response"), DIALECT)
     return JSONResponse(found.response)
+
+
+async def response_cancel(request: Request) -> Response:
+    """``POST /v1/responses/{id}/cancel``. A background response is finished by the time
+    its id is known (the proxy runs it in the foreground: ``_in_foreground``), so this
+    answers it unchanged, as the API answers a finished background response; any other
+    response cannot be cancelled (a 400, as the API answers)."""
+    try:
+        found = (await _stored(request))[-1]
+        if found.response.get("background") is not True:
+            raise ProxyError(
+                "invalid_request",
+                "only a response created with background: true can be cancelled",
+                param="response_id",
+            )
+    except ProxyError as e:
+        return error_response(e, DIALECT)
+    return JSONResponse(found.response)
+
+
+def _stream_query(request: Request) -> bool:
+    """``GET /v1/responses/{id}``'s ``stream``: ``true`` or ``false`` (the SDKs' words)."""
+    value = request.query_params.get("stream", "false")
+    if value not in ("true", "false"):
+        raise ProxyError("invalid_request", "stream must be 'true' or 'false'", param="stream")
+    return value == "true"
+
+
+def _starting_after(request: Request) -> int:
+    """``starting_after``: the sequence number of the last event the client has (-1: none)."""
+    value = request.query_params.get("starting_after")
+    if value is None:
+        return -1
+    number = whole_number(value)
+    if number is None:
+        raise ProxyError(
+            "invalid_request",
+            "starting_after must be a whole number (an event's sequence_number)",
+            param="starting_after",
+        )
+    return number
+
+
+def _streamed_again(response: dict[str, Any], after: int) -> Response:
+    """A stored background response as the events of its stream (``responses_events``: the
+    stream a finished response makes), those after ``after``. The API streams only a
+    background response again; it keeps its events, and the proxy keeps the response."""
+    if response.get("background") is not True:
+        raise ProxyError(
+            "invalid_request",
+            "only a response created with background: true can be streamed again;"
+            " GET it without stream=true",
+            param="stream",
+        )
+    return Response(b"".join(responses_events(response, after)), media_type="text/event-stream")
 
 
 async def response_input_items(request: Request) -> Response:

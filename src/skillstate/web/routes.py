@@ -13,6 +13,7 @@ from .responses import DIALECT as RESPONSES
 from .responses import (
     ResponsesTurn,
     compact_hooks,
+    response_cancel,
     response_input_items,
     response_item,
     responses_input_tokens,
@@ -52,6 +53,7 @@ ROUTES = [
             Route(prefix + "/responses/input_tokens", post_only, methods=["GET", "DELETE"]),
             Route(prefix + "/responses/{response_id}", response_item, methods=["GET", "DELETE"]),
             Route(prefix + "/responses/{response_id}/input_items", response_input_items),
+            Route(prefix + "/responses/{response_id}/cancel", response_cancel, methods=["POST"]),
         )
     ),
     Route("/v1/models", models, methods=["GET"]),

@@ -14,6 +14,7 @@ from ..checks import check_bounds, is_one_of, validate_allowed_tools
 _ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TOOL_CHOICE_MODES = frozenset({"none", "auto", "required"})
 _FORMATS = frozenset({"text", "json_object", "json_schema"})
+_WINDOWS = frozenset({None, "soonest", "2h", "8h"})  # background_options.completion_window
 # Every input item type the API takes (the openai SDK's ResponseInputItemParam union, 3.57):
 # one of these goes to a Responses upstream as it came (the translations to other kinds carry
 # message, function_call and function_call_output; see translate.input_to_messages); any
@@ -129,6 +130,16 @@ def _validate_request(body: JSON, checked: int) -> None:
     for key in ("stream", "store", "parallel_tool_calls", "background"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise _bad(f"'{key}' must be a boolean", key)
+    if body.get("background") is True and body.get("store") is False:
+        raise _bad("a background response is stored: 'store' cannot be false", "store")
+    options = body.get("background_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("'background_options' must be an object", "background_options")
+    if isinstance(options, dict) and options.get("completion_window") not in _WINDOWS:
+        raise _bad(
+            "'background_options.completion_window' must be 'soonest', '2h' or '8h'",
+            "background_options.completion_window",
+        )
     check_bounds(body, "max_output_tokens", 1, None, integer=True)
     check_bounds(body, "temperature", 0, 2)
     check_bounds(body, "top_p", 0, 1)
