@@ -40,6 +40,7 @@ from .cost.baseline import (
 )
 from .cost.pricing import PriceOverride
 from .dialects.registry import DIALECTS
+from .numbertext import whole_number
 from .store.schemes import URL_FORMS, url_problem
 
 DEFAULT_PORT = 8789
@@ -67,8 +68,10 @@ def _cache_regime(pricing: CachePricing, ttl_s: float, min_tokens: int) -> Cache
     return CacheRegime(pricing, ttl_s, min_tokens)
 
 
+# Strict: a config value is of its JSON type ("port": true, "80" or 80.0, "rpm": "1_000" are
+# errors, not 1, 80 and 1000); choices (the enums) and paths are read from their names.
 class Upstream(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field(min_length=1)
     url: str
     api_key: str | None = None
@@ -92,7 +95,7 @@ class Upstream(BaseModel):
     cache_min_tokens_by_model: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict
     )  # fnmatch pattern -> tokens
-    cache_breakpoints: CacheBreakpoints = CacheBreakpoints.AUTO
+    cache_breakpoints: CacheBreakpoints = Field(default=CacheBreakpoints.AUTO, strict=False)
     # The model's context limit in tokens, for the window's checkpoint rule: genai-prices
     # knows the hosted models' limits, not a local server's (llama.cpp's --ctx-size, Ollama's
     # num_ctx), and a window that outgrows the server's context fails the turn upstream.
@@ -165,7 +168,7 @@ class Upstream(BaseModel):
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
@@ -173,22 +176,23 @@ class Settings(BaseModel):
     schema_keys: list[str] = Field(default_factory=list, alias="schema")
     initial_state: dict[str, Any] = Field(default_factory=dict)
     state_schema: dict[str, Any] | None = None
-    data_dir: Path = Field(default_factory=lambda: Path("~/.skillstate"))
+    data_dir: Path = Field(default_factory=lambda: Path("~/.skillstate"), strict=False)
     verbose: bool = False
     # Observability: /metrics (behind a bearer token when set) and optional OTLP traces.
     metrics_token: str | None = Field(default=None, min_length=16)
     metrics_key_label: bool = False  # /metrics by client key name too (names are bounded)
     otel_endpoint: str | None = None  # OTLP/HTTP base URL; OTEL_EXPORTER_OTLP_ENDPOINT works too
     otel_capture_content: bool = False  # message content and patches on spans
-    mode: Mode = Mode.STATE
-    constrain: Constrain = Constrain.OFF
+    mode: Mode = Field(default=Mode.STATE, strict=False)
+    constrain: Constrain = Field(default=Constrain.OFF, strict=False)
     schema_violation: Literal["reject", "drop"] = "reject"
     # Responses API tools without a chat-completions/Anthropic form (web_search, namespace…)
     # for an upstream not of kind openai-responses.
     unsupported_tools: Literal["drop", "reject"] = "drop"
-    reply_envelope: ReplyEnvelope = ReplyEnvelope.STRIP
+    reply_envelope: ReplyEnvelope = Field(default=ReplyEnvelope.STRIP, strict=False)
     mask_keep: int = Field(default=3, ge=1)  # mode mask: the last observations kept whole
-    compaction: Compaction = Compaction.NATIVE  # who compacts for openai-responses upstreams
+    # who compacts for openai-responses upstreams
+    compaction: Compaction = Field(default=Compaction.NATIVE, strict=False)
     # mode window: exchanges kept verbatim after a checkpoint, and the window's bound (tokens)
     window_keep: int = Field(default=3, ge=0)
     window_max_tokens: int = Field(default=32_000, ge=1_000)
@@ -205,7 +209,7 @@ class Settings(BaseModel):
     forward_scoping_headers: list[str] = Field(default_factory=list)
     # Client keys (skillstate.auth): on once a key exists, or always with "required"; a
     # non-loopback listen refuses to start without them unless insecure_no_auth.
-    auth: AuthMode = AuthMode.AUTO
+    auth: AuthMode = Field(default=AuthMode.AUTO, strict=False)
     insecure_no_auth: bool = False
     auth_cache_ttl: float = Field(default=5.0, ge=0)  # seconds a verified key is trusted
     # Wrong keys from one client address (auth/failures.py): after this many in a window,
@@ -241,7 +245,7 @@ class Settings(BaseModel):
     # Redis (redis://… or rediss://…) for what replicas share: per-session turn leases,
     # rpm/tpm windows, circuit breakers. None: all of them in this process.
     coordination: str | None = None
-    coordination_down: CoordinationDown = CoordinationDown.REFUSE
+    coordination_down: CoordinationDown = Field(default=CoordinationDown.REFUSE, strict=False)
     # Raise coordination_timeout for a Redis across a slow link.
     coordination_timeout: float = Field(default=1.0, gt=0, le=60)  # seconds; longer: Redis down
     lease_ttl: float = Field(default=10.0, gt=0)  # seconds a turn's session lease lives unrenewed
@@ -403,6 +407,14 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     for var, key in simple.items():
         if var in env:
             layer[key] = env[var]
+    if "SKILLSTATE_PORT" in env:  # not int(): it reads "8_080", "+80" and "８０"
+        port = whole_number(env["SKILLSTATE_PORT"].strip())
+        if port is None:
+            raise ConfigError(
+                f"SKILLSTATE_PORT: the port must be a whole number from 0 to 65535, got"
+                f" {env['SKILLSTATE_PORT']!r}"
+            )
+        layer["port"] = port
     if "SKILLSTATE_SCHEMA" in env:
         layer["schema"] = env["SKILLSTATE_SCHEMA"].split(",")
     if "SKILLSTATE_INITIAL_STATE" in env:
@@ -503,6 +515,18 @@ def _apply_upstream_shorthand(merged: dict[str, Any]) -> None:
         ]
 
 
+_TYPE_ERRORS = frozenset({"int_type", "float_type", "bool_type", "string_type", "list_type"})
+
+
+def _shown(value: Any) -> str:
+    """A config value as its JSON (at most 40 characters), for an error line."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _one_line(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "config"
@@ -511,5 +535,7 @@ def _one_line(e: ValidationError) -> str:
     msg = err["msg"].removeprefix("Value error, ")  # our validators' own words
     if err["type"] == "extra_forbidden":
         msg = "unknown setting"
+    elif err["type"] in _TYPE_ERRORS:  # a value of another JSON type: show what it was
+        msg += f", got {_shown(err.get('input'))}"
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     return f"{loc}: {msg}{more}"

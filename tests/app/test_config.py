@@ -150,6 +150,28 @@ def test_max_tokens_field_for_translated_requests(
         ({"upstream": "http://127.0.0.1:99999/v1"}, {}, None, "bad port"),
         ({"upstream": "http://a b/v1"}, {}, None, "bad host"),
         ({}, {}, {"store_synchronous": "off"}, "store_synchronous"),
+        # A value of another JSON type is an error, not read as a number or a flag.
+        ({}, {}, {"port": True}, "port: Input should be a valid integer, got true"),
+        ({}, {}, {"port": "8080"}, 'port: Input should be a valid integer, got "8080"'),
+        ({}, {}, {"port": 80.0}, "port: Input should be a valid integer, got 80.0"),
+        ({}, {}, {"verbose": "yes"}, 'verbose: Input should be a valid boolean, got "yes"'),
+        ({}, {}, {"header_timeout": "10"}, "header_timeout: Input should be a valid number"),
+        (
+            {},
+            {},
+            {"upstreams": [{"name": "u", "url": "http://a/v1", "rpm": "1_000"}]},
+            "upstreams.0.rpm: Input should be a valid integer",
+        ),
+        (
+            {},
+            {},
+            {"upstreams": [{"name": "u", "url": "http://a/v1", "prices": {"input_per_mtok": "3"}}]},
+            "upstreams.0.prices.input_per_mtok: Input should be a valid number",
+        ),
+        ({}, {"SKILLSTATE_PORT": "8_080"}, None, "SKILLSTATE_PORT: the port must be a whole"),
+        ({}, {"SKILLSTATE_PORT": "+80"}, None, "SKILLSTATE_PORT"),
+        ({}, {"SKILLSTATE_PORT": "80.0"}, None, "SKILLSTATE_PORT"),
+        ({}, {"SKILLSTATE_PORT": "\uff18\uff10"}, None, "SKILLSTATE_PORT"),
     ],
 )
 def test_bad_config_is_one_clear_line(
@@ -221,3 +243,24 @@ def test_store_and_coordination_urls_from_the_environment() -> None:
     )
     assert (s.store, s.coordination) == ("postgresql://u@h/db", "redis://h")
     assert load_settings({}, env={}).store is None
+
+
+def test_values_of_their_json_type_and_choices_by_name_are_read(tmp_path: Path) -> None:
+    cfg = write(
+        tmp_path,
+        {"port": 8090, "mode": "window", "auth": "required", "header_timeout": 10,
+         "data_dir": str(tmp_path / "d"), "verbose": True,
+         "upstreams": [{"name": "u", "url": "http://a/v1", "rpm": 60,
+                        "cache_breakpoints": "off", "prices": {"input_per_mtok": 3}}]},
+    )  # fmt: skip
+    s = load_settings({"config": str(cfg)}, env={"SKILLSTATE_PORT": " 8091 "}, cwd=tmp_path)
+    assert (s.port, s.mode.value, s.auth.value, s.header_timeout) == (
+        8091,
+        "window",
+        "required",
+        10.0,
+    )
+    assert s.data_dir == tmp_path / "d" and s.verbose is True
+    u = s.upstreams[0]
+    assert (u.rpm, u.cache_breakpoints.value) == (60, "off")
+    assert u.prices is not None and u.prices.input_per_mtok == 3.0

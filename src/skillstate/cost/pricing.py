@@ -140,7 +140,7 @@ class PriceOverride(BaseModel):
     this model, so pricing needs no bridge from a config type.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # "3" is no price
     input_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     output_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     cache_read_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
