@@ -159,3 +159,21 @@ def test_json_that_is_no_reply_is_an_error_in_the_clients_dialect(
         stream.get_final_message()
     assert e.value.status_code == 502
     assert "JSON that is no reply" in str(e.value) and "try later" in str(e.value)
+
+
+def test_a_cut_off_responses_reply_ends_its_stream_as_the_api_would(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A cut-off Responses reply in JSON (``status: incomplete``) streams with the terminal
+    event its status names, ``response.incomplete``, as the API's own stream ends."""
+    p = start(fake, start_proxy, "openai-responses")
+    fake.enqueue(Reply(text="word " * 400, usage=USAGE))
+    events = list(
+        oai(p, "sk").responses.create(
+            model="m", input="long", max_output_tokens=16, stream=True,
+            extra_headers={SESSION_HEADER: "r3", "x-skillstate-mode": "passthrough"},
+        )
+    )  # fmt: skip
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "response.incomplete" and "response.completed" not in kinds
+    assert events[-1].response.status == "incomplete"  # type: ignore[union-attr]
