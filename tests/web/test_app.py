@@ -177,6 +177,9 @@ def test_turn_routes_direct_entry_keeps_the_router_answers(
         assert c.put("/chat/completions").status_code == 405
         missing = c.post("/v1/chat/completions/extra", json={})
         assert missing.status_code == 404 and missing.json()["error"]
+        embeddings = c.post("/v1/embeddings", json={"model": "m", "input": "x"})
+        said = embeddings.json()["error"]["message"]
+        assert embeddings.status_code == 404 and "call the provider directly" in said
         for path in TURN_HANDLERS:
             r = c.post(path, content=b"", headers={"content-type": "application/json"})
             assert r.status_code == 400, (path, r.text)

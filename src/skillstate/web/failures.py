@@ -24,12 +24,20 @@ def dialect_of(request: Request) -> Dialect:
     return dialect_for_path(request.url.path) or catalog_dialect(request.headers)
 
 
+# What a 404 says is served: a client pointed at the proxy for an API the proxy does not relay
+# (embeddings, files, batches...) learns to call the provider for it.
+_SERVED = (
+    "the proxy serves model turns (POST /v1/chat/completions, /v1/messages, /v1/responses)"
+    " and the routes `skillstate --help` lists; call the provider directly for other endpoints"
+)
+
+
 async def not_found(request: Request, exc: Exception) -> Response:
     """404 for an unknown route, 405 for a known route with another method."""
     status = getattr(exc, "status_code", 404)
     kind = "not_found" if status == 404 else "invalid_request"
     msg = (
-        f"no route {request.method} {request.url.path}"
+        f"no route {request.method} {request.url.path}: {_SERVED}"
         if status == 404
         else f"method {request.method} not allowed on {request.url.path}"
     )
