@@ -729,7 +729,7 @@ class FakeProvider:
             "object": "chat.completion.chunk" if stream else "chat.completion",
             "created": int(time.time()),
             "model": reply.model or req.get("model", "unknown"),
-            "service_tier": "default",
+            "service_tier": _served_tier(req),
             "system_fingerprint": SYSTEM_FINGERPRINT,
         }
         wire_calls = [
@@ -943,7 +943,7 @@ class FakeProvider:
             "text": req.get("text", {"format": {"type": "text"}}),
             "tool_choice": req.get("tool_choice", "auto"), "tools": req.get("tools", []),
             "top_p": req.get("top_p", 1.0), "truncation": "disabled", "usage": usage,
-            "metadata": req.get("metadata", {}),
+            "metadata": req.get("metadata", {}), "service_tier": _served_tier(req),
         }  # fmt: skip
         failure = {"code": reply.fail_code, "message": reply.fail}
         if req.get("background") is True:
@@ -1174,6 +1174,14 @@ class FakeProvider:
     async def _ctl_reset(self, request: web.Request) -> web.Response:
         self.reset()
         return web.json_response({"ok": True})
+
+
+def _served_tier(req: dict[str, Any]) -> str:
+    """The ``service_tier`` an OpenAI reply names: the one the request asked for when it is
+    flex or priority (the tiers billed at their own rates), else ``default`` (``auto``
+    serves a project without a priority default there)."""
+    asked = req.get("service_tier")
+    return asked if asked in ("flex", "priority") else "default"
 
 
 def _ttl(cache_control: Any) -> Any:

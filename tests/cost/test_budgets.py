@@ -308,3 +308,18 @@ def test_a_budget_header_is_a_plain_positive_decimal_number_of_usd() -> None:
             parse_budget(text, None)
     with pytest.raises(ProxyError, match="more than this key allows"):
         parse_budget("10", 5.0)
+
+
+def test_a_request_for_the_priority_tier_is_held_at_its_rates() -> None:
+    """OpenAI bills priority at about twice its standard rates (gpt-5, bundled genai-prices);
+    a request that asks for it is held at them, one that asks for flex at flex's."""
+    worst = WorstCase(PriceBook(), default_max_tokens=500)
+    hint = [("o", "https://api.openai.com/v1")]
+    standard = worst.rates("gpt-5", hint, 1000, {"service_tier": "auto"})
+    priority = worst.rates("gpt-5", hint, 1000, {"service_tier": "priority"})
+    flex = worst.rates("gpt-5", hint, 1000, {"service_tier": "flex"})
+    assert standard is not None and priority is not None and flex is not None
+    assert worst.rates("gpt-5", hint, 1000) == standard
+    assert (priority.input_per_mtok, priority.output_per_mtok) == (2.5, 20.0)
+    assert (standard.input_per_mtok, standard.output_per_mtok) == (1.25, 10.0)
+    assert (flex.input_per_mtok, flex.output_per_mtok) == (0.625, 5.0)

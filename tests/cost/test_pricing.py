@@ -444,3 +444,41 @@ def test_the_cached_tiers_price_every_tiered_model_as_genai_prices_does() -> Non
                 model,
                 total,
             )
+
+
+def _variant(model: str, tier: str) -> dict[str, Decimal]:
+    """genai-prices' bundled rates of ``model`` (OpenAI's) at a service tier."""
+    from genai_prices.data import providers
+
+    info = next(p for p in providers if p.id == "openai").find_model(model)
+    assert info is not None
+    variant = next(v for v in info.price_variants or () if v.when == {"service_tier": tier})
+    keys = ("input_mtok", "output_mtok", "cache_read_mtok")
+    return {k: getattr(variant.prices, k) for k in keys}
+
+
+@pytest.mark.parametrize("tier", ["flex", "priority"])
+def test_a_call_served_at_a_service_tier_is_priced_at_its_rates(tier: str) -> None:
+    rates = _variant("gpt-5", tier)
+    usage = usage_from_openai(
+        {"prompt_tokens": 10_000, "completion_tokens": 500,
+         "prompt_tokens_details": {"cached_tokens": 8_000}},
+        tier,
+    )  # fmt: skip
+    assert usage == Usage(10_000, 500, 8_000, 0, service_tier=tier)
+    priced = PriceBook().price(usage, model="gpt-5", upstream=None, provider_hint="openai")
+    expected = (
+        2_000 * rates["input_mtok"] + 8_000 * rates["cache_read_mtok"] + 500 * rates["output_mtok"]
+    ) / 1_000_000
+    assert priced.status == "known" and priced.cost_usd == pytest.approx(float(expected))
+    standard = PriceBook().price(
+        Usage(10_000, 500, 8_000, 0), model="gpt-5", upstream=None, provider_hint="openai"
+    )
+    assert standard.cost_usd is not None and priced.cost_usd is not None
+    assert (priced.cost_usd < standard.cost_usd) == (tier == "flex")
+
+
+@pytest.mark.parametrize("named", ["default", "auto", "scale", "", None, 3, ["priority"]])
+def test_a_tier_without_rates_of_its_own_is_the_standard_rates(named: Any) -> None:
+    usage = usage_from_openai({"prompt_tokens": 100, "completion_tokens": 5}, named)
+    assert usage == Usage(100, 5, 0, 0) and usage.service_tier is None

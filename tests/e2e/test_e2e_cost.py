@@ -200,6 +200,40 @@ def test_streamed_and_unstreamed_turns_record_the_same_usage_and_cost(shared: Sh
         assert float(unstreamed_header) == pytest.approx(expected, abs=1e-8), name
 
 
+@pytest.mark.parametrize(
+    ("tier", "rates"),
+    [(None, (1.25, 0.125, 10.0)), ("default", (1.25, 0.125, 10.0)),
+     ("flex", (0.625, 0.0625, 5.0)), ("priority", (2.5, 0.25, 20.0))],
+)  # fmt: skip
+def test_a_call_is_priced_at_the_service_tier_its_reply_names(
+    shared: Shared, tier: str | None, rates: tuple[float, float, float]
+) -> None:
+    """OpenAI bills flex at half its standard rates and priority at twice (gpt-5: $1.25 in,
+    $0.125 cache read, $10 out per million standard, the bundled genai-prices list); the
+    reply's ``service_tier`` names the tier that served the call. Streamed or not."""
+    fake, p = shared.fake, shared.proxy
+    usage = {"prompt_tokens": 1200, "completion_tokens": 80, "cached_tokens": 200}
+    inp, read, out = rates
+    expected = usd(1000 * inp + 200 * read + 80 * out)
+    extra = {} if tier is None else {"service_tier": tier}
+    for streamed in (False, True):
+        session = f"tier-{tier}-{'s' if streamed else 'n'}"
+        fake.enqueue(Reply(text=envelope({"notes": "x"}), usage=usage))
+        kw: dict[str, Any] = {"stream_options": {"include_usage": True}} if streamed else {}
+        c = oai(p).chat.completions
+        raw = c.with_raw_response.create(
+            model="gpt-5", messages=[{"role": "user", "content": "go"}], stream=streamed,
+            extra_headers={SESSION_HEADER: session, "x-skillstate-mode": "passthrough"},
+            **extra, **kw,
+        )  # fmt: skip
+        got = raw.parse()
+        if streamed:
+            chunks = list(got)  # type: ignore[call-overload]
+            assert chunks[-1].service_tier == (tier or "default")
+        assert fake.last.json["service_tier" if tier else "model"] == (tier or "gpt-5")
+        assert cost_of(p, session=session)["totals"]["cost_usd"] == pytest.approx(expected)
+
+
 def test_anthropic_cache_tokens_use_cache_prices_without_double_counting(shared: Shared) -> None:
     fake, p = shared.fake, shared.proxy
     # What an Anthropic upstream reports: input_tokens EXCLUDES the cache parts.

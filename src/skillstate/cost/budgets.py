@@ -302,7 +302,7 @@ class TurnBudgets:
         if not self.budgets:
             return None
         upstreams = list(upstreams)
-        rates = self.book.worst.rates(model, upstreams, input_tokens)
+        rates = self.book.worst.rates(model, upstreams, input_tokens, body)
         if rates is None:
             rates = self._unpriced(model)
         names = [name for name, _ in upstreams]

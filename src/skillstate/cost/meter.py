@@ -349,7 +349,7 @@ class TurnMeter:
             return held
         if self._worst is None:
             return None
-        rates = self._worst.rates(model or "", [(upstream, provider_hint)], est_tokens)
+        rates = self._worst.rates(model or "", [(upstream, provider_hint)], est_tokens, body)
         return None if rates is None else self._worst.cost(rates, est_tokens, body, [upstream])
 
 

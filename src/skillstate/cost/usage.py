@@ -18,18 +18,32 @@ MAX_TOKEN_COUNT = 2**53
 class Usage:
     """Token usage of one call. ``input_tokens`` INCLUDES cache reads and cache writes;
     ``cache_write_1h_tokens`` is the part of ``cache_write_tokens`` written for one hour
-    (Anthropic's ``"ttl": "1h"``, billed above the five-minute writes)."""
+    (Anthropic's ``"ttl": "1h"``, billed above the five-minute writes). ``service_tier``:
+    the tier the reply says served it (OpenAI's ``service_tier``: ``flex`` is billed at about
+    half the standard rates, ``priority`` at about twice); None or ``default``: standard."""
 
     input_tokens: int
     output_tokens: int
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cache_write_1h_tokens: int = 0
+    service_tier: str | None = None
 
     @property
     def uncached_input_tokens(self) -> int:
         """Input tokens that were neither read from nor written to the prompt cache."""
         return self.input_tokens - self.cache_read_tokens - self.cache_write_tokens
+
+
+# The tiers that price a call otherwise than the standard rates (genai-prices' price variants
+# by ``service_tier``); any other value a reply names is priced at the standard rates.
+PRICED_TIERS = frozenset({"flex", "priority", "fast"})
+
+
+def service_tier(value: Any) -> str | None:
+    """A reply's ``service_tier`` as ``Usage.service_tier``: one of ``PRICED_TIERS``, else
+    None (``default``, ``auto``, ``scale``, absent, or no string)."""
+    return value if isinstance(value, str) and value in PRICED_TIERS else None
 
 
 def token_count(v: Any) -> int | None:

@@ -26,6 +26,10 @@ that (CJK, long runs of digits or symbols) can still cost more than it reserved.
 Prices that rise with the call's input (long-context tiers: Claude Sonnet 4.5 past 200,000
 input tokens, Gemini 2.5 Pro past 200,000) are taken at the tier of the margined input.
 
+A request that asks for a service tier (OpenAI's ``service_tier``: ``priority``, ``flex``) is
+reserved at that tier's rates (priority about twice the standard ones); ``auto`` or none at
+the standard rates (a project whose default tier is priority is not known to the proxy).
+
 A model served by several upstreams (failover) is reserved at the highest of their rates:
 each may carry its own ``prices`` override. A model with no price anywhere is ``None``
 here; ``UNPRICED`` is what an ``allow_unpriced`` key's calls to it are counted at: the rates
@@ -47,6 +51,7 @@ from ..dialects.responses import RESPONSES
 from ..dialects.responses.from_chat import at_least_the_apis_minimum
 from .cachehints import marks_one_hour_cache
 from .pricing import PriceBook, Prices
+from .usage import service_tier
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -150,17 +155,27 @@ class WorstCase:
         return cls(prices, settings.budget_max_tokens, kinds)
 
     def rates(
-        self, model: str, upstreams: Iterable[tuple[str, str | None]], input_tokens: int
+        self,
+        model: str,
+        upstreams: Iterable[tuple[str, str | None]],
+        input_tokens: int,
+        body: Mapping[str, Any] | None = None,
     ) -> Rates | None:
         """The highest rates among the upstreams that may serve ``model`` (name, URL), at
-        the price tier of a call of ``input_tokens`` (estimated) times ``INPUT_MARGIN``;
-        None when any of them has no price for it."""
+        the price tier of a call of ``input_tokens`` (estimated) times ``INPUT_MARGIN``, and
+        at the service tier the request ``body`` asks for (``priority`` about twice the
+        standard rates); None when any of them has no price for it."""
+        asked = service_tier(body.get("service_tier")) if body is not None else None
         found: Rates | None = None
         candidates: list[tuple[str | None, str | None]] = [*upstreams] or [(None, None)]
         tier = math.ceil(input_tokens * INPUT_MARGIN)
         for name, url in candidates:
             p = self.prices.rates(
-                model=model or None, upstream=name, provider_hint=url, input_tokens=tier
+                model=model or None,
+                upstream=name,
+                provider_hint=url,
+                input_tokens=tier,
+                service_tier=asked,
             )
             if p is None:
                 return None

@@ -756,8 +756,8 @@ class AnthropicDialect:
     def reply_problem(self, resp: JSON) -> BadReply | None:
         return _message_problem(resp)
 
-    def usage(self, raw: Any) -> Usage | None:
-        return usage_from_anthropic(raw)
+    def usage(self, raw: Any, tier: Any = None) -> Usage | None:
+        return usage_from_anthropic(raw)  # its tiers are in its usage (not priced apart)
 
     def error_body(self, err: ProxyError) -> JSON:
         return {"type": "error", "error": {"type": _ERROR_TYPES[err.kind], "message": err.message}}

@@ -134,8 +134,9 @@ class Dialect(Protocol):
         ``max_tokens``) passes."""
         ...
 
-    def usage(self, raw: Any) -> Usage | None:
-        """A reply's usage object normalised (None when missing or malformed)."""
+    def usage(self, raw: Any, tier: Any = None) -> Usage | None:
+        """A reply's usage object normalised (None when missing or malformed); ``tier``: the
+        reply's ``service_tier`` beside it, where the kind puts it there."""
         ...
 
     def error_body(self, err: ProxyError) -> JSON:

@@ -8,7 +8,7 @@ from typing import Any, Final, NoReturn
 
 import orjson
 
-from ..cost.usage import Usage, optional_token_count, token_count
+from ..cost.usage import Usage, optional_token_count, service_tier, token_count
 from ..engine.context import (
     DialectContext,
     Split,
@@ -401,8 +401,9 @@ class OpenAIContext:
 # -- usage ------------------------------------------------------------------------------------
 
 
-def usage_from_openai(u: Mapping[str, Any] | None) -> Usage | None:
-    """OpenAI-style usage -> ``Usage``; None when missing or malformed.
+def usage_from_openai(u: Mapping[str, Any] | None, tier: Any = None) -> Usage | None:
+    """OpenAI-style usage -> ``Usage``; None when missing or malformed. ``tier``: the
+    reply's ``service_tier`` (beside its usage, in the reply or the stream's chunk).
 
     Chat completions: ``prompt_tokens`` already INCLUDES ``prompt_tokens_details.cached_tokens``
     so input = prompt_tokens, cache_read = cached_tokens. Also accepted: the Responses API
@@ -426,7 +427,7 @@ def usage_from_openai(u: Mapping[str, Any] | None) -> Usage | None:
         cached = optional_token_count(u, "prompt_cache_hit_tokens")
     if cached is None or cached > inp:
         return None
-    return Usage(inp, out, cached, 0)
+    return Usage(inp, out, cached, 0, service_tier=service_tier(tier))
 
 
 # -- the native stream relay ------------------------------------------------------------------
@@ -470,7 +471,7 @@ class OpenAIRelay(RelayCapture):
         self.note_model(chunk.get("model"))
         usage = chunk.get("usage")
         if usage:
-            self.usage = usage_from_openai(usage)
+            self.usage = usage_from_openai(usage, chunk.get("service_tier"))
         choices = chunk.get("choices") or []
         for choice in choices:
             if choice.get("index", 0) != 0:
@@ -637,8 +638,8 @@ class OpenAIDialect:
     def reply_problem(self, resp: JSON) -> BadReply | None:
         return chat_reply_problem(resp)
 
-    def usage(self, raw: Any) -> Usage | None:
-        return usage_from_openai(raw)
+    def usage(self, raw: Any, tier: Any = None) -> Usage | None:
+        return usage_from_openai(raw, tier)
 
     def error_body(self, err: ProxyError) -> JSON:
         return {

@@ -56,7 +56,7 @@ class OpenAIToAnthropicRelay(_TranslatingRelay[OpenAIStreamToAnthropic]):
             return []
         self.note_model(chunk.get("model"))
         if chunk.get("usage"):
-            self.usage = usage_from_openai(chunk["usage"])
+            self.usage = usage_from_openai(chunk["usage"], chunk.get("service_tier"))
         out = self._t.feed(chunk)
         self.has_tool_calls = self._t.has_tool_calls
         return out

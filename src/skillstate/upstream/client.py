@@ -262,7 +262,7 @@ class Exchange:
 
     def usage_of(self, resp: Mapping[str, Any]) -> Usage | None:
         """The usage a non-streamed reply (in the upstream's format) reports."""
-        return self.upstream.dialect.usage(resp.get("usage"))
+        return self.upstream.dialect.usage(resp.get("usage"), resp.get("service_tier"))
 
     async def settle(self, usage: Usage | None) -> None:
         """Correct the upstream's token-per-minute window with the real usage."""

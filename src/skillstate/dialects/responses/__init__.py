@@ -224,8 +224,8 @@ class ResponsesDialect:
     def reply_problem(self, resp: JSON) -> BadReply | None:
         return response_problem(resp)
 
-    def usage(self, raw: Any) -> Usage | None:
-        return usage_from_openai(raw)
+    def usage(self, raw: Any, tier: Any = None) -> Usage | None:
+        return usage_from_openai(raw, tier)
 
     def error_body(self, err: ProxyError) -> JSON:
         return OPENAI.error_body(err)

@@ -98,7 +98,7 @@ class ResponsesRelay(RelayCapture):
         if isinstance(resp.get("model"), str):
             self.model = resp["model"]
         if resp.get("usage"):
-            self.usage = usage_from_openai(resp["usage"])
+            self.usage = usage_from_openai(resp["usage"], resp.get("service_tier"))
 
     def finish(self) -> list[bytes]:
         return self._held
@@ -183,7 +183,7 @@ class ChatToResponsesRelay(RelayCapture):
             self.model = chunk["model"]
         if chunk.get("usage"):
             self._chat_usage = chunk["usage"]
-            self.usage = usage_from_openai(chunk["usage"])
+            self.usage = usage_from_openai(chunk["usage"], chunk.get("service_tier"))
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue

@@ -126,7 +126,8 @@ class ResponsesToChatRelay(RelayCapture):
         if etype in ("response.completed", "response.incomplete"):
             self._response = object_or_empty(data.get("response"))
             self.note_model(self._response.get("model"))
-            self.usage = usage_from_openai(self._response.get("usage"))
+            resp = self._response
+            self.usage = usage_from_openai(resp.get("usage"), resp.get("service_tier"))
             self.complete = True
         elif etype == "response.output_item.added":
             out += self._call_opened(data)
