@@ -810,6 +810,8 @@ class FakeProvider:
             "cache_read_input_tokens": u.get("cache_read", u.get("cached_tokens", read)),
             "output_tokens": completion,
         }
+        if req.get("speed") == "fast":  # fast mode: the usage says so (billed at its rates)
+            usage["speed"] = "fast"
         if self.cache == "anthropic" and not scripted and _marks_ttl(req):
             usage["cache_creation"] = {
                 "ephemeral_5m_input_tokens": write - hour,

@@ -323,3 +323,12 @@ def test_a_request_for_the_priority_tier_is_held_at_its_rates() -> None:
     assert (priority.input_per_mtok, priority.output_per_mtok) == (2.5, 20.0)
     assert (standard.input_per_mtok, standard.output_per_mtok) == (1.25, 10.0)
     assert (flex.input_per_mtok, flex.output_per_mtok) == (0.625, 5.0)
+
+
+def test_a_request_for_anthropic_fast_mode_is_held_at_its_rates() -> None:
+    worst = WorstCase(PriceBook(), default_max_tokens=500)
+    standard = worst.rates("claude-opus-5-5", [], 1000, {"speed": "standard"})
+    fast = worst.rates("claude-opus-5-5", [], 1000, {"speed": "fast"})
+    assert standard is not None and fast is not None
+    assert fast.output_per_mtok > standard.output_per_mtok
+    assert fast.input_per_mtok > standard.input_per_mtok

@@ -482,3 +482,19 @@ def test_a_call_served_at_a_service_tier_is_priced_at_its_rates(tier: str) -> No
 def test_a_tier_without_rates_of_its_own_is_the_standard_rates(named: Any) -> None:
     usage = usage_from_openai({"prompt_tokens": 100, "completion_tokens": 5}, named)
     assert usage == Usage(100, 5, 0, 0) and usage.service_tier is None
+
+
+def test_an_anthropic_fast_mode_call_is_priced_at_its_rates() -> None:
+    from genai_prices.data import providers
+
+    info = next(p for p in providers if p.id == "anthropic").find_model("claude-opus-5-5")
+    assert info is not None
+    fast = next(v for v in info.price_variants or () if v.when == {"speed": "fast"}).prices
+    raw = {"input_tokens": 1_000, "output_tokens": 100, "cache_read_input_tokens": 0,
+           "cache_creation_input_tokens": 0}  # fmt: skip
+    usage = usage_from_anthropic({**raw, "speed": "fast"})
+    assert usage is not None and usage.speed == "fast"
+    assert usage_from_anthropic({**raw, "speed": "standard"}) == usage_from_anthropic(raw)
+    priced = PriceBook().price(usage, model="claude-opus-5-5", upstream=None)
+    expected = (1_000 * fast.input_mtok + 100 * fast.output_mtok) / 1_000_000
+    assert priced.cost_usd == pytest.approx(float(expected))

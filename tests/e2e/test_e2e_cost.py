@@ -234,6 +234,55 @@ def test_a_call_is_priced_at_the_service_tier_its_reply_names(
         assert cost_of(p, session=session)["totals"]["cost_usd"] == pytest.approx(expected)
 
 
+def _listed_rates(provider: str, model: str, when: dict[str, str] | None) -> tuple[float, float]:
+    """(input, output) USD per million tokens of ``model`` in genai-prices' bundled list, at
+    the price variant ``when`` selects (None: the standard rates)."""
+    from genai_prices.data import providers
+
+    info = next(p for p in providers if p.id == provider).find_model(model)
+    assert info is not None
+    prices = info.prices
+    assert not isinstance(prices, list)
+    if when is not None:
+        prices = next(v for v in info.price_variants or () if v.when == when).prices
+    return float(prices.input_mtok), float(prices.output_mtok)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_an_anthropic_fast_mode_call_is_priced_at_its_rates(shared: Shared, fast: bool) -> None:
+    """Anthropic bills fast mode (``speed: "fast"``, its usage says so) at rates of its own
+    (Claude Opus 5.5: twice the standard ones in the bundled list). Streamed or not."""
+    fake, p = shared.fake, shared.proxy
+    model = "claude-opus-5-5"
+    inp, out = _listed_rates("anthropic", model, {"speed": "fast"} if fast else None)
+    expected = usd(1000 * inp + 80 * out)
+    for streamed in (False, True):
+        session = f"speed-{fast}-{'s' if streamed else 'n'}"
+        fake.enqueue(
+            Reply(
+                text=envelope({"notes": "x"}),
+                usage={"prompt_tokens": 1000, "completion_tokens": 80},
+            )
+        )
+        body = {
+            "model": model,
+            "max_tokens": 100,
+            "stream": streamed,
+            "messages": [{"role": "user", "content": "go"}],
+            **({"speed": "fast"} if fast else {}),
+        }
+        headers = {
+            "x-api-key": "sk-client",
+            "anthropic-version": "2023-06-01",
+            SESSION_HEADER: session,
+            "x-skillstate-mode": "passthrough",
+        }
+        r = p.http.post(p.url + "/v1/messages", json=body, headers=headers, timeout=10)
+        assert r.status_code == 200, r.text
+        assert fake.last.json.get("speed") == ("fast" if fast else None)
+        assert cost_of(p, session=session)["totals"]["cost_usd"] == pytest.approx(expected)
+
+
 def test_anthropic_cache_tokens_use_cache_prices_without_double_counting(shared: Shared) -> None:
     fake, p = shared.fake, shared.proxy
     # What an Anthropic upstream reports: input_tokens EXCLUDES the cache parts.

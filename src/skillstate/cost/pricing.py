@@ -282,27 +282,21 @@ def _hour_prices(model_price: Any) -> _HourPrices:
     return _HourPrices(model_price, per_request, tuple(bounds), spans)
 
 
-_PRICES_AT: dict[tuple[int, int, str | None], _HourPrices] = {}
+_PRICES_AT: dict[tuple[int, int, str | None, str | None], _HourPrices] = {}
 
 
-def _tier_context(tier: str | None) -> dict[str, str] | None:
-    """genai-prices' price context for a call served at ``tier`` (``Usage.service_tier``):
-    its price variants by ``service_tier`` (OpenAI's flex and priority rates)."""
-    return None if tier is None else {"service_tier": tier}
-
-
-def _prices_at(info: Any, when: datetime | None, tier: str | None = None) -> _HourPrices:
-    """info.get_prices(hour, the tier's context) as ``_HourPrices``, memoised per hour and
-    tier (``when``: now when None). ModelInfo is not hashable; `_lookup` keeps each one
-    alive, so its id is stable."""
+def _prices_at(info: Any, when: datetime | None, usage: Usage) -> _HourPrices:
+    """info.get_prices(hour, the call's price context: ``Usage.price_context``) as
+    ``_HourPrices``, memoised per hour and context (``when``: now when None). ModelInfo is
+    not hashable; `_lookup` keeps each one alive, so its id is stable."""
     hour = int((time.time() if when is None else when.timestamp()) // 3600)
-    key = (id(info), hour, tier)
+    key = (id(info), hour, usage.service_tier, usage.speed)
     found = _PRICES_AT.get(key)
     if found is None:
         if len(_PRICES_AT) > 4096:
             _PRICES_AT.clear()
         start = datetime.fromtimestamp(hour * 3600, timezone.utc)
-        found = _hour_prices(info.get_prices(start, _tier_context(tier)))
+        found = _hour_prices(info.get_prices(start, usage.price_context))
         _PRICES_AT[key] = found
     return found
 
@@ -403,14 +397,16 @@ class PriceBook:
         provider_hint: str | None = None,
         at: datetime | None = None,
         input_tokens: int = 0,
-        service_tier: str | None = None,
+        served: Usage | None = None,
     ) -> Prices | None:
         """The flat rates (input, output, cache read, cache write) that :meth:`price` would
-        use for a call of ``input_tokens`` (the price tier; default a small call) served at
-        ``service_tier``, without a call to price: for estimating what a call WOULD cost
-        (the cache-aware baseline, the cost-aware ``auto``, a budget's worst case). None
-        when unknown."""
-        probe = Usage(input_tokens=input_tokens, output_tokens=0, service_tier=service_tier)
+        use for a call of ``input_tokens`` (the price tier; default a small call) served as
+        ``served`` says (its ``service_tier`` and ``speed``; default: standard), without a
+        call to price: for estimating what a call WOULD cost (the cache-aware baseline, the
+        cost-aware ``auto``, a budget's worst case). None when unknown."""
+        probe = Usage(input_tokens, 0)
+        if served is not None:
+            probe = Usage(input_tokens, 0, service_tier=served.service_tier, speed=served.speed)
         return self.price(
             probe, model=model, upstream=upstream, provider_hint=provider_hint, at=at
         ).prices
@@ -450,7 +446,7 @@ class PriceBook:
             if model and len(layers) < len(_FIELDS):  # fill the gaps from genai-prices
                 found = _lookup(model, provider_hint)
                 if found is not None:
-                    model_price = found[1].get_prices(when, _tier_context(usage.service_tier))
+                    model_price = found[1].get_prices(when, usage.price_context)
                     layers = {**_genai_rates(model_price, usage.input_tokens), **layers}
             prices = _complete(layers)
             source = "override:" + ",".join(sources)
@@ -464,7 +460,7 @@ class PriceBook:
         provider, info = found
         # Hot path: per-call genai calc_price costs ~0.3 ms; token prices only change with
         # the date, so the hour's rates are cached, each tier's, and the flat formula applied.
-        hour = _prices_at(info, at, usage.service_tier)
+        hour = _prices_at(info, at, usage)
         prices = hour.flat(usage.input_tokens)
         if prices is not None and not hour.per_request:
             source = f"genai-prices:{provider.id}/{info.id}"
@@ -484,7 +480,7 @@ class PriceBook:
                 g_usage,
                 provider,
                 genai_request_timestamp=when,
-                price_context=_tier_context(usage.service_tier),
+                price_context=usage.price_context,
             )
         except (ValueError, ArithmeticError):
             return Priced("unknown", None, None, f"genai-prices:{provider.id}/{info.id}")

@@ -18,9 +18,10 @@ MAX_TOKEN_COUNT = 2**53
 class Usage:
     """Token usage of one call. ``input_tokens`` INCLUDES cache reads and cache writes;
     ``cache_write_1h_tokens`` is the part of ``cache_write_tokens`` written for one hour
-    (Anthropic's ``"ttl": "1h"``, billed above the five-minute writes). ``service_tier``:
-    the tier the reply says served it (OpenAI's ``service_tier``: ``flex`` is billed at about
-    half the standard rates, ``priority`` at about twice); None or ``default``: standard."""
+    (Anthropic's ``"ttl": "1h"``, billed above the five-minute writes). ``service_tier`` and
+    ``speed``: how the reply says the call was served, where that is billed at other rates
+    (OpenAI's ``service_tier``: ``flex`` about half the standard rates, ``priority`` about
+    twice; Anthropic's ``usage.speed``: ``fast``, several times); None: the standard rates."""
 
     input_tokens: int
     output_tokens: int
@@ -28,6 +29,15 @@ class Usage:
     cache_write_tokens: int = 0
     cache_write_1h_tokens: int = 0
     service_tier: str | None = None
+    speed: str | None = None
+
+    @property
+    def price_context(self) -> dict[str, str] | None:
+        """genai-prices' price context of this call (its price variants' keys), or None."""
+        if self.service_tier is None and self.speed is None:
+            return None
+        context = {"service_tier": self.service_tier, "speed": self.speed}
+        return {k: v for k, v in context.items() if v is not None}
 
     @property
     def uncached_input_tokens(self) -> int:
@@ -44,6 +54,12 @@ def service_tier(value: Any) -> str | None:
     """A reply's ``service_tier`` as ``Usage.service_tier``: one of ``PRICED_TIERS``, else
     None (``default``, ``auto``, ``scale``, absent, or no string)."""
     return value if isinstance(value, str) and value in PRICED_TIERS else None
+
+
+def speed(value: Any) -> str | None:
+    """Anthropic's ``speed`` (a reply's ``usage.speed``, a request's ``speed``) as
+    ``Usage.speed``: ``fast``, else None (``standard``, absent)."""
+    return "fast" if value == "fast" else None
 
 
 def token_count(v: Any) -> int | None:

@@ -26,9 +26,10 @@ that (CJK, long runs of digits or symbols) can still cost more than it reserved.
 Prices that rise with the call's input (long-context tiers: Claude Sonnet 4.5 past 200,000
 input tokens, Gemini 2.5 Pro past 200,000) are taken at the tier of the margined input.
 
-A request that asks for a service tier (OpenAI's ``service_tier``: ``priority``, ``flex``) is
-reserved at that tier's rates (priority about twice the standard ones); ``auto`` or none at
-the standard rates (a project whose default tier is priority is not known to the proxy).
+A request that asks for a service tier (OpenAI's ``service_tier``: ``priority``, ``flex``) or
+Anthropic's fast mode (``speed: "fast"``) is reserved at those rates (priority about twice
+the standard ones, fast mode several times); ``auto`` or none at the standard rates (a
+project whose default tier is priority is not known to the proxy).
 
 A model served by several upstreams (failover) is reserved at the highest of their rates:
 each may carry its own ``prices`` override. A model with no price anywhere is ``None``
@@ -51,7 +52,7 @@ from ..dialects.responses import RESPONSES
 from ..dialects.responses.from_chat import at_least_the_apis_minimum
 from .cachehints import marks_one_hour_cache
 from .pricing import PriceBook, Prices
-from .usage import service_tier
+from .usage import Usage, service_tier, speed
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -163,9 +164,12 @@ class WorstCase:
     ) -> Rates | None:
         """The highest rates among the upstreams that may serve ``model`` (name, URL), at
         the price tier of a call of ``input_tokens`` (estimated) times ``INPUT_MARGIN``, and
-        at the service tier the request ``body`` asks for (``priority`` about twice the
-        standard rates); None when any of them has no price for it."""
-        asked = service_tier(body.get("service_tier")) if body is not None else None
+        served as the request ``body`` asks (its ``service_tier``: ``priority`` about twice
+        the standard rates; its ``speed``: ``fast``); None when any of them has no price."""
+        asked = None
+        if body is not None:
+            level, fast = service_tier(body.get("service_tier")), speed(body.get("speed"))
+            asked = Usage(input_tokens, 0, service_tier=level, speed=fast)
         found: Rates | None = None
         candidates: list[tuple[str | None, str | None]] = [*upstreams] or [(None, None)]
         tier = math.ceil(input_tokens * INPUT_MARGIN)
@@ -175,7 +179,7 @@ class WorstCase:
                 upstream=name,
                 provider_hint=url,
                 input_tokens=tier,
-                service_tier=asked,
+                served=asked,
             )
             if p is None:
                 return None

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..cost.usage import Usage, optional_token_count, token_count
+from ..cost.usage import Usage, optional_token_count, speed, token_count
 from ..engine.context import DialectContext, Split, correction_text, observation, state_text
 from ..engine.stripper import (
     EnvelopeStripper,
@@ -484,7 +484,8 @@ def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
     """Anthropic usage -> ``Usage``; None when missing or malformed.
 
     Anthropic's ``input_tokens`` EXCLUDES ``cache_read_input_tokens`` and
-    ``cache_creation_input_tokens``, so total input = the sum of the three. The writes' split
+    ``cache_creation_input_tokens``, so total input = the sum of the three. ``speed: "fast"``
+    (fast mode) is billed at its own rates. The writes' split
     by TTL, ``cache_creation: {"ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"}``
     (in a stream: on ``message_start`` only; ``message_delta`` repeats the sum without it),
     gives ``cache_write_1h_tokens``, which are billed at twice the input price. A missing or
@@ -502,7 +503,8 @@ def usage_from_anthropic(u: Mapping[str, Any] | None) -> Usage | None:
     hour = 0
     if isinstance(split, Mapping):
         hour = optional_token_count(split, "ephemeral_1h_input_tokens") or 0
-    return Usage(inp + read + write, out, read, write, min(hour, write))
+    fast = speed(u.get("speed"))
+    return Usage(inp + read + write, out, read, write, min(hour, write), speed=fast)
 
 
 def _message_problem(resp: JSON) -> BadReply | None:
