@@ -113,3 +113,18 @@ def locked_by_another_process(db: Path, timeout: float = 30) -> Iterator[None]:
         yield
     finally:
         other.communicate(b"\n", timeout=timeout)
+
+
+def listed_rates(provider: str, model: str, when: dict[str, str] | None) -> tuple[float, float]:
+    """(input, output) USD per million tokens of ``model`` in the installed genai-prices'
+    bundled list, at the price variant ``when`` selects; the standard rates when ``when`` is
+    None or the list has no such variant (an older genai-prices: the one CPython 3.10 gets)."""
+    from genai_prices.data import providers
+
+    info = next(p for p in providers if p.id == provider).find_model(model)
+    assert info is not None, model
+    prices = info.prices if not isinstance(info.prices, list) else info.prices[-1].prices
+    for variant in info.price_variants or ():
+        if when is not None and variant.when == when:
+            prices = variant.prices
+    return float(prices.input_mtok), float(prices.output_mtok)

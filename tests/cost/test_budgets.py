@@ -21,6 +21,7 @@ from skillstate.cost.pricing import PriceBook
 from skillstate.cost.tokens import request_tokens
 from skillstate.cost.worstcase import INPUT_MARGIN, WorstCase, most_expensive_known
 from skillstate.errors import ProxyError
+from tests.helpers import listed_rates
 
 DAY = 86400.0
 
@@ -326,9 +327,12 @@ def test_a_request_for_the_priority_tier_is_held_at_its_rates() -> None:
 
 
 def test_a_request_for_anthropic_fast_mode_is_held_at_its_rates() -> None:
+    """At genai-prices' ``speed: fast`` rates (the standard ones where the installed list has
+    no such variant: an older genai-prices)."""
     worst = WorstCase(PriceBook(), default_max_tokens=500)
-    standard = worst.rates("claude-opus-5-5", [], 1000, {"speed": "standard"})
     fast = worst.rates("claude-opus-5-5", [], 1000, {"speed": "fast"})
-    assert standard is not None and fast is not None
-    assert fast.output_per_mtok > standard.output_per_mtok
-    assert fast.input_per_mtok > standard.input_per_mtok
+    standard = worst.rates("claude-opus-5-5", [], 1000, {"speed": "standard"})
+    assert fast is not None and standard is not None
+    fast_out = listed_rates("anthropic", "claude-opus-5-5", {"speed": "fast"})[1]
+    standard_out = listed_rates("anthropic", "claude-opus-5-5", None)[1]
+    assert (fast.output_per_mtok, standard.output_per_mtok) == (fast_out, standard_out)

@@ -14,6 +14,7 @@ from skillstate.cost.ledger import Usage
 from skillstate.cost.pricing import PriceBook, Priced, PriceOverride, Prices, cost_from_prices
 from skillstate.dialects.anthropic import usage_from_anthropic
 from skillstate.dialects.openai import usage_from_openai
+from tests.helpers import listed_rates
 
 # Our own numbers, so the arithmetic below is ours and not the price data's.
 ACME = PriceOverride(
@@ -485,16 +486,13 @@ def test_a_tier_without_rates_of_its_own_is_the_standard_rates(named: Any) -> No
 
 
 def test_an_anthropic_fast_mode_call_is_priced_at_its_rates() -> None:
-    from genai_prices.data import providers
-
-    info = next(p for p in providers if p.id == "anthropic").find_model("claude-opus-5-5")
-    assert info is not None
-    fast = next(v for v in info.price_variants or () if v.when == {"speed": "fast"}).prices
+    """The rates of genai-prices' ``speed: fast`` variant (the standard ones where the
+    installed list has none: an older genai-prices)."""
+    inp, out = listed_rates("anthropic", "claude-opus-5-5", {"speed": "fast"})
     raw = {"input_tokens": 1_000, "output_tokens": 100, "cache_read_input_tokens": 0,
            "cache_creation_input_tokens": 0}  # fmt: skip
     usage = usage_from_anthropic({**raw, "speed": "fast"})
     assert usage is not None and usage.speed == "fast"
     assert usage_from_anthropic({**raw, "speed": "standard"}) == usage_from_anthropic(raw)
     priced = PriceBook().price(usage, model="claude-opus-5-5", upstream=None)
-    expected = (1_000 * fast.input_mtok + 100 * fast.output_mtok) / 1_000_000
-    assert priced.cost_usd == pytest.approx(float(expected))
+    assert priced.cost_usd == pytest.approx((1_000 * inp + 100 * out) / 1_000_000)

@@ -25,7 +25,7 @@ from skillstate.cost.tokens import estimate_tokens
 from tests.conftest import InProcessProxy, Proxy, StartProxy, launch_in_process, proxy_env
 from tests.fakeprovider import FakeProvider, Reply
 from tests.fakeprovider import estimate_tokens as fake_prompt_tokens
-from tests.helpers import SESSION_HEADER, envelope, oai
+from tests.helpers import SESSION_HEADER, envelope, listed_rates, oai
 
 # Prices of our own (USD per million tokens), so every number below is ours.
 MY_PRICES = {
@@ -234,27 +234,14 @@ def test_a_call_is_priced_at_the_service_tier_its_reply_names(
         assert cost_of(p, session=session)["totals"]["cost_usd"] == pytest.approx(expected)
 
 
-def _listed_rates(provider: str, model: str, when: dict[str, str] | None) -> tuple[float, float]:
-    """(input, output) USD per million tokens of ``model`` in genai-prices' bundled list, at
-    the price variant ``when`` selects (None: the standard rates)."""
-    from genai_prices.data import providers
-
-    info = next(p for p in providers if p.id == provider).find_model(model)
-    assert info is not None
-    prices = info.prices
-    assert not isinstance(prices, list)
-    if when is not None:
-        prices = next(v for v in info.price_variants or () if v.when == when).prices
-    return float(prices.input_mtok), float(prices.output_mtok)
-
-
 @pytest.mark.parametrize("fast", [False, True])
 def test_an_anthropic_fast_mode_call_is_priced_at_its_rates(shared: Shared, fast: bool) -> None:
     """Anthropic bills fast mode (``speed: "fast"``, its usage says so) at rates of its own
-    (Claude Opus 5.5: twice the standard ones in the bundled list). Streamed or not."""
+    (Claude Opus 5.5: twice the standard ones in genai-prices 0.2.3's list; a list without
+    the variant prices it at the standard ones). Streamed or not."""
     fake, p = shared.fake, shared.proxy
     model = "claude-opus-5-5"
-    inp, out = _listed_rates("anthropic", model, {"speed": "fast"} if fast else None)
+    inp, out = listed_rates("anthropic", model, {"speed": "fast"} if fast else None)
     expected = usd(1000 * inp + 80 * out)
     for streamed in (False, True):
         session = f"speed-{fast}-{'s' if streamed else 'n'}"
