@@ -397,16 +397,15 @@ class PriceBook:
         provider_hint: str | None = None,
         at: datetime | None = None,
         input_tokens: int = 0,
-        served: Usage | None = None,
+        service_tier: str | None = None,
+        speed: str | None = None,
     ) -> Prices | None:
         """The flat rates (input, output, cache read, cache write) that :meth:`price` would
-        use for a call of ``input_tokens`` (the price tier; default a small call) served as
-        ``served`` says (its ``service_tier`` and ``speed``; default: standard), without a
-        call to price: for estimating what a call WOULD cost (the cache-aware baseline, the
+        use for a call of ``input_tokens`` (the price tier; default a small call) served at
+        ``service_tier`` and ``speed`` (``Usage``'s; default: standard), without a call to
+        price: for estimating what a call WOULD cost (the cache-aware baseline, the
         cost-aware ``auto``, a budget's worst case). None when unknown."""
-        probe = Usage(input_tokens, 0)
-        if served is not None:
-            probe = Usage(input_tokens, 0, service_tier=served.service_tier, speed=served.speed)
+        probe = Usage(input_tokens, 0, service_tier=service_tier, speed=speed)
         return self.price(
             probe, model=model, upstream=upstream, provider_hint=provider_hint, at=at
         ).prices

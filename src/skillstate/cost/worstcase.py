@@ -52,7 +52,7 @@ from ..dialects.responses import RESPONSES
 from ..dialects.responses.from_chat import at_least_the_apis_minimum
 from .cachehints import marks_one_hour_cache
 from .pricing import PriceBook, Prices
-from .usage import Usage, service_tier, speed
+from .usage import service_tier, speed
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -166,10 +166,8 @@ class WorstCase:
         the price tier of a call of ``input_tokens`` (estimated) times ``INPUT_MARGIN``, and
         served as the request ``body`` asks (its ``service_tier``: ``priority`` about twice
         the standard rates; its ``speed``: ``fast``); None when any of them has no price."""
-        asked = None
-        if body is not None:
-            level, fast = service_tier(body.get("service_tier")), speed(body.get("speed"))
-            asked = Usage(input_tokens, 0, service_tier=level, speed=fast)
+        body = body or {}
+        level, fast = service_tier(body.get("service_tier")), speed(body.get("speed"))
         found: Rates | None = None
         candidates: list[tuple[str | None, str | None]] = [*upstreams] or [(None, None)]
         tier = math.ceil(input_tokens * INPUT_MARGIN)
@@ -179,7 +177,8 @@ class WorstCase:
                 upstream=name,
                 provider_hint=url,
                 input_tokens=tier,
-                served=asked,
+                service_tier=level,
+                speed=fast,
             )
             if p is None:
                 return None
