@@ -392,6 +392,14 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+def port_number(text: str) -> int | None:
+    """A listen port typed as text (``--port``, ``SKILLSTATE_PORT``): a whole number from 0 to
+    65535 in the digits 0-9, blanks around it aside; None otherwise (not ``int()``: it reads
+    ``8_080``, ``+80`` and ``８０``)."""
+    port = whole_number(text.strip())
+    return port if port is not None and port <= 65535 else None
+
+
 def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     layer: dict[str, Any] = {}
     simple = {
@@ -407,8 +415,8 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     for var, key in simple.items():
         if var in env:
             layer[key] = env[var]
-    if "SKILLSTATE_PORT" in env:  # not int(): it reads "8_080", "+80" and "８０"
-        port = whole_number(env["SKILLSTATE_PORT"].strip())
+    if "SKILLSTATE_PORT" in env:
+        port = port_number(env["SKILLSTATE_PORT"])
         if port is None:
             raise ConfigError(
                 f"SKILLSTATE_PORT: the port must be a whole number from 0 to 65535, got"

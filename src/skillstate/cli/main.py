@@ -10,8 +10,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from ..choices import Constrain, GroupBy, Mode
-from ..config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings
-from ..numbertext import whole_number
+from ..config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings, port_number
 
 # Every route web.routes mounts, once (each /v1/... is also served without /v1): kept here,
 # not built from the route table, so --help does not import the app; tests/cli/test_cli.py
@@ -135,8 +134,8 @@ def _add_benches(bench_sub: Any) -> None:
 
 
 def _port(value: str) -> int:
-    port = whole_number(value.strip())  # not int(): it reads "8_080" and "１"
-    if port is None or port > 65535:
+    port = port_number(value)
+    if port is None:
         raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 65535, got {value!r}")
     return port
 
