@@ -230,7 +230,8 @@ def test_a_call_is_priced_at_the_service_tier_its_reply_names(
         if streamed:
             chunks = list(got)  # type: ignore[call-overload]
             assert chunks[-1].service_tier == (tier or "default")
-        assert fake.last.json["service_tier" if tier else "model"] == (tier or "gpt-5")
+        sent = fake.last.json
+        assert (sent["model"], sent.get("service_tier")) == ("gpt-5", tier)  # as the client asked
         assert cost_of(p, session=session)["totals"]["cost_usd"] == pytest.approx(expected)
 
 
