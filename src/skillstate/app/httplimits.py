@@ -59,7 +59,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from ..errors import ProxyError
-from ..web.wire import dialect_for, error_response
+from ..web.wire import CONNECTION_LOST, dialect_for, error_response
 from .httprefusals import (
     RefusalLog,
     parse_refusal,
@@ -106,6 +106,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # it again without an upgrade it asks for (``_parse_without_upgrade``).
         self.head_reads: list[bytes] = []
         self.unupgraded: bytes | None = None  # a head to parse again so (on_headers_complete)
+        # Done when the connection is lost: every request's scope carries it
+        # (``web.wire.CONNECTION_LOST``), so a handler learns of a client gone without a
+        # task of its own waiting on ``receive``.
+        self.lost: asyncio.Future[None] = self.loop.create_future()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -116,6 +120,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self.refusal is not None:
@@ -193,6 +199,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if self.unupgraded is not None:
                 raise _Reparse
         self.body_done = False
+        self.scope[CONNECTION_LOST] = self.lost  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def _unsupported_upgrade_warning(self) -> None:

@@ -188,6 +188,11 @@ def is_json_media_type(content_type: str) -> bool:
     )
 
 
+# The scope key under which the proxy's HTTP protocol (``app.httplimits``) puts a future
+# done once the request's connection is lost.
+CONNECTION_LOST = "skillstate.connection_lost"
+
+
 async def _wait_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
@@ -195,10 +200,23 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """Run `work`; if the client disconnects first, cancel it and return None."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+def on_disconnect(
+    scope: Scope, receive: Receive, wake: Callable[[Any], None]
+) -> Callable[[], object]:
+    """Call ``wake`` once the client is gone; returns what stops watching. Under the proxy's
+    own server the connection's future says so; under any other ASGI server a task waits
+    for ``http.disconnect`` (a task, a coroutine and an event wait a request more)."""
+    lost = scope.get(CONNECTION_LOST)
+    if isinstance(lost, asyncio.Future):
+        lost.add_done_callback(wake)
+        return lambda: lost.remove_done_callback(wake)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(wake)
+    return watcher.cancel
+
+
+async def _finished_or_gone(task: asyncio.Future[Any], scope: Scope, receive: Receive) -> None:
+    """Wait for ``task``, or until the client is gone and then cancel it."""
     # What asyncio.wait(FIRST_COMPLETED) does, without its per-call sets and bookkeeping.
     either: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -207,15 +225,21 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
             either.set_result(None)
 
     task.add_done_callback(wake)
-    watcher.add_done_callback(wake)
+    stop_watching = on_disconnect(scope, receive, wake)
     try:
         await either
     finally:
-        watcher.cancel()
+        stop_watching()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; if the client disconnects first, cancel it and return None."""
+    task = asyncio.ensure_future(work)
+    await _finished_or_gone(task, request.scope, request.receive)
     return None if task.cancelled() else task.result()
 
 
@@ -240,27 +264,19 @@ class StreamingProxyResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await self._respond(receive, send)
+            await self._respond(scope, receive, send)
         finally:
             if self.on_close is not None:
                 done = asyncio.ensure_future(self.on_close())
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(done)
 
-    async def _respond(self, receive: Receive, send: Send) -> None:
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         pump = asyncio.ensure_future(self._pump(send))
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (pump, watcher):
-                if not t.done():
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
+        await _finished_or_gone(pump, scope, receive)
         if pump.done() and not pump.cancelled():
             exc = pump.exception()
             if exc is not None and not isinstance(exc, OSError):
