@@ -64,6 +64,15 @@ def test_back_to_back_tool_rounds_keep_only_the_last() -> None:
     assert compact(items)[3:] == [r[2], fc(2), fc(3), out(2), out(3)]
 
 
+def test_a_user_message_between_calls_and_their_outputs_stays_with_them() -> None:
+    """The API takes a message between a call and its output (a user typing while a tool
+    runs): the observation is the whole round, the message in its place, no output alone."""
+    reasoning = {"type": "reasoning", "id": "rs", "summary": [], "encrypted_content": "x"}
+    said = {"type": "message", "role": "user", "content": "also check the tests"}
+    round_ = [reasoning, fc(1), fc(2), said, out(1), out(2)]
+    assert compact([SYSTEM, TASK, fc(0), out(0), OLD, *round_])[3:] == round_
+
+
 def test_latest_observation_is_the_last_user_message() -> None:
     last = {"type": "message", "role": "user", "content": "now this"}
     got = compact([SYSTEM, TASK, fc(0), out(0), OLD, last])

@@ -20,7 +20,7 @@ from skillstate.engine.context import CORRECTION_MARK, STATE_MARK
 from skillstate.engine.window import CHECKPOINT_MARK
 from tests.conftest import Proxy, StartProxy
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
-from tests.helpers import ant, oai
+from tests.helpers import ant, oai, session
 
 SYSTEM = "You are a careful builder. " * 250  # a prefix the provider caches (>= 1024 tokens)
 BIG = "line of build output 0123456789\n" * 12  # ~100 tokens per tool result
@@ -1232,3 +1232,43 @@ def test_a_fold_without_an_envelope_is_not_retried_by_the_sdk_on_every_route(
     assert e.value.status_code == 502
     assert e.value.response.headers.get("x-should-retry") == "false"
     assert p.state(client.session)["step"] == step  # nothing committed
+
+
+def test_a_user_message_between_a_call_and_its_output_never_strands_the_output(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """A Responses input may hold a user message between a function call and its output (a
+    user typing while the tool runs). A window restarted at that message sent the output
+    without its call: the upstream refused every later turn and the window never moved."""
+    p = start(start_proxy, fake, "openai-responses", window_keep=1)
+    client = oai(p)
+    big = "output line 0123456789 " * 150  # ~1,000 tokens: every turn checkpoints
+
+    def call(i: int) -> dict[str, Any]:
+        return {"type": "function_call", "call_id": f"c{i}", "name": "run", "arguments": "{}"}
+
+    def output(i: int) -> dict[str, Any]:
+        return {"type": "function_call_output", "call_id": f"c{i}", "output": f"out{i} {big}"}
+
+    transcript: list[Any] = [{"role": "user", "content": "the task"}, call(1), output(1)]
+    additions: list[list[Any]] = [
+        [{"role": "assistant", "content": "ok1"}, {"role": "user", "content": f"u1 {big}"}],
+        [call(2), {"role": "user", "content": f"also the tests {big}"}, output(2)],
+        [{"role": "assistant", "content": "ok2"}, {"role": "user", "content": f"u2 {big}"}],
+        [{"role": "assistant", "content": "ok3"}, {"role": "user", "content": "u3"}],
+        [{"role": "assistant", "content": "ok4"}, {"role": "user", "content": "u4"}],
+    ]
+    for turn in range(len(additions) + 1):
+        fake.enqueue(envelope({"step": turn}))
+        client.responses.create(
+            model="gpt-5", input=transcript, extra_headers=session("interjected")
+        )  # a 400 from the upstream raises here
+        sent = fake.last.json["input"]
+        calls = [i["call_id"] for i in sent if i.get("type") == "function_call"]
+        outputs = [i["call_id"] for i in sent if i.get("type") == "function_call_output"]
+        assert set(outputs) <= set(calls), sent  # no output without its call
+        if turn < len(additions):
+            transcript = [*transcript, *additions[turn]]
+    checkpoints = [h for h in history(p, "interjected") if h["context"] == "checkpoint"]
+    assert len(checkpoints) >= 3  # the window went on restarting after the interjection
+    assert p.state("interjected")["state"]["step"] >= 3

@@ -4,6 +4,7 @@ layouts in each dialect, and the checkpoint instruction."""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from skillstate.engine.window import (
     kept_exchanges,
     kept_start,
     plan_window,
+    prefix_task,
     transcript_digest,
     with_checkpoint,
 )
@@ -351,3 +353,110 @@ def test_kept_exchanges_are_the_ranges_from_kept_start_oldest_first() -> None:
     assert kept_exchanges(msgs, d, 2, 3) == [(6, 8), (8, 10), (10, 12)]
     assert kept_exchanges(msgs, d, 2, 1) == [(10, 12)]
     assert kept_exchanges(msgs, d, 8, 3) == [(8, 10), (10, 12)]  # no more than 3: all
+
+
+@pytest.mark.parametrize("dialect", list(TRANSCRIPTS))
+def test_a_transcript_that_ends_at_the_mark_is_a_changed_one(dialect: str) -> None:
+    """A rewind to an earlier request whose transcript ends where the window starts: its
+    digest matches, but a window from there would send none of it."""
+    d = get_dialect(dialect).context
+    msgs = transcript(dialect, 6)
+    start = kept_start(msgs, d, 1, 2)
+    mark = WindowMark(start, transcript_digest(msgs, start))
+    rewound = msgs[:start]
+    plan = plan_window(rewound, d, mark)
+    assert plan.reason == "changed"
+    text = json.dumps(sent(dialect, build_window(d, body_of(dialect, rewound), plan, [], {})))
+    assert all(text.count(f"result {k}") == 1 for k in range(4))  # its latest result too
+    assert plan_window(msgs[: start + 1], d, mark).reason == "kept"  # one more: it holds
+    head = TRANSCRIPTS[dialect][0]  # ends with the task, which the prefix carries
+    at_task = WindowMark(len(head), transcript_digest(head, len(head)))
+    assert plan_window(head, d, at_task).reason == "kept"
+
+
+GREETING = {
+    "openai": {"role": "assistant", "content": "Hello! What should I do?"},
+    "anthropic": {"role": "assistant", "content": "Hello! What should I do?"},
+    "openai-responses": {
+        "type": "message",
+        "role": "assistant",
+        "content": "Hello! What should I do?",
+    },
+}
+
+
+def said(dialect: str, role: str, text: str) -> dict[str, Any]:
+    if dialect == "openai-responses":
+        return {"type": "message", "role": role, "content": text}
+    return {"role": role, "content": text}
+
+
+def texts(dialect: str, messages: list[Any]) -> list[tuple[str, str]]:
+    """(role, text) of each message, its text blocks joined."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = " ".join(b.get("text", "") for b in content if isinstance(b, dict))
+        out.append((m.get("role", ""), content or ""))
+    return out
+
+
+@pytest.mark.parametrize("dialect", list(TRANSCRIPTS))
+def test_a_greeting_before_the_task_stays_before_it(dialect: str) -> None:
+    """A chat that opens with the assistant's greeting: the window keeps the client's order
+    (the task is not moved before the greeting: on Anthropic the turn would then end with
+    an assistant message, a prefill), and stays append-only."""
+    d = get_dialect(dialect).context
+    msgs = [GREETING[dialect], said(dialect, "user", "TASK")]
+    mark = None
+    previous: list[Any] | None = None
+    for turn in range(3):
+        plan = plan_window(msgs, d, mark)
+        mark = plan.mark(msgs)
+        out = sent(dialect, build_window(d, body_of(dialect, msgs), plan, [], {"k": 1}))
+        got = texts(dialect, out)
+        order = [t for _, t in got]
+        assert got[-1][0] == "user"  # the client's latest message last, no prefill
+        joined = json.dumps(order)
+        assert joined.count("TASK") == 1 and joined.index("Hello!") < joined.index("TASK")
+        roles = [r for r, _ in got]
+        assert all(a != b for a, b in pairwise(roles))  # alternating
+        if previous is not None:
+            assert out[: len(previous)] == previous  # append-only
+        previous = out
+        msgs = [*msgs, said(dialect, "assistant", f"answer {turn}"), said(dialect, "user", "more")]
+    assert prefix_task(plan.split, plan.start, msgs, d) is None
+
+
+def test_the_task_goes_in_the_prefix_after_system_text_only() -> None:
+    d = get_dialect("openai").context
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "TASK"}]
+    plan = plan_window(msgs, d, None)
+    assert prefix_task(plan.split, plan.start, msgs, d) == 1
+    assert prefix_task(plan.split, 3, [*msgs, *openai_round(0)], d) == 1  # a later window
+
+
+def test_no_exchange_starts_between_a_call_and_its_output() -> None:
+    """A Responses input with a user message between a call and its output: a window that
+    started at that message would send the output without its call (a 400 on every turn
+    after, the mark never moving)."""
+    d = get_dialect("openai-responses").context
+    msgs = [
+        {"type": "message", "role": "user", "content": "TASK"},  # 0
+        *responses_round(0),  # 1 2 3
+        {"type": "reasoning", "id": "rs1", "summary": []},  # 4
+        {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"},  # 5
+        said("openai-responses", "user", "also check the tests"),  # 6
+        {"type": "function_call_output", "call_id": "c1", "output": "result 1"},  # 7
+        *responses_round(2),  # 8 9 10
+    ]
+    assert exchange_starts(msgs, d) == [0, 4, 8]
+    start = kept_start(msgs, d, 0, 2)
+    assert start == 4
+    mark = WindowMark(start, transcript_digest(msgs, start))
+    later = [*msgs, *responses_round(3)]
+    out = sent("openai-responses", build_window(d, body_of("openai-responses", later),
+                                               plan_window(later, d, mark), [], {}))  # fmt: skip
+    ids = [m.get("call_id") for m in out if "call_id" in m]
+    assert ids == ["c1", "c1", "c2", "c2", "c3", "c3"]

@@ -108,7 +108,9 @@ def split_transcript(messages: list[dict[str, Any]], d: DialectContext) -> Split
 
     # The latest observation: the trailing run of user/tool-result messages (plus anything
     # after it, such as an assistant prefill). When that run holds tool results, it starts
-    # at the assistant message that made the calls, so calls and results stay paired.
+    # at the assistant message that made the calls, so calls and results stay paired, with
+    # any user message between them (a Responses input may hold one); without that message
+    # the run's results start it.
     last = next((i for i in range(n - 1, system_end - 1, -1) if d.is_user_turn(messages[i])), None)
     if last is None:
         return Split(system_end, task, system_end)
@@ -117,11 +119,10 @@ def split_transcript(messages: list[dict[str, Any]], d: DialectContext) -> Split
         start -= 1
     run = messages[start : last + 1]
     if any(d.is_tool_result(m) for m in run):
-        first_result = start + next(i for i, m in enumerate(run) if d.is_tool_result(m))
-        if first_result - 1 >= system_end and d.has_tool_calls(messages[first_result - 1]):
-            start = first_result - 1
+        if start - 1 >= system_end and d.has_tool_calls(messages[start - 1]):
+            start -= 1
         else:
-            start = first_result
+            start += next(i for i, m in enumerate(run) if d.is_tool_result(m))
     else:
         start = last  # only the last user message is the observation
     return Split(system_end, task, start)

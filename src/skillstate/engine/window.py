@@ -53,6 +53,7 @@ __all__ = [
     "kept_exchanges",
     "kept_start",
     "plan_window",
+    "prefix_task",
     "transcript_digest",
     "window_contract_text",
 ]
@@ -189,22 +190,35 @@ def transcript_digest(messages: Sequence[Any], end: int) -> str:
     return h.hexdigest()
 
 
-def _user_side(msg: Any, d: DialectContext) -> bool:
-    return isinstance(msg, dict) and d.is_user_turn(msg)
+def _is_result(msg: Any, d: DialectContext) -> bool:
+    return isinstance(msg, dict) and d.is_user_turn(msg) and d.is_tool_result(msg)
 
 
 def exchange_starts(messages: Sequence[Any], d: DialectContext, lo: int = 0) -> list[int]:
-    """The indexes from ``lo`` on where an exchange starts (see the module docstring)."""
+    """The indexes from ``lo`` on where an exchange starts (see the module docstring). None
+    falls between a tool call and its result: a Responses input may hold a user message (or
+    the model's text) between a call and its output, and a window starting there would send
+    the output without its call. So no exchange starts at a message after which a tool result
+    comes before any message with tool calls (that result answers a call made before it)."""
     starts = []
-    for k in range(lo, len(messages)):
+    result_ahead = False  # a tool result follows, before any message with tool calls
+    for k in range(len(messages) - 1, lo - 1, -1):
         msg = messages[k]
         if not isinstance(msg, dict) or d.is_system(msg):
             continue
         if d.is_user_turn(msg):
-            if not d.is_tool_result(msg):
+            if d.is_tool_result(msg):
+                result_ahead = True
+            elif not result_ahead:
                 starts.append(k)
-        elif k > 0 and _user_side(messages[k - 1], d) and d.is_tool_result(messages[k - 1]):
+            continue
+        calls = d.has_tool_calls(msg)
+        after_result = k > 0 and _is_result(messages[k - 1], d)
+        if after_result and (calls or not result_ahead):
             starts.append(k)
+        if calls:
+            result_ahead = False
+    starts.reverse()
     return starts
 
 
@@ -290,11 +304,32 @@ def plan_window(messages: list[Any], d: DialectContext, mark: WindowMark | None)
     split = split_transcript(messages, d)
     if mark is None:
         start, reason = split.system_end, "new"
-    elif mark.start <= len(messages) and transcript_digest(messages, mark.start) == mark.digest:
+    elif _holds(mark, messages, split):
         start, reason = mark.start, "kept"
     else:
         start, reason = split.system_end, "changed"
     return WindowPlan(split, start, reason, len(exchange_starts(messages, d, start)))
+
+
+def prefix_task(split: Split, lo: int, messages: Sequence[Any], d: DialectContext) -> int | None:
+    """The task's index when it goes in the stable prefix of a window from ``lo``; None when
+    messages other than system text come before it in the window (a chat that opens with the
+    assistant's greeting): it then stays in its place among them, in order."""
+    task = split.task
+    if task is None or task <= lo:
+        return task
+    return None if any(not d.is_system(m) for m in messages[lo:task]) else task
+
+
+def _holds(mark: WindowMark, messages: list[Any], split: Split) -> bool:
+    """Whether the messages before ``mark`` are as they were, and the window from it holds
+    what the model is to answer. A transcript that ends at the mark (a rewind to an earlier
+    request) would leave the window empty, the latest message unsent unless it is the task
+    (in the prefix): it is taken as changed."""
+    n = len(messages)
+    if mark.start > n or (mark.start == n and split.task != n - 1):
+        return False
+    return transcript_digest(messages, mark.start) == mark.digest
 
 
 def build_window(
@@ -305,10 +340,12 @@ def build_window(
     state: dict[str, Any],
 ) -> dict[str, Any]:
     """The window context of ``body`` (in the format whose adapter is ``d``): the stable
-    prefix, the state, and the messages from ``plan.start`` on (the task, always in the
-    prefix, is not sent twice). Each dialect lays it out as its compact context, with the
-    window in place of the latest observation."""
-    split = Split(plan.split.system_end, plan.split.task, plan.start)
+    prefix, the state, and the messages from ``plan.start`` on (the task, in the prefix
+    unless messages before it are in the window, is not sent twice). Each dialect lays it
+    out as its compact context, with the window in place of the latest observation."""
+    messages = body[d.transcript_key]
+    task = prefix_task(plan.split, plan.start, messages, d)
+    split = Split(plan.split.system_end, task, plan.start)
     return d.compact(body, split, window_contract_text(allowed_keys), state)
 
 
@@ -323,8 +360,9 @@ def build_fold(
     """A fold call's body: the stable prefix, the state, the messages of ``part`` and the
     fold instruction after them."""
     lo, hi = part
-    shown = {**body, d.transcript_key: body[d.transcript_key][:hi]}
-    split = Split(plan.split.system_end, plan.split.task, lo)
+    messages = body[d.transcript_key]
+    shown = {**body, d.transcript_key: messages[:hi]}
+    split = Split(plan.split.system_end, prefix_task(plan.split, lo, messages, d), lo)
     return d.instruct(
         d.compact(shown, split, window_contract_text(allowed_keys), state), fold_text()
     )

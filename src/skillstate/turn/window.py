@@ -38,6 +38,7 @@ from ..engine.window import (
     kept_exchanges,
     kept_start,
     plan_window,
+    prefix_task,
     window_contract_text,
 )
 from ..sessions.lru import SessionLRU
@@ -313,9 +314,8 @@ class WindowKeeper:
         turns: int,
         window_caches: bool,
     ) -> WindowSizes:
-        first = plan.start if plan.split.task is None or plan.start > plan.split.task else (
-            plan.split.task + 1
-        )  # fmt: skip
+        task = prefix_task(plan.split, plan.start, messages, adapter)
+        first = plan.start if task is None or plan.start > task else task + 1
         window_tokens = estimate_tokens(messages[first:])
         kept = tuple(
             estimate_tokens(messages[a:b])

@@ -28,19 +28,25 @@ NAME: Final = "openai-responses"
 def _last_tool_round(items: list[Any], split: Split) -> int:
     """Where the last tool round starts: the last run of the model's call items (parallel
     calls of any kind the client runs, with the reasoning items and hosted calls of that
-    turn: encrypted_content must go back as it came) and the outputs after them. An output
-    followed by a call starts a new round, as a model turn ends with its calls.
-    ``len(items)`` when the transcript ends otherwise."""
+    turn: encrypted_content must go back as it came) and the outputs after them, with the
+    user messages among those outputs (the API takes a message between a call and its
+    output). An output followed by a call starts a new round, as a model turn ends with its
+    calls. ``len(items)`` when the transcript ends otherwise."""
     end = len(items)
     outputs = [k for k in range(split.observation, end) if is_call_output(items[k])]
     if not outputs:
         return end
     k = outputs[-1] + 1
-    while k > split.system_end and is_call_output(items[k - 1]):
+    while k > split.system_end and _user_side(items[k - 1]):
         k -= 1
     while k > split.system_end and in_model_turn(items[k - 1]):
         k -= 1
     return k
+
+
+def _user_side(item: Any) -> bool:
+    """A call's output or a user message."""
+    return is_call_output(item) or (_type(item) == "message" and item.get("role") == "user")
 
 
 def _user_message(text: str) -> JSON:
