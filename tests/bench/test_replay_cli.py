@@ -3,8 +3,12 @@ no traceback), and ``skillstate bench replay`` on a few of the shared traces."""
 
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,6 +86,8 @@ def test_an_unknown_arm_or_price_is_one_line(capsys: pytest.CaptureFixture[str])
     log = str(FIXTURES / "codex.jsonl")
     assert main(["replay", log, "--arms", "passthrough,bogus"]) == 2
     assert main(["replay", log, "--price-as", "no-such-model-anywhere"]) == 2
+    # Refused before any log is read (not once per session, nor never when none replays).
+    assert main(["replay", "no-such-log.jsonl", "--price-as", "no-such-model-anywhere"]) == 2
     # Refused before any log is read (a missing one here: the check does not wait for it).
     assert main(["replay", "no-such-log.jsonl", "--envelope-tokens", str(10**20)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -90,7 +96,8 @@ def test_an_unknown_arm_or_price_is_one_line(capsys: pytest.CaptureFixture[str])
         "skillstate replay: no bundled price for model 'no-such-model-anywhere': "
         "price it as a known model with --price-as MODEL"
     )
-    assert err[2] == "skillstate replay: --envelope-tokens must be 0 to 128,000"
+    assert err[2] == err[1]
+    assert err[3] == "skillstate replay: --envelope-tokens must be 0 to 128,000"
 
 
 def test_bench_replay_runs_every_arm_under_both_regimes(
@@ -157,3 +164,137 @@ def test_the_proxies_run_with_the_config_file(
     # The simulated model writes only the keys the contract allows: no invalid turn.
     assert state["calls"] == 4 and state["errors"] == 0 and state["invalid"] == 0
     assert state["upstream_requests"] == 4  # no re-ask
+
+
+def _transcript(tid: str, model: str = "gpt-4o", **extra: Any) -> dict[str, Any]:
+    messages = [
+        {"role": "user", "content": "fix the bug", **extra},
+        {"role": "assistant", "content": "done"},
+    ]
+    return {"id": tid, "model": model, "messages": messages}
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "x"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_a_session_that_cannot_be_priced_or_sent_is_one_line_and_the_rest_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "unpriced.json").write_text(json.dumps(_transcript("unpriced", "no-such-model")))
+    # orjson reads 1,024 levels and writes 255: read, it cannot be sent.
+    (tmp_path / "deep.json").write_text(json.dumps(_transcript("deep", meta=_deep(300))))
+    (tmp_path / "good.json").write_text(json.dumps(_transcript("good")))
+    out = tmp_path / "r.json"
+    code = main(["replay", str(tmp_path), "--arms", "passthrough", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].endswith(
+        "deep.json: session deep: a message cannot be sent as JSON (Recursion limit reached)"
+    )
+    assert lines[1].endswith(
+        "unpriced.json: session unpriced: no bundled price for model 'no-such-model': "
+        "price it as a known model with --price-as MODEL"
+    )
+    report = json.loads(out.read_text())
+    assert [s["id"] for s in report["sessions"]] == ["good"]
+    assert len(report["problems"]) == 2
+
+
+def test_a_transcript_the_anthropic_translation_refuses_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    odd = _transcript("odd")
+    # The second call sends a reply that is neither a string nor content parts.
+    odd["messages"][1]["content"] = 5
+    odd["messages"] += [{"role": "user", "content": "and?"}, {"role": "assistant", "content": "."}]
+    (tmp_path / "odd.json").write_text(json.dumps([odd, _transcript("good")]))
+    out = tmp_path / "r.json"
+    args = ["replay", str(tmp_path), "--arms", "passthrough", "--json", str(out)]
+    code = main([*args, "--cache-regime", "anthropic"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().endswith(
+        "odd.json: session odd: the Anthropic translation refuses it "
+        "(messages[1].content: must be a string or an array of content parts)"
+    )
+    assert [s["id"] for s in json.loads(out.read_text())["sessions"]] == ["good"]
+
+
+def test_session_ids_are_printed_as_they_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = ["[/red]", "[bold]x[/bold]"]
+    (tmp_path / "t.json").write_text(json.dumps([_transcript(i) for i in ids]))
+    out = tmp_path / "r.json"
+    code = main(["replay", str(tmp_path), "--arms", "passthrough", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert all(i in captured.out for i in ids)  # not read as rich markup
+    assert [s["id"] for s in json.loads(out.read_text())["sessions"]] == ids
+
+
+def test_a_report_that_cannot_be_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(_transcript("t")))
+    args = ["replay", str(tmp_path / "t.json"), "--arms", "passthrough"]
+    assert main([*args, "--json", "/dev/full", "--html", "/dev/full"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "skillstate replay: --json /dev/full: No space left on device",
+        "skillstate replay: --html /dev/full: No space left on device",
+    ]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "skillstate", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr == "skillstate replay: cannot print the report: No space left on device\n"
+
+
+def test_json_dash_writes_the_report_to_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(_transcript("t")))
+    args = ["replay", str(tmp_path / "t.json"), "--arms", "passthrough"]
+    assert main([*args, "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["sessions"][0]["id"] == "t"  # stdout is the report alone
+    assert "passthrough" in captured.err  # the tables went to stderr
+
+
+def test_the_console_says_each_regime_s_sessions_first_errors_and_shared_notes_once() -> None:
+    from rich.console import Console
+
+    from skillstate.bench.replay.report import build_report, render_console
+    from skillstate.bench.replay.run import ArmRun, ReplayOptions, SessionRun
+
+    failed = SessionRun("a.json", "a", "transcript", "gpt-4o", 1)
+    failed.arms = {
+        "openai": {"passthrough": ArmRun(calls=1, errors=1, first_error="HTTP 400: [b]")}
+    }
+    runs = [failed]
+    for sid in ("b", "c", "d"):
+        run = SessionRun(f"{sid}.jsonl", sid, "claude-code", "claude-sonnet-4-5", 1)
+        run.arms = {"anthropic": {"passthrough": ArmRun(calls=1)}}
+        run.notes = ["no api-request lines: system prompt and tools not logged"]
+        runs.append(run)
+    report = build_report(runs, [], ReplayOptions(), ("passthrough",), 0.0)
+    console = Console(file=io.StringIO(), width=300)
+    render_console(report, console)
+    text = console.file.getvalue()
+    assert "1 session(s), openai cache regime" in text
+    assert "3 session(s), anthropic cache regime" in text
+    assert "passthrough: 1 call(s) failed, the first with HTTP 400: [b]" in text
+    assert text.count("no api-request lines") == 1
+    assert "note (3x): no api-request lines: system prompt and tools not logged (b, c, d)" in text

@@ -18,6 +18,9 @@ from skillstate.bench.replay.sources import Problem, detect, iter_sessions
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
 CLAUDE = FIXTURES / "claude-code.jsonl"
 CODEX = FIXTURES / "codex.jsonl"
+# A Claude Code log without api-request lines: a first line of a type this replay does not
+# know, an API error Claude Code wrote itself, and a rewind (an abandoned branch).
+REWIND = FIXTURES / "claude-code-rewind.jsonl"
 MESSAGES_USER = {"role": "user", "content": "hi"}
 
 
@@ -30,10 +33,10 @@ def sessions_and_problems(*paths: Path) -> tuple[list[Session], list[Problem]]:
 
 
 def test_each_format_is_detected_from_its_content() -> None:
-    assert detect(CLAUDE.read_bytes()[:65536]) == "claude-code"
-    assert detect(CODEX.read_bytes()[:65536]) == "codex"
-    assert detect(b'[{"id": "a", "messages": []}]') == "transcripts"
-    assert detect(b'{\n  "id": "a",\n  "messages": [\n') == "transcript"
+    assert detect(io.BytesIO(CLAUDE.read_bytes())) == "claude-code"
+    assert detect(io.BytesIO(CODEX.read_bytes())) == "codex"
+    assert detect(io.BytesIO(b'[{"id": "a", "messages": []}]')) == "transcripts"
+    assert detect(io.BytesIO(b'{\n  "id": "a",\n  "messages": [\n')) == "transcript"
     for head, why in [
         (b"", "empty"),
         (b"  \n", "empty"),
@@ -41,7 +44,7 @@ def test_each_format_is_detected_from_its_content() -> None:
         (b'{"type": "other"}\n', "unknown format"),
     ]:
         with pytest.raises(LogError, match=why):
-            detect(head)
+            detect(io.BytesIO(head))
 
 
 def test_the_claude_code_log_is_rebuilt_request_by_request() -> None:
@@ -163,17 +166,22 @@ def test_a_compaction_restarts_the_context() -> None:
         "type": "system",
         "subtype": "compact_boundary",
         "sessionId": "s",
+        "uuid": "boundary",
         "parentUuid": None,
     }
     summary = {
         "type": "user",
         "sessionId": "s",
         "isCompactSummary": True,
-        "parentUuid": None,
+        "uuid": "summary",
+        "parentUuid": "boundary",
         "message": {"role": "user", "content": "Summary: two files were read."},
     }
     extra = [json.dumps(boundary).encode() + b"\n", json.dumps(summary).encode() + b"\n"]
-    session = read_claude_code(_older_claude_code(lines[:at] + extra + lines[at:]), "compacted")
+    # As Claude Code links them: the next line's parent is the summary.
+    after = json.loads(lines[at]) | {"parentUuid": "summary"}
+    rest = [json.dumps(after).encode() + b"\n", *lines[at + 1 :]]
+    session = read_claude_code(_older_claude_code(lines[:at] + extra + rest), "compacted")
     assert [len(c.messages) for c in session.calls] == [1, 3, 1, 3]
     first_after = session.pool[session.calls[2].messages[0]]
     assert first_after["content"] == "Summary: two files were read."
@@ -274,3 +282,141 @@ def test_an_element_of_another_shape_leaves_the_rest_of_its_list(
         " (TypeError: 'int' object is not iterable)"
     ]
     assert len(sessions) == 2
+
+
+def test_the_format_is_told_past_unknown_first_lines_and_long_ones(tmp_path: Path) -> None:
+    claude = CLAUDE.read_bytes().splitlines(keepends=True)
+    codex = CODEX.read_bytes().splitlines(keepends=True)
+    first = json.loads(claude[2])  # the first user line
+    first["message"]["content"] = "x" * 100_000  # longer than any fixed sniff window
+    meta = json.loads(codex[0])
+    meta["payload"]["base_instructions"]["text"] += "y" * 100_000
+    snapshot = {"type": "file-history-snapshot", "messageId": "m", "snapshot": {}}
+    pretty = {"id": "t", "tools": [{"type": "function", "description": "z" * 70_000}]}
+    pretty["messages"] = [MESSAGES_USER, {"role": "assistant", "content": "ok"}]
+    files = {
+        "snapshot_first.jsonl": json.dumps(snapshot).encode() + b"\n" + b"".join(claude),
+        "unknown_first.jsonl": REWIND.read_bytes(),
+        "long_first.jsonl": b"".join([*claude[:2], json.dumps(first).encode() + b"\n"])
+        + b"".join(claude[3:]),
+        "long_meta.jsonl": json.dumps(meta).encode() + b"\n" + b"".join(codex[1:]),
+        "pretty.json": json.dumps(pretty, indent=2).encode(),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    sessions, problems = sessions_and_problems(tmp_path)
+    assert problems == []
+    assert sorted(s.source for s in sessions) == [
+        "claude-code",
+        "claude-code",
+        "claude-code",
+        "codex",
+        "transcript",
+    ]
+
+
+def test_an_api_error_claude_code_wrote_is_no_call_and_not_sent_back() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    with REWIND.open("rb") as f:
+        session = read_claude_code(f, "rewind")
+    assert session.model == "claude-sonnet-4-5"  # not the error message's "<synthetic>"
+    assert len(session.calls) == 3
+    first = [session.pool[i] for i in session.calls[0].messages]
+    # The question and the retry after the error, merged into one user message.
+    assert first == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "first question"},
+                {"type": "text", "text": "try again"},
+            ],
+        }
+    ]
+    assert "API Error" not in json.dumps(session.pool)
+
+
+def test_a_rewound_branch_is_not_sent_after_the_rewind() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    with REWIND.open("rb") as f:
+        session = read_claude_code(f, "rewind")
+    sent = [[session.pool[i]["content"] for i in c.messages] for c in session.calls]
+    assert [len(m) for m in sent] == [1, 3, 3]
+    assert sent[1][2] == "ABANDONED branch question"
+    assert sent[2][2] == "rewound question"  # its parent is the first answer, not the branch
+    assert "ABANDONED" not in json.dumps(sent[2])
+
+
+def test_items_codex_keeps_but_does_not_send_are_not_replayed() -> None:
+    from skillstate.bench.replay.codex import read_codex
+
+    lines = CODEX.read_bytes().splitlines(keepends=True)
+    ghost = {"type": "ghost_snapshot", "ghost_commit": {"id": "abc", "parent": "def"}}
+    system = {"type": "message", "role": "system", "content": [{"type": "input_text"}]}
+    extra = [
+        json.dumps(
+            {"timestamp": "2025-10-01T12:00:00Z", "type": "response_item", "payload": p}
+        ).encode()
+        + b"\n"
+        for p in (ghost, system, {"type": "compaction_trigger"})
+    ]
+    plain = read_codex(io.BytesIO(b"".join(lines)), "plain")
+    at = next(
+        k for k, line in enumerate(lines) if b'"role": "user"' in line or b'"role":"user"' in line
+    )
+    noisy = read_codex(io.BytesIO(b"".join([*lines[:at], *extra, *lines[at:]])), "noisy")
+    assert [[noisy.pool[i] for i in c.messages] for c in noisy.calls] == [
+        [plain.pool[i] for i in c.messages] for c in plain.calls
+    ]
+
+
+def test_a_missing_or_corrupt_request_line_falls_back_to_the_message_chain() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    lines = CLAUDE.read_bytes().splitlines(keepends=True)
+    requests = [k for k, line in enumerate(lines) if json.loads(line)["type"] == "api-request"]
+    without_first = [line for k, line in enumerate(lines) if k != requests[0]]
+    corrupt = list(lines)
+    corrupt[requests[1]] = corrupt[requests[1]][:40] + b"\n"
+    exact = read_claude_code(io.BytesIO(b"".join(lines)), "exact")
+    for broken in (without_first, corrupt):
+        session = read_claude_code(io.BytesIO(b"".join(broken)), "broken")
+        assert len(session.calls) == 4  # every call replays, not none
+        assert session.tools == exact.tools  # the logged request shape is still used
+        assert session.notes and "rebuilt from the message chain" in session.notes[0]
+        last = [session.pool[i] for i in session.calls[-1].messages]
+        assert [m["role"] for m in last] == ["user", "assistant"] * 3 + ["user"]
+
+
+def test_an_unsearchable_path_is_one_problem_and_the_rest_replays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    tree = tmp_path / "tree"
+    (tree / "locked").mkdir(parents=True)
+    (tree / "ok.jsonl").write_bytes(CLAUDE.read_bytes())
+    (tree / "locked" / "hidden.jsonl").write_bytes(CODEX.read_bytes())
+    hidden = tmp_path / "closed" / "log.jsonl"  # under a directory this user may not search
+    real_scandir, real_stat = os.scandir, Path.stat
+
+    def scandir(path: Any = ".") -> Any:
+        if Path(path) == tree / "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    def stat(self: Path, **kwargs: Any) -> Any:
+        if self == hidden:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, **kwargs)
+
+    # Root (as tests may run) searches any directory: the refusals are the OS's, simulated.
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(Path, "stat", stat)
+    sessions, problems = sessions_and_problems(hidden, tree)
+    assert [(Path(p.path).name, p.reason) for p in problems] == [
+        ("log.jsonl", "Permission denied"),
+        ("locked", "Permission denied; its logs were not searched"),
+    ]
+    assert [s.source for s in sessions] == ["claude-code"]

@@ -19,13 +19,16 @@ One JSON object a line. The lines the replay reads:
   after them, ``cacheControl`` = the breakpoints' paths). An assistant line's
   ``requestRef`` names the request it answers.
 
-With ``api-request`` lines every call is rebuilt exactly as sent (a tail hash that no
-line holds drops that call, with a note). Without them (older versions) a call sends the
-main chain's messages before its reply since the last compaction: consecutive user lines
-merged into one message (as the client does), the system prompt and tools unknown (not
-logged), breakpoints where the client puts them (end of system, end of the last message).
-``summary``, ``attachment``, ``file-history-snapshot`` and the other bookkeeping lines are
-not messages.
+With ``api-request`` lines every call is rebuilt exactly as sent. A call whose request cannot
+be (its line is missing or corrupt, or a tail hash no line holds, or one of those is its
+base) and every call of an older log without them is rebuilt from the message chain: the
+messages above its reply, following ``parentUuid`` (an abandoned branch after a rewind is
+not in it) back to the root or the last compaction, consecutive user lines merged into one
+message (as the client does), the system prompt and tools from its ``api-request`` line or
+unknown, breakpoints where the client puts them (end of system, end of the last message).
+An assistant message with the model ``<synthetic>`` is an error Claude Code wrote itself: no
+call, and not sent back. ``summary``, ``attachment``, ``file-history-snapshot`` and the
+other bookkeeping lines are not messages.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from .jsonstream import LogError, iter_json_lines
 from .session import Call, Reply, Session
 
 __all__ = ["LINE_TYPES", "is_claude_code_line", "read_claude_code"]
+
+SYNTHETIC_MODEL = "<synthetic>"  # the model Claude Code names on the messages it writes itself
 
 # Line types Claude Code writes (a first line of one of these, with a sessionId, is ours).
 LINE_TYPES = frozenset(
@@ -126,6 +131,7 @@ def reply_of(blocks: list[Any], usage: Usage | None) -> Reply:
 class _Assistant:
     """One assistant message, gathered from its lines."""
 
+    first: str  # the key of its first line: the chain above it is what its call sent
     blocks: list[Any] = field(default_factory=list)
     usage: Usage | None = None
     request: str | None = None
@@ -134,6 +140,18 @@ class _Assistant:
 
     def message(self) -> dict[str, Any]:
         return {"role": "assistant", "content": self.blocks}
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """A line of the message chain, by its ``uuid``: a user message, a line of an assistant
+    message (``item`` = its message id), a compaction boundary (the chain ends there), or
+    another line the chain passes through (an attachment, a synthetic error message)."""
+
+    kind: str  # user | assistant | boundary | link
+    parent: str | None
+    index: int  # its place in the file
+    item: Any = None  # user: the message; assistant: the message id
 
 
 @dataclass
@@ -146,9 +164,13 @@ class _Log:
     blobs: dict[str, Any] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     assistants: dict[str, _Assistant] = field(default_factory=dict)  # by message id
-    # the main chain in file order: ("user", message) | ("assistant", id) | ("boundary", None)
-    chain: list[tuple[str, Any]] = field(default_factory=list)
-    user_at: dict[int, float | None] = field(default_factory=dict)
+    nodes: dict[str, _Node] = field(default_factory=dict)
+    users: list[Any] = field(default_factory=list)  # the user messages, in file order
+    # Per assistant message id: the user lines answering its tool calls. Parallel tool calls'
+    # results can each name their own tool_use line as parent, off the path a later line's
+    # parents take; the client sends them all.
+    results: dict[str, list[str]] = field(default_factory=dict)
+    last: str | None = None  # the last chain line (the parent of a line that names none)
 
     def take(self, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
@@ -161,7 +183,19 @@ class _Log:
         elif kind in ("user", "assistant") and isinstance(obj.get("message"), dict):
             self._message(kind, obj)
         elif kind == "system" and obj.get("subtype") == "compact_boundary":
-            self.chain.append(("boundary", None))
+            self._link(obj, "boundary")
+        elif isinstance(obj.get("uuid"), str):
+            self._link(obj, "link")
+
+    def _link(self, obj: dict[str, Any], kind: str, item: Any = None) -> str:
+        """Record a chain line; its key (the ``uuid``, or its place for a line with none)."""
+        key = obj["uuid"] if isinstance(obj.get("uuid"), str) else f"#{len(self.nodes)}"
+        parent = obj.get("parentUuid") if "parentUuid" in obj else self.last
+        if kind == "boundary" or not isinstance(parent, str):
+            parent = None  # the context restarts after a compaction
+        self.nodes[key] = _Node(kind, parent, len(self.nodes), item)
+        self.last = key
+        return key
 
     def _message(self, kind: str, obj: dict[str, Any]) -> None:
         side = bool(obj.get("isSidechain"))
@@ -170,20 +204,66 @@ class _Log:
         if side != self.sidechain:
             return  # a sub-agent's lines in its parent's file (older versions)
         message = obj["message"]
+        if kind == "assistant" and message.get("model") == SYNTHETIC_MODEL:
+            # The error text Claude Code shows when a call failed: no model call, and the
+            # client leaves it out of the requests after it.
+            self._link(obj, "link")
+            return
         if kind == "user":
-            self.chain.append(("user", message))
-            self.user_at[len(self.chain) - 1] = _time(obj.get("timestamp"))
+            self.users.append(message)
+            key = self._link(obj, "user", message)
+            parent = self.nodes.get(self.nodes[key].parent or "")
+            if parent is not None and parent.kind == "assistant" and _answers_tools(message):
+                self.results.setdefault(parent.item, []).append(key)
             return
         mid = str(message.get("id") or obj.get("uuid"))
+        key = self._link(obj, "assistant", mid)
         entry = self.assistants.get(mid)
         if entry is None:
-            entry = self.assistants[mid] = _Assistant(at=_time(obj.get("timestamp")))
-            self.chain.append(("assistant", mid))
+            entry = self.assistants[mid] = _Assistant(key, at=_time(obj.get("timestamp")))
         content = message.get("content")
         entry.blocks.extend(content if isinstance(content, list) else [])
         entry.usage = _usage(message.get("usage")) or entry.usage
         entry.request = obj.get("requestRef") or entry.request
         entry.model = message.get("model") or entry.model
+
+    def path(self, start: str) -> list[tuple[str, Any]]:
+        """The messages above chain line ``start``, oldest first, up to the chain's root or
+        the last compaction: ``("user", keys)`` per run of user lines (the client sends them
+        as one message) and ``("assistant", message id)``."""
+        above: list[tuple[str, _Node]] = []
+        seen: set[str] = set()
+        key = self.nodes[start].parent
+        while key is not None and key not in seen:
+            seen.add(key)
+            node = self.nodes.get(key)
+            if node is None or node.kind == "boundary":
+                break
+            if node.kind in ("user", "assistant"):
+                above.append((key, node))
+            key = node.parent
+        out: list[tuple[str, Any]] = []
+        for key, node in reversed(above):
+            if node.kind == "assistant":
+                if out[-1:] != [("assistant", node.item)]:
+                    out.append(("assistant", node.item))
+                continue
+            if not out or out[-1][0] != "user":
+                answers = self.results.get(out[-1][1], []) if out else []
+                out.append(("user", list(answers)))
+            if key not in out[-1][1]:
+                out[-1][1].append(key)
+        return [
+            (kind, sorted(item, key=lambda u: self.nodes[u].index) if kind == "user" else item)
+            for kind, item in out
+        ]
+
+
+def _answers_tools(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
 
 
 def read_claude_code(f: IO[bytes], name: str) -> Session:
@@ -201,17 +281,53 @@ def read_claude_code(f: IO[bytes], name: str) -> Session:
         model=None,
         skipped=skipped,
     )
-    if log.requests:
-        _exact_calls(log, session)
-    else:
-        _chain_calls(log, session)
+    _calls(log, session)
     if not session.calls:
         raise LogError("; ".join([*skipped[:1], "no model calls in this Claude Code log"]))
     return session
 
 
-def _exact_calls(log: _Log, session: Session) -> None:
-    """Calls rebuilt from the ``api-request`` lines."""
+def _calls(log: _Log, session: Session) -> None:
+    """A call per assistant message: rebuilt from its ``api-request`` line, or, where there is
+    none (older versions) or it cannot be rebuilt (a corrupt line, a message not logged), from
+    the message chain above the reply."""
+    logged = {str(req.get("id")): req for req in log.requests}
+    sent = _exact_requests(log, session) if log.requests else {}
+    chain = _ChainPool(log, session)
+    rebuilt = 0
+    for entry in log.assistants.values():
+        if entry.usage is None and not entry.blocks:
+            continue
+        reply = reply_of(entry.blocks, entry.usage)
+        line = logged.get(entry.request or "")
+        if line is not None:
+            _take_request_shape(log, session, line, entry)
+        messages = sent.get(entry.request or "")
+        if line is not None and messages is not None:
+            marks = _cache_marks(line.get("cacheControl"))
+            session.calls.append(Call(messages, reply, entry.usage, entry.at, marks))
+            continue
+        messages = chain.context(entry)
+        if messages:
+            session.calls.append(Call(messages, reply, entry.usage, entry.at))
+            rebuilt += 1
+    if session.model is None:
+        session.model = next((e.model for e in log.assistants.values() if e.model), None)
+    if not rebuilt:
+        return
+    if not log.requests:
+        session.notes.append("no api-request lines: system prompt and tools not logged")
+    else:
+        session.notes.append(
+            f"{rebuilt} call(s) rebuilt from the message chain (their api-request line is "
+            "missing, unreadable or names a message not in the log)"
+        )
+
+
+def _exact_requests(log: _Log, session: Session) -> dict[str, list[int]]:
+    """The messages (pool indices) of each request the ``api-request`` lines rebuild, by id
+    (one whose base or a message it sent is not in the log is left out, and so are those
+    built on it)."""
     by_hash: dict[str, int] = {}
 
     def index(h: str, message: Any, params: dict[str, Any]) -> int:
@@ -222,41 +338,38 @@ def _exact_calls(log: _Log, session: Session) -> None:
         return by_hash[h]
 
     known: dict[str, Any] = dict(log.blobs)
-    for kind, item in log.chain:
-        if kind == "user":
-            known.setdefault(message_hash(item), item)
+    for user in log.users:
+        known.setdefault(message_hash(user), user)
     for gathered in log.assistants.values():
         known.setdefault(message_hash(gathered.message()), gathered.message())
-    replies = {e.request: e for e in log.assistants.values() if e.request}
-    sent: dict[str, list[int] | None] = {}
+    sent: dict[str, list[int]] = {}
     for req in log.requests:
-        rid = str(req.get("id"))
         base = sent.get(str(req.get("base"))) if req.get("base") else []
         tail = [h for h in req.get("tail") or [] if isinstance(h, str)]
-        missing = [h for h in tail if h not in known]
-        if base is None or missing:
-            sent[rid] = None
-            session.notes.append(f"request {rid}: a message it sent is not in the log")
+        if base is None or any(h not in known for h in tail):
             continue
         keep = req["keep"] if isinstance(req.get("keep"), int) else 0
         params: dict[str, Any] = req["params"] if isinstance(req.get("params"), dict) else {}
-        sent[rid] = messages = base[:keep] + [index(h, known[h], params) for h in tail]
-        entry = replies.get(rid)
-        if entry is None:
-            continue  # no answer logged (an error or an abort): not a billed call
-        shape: dict[str, Any] = log.shapes.get(str(req.get("shapeHash"))) or {}
-        if session.model is None:
-            session.model = params.get("model") or entry.model
-            session.system = shape.get("system")
-            session.tools = shape.get("tools")
-            betas = params.get("betas")
-            if isinstance(betas, list) and betas:
-                session.headers["anthropic-beta"] = ",".join(str(b) for b in betas)
-            session.params = {k: v for k, v in params.items() if k not in ("model", "betas")}
-        marks = _cache_marks(req.get("cacheControl"))
-        session.calls.append(
-            Call(messages, reply_of(entry.blocks, entry.usage), entry.usage, entry.at, marks)
-        )
+        sent[str(req.get("id"))] = base[:keep] + [index(h, known[h], params) for h in tail]
+    return sent
+
+
+def _take_request_shape(
+    log: _Log, session: Session, req: dict[str, Any], entry: _Assistant
+) -> None:
+    """The session's model, system blocks, tools, betas and parameters, from its first
+    rebuilt request."""
+    if session.model is not None:
+        return
+    params: dict[str, Any] = req["params"] if isinstance(req.get("params"), dict) else {}
+    shape: dict[str, Any] = log.shapes.get(str(req.get("shapeHash"))) or {}
+    session.model = params.get("model") or entry.model
+    session.system = shape.get("system")
+    session.tools = shape.get("tools")
+    betas = params.get("betas")
+    if isinstance(betas, list) and betas:
+        session.headers["anthropic-beta"] = ",".join(str(b) for b in betas)
+    session.params = {k: v for k, v in params.items() if k not in ("model", "betas")}
 
 
 def _cache_marks(logged: Any) -> list[tuple[Any, ...]]:
@@ -290,37 +403,38 @@ def _wire_system_message(message: dict[str, Any], params: dict[str, Any]) -> dic
     return message
 
 
-def _chain_calls(log: _Log, session: Session) -> None:
-    """Calls rebuilt from the message chain (logs without ``api-request`` lines)."""
-    context: list[int] = []
-    last_user: int | None = None  # pool index of a user message still open to merging
-    for kind, item in log.chain:
-        if kind == "boundary":
-            context, last_user = [], None
-        elif kind == "user":
-            if last_user is not None:
-                merged = session.pool[last_user]
-                session.pool[last_user] = {
-                    "role": "user",
-                    "content": _blocks(merged) + _blocks(item),
-                }
+class _ChainPool:
+    """The message chain's messages in the session's pool, each added once (the calls
+    share them)."""
+
+    def __init__(self, log: _Log, session: Session) -> None:
+        self.log, self.session = log, session
+        self._index: dict[tuple[str, Any], int] = {}
+
+    def context(self, entry: _Assistant) -> list[int]:
+        """What the call answered by ``entry`` sent: the chain above its first line."""
+        return [
+            self._pooled(kind, item)
+            for kind, item in self.log.path(entry.first)
+            if kind == "user" or self.log.assistants[item].blocks
+        ]
+
+    def _pooled(self, kind: str, item: Any) -> int:
+        key = (kind, tuple(item) if kind == "user" else item)
+        found = self._index.get(key)
+        if found is None:
+            if kind == "assistant":
+                message = self.log.assistants[item].message()
             else:
-                last_user = session.add({"role": "user", "content": item.get("content")})
-                context.append(last_user)
-        else:
-            entry = log.assistants[item]
-            if entry.usage is None and not entry.blocks:
-                continue
-            if session.model is None:
-                session.model = entry.model
-            if context:
-                session.calls.append(
-                    Call(list(context), reply_of(entry.blocks, entry.usage), entry.usage, entry.at)
+                users = [self.log.nodes[k].item for k in item]
+                content = (
+                    users[0].get("content")
+                    if len(users) == 1
+                    else [b for user in users for b in _blocks(user)]
                 )
-            context.append(session.add(entry.message()))
-            last_user = None
-    if session.calls:
-        session.notes.append("no api-request lines: system prompt and tools not logged")
+                message = {"role": "user", "content": content}
+            found = self._index[key] = self.session.add(message)
+        return found
 
 
 def _blocks(message: dict[str, Any]) -> list[Any]:

@@ -1,12 +1,15 @@
 """``skillstate replay PATH...`` and ``skillstate bench replay``: the command lines.
 
 Exit status: 0 every session replayed without an error; 1 a file was not (wholly)
-replayed, a call failed or the truth check is off by more than 5%; 2 a usage error.
+replayed, a call failed, the truth check is off by more than 5% or a report could not be
+written; 2 a usage error. ``--json -`` (or ``--html -``) writes that report to stdout, the
+tables then go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -61,15 +64,27 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="the proxy's config file (default: the proxy's defaults)",
     )
-    p.add_argument("--json", metavar="OUT", type=output_file, help="write the report as JSON")
     p.add_argument(
-        "--html", metavar="OUT", type=output_file, help="write a self-contained HTML report"
+        "--json", metavar="OUT", type=_report_file, help="write the report as JSON (- stdout)"
+    )
+    p.add_argument(
+        "--html",
+        metavar="OUT",
+        type=_report_file,
+        help="write a self-contained HTML report (- stdout)",
     )
     p.add_argument(
         "--include-text",
         action="store_true",
         help="put the recorded replies' text into the JSON report (default: none)",
     )
+
+
+STDOUT = "-"  # a report file argument that means stdout
+
+
+def _report_file(value: str) -> str:
+    return value if value == STDOUT else output_file(value)
 
 
 def add_replay_parser(sub: Any) -> None:
@@ -162,11 +177,16 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
     from .run import ReplayError, SessionRun, available_arms, replay
     from .sources import Problem
 
-    console = make_console()
+    to_stdout = [flag for flag in ("json", "html") if getattr(args, flag) == STDOUT]
+    if len(to_stdout) > 1:
+        print(f"{prog}: --json - and --html - cannot both go to stdout", file=sys.stderr)
+        return 2
+    # With a report on stdout, the tables go to stderr (stdout is the report alone).
+    console = make_console(stderr=bool(to_stdout))
     if not console.is_terminal:  # a file or a pipe: wide enough for the tables
         from rich.console import Console
 
-        console = Console(width=160)
+        console = Console(width=160, stderr=bool(to_stdout))
     runs: list[SessionRun] = []
     problems: list[Problem] = []
     t0 = time.perf_counter()
@@ -184,20 +204,61 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
         return 2
     arms = options.arms or available_arms()
     report = rep.build_report(runs, problems, options, arms, time.perf_counter() - t0)
-    if runs:
-        rep.render_console(report, console)
-    else:
-        print(f"{prog}: no session was replayed", file=sys.stderr)
-    if args.json:
-        rep.write_json(report, Path(args.json))
-        console.print(f"report: {args.json}", markup=False, highlight=False)
-    if args.html:
-        from .html import write_html
-
-        write_html(report, Path(args.html))
-        console.print(f"html: {args.html}", markup=False, highlight=False)
+    # The files first: a report the console cannot show (a closed or full stdout) is kept.
+    written = _write_reports(report, args, console, prog)
+    try:
+        if runs:
+            rep.render_console(report, console)
+        else:
+            print(f"{prog}: no session was replayed", file=sys.stderr)
+    except OSError as e:
+        _drop_stdout()
+        print(f"{prog}: cannot print the report: {e.strerror or e}", file=sys.stderr)
+        written = False
     failed = any(a["errors"] for arms_ in report["totals"].values() for a in arms_.values())
-    return 1 if problems or failed or report["truth"]["off"] or not runs else 0
+    bad = problems or failed or report["truth"]["off"] or not runs or not written
+    return 1 if bad else 0
+
+
+def _write_reports(
+    report: dict[str, Any], args: argparse.Namespace, console: Any, prog: str
+) -> bool:
+    """``--json`` and ``--html``; False (and one line on stderr each) when one could not be
+    written."""
+    from .html import render_html
+    from .report import report_json
+
+    ok = True
+    for flag, label in (("json", "report"), ("html", "html")):
+        where = getattr(args, flag)
+        if not where:
+            continue
+        data = report_json(report) if flag == "json" else render_html(report).encode()
+        try:
+            if where == STDOUT:
+                sys.stdout.flush()
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            else:
+                Path(where).write_bytes(data)
+                console.print(f"{label}: {where}", markup=False, highlight=False)
+        except OSError as e:
+            if where == STDOUT:
+                _drop_stdout()
+            print(f"{prog}: --{flag} {where}: {e.strerror or e}", file=sys.stderr)
+            ok = False
+    return ok
+
+
+def _drop_stdout() -> None:
+    """Point stdout at the null device: what is still buffered for it (a full disk, a closed
+    pipe) would fail again when the interpreter flushes it on exit, with a traceback."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (a test's capture): nothing to flush on exit
 
 
 class _progress:

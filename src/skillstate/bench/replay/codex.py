@@ -18,7 +18,8 @@ One ``{"timestamp", "type", "payload"}`` a line (codex-rs ``RolloutLine``):
 A model call is a run of output items (assistant message, reasoning, tool calls); its
 request is every item before it. The tool definitions are not logged, so they are not
 replayed (the truth check shows the tokens they cost). Keys Codex keeps for itself
-(``internal_chat_message_metadata_passthrough``) are dropped.
+(``internal_chat_message_metadata_passthrough``) are dropped, and so are the items it keeps
+in the rollout but does not send (``ghost_snapshot``, system messages: see ``SENT_ITEMS``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,42 @@ OUTPUT_ITEMS = frozenset(
         "tool_search_call",
     }
 )
+# The item types Codex sends back to the model (codex-rs ``is_api_message``: every
+# ``ResponseItem`` but a system message, ``ghost_snapshot`` (its undo checkpoints),
+# ``compaction_trigger`` and the types it does not know); a rollout keeps the others too.
+SENT_ITEMS = frozenset(
+    {
+        "message",
+        "agent_message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "tool_search_call",
+        "tool_search_output",
+        "local_shell_call",
+        "web_search_call",
+        "image_generation_call",
+        "compaction",
+        "compaction_summary",  # compaction's older name
+        "context_compaction",
+    }
+)
 _PRIVATE_KEYS = ("internal_chat_message_metadata_passthrough",)
 
 
 def is_codex_line(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("type") in LINE_TYPES and "payload" in obj
+
+
+def is_sent(item: Any) -> bool:
+    """Whether Codex sends this rollout item to the model."""
+    return (
+        isinstance(item, dict)
+        and item.get("type") in SENT_ITEMS
+        and not (item.get("type") == "message" and item.get("role") == "system")
+    )
 
 
 def _is_output(item: dict[str, Any]) -> bool:
@@ -127,6 +159,8 @@ class _Rollout:
         self.pending_usage: Call | None = None  # the last call still without its usage
 
     def item(self, item: dict[str, Any], at: float | None) -> None:
+        if not is_sent(item):
+            return
         item = {k: v for k, v in item.items() if k not in _PRIVATE_KEYS}
         if _is_output(item):
             if self.out_start is None:
@@ -162,7 +196,7 @@ class _Rollout:
         self.close()
         history = payload.get("replacement_history")
         if isinstance(history, list):
-            self.history = [self.s.add(i) for i in history if isinstance(i, dict)]
+            self.history = [self.s.add(i) for i in history if is_sent(i)]
         else:
             text = str(payload.get("message") or "")
             summary = {

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from .jsonstream import LogError
 from .session import Call, Session
 
 __all__ = ["PATHS", "RequestBuilder", "as_anthropic"]
@@ -33,8 +34,10 @@ DEFAULT_MAX_TOKENS = 4096  # a translated transcript's max_tokens (Messages requ
 
 def as_anthropic(session: Session) -> Session:
     """A chat-completions session as an Anthropic Messages client would send it: each call's
-    request translated by the proxy's own translation, the messages pooled again."""
+    request translated by the proxy's own translation, the messages pooled again. LogError
+    when the translation refuses a request (as the proxy would answer it with a 400)."""
     from skillstate.dialects.translate import openai_request_to_anthropic
+    from skillstate.errors import ProxyError
 
     out = Session(
         id=session.id,
@@ -54,7 +57,10 @@ def as_anthropic(session: Session) -> Session:
         }
         if session.tools:
             body["tools"] = session.tools
-        translated = openai_request_to_anthropic(body)
+        try:
+            translated = openai_request_to_anthropic(body)
+        except ProxyError as e:
+            raise LogError(f"the Anthropic translation refuses it ({e})") from None
         if out.system is None:
             out.system = translated.get("system")
             out.tools = translated.get("tools")
@@ -88,13 +94,20 @@ def _marked_message(message: dict[str, Any], block: int | None) -> dict[str, Any
 
 
 class RequestBuilder:
-    """The request bytes of each call of one session."""
+    """The request bytes of each call of one session (LogError when a message cannot be
+    sent)."""
 
     def __init__(self, session: Session, model: str) -> None:
         self.session = session
         self.dialect = session.dialect
         self.path = PATHS[self.dialect]
-        self._parts = [orjson.dumps(m) for m in session.pool]
+        try:
+            self._parts = [orjson.dumps(m) for m in session.pool]
+            orjson.dumps([session.system, session.tools, session.params])
+        except orjson.JSONEncodeError as e:
+            # orjson writes at most 255 levels of nesting (and reads 1,024): such a message
+            # cannot go on the wire, nor would the proxy write it back out.
+            raise LogError(f"a message cannot be sent as JSON ({e})") from None
         head: dict[str, Any] = {"model": model}
         if self.dialect == "anthropic":
             head.update({k: v for k, v in session.params.items() if k != "stream"})

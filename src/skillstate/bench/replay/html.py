@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from skillstate.bench.chart import nice_ticks, usd
 
 from .run import COSTS
 
-__all__ = ["render_html", "write_html"]
+__all__ = ["render_html"]
 
 COLORS = {
     "passthrough": "#c0392b",
@@ -165,7 +164,3 @@ def render_html(report: Mapping[str, Any]) -> str:
         + (f"<h2>not replayed</h2><ul>{problems}</ul>" if problems else "")
         + "</body></html>"
     )
-
-
-def write_html(report: Mapping[str, Any], path: Path) -> None:
-    path.write_text(render_html(report), encoding="utf-8")

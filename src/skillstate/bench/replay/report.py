@@ -17,7 +17,15 @@ from skillstate.bench.reach import mean_reach
 from .run import COSTS, ArmRun, ReplayOptions, SessionRun
 from .sources import Problem
 
-__all__ = ["TRUTH_TOLERANCE", "arm_summary", "build_report", "render_console", "write_json"]
+__all__ = [
+    "TRUTH_TOLERANCE",
+    "arm_summary",
+    "build_report",
+    "note_lines",
+    "render_console",
+    "report_json",
+    "write_json",
+]
 
 TRUTH_TOLERANCE = 0.05  # a simulated bill further than this from the recorded one is flagged
 
@@ -140,8 +148,12 @@ def build_report(
     }
 
 
+def report_json(report: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n"
+
+
 def write_json(report: Mapping[str, Any], path: Path) -> None:
-    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    path.write_bytes(report_json(report))
 
 
 # -- the terminal --------------------------------------------------------------------------
@@ -155,6 +167,14 @@ def _usd(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _literal(value: Any) -> str:
+    """Text from a log or the command line (a session id, a model name) as console markup
+    that prints it as it is (``[bold]`` in a session id is not a style)."""
+    from rich.markup import escape
+
+    return escape(str(value))
 
 
 def _x(v: float | None) -> str:
@@ -216,7 +236,11 @@ def sessions_table(report: Mapping[str, Any], regime: str) -> Any:
         per_arm = s["arms"].get(regime)
         if not per_arm:
             continue
-        cells = [s["id"][:40], str(s["calls"]), _usd(per_arm.get("passthrough", {}).get("usd"))]
+        cells = [
+            _literal(s["id"][:40]),
+            str(s["calls"]),
+            _usd(per_arm.get("passthrough", {}).get("usd")),
+        ]
         for arm in arms:
             if arm != "passthrough" and arm in per_arm:
                 a = per_arm[arm]
@@ -242,7 +266,7 @@ def truth_table(report: Mapping[str, Any]) -> Any:
         text = "-" if diff is None else f"{100 * diff:+.1f}%"
         first = t["first_call_prompt_tokens"]
         table.add_row(
-            s["id"][:40],
+            _literal(s["id"][:40]),
             t["regime"],
             _usd(t["recorded_usd"]),
             _usd(t["simulated_usd"]),
@@ -253,14 +277,25 @@ def truth_table(report: Mapping[str, Any]) -> Any:
 
 
 def render_console(report: Mapping[str, Any], console: Any) -> None:
+    """The report's tables and notes (a session id, a model name or an error from the log is
+    text, never rich markup)."""
+    price_as = _literal(report["options"]["price_as"])
     for regime, arms in report["totals"].items():
-        n = len(report["sessions"])
+        n = sum(1 for s in report["sessions"] if regime in s["arms"])
         title = (
-            f"{n} session(s), {regime} cache regime, priced as {report['options']['price_as']} "
+            f"{n} session(s), {regime} cache regime, priced as {price_as} "
             "(x pt = vs passthrough; read/write = cache; err = errors, inv = invalid turns; "
             "env = the envelope's share of the output)"
         )
         console.print(totals_table(regime, arms, title))
+        for arm, a in arms.items():
+            if a["errors"]:
+                console.print(
+                    f"{arm}: {a['errors']} call(s) failed, the first with {a['first_error']}",
+                    markup=False,
+                    highlight=False,
+                    style="red",
+                )
         if n > 1:
             console.print(sessions_table(report, regime))
     if report["truth"]["sessions"]:
@@ -272,11 +307,28 @@ def render_console(report: Mapping[str, Any], console: Any) -> None:
                 f"recorded bill in {len(off)} session(s): the figures above rest on the "
                 "simulation[/red]"
             )
-    for s in report["sessions"]:
-        for note in s["notes"]:
-            console.print(f"note: {s['id']}: {note}", markup=False, highlight=False)
+    for line in note_lines(report["sessions"]):
+        console.print(line, markup=False, highlight=False)
     console.print(
         "reach: of the next action's history tokens, the share the upstream got verbatim from "
         "the transcript (reach+state: anywhere, the state's text too)",
         style="dim",
     )
+
+
+def note_lines(sessions: Iterable[Mapping[str, Any]], named: int = 3) -> list[str]:
+    """One line per distinct note: a note many sessions share (e.g. that a log has no
+    request lines) is said once, with how many and the first ``named`` of them."""
+    by_note: dict[str, list[str]] = {}
+    for s in sessions:
+        for note in s["notes"]:
+            by_note.setdefault(note, []).append(str(s["id"]))
+    lines = []
+    for note, ids in by_note.items():
+        if len(ids) == 1:
+            lines.append(f"note: {ids[0]}: {note}")
+            continue
+        distinct = list(dict.fromkeys(ids))
+        more = f" and {len(distinct) - named} more" if len(distinct) > named else ""
+        lines.append(f"note ({len(ids)}x): {note} ({', '.join(distinct[:named])}{more})")
+    return lines

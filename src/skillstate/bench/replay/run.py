@@ -26,6 +26,7 @@ from skillstate.cost.pricing import Prices, cost_from_prices
 from skillstate.cost.usage import Usage
 
 from .forms import RequestBuilder, as_anthropic
+from .jsonstream import LogError
 from .session import ENVELOPE_TOKENS, REGIMES, Session
 from .sources import Problem, iter_sessions
 from .upstream import CallScript, ReplayUpstream
@@ -48,6 +49,16 @@ COSTS = ("input", "cache_read", "cache_write", "output")
 
 class ReplayError(Exception):
     """A usage or setup problem, said in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Form:
+    """A session as one cache regime's upstream is sent it (its own dialect, or translated):
+    the session, its calls' scripts and its request bytes."""
+
+    session: Session
+    scripts: list[CallScript]
+    builder: RequestBuilder
 
 
 def available_arms() -> tuple[str, ...]:
@@ -265,6 +276,14 @@ class Replayer:
             )
         for label in options.regimes:
             parse_regime(label)
+        self._prices: dict[tuple[str, str], Prices] = {}
+        if options.price_as:
+            # Refused before any log is read, not once per session.
+            for regime in options.regimes or REGIMES:
+                try:
+                    self.prices(None, regime)
+                except LogError as e:
+                    raise ReplayError(str(e)) from None
         self._stack = contextlib.ExitStack()
         self._upstreams: dict[str, ReplayUpstream] = {}
         self._proxies: dict[tuple[str, str, str], Any] = {}
@@ -273,7 +292,6 @@ class Replayer:
             self._stack.enter_context(tempfile.TemporaryDirectory(prefix="skillstate-replay-"))
         )
         self._base = self._base_settings()
-        self._prices: dict[tuple[str, str], Prices] = {}
 
     def __enter__(self) -> Replayer:
         return self
@@ -309,6 +327,7 @@ class Replayer:
         return up
 
     def prices(self, model: str | None, regime: str) -> Prices:
+        """The rates a session's calls are billed at (LogError: the session cannot be priced)."""
         name = self.options.price_as or model
         key = (str(name), regime)
         if key not in self._prices:
@@ -318,7 +337,7 @@ class Replayer:
                 prices = replace(prices, cache_read_per_mtok=prices.input_per_mtok * read)
             if prices is None:
                 what = f"no bundled price for model {name!r}" if name else "the log names no model"
-                raise ReplayError(f"{what}: price it as a known model with --price-as MODEL")
+                raise LogError(f"{what}: price it as a known model with --price-as MODEL")
             self._prices[key] = prices
         return self._prices[key]
 
@@ -377,27 +396,37 @@ class Replayer:
     def replay_session(
         self, file: str, session: Session, progress: Callable[[int], None]
     ) -> SessionRun:
+        """The session in every arm and regime. LogError: it cannot be replayed (it cannot be
+        priced, translated or sent), said before any call is."""
         run = SessionRun(file, session.id, session.source, session.model, len(session.calls))
         run.notes = list(session.notes)
         if self.options.include_text:
             run.texts = [c.reply.text for c in session.calls]
-        forms: dict[str, tuple[Session, list[CallScript]]] = {}
-        for regime in self.regimes_for(session):
-            form = (
-                as_anthropic(session)
-                if parse_regime(regime)[0] == "anthropic" and session.dialect == "openai"
-                else session
-            )
-            if form.dialect not in forms:
-                forms[form.dialect] = (form, call_scripts(form, self.options.envelope_tokens))
-            form, scripts = forms[form.dialect]
-            prices = self.prices(session.model, regime)
+        forms: dict[str, _Form] = {}
+        plan = [
+            (regime, self._form(session, regime, forms), self.prices(session.model, regime))
+            for regime in self.regimes_for(session)
+        ]
+        for regime, form, prices in plan:
             run.arms[regime] = {
-                arm: self._replay_arm(arm, regime, form, scripts, prices, progress)
-                for arm in self.arms
+                arm: self._replay_arm(arm, regime, form, prices, progress) for arm in self.arms
             }
         self._truth(run, session)
         return run
+
+    def _form(self, session: Session, regime: str, forms: dict[str, _Form]) -> _Form:
+        """The session as ``regime``'s upstream is sent it (``forms``: those made, by
+        dialect)."""
+        translate = parse_regime(regime)[0] == "anthropic" and session.dialect == "openai"
+        dialect = "anthropic" if translate else session.dialect
+        if dialect not in forms:
+            form = as_anthropic(session) if translate else session
+            # The request bytes first: they refuse a message too deep to send, which the
+            # scripts' (recursive) walk of the messages would not survive either.
+            builder = RequestBuilder(form, form.model or "replay-model")
+            scripts = call_scripts(form, self.options.envelope_tokens)
+            forms[dialect] = _Form(form, scripts, builder)
+        return forms[dialect]
 
     def _truth(self, run: SessionRun, session: Session) -> None:
         if not session.recorded_usage:
@@ -413,21 +442,20 @@ class Replayer:
         self,
         arm: str,
         regime: str,
-        session: Session,
-        scripts: list[CallScript],
+        form: _Form,
         prices: Prices,
         progress: Callable[[int], None],
     ) -> ArmRun:
+        session, builder = form.session, form.builder
         anthropic = session.dialect == "anthropic" or parse_regime(regime)[0] == "anthropic"
         kind = "anthropic" if anthropic else "openai"
         client = self._proxy(arm, regime, kind)
         upstream = self._upstream(regime)
         upstream.begin_session()
-        builder = RequestBuilder(session, session.model or "replay-model")
         headers = _headers(session, f"replay-{uuid.uuid4().hex[:16]}")
         out = ArmRun()
         started = time.perf_counter()
-        for call, script in zip(session.calls, scripts, strict=True):
+        for call, script in zip(session.calls, form.scripts, strict=True):
             upstream.play(script)
             status, resp_headers, raw = client.post(builder.path, builder.body(call), headers)
             answers = upstream.answers()
@@ -480,8 +508,7 @@ def replay(
     """Replay every session of the logs named; yields each session's run (or a file's
     problem) as soon as it is done. Sessions are read one at a time."""
     paths = list(paths)
-    total = count_calls(paths) if progress else 0
-    done = 0
+    done = total = 0
 
     def tick(n: int) -> None:
         nonlocal done
@@ -489,11 +516,16 @@ def replay(
         if progress:
             progress(done, total)
 
-    with Replayer(options) as replayer:
-        per_session = len(replayer.arms) * max(1, len(options.regimes))
-        total *= per_session
+    with Replayer(options) as replayer:  # a usage error is said before any log is read
+        if progress:
+            total = count_calls(paths) * len(replayer.arms) * max(1, len(options.regimes))
         for file, item in iter_sessions(paths):
             if isinstance(item, Problem):
                 yield file, item
                 continue
-            yield file, replayer.replay_session(file, item, tick)
+            try:
+                run = replayer.replay_session(file, item, tick)
+            except LogError as e:
+                yield file, Problem(file, f"session {item.id}: {e}")
+                continue
+            yield file, run

@@ -9,6 +9,9 @@ A directory is searched recursively for ``*.jsonl`` and ``*.json`` files.
 
 from __future__ import annotations
 
+import itertools
+import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,8 @@ from .session import Session
 __all__ = ["FORMATS", "Problem", "detect", "iter_sessions", "log_files"]
 
 FORMATS = ("claude-code", "codex", "transcripts", "transcript")
-SNIFF = 1 << 16  # bytes read to tell the format of a file
+# Lines after the first looked at for one that names the format (each read whole).
+SNIFF_LINES = 200
 BOM = b"\xef\xbb\xbf"
 
 
@@ -40,46 +44,84 @@ class Problem:
 
 def log_files(paths: Iterable[str | Path]) -> Iterator[Path | Problem]:
     """The files named, and the ``*.jsonl`` / ``*.json`` files under the directories named
-    (sorted); a missing path or a directory with none is a Problem."""
+    (sorted); a missing or unreadable path, a directory with none, or one under a directory
+    named that cannot be searched is a Problem."""
     for raw in paths:
         path = Path(raw).expanduser()
-        if path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*") if p.suffix in (".jsonl", ".json") and p.is_file()
-            )
-            if not found:
-                yield Problem(str(path), "a directory with no .jsonl or .json logs")
-            yield from found
-        elif path.is_file():
-            yield path
-        elif path.exists():
-            yield Problem(str(path), "not a regular file")
-        else:
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
             yield Problem(str(path), "no such file or directory")
+            continue
+        except OSError as e:  # e.g. under a directory this user may not search
+            yield Problem(str(path), e.strerror or str(e))
+            continue
+        if stat.S_ISDIR(mode):
+            yield from _logs_under(path)
+        elif stat.S_ISREG(mode):
+            yield path
+        else:
+            yield Problem(str(path), "not a regular file")
 
 
-def detect(head: bytes) -> str:
-    """The format of a file from its first bytes; LogError when it is none of ours."""
-    text = head.lstrip()
-    if not text:
-        raise LogError("empty file")
-    if text[:1] == b"[":
-        return "transcripts"
-    if text[:1] != b"{":
-        raise LogError("unknown format (not JSON lines or a JSON transcript)")
-    first, _, rest = text.partition(b"\n")
+def _logs_under(top: Path) -> Iterator[Path | Problem]:
+    unsearched: list[Problem] = []
+
+    def unreadable(e: OSError) -> None:
+        where = str(e.filename) if e.filename else str(top)
+        unsearched.append(Problem(where, f"{e.strerror or e}; its logs were not searched"))
+
+    found = sorted(
+        Path(root, name)
+        for root, _, names in os.walk(top, onerror=unreadable)
+        for name in names
+        if name.endswith((".jsonl", ".json")) and Path(root, name).is_file()
+    )
+    yield from unsearched
+    if not found and not unsearched:
+        yield Problem(str(top), "a directory with no .jsonl or .json logs")
+    yield from found
+
+
+def detect(f: IO[bytes]) -> str:
+    """The format of a file from its first lines (read from where ``f`` is, and put back
+    there); LogError when it is none of ours."""
+    start = f.tell()
     try:
-        obj = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        if (len(head) < SNIFF and rest.strip()) or b'"messages"' in text:
+        return _detect(f)
+    finally:
+        f.seek(start)
+
+
+def _detect(f: IO[bytes]) -> str:
+    lines = (line for line in f if line.strip())
+    first = next(lines, b"").lstrip()
+    if not first:
+        raise LogError("empty file")
+    if first[:1] == b"[":
+        return "transcripts"
+    if first[:1] != b"{":
+        raise LogError("unknown format (not JSON lines or a JSON transcript)")
+    first_is_json, scanned = True, 0
+    # A log may start with lines of types this replay does not know (Claude Code writes
+    # ``permission-mode`` or ``file-history-snapshot`` lines first), or a corrupt one: the
+    # first line that names a format decides.
+    for scanned, line in enumerate(itertools.chain([first], itertools.islice(lines, SNIFF_LINES))):
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            first_is_json = first_is_json and scanned > 0
+            continue
+        if claudecode.is_claude_code_line(obj):
+            return "claude-code"
+        if codex.is_codex_line(obj):
+            return "codex"
+        if scanned == 0 and transcripts.is_transcript(obj):
+            return "transcript"
+    if not first_is_json:
+        if scanned > 0 or b'"messages"' in first:
             return "transcript"  # a pretty-printed JSON object
-        raise LogError("unknown format (the first line is not a JSON object)") from None
-    if claudecode.is_claude_code_line(obj):
-        return "claude-code"
-    if codex.is_codex_line(obj):
-        return "codex"
-    if transcripts.is_transcript(obj):
-        return "transcript"
+        raise LogError("unknown format (the first line is not a JSON object)")
     raise LogError("unknown format (neither a Claude Code log, a Codex rollout nor a transcript)")
 
 
@@ -114,11 +156,10 @@ def iter_sessions(paths: Iterable[str | Path]) -> Iterator[tuple[str, Session | 
         name, fmt = str(item), "JSON"
         try:
             with item.open("rb") as f:
-                head = f.read(SNIFF)
                 # A UTF-8 byte order mark (Windows editors save one) is not the log's.
-                start = len(BOM) if head.startswith(BOM) else 0
-                fmt = detect(head[start:])
-                f.seek(start)
+                if f.read(len(BOM)) != BOM:
+                    f.seek(0)
+                fmt = detect(f)
                 for s in _sessions(fmt, f, item.stem):
                     if isinstance(s, LogError):
                         yield name, Problem(name, str(s))
