@@ -444,7 +444,9 @@ def test_bad_compaction_items_are_refused(fake: FakeProvider, start_proxy: Start
         **item,
         "encrypted_content": token[:-6] + ("AAAAAA" if token[-6:] != "AAAAAA" else "BBBBBB"),
     }
-    assert_refused(bad_request(p, [tampered]), fake, before, "does not verify")
+    refused = bad_request(p, [tampered])
+    assert_refused(refused, fake, before, "does not verify")
+    assert refused.headers[SESSION_HEADER] == "s1"  # as on every answer
     forged = {**item, "encrypted_content": "TOKEN-V2-1"}
     assert_refused(bad_request(p, [forged]), fake, before, "not a compaction token")
     assert_refused(bad_request(p, [item], session="s2"), fake, before, "another session")
@@ -568,3 +570,69 @@ def test_a_streamed_native_compact_answered_in_json_is_relayed_as_json(
     assert body["usage"]["input_tokens"] == 900
     rows = p.get("/cost", params={"session": "s1"}).json()["totals"]
     assert rows["requests"] == 1 and rows["input_tokens"] == 900
+
+
+def test_the_compact_endpoint_answers_the_user_messages_as_output_items(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """The answer's user messages as the API's output items (type, id, status, parts), not
+    as the request's easy input messages: the SDK types them by ``type``."""
+    p = start(fake, start_proxy, "openai")
+    fake.enqueue(Reply(text=envelope({"notes": "n"})))
+    items = [{"role": "user", "content": "hello task"}, *history(1)[1:]]
+    r = client(p).responses.compact(model="m-1", input=items)  # type: ignore[arg-type]
+    user, item = r.output
+    assert (user.type, user.role, user.status) == ("message", "user", "completed")
+    assert user.id and user.id.startswith("msg_")
+    assert [(c.type, c.text) for c in user.content] == [("input_text", "hello task")]  # type: ignore[union-attr]
+    assert item.type == "compaction"
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_threshold_compacts_once_for_a_client_that_appends_its_output(
+    fake: FakeProvider, start_proxy: StartProxy, chained: bool
+) -> None:
+    """The Agents SDK's way: the output items (the compaction item among them) appended to the
+    input, or chained with ``previous_response_id``. The API reads an input from its latest
+    compaction item on: the threshold is passed once, not on every turn after."""
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    c = client(p, "agents")
+    big = [{"role": "user", "content": "task " + "lorem ipsum " * 300}]
+    cm = [{"type": "compaction", "compact_threshold": 500}]
+    fake.enqueue(Reply(text=envelope({"notes": "task read"})), Reply(text="answer 0"))
+    r = c.responses.create(model="m-1", input=big, context_management=cm, store=chained)  # type: ignore[arg-type]
+    assert [o.type for o in r.output] == ["compaction", "message"]
+    items: list[Any] = [*big, *(o.model_dump(exclude_none=True) for o in r.output)]
+    for turn in range(1, 4):
+        fake.enqueue(Reply(text=f"answer {turn}"))
+        said = [{"role": "user", "content": f"step {turn}"}]
+        if chained:
+            r = c.responses.create(
+                model="m-1",
+                input=said,
+                previous_response_id=r.id,
+                context_management=cm,  # type: ignore[arg-type]
+            )
+        else:
+            items += said
+            r = c.responses.create(model="m-1", input=items, context_management=cm)  # type: ignore[arg-type]
+            items += [o.model_dump(exclude_none=True) for o in r.output]
+        assert [o.type for o in r.output] == ["message"], turn
+        sent = upstream_text(sent_turns(fake)[-1])
+        assert "lorem ipsum" not in sent and RESTORED_MARK in sent  # the state stands for it
+    assert len(sent_turns(fake)) == 5  # one checkpoint, then one call a turn
+
+
+def test_a_chain_through_a_triggered_compaction_continues(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """``previous_response_id`` naming the response to a compaction trigger: the rebuilt
+    chain does not carry the trigger again (a 400 naming an item the client never sent)."""
+    p = start(fake, start_proxy, "openai", "--mode", "passthrough")
+    c = client(p, "chain")
+    fake.enqueue(Reply(text=envelope({"notes": "folded"})), Reply(text="carrying on"))
+    r = c.responses.create(model="m-1", input=[*history(), TRIGGER], store=True)  # type: ignore[arg-type]
+    assert [o.type for o in r.output] == ["compaction"]
+    nxt = c.responses.create(model="m-1", input="continue please", previous_response_id=r.id)
+    assert nxt.output_text == "carrying on"
+    assert "folded" in upstream_text(sent_turns(fake)[-1])

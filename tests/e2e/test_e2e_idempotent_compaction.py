@@ -266,3 +266,31 @@ def test_a_keyed_compaction_then_turn_retried_gets_the_same_reply(
         bodies.append(raw.json())
     assert calls(fake) == 2
     assert bodies[1] == bodies[0]
+
+
+@pytest.mark.parametrize("trigger", [False, True])
+def test_a_compaction_served_again_is_the_same_answer_byte_for_byte(
+    fake: FakeProvider, start_proxy: StartProxy, trigger: bool
+) -> None:
+    """``/responses/compact`` and a paused ``compact_20260112``, retried with their key: the
+    same bytes (ids included), not a new message id for the same checkpoint."""
+    p = start(fake, start_proxy, "passthrough")
+    fake.enqueue(Reply(text=envelope({"notes": "once"})))
+    if trigger:
+        edit = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50}}
+        body: JSON = {
+            "model": "m-1",
+            "max_tokens": 100,
+            "messages": [{"role": "user", "content": TRANSCRIPT}],
+            "context_management": {"edits": [{**edit, "pause_after_compaction": True}]},
+        }
+        path, headers = "/v1/messages", {"anthropic-version": "2023-06-01"}
+    else:
+        body = {"model": "m-1", "input": [{"role": "user", "content": TRANSCRIPT}]}
+        path, headers = "/v1/responses/compact", {}
+    first, again = (
+        p.http.post(p.url + path, json=body, headers={**keyed("k-again"), **headers})
+        for _ in range(2)
+    )
+    assert first.status_code == 200, first.text
+    assert calls(fake) == 1 and again.content == first.content

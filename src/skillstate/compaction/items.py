@@ -93,13 +93,30 @@ def triggered_response(model: str, item: JSON, usage: JSON | None, created_at: i
 def compacted_response(items: list[Any], item: JSON, usage: JSON | None, created_at: int) -> JSON:
     """``POST /responses/compact``'s answer: the user messages, then the compaction item.
     Its id is the token's (``response_id``), ``created_at`` the checkpoint's."""
+    token = str(item["encrypted_content"])
     users = [i for i in items if kind(i) == "message" and i.get("role") == "user"]
     return {
-        "id": response_id(str(item["encrypted_content"])),
+        "id": response_id(token),
         "object": "response.compaction",
         "created_at": created_at,
-        "output": [*users, item],
+        "output": [*(_output_message(u, token, k) for k, u in enumerate(users)), item],
         "usage": usage,
+    }
+
+
+def _output_message(message: JSON, token: str, k: int) -> JSON:
+    """A user message of the request as an output item, as the API answers it: with its
+    ``type``, an ``id`` (the token's and its place's digest: the same checkpoint served again
+    is the same answer), ``status`` and its content as parts (a string is one input_text)."""
+    content = message.get("content")
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    digest = hashlib.sha256(f"message {k}\n{token}".encode()).hexdigest()[:32]
+    return {
+        "id": message.get("id") or f"msg_{digest}",
+        "type": "message",
+        "status": "completed",
+        "role": "user",
+        "content": parts,
     }
 
 

@@ -15,6 +15,7 @@ checkpoint committed.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +89,12 @@ def after_compaction(messages: list[Any], at: tuple[int, int], state: JSON, step
     return [*out, *messages[m + 1 :]]
 
 
-def paused_message(model: str, block: JSON, usage: JSON | None, message_id: str) -> JSON:
-    """The reply when ``pause_after_compaction``: the compaction block alone."""
+def paused_message(model: str, block: JSON, token: str, usage: JSON | None) -> JSON:
+    """The reply when ``pause_after_compaction``: the compaction block alone. Its id is a
+    digest of the compaction's token, so the same checkpoint served again (a retry under
+    its Idempotency-Key) is the same message, byte for byte."""
     return {
-        "id": message_id,
+        "id": "msg_" + hashlib.sha256(b"message\n" + token.encode()).hexdigest()[:32],
         "type": "message",
         "role": "assistant",
         "model": model,

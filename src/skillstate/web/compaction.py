@@ -33,7 +33,6 @@ from ..cost.tokens import estimate_tokens
 from ..dialects import sse
 from ..dialects.anthropic import ANTHROPIC
 from ..dialects.responses import RESPONSES, input_items
-from ..dialects.responses.translate import new_id
 from ..engine.context import split_transcript
 from ..errors import ProxyError
 from ..store import StoreError
@@ -74,24 +73,26 @@ def native(rt: Runtime, model: str) -> bool:
 
 
 async def restore(rt: Runtime, turn: Turn, caller: Principal | None, adopt: bool) -> Turn:
-    """The turn with each compaction item the proxy made replaced by the state its
-    checkpoint committed (``adopt``: the request named no session, so it continues the
-    token's). Bad tokens are a 400 here, before anything is sent upstream."""
+    """The turn with the latest compaction item the proxy made replaced by the state its
+    checkpoint committed, and the items before it left out but system and developer
+    messages: as the API reads an input, the latest compaction item carries what came
+    before it (its guide has clients drop those items; a client that appends instead must
+    not be billed for them again, nor pass a ``compact_threshold`` on every turn).
+    ``adopt``: the request named no session, so it continues the token's. A bad token is a
+    400 here, before anything is sent upstream."""
     items = turn.body.get("input")
     if not isinstance(items, list):
         return turn
     found = [k for k, item in enumerate(items) if ci.kind(item) == ci.COMPACTION]
     if not found:
         return turn
-    keep_native = native(rt, turn.model)
-    out = list(items)
-    for k in found:
-        content = items[k].get("encrypted_content")
-        if keep_native and not looks_like_token(content):
-            continue  # the upstream's own compaction item: it reads it
-        turn, ref, state = await _resolve(rt, turn, caller, content, f"input[{k}]", adopt)
-        adopt = False
-        out[k] = ci.restored_state(state, ref.step)
+    k = found[-1]
+    content = items[k].get("encrypted_content")
+    if native(rt, turn.model) and not looks_like_token(content):
+        return turn  # the upstream's own compaction item: it reads it
+    turn, ref, state = await _resolve(rt, turn, caller, content, f"input[{k}]", adopt)
+    instructions = [i for i in items[:k] if isinstance(i, dict) and RESPONSES.context.is_system(i)]
+    out = [*instructions, ci.restored_state(state, ref.step), *items[k + 1 :]]
     return dataclasses.replace(turn, body={**turn.body, "input": out})
 
 
@@ -485,7 +486,7 @@ async def compact_messages(
         return folded
     block = cm.compaction_block(folded.token, folded.step)
     if edit.pause:
-        message = cm.paused_message(turn.model, block, folded.usage, new_id("msg_"))
+        message = cm.paused_message(turn.model, block, folded.token, folded.usage)
         headers = folded.headers
         if turn.stream:
             events = b"".join(sse.encode(e, event=e["type"]) for e in cm.message_events(message))

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from ..auth.gate import Principal, principal_of
 from ..auth.tenancy import split_session, store_session
 from ..choices import Mode
+from ..compaction import items as ci
 from ..dialects import sse
 from ..dialects.replystream import responses_events
 from ..dialects.responses import RESPONSES, input_items
@@ -73,8 +74,14 @@ async def _chain(store: Store, response_id: str, links: int = MAX_CHAIN) -> list
 
 
 def _history(chain: list[StoredResponse]) -> list[Any]:
-    """Every link's input items and output items, oldest first."""
-    return [item for link in chain for item in (*link.input, *(link.response.get("output") or ()))]
+    """Every link's input items and output items, oldest first; not a compaction trigger,
+    an instruction to the request it ended (the answer's compaction item stands for it)."""
+    return [
+        item
+        for link in chain
+        for item in (*link.input, *(link.response.get("output") or ()))
+        if ci.kind(item) != ci.TRIGGER
+    ]
 
 
 async def _with_chain(
@@ -162,8 +169,9 @@ class ResponsesTurn:
         _reject_unsupported(rt, turn)
         caller = principal_of(request.scope)
         turn = await _with_chain(rt.store, turn, header, caller)
+        shown[SESSION_HEADER] = turn.shown_session  # on a bad compaction item's 400 too
         turn = await restore(rt, turn, caller, adopt=header is None and prev_id is None)
-        shown[SESSION_HEADER] = turn.shown_session
+        shown[SESSION_HEADER] = turn.shown_session  # (the item's session, adopted)
         _reject_conversation(turn)
         if not self.endpoint and turn.body.get("store") is not False:
             self.link = StoredLink(turn.session, prev_id, own_items, background=background)
