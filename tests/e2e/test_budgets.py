@@ -546,6 +546,26 @@ def test_a_refused_small_limit_is_not_sent_again_to_messages_with_more_than_was_
     assert not spent["cost_usd"] and not spent["estimated_cost_usd"]
 
 
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_400_about_something_else_than_the_limit_is_not_sent_again(
+    fake: FakeProvider, start_proxy: StartProxy, kind: str
+) -> None:
+    """Under a budget, a 400 that is not about the limit the budget added (a prompt too
+    long) is relayed: sent again without the limit it would be refused again, or write past
+    what the budget held."""
+    proxy = passthrough_to(start_proxy, fake, kind, 10_000)
+    too_long = "This model's maximum context length is 8192 tokens; your messages were 9001."
+    fake.enqueue(Reply(status=400, error_body=too_long), Reply(text="word " * 1000))
+    oc = openai.OpenAI(base_url=proxy.v1, api_key="sk", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        oc.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}],
+            extra_headers={SESSION: "too-long", "x-skillstate-budget-usd": "20"},
+        )  # fmt: skip
+    (refused,) = fake.requests
+    assert refused.status == 400
+
+
 @pytest.mark.parametrize("route", ["chat", "messages", "budget_max_tokens"])
 def test_a_limit_under_the_responses_minimum_is_held_at_the_16_it_is_sent_as(
     fake: FakeProvider, start_proxy: StartProxy, route: str

@@ -120,11 +120,17 @@ class Completer:
         read = reply_reader(meta)
         try:
             ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve), read)
-            if ex.status == 400 and out.capped and self._resend_within_hold(turn.model):
+            if (
+                ex.status == 400
+                and out.capped
+                and _about_the_output_limit(ex.body)
+                and self._resend_within_hold(turn.model)
+            ):
                 # The upstream refused the limit the budget added: above the model's own
                 # output maximum, which then bounds the answer below what the budget held.
                 # Sent again as the client wrote it; the refused attempt cost nothing, so
-                # its hold covers the new call's first attempt.
+                # its hold covers the new call's first attempt. (Any other 400, a prompt
+                # too long, is relayed: sent again it would be refused again.)
                 meta.meter.failed_attempts(ex.failed_attempts)
                 meta.meter.failed(ex.upstream_name, ex.status)
                 ex.release()
@@ -295,3 +301,13 @@ async def relay_error(ex: Exchange, meta: TurnMeta, raw: bytes | None = None) ->
     meta.meter.failed(ex.upstream_name, ex.status, "generation")
     status, raw = error_reply(raw, ex.status, ex.kind, meta.turn.dialect)
     return render.error(status, raw, meta, ex)
+
+
+# The members an output limit is sent in: a 400 that names none is not about the limit.
+_LIMIT_FIELDS = (b"max_tokens", b"max_completion_tokens", b"max_output_tokens")
+
+
+def _about_the_output_limit(error: bytes | None) -> bool:
+    """Whether an upstream's 400 answer is about the output limit (it names the member),
+    or cannot tell (no body read)."""
+    return not error or any(field in error for field in _LIMIT_FIELDS)

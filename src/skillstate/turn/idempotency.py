@@ -144,7 +144,7 @@ class Idempotency:
 def idempotency_of(header: str, scope: str, route: str, body: Mapping[str, Any]) -> Idempotency:
     """The request's Idempotency-Key (``header``: its value); a 400 for a malformed one. The
     fingerprint hashes the route and the body as parsed (the same JSON in any spacing is the
-    same request)."""
+    same request; its members in another order, as an SDK's retry never sends, another)."""
     if not _KEY.fullmatch(header):
         raise ProxyError(
             "invalid_request",
