@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from openai.types.responses.input_token_count_params import InputTokenCountParams
 from openai.types.responses.input_token_count_response import InputTokenCountResponse
 
@@ -112,3 +113,64 @@ def test_input_tokens_sends_the_fields_the_sdk_lists() -> None:
     assert counting.fields == set(InputTokenCountParams.__annotations__)
     answer = InputTokenCountResponse.model_validate(counting.answer(12))
     assert answer.object == "response.input_tokens" and answer.input_tokens == 12
+
+
+def relayed(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat upstream's stream (its chunks) as the Responses events a client gets."""
+    import orjson
+
+    from skillstate.dialects import sse
+    from skillstate.dialects.responses.stream import ChatToResponsesRelay
+
+    relay = ChatToResponsesRelay(request_model="m", capture_limit=1 << 20)
+    events = [e for c in chunks for e in sse.SSEParser().feed(sse.encode(c))]
+    raw = b"".join(b for e in events for b in relay.feed(e))
+    raw += b"".join(relay.finish())
+    return [orjson.loads(e.data) for e in sse.SSEParser().feed(raw)]
+
+
+def tool_piece(index: int, **fields: str) -> dict[str, Any]:
+    function = {k: v for k, v in fields.items() if k in ("name", "arguments")}
+    call = {"index": index, "type": "function", "function": function}
+    if "id" in fields:
+        call["id"] = fields["id"]
+    delta = {"tool_calls": [call]}
+    return {"id": "c", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["one after the other", "names first", "interleaved"])
+def test_a_chat_streams_parallel_calls_reach_a_responses_client_whole(order: str) -> None:
+    """A server that names every call before their arguments (or interleaves them): each
+    function_call item's done event carries all of its arguments (Codex runs a call from
+    it), and items are added, filled and done in output order."""
+    heads = [tool_piece(0, id="a", name="f"), tool_piece(1, id="b", name="g")]
+    a = [tool_piece(0, arguments='{"path":'), tool_piece(0, arguments=' "/etc/hosts"}')]
+    b = [tool_piece(1, arguments='{"n":'), tool_piece(1, arguments=" 2}")]
+    chunks = {
+        "one after the other": [heads[0], *a, heads[1], *b],
+        "names first": [*heads, *a, *b],
+        "interleaved": [*heads, a[0], b[0], a[1], b[1]],
+    }[order]
+    events = relayed(chunks)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["name"], i["arguments"]) for i in done] == [
+        ("f", '{"path": "/etc/hosts"}'),
+        ("g", '{"n": 2}'),
+    ]
+    by_item: dict[int, list[str]] = {}
+    for e in events:
+        if "output_index" in e:
+            by_item.setdefault(e["output_index"], []).append(e["type"])
+    positions = [e["output_index"] for e in events if "output_index" in e]
+    assert positions == sorted(positions)  # one item at a time, in output order
+    for kinds in by_item.values():
+        assert kinds[0] == "response.output_item.added"
+        assert kinds[-1] == "response.output_item.done"
+    deltas = {i: "".join(e["delta"] for e in events
+                         if e["type"] == "response.function_call_arguments.delta"
+                         and e["output_index"] == i) for i in by_item}  # fmt: skip
+    assert deltas == {0: '{"path": "/etc/hosts"}', 1: '{"n": 2}'}
+    (final,) = [e["response"] for e in events if e["type"] == "response.completed"]
+    assert [o["arguments"] for o in final["output"]] == ['{"path": "/etc/hosts"}', '{"n": 2}']

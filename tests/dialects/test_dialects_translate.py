@@ -1066,11 +1066,32 @@ def test_stream_text_after_tool_call_opens_new_block() -> None:
     assert t.text == "after"
 
 
-def test_stream_late_arguments_for_closed_call_are_kept_aside() -> None:
+@pytest.mark.parametrize("order", ["one after the other", "names first", "interleaved"])
+def test_stream_parallel_calls_get_every_argument_however_interleaved(order: str) -> None:
+    """Some servers name every call before their arguments, or interleave the pieces: an
+    earlier call's arguments after a later call began went nowhere (its input was {})."""
+    heads = [tc_delta(0, id="a", name="f"), tc_delta(1, id="b", name="g")]
+    a = [tc_delta(0, args='{"path":'), tc_delta(0, args=' "/etc/hosts"}')]
+    b = [tc_delta(1, args='{"n":'), tc_delta(1, args=" 2}")]
+    chunks = {
+        "one after the other": [heads[0], *a, heads[1], *b],
+        "names first": [*heads, *a, *b],
+        "interleaved": [*heads, a[0], b[0], a[1], b[1]],
+    }[order]
+    t, body = run_openai_stream([*chunks, chunk({}, "tool_calls")])
+    final = sdk_message(body)
+    assert [(c["name"], c["input"]) for c in final["content"]] == [
+        ("f", {"path": "/etc/hosts"}),
+        ("g", {"n": 2}),
+    ]
+    assert t.late_arguments == {} and final["stop_reason"] == "tool_use"
+
+
+def test_stream_late_arguments_for_a_call_closed_by_text_are_kept_aside() -> None:
     t, body = run_openai_stream(
         [
             tc_delta(0, id="a", name="f", args='{"x":1'),
-            tc_delta(1, id="b", name="g", args="{}"),
+            chunk({"content": "and then"}),
             tc_delta(0, args=',"y":2}'),
         ]
     )

@@ -144,6 +144,9 @@ class ChatToResponsesRelay(RelayCapture):
         self._output: list[JSON] = []
         self._open: int | None = None  # output index of the item still receiving deltas
         self._calls: dict[int, int] = {}  # chat tool_call index -> output index
+        # Calls begun while another call's item is open: it stays open (its arguments may
+        # still come), these are sent whole when it closes (``_tool_call``).
+        self._deferred: list[int] = []
         self._finish_reason: str | None = None
         self._chat_usage: JSON | None = None
         self._started = False
@@ -243,12 +246,14 @@ class ChatToResponsesRelay(RelayCapture):
     def _tool_call(self, call: JSON) -> list[bytes]:
         """A streamed piece of a chat tool call: its first piece (by ``index``) opens a
         function_call or custom_tool_call item, the pieces' arguments or input are its
-        deltas."""
+        deltas. A call begun while another call's item is open waits, gathering its pieces,
+        and is sent whole when that item closes: some servers name every call before their
+        arguments, or interleave them, and an item's done event must carry all of its
+        arguments (Codex runs a call from it)."""
         self.has_tool_calls = True
         index = call.get("index", 0)
         out: list[bytes] = []
         if index not in self._calls:
-            out += self._close()
             custom = is_custom_call(call)
             name = object_or_empty(call.get("custom" if custom else "function")).get("name") or ""
             call_id = call.get("id") or new_id("call_")
@@ -257,11 +262,18 @@ class ChatToResponsesRelay(RelayCapture):
                 if custom
                 else function_call_item(call_id, name, "", status="in_progress")
             )
-            self._open = self._calls[index] = len(self._output)
+            self._calls[index] = len(self._output)
             self._output.append(item)
-            out.append(
-                self._event("response.output_item.added", output_index=self._open, item=dict(item))
-            )
+            if self._open is not None and self._output[self._open]["type"] != "message":
+                self._deferred.append(self._calls[index])
+            else:
+                out += self._close()
+                self._open = self._calls[index]
+                out.append(
+                    self._event(
+                        "response.output_item.added", output_index=self._open, item=dict(item)
+                    )
+                )
         pos = self._calls[index]
         item = self._output[pos]
         kind_key = "custom" if item["type"] == "custom_tool_call" else "function"
@@ -272,18 +284,39 @@ class ChatToResponsesRelay(RelayCapture):
         piece = spec.get(member)
         if isinstance(piece, str) and piece:
             item[member] += piece
-            out.append(
-                self._event(
-                    f"response.{kind}.delta", item_id=item["id"], output_index=pos, delta=piece
+            if pos == self._open:
+                out.append(
+                    self._event(
+                        f"response.{kind}.delta", item_id=item["id"], output_index=pos, delta=piece
+                    )
                 )
-            )
         return out
 
     def _close(self) -> list[bytes]:
-        """The done events of the item still open."""
-        if self._open is None:
-            return []
-        pos, self._open = self._open, None
+        """The done events of the item still open, then the calls that waited for it, each
+        whole (added, its arguments in one delta, done)."""
+        out = self._done(self._open) if self._open is not None else []
+        self._open = None
+        deferred, self._deferred = self._deferred, []
+        for pos in deferred:
+            item = self._output[pos]
+            member, kind = _STREAMED[item["type"]]
+            added = {**item, member: ""}
+            out.append(self._event("response.output_item.added", output_index=pos, item=added))
+            if item[member]:
+                out.append(
+                    self._event(
+                        f"response.{kind}.delta",
+                        item_id=item["id"],
+                        output_index=pos,
+                        delta=item[member],
+                    )
+                )
+            out += self._done(pos)
+        return out
+
+    def _done(self, pos: int) -> list[bytes]:
+        """The done events of the item at ``pos``."""
         item = self._output[pos]
         item["status"] = "completed"
         out: list[bytes] = []

@@ -46,11 +46,16 @@ class OpenAIStreamToAnthropic:
     arguments streamed as ``input_json_delta`` through :class:`ToolArgsStream`. A tool call
     whose name arrives only at the end is opened by ``finish()``.
 
+    Parallel calls: while one call's block is open, a later call is not opened but kept,
+    with its arguments, and sent whole by ``finish()``; so the open call gets every argument
+    the upstream sends for it, however the calls' pieces are interleaved (some servers name
+    every call first, then send their arguments).
+
     The message an Anthropic SDK accumulates from this stream equals
     :func:`openai_response_to_anthropic` of the same reply, as long as the upstream does not
-    interleave text after tool calls (that opens a further text block) or send arguments for
-    a call after a later call has begun (such late text is kept in ``late_arguments`` but
-    can no longer be delivered).
+    interleave text after tool calls (that opens a further text block, and closes the open
+    call: its arguments sent after that are kept in ``late_arguments`` but can no longer be
+    delivered).
     """
 
     def __init__(
@@ -333,6 +338,11 @@ class OpenAIStreamToAnthropic:
         if call.block is None:
             if fragment:
                 call.buffer.append(fragment)
+            if self._open_call is not None and self._open_call is not call:
+                # Another call is open: it stays open, since its arguments may still come
+                # (a server that names every call before their arguments, or interleaves
+                # them); this one opens at the end, with all of its own (``finish``).
+                return []
             return self._open_tool(call) if call.name is not None else []
         if fragment and call is self._open_call:
             text = call.args.push(fragment)
