@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -239,39 +238,9 @@ async def _finished_or_gone(task: asyncio.Future[Any], scope: Scope, receive: Re
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     """Run `work`; if the client disconnects first, cancel it and return None."""
-    lost = request.scope.get(CONNECTION_LOST)
-    if not isinstance(lost, asyncio.Future):  # another ASGI server: a task and a watcher
-        task = asyncio.ensure_future(work)
-        await _finished_or_gone(task, request.scope, request.receive)
-        return None if task.cancelled() else task.result()
-    # Under the proxy's own server, `work` runs in this task, which the connection's loss
-    # cancels: no task a request (its creation and a loop pass to start it and to learn
-    # it ended), as a task and a watcher cost.
-    me = asyncio.current_task()
-    assert me is not None
-    gone = finished = False
-
-    def cancel(_: object) -> None:
-        # (Scheduled when the connection is lost, it may run after `work` ended: then
-        # nothing is cancelled, what follows in this task must not be.)
-        nonlocal gone
-        if not finished:
-            gone = True
-            me.cancel()
-
-    lost.add_done_callback(cancel)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not gone:
-            raise
-        # This cancellation was ours; one from elsewhere too (3.11+: still counted) goes on.
-        if sys.version_info >= (3, 11) and me.uncancel() > 0:
-            raise
-        return None
-    finally:
-        finished = True
-        lost.remove_done_callback(cancel)
+    task = asyncio.ensure_future(work)
+    await _finished_or_gone(task, request.scope, request.receive)
+    return None if task.cancelled() else task.result()
 
 
 class StreamingProxyResponse(Response):
