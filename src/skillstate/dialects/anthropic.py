@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import orjson
 
+from .. import jsontext
 from ..cost.usage import Usage, optional_token_count, speed, token_count
 from ..engine.context import DialectContext, Split, correction_text, observation, state_text
 from ..engine.stripper import (
@@ -545,7 +546,7 @@ class AnthropicRelay(RelayCapture):
         if name in (None, "ping") or not event.data:
             return [event.raw]
         try:
-            data = orjson.loads(event.data)
+            data = jsontext.loads(event.data)
         except orjson.JSONDecodeError:
             return [event.raw]
         if not isinstance(data, dict):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from .. import jsontext
 from ..cost.usage import Usage
 from ..engine.stripper import Known, Stripped
 from ..errors import ProxyError
@@ -323,7 +324,7 @@ def content_chars(content: Any) -> int:
 def json_error_object(raw: bytes) -> JSON | None:
     """The body when it is a JSON object with an ``error`` object in it, else None."""
     try:
-        body = orjson.loads(raw)
+        body = jsontext.loads(raw)
     except orjson.JSONDecodeError:
         return None
     if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
@@ -351,7 +352,7 @@ def _clip(message: str) -> str:
 
 def _message_in(raw: bytes) -> str:
     try:
-        body = orjson.loads(raw)
+        body = jsontext.loads(raw)
     except orjson.JSONDecodeError:
         return raw[: 4 * MAX_ERROR_MESSAGE_CHARS].decode("utf-8", errors="replace")[:500] or (
             "upstream error"

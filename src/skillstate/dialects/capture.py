@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from .. import jsontext
 from ..cost.usage import Usage
 from ..errors import ProxyError, reported_error
 from . import sse
@@ -77,7 +76,7 @@ class RelayCapture:
             return None
         if not event.data:
             return None
-        chunk = orjson.loads(event.data)
+        chunk = jsontext.loads(event.data)
         if not isinstance(chunk, dict):
             return None
         if "error" in chunk:

@@ -8,6 +8,7 @@ from typing import Any, Final, NoReturn
 
 import orjson
 
+from .. import jsontext
 from ..cost.usage import Usage, optional_token_count, service_tier, token_count
 from ..engine.context import (
     DialectContext,
@@ -458,7 +459,7 @@ class OpenAIRelay(RelayCapture):
         if not event.data:
             return [event.raw]
         try:
-            chunk = orjson.loads(event.data)
+            chunk = jsontext.loads(event.data)
         except orjson.JSONDecodeError:
             return [event.raw]
         if not isinstance(chunk, dict):

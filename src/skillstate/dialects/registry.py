@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import orjson
 
+from .. import jsontext
 from ..errors import ProxyError, kind_for_status
 from ..jsondepth import MAX_JSON_DEPTH, JSONTooDeep, nesting_exceeds
 from .anthropic import ANTHROPIC
@@ -185,7 +186,7 @@ def read_reply(
     its format's shape (``Dialect.reply_problem``); one relayed as it came to a client of
     the same format (passthrough) goes byte for byte, as the provider wrote it."""
     try:
-        resp = orjson.loads(raw)
+        resp = jsontext.loads(raw)
     except orjson.JSONDecodeError:
         resp = None
     if not isinstance(resp, dict):

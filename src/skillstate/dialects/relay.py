@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-import orjson
-
+from .. import jsontext
 from ..errors import ProxyError, reported_error
 from . import sse
 from .anthropic import usage_from_anthropic
@@ -74,7 +73,7 @@ class AnthropicToOpenAIRelay(_TranslatingRelay[AnthropicStreamToOpenAI]):
         name = event.event
         if name is None or not event.data:
             return []
-        data = orjson.loads(event.data)  # not JSON: the stream is unreadable (streaming._feed)
+        data = jsontext.loads(event.data)  # not JSON: the stream is unreadable (streaming._feed)
         if name == "message_stop":
             self.complete = True
         if name == "error":

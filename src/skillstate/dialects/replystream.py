@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from .. import jsontext
 from . import sse
 from .base import BadReply, error_message
 
@@ -35,7 +36,7 @@ def as_stream(kind: str, raw: bytes, problem: Callable[[JSON], BadReply | None])
     what makes it no reply of that kind: not JSON, an error object (its message), a reply
     of a shape no provider sends (``problem``: the kind's ``Dialect.reply_problem``)."""
     try:
-        resp = orjson.loads(raw)
+        resp = jsontext.loads(raw)
     except orjson.JSONDecodeError:
         resp = None
     build = _BUILDERS.get(kind)

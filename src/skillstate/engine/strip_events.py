@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from .. import jsontext
 from ..cost.usage import Usage
 from ..dialects.anthropic import AnthropicEventStripper
 from ..dialects.base import StreamRelay
@@ -102,7 +101,7 @@ class StrippingRelay:
         if event.data and event.data != "[DONE]":
             # Data that is not JSON (the client's SDK could not read it either) raises: the
             # stream is unreadable and its turn not committed (streaming._feed).
-            data = orjson.loads(event.data)
+            data = jsontext.loads(event.data)
         if not isinstance(data, dict):
             if not self._rewrite:
                 return [event.raw]

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from ... import jsontext
 from ...cost.usage import Usage
 from ...engine.stripper import EnvelopeStripper
 from ...errors import ProxyError
@@ -60,7 +61,7 @@ class ResponsesRelay(RelayCapture):
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
         try:
-            data = orjson.loads(event.data) if event.data else None
+            data = jsontext.loads(event.data) if event.data else None
         except orjson.JSONDecodeError:
             return [event.raw]
         if not isinstance(data, dict):

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
-
+from ... import jsontext
 from ...errors import ProxyError
 from .. import sse
 from ..capture import RelayCapture
@@ -110,7 +109,7 @@ class ResponsesToChatRelay(RelayCapture):
 
     def feed(self, event: sse.SSEEvent) -> list[bytes]:
         # Data that is not JSON raises: the stream is unreadable (streaming._feed).
-        data = orjson.loads(event.data) if event.data else None
+        data = jsontext.loads(event.data) if event.data else None
         if not isinstance(data, dict):
             return []
         etype = data.get("type") or event.event

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from ...cost.usage import MAX_TOKEN_COUNT
+from ...jsontext import without_lone_surrogates
 from ..checks import bad_request
 from ..checks import is_int as _is_int
 
@@ -43,13 +44,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _clean(text: str) -> str:
-    """Replace lone surrogates (unencodable in UTF-8 and rejected by JSON parsers) with U+FFFD."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
-    return text
+_clean = without_lone_surrogates  # (the name the translations use)
 
 
 def _joined(parts: list[str]) -> str:
