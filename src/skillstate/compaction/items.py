@@ -65,18 +65,21 @@ def restored_state(state: JSON, step: int) -> JSON:
     )
 
 
+def token_id(prefix: str, token: str, label: str = "") -> str:
+    """An id of something a compaction serves: ``prefix`` and a digest of ``label`` and the
+    compaction's token, so the same checkpoint served again (a retry under its
+    Idempotency-Key) has the same ids, byte for byte."""
+    return prefix + hashlib.sha256((label + token).encode()).hexdigest()[:32]
+
+
 def compaction_item(token: str) -> JSON:
-    """The ``compaction`` item of ``token``. Its id is the token's (a digest), so the same
-    checkpoint, served again (a retry under its Idempotency-Key), is the same item."""
-    item_id = "cmp_" + hashlib.sha256(token.encode()).hexdigest()[:32]
-    return {"id": item_id, "type": COMPACTION, "encrypted_content": token}
+    """The ``compaction`` item of ``token``, its id the token's (``token_id``)."""
+    return {"id": token_id("cmp_", token), "type": COMPACTION, "encrypted_content": token}
 
 
 def response_id(token: str) -> str:
-    """The id of the response that serves ``token``'s compaction: a digest of the token, as
-    the item's is, so the same checkpoint served again (a retry under its Idempotency-Key)
-    is the same response, not a new one."""
-    return "resp_" + hashlib.sha256(b"response\n" + token.encode()).hexdigest()[:32]
+    """The id of the response that serves ``token``'s compaction (``token_id``)."""
+    return token_id("resp_", token, "response\n")
 
 
 def triggered_response(model: str, item: JSON, usage: JSON | None, created_at: int) -> JSON:
@@ -110,9 +113,8 @@ def _output_message(message: JSON, token: str, k: int) -> JSON:
     is the same answer), ``status`` and its content as parts (a string is one input_text)."""
     content = message.get("content")
     parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
-    digest = hashlib.sha256(f"message {k}\n{token}".encode()).hexdigest()[:32]
     return {
-        "id": message.get("id") or f"msg_{digest}",
+        "id": message.get("id") or token_id("msg_", token, f"message {k}\n"),
         "type": "message",
         "status": "completed",
         "role": "user",

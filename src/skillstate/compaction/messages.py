@@ -15,13 +15,12 @@ checkpoint committed.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProxyError
 from .edits import COMPACT
-from .items import restored_state
+from .items import restored_state, token_id
 
 JSON = dict[str, Any]
 DEFAULT_TRIGGER_TOKENS = 150_000
@@ -94,7 +93,7 @@ def paused_message(model: str, block: JSON, token: str, usage: JSON | None) -> J
     digest of the compaction's token, so the same checkpoint served again (a retry under
     its Idempotency-Key) is the same message, byte for byte."""
     return {
-        "id": "msg_" + hashlib.sha256(b"message\n" + token.encode()).hexdigest()[:32],
+        "id": token_id("msg_", token, "message\n"),
         "type": "message",
         "role": "assistant",
         "model": model,
