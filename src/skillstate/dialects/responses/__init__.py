@@ -37,16 +37,16 @@ def _last_tool_round(items: list[Any], split: Split) -> int:
     if not outputs:
         return end
     k = outputs[-1] + 1
-    while k > split.system_end and _user_side(items[k - 1]):
+    while k > split.system_end and _is_user_turn(items[k - 1]):
         k -= 1
     while k > split.system_end and in_model_turn(items[k - 1]):
         k -= 1
     return k
 
 
-def _user_side(item: Any) -> bool:
-    """A call's output or a user message."""
-    return is_call_output(item) or (_type(item) == "message" and item.get("role") == "user")
+def _is_user_turn(item: Any) -> bool:
+    """A user message or a call's output (``ResponsesContext.is_user_turn``)."""
+    return (_type(item) == "message" and item.get("role") == "user") or is_call_output(item)
 
 
 def _user_message(text: str) -> JSON:
@@ -70,7 +70,7 @@ class ResponsesContext:
         return _type(msg) == "message" and msg.get("role") in ("system", "developer")
 
     def is_user_turn(self, msg: dict[str, Any]) -> bool:
-        return (_type(msg) == "message" and msg.get("role") == "user") or is_call_output(msg)
+        return _is_user_turn(msg)
 
     def is_tool_result(self, msg: dict[str, Any]) -> bool:
         return is_call_output(msg)
