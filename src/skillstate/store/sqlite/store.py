@@ -171,9 +171,10 @@ Batch = list[tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]]
 # Written WAL pages (a guess made per write) after which the store thread checkpoints. Four
 # times SQLite's own wal_autocheckpoint default (which the store turns off, see the
 # docstring): a checkpoint copies each page once however often it was written since, and
-# fsyncs; at 64 connections of state turns the proxy spent 5 % less CPU a request than at
-# 1,000 (`scripts/overhead-ab`, 10 blocks, twice). The cost: a WAL of ~16 MiB on disk while
-# the proxy runs, and after a crash about 0.5 s more of ``wal.wal_damage``'s scan at start.
+# fsyncs; at 64 connections of state turns the proxy spent 5-9 % less CPU a request than at
+# 1,000 (`scripts/overhead-ab --mode state`, three runs: x0.948, x0.949, x0.912). The
+# cost: a WAL of ~16 MiB on disk while the proxy runs, and after a crash about 0.5 s more
+# of ``wal.wal_damage``'s scan at start.
 CHECKPOINT_PAGES = 4000
 Results = list[tuple["asyncio.Future[Any]", Any, BaseException | None]]
 
