@@ -128,3 +128,22 @@ def listed_rates(provider: str, model: str, when: dict[str, str] | None) -> tupl
         if when is not None and variant.when == when:
             prices = variant.prices
     return float(prices.input_mtok), float(prices.output_mtok)
+
+
+# The orders a chat stream may send two parallel tool calls' pieces in: each call whole, one
+# after the other (OpenAI's); every call named before any arguments; the pieces interleaved.
+PARALLEL_CALL_ORDERS = ("one after the other", "names first", "interleaved")
+
+
+def parallel_call_pieces(order: str, piece: Any) -> list[Any]:
+    """Two parallel calls, ``f`` with ``{"path": "/etc/hosts"}`` and ``g`` with ``{"n": 2}``,
+    as stream pieces in ``order`` (``piece(index, id=, name=, args=)`` makes one)."""
+    heads = [piece(0, id="a", name="f"), piece(1, id="b", name="g")]
+    a = [piece(0, args='{"path":'), piece(0, args=' "/etc/hosts"}')]
+    b = [piece(1, args='{"n":'), piece(1, args=" 2}")]
+    orders = {
+        "one after the other": [heads[0], *a, heads[1], *b],
+        "names first": [*heads, *a, *b],
+        "interleaved": [*heads, a[0], b[0], a[1], b[1]],
+    }
+    return orders[order]

@@ -12,6 +12,8 @@ from openai.types.responses.input_token_count_response import InputTokenCountRes
 from skillstate.dialects.responses import RESPONSES
 from skillstate.dialects.responses.translate import responses_request_to_chat
 from skillstate.engine.context import STATE_MARK, build_compact
+from tests.dialects.test_dialects_translate import tc_delta
+from tests.helpers import PARALLEL_CALL_ORDERS, parallel_call_pieces
 
 SYSTEM = {"type": "message", "role": "developer", "content": "rules"}
 TASK = {"type": "message", "role": "user", "content": "the task"}
@@ -129,29 +131,12 @@ def relayed(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [orjson.loads(e.data) for e in sse.SSEParser().feed(raw)]
 
 
-def tool_piece(index: int, **fields: str) -> dict[str, Any]:
-    function = {k: v for k, v in fields.items() if k in ("name", "arguments")}
-    call = {"index": index, "type": "function", "function": function}
-    if "id" in fields:
-        call["id"] = fields["id"]
-    delta = {"tool_calls": [call]}
-    return {"id": "c", "object": "chat.completion.chunk", "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}  # fmt: skip
-
-
-@pytest.mark.parametrize("order", ["one after the other", "names first", "interleaved"])
+@pytest.mark.parametrize("order", PARALLEL_CALL_ORDERS)
 def test_a_chat_streams_parallel_calls_reach_a_responses_client_whole(order: str) -> None:
     """A server that names every call before their arguments (or interleaves them): each
     function_call item's done event carries all of its arguments (Codex runs a call from
     it), and items are added, filled and done in output order."""
-    heads = [tool_piece(0, id="a", name="f"), tool_piece(1, id="b", name="g")]
-    a = [tool_piece(0, arguments='{"path":'), tool_piece(0, arguments=' "/etc/hosts"}')]
-    b = [tool_piece(1, arguments='{"n":'), tool_piece(1, arguments=" 2}")]
-    chunks = {
-        "one after the other": [heads[0], *a, heads[1], *b],
-        "names first": [*heads, *a, *b],
-        "interleaved": [*heads, a[0], b[0], a[1], b[1]],
-    }[order]
+    chunks = parallel_call_pieces(order, tc_delta)
     events = relayed(chunks)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]

@@ -33,6 +33,7 @@ from skillstate.dialects.translate import (
     parse_tool_arguments,
 )
 from skillstate.errors import ProxyError
+from tests.helpers import PARALLEL_CALL_ORDERS, parallel_call_pieces
 
 # ----------------------------------------------------------------------------------------
 # helpers
@@ -1066,18 +1067,11 @@ def test_stream_text_after_tool_call_opens_new_block() -> None:
     assert t.text == "after"
 
 
-@pytest.mark.parametrize("order", ["one after the other", "names first", "interleaved"])
+@pytest.mark.parametrize("order", PARALLEL_CALL_ORDERS)
 def test_stream_parallel_calls_get_every_argument_however_interleaved(order: str) -> None:
     """Some servers name every call before their arguments, or interleave the pieces: an
     earlier call's arguments after a later call began went nowhere (its input was {})."""
-    heads = [tc_delta(0, id="a", name="f"), tc_delta(1, id="b", name="g")]
-    a = [tc_delta(0, args='{"path":'), tc_delta(0, args=' "/etc/hosts"}')]
-    b = [tc_delta(1, args='{"n":'), tc_delta(1, args=" 2}")]
-    chunks = {
-        "one after the other": [heads[0], *a, heads[1], *b],
-        "names first": [*heads, *a, *b],
-        "interleaved": [*heads, a[0], b[0], a[1], b[1]],
-    }[order]
+    chunks = parallel_call_pieces(order, tc_delta)
     t, body = run_openai_stream([*chunks, chunk({}, "tool_calls")])
     final = sdk_message(body)
     assert [(c["name"], c["input"]) for c in final["content"]] == [
