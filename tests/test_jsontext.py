@@ -10,7 +10,7 @@ import pytest
 from skillstate.dialects import sse
 from skillstate.dialects.registry import read_reply
 from skillstate.dialects.relay import OpenAIToAnthropicRelay
-from skillstate.jsontext import loads
+from skillstate.jsontext import integers_beyond_64_bits, large_floats, loads
 
 LONE = b'{"content": "a\\ud83d", "\\udc00key": ["\\ude00b"]}'
 
@@ -69,3 +69,29 @@ def test_a_stream_that_splits_an_emoji_across_events_goes_on() -> None:
     deltas = [e["delta"]["text"] for e in events if e["type"] == "content_block_delta"]
     assert "".join(deltas) == "a\ufffd\ufffdb"
     assert not any(e["type"] == "error" for e in events)
+
+
+def test_an_integer_orjson_cannot_hold_is_told_from_a_float() -> None:
+    # orjson reads an integer beyond -2**63 .. 2**64 - 1 as the nearest float, silently.
+    text = (
+        b'{"a": [123456789012345678901234567890, 1e30, 18446744073709551615],'
+        b' "b": {"c": -9223372036854775809, "d": 9.3e18}}'
+    )
+    value = orjson.loads(text)
+    assert value["a"][0] == 1.2345678901234568e29 and value["b"]["c"] == -(2.0**63)
+    large = large_floats(value)
+    assert sorted(large, key=str) == [("a", 0), ("a", 1), ("b", "c"), ("b", "d")]
+    assert integers_beyond_64_bits(text, large) == [("a", 0), ("b", "c")]
+    assert integers_beyond_64_bits(text.decode(), [("b", "c")]) == [("b", "c")]
+    # What follows the first JSON value (a closing fence) is ignored; leading blanks too.
+    assert integers_beyond_64_bits(b" \n[1e19, 18446744073709551616]```", [(0,), (1,)]) == [(1,)]
+    assert integers_beyond_64_bits(text, []) == []
+    assert integers_beyond_64_bits(text, [("nowhere",), ("a", 9), ("a", 0, 1)]) == []
+    assert large_floats({"x": [1.0, 2**70, float(2**62)]}) == []  # ints are not floats here
+
+
+def test_a_text_the_standard_parser_cannot_read_finds_no_integer() -> None:
+    deep = b"[" * 2000 + b"1" + b"]" * 2000  # past the standard parser's recursion
+    assert integers_beyond_64_bits(deep, [(0,)]) == []
+    assert integers_beyond_64_bits(b"[1e30", [(0,)]) == []
+    assert integers_beyond_64_bits(b"[\xff, 1e30]", [(1,)]) == []  # no UTF-8

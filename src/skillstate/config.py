@@ -40,6 +40,7 @@ from .cost.baseline import (
 )
 from .cost.pricing import PriceOverride
 from .dialects.registry import DIALECTS
+from .jsontext import integers_beyond_64_bits, large_floats
 from .numbertext import whole_number
 from .store.schemes import URL_FORMS, url_problem
 
@@ -426,10 +427,15 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     if "SKILLSTATE_SCHEMA" in env:
         layer["schema"] = env["SKILLSTATE_SCHEMA"].split(",")
     if "SKILLSTATE_INITIAL_STATE" in env:
+        text = env["SKILLSTATE_INITIAL_STATE"]
         try:
-            layer["initial_state"] = orjson.loads(env["SKILLSTATE_INITIAL_STATE"])
+            layer["initial_state"] = orjson.loads(text)
         except orjson.JSONDecodeError as e:
             raise ConfigError(f"SKILLSTATE_INITIAL_STATE: not valid JSON ({e})") from None
+        large = large_floats(layer["initial_state"])
+        _refuse_wide_integers(
+            "SKILLSTATE_INITIAL_STATE", text, [(p, ("initial_state", *p)) for p in large]
+        )
     if "SKILLSTATE_VERBOSE" in env:
         val = env["SKILLSTATE_VERBOSE"].strip().lower()
         if val not in _TRUE | _FALSE:
@@ -444,16 +450,51 @@ def _file_layer(path: Path, *, explicit: bool) -> dict[str, Any]:
             raise ConfigError(f"config: file not found: {path}")
         return {}
     try:
-        data = orjson.loads(_read_config_file(path))
+        raw = _read_config_file(path)
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise ConfigError(f"config: {path} is not valid JSON ({e})") from None
     except OSError as e:
         raise ConfigError(f"config: cannot read {path}: {e.strerror}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a JSON object")
+    _refuse_wide_integers(
+        f"config: {path}",
+        raw,
+        [
+            ((key, *p), (_snake(key), *p))
+            for key, value in data.items()
+            if _snake(key) in _STATE_JSON
+            for p in large_floats(value)
+        ],
+    )
     data.pop("$schema", None)
     data.pop("_comment", None)
     return _normalise_keys(data)
+
+
+# The settings a session's state is made of or checked against: an integer in them that
+# orjson cannot hold (it reads the nearest float) is an error, not another number.
+_STATE_JSON = ("initial_state", "state_schema")
+
+
+def _refuse_wide_integers(
+    label: str, text: str | bytes, places: list[tuple[tuple[Any, ...], tuple[Any, ...]]]
+) -> None:
+    """A ConfigError when ``text`` writes an integer beyond 64 bits at one of ``places``
+    ((path in the parsed ``text``, path as the error names it), each a large float orjson
+    read: ``jsontext.large_floats``)."""
+    if not places:
+        return
+    named = dict(places)
+    found = integers_beyond_64_bits(text, named)
+    if found:
+        where = named[found[0]]
+        shown = where[0] + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where[1:])
+        raise ConfigError(
+            f"{label}: {shown} is an integer beyond 64 bits, which would be read as a float"
+            " (another number): write it as a string, or as a float if one is meant"
+        )
 
 
 MAX_CONFIG_BYTES = 1 * MiB

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,49 @@ def test_values_of_their_json_type_and_choices_by_name_are_read(tmp_path: Path) 
     u = s.upstreams[0]
     assert (u.rpm, u.cache_breakpoints.value) == (60, "off")
     assert u.prices is not None and u.prices.input_per_mtok == 3.0
+
+
+BIG = 123456789012345678901234567890  # orjson reads it as the float 1.2345678901234568e+29
+
+
+def test_an_integer_beyond_64_bits_in_the_state_settings_is_refused_not_made_a_float(
+    tmp_path: Path,
+) -> None:
+    # Every new session would start from another number than the one written.
+    wide = "an integer beyond 64 bits, which would be read as a float"
+    env = {"SKILLSTATE_INITIAL_STATE": json.dumps({"ids": [1, BIG]})}
+    with pytest.raises(
+        ConfigError, match=rf"^SKILLSTATE_INITIAL_STATE: initial_state\.ids\[1\] is {wide}"
+    ):
+        load_settings({}, env=env, cwd=tmp_path)
+    for key, value, where in [
+        ("initial_state", {"id": BIG}, "initial_state.id"),
+        ("initialState", {"n": {"m": -(2**63) - 1}}, "initial_state.n.m"),  # the Node spelling
+        (
+            "state_schema",
+            {"properties": {"id": {"const": 2**64}}},
+            "state_schema.properties.id.const",
+        ),
+    ]:
+        cfg = write(tmp_path, {key: value})
+        with pytest.raises(
+            ConfigError, match=rf"^config: {re.escape(str(cfg))}: {where} is {wide}"
+        ):
+            load_settings({"config": str(cfg)}, env={}, cwd=tmp_path)
+
+
+def test_large_floats_and_64_bit_integers_in_the_state_settings_are_kept(tmp_path: Path) -> None:
+    text = (
+        '{"initial_state": {"f": 1e30, "g": 123456789012345678901234567890.0,'
+        ' "u": 18446744073709551615, "s": -9223372036854775808}}'
+    )
+    cfg = tmp_path / "skillstate.json"
+    cfg.write_text(text)
+    s = load_settings({"config": str(cfg)}, env={}, cwd=tmp_path)
+    assert s.initial_state == {"f": 1e30, "g": float(BIG), "u": 2**64 - 1, "s": -(2**63)}
+    env = {"SKILLSTATE_INITIAL_STATE": '{"f": 1e30}'}
+    assert load_settings({}, env=env, cwd=tmp_path).initial_state == {"f": 1e30}
+    # Elsewhere a number is its setting's to judge (a strict integer setting refuses a float).
+    cfg = write(tmp_path, {"max_state_bytes": BIG})
+    with pytest.raises(ConfigError, match="max_state_bytes"):
+        load_settings({"config": str(cfg)}, env={}, cwd=tmp_path)

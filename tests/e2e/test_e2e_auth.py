@@ -280,6 +280,42 @@ def test_cross_key_read_patch_and_delete_are_404(
     assert http.delete(url, params=params, headers=bearer(root)).status_code == 204
 
 
+def test_a_keys_session_with_a_budget_and_no_state_is_its_own_to_read_and_delete(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    a, b, root = tenants(data)
+    prices = {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}
+    proxy = start_proxy(fake.url + "/v1", config={**NO_CACHE, "prices": prices})
+    fake.enqueue(Reply(text="a plain answer", usage={"completion_tokens": 7}))
+    oai(proxy, a).chat.completions.create(
+        model="m",
+        max_tokens=100,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={
+            SESSION_HEADER: "pt",
+            "x-skillstate-mode": "passthrough",
+            "x-skillstate-budget-usd": "5",
+        },
+    )
+    http, url = proxy.http, proxy.url + "/state"
+    own = http.get(url, params={"session": "pt"}, headers=bearer(a))
+    assert own.status_code == 200, own.text
+    assert own.json()["budget_usd"] == 5.0 and own.json()["state"] is None
+    # Another key learns nothing of it, and changes nothing.
+    for params in ({"session": "pt"}, {"session": "pt", "key": "alice"}):
+        assert http.get(url, params=params, headers=bearer(b)).status_code == 404
+        r = http.patch(url, params=params, headers=bearer(b), json={"facts": "x"})
+        assert r.status_code == 404
+        assert http.delete(url, params=params, headers=bearer(b)).status_code == 404
+    assert http.get(url, params={"session": "pt"}, headers=bearer(a)).json()["budget_usd"] == 5
+    # An admin reads and deletes it in alice's namespace.
+    params = {"session": "pt", "key": "alice"}
+    shown = http.get(url, params=params, headers=bearer(root)).json()
+    assert shown["session"] == "pt" and shown["spent_usd"] == pytest.approx(0.007)
+    assert http.delete(url, params=params, headers=bearer(root)).status_code == 204
+    assert http.get(url, params={"session": "pt"}, headers=bearer(a)).status_code == 404
+
+
 def test_sessions_made_before_the_first_key_are_an_admins_with_key_none(
     fake: FakeProvider, start_proxy: StartProxy, data: Path
 ) -> None:

@@ -161,6 +161,56 @@ def test_a_key_reused_with_another_body_is_a_422_in_the_dialect(
     assert len(fake.requests) == 2 and counts(tmp_path) == (2, 2)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_retry_of_the_same_json_in_another_member_order_gets_the_kept_reply(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path, stream: bool
+) -> None:
+    # JSON objects are unordered (RFC 8259): a retry that serialises the same request with
+    # its members in another order is the same request. Arrays keep their order.
+    proxy = start_proxy(fake.url + "/v1")
+    fake.enqueue(Reply(text=envelope({"notes": "a"})), Reply(text=envelope({"notes": "b"})))
+    sent: list[bytes] = []
+    client = oai(
+        proxy,
+        http_client=openai.DefaultHttpxClient(
+            event_hooks={"request": [lambda r: sent.append(r.read())]}
+        ),
+    ).chat.completions.with_raw_response
+
+    def call(messages: list[Any]) -> Any:
+        r = client.create(
+            model="m", messages=messages, stream=stream, extra_headers=headers("order")
+        )
+        return r.http_response.read()
+
+    system = {"role": "system", "content": "be brief"}
+    user = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    first = call([system, user])
+    resorted = [
+        {"content": "be brief", "role": "system"},
+        {"content": [{"text": "hi", "type": "text"}], "role": "user"},
+    ]
+    assert call(resorted) == first
+    assert sent[1] != sent[0] and json.loads(sent[1]) == json.loads(sent[0])
+    # The same members at the top level in another order, sent as bytes.
+    body = json.loads(sent[0])
+    raw = json.dumps(dict(reversed(list(body.items())))).encode()
+    assert raw.index(b'"model"') > raw.index(b'"messages"') and raw != sent[0]
+    again = proxy.http.post(
+        proxy.v1 + "/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json", **headers("order")},
+    )
+    assert again.status_code == 200 and again.headers["x-skillstate-replayed"] == "true"
+    assert again.content == first
+    assert len(fake.requests) == 1 and counts(tmp_path) == (1, 1)
+    # The messages in another order are another request: the key is refused.
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        call([user, system])
+    assert e.value.code == "idempotency_key_reused"
+    assert len(fake.requests) == 1 and proxy.state("s1")["step"] == 1
+
+
 @pytest.mark.parametrize("bad", ["", "x" * 256, "with space", "é"])
 def test_a_malformed_key_is_a_400(fake: FakeProvider, start_proxy: StartProxy, bad: str) -> None:
     proxy = start_proxy(fake.url + "/v1")

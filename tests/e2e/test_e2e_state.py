@@ -9,10 +9,11 @@ import threading
 
 import httpx
 import openai
+import pytest
 
 from tests.conftest import Proxy, StartProxy, StartProxyProcess
 from tests.fakeprovider import FakeProvider, RecordedRequest, Reply
-from tests.helpers import SESSION_HEADER, envelope
+from tests.helpers import SESSION_HEADER, envelope, session
 
 
 def oai(proxy: Proxy) -> openai.OpenAI:
@@ -260,6 +261,91 @@ def test_an_operator_patch_and_budget_in_one_request_are_both_applied_or_neither
     )
     assert unknown.status_code == 404
     assert proxy.get("/state", params={"session": "nobody"}).status_code == 404
+
+
+BUDGET = "x-skillstate-budget-usd"
+PASSTHROUGH = {"x-skillstate-mode": "passthrough"}
+# $0.001 per output token, input free: a session's spend says which calls it made.
+PRICED = {"prices": {"m": {"input_per_mtok": 0, "output_per_mtok": 1_000}}}
+
+
+def turn(proxy: Proxy, sid: str, **headers: str) -> None:
+    oai(proxy).chat.completions.create(
+        model="m",
+        max_tokens=100,  # its worst case, $0.10, fits the budgets
+        messages=[{"role": "user", "content": "x"}],
+        extra_headers={**session(sid), **headers},
+    )
+
+
+def test_a_session_with_a_budget_and_no_state_reads_back_its_budget_and_spend(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start_proxy(fake.url + "/v1", "--schema", "facts,notes,step", config=PRICED)
+    fake.enqueue(
+        Reply(text="a plain answer", usage={"completion_tokens": 7}),
+        Reply(text=envelope({"notes": "n"}), usage={"completion_tokens": 3}),
+        Reply(text="another plain answer", usage={"completion_tokens": 2}),
+        Reply(text=envelope({"notes": "later"}), usage={"completion_tokens": 1}),
+    )
+    turn(p, "pt", **PASSTHROUGH, **{BUDGET: "5"})
+    turn(p, "st", **{BUDGET: "2"})
+    stateful, stateless = p.state("st"), p.state("pt")
+    assert set(stateless) == set(stateful)  # one shape: what it lacks is null
+    assert stateless == {
+        "session": "pt",
+        "step": None,
+        "schema": None,
+        "state": None,
+        "created": None,
+        "updated": None,
+        "budget_usd": 5.0,
+        "spent_usd": pytest.approx(0.007),
+    }
+    assert stateful["state"] == {"notes": "n"} and stateful["spent_usd"] == pytest.approx(0.003)
+    history = p.get("/state", params={"session": "pt", "history": "1"})
+    assert history.status_code == 200
+    assert history.json()["history"] == [] and history.json()["next_cursor"] is None
+    # Ledger rows alone make no session known (they outlive it): a passthrough session
+    # without a budget is a 404, as one never seen is; /cost has its spend.
+    turn(p, "pt-free", **PASSTHROUGH)
+    assert p.get("/state", params={"session": "pt-free"}).status_code == 404
+    assert p.get("/cost", params={"session": "pt-free"}).json()["totals"]["requests"] == 1
+    assert p.get("/state", params={"session": "never"}).status_code == 404
+    # A budget set before a session's first turn reads back at once; then its state does.
+    r = p.http.patch(p.url + "/state", params={"session": "early"}, headers={BUDGET: "1"})
+    assert r.status_code == 200 and r.json() == {"session": "early", "budget_usd": 1.0}
+    assert p.state("early")["budget_usd"] == 1.0 and p.state("early")["state"] is None
+    turn(p, "early")
+    got = p.state("early")
+    assert got["state"] == {"notes": "later"} and got["step"] == 1 and got["budget_usd"] == 1.0
+
+
+def test_patch_and_delete_of_a_session_with_a_budget_and_no_state(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    p = start_proxy(fake.url + "/v1", "--schema", "facts,notes,step", config=PRICED)
+    fake.enqueue(Reply(text="a plain answer", usage={"completion_tokens": 7}))
+    turn(p, "pt", **PASSTHROUGH, **{BUDGET: "5"})
+    url, params = p.url + "/state", {"session": "pt"}
+    # It has no state to patch: a 409 (not the 404 of a session never seen), and the budget
+    # sent with the refused patch is not set.
+    r = p.http.patch(url, params=params, json={"notes": "x"}, headers={BUDGET: "9"})
+    assert r.status_code == 409, r.text
+    assert "no state to patch" in r.json()["error"]["message"]
+    assert p.state("pt")["budget_usd"] == 5.0
+    nobody = p.http.patch(url, params={"session": "nobody"}, json={"notes": "x"})
+    assert nobody.status_code == 404
+    # Its budget is changed as any session's.
+    r = p.http.patch(url, params=params, headers={BUDGET: "7.5"})
+    assert r.status_code == 200 and r.json()["budget_usd"] == 7.5
+    assert p.state("pt")["budget_usd"] == 7.5
+    # DELETE forgets it with its budget: a 204, then it is a session never seen. Its ledger
+    # rows stay (/cost).
+    assert p.http.delete(url, params=params).status_code == 204
+    assert p.get("/state", params=params).status_code == 404
+    assert p.http.delete(url, params=params).status_code == 404
+    assert p.get("/cost", params=params).json()["totals"]["requests"] == 1
 
 
 def test_failed_rollback_retry_still_answers_with_the_last_reply(

@@ -15,7 +15,9 @@ decoding, as the whole reply (optionally with a ``"reasoning"`` field).
   so ``NaN``/``Infinity`` are always rejected.
 * :func:`validate_and_merge` checks a patch against a :class:`PatchPolicy` and returns a
   :class:`Transition`: the new state on success, short model-actionable errors otherwise.
-  Inputs are never mutated.
+  Inputs are never mutated. An integer beyond 64 bits, which orjson reads as the nearest
+  float, makes the patch invalid (the state would silently hold another number): the JSON
+  text the patch came from is read again to tell it from a float written as one.
 * :func:`merge_patch` is RFC 7386 JSON Merge Patch. The result shares no mutable
   container with the patch, and with the target only the values the patch leaves
   untouched: states are never changed in place (a session's cached state is shared).
@@ -32,6 +34,8 @@ from typing import Any, ClassVar, Literal
 import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
+
+from ..jsontext import LARGE_FLOAT, integers_beyond_64_bits
 
 __all__ = [
     "JSON_TYPES",
@@ -53,6 +57,7 @@ NO_ENVELOPE_ERROR = "no ```json block with a state_patch object found"
 _MAX_ERRORS = 5  # extraction errors kept (the last ones: the last envelope is the one that counts)
 _MAX_LINE_OBJECTS = 8  # unfenced line-start `{` candidates tried (the last ones)
 _MAX_SCHEMA_ERRORS = 5
+_MAX_NUMBER_ERRORS = 5  # integers beyond 64 bits named (each one the model must rewrite)
 _MAX_MESSAGE_CHARS = 200
 _MAX_LISTED_KEYS = 20
 
@@ -78,6 +83,9 @@ class Envelope:
     state_patch: dict[str, Any]
     action: str | None
     reasoning: str | None
+    # The JSON text the envelope was read from (text after its object may follow), for
+    # validate_and_merge's ``source``; not part of the envelope's value.
+    source: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -366,7 +374,7 @@ def extract_envelope(text: str) -> Extraction:
     candidates.sort()
 
     errors: deque[str] = deque(maxlen=_MAX_ERRORS)
-    best: tuple[dict[str, Any], int, int] | None = None
+    best: tuple[dict[str, Any], int, int, str] | None = None
     covered = -1  # end of the last parsed unfenced object: line starts inside it are skipped
     for pos, kind, start, end, span_start, span_end in candidates:
         unfenced = kind >= _WHOLE
@@ -389,16 +397,16 @@ def extract_envelope(text: str) -> Extraction:
             if kind != _LINE or (isinstance(value, dict) and "state_patch" in value):
                 errors.append(problem)
             continue
-        best = (value, span_start, span_end)
+        best = (value, span_start, span_end, segment)
 
     if best is None:
         return Extraction(None, list(errors) if errors else [NO_ENVELOPE_ERROR])
-    raw, span_start, span_end = best
+    raw, span_start, span_end, source = best
     reasoning = raw.get("reasoning")
     if not isinstance(reasoning, str):
         before, after = text[:span_start].strip(), text[span_end:].strip()
         reasoning = "\n\n".join(p for p in (before, after) if p) or None
-    return Extraction(Envelope(raw["state_patch"], raw.get("action"), reasoning), [])
+    return Extraction(Envelope(raw["state_patch"], raw.get("action"), reasoning, source), [])
 
 
 # --------------------------------------------------------------------------- merge
@@ -443,9 +451,12 @@ def infer_key_types(initial_state: dict[str, Any]) -> dict[str, str]:
     return types
 
 
-def _check_json_tree(patch: dict[str, Any], max_depth: int) -> str | None:
+def _check_json_tree(
+    patch: dict[str, Any], max_depth: int, large: list[tuple[Any, ...]]
+) -> str | None:
     """Depth ≤ max_depth (the patch is level 1), string keys, finite numbers, JSON types
-    only. Iterative, stops at the first problem."""
+    only. Iterative, stops at the first problem. Adds to ``large`` where a float of
+    magnitude 2**63 or more is (each may be an integer orjson could not hold)."""
     stack: list[tuple[Any, int, tuple[Any, ...]]] = [(patch, 1, ())]
     while stack:
         node, depth, path = stack.pop()
@@ -461,9 +472,35 @@ def _check_json_tree(patch: dict[str, Any], max_depth: int) -> str | None:
             elif isinstance(value, float):
                 if not math.isfinite(value):
                     return f"state_patch has a non-finite number {_at(child)}"
+                if not -LARGE_FLOAT < value < LARGE_FLOAT:
+                    large.append(child)
             elif value is not None and not isinstance(value, (str, int)):
                 return f"state_patch has a non-JSON value ({type(value).__name__}) {_at(child)}"
     return None
+
+
+def _integers_beyond_64_bits(
+    patch: dict[str, Any],
+    large: list[tuple[Any, ...]],
+    source: str | bytes,
+    within: tuple[str, ...],
+) -> list[str]:
+    """An error for each of the ``large`` floats of ``patch`` (their paths) that ``source``
+    wrote as an integer beyond 64 bits (the first ``_MAX_NUMBER_ERRORS``)."""
+    found = integers_beyond_64_bits(source, [(*within, *path) for path in large])
+    errors = []
+    for full in found[:_MAX_NUMBER_ERRORS]:
+        path = full[len(within) :]
+        read: Any = patch
+        for part in path:
+            read = read[part]
+        errors.append(
+            f"state_patch has an integer beyond 64 bits {_at(path)}, which would be kept as"
+            f" the float {read!r}: send it as a string"
+        )
+    if len(found) > _MAX_NUMBER_ERRORS:
+        errors.append(f"and {len(found) - _MAX_NUMBER_ERRORS} more integers beyond 64 bits")
+    return errors
 
 
 def _dumped(value: Any) -> bytes | str:
@@ -479,23 +516,41 @@ def _fail(errors: list[str], warnings: list[str]) -> Transition:
 
 
 def validate_and_merge(
-    state: dict[str, Any], patch: dict[str, Any], policy: PatchPolicy
+    state: dict[str, Any],
+    patch: dict[str, Any],
+    policy: PatchPolicy,
+    *,
+    source: str | bytes | None = None,
+    within: tuple[str, ...] = (),
 ) -> Transition:
     """Validate ``patch`` under ``policy`` and merge it into ``state`` (RFC 7386).
 
+    ``source``: the JSON text ``patch`` was parsed from (with orjson), the patch at
+    ``within`` in it (``("state_patch",)`` in an envelope's text; ``()``: the text is the
+    patch). With it, an integer beyond 64 bits in the patch, which orjson read as the
+    nearest float, is an error naming where it is: the state would silently hold another
+    number (and orjson cannot write the integer itself). The text is read again only when
+    the patch holds a float of magnitude 2**63 or more, to tell such an integer from a float
+    written as one (``1e30`` stays a float). Without ``source`` nothing can tell them apart.
+
     Checks, in order: the patch is an object of JSON values no deeper than
-    ``max_depth``; its compact size ≤ ``max_patch_bytes``; its top-level keys are in
-    ``allowed_keys`` (reject, or drop with a warning); each patched key's merged value has
-    its ``key_types`` type (``null`` deletes and is always allowed); the merged state's
-    compact size ≤ ``max_state_bytes``; the merged state satisfies ``state_schema``.
-    Neither ``state`` nor ``patch`` is mutated.
+    ``max_depth``, with no integer beyond 64 bits; its compact size ≤ ``max_patch_bytes``;
+    its top-level keys are in ``allowed_keys`` (reject, or drop with a warning); each
+    patched key's merged value has its ``key_types`` type (``null`` deletes and is always
+    allowed); the merged state's compact size ≤ ``max_state_bytes``; the merged state
+    satisfies ``state_schema``. Neither ``state`` nor ``patch`` is mutated.
     """
     warnings: list[str] = []
     if not isinstance(patch, dict):
         return _fail([f"state_patch must be an object, got {_json_type(patch)}"], warnings)
-    problem = _check_json_tree(patch, policy.max_depth)
+    large: list[tuple[Any, ...]] = []
+    problem = _check_json_tree(patch, policy.max_depth, large)
     if problem is not None:
         return _fail([problem], warnings)
+    if large and source is not None:
+        wide = _integers_beyond_64_bits(patch, large, source, within)
+        if wide:
+            return _fail(wide, warnings)
     dumped = _dumped(patch)
     if isinstance(dumped, str):
         return _fail([f"state_patch is not serializable: {dumped}"], warnings)

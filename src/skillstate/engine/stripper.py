@@ -97,11 +97,12 @@ class Stripped:
     sole: bool = False
 
 
-def _as_envelope(value: Any) -> Envelope | None:
-    """The envelope in a parsed JSON value, by patch.py's rule, or None."""
+def _as_envelope(value: Any, source: str) -> Envelope | None:
+    """The envelope in a parsed JSON value, by patch.py's rule, or None. ``source``: the
+    text ``value`` was parsed from (``Envelope.source``)."""
     if _envelope_problem(value, "") is not None:
         return None
-    return Envelope(value["state_patch"], value.get("action"), None)
+    return Envelope(value["state_patch"], value.get("action"), None, source)
 
 
 def _fence_close(
@@ -352,7 +353,7 @@ class EnvelopeStripper:
             except orjson.JSONDecodeError:
                 pass
             else:
-                envelope = _as_envelope(value)
+                envelope = _as_envelope(value, self._cand)
                 self._decided(self._cand, envelope)
                 # A removed envelope leaves nothing before what follows it on its line, so
                 # that text is read as a line start: a fence or "{" there is judged where
@@ -476,7 +477,7 @@ class EnvelopeStripper:
         if stripped and (json_tag or (self._tag == "" and stripped[0] == "{")):
             value, _, error = _loads_prefix(content)
             if error is None:
-                envelope = _as_envelope(value)
+                envelope = _as_envelope(value, content)
         self.candidates += 1
         self.sole_json_envelope = self.candidates == 1 and json_tag and envelope is not None
         self._decided(self._cand, envelope)
@@ -504,7 +505,7 @@ def _one_json_block(text: str, fallback: bool) -> Stripped | None:
     if "`" in content:
         return None
     try:
-        envelope = _as_envelope(orjson.loads(content))
+        envelope = _as_envelope(orjson.loads(content), content)
     except orjson.JSONDecodeError:
         return None
     if envelope is None:

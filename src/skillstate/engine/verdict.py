@@ -22,6 +22,7 @@ from .patch import (
 )
 
 ACTION_MAX_CHARS = 1000  # of the model's "action", as stored and shown
+_IN_ENVELOPE = ("state_patch",)  # where an envelope's text holds its patch
 
 
 @dataclass
@@ -56,10 +57,16 @@ class Verdicts:
         )
 
     def check_patch(
-        self, state: dict[str, Any], patch: dict[str, Any], schema: list[str]
+        self,
+        state: dict[str, Any],
+        patch: dict[str, Any],
+        schema: list[str],
+        source: bytes | str | None = None,
     ) -> Transition:
-        """Validate an operator's patch exactly like a model's."""
-        return validate_and_merge(state, patch, self.policy(tuple(schema)))
+        """Validate an operator's patch exactly like a model's. ``source``: the JSON text
+        ``patch`` was parsed from (``validate_and_merge``: an integer beyond 64 bits in it is
+        refused, not kept as a float)."""
+        return validate_and_merge(state, patch, self.policy(tuple(schema)), source=source)
 
     def judge(
         self,
@@ -82,7 +89,13 @@ class Verdicts:
         env = extraction.envelope
         errors = list(extraction.errors)
         if env is not None:
-            tr = validate_and_merge(state, env.state_patch, self.policy(tuple(schema)))
+            tr = validate_and_merge(
+                state,
+                env.state_patch,
+                self.policy(tuple(schema)),
+                source=env.source,
+                within=_IN_ENVELOPE,
+            )
             if tr.ok:
                 action = _capped(env.action, ACTION_MAX_CHARS)
                 return Outcome(

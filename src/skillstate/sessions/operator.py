@@ -45,16 +45,22 @@ class SessionOperator:
         return len(self.locks)
 
     async def operator_patch(
-        self, session: str, patch: dict[str, Any], by: str | None = None
+        self,
+        session: str,
+        patch: dict[str, Any],
+        by: str | None = None,
+        source: bytes | None = None,
     ) -> OperatorChange:
         """Apply an operator's patch (``PATCH /state``) as one more transition of the
         session: validated like a model's patch, committed like a turn, under its lock.
-        ``by`` (the operator's key name) is recorded as the action ``operator:<by>``."""
+        ``by`` (the operator's key name) is recorded as the action ``operator:<by>``.
+        ``source``: the request body ``patch`` was parsed from (an integer beyond 64 bits
+        in it is refused, not kept as a float: ``Verdicts.check_patch``)."""
         async with self.locks.hold(session) as hold:
             record = await self.commits.load(session, hold)
             if record is None:
                 raise ProxyError("not_found", f"unknown session {session}")
-            tr = self.verdicts.check_patch(record.state, patch, record.schema)
+            tr = self.verdicts.check_patch(record.state, patch, record.schema, source)
             if not tr.ok or tr.new_state is None:
                 raise ProxyError("invalid_request", "; ".join(tr.errors) or "invalid patch")
             transition = TransitionRecord(

@@ -14,7 +14,8 @@ streamed) is recorded with its reply, **in the same transaction as the turn's co
   a 409 ``idempotency_in_flight``. When the turn it waited for was not committed (an
   upstream error, a failed commit), the waiter runs the turn itself;
 - a request that reuses a kept key with another body (its ``fingerprint``: a hash of the
-  route and the body) is a 422 ``idempotency_key_reused``.
+  route and the body, canonical: the same JSON in any spacing or member order is the same
+  request) is a 422 ``idempotency_key_reused``.
 
 Turns that commit no transition (``passthrough`` and ``mask`` modes, ``auto`` while it sends
 the transcript untouched) keep their reply with their ledger rows in one transaction
@@ -41,7 +42,7 @@ import signal
 import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -70,6 +71,9 @@ class Idempotency:
     # Keep a reply only for a turn judged valid (a compaction's checkpoint: one that folded
     # nothing is answered with an error, and a retry under the key must run it again).
     only_valid: bool = False
+    # The route and body the fingerprint hashes, for ``answers`` (hashed again only when a
+    # kept fingerprint differs from this one).
+    request: tuple[str, Mapping[str, Any]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def lock(self) -> str:
@@ -82,12 +86,24 @@ class Idempotency:
         """The key of one part of a request that runs several turns (a compaction's
         checkpoint, then the turn): kept on its own, so a retry replays each part and no
         part answers for another. A space is in no client's key, so none names a part."""
-        return Idempotency(self.scope, f"{self.key} {name}", self.fingerprint, only_valid)
+        return Idempotency(
+            self.scope, f"{self.key} {name}", self.fingerprint, only_valid, self.request
+        )
+
+    def answers(self, fingerprint: str) -> bool:
+        """Whether a reply kept under ``fingerprint`` is this request's: the same canonical
+        fingerprint, or (a key kept by a release before fingerprints were canonical, within
+        its ``idempotency_ttl``, or by such a replica during a rolling upgrade) the hash of
+        this very body as that release made it, its members in the order they came. Only
+        a mismatch computes the second: a replay that matches costs nothing more."""
+        if fingerprint == self.fingerprint:
+            return True
+        return self.request is not None and fingerprint == _fingerprint(*self.request, 0)
 
     def replay(self, kept: KeptReply) -> KeptReply:
         """``kept`` if it answers this request; a 422 when the key came with another body,
         a 409 when its reply was too big to keep."""
-        if kept.fingerprint != self.fingerprint:
+        if not self.answers(kept.fingerprint):
             raise ProxyError(
                 "invalid_request",
                 "this Idempotency-Key was used with another request body (or route); a key "
@@ -143,18 +159,27 @@ class Idempotency:
 
 def idempotency_of(header: str, scope: str, route: str, body: Mapping[str, Any]) -> Idempotency:
     """The request's Idempotency-Key (``header``: its value); a 400 for a malformed one. The
-    fingerprint hashes the route and the body as parsed (the same JSON in any spacing is the
-    same request; its members in another order, as an SDK's retry never sends, another)."""
+    fingerprint hashes the route and the body as parsed, canonically: the members of each
+    object sorted by name at every depth (RFC 8259: an object is unordered, so a retry that
+    serialises the same request in another order, or in any spacing, is the same request),
+    arrays in their order (another order is another request). Only keyed requests get one."""
     if not _KEY.fullmatch(header):
         raise ProxyError(
             "invalid_request",
             f"{IDEMPOTENCY_HEADER} must be 1 to 255 visible ASCII characters",
             param=IDEMPOTENCY_HEADER,
         )
+    fingerprint = _fingerprint(route, body, orjson.OPT_SORT_KEYS)
+    return Idempotency(scope, header, fingerprint, request=(route, body))
+
+
+def _fingerprint(route: str, body: Mapping[str, Any], option: int) -> str:
+    """The hash of the route and the body serialised with ``option`` (``OPT_SORT_KEYS``:
+    canonical; 0: the members as they came, the fingerprint of releases before it)."""
     digest = hashlib.sha256(route.encode())
     digest.update(b"\n")
-    digest.update(orjson.dumps(body))
-    return Idempotency(scope, header, digest.hexdigest())
+    digest.update(orjson.dumps(body, option=option))
+    return digest.hexdigest()
 
 
 async def hold_key(

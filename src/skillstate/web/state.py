@@ -24,10 +24,11 @@ from .paging import HISTORY_PAGE, SESSIONS_PAGE, decode_cursor, encode_cursor, p
 from .runtime import Runtime, runtime
 from .wire import (
     JSONResponse,
+    check_nesting,
     error_response,
     method_of,
-    read_json_object,
-    read_optional_json_object,
+    read_json_body,
+    read_optional_json_body,
 )
 
 
@@ -64,19 +65,26 @@ class _Target:
 
 
 async def _read(request: Request, rt: Runtime, target: _Target) -> Response:
+    """The session's state and budget. A session with no state row that the proxy knows by
+    its budget (its turns commit no state: passthrough, mask, an auto turn sent untouched;
+    or PATCH gave it a budget before its first turn) answers in the same shape, with
+    ``state``, ``step``, ``schema``, ``created`` and ``updated`` null: an operator reads its
+    budget and spend back. Ledger rows alone do not make a session known (they outlive it:
+    ``DELETE``, ``session_ttl``); a session with neither is a 404."""
     session = target.stored
     record = await rt.sessions.load_current(session)
-    if record is None:
+    budget = await rt.store.session_budget(session)
+    if record is None and budget is None:
         raise ProxyError("not_found", f"unknown session {target.shown}")
     out: dict[str, Any] = {
         "session": target.shown,
-        "step": record.step,
-        "schema": record.schema,
-        "state": record.state,
-        "created": record.created,
-        "updated": record.updated,
+        "step": None if record is None else record.step,
+        "schema": None if record is None else record.schema,
+        "state": None if record is None else record.state,
+        "created": None if record is None else record.created,
+        "updated": None if record is None else record.updated,
         # The session's own budget (x-skillstate-budget-usd), and what its ledger rows cost.
-        "budget_usd": await rt.store.session_budget(session),
+        "budget_usd": budget,
         "spent_usd": await rt.budgets.spent(session_budget(session, 0.0)),
     }
     if request.query_params.get("history") in ("1", "true", "yes"):
@@ -142,7 +150,11 @@ def _transition(t: TransitionRecord) -> dict[str, Any]:
 
 
 async def _delete(request: Request, rt: Runtime, target: _Target) -> Response:
-    if not await rt.sessions.delete_session(target.stored):
+    """Forget the session: its state and history, budget, stored responses and kept replies
+    (not its ledger rows). A 404 when it had neither a state nor a budget, as ``GET``
+    answers (the store drops its stored responses and kept replies all the same)."""
+    had_budget = await rt.store.session_budget(target.stored) is not None
+    if not await rt.sessions.delete_session(target.stored) and not had_budget:
         raise ProxyError("not_found", f"unknown session {target.shown}")
     return Response(status_code=204)
 
@@ -151,27 +163,38 @@ async def _patch(request: Request, rt: Runtime, target: _Target) -> Response:
     """A patch of the session's state (the body), and/or a new budget for it (the
     ``x-skillstate-budget-usd`` header; ``none`` removes it). With the header, the body may
     be empty: then only the budget changes (a session may get one before its first turn).
-    The budget is set once the patch is in: a refused request changes neither."""
+    The budget is set once the patch is in: a refused request changes neither. The body's
+    bytes go with the patch: an integer beyond 64 bits in it is a 400 (``validate_and_merge``),
+    where the parsed body alone holds it as a float."""
     caller = principal_of(request.scope)
     asked = request.headers.get(BUDGET_HEADER)
     usd: float | None = None
-    patch: dict[str, Any] | None
+    read: tuple[dict[str, Any], bytes] | None
     if asked is not None:
         cap = caller.record.max_session_budget_usd if caller is not None else None
         usd = None if asked.strip().lower() == "none" else parse_budget(asked, cap)
-        patch = await read_optional_json_object(request, rt.settings.max_body_bytes)
+        read = await read_optional_json_body(request, rt.settings.max_body_bytes)
     else:
-        patch = await read_json_object(request, rt.settings.max_body_bytes)
+        read = await read_json_body(request, rt.settings.max_body_bytes)
+        check_nesting(*read)
     out: dict[str, Any] = {"session": target.shown}
-    if patch is not None:
+    if read is not None:
+        patch, raw = read
         try:
             done = await rt.sessions.operator_patch(
-                target.stored, patch, by=caller.name if caller else None
+                target.stored, patch, by=caller.name if caller else None, source=raw
             )
         except ProxyError as e:
-            if e.kind == "not_found":
+            if e.kind != "not_found":
+                raise
+            if await rt.store.session_budget(target.stored) is None:
                 raise ProxyError("not_found", f"unknown session {target.shown}") from None
-            raise
+            raise ProxyError(
+                "conflict",
+                f"session {target.shown} has no state to patch (no turn of it committed one: "
+                "passthrough or mask mode, or no turn yet); only its budget can be set: "
+                "the x-skillstate-budget-usd header with an empty body",
+            ) from None
         out.update(step=done.step, state=done.state, warnings=done.warnings)
     if asked is not None:
         out["budget_usd"] = await rt.store.set_session_budget(target.stored, usd, replace=True)

@@ -57,16 +57,19 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return body
 
 
-async def read_optional_json_object(request: Request, max_bytes: int) -> dict[str, Any] | None:
-    """As :func:`read_json_object`, where a body that is empty or only blanks is None (and
-    needs no content-type): a request whose headers can say it all (``PATCH /state`` with a
-    budget). The body is read once: the ASGI messages cannot be read again."""
+async def read_optional_json_body(
+    request: Request, max_bytes: int
+) -> tuple[dict[str, Any], bytes] | None:
+    """As :func:`read_json_object`, with the body's (decoded) bytes, where a body that is
+    empty or only blanks is None (and needs no content-type): a request whose headers can say
+    it all (``PATCH /state`` with a budget). The body is read once: the ASGI messages cannot
+    be read again."""
     raw = await _body_bytes(request, max_bytes, blank_ok=True)
     if not raw.strip():
         return None
     body = _json_object(raw)
     check_nesting(body, raw)
-    return body
+    return body, raw
 
 
 async def read_json_body(
