@@ -1281,12 +1281,41 @@ def test_openai_request_params() -> None:
         openai_request_to_anthropic(oa_request([{"role": "user", "content": "x"}]))["max_tokens"]
         == 4096
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "streamed", "not_streamed"),
+    [
+        ("claude-opus-4-6", 128_000, 4096),
+        ("claude-sonnet-4-6", 64_000, 4096),
+        ("claude-sonnet-4-5-20250929", 64_000, 4096),
+        ("anthropic/claude-haiku-4-5", 64_000, 4096),
+        ("anthropic.claude-opus-4-5-20251101-v1:0", 64_000, 4096),
+        ("claude-opus-4-1-20250805", 32_000, 4096),
+        ("claude-opus-4-20250514", 32_000, 4096),  # not read as a 4.2 and later
+        ("claude-sonnet-4-20250514", 64_000, 4096),
+        ("claude-3-7-sonnet-latest", 64_000, 4096),
+        ("claude-3-5-haiku-20241022", 8_192, 4096),
+        ("claude-3-haiku-20240307", 4096, 4096),
+        ("claude-up", 4096, 4096),  # unknown: its maximum may be lower
+    ],
+)
+def test_a_request_without_an_output_limit_streams_up_to_the_models_maximum(
+    model: str, streamed: int, not_streamed: int
+) -> None:
+    """OpenAI reads no limit as the model's own maximum; Messages requires one. A streamed
+    request gets the model's maximum output where it is known, a non-streamed one (which
+    arrives whole at the end) and an unknown model 4,096; a limit the client set goes as
+    it is."""
+    ask = [{"role": "user", "content": "x"}]
     assert (
-        openai_request_to_anthropic(
-            oa_request([{"role": "user", "content": "x"}]), default_max_tokens=7
-        )["max_tokens"]
-        == 7
+        openai_request_to_anthropic(oa_request(ask, model=model, stream=True))["max_tokens"]
+        == streamed
     )
+    assert openai_request_to_anthropic(oa_request(ask, model=model))["max_tokens"] == not_streamed
+    for field in ("max_tokens", "max_completion_tokens"):
+        set_by_client = oa_request(ask, model=model, stream=True, **{field: 300})
+        assert openai_request_to_anthropic(set_by_client)["max_tokens"] == 300
 
 
 @pytest.mark.parametrize(
@@ -1999,3 +2028,84 @@ def test_strict_only_when_openai_strict_mode_accepts_the_schema() -> None:
             "response_format"
         ]["json_schema"]
         assert spec.get("strict", False) is strict
+
+
+# ----------------------------------------------------------------------------------------
+# Refusals and text joins
+# ----------------------------------------------------------------------------------------
+
+
+def refused(text: str | None = None, refusal: str = "I can't help with that.") -> dict:
+    """A chat reply that refuses (OpenAI's structured-outputs safety refusal: ``content``
+    null, the ``refusal`` member, ``finish_reason`` ``stop``)."""
+    resp = oa_response(text, finish="stop")
+    resp["choices"][0]["message"]["refusal"] = refusal
+    return resp
+
+
+def test_a_chat_refusal_is_a_messages_refusal_json_and_streamed() -> None:
+    """OpenAI's ``message.refusal`` is the model declining for safety, which Messages says
+    with ``stop_reason: "refusal"`` (its structured outputs' safety refusal): the text the
+    model said stays, streamed or not (before: ``end_turn``, a refusal passed off as an
+    answer)."""
+    msg = openai_response_to_anthropic(refused(), request_model="claude-test")
+    assert msg["content"] == [{"type": "text", "text": "I can't help with that."}]
+    assert (msg["stop_reason"], msg["stop_sequence"]) == ("refusal", None)
+    t, body = run_openai_stream(
+        [
+            chunk({"role": "assistant", "content": None, "refusal": None}),
+            chunk({"refusal": "I can't "}),
+            chunk({"refusal": "help with that."}),
+            chunk({}, "stop"),
+        ]
+    )
+    assert sdk_message(body) == as_message(msg)
+    assert t.stop_reason == "refusal"
+
+
+def test_a_refusal_part_refuses_and_a_tool_call_or_a_cut_keeps_its_stop_reason() -> None:
+    as_parts = oa_response(None)
+    as_parts["choices"][0]["message"]["content"] = [{"type": "refusal", "refusal": "No."}]
+    msg = openai_response_to_anthropic(as_parts, request_model="m")
+    assert (msg["content"], msg["stop_reason"]) == ([{"type": "text", "text": "No."}], "refusal")
+    cut = refused()
+    cut["choices"][0]["finish_reason"] = "length"
+    assert openai_response_to_anthropic(cut, request_model="m")["stop_reason"] == "max_tokens"
+    calls = oa_response(None, [("c1", "f", "{}")], "tool_calls")
+    calls["choices"][0]["message"]["refusal"] = "No."
+    assert openai_response_to_anthropic(calls, request_model="m")["stop_reason"] == "tool_use"
+    empty = refused(refusal="")  # an empty refusal refuses nothing
+    assert openai_response_to_anthropic(empty, request_model="m")["stop_reason"] == "end_turn"
+
+
+def test_a_system_message_of_several_parts_is_not_run_together() -> None:
+    """A system or developer message's text parts are system texts, joined as the others
+    are (a blank line), to Messages' ``system``; and a Messages mid-conversation system
+    message's blocks to chat as its system prompt's blocks are (before: "ab")."""
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": parts},
+            {"role": "developer", "content": parts},
+            {"role": "user", "content": "hi"},
+        ],
+    }
+    assert validated_to_anthropic(body)["system"] == "a\n\nb\n\na\n\nb"
+    body = base_request(
+        system=parts,
+        messages=[{"role": "user", "content": "hi"}, {"role": "system", "content": parts}],
+    )
+    sent = validated_to_openai(body)["messages"]
+    assert sent[0] == {"role": "system", "content": "a\n\nb"}
+    assert sent[2] == {"role": "system", "content": "a\n\nb"}
+
+
+def test_a_content_documents_chunks_go_one_a_line() -> None:
+    chunks = [{"type": "text", "text": "First chunk."}, {"type": "text", "text": "Second."}]
+    doc = {"type": "document", "source": {"type": "content", "content": chunks}}
+    body = base_request(
+        messages=[{"role": "user", "content": [doc, {"type": "text", "text": "Summarise."}]}]
+    )
+    parts = validated_to_openai(body)["messages"][0]["content"]
+    assert parts[0] == {"type": "text", "text": "First chunk.\nSecond."}

@@ -564,3 +564,162 @@ def test_a_responses_stream_cut_before_it_began_is_a_response_created_then_faile
     assert failed.response.status == "failed" and failed.response.error is not None
     assert failed.response.error.code == "server_error"
     assert "closed the stream" in failed.response.error.message
+
+
+@pytest.mark.parametrize("client", ["chat", "responses"])
+def test_a_streamed_request_without_a_limit_may_write_the_claude_models_whole_output(
+    fake: FakeProvider, proxy: InProcessProxy, client: str
+) -> None:
+    """A chat or Responses client that sets no output limit means the model's own maximum;
+    the Messages API requires a number. Streamed, a Claude model the proxy knows gets its
+    maximum output (Sonnet 4.5: 64,000), so an agent writing a long file is not cut at
+    4,096 tokens; read whole at the end, a request keeps 4,096 (a long non-streamed answer
+    outlives idle connections)."""
+    for stream, sent in ((True, 64_000), (False, 4096)):
+        fake.enqueue(Reply(text="done"))
+        answer = ask(proxy, client, "claude-sonnet-4-5-20250929", max_retries=0, stream=stream)
+        if stream:
+            assert list(answer)  # read to its end
+        assert fake.requests[-1].json["max_tokens"] == sent
+
+
+# -- translation fidelity: a call left unanswered, a reply cut off, a refusal -------------
+
+UNANSWERED = [
+    {"role": "user", "content": "What is in /etc/hosts?"},
+    {"type": "function_call", "call_id": "call_1", "name": "read", "arguments": "{}"},
+]
+
+
+@pytest.mark.parametrize("model", ["claude-m", "chat-m"])
+def test_a_call_without_its_output_is_the_responses_apis_400_before_anything_is_sent(
+    fake: FakeProvider, proxy: InProcessProxy, model: str
+) -> None:
+    """The Responses API refuses an input whose function call no output answers, in these
+    words; translated, the call would go as a trailing ``tool_use`` that Messages refuses
+    (or a tool call chat completions refuses, in its own words): the client gets the API's
+    400, and the upstream nothing."""
+    with pytest.raises(openai.BadRequestError) as e:
+        oai(proxy).responses.create(model=model, input=UNANSWERED)  # type: ignore[arg-type]
+    assert isinstance(e.value.body, dict)
+    assert (e.value.body["param"], e.value.body["type"]) == ("input", "invalid_request_error")
+    assert e.value.body["message"] == "No tool output found for function call call_1."
+    assert fake.requests == []
+    answered = [*UNANSWERED, {"type": "function_call_output", "call_id": "call_1",
+                              "output": "127.0.0.1 localhost"}]  # fmt: skip
+    fake.enqueue(Reply(text="It maps localhost."))
+    reply = oai(proxy).responses.create(model=model, input=answered)  # type: ignore[arg-type]
+    assert reply.output_text == "It maps localhost."
+
+
+@pytest.mark.parametrize("model", ["claude-m", "chat-m"])
+def test_a_message_between_a_call_and_its_output_reaches_the_upstream_after_the_output(
+    fake: FakeProvider, proxy: InProcessProxy, model: str
+) -> None:
+    """The Responses API takes a user message between a call and its output (typed while
+    the tool ran); Messages takes a tool_result only at the start of the user turn right
+    after its call, chat a tool message only right after its call: the message goes after
+    the output (before: in between, and the upstream refused the request)."""
+    typed = {"role": "user", "content": "Also check /etc/resolv.conf."}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "127.0.0.1"}
+    fake.enqueue(Reply(text="Checked both."))
+    items = [*UNANSWERED, typed, output]
+    reply = oai(proxy).responses.create(model=model, input=items)  # type: ignore[arg-type]
+    assert reply.output_text == "Checked both."
+    sent = fake.last.json["messages"]
+    if model == "claude-m":
+        assert [b["type"] for b in sent[-1]["content"]] == ["tool_result", "text"]
+    else:
+        assert [m["role"] for m in sent[-3:]] == ["assistant", "tool", "user"]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("model", ["claude-m", "chat-m"])
+def test_a_reply_cut_at_its_output_limit_is_an_incomplete_response_and_item(
+    fake: FakeProvider, proxy: InProcessProxy, model: str, streamed: bool
+) -> None:
+    """``finish_reason: length`` / ``stop_reason: max_tokens`` is, as the Responses API
+    says it, a response ``incomplete`` for ``max_output_tokens`` whose message item is
+    ``incomplete`` (before: the item said ``completed``), streamed or not."""
+    fake.enqueue(Reply(text="one two three four five six seven eight nine ten " * 20))
+    sdk = oai(proxy)
+    if not streamed:
+        response = sdk.responses.create(model=model, input="Count.", max_output_tokens=16)
+    else:
+        stream = sdk.responses.create(
+            model=model, input="Count.", max_output_tokens=16, stream=True
+        )
+        events = list(stream)
+        (done,) = [e for e in events if e.type == "response.output_item.done"]
+        assert done.item.status == "incomplete"
+        assert events[-1].type == "response.incomplete"
+        response = events[-1].response
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    (item,) = response.output
+    assert item.type == "message" and item.status == "incomplete"
+    assert response.output_text  # the text it wrote before the limit
+
+
+REFUSAL = "I can't help with that."
+
+
+def chat_refusal(streamed: bool) -> Reply:
+    """A chat upstream's refusal (structured outputs' safety refusal): ``content`` null,
+    the ``refusal`` member, ``finish_reason`` ``stop``; or its chunks."""
+    base = {"id": "c1", "created": 1, "model": "chat-m"}
+    if not streamed:
+        message = {"role": "assistant", "content": None, "refusal": REFUSAL}
+        choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+        return Reply(raw_body=json.dumps({**base, "object": "chat.completion",
+                                          "choices": [choice]}).encode())  # fmt: skip
+    deltas = [({"role": "assistant", "content": None, "refusal": ""}, None),
+              ({"refusal": "I can't "}, None), ({"refusal": "help with that."}, None),
+              ({}, "stop")]  # fmt: skip
+    events = [{**base, "object": "chat.completion.chunk",
+               "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": f}]}
+              for d, f in deltas]  # fmt: skip
+    data = [json.dumps(e) for e in events] + ["[DONE]"]
+    return Reply(raw_body=b"".join(f"data: {d}\n\n".encode() for d in data))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_chat_refusal_is_a_messages_refusal(
+    fake: FakeProvider, proxy: InProcessProxy, streamed: bool
+) -> None:
+    """Messages says the model declined for safety with ``stop_reason: "refusal"`` (as its
+    structured outputs do), which the anthropic SDK and Claude Code read as a refusal, not
+    an answer (before: ``end_turn``); the text the model said stays."""
+    fake.enqueue(chat_refusal(streamed))
+    request = {"model": "chat-m", "max_tokens": 64, "messages": [{"role": "user", "content": "x"}]}
+    if streamed:
+        with ant(proxy).messages.stream(**request) as s:  # type: ignore[arg-type]
+            message = s.get_final_message()
+    else:
+        message = ant(proxy).messages.create(**request)  # type: ignore[arg-type]
+    assert message.stop_reason == "refusal"
+    assert [(b.type, getattr(b, "text", None)) for b in message.content] == [("text", REFUSAL)]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_chat_refusal_is_a_responses_refusal_part(
+    fake: FakeProvider, proxy: InProcessProxy, streamed: bool
+) -> None:
+    """The Responses API gives a model's refusal as a ``refusal`` part of its message item
+    (streamed: ``response.refusal.delta`` / ``.done``); before, the refusal was left out and
+    the response had no output at all."""
+    fake.enqueue(chat_refusal(streamed))
+    sdk = oai(proxy)
+    if streamed:
+        events = list(sdk.responses.create(model="chat-m", input="x", stream=True))
+        deltas = [e.delta for e in events if e.type == "response.refusal.delta"]
+        assert "".join(deltas) == REFUSAL
+        assert events[-1].type == "response.completed"
+        response = events[-1].response
+    else:
+        response = sdk.responses.create(model="chat-m", input="x")
+    assert response.status == "completed"
+    (item,) = response.output
+    assert item.type == "message"
+    assert [(p.type, getattr(p, "refusal", None)) for p in item.content] == [("refusal", REFUSAL)]

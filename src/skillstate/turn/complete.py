@@ -14,7 +14,7 @@ from ..cost.baseline import envelope_output_share
 from ..dialects.anthropic import ANTHROPIC
 from ..dialects.base import BadReply
 from ..dialects.registry import error_reply, read_reply
-from ..dialects.translate.request_to_anthropic import DEFAULT_MAX_TOKENS
+from ..dialects.translate.outputlimit import default_max_tokens
 from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
 from ..engine.verdict import Outcome, Verdicts
@@ -124,7 +124,7 @@ class Completer:
                 ex.status == 400
                 and out.capped
                 and _about_the_output_limit(ex.body)
-                and self._resend_within_hold(turn.model)
+                and self._resend_within_hold(turn.model, turn.stream)
             ):
                 # The upstream refused the limit the budget added: above the model's own
                 # output maximum, which then bounds the answer below what the budget held.
@@ -147,13 +147,13 @@ class Completer:
             meta.meter.cancelled(attempted(failures))
             raise
 
-    def _resend_within_hold(self, model: str) -> bool:
+    def _resend_within_hold(self, model: str, stream: bool) -> bool:
         """Whether a call whose added limit (``budget_max_tokens``) was refused can go again
         as the client wrote it within what its budget held: to a Messages upstream it goes
-        with the translation's ``DEFAULT_MAX_TOKENS`` (the API requires a limit), more than
-        a smaller ``budget_max_tokens`` held, so then it does not go again (a limit that
-        small was not refused as above the model's maximum: the 400 is relayed)."""
-        if self.settings.budget_max_tokens >= DEFAULT_MAX_TOKENS:
+        with the translation's ``default_max_tokens`` (the API requires a limit); when that
+        is more than a smaller ``budget_max_tokens`` held, it does not go again (a limit
+        that small was not refused as above the model's maximum: the 400 is relayed)."""
+        if self.settings.budget_max_tokens >= default_max_tokens(model, stream):
             return True
         return all(u.cfg.kind != ANTHROPIC.name for u in self.pool.candidates(model or None))
 

@@ -35,7 +35,7 @@ from typing import Any
 from ..base import JSON
 from ..checks import bad_request as _bad
 from ..translate import anthropic_request_to_openai
-from ..translate.common import _clean, refuse_moderation
+from ..translate.common import SYSTEM_JOIN, TOOL_RESULT_TEXT_JOIN, _clean, refuse_moderation
 from .translate import (
     OUTPUT_LOGPROBS,
     new_id,
@@ -63,7 +63,7 @@ def chat_request_to_responses(body: JSON) -> JSON:
     while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
         lead += 1
     out: JSON = {"model": body["model"]}
-    instructions = "\n\n".join(_text_of(m.get("content")) for m in messages[:lead])
+    instructions = SYSTEM_JOIN.join(_text_of(m.get("content")) for m in messages[:lead])
     if instructions:
         out["instructions"] = instructions
     out["input"] = messages_to_items(messages[lead:])
@@ -152,11 +152,12 @@ def _refuse_what_has_no_form(body: JSON) -> None:
         )
 
 
-def _text_of(content: Any) -> str:
-    """A system, developer or tool message's text (its text parts joined)."""
+def _text_of(content: Any, join: str = SYSTEM_JOIN) -> str:
+    """A system or developer message's text (its text parts apart by a blank line), or with
+    ``TOOL_RESULT_TEXT_JOIN`` a tool message's (as ``translate.common`` joins them)."""
     if isinstance(content, str):
         return content
-    return "".join(p.get("text") or "" for p in content or () if isinstance(p, dict))
+    return join.join(p.get("text") or "" for p in content or () if isinstance(p, dict))
 
 
 def messages_to_items(messages: list[JSON]) -> list[JSON]:
@@ -174,7 +175,8 @@ def messages_to_items(messages: list[JSON]) -> list[JSON]:
         elif role == "tool":
             call_id = msg["tool_call_id"]
             kind = "custom_tool_call_output" if call_id in custom_ids else "function_call_output"
-            items.append({"type": kind, "call_id": call_id, "output": _text_of(msg.get("content"))})
+            output = _text_of(msg.get("content"), TOOL_RESULT_TEXT_JOIN)
+            items.append({"type": kind, "call_id": call_id, "output": output})
         elif role == "user":
             items.append(_user_item(msg.get("content"), f"messages[{i}]"))
         elif role in ("system", "developer"):

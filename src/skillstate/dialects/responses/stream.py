@@ -23,10 +23,12 @@ from .translate import (
     choice_logprobs,
     custom_tool_call_item,
     function_call_item,
+    incomplete_reason,
     is_custom_call,
     message_item,
     new_id,
     object_or_empty,
+    refusal_part,
     response_object,
     usage_to_responses,
 )
@@ -135,7 +137,11 @@ class ResponsesRelay(RelayCapture):
 
 class ChatToResponsesRelay(RelayCapture):
     """Chat-completions upstream stream -> Responses API events, in the order the API sends
-    them: created, in_progress, per output item added / deltas / done, then completed."""
+    them: created, in_progress, per output item added / deltas / done, then completed (or
+    incomplete). The reply's ``content`` and ``refusal`` deltas are the message item's
+    ``output_text`` and ``refusal`` parts; a reply cut off (``finish_reason`` ``length`` or
+    ``content_filter``) leaves its last item ``incomplete``, with the response, as
+    :func:`~.translate.chat_response_to_responses` does."""
 
     def __init__(self, *, request_model: str, capture_limit: int) -> None:
         super().__init__(capture_limit)
@@ -149,6 +155,7 @@ class ChatToResponsesRelay(RelayCapture):
         # still come), these are sent whole when it closes (``_tool_call``).
         self._deferred: list[int] = []
         self._finish_reason: str | None = None
+        self._cut: int | None = None  # output index of the item the reply was cut in
         self._chat_usage: JSON | None = None
         self._started = False
         self.response: JSON | None = None
@@ -193,17 +200,21 @@ class ChatToResponsesRelay(RelayCapture):
                 continue
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str) and delta["content"]:
-                out += self._text_delta(delta["content"], choice_logprobs(choice))
+                out += self._part_delta("output_text", delta["content"], choice_logprobs(choice))
+            if isinstance(delta.get("refusal"), str) and delta["refusal"]:
+                out += self._part_delta("refusal", delta["refusal"], [])
             for call in delta.get("tool_calls") or ():
                 out += self._tool_call(call)
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
         return out
 
-    def _text_delta(self, piece: str, logprobs: list[JSON]) -> list[bytes]:
-        """A piece of the reply's text (and its tokens' log probabilities, when asked for):
-        the first opens a message item and its output_text part."""
-        self.add_text(piece)
+    def _part_delta(self, ptype: str, piece: str, logprobs: list[JSON]) -> list[bytes]:
+        """A piece of the reply's text (``output_text``, with its tokens' log probabilities
+        when asked for) or refusal (``refusal``): the first piece opens a message item, each
+        kind's first its part of that item."""
+        if ptype == "output_text":
+            self.add_text(piece)
         out: list[bytes] = []
         if self._open is None or self._output[self._open]["type"] != "message":
             out += self._close()
@@ -218,30 +229,32 @@ class ChatToResponsesRelay(RelayCapture):
                     item={**item, "content": []},
                 )
             )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            item["content"].append(part)
+        item = self._output[self._open]
+        ids = {"item_id": item["id"], "output_index": self._open}
+        k = next((k for k, p in enumerate(item["content"]) if p["type"] == ptype), None)
+        if k is None:
+            k = len(item["content"])
+            item["content"].append(
+                {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                if ptype == "output_text"
+                else refusal_part("")
+            )
             out.append(
                 self._event(
                     "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=self._open,
-                    content_index=0,
-                    part=dict(part),
+                    **ids,
+                    content_index=k,
+                    part=dict(item["content"][k]),
                 )
             )
-        item = self._output[self._open]
-        item["content"][0]["text"] += piece
-        item["content"][0]["logprobs"] += logprobs
-        out.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=item["id"],
-                output_index=self._open,
-                content_index=0,
-                delta=piece,
-                logprobs=logprobs,
-            )
-        )
+        part = item["content"][k]
+        member, family = _PARTS[ptype]
+        part[member] += piece
+        fields: JSON = {"delta": piece}
+        if ptype == "output_text":
+            part["logprobs"] += logprobs
+            fields["logprobs"] = logprobs
+        out.append(self._event(f"response.{family}.delta", **ids, content_index=k, **fields))
         return out
 
     def _tool_call(self, call: JSON) -> list[bytes]:
@@ -317,31 +330,23 @@ class ChatToResponsesRelay(RelayCapture):
         return out
 
     def _done(self, pos: int) -> list[bytes]:
-        """The done events of the item at ``pos``."""
+        """The done events of the item at ``pos`` (``incomplete`` when the reply was cut
+        off in it)."""
         item = self._output[pos]
-        item["status"] = "completed"
+        item["status"] = "incomplete" if pos == self._cut else "completed"
         out: list[bytes] = []
         if item["type"] == "message":
-            part = item["content"][0]
-            out.append(
-                self._event(
-                    "response.output_text.done",
-                    item_id=item["id"],
-                    output_index=pos,
-                    content_index=0,
-                    text=part["text"],
-                    logprobs=part["logprobs"],
+            ids = {"item_id": item["id"], "output_index": pos}
+            for k, part in enumerate(item["content"]):
+                member, family = _PARTS[part["type"]]
+                fields = {member: part[member]}
+                if part["type"] == "output_text":
+                    fields["logprobs"] = part["logprobs"]
+                done = f"response.{family}.done"
+                out.append(self._event(done, **ids, content_index=k, **fields))
+                out.append(
+                    self._event("response.content_part.done", **ids, content_index=k, part=part)
                 )
-            )
-            out.append(
-                self._event(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=pos,
-                    content_index=0,
-                    part=part,
-                )
-            )
         else:
             member, kind = _STREAMED[item["type"]]
             fields = {member: item[member]}
@@ -352,6 +357,8 @@ class ChatToResponsesRelay(RelayCapture):
         return out
 
     def finish(self) -> list[bytes]:
+        if self._output and incomplete_reason(self._finish_reason) is not None:
+            self._cut = len(self._output) - 1  # the item being written when it was cut
         out = self._start() + self._close()
         self.response = snap = self._snapshot("done")
         kind = "response.incomplete" if snap["status"] == "incomplete" else "response.completed"
@@ -374,6 +381,9 @@ class ChatToResponsesRelay(RelayCapture):
         return b"".join(out)
 
 
+# A message part's type -> the member holding its text and the event family of its deltas
+# and done event.
+_PARTS = {"output_text": ("text", "output_text"), "refusal": ("refusal", "refusal")}
 # A call item's streamed member and the event family its deltas and done event belong to.
 _STREAMED = {
     "function_call": ("arguments", "function_call_arguments"),

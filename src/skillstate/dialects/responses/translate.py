@@ -14,7 +14,13 @@ from ...cost.usage import token_count
 from ...errors import ProxyError
 from ..base import JSON
 from ..checks import bad_request as _bad
-from ..translate.common import refuse_moderation, tool_media_label
+from ..translate.common import (
+    ASSISTANT_TEXT_JOIN,
+    SYSTEM_JOIN,
+    TOOL_RESULT_TEXT_JOIN,
+    refuse_moderation,
+    tool_media_label,
+)
 from .items import CLIENT_CALLS
 
 _ALNUM = string.ascii_letters + string.digits
@@ -131,6 +137,10 @@ def _part_body_to_chat(part: JSON, path: str) -> JSON:
 
 
 def _message_to_chat(item: JSON, path: str) -> JSON:
+    """A message item as a chat message: a user message's parts as chat's parts (one text
+    part as a string); a system, developer or assistant message's text parts as one string,
+    joined as ``translate.common`` joins such texts (a blank line between system texts, an
+    assistant's run together), unless a part carries a cache breakpoint."""
     role = item.get("role", "user")
     content = item.get("content")
     if isinstance(content, str):
@@ -144,8 +154,9 @@ def _message_to_chat(item: JSON, path: str) -> JSON:
             f"{path}.content[{k}]",
         )
     plain = all(p["type"] == "text" and "prompt_cache_breakpoint" not in p for p in parts)
-    if plain:  # a breakpoint marks a part's end: its parts stay parts
-        return {"role": role, "content": "".join(p["text"] for p in parts)}
+    if plain and (role != "user" or len(parts) <= 1):  # a breakpoint marks a part's end
+        join = SYSTEM_JOIN if role in ("system", "developer") else ASSISTANT_TEXT_JOIN
+        return {"role": role, "content": join.join(p["text"] for p in parts)}
     return {"role": role, "content": parts}
 
 
@@ -162,7 +173,7 @@ def _tool_message(item: JSON, path: str) -> tuple[JSON, list[JSON]]:
         text = "" if output is None else str(output)
         return {"role": "tool", "tool_call_id": call_id, "content": text}, []
     parts = [_part_to_chat(x, f"{path}.output[{k}]") for k, x in enumerate(output)]
-    text = "".join(p["text"] for p in parts if p["type"] == "text")
+    text = TOOL_RESULT_TEXT_JOIN.join(p["text"] for p in parts if p["type"] == "text")
     tool = {"role": "tool", "tool_call_id": call_id, "content": text}
     return tool, [p for p in parts if p["type"] != "text"]
 
@@ -187,12 +198,40 @@ def _append_call(messages: list[JSON], call: JSON) -> None:
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
+# A call's name in the API's words for a call without its output ("No tool output found for
+# function call call_1."), by the call item's type.
+_CALL_WORDS = {"function_call": "function call", "custom_tool_call": "custom tool call"}
+
+
+def _refuse_unanswered(raw: list[Any], calls: set[str], outputs: set[str]) -> None:
+    """A 400 in the API's words for the first call (of the types in ``calls``) that no
+    output (of the types in ``outputs``) answers by its call_id: the Responses API refuses
+    such an input ("No tool output found for function call call_1.", ``param: input``), and
+    translated it would be an assistant's tool call left unanswered, which chat completions
+    and Messages refuse in their own words (Messages: "tool_use ids were found without
+    tool_result blocks")."""
+    answered = {
+        item.get("call_id")
+        for item in raw
+        if item.get("type") in outputs and isinstance(item.get("call_id"), str)
+    }
+    for item in raw:
+        if item.get("type") in calls and item["call_id"] not in answered:
+            raise _bad(
+                f"No tool output found for {_CALL_WORDS[item['type']]} {item['call_id']}.",
+                "input",
+            )
+
+
 def input_to_messages(body: JSON, *, custom: bool = True) -> list[JSON]:
     """``instructions`` and ``input`` as chat messages; consecutive function_call items (and
     custom_tool_call items, when ``custom``) are one assistant message's tool_calls, each of
     their outputs a tool message. The images and files an output returns follow the round's
     tool messages in one user message, each output's labelled with its call (chat's tool
-    messages take text only; ``common.tool_media_label``)."""
+    messages take text only; ``common.tool_media_label``). A message between calls and
+    their outputs (the API takes one: a user typing while a tool runs) follows the round's
+    outputs: chat completions and Messages take an answer only right after its call. A call
+    no output answers is a 400, as the API has it (``_refuse_unanswered``)."""
     messages: list[JSON] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})
@@ -202,24 +241,39 @@ def input_to_messages(body: JSON, *, custom: bool = True) -> list[JSON]:
     calls = {"function_call", "custom_tool_call"} if custom else {"function_call"}
     outputs = {CLIENT_CALLS[c] for c in calls}
     media: list[JSON] = []  # what this round's outputs returned that a tool message cannot hold
+    waiting: set[str] = set()  # the call_ids of the calls sent that no output answered yet
+    held: list[JSON] = []  # messages that came while they waited: after the round's outputs
     for i, item in enumerate(raw or ()):
         itype = item.get("type", "message")
         if itype in outputs:
             tool, parts = _tool_message(item, f"input[{i}]")
             messages.append(tool)
+            waiting.discard(tool["tool_call_id"])
             if parts:
                 media += [{"type": "text", "text": tool_media_label(tool["tool_call_id"])}, *parts]
+            if held and not waiting:
+                messages += _round_media(media) + held
+                media, held = [], []
             continue
-        if media and (itype == "message" or itype in calls):
-            messages.append({"role": "user", "content": media})
+        if itype == "message" and waiting:
+            held.append(_message_to_chat(item, f"input[{i}]"))
+            continue
+        if itype == "message" or itype in calls:
+            messages += _round_media(media)
             media = []
         if itype == "message":
             messages.append(_message_to_chat(item, f"input[{i}]"))
         elif itype in calls:
             _append_call(messages, _call_to_chat(item))
-    if media:
-        messages.append({"role": "user", "content": media})
+            waiting.add(item["call_id"])
+    messages += _round_media(media) + held
+    _refuse_unanswered(raw or [], calls, outputs)
     return messages
+
+
+def _round_media(media: list[JSON]) -> list[JSON]:
+    """The user message of a round's returned images and files, when it returned any."""
+    return [{"role": "user", "content": media}] if media else []
 
 
 def untranslated_items(items: list[Any], *, custom: bool = True) -> list[str]:
@@ -537,6 +591,18 @@ def _call_item(call: JSON) -> JSON:
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+def incomplete_reason(finish_reason: Any) -> str | None:
+    """Why a response whose chat reply ended with ``finish_reason`` is ``incomplete``
+    (``incomplete_details.reason``): ``max_output_tokens`` for ``length``, ``content_filter``
+    for ``content_filter``; None for a reply that ended by itself."""
+    return _INCOMPLETE.get(finish_reason) if isinstance(finish_reason, str) else None
+
+
+def refusal_part(text: str) -> JSON:
+    """A message output item's ``refusal`` content part (the SDK's ResponseOutputRefusal)."""
+    return {"type": "refusal", "refusal": text}
+
+
 def response_object(
     *,
     model: str,
@@ -547,7 +613,7 @@ def response_object(
     status: str | None = None,
 ) -> JSON:
     """A Responses API ``response`` object (the fields the SDK's ``Response`` type reads)."""
-    reason = _INCOMPLETE.get(finish_reason or "")
+    reason = incomplete_reason(finish_reason)
     if status is None:
         status = "incomplete" if reason else "completed"
     return {
@@ -576,25 +642,50 @@ def response_object(
     }
 
 
+def _chat_message_parts(msg: JSON) -> tuple[str, str]:
+    """(the text, the refusal) of a chat reply's message: ``content`` (a string, or its
+    ``text`` parts joined, as an assistant's output is one text) and ``refusal`` (the
+    member, or ``refusal`` parts)."""
+    content = msg.get("content")
+    refusals: list[str] = []
+    if isinstance(content, list):
+        parts = [p for p in content if isinstance(p, dict)]
+        refusals = [p["refusal"] for p in parts if isinstance(p.get("refusal"), str)]
+        content = "".join(p.get("text") or "" for p in parts if p.get("type") != "refusal")
+    if isinstance(msg.get("refusal"), str):
+        refusals.append(msg["refusal"])
+    return (content if isinstance(content, str) else ""), "".join(refusals)
+
+
 def chat_response_to_responses(resp: JSON, request_model: str) -> JSON:
-    """A chat-completions reply as a Responses ``response`` object (choice 0)."""
+    """A chat-completions reply as a Responses ``response`` object (choice 0): its text an
+    ``output_text`` part and its ``refusal`` a ``refusal`` part of one message item, its
+    tool calls call items. A reply cut off (``finish_reason`` ``length``, or
+    ``content_filter``) is a response ``incomplete`` for ``max_output_tokens`` (or
+    ``content_filter``), and the item it was writing, the last, is ``incomplete`` too, as
+    the API marks them."""
     choices = resp.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else {}
-    msg = choice.get("message") if isinstance(choice, dict) else None
+    choice = choice if isinstance(choice, dict) else {}
+    msg = choice.get("message")
     msg = msg if isinstance(msg, dict) else {}
     output: list[JSON] = []
-    content = msg.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    if isinstance(content, str) and content:
-        output.append(message_item(content, logprobs=choice_logprobs(choice)))
+    text, refusal = _chat_message_parts(msg)
+    if text or refusal:
+        item = message_item(text, logprobs=choice_logprobs(choice))
+        if refusal:
+            item["content"] = [*(item["content"] if text else ()), refusal_part(refusal)]
+        output.append(item)
     for call in msg.get("tool_calls") or ():
         if isinstance(call, dict):
             output.append(_call_item(call))
+    finish_reason = choice.get("finish_reason")
+    if output and incomplete_reason(finish_reason) is not None:
+        output[-1]["status"] = "incomplete"
     model = resp["model"] if isinstance(resp.get("model"), str) else request_model
     return response_object(
         model=model,
         output=output,
         usage=usage_to_responses(resp.get("usage")),
-        finish_reason=choice.get("finish_reason") if isinstance(choice, dict) else None,
+        finish_reason=finish_reason,
     )

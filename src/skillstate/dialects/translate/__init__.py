@@ -13,11 +13,17 @@ request mappings check only what the other side cannot take.
 
 Decisions worth knowing (each is also stated where it is implemented):
 
-* Text joins. ``system`` text blocks are joined with a blank line into one OpenAI system
-  string; an assistant message's text blocks are concatenated with no separator (Anthropic
-  splits one continuous output into several text blocks, e.g. around citations); a
-  ``tool_result``'s text blocks are joined with ``"\\n"``. A user message with several
+* Text joins (``common``: one rule for every translation, the Responses ones included).
+  System texts are joined with a blank line: ``system`` text blocks into one OpenAI system
+  string, a mid-conversation system message's blocks likewise, and the parts of an OpenAI
+  system or developer message into Anthropic's ``system``; an assistant message's text
+  blocks are concatenated with no separator (Anthropic splits one continuous output into
+  several text blocks, e.g. around citations); a ``tool_result``'s text blocks, and a
+  ``content`` document's chunks, are joined with ``"\\n"``. A user message with several
   blocks becomes an OpenAI content-part array, so block boundaries survive.
+* Refusals. An OpenAI reply's ``refusal`` (its safety refusal, under ``finish_reason``
+  ``stop``) is Anthropic's ``stop_reason: "refusal"``, its text a text block, as
+  ``content_filter`` is; Anthropic's ``refusal`` is ``content_filter`` the other way.
 * Tool-call arguments from an OpenAI upstream are turned into an Anthropic ``input`` object
   by :func:`parse_tool_arguments`, which the stream translator runs incrementally, so a
   streamed reply and the same reply unstreamed always give the same ``input``:

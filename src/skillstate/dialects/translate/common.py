@@ -16,9 +16,17 @@ from ..checks import is_int as _is_int
 JSON = dict[str, Any]
 
 TOOL_ERROR_PREFIX = "[tool error] "
+# Where a translation makes one string of several text parts (a format whose member takes
+# one string, or that the other side's servers read best as one), by what the parts are:
+# system (and developer) texts, every one of them (the parts of a system message, of a
+# Messages system prompt, of a mid-conversation system message, Responses instructions
+# and system input items), apart by a blank line; an assistant's output, one continuous
+# text that the APIs split into parts (around citations, say), run together; a tool's
+# result, and a document's chunks, one per line. A user message keeps its parts.
 SYSTEM_JOIN = "\n\n"
 ASSISTANT_TEXT_JOIN = ""
 TOOL_RESULT_TEXT_JOIN = "\n"
+DOCUMENT_TEXT_JOIN = "\n"
 
 
 def refuse_moderation(body: JSON, upstream: str) -> None:
@@ -98,19 +106,22 @@ def anthropic_usage_to_openai(usage: Any) -> JSON:
 
 
 def anthropic_stop_reason(
-    finish_reason: Any, *, has_tool_calls: bool, matched_stop: Any = None
+    finish_reason: Any, *, has_tool_calls: bool, matched_stop: Any = None, refused: bool = False
 ) -> tuple[str, str | None]:
     """OpenAI ``finish_reason`` -> Anthropic ``(stop_reason, stop_sequence)``.
 
     ``matched_stop`` is vLLM's non-standard ``choice.stop_reason`` (the stop string that
     matched); OpenAI itself does not say which stop sequence fired. ``stop`` with tool calls
-    present (some local servers do that) counts as ``tool_use``.
+    present (some local servers do that) counts as ``tool_use``. ``refused``: the reply
+    carries a ``refusal`` (OpenAI's safety refusal, with ``finish_reason`` ``stop``), which
+    is Messages' ``refusal`` stop reason, as ``content_filter`` is, unless the reply calls a
+    tool or was cut off.
     """
     if finish_reason in ("tool_calls", "function_call"):
         return "tool_use", None
     if finish_reason == "length":
         return "max_tokens", None
-    if finish_reason == "content_filter":
+    if finish_reason == "content_filter" or (refused and not has_tool_calls):
         return "refusal", None
     if finish_reason == "stop" and isinstance(matched_stop, str) and matched_stop:
         return "stop_sequence", matched_stop

@@ -20,26 +20,30 @@ from .common import (
 from .toolargs import parse_tool_arguments
 
 
-def _openai_message_text(message: JSON) -> str:
+def _openai_message_text(message: JSON) -> tuple[str, bool]:
+    """(the message's text, its refusal after it; whether it has a refusal): ``content``
+    (a string, or its ``text`` and ``refusal`` parts) and the ``refusal`` member."""
     content = message.get("content")
+    refused = False
     if isinstance(content, list):
-        content = "".join(
-            p.get("text") or p.get("refusal") or ""
-            for p in content
-            if isinstance(p, dict) and p.get("type") in ("text", "refusal")
-        )
+        parts = [p for p in content if isinstance(p, dict) and p.get("type") in ("text", "refusal")]
+        refused = any(p["type"] == "refusal" and p.get("refusal") for p in parts)
+        content = "".join(p.get("text") or p.get("refusal") or "" for p in parts)
     text = content if isinstance(content, str) else ""
     refusal = message.get("refusal")
     if isinstance(refusal, str):
         text += refusal
-    return _clean(text)
+        refused = refused or bool(refusal)
+    return _clean(text), refused
 
 
 def openai_response_to_anthropic(resp: JSON, *, request_model: str) -> JSON:
     """A non-streamed OpenAI chat completion -> an Anthropic ``message``.
 
     ``id`` is ``"msg_" + resp["id"]``; ``model`` is the client's ``request_model``. Only
-    choice 0 is used. ``message.refusal`` text is treated as text. Tool-call arguments are
+    choice 0 is used. ``message.refusal`` (OpenAI's safety refusal) is the text it says and
+    the stop reason ``refusal``, as Messages reports its own (``anthropic_stop_reason``).
+    Tool-call arguments are
     parsed with :func:`parse_tool_arguments`; a call without an id gets a stable synthetic
     one derived from the message id and its position.
     """
@@ -50,7 +54,7 @@ def openai_response_to_anthropic(resp: JSON, *, request_model: str) -> JSON:
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     assert isinstance(message, dict)
     content: list[JSON] = []
-    text = _openai_message_text(message)
+    text, refused = _openai_message_text(message)
     if text:
         content.append({"type": "text", "text": text})
     raw_calls = message.get("tool_calls")
@@ -74,6 +78,7 @@ def openai_response_to_anthropic(resp: JSON, *, request_model: str) -> JSON:
         choice.get("finish_reason"),
         has_tool_calls=has_calls,
         matched_stop=choice.get("stop_reason"),
+        refused=refused,
     )
     return {
         "id": message_id,

@@ -10,16 +10,19 @@ from ...jsondepth import JSONTooDeep
 from ..checks import bad_request as _bad
 from ..checks import is_int as _is_int
 from .common import (
+    ASSISTANT_TEXT_JOIN,
     JSON,
     SYSTEM_JOIN,
     refuse_moderation,
 )
+from .outputlimit import default_max_tokens
 from .toolargs import parse_tool_arguments
 
 _DATA_URL = re.compile(r"^data:(?P<mt>[^;,]+)(?:;[^,]*)?;base64,(?P<data>.*)$", re.DOTALL)
 
 
-def _openai_text_of(content: Any, path: str) -> str:
+def _openai_text_of(content: Any, path: str, join: str = ASSISTANT_TEXT_JOIN) -> str:
+    """A message's text: a string, or its text (and refusal) parts joined by ``join``."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -33,7 +36,7 @@ def _openai_text_of(content: Any, path: str) -> str:
             if not isinstance(value, str):
                 raise _bad(f"{path}[{k}]: text must be a string", f"{path}[{k}]")
             texts.append(value)
-        return "".join(texts)
+        return join.join(texts)
     raise _bad(f"{path}: must be a string or an array of content parts", path)
 
 
@@ -82,14 +85,7 @@ def _openai_part_to_block(part: Any, path: str) -> JSON:
     raise _bad(f"{path}: content part type {ptype!r} cannot be sent to an Anthropic upstream", path)
 
 
-# The max_tokens a request that sets no output limit goes to Messages with (the API
-# requires one).
-DEFAULT_MAX_TOKENS = 4096
-
-
-def openai_request_to_anthropic(
-    body: JSON, *, default_max_tokens: int = DEFAULT_MAX_TOKENS
-) -> JSON:
+def openai_request_to_anthropic(body: JSON) -> JSON:
     """An OpenAI chat-completions request -> an Anthropic Messages request.
 
     ``system``/``developer`` messages (wherever they are) are joined into ``system``;
@@ -119,7 +115,7 @@ def openai_request_to_anthropic(
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
     if max_tokens is None:
-        max_tokens = default_max_tokens
+        max_tokens = default_max_tokens(body["model"], bool(body.get("stream")))
     out: JSON = {"model": body["model"], "messages": messages, "max_tokens": max_tokens}
     if system_parts:
         out["system"] = SYSTEM_JOIN.join(system_parts)
@@ -150,7 +146,8 @@ def _messages_to_anthropic(messages: list[JSON]) -> tuple[list[str], list[JSON]]
         path = f"messages[{i}]"
         role = msg.get("role")
         if role in ("system", "developer"):
-            text = _openai_text_of(msg.get("content"), f"{path}.content")
+            # Its parts joined as system texts are (a blank line), not run together.
+            text = _openai_text_of(msg.get("content"), f"{path}.content", SYSTEM_JOIN)
             if text:
                 system_parts.append(text)
             continue

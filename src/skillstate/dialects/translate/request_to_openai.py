@@ -9,6 +9,7 @@ from ...errors import ProxyError
 from ..checks import bad_request as _bad
 from .common import (
     ASSISTANT_TEXT_JOIN,
+    DOCUMENT_TEXT_JOIN,
     JSON,
     SYSTEM_JOIN,
     TOOL_ERROR_PREFIX,
@@ -114,7 +115,7 @@ def _system_message_text(msg: JSON, path: str) -> str:
     for j, block in enumerate(content):
         if block["type"] != "text":
             raise _unsupported(block["type"], f"{path}.content[{j}]")
-    return "".join(block["text"] for block in content)
+    return SYSTEM_JOIN.join(block["text"] for block in content)  # as the system prompt's
 
 
 def _strict_compatible(schema: Any) -> bool:
@@ -198,7 +199,7 @@ def _document_to_openai(block: JSON, path: str) -> JSON:
             isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
             for b in inner
         ):
-            return {"type": "text", "text": "".join(b["text"] for b in inner)}
+            return {"type": "text", "text": DOCUMENT_TEXT_JOIN.join(b["text"] for b in inner)}
     if stype == "base64" and source.get("media_type") == "application/pdf":
         name = block.get("title") if isinstance(block.get("title"), str) else "document.pdf"
         return {

@@ -76,6 +76,7 @@ class OpenAIStreamToAnthropic:
         self._order: list[_Call] = []  # calls in first-seen order
         self._text = TextCapture(capture_limit)
         self._finish_reason: str | None = None
+        self._refused = False  # a refusal delta came (the stop reason is then refusal)
         self._matched_stop: str | None = None
         self._raw_usage: JSON | None = None
         self._stop: tuple[str, str | None] | None = None
@@ -128,9 +129,15 @@ class OpenAIStreamToAnthropic:
             return self._stop[0]
         if self._finish_reason is None:
             return None
+        return self._stop_reason()[0]
+
+    def _stop_reason(self) -> tuple[str, str | None]:
         return anthropic_stop_reason(
-            self._finish_reason, has_tool_calls=bool(self._order), matched_stop=self._matched_stop
-        )[0]
+            self._finish_reason,
+            has_tool_calls=bool(self._order),
+            matched_stop=self._matched_stop,
+            refused=self._refused,
+        )
 
     @property
     def done(self) -> bool:
@@ -158,6 +165,7 @@ class OpenAIStreamToAnthropic:
                 for key in ("content", "refusal"):
                     piece = delta.get(key)
                     if isinstance(piece, str) and piece:
+                        self._refused = self._refused or key == "refusal"
                         out.extend(self._text_delta(_clean(piece)))
                 tcs = delta.get("tool_calls")
                 for tc in tcs if isinstance(tcs, list) else []:
@@ -178,9 +186,7 @@ class OpenAIStreamToAnthropic:
             if call.block is None:
                 out.extend(self._open_tool(call))
         out.extend(self._close_open())
-        self._stop = anthropic_stop_reason(
-            self._finish_reason, has_tool_calls=bool(self._order), matched_stop=self._matched_stop
-        )
+        self._stop = self._stop_reason()
         usage: JSON = (
             openai_usage_to_anthropic(self._raw_usage)
             if self._raw_usage is not None
