@@ -355,8 +355,8 @@ def test_replay_reads_its_position_from_the_state_and_writes_valid_envelopes() -
 def _window_body(transcript: list[dict[str, Any]], start: int, state: dict[str, Any]) -> Any:
     from skillstate.engine.window import WindowMark, build_window, plan_window
 
-    mark = WindowMark(start, transcript_digest(transcript, start))
-    plan = plan_window(transcript, OPENAI.context, mark)
+    mark = WindowMark(start, transcript_digest(transcript, start))  # (a mark of any task)
+    plan = plan_window(transcript, OPENAI.context, {"": mark})
     assert plan.reason == "kept"
     return build_window(
         OPENAI.context, {"messages": transcript}, plan, list(bfcl.SCHEMA_KEYS), state

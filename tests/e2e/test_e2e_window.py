@@ -683,11 +683,13 @@ def test_a_changed_transcript_over_the_bound_is_folded_not_dropped(
     client.turn(stream=False)
     first = fake.last
     # Everything of the new transcript after the task went upstream once, in order, after
-    # the state, and the turn folds it (over the bound: a checkpoint).
+    # the state, and the turn folds it (over the bound: a checkpoint). The summary right
+    # after the task is the task's (the user's messages before any reply): in the prefix.
     assert asks_checkpoint(first)
     msgs = [m for m in first.json["messages"] if CHECKPOINT_MARK not in json.dumps(m)]
-    assert STATE_MARK in msgs[2]["content"]
-    assert msgs[3:] == [_plain(m) for m in rewritten[2:]]
+    assert msgs[:3] == [_plain(m) for m in rewritten[:3]]
+    assert STATE_MARK in msgs[3]["content"]
+    assert msgs[4:] == [_plain(m) for m in rewritten[3:]]
     assert len(wanted) == 13 and "KEEP-900" in wanted
     for _ in range(3):
         client.turn(stream=False)
@@ -894,13 +896,15 @@ def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_that_fi
     assert len(calls) > 2  # folds, then the turn's own call
     assert all(asks_checkpoint(r) for r in calls[:-1])
     assert "Do not answer" in last_message_text(calls[0])
-    # Every message of the new transcript after the task went upstream once, in order.
+    # Every message of the new transcript after the task went upstream once, in order (the
+    # summary right after the task is the task's: in every call's prefix).
     shown: list[Any] = []
     for r in calls:
         msgs = [m for m in r.json["messages"] if CHECKPOINT_MARK not in json.dumps(m)]
-        assert STATE_MARK in msgs[2]["content"]
-        shown += msgs[3:]
-    assert shown == [_plain(m) for m in rewritten[2:]]
+        assert msgs[:3] == [_plain(m) for m in rewritten[:3]]
+        assert STATE_MARK in msgs[3]["content"]
+        shown += msgs[4:]
+    assert shown == [_plain(m) for m in rewritten[3:]]
     # The folds' state is committed with the turn, in its one transition.
     committed = p.state(client.session)
     assert {"KEEP-900", "KEEP-0"} <= set(committed["state"]["facts"])
@@ -1056,13 +1060,13 @@ def assert_pairs_as_the_api_wants(req: RecordedRequest) -> None:
         assert ids(m, "tool_result", "tool_use_id") <= offered, k
 
 
-def window_after_state(req: RecordedRequest) -> list[Any]:
-    """What a request shows after its task and state (``cache_control`` markers and the
-    checkpoint or fold instruction left out)."""
+def window_after_state(req: RecordedRequest, task: int = 1) -> list[Any]:
+    """What a request shows after its task (``task`` messages; Messages: its turn) and
+    state (``cache_control`` markers and the checkpoint or fold instruction left out)."""
     if req.dialect == "responses":
         items = [i for i in req.json["input"] if CHECKPOINT_MARK not in json.dumps(i)]
-        assert STATE_MARK in json.dumps(items[1])
-        return items[2:]
+        assert STATE_MARK in json.dumps(items[task])
+        return items[task + 1 :]
     msgs = _no_marks(req.json["messages"])
     assert STATE_MARK in json.dumps(msgs[0])  # the task's turn holds the state
     last = msgs[-1]
@@ -1110,9 +1114,11 @@ def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_on_ever
     assert all(r.status == 200 for r in calls), [r.status for r in calls]
     for r in calls:
         assert_pairs_as_the_api_wants(r)
-    # Every message of the new transcript after the task went upstream once, in order.
-    shown = [m for r in calls for m in window_after_state(r)]
-    assert shown == _no_marks(rewritten[1:])
+    # Every message of the new transcript after the task went upstream once, in order (a
+    # Responses summary is a user message right after the task: the task's, in the prefix).
+    task = 2 if dialect == "responses" else 1
+    shown = [m for r in calls for m in window_after_state(r, task)]
+    assert shown == _no_marks(rewritten[task:])
     assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
     for _ in range(3):
         client.turn(stream=False)
@@ -1272,3 +1278,80 @@ def test_a_user_message_between_a_call_and_its_output_never_strands_the_output(
     checkpoints = [h for h in history(p, "interjected") if h["context"] == "checkpoint"]
     assert len(checkpoints) >= 3  # the window went on restarting after the interjection
     assert p.state("interjected")["state"]["step"] >= 3
+
+
+@pytest.mark.parametrize("mode", ["state", "window"])
+def test_codexs_prompt_after_its_environment_message_stays_in_every_turn(
+    fake: FakeProvider, start_proxy: StartProxy, mode: str
+) -> None:
+    """Codex CLI opens its input with developer messages, a user message of its
+    environment, then the user's prompt as a second user message. The task is both: the
+    prompt was sent only while it was the latest observation (state mode: the first turn)
+    or in the window (until the first checkpoint), and the model worked on without it."""
+    p = start(start_proxy, fake, "openai-responses", mode=mode, window_keep=1)
+    client = oai(p)
+    prompt = "Find what the notes in notes.txt say about the release."
+    env = "<environment_context>\n  <cwd>/work</cwd>\n</environment_context>"
+    big = "output line 0123456789 " * 150  # ~1,000 tokens: the window checkpoints
+    transcript: list[Any] = [
+        {"role": "developer", "content": "You are a coding agent running in the Codex CLI."},
+        {"role": "user", "content": env},
+        {"role": "user", "content": prompt},
+    ]
+    for turn in range(6):
+        fake.enqueue(envelope({"step": turn}))
+        client.responses.create(model="gpt-5", input=transcript, extra_headers=session(mode))
+        sent = json.dumps(fake.last.json["input"])
+        assert prompt in sent and "environment_context" in sent, (turn, sent)
+        assert sent.count(prompt) == 1  # once, in the stable prefix
+        call = {"type": "function_call", "call_id": f"c{turn}", "name": "run", "arguments": "{}"}
+        out = {"type": "function_call_output", "call_id": f"c{turn}", "output": big}
+        transcript = [*transcript, call, out]
+    assert p.state(mode)["state"]["step"] >= 1
+    if mode == "window":
+        assert any(h["context"] == "checkpoint" for h in history(p, mode))
+
+
+def test_a_sub_agent_and_side_calls_on_the_session_leave_its_window_as_it_was(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """Claude Code sends every request with the session header it is given: its sub-agents'
+    transcripts and its side calls (a title, a command's prefix) too. Each conversation
+    keeps its own window: before, every request of one restarted the other's (a ``changed``
+    window: its whole transcript sent again, a checkpoint each turn from the first one on)."""
+    p = start(start_proxy, fake, "anthropic", window_keep=1)
+    client = ant(p)
+    big = "file line 0123456789 " * 100  # ~600 tokens a result: checkpoints come
+
+    def turn(transcript: list[Any], system: str, turn_no: int) -> list[Any]:
+        fake.enqueue(envelope({"step": turn_no}))
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=512, system=system,
+            messages=transcript, extra_headers=session("agents"),
+        )  # fmt: skip
+        use = {"type": "tool_use", "id": f"t{len(transcript)}", "name": "run", "input": {}}
+        result = {"type": "tool_result", "tool_use_id": use["id"], "content": big}
+        return [
+            *transcript,
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+        ]
+
+    main: list[Any] = [{"role": "user", "content": "MAIN: refactor the parser."}]
+    sub: list[Any] = [{"role": "user", "content": "SUB: find every caller of parse()."}]
+    for n in range(10):
+        main = turn(main, "You are the main agent.", n)
+        sub = turn(sub, "You are a sub-agent.", n)
+        title = [{"role": "user", "content": f"Title for: MAIN {n}"}]
+        fake.enqueue("A title")
+        client.messages.create(
+            model="claude-haiku-4-5", max_tokens=32, messages=title, extra_headers=session("agents")
+        )
+    starts = [h["estimate"]["window_start"] for h in history(p, "agents") if "estimate" in h]
+    assert len(starts) == 30  # main, sub, title; main, sub, title; ...
+    assert starts[0] == "new" and starts[1] == "changed"  # the first window; another task
+    assert set(starts[3::3]) == {"kept"}  # main: its window went on, title calls between
+    assert set(starts[4::3]) == {"kept"}  # and the sub-agent's
+    assert set(starts[2::3]) == {"changed"}  # a title call: a conversation of its own
+    last_main = next(r for r in reversed(fake.requests) if "MAIN: refactor" in json.dumps(r.json))
+    assert len(last_main.json["messages"]) < len(main) - 2  # its window restarted, smaller

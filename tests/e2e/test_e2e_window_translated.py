@@ -357,9 +357,14 @@ def test_a_rewrite_past_the_models_context_is_folded_across_a_translation(
     assert [i for s in shown for i in s] == ids
     assert [i for r in calls for i in tool_ids(transcript_of(r), kind)[1]] == ids
     texts = re.compile(r"SUMMARY of the work|Next prompt \d+\.|Done \d+\.|Running \d+\.")
-    assert [t for r in calls for t in texts.findall(json.dumps(transcript_of(r)))] == (
-        texts.findall(json.dumps(sent))
-    )
+    said = [t for r in calls for t in texts.findall(json.dumps(transcript_of(r)))]
+    wanted_said = texts.findall(json.dumps(sent))
+    if dialect != "anthropic":  # a summary right after the task (Codex's local compaction)
+        # is the task's: in the prefix of every call
+        assert all(json.dumps(transcript_of(r)).count("SUMMARY of the work") == 1 for r in calls)
+        said = [t for t in said if t != "SUMMARY of the work"]
+        wanted_said = [t for t in wanted_said if t != "SUMMARY of the work"]
+    assert said == wanted_said
     assert {"KEEP-900", "KEEP-0"} <= set(p.state(client.session)["state"]["facts"])
     # the turn's record says its window restarted (not the ``kept`` of its re-plan)
     assert history(p, client.session)[-1]["estimate"]["window_start"] == "changed"

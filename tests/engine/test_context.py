@@ -7,12 +7,14 @@ from typing import Any
 
 from skillstate.dialects.anthropic import ANTHROPIC
 from skillstate.dialects.openai import OPENAI
+from skillstate.dialects.responses import RESPONSES
 from skillstate.engine.context import (
     CONTRACT_MARK,
     STATE_MARK,
     build_compact,
     build_full,
     contract_text,
+    split_transcript,
 )
 
 SYS = {"role": "system", "content": "be brief"}
@@ -110,3 +112,26 @@ def test_own_format_turns_ask_for_no_envelope() -> None:
     sent = build_compact(OPENAI.context, {"messages": [TASK]}, ["k"], {"k": 1}, "none")["messages"]
     assert sent[0] == TASK
     assert sent[1]["content"] == none + "\n\n" + STATE_MARK + '\n{"k":1}'
+
+
+def test_the_task_is_the_first_user_message_and_those_right_after_it() -> None:
+    """Codex sends its environment and then the prompt as two user messages: both are the
+    task, in the stable prefix on every turn; a user message after the model's first turn
+    is not, nor is a tool result."""
+    env = {"role": "user", "content": "<environment_context>/w</environment_context>"}
+    prompt = {"role": "user", "content": "PROMPT"}
+    call = {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "OUT"}
+    dev = {"role": "developer", "content": "be brief"}
+    later = {"role": "user", "content": "LATER"}
+    split = split_transcript([dev, env, prompt, call, output, later], RESPONSES.context)
+    assert (split.task, split.task_end) == (1, 3)
+    assert [split.in_task(k) for k in range(6)] == [False, True, True, False, False, False]
+    for items in ([dev, env, prompt], [dev, env, prompt, call, output]):
+        out = build_compact(RESPONSES.context, {"input": items}, [], {})["input"]
+        assert out[:3] == [dev, env, prompt]  # the prefix, byte for byte on both turns
+        assert json.dumps(out).count("PROMPT") == 1
+    first = {"role": "user", "content": "A"}
+    result = {"role": "tool", "tool_call_id": "t", "content": "R"}
+    split = split_transcript([SYS, first, result, TASK], OPENAI.context)
+    assert (split.task, split.task_end) == (1, 2)  # a tool result ends the task

@@ -285,3 +285,14 @@ def test_under_the_rule_a_request_rewrites_the_cache_only_when_it_pays(
         if previous is not None and sent[: len(previous)] != previous:
             assert remasked_now  # the cache is rewritten only where the rule said it pays
         previous = sent
+
+
+def test_no_message_of_the_task_is_masked() -> None:
+    """The task is the first user message and the user messages right after it (Codex: its
+    environment, then the prompt): masked, the prompt would be gone for good."""
+    body = openai_session([("tools", 1)] * 8)
+    prompt = {"role": "user", "content": "The prompt: " + LONG}
+    body["messages"].insert(2, prompt)
+    masked = mask_transcript("openai", body, keep=2)["messages"]
+    assert masked[1] == body["messages"][1] and masked[2] == prompt
+    assert sum(MASK_MARK in str(m.get("content")) for m in masked) >= 4  # the rest is masked

@@ -14,6 +14,7 @@ from skillstate.dialects.registry import get_dialect
 from skillstate.engine.window import (
     CHECKPOINT_MARK,
     WindowMark,
+    WindowMarks,
     build_window,
     exchange_starts,
     kept_exchanges,
@@ -23,6 +24,11 @@ from skillstate.engine.window import (
     transcript_digest,
     with_checkpoint,
 )
+
+
+def marks(mark: WindowMark | None) -> WindowMarks | None:
+    """A session's marks holding ``mark`` only (its conversation's)."""
+    return {mark.root: mark} if mark is not None else None
 
 
 def openai_round(k: int) -> list[dict[str, Any]]:
@@ -120,7 +126,7 @@ def test_window_is_append_only_between_checkpoints(dialect: str) -> None:
     previous: str | None = None
     for rounds in range(0, 8):
         msgs = transcript(dialect, rounds)
-        plan = plan_window(msgs, d, mark)
+        plan = plan_window(msgs, d, marks(mark))
         assert plan.reason == ("new" if mark is None else "kept")
         mark = plan.mark(msgs)
         out = build_window(d, body_of(dialect, msgs), plan, ["notes"], {"notes": "x"})
@@ -141,7 +147,7 @@ def test_restarted_window_keeps_the_last_exchanges_paired(dialect: str) -> None:
     start = kept_start(msgs, d, plan.start, 3)
     mark = WindowMark(start, transcript_digest(msgs, start))
     later = transcript(dialect, 7)
-    plan = plan_window(later, d, mark)
+    plan = plan_window(later, d, marks(mark))
     assert plan.reason == "kept" and plan.exchanges == 4
     text = json.dumps(sent(dialect, build_window(d, body_of(dialect, later), plan, [], {})))
     assert "result 2" not in text
@@ -158,7 +164,7 @@ def test_mark_ignores_moved_cache_breakpoints() -> None:
     mark = WindowMark(3, transcript_digest(msgs, 3))
     moved = json.loads(json.dumps(msgs))
     moved[2]["content"][0]["cache_control"] = {"type": "ephemeral"}
-    assert plan_window(moved, d, mark).reason == "kept"
+    assert plan_window(moved, d, marks(mark)).reason == "kept"
 
 
 @pytest.mark.parametrize("change", ["compaction", "edit", "restart"])
@@ -174,7 +180,7 @@ def test_a_changed_transcript_starts_a_fresh_window_with_all_of_it(change: str) 
         new[3]["content"] = "result 0, edited"
     else:
         new = [msgs[0], {"role": "user", "content": "A NEW TASK"}]
-    plan = plan_window(new, d, mark)
+    plan = plan_window(new, d, marks(mark))
     assert plan.reason == "changed" and plan.start == 1  # after the system message
     assert plan.exchanges == len(exchange_starts(new, d, 1))
     out = sent("openai", build_window(d, body_of("openai", new), plan, [], {"k": 1}))
@@ -223,7 +229,7 @@ def test_claude_code_compact_sends_its_whole_new_transcript_once_in_order() -> N
     assert start > 0  # a checkpoint restarted the window
     mark = WindowMark(start, transcript_digest(before, start))
     after = claude_code_after_compact()
-    plan = plan_window(after, d, mark)
+    plan = plan_window(after, d, marks(mark))
     assert plan.reason == "changed" and plan.start == 0
     out = sent("anthropic", build_window(d, body_of("anthropic", after), plan, [], {"k": 1}))
     text = json.dumps(out)
@@ -364,14 +370,14 @@ def test_a_transcript_that_ends_at_the_mark_is_a_changed_one(dialect: str) -> No
     start = kept_start(msgs, d, 1, 2)
     mark = WindowMark(start, transcript_digest(msgs, start))
     rewound = msgs[:start]
-    plan = plan_window(rewound, d, mark)
+    plan = plan_window(rewound, d, marks(mark))
     assert plan.reason == "changed"
     text = json.dumps(sent(dialect, build_window(d, body_of(dialect, rewound), plan, [], {})))
     assert all(text.count(f"result {k}") == 1 for k in range(4))  # its latest result too
-    assert plan_window(msgs[: start + 1], d, mark).reason == "kept"  # one more: it holds
+    assert plan_window(msgs[: start + 1], d, marks(mark)).reason == "kept"  # one more: it holds
     head = TRANSCRIPTS[dialect][0]  # ends with the task, which the prefix carries
     at_task = WindowMark(len(head), transcript_digest(head, len(head)))
-    assert plan_window(head, d, at_task).reason == "kept"
+    assert plan_window(head, d, marks(at_task)).reason == "kept"
 
 
 GREETING = {
@@ -412,7 +418,7 @@ def test_a_greeting_before_the_task_stays_before_it(dialect: str) -> None:
     mark = None
     previous: list[Any] | None = None
     for turn in range(3):
-        plan = plan_window(msgs, d, mark)
+        plan = plan_window(msgs, d, marks(mark))
         mark = plan.mark(msgs)
         out = sent(dialect, build_window(d, body_of(dialect, msgs), plan, [], {"k": 1}))
         got = texts(dialect, out)
@@ -456,7 +462,8 @@ def test_no_exchange_starts_between_a_call_and_its_output() -> None:
     assert start == 4
     mark = WindowMark(start, transcript_digest(msgs, start))
     later = [*msgs, *responses_round(3)]
-    out = sent("openai-responses", build_window(d, body_of("openai-responses", later),
-                                               plan_window(later, d, mark), [], {}))  # fmt: skip
+    plan = plan_window(later, d, marks(mark))
+    body = body_of("openai-responses", later)
+    out = sent("openai-responses", build_window(d, body, plan, [], {}))
     ids = [m.get("call_id") for m in out if "call_id" in m]
     assert ids == ["c1", "c1", "c2", "c2", "c3", "c3"]

@@ -430,7 +430,8 @@ class AnthropicContext:
         msgs = body["messages"]
         head: list[Any] = []
         if split.task is not None:  # in the stable prefix from the first turn on
-            head.extend(_blocks(msgs[split.task].get("content")))
+            for task in msgs[split.task : split.task_end]:
+                head.extend(_blocks(task.get("content")))
         head.append({"type": "text", "text": contract})
         head.append({"type": "text", "text": state_text(state)})
         obs = observation(msgs, split)

@@ -375,7 +375,7 @@ class OpenAIContext:
         msgs = body["messages"]
         out = list(msgs[: split.system_end])
         if split.task is not None:
-            out.append(msgs[split.task])  # in the stable prefix from the first turn on
+            out.extend(msgs[split.task : split.task_end])  # in the stable prefix from turn 1 on
         out.append({"role": "user", "content": contract + "\n\n" + state_text(state)})
         out.extend(observation(msgs, split))
         return {**body, "messages": out}

@@ -1,11 +1,12 @@
 """Context construction: what goes upstream each turn.
 
 State mode sends A_t = (P, Σ_t, O_t): a stable prefix (the client's system messages and tools,
-the task = the first user message, the state contract), then the current state, then the
-latest observation. The prefix is byte-identical on every turn of a session, the first one
-included, so a provider's prompt cache can serve it. The algorithm is shared; each
-dialect's adapter (``Dialect.context``, in ``skillstate.dialects``) knows where its format
-keeps system text and tool results.
+the task, the state contract), then the current state, then the latest observation. The task
+is the user's input before anything else happened: the first user message and the user
+messages right after it (Codex sends its environment, then the prompt, as two). The prefix
+is byte-identical on every turn of a session, the first one included, so a provider's prompt
+cache can serve it. The algorithm is shared; each dialect's adapter (``Dialect.context``, in
+``skillstate.dialects``) knows where its format keeps system text and tool results.
 Everything here is a pure function of (request body, state).
 """
 
@@ -76,6 +77,13 @@ class Split:
     system_end: int  # messages[:system_end] are leading system/developer messages
     task: int | None  # index of the first user message
     observation: int  # messages[observation:] is the latest observation
+    # messages[task:task_end] are the task: the first user message and the user messages
+    # (no tool results) right after it, before any other message; 0 when there is no task
+    task_end: int
+
+    def in_task(self, k: int) -> bool:
+        """Whether ``messages[k]`` is part of the task."""
+        return self.task is not None and self.task <= k < self.task_end
 
 
 class DialectContext(Protocol):
@@ -105,6 +113,15 @@ def split_transcript(messages: list[dict[str, Any]], d: DialectContext) -> Split
     while system_end < n and d.is_system(messages[system_end]):
         system_end += 1
     task = next((i for i in range(system_end, n) if d.is_user_turn(messages[i])), None)
+    task_end = 0
+    if task is not None:
+        task_end = task + 1
+        while (
+            task_end < n
+            and d.is_user_turn(messages[task_end])
+            and not d.is_tool_result(messages[task_end])
+        ):
+            task_end += 1
 
     # The latest observation: the trailing run of user/tool-result messages (plus anything
     # after it, such as an assistant prefill). When that run holds tool results, it starts
@@ -113,7 +130,7 @@ def split_transcript(messages: list[dict[str, Any]], d: DialectContext) -> Split
     # the run's results start it.
     last = next((i for i in range(n - 1, system_end - 1, -1) if d.is_user_turn(messages[i])), None)
     if last is None:
-        return Split(system_end, task, system_end)
+        return Split(system_end, task, system_end, task_end)
     start = last
     while start - 1 >= system_end and d.is_user_turn(messages[start - 1]):
         start -= 1
@@ -125,7 +142,7 @@ def split_transcript(messages: list[dict[str, Any]], d: DialectContext) -> Split
             start += next(i for i, m in enumerate(run) if d.is_tool_result(m))
     else:
         start = last  # only the last user message is the observation
-    return Split(system_end, task, start)
+    return Split(system_end, task, start, task_end)
 
 
 def observation(messages: list[dict[str, Any]], split: Split) -> list[dict[str, Any]]:
@@ -133,9 +150,9 @@ def observation(messages: list[dict[str, Any]], split: Split) -> list[dict[str, 
     compact context always keeps in its stable prefix (on the first turn the task is also
     the latest observation; it is not sent twice)."""
     tail = messages[split.observation :]
-    if split.task is None or split.task < split.observation:
+    if split.task is None or split.task_end <= split.observation:
         return list(tail)
-    return [m for k, m in enumerate(tail, split.observation) if k != split.task]
+    return [m for k, m in enumerate(tail, split.observation) if not split.in_task(k)]
 
 
 def build_compact(

@@ -24,7 +24,8 @@ request that extends the previous one walks the same steps first, so it lands on
 (the cache keeps hitting) unless this request re-masks; no per-session memory is needed.
 
 Masked: tool results and user text of at least ``min_chars`` characters each; the task
-(the first user message) never is, nor is anything an assistant said. A shorter result
+(the first user message and the user messages right after it: ``engine.context.Split``)
+never is, nor is anything an assistant said. A shorter result
 ("ok", an exit status, an id) costs about what its placeholder does, so masking it saves
 next to nothing and takes away what the agent did: an agent that reads its progress from its
 tool results then does the work again (the tools bench's simulated triage agent re-updated
@@ -44,7 +45,7 @@ import orjson
 
 from ..cost.tokens import estimate_tokens
 from ..dialects.registry import get_dialect
-from .context import DialectContext
+from .context import DialectContext, split_transcript
 
 # pays(tokens saved per coming turn, tokens rewritten into the cache, tokens of the whole
 # request, observations so far)
@@ -117,11 +118,11 @@ def mask_transcript(
     if not isinstance(messages, list):
         return dict(body)
     runs = _observations(messages, d)
-    task = next((k for run in runs for k in run if d.is_user_turn(messages[k])), None)
+    split = split_transcript(messages, d)
     masked_messages: dict[int, Any] = {}
     for run in runs[: max(len(runs) - keep, 0)]:
         for k in run:
-            if k != task or d.is_tool_result(messages[k]):
+            if not split.in_task(k):
                 masked_messages[k] = wire.mask_observation(messages[k], min_chars, placeholder)
     if pays is None:
         masked = masked_count(len(runs), keep)

@@ -3,7 +3,7 @@ of verbatim messages starts. Pure: functions of (request body, state, window mar
 
 Each turn sends, in the client's wire format:
 
-1. the stable prefix (system text, tools, the task = the first user message, the window
+1. the stable prefix (system text, tools, the task (``engine.context.Split``), the window
    contract), byte-identical on every turn;
 2. the state as committed at the last checkpoint;
 3. every message of the client's transcript since the window's start, verbatim.
@@ -31,7 +31,7 @@ restarts at the kept exchanges. No message is sent twice, none out of order, non
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -44,14 +44,17 @@ from .context import CONTRACT_MARK, DialectContext, Split, split_transcript
 __all__ = [
     "CHECKPOINT_MARK",
     "WindowMark",
+    "WindowMarks",
     "WindowPlan",
     "build_window",
     "checkpoint_text",
+    "conversation_root",
     "exchange_starts",
     "fold_parts",
     "fold_text",
     "kept_exchanges",
     "kept_start",
+    "mark_of",
     "plan_window",
     "prefix_task",
     "transcript_digest",
@@ -103,24 +106,61 @@ def fold_text() -> str:
 
 @dataclass(frozen=True, slots=True)
 class WindowMark:
-    """Where a session's window starts in the client's transcript: ``start`` (an index into
-    its message list) and the digest of the messages before it."""
+    """Where a conversation's window starts in the client's transcript: ``start`` (an index
+    into its message list), the digest of the messages before it, and the conversation
+    (``root``: :func:`conversation_root`; "" in a mark stored before marks named theirs)."""
 
     start: int
     digest: str
+    root: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "digest": self.digest}
+        out: dict[str, Any] = {"start": self.start, "digest": self.digest}
+        if self.root:
+            out["root"] = self.root
+        return out
 
     @classmethod
     def from_dict(cls, value: Any) -> WindowMark | None:
         """The mark stored with a session; None for anything that is not one."""
         if not isinstance(value, dict):
             return None
-        start, digest = value.get("start"), value.get("digest")
+        start, digest, root = value.get("start"), value.get("digest"), value.get("root", "")
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             return None
-        return cls(start, digest) if isinstance(digest, str) else None
+        if not isinstance(digest, str) or not isinstance(root, str):
+            return None
+        return cls(start, digest, root)
+
+
+# A session's window marks, one per conversation root (see :func:`conversation_root`).
+WindowMarks = Mapping[str, WindowMark]
+
+
+def conversation_root(messages: Sequence[Any], split: Split) -> str:
+    """Which conversation of its session a transcript belongs to: a digest of its task (the
+    first user messages, ``Split``). One session name often carries several conversations:
+    Claude Code sends its sub-agents' transcripts and its side calls (a title, a command's
+    prefix) with the session header it sends its own; each keeps its own window, so that one
+    does not restart another's. A conversation's own rewrite (an edit, a compaction that
+    keeps its task) stays one conversation; a compaction that replaces the task (Claude
+    Code's summary) or a new task is another, which starts its window afresh, as a changed
+    transcript did."""
+    if split.task is None:
+        return ""
+    h = hashlib.sha256()
+    for message in messages[split.task : split.task_end]:
+        h.update(orjson.dumps(_digest_form(message), option=orjson.OPT_SORT_KEYS))
+        h.update(b"\n")
+    return h.hexdigest()[:32]
+
+
+def mark_of(marks: WindowMarks | None, root: str) -> WindowMark | None:
+    """The mark of the conversation ``root`` (a mark stored before marks named their
+    conversation stands for any)."""
+    if not marks:
+        return None
+    return marks.get(root) or marks.get("")
 
 
 # Text block types whose one-block ``content`` a client may send as the bare string.
@@ -294,20 +334,22 @@ class WindowPlan:
     exchanges: int  # exchanges in the window
 
     def mark(self, messages: Sequence[Any]) -> WindowMark:
-        return WindowMark(self.start, transcript_digest(messages, self.start))
+        root = conversation_root(messages, self.split)
+        return WindowMark(self.start, transcript_digest(messages, self.start), root)
 
 
-def plan_window(messages: list[Any], d: DialectContext, mark: WindowMark | None) -> WindowPlan:
-    """Where the window of this transcript starts, given the session's stored mark: where
-    the mark says while it holds, else (no mark, or a transcript the client changed) at the
-    start, so that no message of the client's leaves the window without a checkpoint."""
+def plan_window(messages: list[Any], d: DialectContext, marks: WindowMarks | None) -> WindowPlan:
+    """Where the window of this transcript starts, given the session's stored marks: where
+    its conversation's mark says while it holds, else at the start, so that no message of
+    the client's leaves the window without a checkpoint: ``new`` for a session with no
+    window yet, ``changed`` for a transcript the session's windows do not continue (the
+    client changed its own, or another conversation came: the others' marks stay)."""
     split = split_transcript(messages, d)
-    if mark is None:
-        start, reason = split.system_end, "new"
-    elif _holds(mark, messages, split):
+    mark = mark_of(marks, conversation_root(messages, split))
+    if mark is not None and _holds(mark, messages, split):
         start, reason = mark.start, "kept"
     else:
-        start, reason = split.system_end, "changed"
+        start, reason = split.system_end, "changed" if marks else "new"
     return WindowPlan(split, start, reason, len(exchange_starts(messages, d, start)))
 
 
@@ -327,7 +369,7 @@ def _holds(mark: WindowMark, messages: list[Any], split: Split) -> bool:
     request) would leave the window empty, the latest message unsent unless it is the task
     (in the prefix): it is taken as changed."""
     n = len(messages)
-    if mark.start > n or (mark.start == n and split.task != n - 1):
+    if mark.start > n or (mark.start == n and not split.in_task(n - 1)):
         return False
     return transcript_digest(messages, mark.start) == mark.digest
 
@@ -344,9 +386,15 @@ def build_window(
     unless messages before it are in the window, is not sent twice). Each dialect lays it
     out as its compact context, with the window in place of the latest observation."""
     messages = body[d.transcript_key]
-    task = prefix_task(plan.split, plan.start, messages, d)
-    split = Split(plan.split.system_end, task, plan.start)
+    split = _window_split(plan.split, plan.start, messages, d)
     return d.compact(body, split, window_contract_text(allowed_keys), state)
+
+
+def _window_split(split: Split, lo: int, messages: Sequence[Any], d: DialectContext) -> Split:
+    """The split a window from ``lo`` is laid out by: the task in the prefix or not
+    (:func:`prefix_task`), the window as the latest observation."""
+    task = prefix_task(split, lo, messages, d)
+    return Split(split.system_end, task, lo, split.task_end if task is not None else 0)
 
 
 def build_fold(
@@ -362,7 +410,7 @@ def build_fold(
     lo, hi = part
     messages = body[d.transcript_key]
     shown = {**body, d.transcript_key: messages[:hi]}
-    split = Split(plan.split.system_end, prefix_task(plan.split, lo, messages, d), lo)
+    split = _window_split(plan.split, lo, messages, d)
     return d.instruct(
         d.compact(shown, split, window_contract_text(allowed_keys), state), fold_text()
     )

@@ -73,7 +73,9 @@ class Folder:
                 # A fold in place of a checkpoint the client's forced tool call left no
                 # room for: without it the turn goes out as the window turn it was.
                 return dataclasses.replace(meta, window=window.unfolded()), sent
-            plan = self.planner.plan(meta.turn, state, meta.schema, record, window.after_folds)
+            after = window.after_folds
+            marks = {after.root: after} if after is not None else None
+            plan = self.planner.plan(meta.turn, state, meta.schema, record, marks)
             plan.meter.take_over(meta.meter)
             meta = dataclasses.replace(
                 meta,

@@ -77,13 +77,13 @@ class Pipeline:
             state = record.state if record else self.settings.initial_state
             step = record.step if record else 0
             schema = record.schema if record else self.settings.allowed_keys
-            mark = None
+            marks = None
             if self.planner.in_window(turn):
                 try:
-                    mark = await self.planner.windows.mark(self.store, record)
+                    marks = await self.planner.windows.marks(self.store, record)
                 except StoreError as e:
                     raise e.for_client("could not load the session; the turn was not sent") from e
-            plan = self.planner.plan(turn, state, schema, record, mark)
+            plan = self.planner.plan(turn, state, schema, record, marks)
             meta = TurnMeta(
                 turn,
                 state,

@@ -32,7 +32,7 @@ from ..sessions.transcripts import SessionTranscripts, TranscriptView
 from ..store import SessionRecord, Store, StoreError
 from ..upstream.client import Outbound, UpstreamPool
 from .types import Turn, TurnMeta
-from .window import WindowKeeper, WindowMark, WindowTurn
+from .window import WindowKeeper, WindowMarks, WindowTurn
 
 CONSTRAINED_ACTION_MAX_LENGTH = 32  # chars of "action" allowed by the constrained envelope
 
@@ -76,17 +76,17 @@ class Planner:
         state: dict[str, Any],
         schema: list[str],
         record: SessionRecord | None,
-        mark: WindowMark | None = None,
+        marks: WindowMarks | None = None,
     ) -> Plan:
-        """The turn's context (built once) and its meter. ``mark``: where the session's
-        window starts (the window form)."""
+        """The turn's context (built once) and its meter. ``marks``: where the session's
+        windows start, by conversation (the window form)."""
         client = self._client_transcript(turn)
         est_client = client.est_tokens if client is not None else 0
         has_state = record is not None
         decision, compact = self._auto_decision(turn, state, schema, est_client, has_state)
         form = decision.form if decision is not None else None
         switch = decision is not None and decision.leaves_passthrough
-        window = self._window_turn(turn, record, state, schema, form, mark, switch)
+        window = self._window_turn(turn, record, state, schema, form, marks, switch)
         if window is not None:
             sent, shape = window.body, window.shape
         else:
@@ -112,7 +112,7 @@ class Planner:
         state: dict[str, Any],
         schema: list[str],
         form: ContextShape | None,
-        mark: WindowMark | None,
+        marks: WindowMarks | None,
         switch: bool = False,
     ) -> WindowTurn | None:
         """This turn in the window form (``mode: window``, or ``auto`` once it chose it):
@@ -131,11 +131,11 @@ class Planner:
             turn.session,
             turn.wire.context,
             turn.body,
-            mark,
+            marks,
             state,
             schema,
             **self._window_terms(turn, record),
-            force=compaction or (turn.mode == Mode.AUTO and (mark is None or switch)),
+            force=compaction or (turn.mode == Mode.AUTO and (not marks or switch)),
             can_checkpoint=turn.envelope_form != "none",
             whole_unless_kept=compaction,
         )
@@ -413,10 +413,10 @@ class Planner:
         if turn.mode == Mode.WINDOW or form == ContextShape.WINDOW:
             # the window turn's own plan: its mark, a checkpoint
             try:
-                mark = await self.windows.mark(store, record)
+                marks = await self.windows.marks(store, record)
             except StoreError as e:
                 raise e.for_client("could not load the session") from e
-            window = self._window_turn(turn, record, state, schema, form, mark)
+            window = self._window_turn(turn, record, state, schema, form, marks)
             assert window is not None  # window mode, or auto in the window form
             return window.body
         return self.build_context(turn, state, schema, form)[0]

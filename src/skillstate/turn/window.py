@@ -3,9 +3,10 @@ there): where the window starts, whether this turn checkpoints, the body sent, a
 window mark the turn's commit leaves for the next one.
 
 The mark is stored with each of the session's transitions (its ``estimate``: the figures the
-turn was decided on), so it survives a restart and is shared by replicas; this process keeps
-the latest one per session in memory and reads the store only when that copy is not the
-session's latest step.
+turn was decided on), so it survives a restart and is shared by replicas. A session may carry
+several conversations (``engine.window.conversation_root``: a sub-agent's, a side call's),
+each with its own mark; this process keeps the latest of each per session in memory and
+reads the store only when that copy is not the session's latest step.
 
 A checkpoint turn is one callable unit (:meth:`WindowKeeper.checkpoint_body`): the context,
 then the instruction after the latest observation. The first checkpoint of a session with no
@@ -30,6 +31,7 @@ from ..engine.context import DialectContext
 from ..engine.toolchoice import forces_tool_call
 from ..engine.window import (
     WindowMark,
+    WindowMarks,
     WindowPlan,
     build_fold,
     build_window,
@@ -47,7 +49,11 @@ from ..store import SessionRecord, Store
 __all__ = ["WindowKeeper", "WindowTurn"]
 
 ENVELOPE_PRIOR_TOKENS = 130.0  # a coding agent's envelope (issue 23), before one is seen
-MARK_LOOKBACK = 16  # transitions read back for the mark (an operator's patch carries none)
+# Transitions read back for the marks (an operator's patch carries none), when this process's
+# copy is not the session's latest step (a restart, another replica's turn): a conversation
+# with no turn among them (a sub-agent ran longer) starts its window afresh.
+MARK_LOOKBACK = 64
+MAX_CONVERSATIONS = 8  # marks kept per session: the conversations most recently in a turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +122,21 @@ class WindowTurn:
 
 @dataclass(slots=True)
 class _Session:
-    step: int = -1  # the step the mark was committed at
-    mark: WindowMark | None = None
+    step: int = -1  # the step the marks are as of
+    marks: WindowMarks = dataclasses.field(default_factory=dict)
     envelope: float = ENVELOPE_PRIOR_TOKENS
     envelopes: int = 0
+
+
+def _with(marks: WindowMarks, mark: WindowMark) -> WindowMarks:
+    """``marks`` with ``mark`` as its conversation's latest (a new mapping: a turn holding
+    the old one keeps it as it was), the least recently marked conversations dropped past
+    ``MAX_CONVERSATIONS``."""
+    out = {root: m for root, m in marks.items() if root != mark.root}
+    out[mark.root] = mark
+    while len(out) > MAX_CONVERSATIONS:
+        del out[next(iter(out))]
+    return out
 
 
 class WindowKeeper:
@@ -130,26 +147,34 @@ class WindowKeeper:
         self.policy = CheckpointPolicy(keep, max_tokens)
         self._sessions = SessionLRU(_Session, max(max_sessions, 1))
 
-    async def mark(self, store: Store, record: SessionRecord | None) -> WindowMark | None:
-        """The window mark the session's latest transition left (None: no window yet)."""
+    async def marks(self, store: Store, record: SessionRecord | None) -> WindowMarks:
+        """The window marks the session's transitions left, by conversation (empty: no
+        window yet)."""
         if record is None:
-            return None
+            return {}  # (its first commit, at step 1, finds no step 0 in memory: see below)
         s = self._sessions.get(record.session)
         if s.step == record.step:
-            return s.mark
+            return s.marks
         after = max(record.step - MARK_LOOKBACK, 0)
         history = await store.history_page(record.session, MARK_LOOKBACK, after_step=after)
-        found = None
-        for t in reversed(history):
+        found: WindowMarks = {}
+        for t in history:  # oldest first: a later mark of a conversation replaces its own
             if isinstance(t.estimate, Mapping) and "window" in t.estimate:
-                found = WindowMark.from_dict(t.estimate["window"])
-                break
-        s.step, s.mark = record.step, found
+                mark = WindowMark.from_dict(t.estimate["window"])
+                if mark is not None:
+                    found = _with(found, mark)
+        s.step, s.marks = record.step, found
         return found
 
     def committed(self, session: str, step: int, mark: WindowMark) -> None:
+        """The mark a turn's commit at ``step`` left. The marks in memory stay this
+        session's only when they were as of the step before (another replica's turns in
+        between, or a fold's own commits, have them read from the store again)."""
         s = self._sessions.get(session)
-        s.step, s.mark = step, mark
+        if s.step == step - 1 or step == 1:  # (step 1: a new session, no marks before it)
+            s.step, s.marks = step, _with(s.marks if step > 1 else {}, mark)
+        else:
+            s.step = -1
 
     def _envelope(self, session: str) -> float:
         """The session's expected envelope tokens (read without making an entry: a preview
@@ -169,7 +194,7 @@ class WindowKeeper:
         session: str,
         adapter: DialectContext,
         body: dict[str, Any],
-        mark: WindowMark | None,
+        marks: WindowMarks | None,
         state: dict[str, Any],
         schema: list[str],
         *,
@@ -189,7 +214,7 @@ class WindowKeeper:
         continue is sent as the client sent it, as if the session had no window yet (a
         compaction's: the prefix the client's own requests cached is read again)."""
         messages = body[adapter.transcript_key]
-        plan = plan_window(messages, adapter, mark)
+        plan = plan_window(messages, adapter, marks)
         if whole_unless_kept and plan.reason == "changed":
             plan = plan_window(messages, adapter, None)
         window = build_window(adapter, body, plan, schema, state)
@@ -315,7 +340,8 @@ class WindowKeeper:
         window_caches: bool,
     ) -> WindowSizes:
         task = prefix_task(plan.split, plan.start, messages, adapter)
-        first = plan.start if task is None or plan.start > task else task + 1
+        # the window's own messages: after the task when the prefix carries it
+        first = plan.start if task is None else max(plan.start, plan.split.task_end)
         window_tokens = estimate_tokens(messages[first:])
         kept = tuple(
             estimate_tokens(messages[a:b])

@@ -85,7 +85,7 @@ class ResponsesContext:
         start = min(split.observation, _last_tool_round(items, split))
         out = list(items[: split.system_end])
         if split.task is not None:
-            out.append(items[split.task])  # in the stable prefix from the first turn on
+            out.extend(items[split.task : split.task_end])  # in the stable prefix from turn 1 on
         out.append(_user_message(contract + "\n\n" + state_text(state)))
         out.extend(observation(items, dataclasses.replace(split, observation=start)))
         return {**body, "input": out}
