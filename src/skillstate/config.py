@@ -19,7 +19,15 @@ from urllib.parse import urlsplit
 
 import jsonschema
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .choices import (
     AuthMode,
@@ -43,6 +51,7 @@ from .dialects.registry import DIALECTS
 from .jsontext import integers_beyond_64_bits, large_floats
 from .numbertext import whole_number
 from .store.schemes import URL_FORMS, url_problem
+from .urltext import masked
 
 DEFAULT_PORT = 8789
 MiB = 1024 * 1024
@@ -155,17 +164,52 @@ class Upstream(BaseModel):
 
     @field_validator("url")
     @classmethod
-    def _http_url(cls, v: str) -> str:
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an http(s) URL, got {v!r}")
-        try:
-            parts.port  # noqa: B018 - raises on a port outside 0-65535 or not a number
-        except ValueError:
-            raise ValueError(f"bad port in {v!r}") from None
-        if any(c.isspace() or c in '<>"{}|\\^`' for c in parts.netloc):
-            raise ValueError(f"bad host in {v!r}")
+    def _http_url(cls, v: str, info: ValidationInfo) -> str:
+        problem = upstream_url_problem(v)
+        if problem:
+            name = info.data.get("name")
+            raise ValueError(f"upstream {name!r}: {problem}" if isinstance(name, str) else problem)
         return v.rstrip("/")
+
+
+def upstream_url_problem(v: str) -> str | None:
+    """What is wrong with ``v`` as an upstream's base URL, or None. The proxy appends the
+    API's path to it and sends the key in a header, so a user part, query, fragment, blank or
+    control character would break every call; the message shows the URL masked (it may
+    carry a key)."""
+    shown = masked(v)
+    if any(c.isspace() or not c.isprintable() for c in v):
+        return (
+            f"blanks or control characters in {shown!r}; write the base URL alone, "
+            "e.g. https://api.openai.com/v1"
+        )
+    try:
+        parts = urlsplit(v)
+    except ValueError as e:  # e.g. an unclosed IPv6 bracket
+        return f"{e} in {shown!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"must be an http(s) URL, got {shown!r}"
+    try:
+        parts.port  # noqa: B018 - raises on a port outside 0-65535 or not a number
+    except ValueError:
+        return f"bad port in {shown!r}"
+    if any(c in '<>"{}|\\^`' for c in parts.netloc):
+        return f"bad host in {shown!r}"
+    if "@" in parts.netloc:
+        return (
+            f"a user or password in the URL ({shown}) is not how a key is sent; put the key"
+            " in the upstream's api_key (SKILLSTATE_API_KEY for --upstream) and the URL"
+            " without it"
+        )
+    if "?" in v or "#" in v:
+        return (
+            f"a query or fragment in the URL ({shown}) would come before the API path the"
+            " proxy appends; give the base URL alone (a key goes in api_key, other values in"
+            " headers)"
+        )
+    if re.search(r"%(?![0-9A-Fa-f]{2})", v):
+        return f"a bad %-escape in {shown!r}"
+    return None
 
 
 class Settings(BaseModel):

@@ -149,7 +149,7 @@ def test_max_tokens_field_for_translated_requests(
         ({}, {"SKILLSTATE_VERBOSE": "maybe"}, None, "SKILLSTATE_VERBOSE"),
         ({}, {}, {"state_schema": {"type": "bogus"}}, "state_schema: not a valid JSON Schema"),
         ({"upstream": "http://127.0.0.1:99999/v1"}, {}, None, "bad port"),
-        ({"upstream": "http://a b/v1"}, {}, None, "bad host"),
+        ({"upstream": "http://a b/v1"}, {}, None, "blanks or control characters"),
         ({}, {}, {"store_synchronous": "off"}, "store_synchronous"),
         # A value of another JSON type is an error, not read as a number or a flag.
         ({}, {}, {"port": True}, "port: Input should be a valid integer, got true"),
@@ -311,3 +311,57 @@ def test_large_floats_and_64_bit_integers_in_the_state_settings_are_kept(tmp_pat
     cfg = write(tmp_path, {"max_state_bytes": BIG})
     with pytest.raises(ConfigError, match="max_state_bytes"):
         load_settings({"config": str(cfg)}, env={}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("http://usr9:pw9@127.0.0.1:1/v1", "a user or password in the URL"),
+        ("https://usr9:SECRET@h/v1?api_key=SECRET", "put the key in the upstream's api_key"),
+        ("http://usr9@h/v1", "a user or password in the URL"),
+        ("http://127.0.0.1:1/v1?api-version=2024-9", "a query or fragment in the URL"),
+        ("http://127.0.0.1:1/v1?api_key=SECRET", "a query or fragment in the URL"),
+        ("http://127.0.0.1:1/v1?", "a query or fragment in the URL"),
+        ("http://127.0.0.1:1/v1#frag9", "a query or fragment in the URL"),
+        ("http://127.0.0.1:1/v1 ", "blanks or control characters"),
+        (" http://127.0.0.1:1/v1", "blanks or control characters"),
+        (
+            "http://127.0.0.1:1/v1\x01",
+            "blanks or control characters in 'http://127.0.0.1:1/v1\\x01'",
+        ),
+        ("http://127.0.0.1:1/v1\n", "blanks or control characters"),
+        ("http://127.0.0.1:1/v%zz", "a bad %-escape"),
+        ("ftp://usr9:SECRET@h/v1", "must be an http(s) URL, got 'ftp://***@h/v1'"),
+        ("http://usr9:SECRET/pw9@h/v1", "upstreams.0.url"),
+    ],
+)
+def test_an_upstream_url_the_proxy_could_not_call_is_refused_without_its_secrets(
+    url: str, needle: str
+) -> None:
+    """These started, then every turn was a 500 (aiohttp refuses credentials in the URL
+    beside the Authorization header) or went to a wrong path (the API path appended after
+    the query, fragment or blank); and the start-up line showed the password and query."""
+    with pytest.raises(ConfigError) as e:
+        load_settings({"upstream": url}, env={})
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg and "\x01" not in msg, msg
+    assert msg.startswith("upstreams.0.url: upstream 'default': ")
+    for secret in ("usr9", "pw9", "SECRET", "frag9", "2024-9"):
+        assert secret not in msg, msg
+    good = load_settings({"upstream": "http://127.0.0.1:1/v1/"}, env={})
+    assert good.upstreams[0].url == "http://127.0.0.1:1/v1"
+
+
+def test_a_file_upstreams_bad_url_names_that_upstream(tmp_path: Path) -> None:
+    upstreams = [{"name": "ok", "url": "http://a/v1"}, {"name": "azure", "url": "https://h/v1?k=1"}]
+    cfg = write(tmp_path, {"upstreams": upstreams})
+    with pytest.raises(ConfigError, match=r"^upstreams\.1\.url: upstream 'azure': a query"):
+        load_settings({"config": str(cfg)}, env={})
+
+
+def test_masked_hides_the_user_part_query_and_fragment() -> None:
+    from skillstate.urltext import masked
+
+    assert masked("https://u:p@h:1/v1?api_key=S#f") == "https://***@h:1/v1?***"
+    assert masked("http://u:p/w@h/v1") == "http://***@h/v1"  # a "/" in the password
+    assert masked("http://h/v1") == "http://h/v1"

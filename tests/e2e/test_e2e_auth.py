@@ -675,3 +675,30 @@ def test_a_key_expiring_past_what_a_date_can_hold_is_a_400_and_the_listing_stand
         r = admin.post("/admin/keys", json={"name": "century", "expires": "36500d"})
         assert r.status_code == 201 and r.json()["expires"].startswith("21")
         assert admin.get("/admin/keys").status_code == 200
+
+
+def test_the_last_active_admin_key_cannot_be_revoked_over_http(
+    fake: FakeProvider, start_proxy: StartProxy, data: Path
+) -> None:
+    """It could: the admin revoked its own key (200) and from then on no key could manage
+    the keys over HTTP. The CLI on the host still may."""
+    root = make_key(data, "create", "--name", "root", "--admin")
+    make_key(data, "create", "--name", "old", "--admin")
+    make_key(data, "revoke", "old")  # a revoked admin is no admin
+    proxy = start_proxy(fake.url + "/v1", config={"auth_cache_ttl": 60})
+    with httpx.Client(base_url=proxy.url, timeout=30, headers=bearer(root)) as admin:
+        r = admin.delete("/admin/keys/root")
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "conflict", error
+        assert "'root' is the last active admin key" in error["message"]
+        assert "skillstate keys revoke root" in error["message"]
+        assert admin.get("/admin/keys").status_code == 200  # still an admin
+        # With a second admin, either may go (the caller's own key too).
+        r = admin.post("/admin/keys", json={"name": "ops", "admin": True})
+        ops = r.json()["key"]
+        assert admin.delete("/admin/keys/root").status_code == 200
+    with httpx.Client(base_url=proxy.url, timeout=30, headers=bearer(ops)) as admin:
+        assert admin.delete("/admin/keys/ops").status_code == 409
+        assert admin.post("/admin/keys/ops/rotate").status_code == 200  # the answer has it
+    assert make_key(data, "revoke", "ops") == "revoked ops"  # on the host: allowed

@@ -486,6 +486,16 @@ def test_cost_endpoint_and_cli_agree(
     assert while_running.returncode == 0, while_running.stderr
     assert strip(json.loads(while_running.stdout)) == http
 
+    # `all` in `until` is no upper bound (it read as the start of time: always empty, and a
+    # 400 with the default since); both take `all`, the docs say.
+    everything = strip(cost_of(p, since="all"))
+    assert everything["totals"]["requests"] == 4
+    for params in ({"since": "all", "until": "all"}, {"since": "all", "until": " ALL "}):
+        assert strip(cost_of(p, **params)) == everything
+    assert strip(cost_of(p, until="all")) == strip(cost_of(p))
+    r = run_cli(data, "--since", "all", "--until", "all", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and strip(json.loads(r.stdout)) == everything, r.stderr
+
     for bad in ({"since": "yesterday"}, {"until": "soon"}, {"group_by": "colour"}):
         r = p.get("/cost", params=bad)
         assert r.status_code == 400 and next(iter(bad.values())) in r.text, r.text

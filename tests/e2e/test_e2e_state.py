@@ -450,3 +450,23 @@ def test_state_listings_are_paginated_with_limit_and_an_opaque_cursor(
         r = proxy.get("/state", params=params)
         assert r.status_code == 400, (params, r.text)
         assert r.json()["error"]["param"] in ("limit", "cursor"), params
+
+
+def test_operator_route_refusals_follow_the_anthropic_version_header(proxy: Proxy) -> None:
+    """docs/endpoints.md (*What every route refuses*): Anthropic's error shape for a request
+    with ``anthropic-version``. A 401 was; a 415 on PATCH /state, a 400 on /state or /cost
+    and a 403 on /admin/keys answered OpenAI's."""
+    ant = {"anthropic-version": "2023-06-01"}
+    cases = [
+        ("PATCH", "/state?session=s", {"content-type": "text/plain"}, 415),
+        ("GET", "/state?limit=0", {}, 400),
+        ("GET", "/cost?since=yesterday", {}, 400),
+        ("GET", "/admin/keys", {}, 403),  # client keys off: no admin key
+    ]
+    for method, path, headers, status in cases:
+        r = proxy.http.request(method, proxy.url + path, headers={**headers, **ant}, content=b"{}")
+        assert r.status_code == status, (path, r.text)
+        body = r.json()
+        assert body["type"] == "error" and "message" in body["error"], (path, body)
+        plain = proxy.http.request(method, proxy.url + path, headers=headers, content=b"{}")
+        assert plain.status_code == status and "type" not in plain.json(), (path, plain.text)

@@ -305,3 +305,76 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_exactly_as_it_was(
     assert oct(victim.stat().st_mode & 0o777) == oct(0o644)
     assert victim.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("passwd")) == ["passwd"]
+
+
+def _foreign_db(path: Path) -> bytes:
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    db.execute("INSERT INTO users VALUES (1, 'ann')")
+    db.commit()
+    db.close()
+    path.chmod(0o644)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("side", ["--from", "--to"])
+def test_another_applications_sqlite_file_is_refused_and_left_exactly_as_it_was(
+    tmp_path: Path, side: str
+) -> None:
+    """It was adopted: the copy wrote skillstate's tables, WAL mode and a lock file into it
+    and exited 0, ``--from`` (which only reads) too."""
+    victim = tmp_path / "app.db"
+    before = _foreign_db(victim)
+    other = f"sqlite://{tmp_path / 'other.db'}"
+    src, dst = (f"sqlite://{victim}", other) if side == "--from" else (other, f"sqlite://{victim}")
+    if side == "--to":
+        read_all(tmp_path / "other.db")  # an empty store to copy from
+    r = store_copy("--from", src, "--to", dst, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", r
+    assert f"{side}: {victim} is not a skillstate store (it holds other tables: users)" in r.stderr
+    assert victim.read_bytes() == before and oct(victim.stat().st_mode & 0o777) == oct(0o644)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("app")) == ["app.db"]
+
+
+def test_an_empty_file_as_the_source_is_no_store_and_stays_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    r = store_copy("--from", f"sqlite://{empty}", "--to", f"sqlite://{tmp_path / 'x.db'}",
+                   cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r
+    assert f"--from: no store at {empty}" in r.stderr
+    assert empty.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
+def test_migrate_and_the_proxy_refuse_another_applications_database(tmp_path: Path) -> None:
+    victim = tmp_path / "app.db"
+    before = _foreign_db(victim)
+    r = subprocess.run(
+        [sys.executable, "-m", "skillstate", "migrate", "--store", f"sqlite://{victim}"],
+        capture_output=True, text=True, env=proxy_env(), cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", r
+    assert f"store: {victim} is not a skillstate store" in r.stderr
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    (data / "skillstate.db").write_bytes(before)
+    for args in (["cost"], ["--upstream", "http://127.0.0.1:1/v1", "--port", "0"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "skillstate", *args, "--data-dir", str(data)],
+            capture_output=True, text=True, env=proxy_env(), cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r
+        assert "is not a skillstate store" in r.stderr and "Traceback" not in r.stderr
+        assert (data / "skillstate.db").read_bytes() == before
+    assert victim.read_bytes() == before
+
+
+def test_the_tables_a_new_store_makes_are_the_ones_known_as_a_stores(tmp_path: Path) -> None:
+    from skillstate.store.datadir import STORE_TABLES, foreign_tables, sqlite_tables
+
+    read_all(tmp_path / "new.db")  # opened (made) and closed: its tables are in the file
+    assert sqlite_tables(tmp_path / "new.db") == STORE_TABLES
+    assert foreign_tables(tmp_path / "new.db") == set()

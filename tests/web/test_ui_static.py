@@ -43,3 +43,22 @@ def test_no_html_sinks_and_no_remote_assets() -> None:
         for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
             assert sink not in text, f"{f.name} uses {sink}"
         assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), f"{f.name}: remote asset"
+
+
+def test_only_the_dashboards_assets_are_served(tmp_path: Path) -> None:
+    """/ui/ served the whole package folder, this module's source and (installed) its
+    bytecode included, to anyone: the dashboard's files need no key."""
+    import importlib.util
+
+    import skillstate.ui
+
+    pyc = Path(importlib.util.cache_from_source(skillstate.ui.__file__))
+    assert pyc.is_file()  # imported above: the interpreter wrote it (or it was shipped)
+    s = Settings(data_dir=tmp_path)
+    with TestClient(create_app(s), base_url="http://localhost") as c:
+        for path in ("__init__.py", f"__pycache__/{pyc.name}", "__pycache__/", "pages/"):
+            r = c.get(f"/ui/{path}")
+            assert r.status_code == 404, (path, r.status_code)
+        for f in sorted(STATIC_DIR.rglob("*")):
+            if f.is_file() and f.suffix in (".html", ".css", ".js"):
+                assert c.get(f"/ui/{f.relative_to(STATIC_DIR)}").status_code == 200, f

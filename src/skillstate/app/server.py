@@ -22,6 +22,7 @@ from ..auth.listen import check_listen
 from ..config import ConfigError, Settings
 from ..store import StoreError
 from ..store.factory import describe_store, make_store
+from ..urltext import masked
 from .factory import create_app
 from .httplimits import HttpLimits, LimitedHttpToolsProtocol, limited_protocol
 
@@ -151,7 +152,7 @@ def serve(settings: Settings) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     app = _startup_errors(create_app(settings))
     server = _Server(_uvicorn_config(settings, app=app))
-    ups = ", ".join(f"{u.name}={u.url}" for u in settings.upstreams) or "none"
+    ups = ", ".join(f"{u.name}={masked(u.url)}" for u in settings.upstreams) or "none"
     print(
         f"skillstate-proxy {__version__} listening on {_url(sock)}"
         f"  mode={settings.mode} upstreams: {ups}  store: {describe_store(settings)}",

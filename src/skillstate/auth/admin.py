@@ -104,8 +104,24 @@ class KeyAdmin:
     async def list(self) -> list[KeyRecord]:
         return await self.store.keys()
 
-    async def revoke(self, name: str) -> KeyChange:
-        record = await self.find(name)
+    async def revoke(self, name: str, *, keep_an_admin: bool = False) -> KeyChange:
+        """Revoke the key (again: unchanged). ``keep_an_admin`` (``/admin/keys``): refuse
+        (409) to revoke the last active admin key, which would leave no key that can manage
+        the keys over HTTP; the CLI on the host may (``keys create --admin`` is its way back)."""
+        records = await self.store.keys()
+        record = next((r for r in records if r.name == name), None)
+        if record is None:
+            raise KeyRefused(f"no key named {name!r}", 404)
+        now = time.time()
+        if keep_an_admin and record.admin and record.refusal(now) is None:
+            others = [r for r in records if r.admin and r.name != name and r.refusal(now) is None]
+            if not others:
+                raise KeyRefused(
+                    f"{name!r} is the last active admin key: revoked, no key could manage the"
+                    " keys over HTTP; create another admin key first, or revoke it on the host"
+                    f" with `skillstate keys revoke {name}`",
+                    409,
+                )
         if record.revoked is None:
             record = dataclasses.replace(record, revoked=time.time())
             await self.store.save_key(record, new=False)

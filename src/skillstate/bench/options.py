@@ -14,6 +14,7 @@ from skillstate.bench.arm import (
     split_regime,
 )
 from skillstate.cli.paths import output_file
+from skillstate.config import upstream_url_problem
 from skillstate.numbertext import whole_number
 
 EPILOG = (
@@ -34,10 +35,20 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--upstream",
         metavar="URL",
+        type=upstream_url,
         default=argparse.SUPPRESS,
         help="a live OpenAI-compatible upstream",
     )
     src.add_argument("--model", metavar="M", help="model name for --upstream")
+
+
+def upstream_url(text: str) -> str:
+    """A bench's ``--upstream``, checked as the proxy checks an upstream's URL (one usage
+    line, not the config model's multi-line error after the parse)."""
+    problem = upstream_url_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def workload_args(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,10 @@ from ..store.factory import describe_store, make_store
 def print_cost(settings: Settings, args: argparse.Namespace) -> int:
     now = time.time()
     try:
-        since, until = parse_window(args.since, args.until, now, ("--since", "--until"))
+        until_text = args.until
+        if until_text is not None and until_text.strip().lower() == "all":
+            until_text = None  # no upper bound: up to now (cost.ledger reads `all` as 0)
+        since, until = parse_window(args.since, until_text, now, ("--since", "--until"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.session is not None and not is_valid_session_id(args.session):

@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 from skillstate.bench import report as rep
-from skillstate.bench.arm import BenchConfig, BenchError
+from skillstate.bench.arm import BenchConfig, BenchError, regime_prices
 from skillstate.bench.chart import write_chart
 from skillstate.bench.console import make_console, progress_bar
 from skillstate.bench.runner import available_arms, make_workload, run_benchmark
+from skillstate.cli.paths import output_file
 
 DEFAULT_DIR = "skillstate-demo"
 DEFAULT_PRICE_AS = "claude-sonnet-4-5"
@@ -42,9 +43,18 @@ def run_demo(args: argparse.Namespace) -> int:
         price_as=price_as,
         arms=available_arms(),
     )
+    json_path = out_dir / "report.json"
+    chart_path = out_dir / "chart.html"
     try:
         make_workload(cfg)  # a bad --turns is one line before anything else is printed
-    except ValueError as e:
+        if regime_prices(price_as, cfg.cache_regime) is None:  # as replay's --price-as
+            raise ValueError(
+                f"no bundled price for model {price_as!r}: price it as a known model with"
+                " --price-as MODEL"
+            )
+        for path in (json_path, chart_path):  # written after the run: checked before it
+            output_file(str(path))
+    except (ValueError, argparse.ArgumentTypeError) as e:
         print(f"skillstate demo: {e}", file=sys.stderr)
         return 2
     console = make_console()
@@ -75,8 +85,6 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
     report = rep.build_report(run)
     rep.render_console(report, console)
-    json_path = out_dir / "report.json"
-    chart_path = out_dir / "chart.html"
     try:
         rep.write_json(report, json_path)
         write_chart(report, chart_path)

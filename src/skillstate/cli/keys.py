@@ -20,7 +20,7 @@ from ..config import ConfigError, Settings
 from ..cost.budgets import usd_amount
 from ..numbertext import whole_number
 from ..store import Store, StoreError
-from ..store.factory import make_store
+from ..store.factory import describe_store, make_store
 
 
 def _usd(text: str) -> float:
@@ -82,8 +82,16 @@ def run_keys(settings: Settings, args: argparse.Namespace) -> int:
     # The audit line goes to stderr (the output to stdout); a no-op when logging is set up.
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
 
-    async def run() -> str:
+    try:
         store = make_store(settings)
+    except StoreError as e:
+        raise ConfigError(f"store: {e}") from None
+    # Only `create` makes a store (the first key, before a proxy ever ran): the others on a
+    # mistyped --data-dir would leave a new empty store behind and report no keys.
+    if args.keys_command != "create" and not store.exists():
+        raise ConfigError(f"data_dir: no store at {describe_store(settings)}")
+
+    async def run() -> str:
         try:
             await store.open()
             admin = KeyAdmin(store, await _hasher(settings, store), by="cli")

@@ -76,22 +76,10 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"skillstate-proxy {__version__}")
-    p.add_argument("--config", metavar="FILE", help="JSON config file (default ./skillstate.json)")
-    p.add_argument("--upstream", metavar="URL", help="upstream base URL (key: SKILLSTATE_API_KEY)")
-    p.add_argument("--port", type=_port, help=f"listen port (default {DEFAULT_PORT}; 0 = any)")
-    p.add_argument("--host", help="listen host (default 127.0.0.1)")
-    p.add_argument("--schema", metavar="KEYS", help="comma-separated allowed state keys")
-    p.add_argument("--data-dir", metavar="DIR", help="store directory (default ~/.skillstate)")
-    p.add_argument("--mode", choices=Mode.values(), help="default mode")
-    p.add_argument("--verbose", action="store_const", const=True, help="log one line per request")
-    p.add_argument(
-        "--insecure-no-auth",
-        action="store_const",
-        const=True,
-        help="allow a non-loopback --host without client keys (anyone reaching it spends the keys)",
-    )
+    _proxy_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("serve", help="run the proxy (the default)")
+    # The proxy's flags after `serve` too; SUPPRESS keeps a value given before it.
+    _proxy_options(sub.add_parser("serve", help="run the proxy (the default)"), after=True)
     demo = sub.add_parser("demo", help="offline demo: real proxy + simulated model, 30 turns")
     demo.add_argument("--turns", type=int, default=30)
     demo.add_argument("--out-dir", metavar="DIR", help="where to write the report and chart")
@@ -125,6 +113,31 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
     if with_benches:  # their modules are only imported when a bench is asked for
         _add_benches(bench_sub)
     return p
+
+
+def _proxy_options(p: argparse.ArgumentParser, *, after: bool = False) -> None:
+    """The proxy's flags: on the top-level parser, and (``after``) on ``serve``'s."""
+    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if after else {}
+    p.add_argument("--config", metavar="FILE", help="JSON config file (default ./skillstate.json)",
+                   **kw)  # fmt: skip
+    p.add_argument("--upstream", metavar="URL", help="upstream base URL (key: SKILLSTATE_API_KEY)",
+                   **kw)  # fmt: skip
+    p.add_argument("--port", type=_port, help=f"listen port (default {DEFAULT_PORT}; 0 = any)",
+                   **kw)  # fmt: skip
+    p.add_argument("--host", help="listen host (default 127.0.0.1)", **kw)
+    p.add_argument("--schema", metavar="KEYS", help="comma-separated allowed state keys", **kw)
+    p.add_argument("--data-dir", metavar="DIR", help="store directory (default ~/.skillstate)",
+                   **kw)  # fmt: skip
+    p.add_argument("--mode", choices=Mode.values(), help="default mode", **kw)
+    p.add_argument("--verbose", action="store_const", const=True,
+                   help="log one line per request", **kw)  # fmt: skip
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_const",
+        const=True,
+        help="allow a non-loopback --host without client keys (anyone reaching it spends the keys)",
+        **kw,
+    )
 
 
 def _add_benches(bench_sub: Any) -> None:

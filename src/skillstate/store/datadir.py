@@ -10,6 +10,7 @@ import os
 import sqlite3
 import stat
 from pathlib import Path
+from urllib.parse import quote
 
 from .base import StoreError
 
@@ -97,6 +98,53 @@ def _refuse_other_files(path: Path) -> None:
         # SQLite's own error for such a file, raised before SQLite (or we) touched it: every
         # caller already reports it in one line.
         raise sqlite3.DatabaseError("file is not a database")
+    foreign = sorted(foreign_tables(path))
+    if foreign:
+        # Another application's database (a mistyped --data-dir, store URL or `store copy
+        # --from`): migrating would add our tables to it, WAL mode and a lock file beside it.
+        shown = ", ".join(foreign[:5]) + (", …" if len(foreign) > 5 else "")
+        raise StoreError(
+            f"{path} is not a skillstate store (it holds other tables: {shown});"
+            " name a skillstate store, or a new or empty file"
+        )
+
+
+# Every table a skillstate SQLite store has had (store/sqlite/migrations.py; a test checks
+# a new store has no other). A database with tables but no schema_version is a store from
+# before versioning only when these are all it holds.
+STORE_TABLES = frozenset(
+    {
+        "sessions", "transitions", "ledger", "api_keys", "responses", "schema_version",
+        "session_budgets", "idempotency_keys",
+    }
+)  # fmt: skip
+
+
+def sqlite_tables(path: Path) -> set[str] | None:
+    """The tables of the SQLite file at ``path`` (SQLite's own ``sqlite_*`` left out), read
+    without changing the file or making any beside it (an immutable read: the WAL is not
+    read); None when it cannot be read so (missing, or SQLite refuses it)."""
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
+    try:
+        db = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+    return {r[0] for r in rows if not str(r[0]).startswith("sqlite_")}
+
+
+def foreign_tables(path: Path) -> set[str]:
+    """The tables that make ``path`` another application's database (empty: it is a
+    skillstate store, an older one, or a new or empty database)."""
+    tables = sqlite_tables(path) or set()
+    if "schema_version" in tables:
+        return set()
+    return tables - STORE_TABLES
 
 
 # Data-dir locks this process holds: lock file -> [descriptor, holds]. Re-entrant, so the

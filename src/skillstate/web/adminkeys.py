@@ -8,7 +8,8 @@ the same audit lines:
   a new key, 201; its secret is in this answer (``"key"``) and nowhere else, ever;
 - ``POST /admin/keys/{name}/rotate``: a new secret for the key (shown once), the old one
   refused from now on;
-- ``DELETE /admin/keys/{name}``: revoke the key.
+- ``DELETE /admin/keys/{name}``: revoke the key; 409 for the last active admin key (no
+  key could manage the keys over HTTP after it; the CLI on the host may revoke it).
 
 A key revoked or rotated here is refused by this replica at once, by others within
 ``auth_cache_ttl``.
@@ -25,6 +26,7 @@ from ..auth.admin import LIMITS, KeyAdmin, KeyChange, KeyRefused, KeySpec, shown
 from ..auth.gate import principal_of
 from ..errors import ProxyError
 from ..store import StoreError
+from .catalog import catalog_dialect
 from .runtime import runtime
 from .wire import JSONResponse, error_response, method_of, read_json_object
 
@@ -88,7 +90,7 @@ async def admin_keys(request: Request) -> Response:
         body = await read_json_object(request, runtime(request).settings.max_body_bytes)
         return _answer(await admin.create(_spec(body)), 201)
     except (KeyRefused, StoreError, ProxyError) as e:
-        return error_response(_client_error(e), "openai")
+        return error_response(_client_error(e), catalog_dialect(request.headers))
 
 
 async def admin_key(request: Request) -> Response:
@@ -97,13 +99,13 @@ async def admin_key(request: Request) -> Response:
         admin = _admin(request)
         name = request.path_params["name"]
         if request.method == "DELETE":
-            change = await admin.revoke(name)
+            change = await admin.revoke(name, keep_an_admin=True)
         else:
             change = await admin.rotate(name)
         runtime(request).keys.forget(name)  # refused here at once, not after auth_cache_ttl
         return _answer(change)
     except (KeyRefused, StoreError, ProxyError) as e:
-        return error_response(_client_error(e), "openai")
+        return error_response(_client_error(e), catalog_dialect(request.headers))
 
 
 def _client_error(e: KeyRefused | StoreError | ProxyError) -> ProxyError:

@@ -86,7 +86,10 @@ async def cost(request: Request) -> Response:
     try:
         session = q.get("session")
         view = view_of(principal_of(request.scope), q.get("key"))
-        since, until = parse_window(q.get("since"), q.get("until"), now)
+        until_text = q.get("until")
+        if until_text is not None and until_text.strip().lower() == "all":
+            until_text = None  # no upper bound: up to now (cost.ledger reads `all` as 0)
+        since, until = parse_window(q.get("since"), until_text, now)
         if session is not None and not is_valid_session_id(session):
             raise ValueError("invalid session id")
         group_by = q.get("group_by")
@@ -99,9 +102,11 @@ async def cost(request: Request) -> Response:
             sums = [replace(s, key=split_session(s.key)[1]) if s.key else s for s in sums]
         summary = summarize_sums(sums, group_by)
     except ValueError as e:
-        return error_response(ProxyError("invalid_request", str(e)), "openai")
+        return error_response(
+            ProxyError("invalid_request", str(e)), catalog_dialect(request.headers)
+        )
     except ProxyError as e:
-        return error_response(e, "openai")
+        return error_response(e, catalog_dialect(request.headers))
     summary.update({"since": since, "until": until, "session": session})
     return JSONResponse(summary)
 

@@ -20,6 +20,7 @@ from ..cost.budgets import BUDGET_HEADER, audit_session_budget, parse_budget, se
 from ..errors import ProxyError
 from ..sessions.ids import is_valid_session_id
 from ..store import StoreError, TransitionRecord
+from .catalog import catalog_dialect
 from .paging import HISTORY_PAGE, SESSIONS_PAGE, decode_cursor, encode_cursor, parse_limit
 from .runtime import Runtime, runtime
 from .wire import (
@@ -37,9 +38,9 @@ async def state(request: Request) -> Response:
     try:
         return await _state(request, runtime(request))
     except ProxyError as e:
-        return error_response(e, "openai")
+        return error_response(e, catalog_dialect(request.headers))
     except StoreError as e:
-        return error_response(e.for_client("the store failed"), "openai")
+        return error_response(e.for_client("the store failed"), catalog_dialect(request.headers))
 
 
 async def _state(request: Request, rt: Runtime) -> Response:

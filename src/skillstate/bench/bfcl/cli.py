@@ -12,7 +12,7 @@ from skillstate.bench.bfcl.constants import CATEGORIES, GROUPINGS, INSTALL_HINT,
 from skillstate.bench.bfcl.report import build_bfcl_report, render_bfcl_console
 from skillstate.bench.bfcl.run import BfclConfig, run_bfcl
 from skillstate.bench.console import emit_report, make_console, progress_bar
-from skillstate.bench.options import EPILOG, client_fields, cost_args
+from skillstate.bench.options import EPILOG, client_fields, cost_args, upstream_url
 from skillstate.cli.paths import output_file
 
 
@@ -47,7 +47,8 @@ def add_bfcl_parser(subparsers: Any) -> None:
         action="store_true",
         help="replay the ground truth with the simulated model (the default without --upstream)",
     )
-    src.add_argument("--upstream", metavar="URL", default=argparse.SUPPRESS, help="a live upstream")
+    src.add_argument("--upstream", metavar="URL", type=upstream_url, default=argparse.SUPPRESS,
+                     help="a live upstream")  # fmt: skip
     src.add_argument("--model", metavar="M", help="model name for --upstream")
     p.add_argument("--mode", choices=("state", "auto"), default="state", help="state arm (state)")
     p.add_argument("--stream", action="store_true", help="stream the replies (SSE)")
