@@ -123,7 +123,9 @@ def test_an_absurd_usage_report_wedges_neither_the_store_nor_shutdown(
     # unit tests check the second line of defence alone).
     p = start_proxy_process(fake.url + "/v1", "--schema", "notes")
     fake.enqueue(Reply(text=envelope({"notes": "big"}), usage={"prompt_tokens": 2**53}))
-    transcript = [{"role": "user", "content": "word " * 2000} for _ in range(400)]  # ~4 MB
+    said = {"role": "assistant", "content": "ok"}  # (user messages in a row are one task)
+    asked = {"role": "user", "content": "word " * 2000}
+    transcript = [m for _ in range(400) for m in (asked, said)]  # ~4 MB
     r = p.http.post(
         p.v1 + "/chat/completions",
         json={"model": "m", "messages": [*transcript, {"role": "user", "content": "x"}]},
