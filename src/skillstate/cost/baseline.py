@@ -55,7 +55,7 @@ import orjson
 from ..dialects.registry import get_dialect
 from ..sessions.lru import SessionLRU
 from .pricing import Prices, cost_from_prices
-from .tokens import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS
+from .tokens import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, json_size
 from .usage import Usage
 
 __all__ = [
@@ -229,10 +229,10 @@ class _Running:
         if b'"cache_control"' in dumped:  # rare: only then rebuild the piece without markers
             clean, marked = _unmarked(piece)
             if marked:
-                dumped = orjson.dumps(clean, default=str)
+                piece, dumped = clean, orjson.dumps(clean, default=str)
         self.hash.update(dumped)
         # skillstate.cost.tokens' estimate of the piece, from the bytes already at hand
-        tokens = -(-len(dumped) // BYTES_PER_TOKEN)
+        tokens = -(-json_size(piece, dumped) // BYTES_PER_TOKEN)
         self.total += tokens + (MESSAGE_OVERHEAD_TOKENS if is_message else 0)
         return PrefixPoint(self.hash.copy().digest()[:_DIGEST_SIZE], self.total, marked)
 

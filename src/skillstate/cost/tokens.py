@@ -8,6 +8,15 @@ Method (deliberately simple, deterministic and O(size)):
   template adds. Messages are the dict items of a top-level list, or of the ``messages`` (chat
   completions / Anthropic) or ``input`` (OpenAI Responses) list of a request body, plus one for
   a non-empty Anthropic top-level ``system``.
+* An inline base64 image or PDF (an Anthropic ``image`` or ``document`` block, a chat
+  ``image_url`` or ``file`` part, a Responses ``input_image``, ``computer_screenshot`` or
+  ``input_file``) counts what the provider bills for it instead of its base64's bytes:
+  an image by its pixels (Anthropic) or 512 px tiles (OpenAI), read from its header, at
+  most 1,600 when the header cannot be read; a PDF 3,000 per stream in the file, never more
+  than its base64 counted as text. Base64 shorter than 8,192 characters stays text.
+  ``skillstate.cost.media`` has the rules and why. In bytes, the payload's JSON string is
+  replaced by ``BYTES_PER_TOKEN`` times its tokens, so a JSON length stays additive (what
+  :class:`ListSize` and ``request_tokens``' ``known`` rely on).
 * ``estimate_text_tokens(s)`` is ``ceil(utf8_bytes(s) / 4)``.
 
 The absolute numbers are rough (real tokenizers give ~3-5 bytes per token for English and
@@ -15,6 +24,8 @@ code, fewer for CJK), but the proxy never uses them as token counts: it only use
 ``estimate(client transcript) / estimate(what we sent)`` to scale the upstream's *reported*
 input tokens into a baseline (see ``skillstate.cost.ledger.baseline_input_tokens``). Because both
 sides go through the same function, the bias of the estimate largely cancels in that ratio.
+The window's bounds (``window_max_tokens``, the model's context) are compared with them too,
+which is why an 800 KB screenshot must not count as 200,000 tokens when it is billed ~1,600.
 
 Anything orjson cannot serialise (non-string keys are allowed; other objects fall back to
 ``str()``; integers beyond 64 bits, lone surrogates and nesting past orjson's 255 levels are
@@ -22,7 +33,11 @@ measured by an iterative walk) is still counted, so the estimator never raises f
 value, however deep.
 
 Cost: one orjson dump plus a pass over the message list; about 55 µs for a 100 KB messages
-list (186 messages) on the dev box, i.e. negligible next to an upstream call.
+list (186 messages) on the dev box, i.e. negligible next to an upstream call. The media rule
+adds a look at every 128th byte of a dump longer than 8 KB (three C-level calls, 4-5 µs at
+100-300 KB on a loaded dev box, where the dump takes 40-110 µs;
+``skillstate.cost.media.may_hold_media``), and a walk of the value only when that finds a
+string that may be an inline payload (docs/benchmarks.md, *Inline images and PDFs*).
 """
 
 from __future__ import annotations
@@ -33,12 +48,15 @@ from typing import Any
 
 import orjson
 
+from .media import MIN_CHARS, may_hold_media, media_block
+
 __all__ = [
     "BYTES_PER_TOKEN",
     "MESSAGE_OVERHEAD_TOKENS",
     "ListSize",
     "estimate_text_tokens",
     "estimate_tokens",
+    "json_size",
     "request_parts",
     "request_tokens",
 ]
@@ -63,15 +81,53 @@ def estimate_text_tokens(s: str) -> int:
 
 
 def _dumps_len(obj: Any) -> int:
+    """The length :func:`estimate_tokens` counts of ``obj``: its compact JSON's, with inline
+    media by their own rule (:func:`json_size`)."""
     try:
-        return len(orjson.dumps(obj, default=str))
+        dumped = orjson.dumps(obj, default=str)
     except orjson.JSONEncodeError:
-        pass
-    try:  # non-string keys: the option makes every dump ~40% slower, so only on demand
-        return len(orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS))
-    except orjson.JSONEncodeError:
-        # >64-bit ints, lone surrogates, nesting past 255: rare, slower, still O(size).
-        return _walk_len(obj)
+        try:  # non-string keys: the option makes every dump ~40% slower, so only on demand
+            dumped = orjson.dumps(obj, default=str, option=orjson.OPT_NON_STR_KEYS)
+        except orjson.JSONEncodeError:
+            # >64-bit ints, lone surrogates, nesting past 255: rare, slower, still O(size).
+            return _walk_len(obj) + _media_delta(obj)
+    n = len(dumped)
+    if n > MIN_CHARS and may_hold_media(dumped):  # (inline: this runs for every message)
+        n += _media_delta(obj)
+    return n
+
+
+def json_size(obj: Any, dumped: bytes) -> int:
+    """The length :func:`estimate_tokens` counts of ``obj`` (before the division by
+    ``BYTES_PER_TOKEN`` and the per-message overhead), given ``dumped``, its compact JSON
+    as orjson writes it (the bytes already at hand): ``len(dumped)``, less each inline
+    base64 image or PDF's string plus ``BYTES_PER_TOKEN`` times its tokens."""
+    n = len(dumped)
+    if n > MIN_CHARS and may_hold_media(dumped):
+        n += _media_delta(obj)
+    return n
+
+
+def _media_delta(obj: Any) -> int:
+    """What the inline media of ``obj`` change of its JSON length: for each block
+    ``skillstate.cost.media.media_block`` counts, ``BYTES_PER_TOKEN`` times its tokens less
+    the length of its payload's JSON string (for a PDF never more than 0: it never counts
+    more than its text). Iterative, as :func:`_walk_len`."""
+    delta = 0
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            found = media_block(value)
+            if found is not None:
+                payload, tokens, at_most_text = found
+                change = BYTES_PER_TOKEN * tokens - _utf8_len(payload) - 2
+                delta += min(change, 0) if at_most_text else change
+                continue
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return delta
 
 
 def _walk_len(obj: Any) -> int:
@@ -152,8 +208,10 @@ def request_parts(body: Mapping[str, Any]) -> list[Any]:
 def request_tokens(body: Mapping[str, Any], known: tuple[Any, int] | None = None) -> int:
     """Tokens of what an upstream would read of a request body: ``estimate_tokens`` of
     :func:`request_parts`. ``known``: one of the parts (by identity,
-    e.g. the transcript) and its length as compact JSON, already measured (:class:`ListSize`),
-    so that only the other parts are serialised."""
+    e.g. the transcript) and its length as :func:`estimate_tokens` counts it, already
+    measured (:class:`ListSize`, or :func:`json_size` of its compact JSON; not the bare
+    ``len`` of its JSON, which counts inline media by their base64), so that only the other
+    parts are serialised."""
     parts = request_parts(body)
     if known is None:
         return estimate_tokens(parts)
@@ -165,10 +223,11 @@ def request_tokens(body: Mapping[str, Any], known: tuple[Any, int] | None = None
 
 
 class ListSize:
-    """The length of a list as compact JSON (what :func:`estimate_tokens` counts), kept
-    turn after turn for a transcript that grows: only the items that are new since the last
-    call are serialised. The length of a list is its brackets, the commas between its items
-    and the items' own lengths, so the sum over the items seen is all that is kept."""
+    """The length of a list as compact JSON (what :func:`estimate_tokens` counts, inline
+    media by their own rule), kept turn after turn for a transcript that grows: only the
+    items that are new since the last call are serialised. The length of a list is its
+    brackets, the commas between its items and the items' own lengths, so the sum over the
+    items seen is all that is kept."""
 
     __slots__ = ("_count", "_sum")
 
@@ -177,8 +236,8 @@ class ListSize:
         self._sum = 0  # their lengths as compact JSON
 
     def size(self, items: Sequence[Any], kept: int) -> int:
-        """``len(orjson.dumps(items))``. ``kept``: 0, or the number of items of the last
-        call, all of them equal to the first ones of ``items``."""
+        """``json_size(items, orjson.dumps(items))``. ``kept``: 0, or the number of items of
+        the last call, all of them equal to the first ones of ``items``."""
         if kept not in (0, self._count):
             raise ValueError(f"kept must be 0 or {self._count}, not {kept}")
         total = self._sum if kept else 0

@@ -22,7 +22,7 @@ from ..cost.cachehints import CacheHints, count_breakpoints, marked_message, pro
 from ..cost.meter import BaselineSource, MeterContext, TurnMeter
 from ..cost.pricing import PriceBook
 from ..cost.remask import RemaskRule
-from ..cost.tokens import estimate_tokens, request_tokens
+from ..cost.tokens import estimate_tokens, json_size, request_tokens
 from ..cost.usage import Usage
 from ..cost.worstcase import WorstCase
 from ..engine import constrain, context
@@ -497,7 +497,7 @@ def _sent_tokens(turn: Turn, body: dict[str, Any]) -> int:
     transcript of (``turn.transcript``), its transcript's length is that serialisation's."""
     text, items = turn.transcript, body.get(turn.wire.transcript[0])
     if text is not None and type(items) is list and text.made_from(body, items):
-        return request_tokens(body, (text.items, len(text.blob)))
+        return request_tokens(body, (text.items, json_size(text.items, text.blob)))
     return request_tokens(body)
 
 
