@@ -58,6 +58,12 @@ def proxy(served: tuple[FakeProvider, InProcessProxy]) -> InProcessProxy:
     return served[1]
 
 
+def chat_sse(events: list[dict[str, Any]]) -> Reply:
+    """A chat-completions stream of ``events`` as the upstream's reply, ``[DONE]`` last."""
+    data = [json.dumps(e) for e in events] + ["[DONE]"]
+    return Reply(raw_body=b"".join(f"data: {d}\n\n".encode() for d in data))
+
+
 def chat_stream(error: dict[str, Any], said: str = "hi") -> bytes:
     """A chat-completions stream that says ``said``, then reports ``error``."""
     delta = {"role": "assistant", "content": said}
@@ -292,8 +298,7 @@ def chat_reply_with_logprobs(streamed: bool) -> Reply:
         for t in TOKENS
     ] + [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]  # fmt: skip
     events = [{**base, "object": "chat.completion.chunk", "choices": [c]} for c in chunks]
-    data = [json.dumps(e) for e in events] + ["[DONE]"]
-    return Reply(raw_body=b"".join(f"data: {d}\n\n".encode() for d in data))
+    return chat_sse(events)
 
 
 @pytest.mark.parametrize("streamed", [False, True])
@@ -680,8 +685,7 @@ def chat_refusal(streamed: bool) -> Reply:
     events = [{**base, "object": "chat.completion.chunk",
                "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": f}]}
               for d, f in deltas]  # fmt: skip
-    data = [json.dumps(e) for e in events] + ["[DONE]"]
-    return Reply(raw_body=b"".join(f"data: {d}\n\n".encode() for d in data))
+    return chat_sse(events)
 
 
 @pytest.mark.parametrize("streamed", [False, True])
