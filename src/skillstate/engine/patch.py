@@ -515,6 +515,50 @@ def _fail(errors: list[str], warnings: list[str]) -> Transition:
     return Transition(False, None, None, errors, warnings)
 
 
+def _patch_problems(
+    patch: Any, policy: PatchPolicy, source: str | bytes | None, within: tuple[str, ...]
+) -> list[str]:
+    """What makes ``patch`` no patch at all (``validate_and_merge``'s first checks): not an
+    object of JSON values within ``max_depth``, an integer beyond 64 bits (with ``source``),
+    not serializable, or over ``max_patch_bytes``."""
+    if not isinstance(patch, dict):
+        return [f"state_patch must be an object, got {_json_type(patch)}"]
+    large: list[tuple[Any, ...]] = []
+    problem = _check_json_tree(patch, policy.max_depth, large)
+    if problem is not None:
+        return [problem]
+    if large and source is not None:
+        wide = _integers_beyond_64_bits(patch, large, source, within)
+        if wide:
+            return wide
+    dumped = _dumped(patch)
+    if isinstance(dumped, str):
+        return [f"state_patch is not serializable: {dumped}"]
+    if len(dumped) > policy.max_patch_bytes:
+        return [f"state_patch is {len(dumped)} bytes, over the {policy.max_patch_bytes}-byte limit"]
+    return []
+
+
+def _allowed_part(
+    patch: dict[str, Any], policy: PatchPolicy, warnings: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The part of ``patch`` whose top-level keys ``allowed_keys`` has, and an error for each
+    other key (``schema_violation: reject``) or a warning (``drop``, added to ``warnings``)."""
+    allowed = policy.allowed_keys
+    unknown = [k for k in patch if k not in allowed] if allowed else []
+    if not unknown:
+        return patch, []
+    applied = {k: v for k, v in patch.items() if k in allowed}
+    if policy.schema_violation == "drop":
+        warnings.extend(f"dropped key '{k}': not in the state schema" for k in unknown)
+        return applied, []
+    listed = sorted(allowed)
+    shown = ", ".join(listed[:_MAX_LISTED_KEYS])
+    if len(listed) > _MAX_LISTED_KEYS:
+        shown += ", ..."
+    return applied, [f"key '{k}' is not in the state schema (allowed: {shown})" for k in unknown]
+
+
 def validate_and_merge(
     state: dict[str, Any],
     patch: dict[str, Any],
@@ -541,42 +585,10 @@ def validate_and_merge(
     satisfies ``state_schema``. Neither ``state`` nor ``patch`` is mutated.
     """
     warnings: list[str] = []
-    if not isinstance(patch, dict):
-        return _fail([f"state_patch must be an object, got {_json_type(patch)}"], warnings)
-    large: list[tuple[Any, ...]] = []
-    problem = _check_json_tree(patch, policy.max_depth, large)
-    if problem is not None:
-        return _fail([problem], warnings)
-    if large and source is not None:
-        wide = _integers_beyond_64_bits(patch, large, source, within)
-        if wide:
-            return _fail(wide, warnings)
-    dumped = _dumped(patch)
-    if isinstance(dumped, str):
-        return _fail([f"state_patch is not serializable: {dumped}"], warnings)
-    if len(dumped) > policy.max_patch_bytes:
-        return _fail(
-            [f"state_patch is {len(dumped)} bytes, over the {policy.max_patch_bytes}-byte limit"],
-            warnings,
-        )
-
-    errors: list[str] = []
-    applied = patch
-    allowed = policy.allowed_keys
-    if allowed:
-        unknown = [k for k in patch if k not in allowed]
-        if unknown:
-            applied = {k: v for k, v in patch.items() if k in allowed}
-            if policy.schema_violation == "drop":
-                warnings.extend(f"dropped key '{k}': not in the state schema" for k in unknown)
-            else:
-                listed = sorted(allowed)
-                shown = ", ".join(listed[:_MAX_LISTED_KEYS])
-                if len(listed) > _MAX_LISTED_KEYS:
-                    shown += ", ..."
-                errors.extend(
-                    f"key '{k}' is not in the state schema (allowed: {shown})" for k in unknown
-                )
+    problems = _patch_problems(patch, policy, source, within)
+    if problems:
+        return _fail(problems, warnings)
+    applied, errors = _allowed_part(patch, policy, warnings)
 
     new_state = merge_patch(state, applied)
     for key, change in applied.items():
