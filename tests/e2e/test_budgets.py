@@ -599,3 +599,21 @@ def test_a_limit_under_the_responses_minimum_is_held_at_the_16_it_is_sent_as(
     assert fake.requests[-1].json["max_output_tokens"] == 16
     assert float(r.headers["x-skillstate-cost-usd"]) == pytest.approx(0.016)
     assert float(r.headers["x-skillstate-session-spent-usd"]) == pytest.approx(0.016)
+
+
+def test_a_budgets_output_limit_is_no_more_than_the_claude_models_maximum(
+    fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """Under a budget a call without its own limit goes with ``budget_max_tokens`` (32,768
+    here), but no more than the model's own maximum where the proxy knows it: Claude 3.5
+    Haiku writes at most 8,192, and the Messages API refuses a larger ``max_tokens`` (the
+    call was refused, then sent again without it)."""
+    proxy = passthrough_to(start_proxy, fake, "anthropic", 32_768)
+    fake.enqueue(Reply(text="done"))
+    oai(proxy, "sk").chat.completions.create(
+        model="claude-3-5-haiku-20241022",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={SESSION: "capped", "x-skillstate-budget-usd": "5"},
+    )
+    assert len(fake.requests) == 1
+    assert fake.requests[-1].json["max_tokens"] == 8192

@@ -14,7 +14,7 @@ from ..cost.baseline import envelope_output_share
 from ..dialects.anthropic import ANTHROPIC
 from ..dialects.base import BadReply
 from ..dialects.registry import error_reply, read_reply
-from ..dialects.translate.outputlimit import default_max_tokens
+from ..dialects.translate.outputlimit import default_max_tokens, model_max_output
 from ..engine import context
 from ..engine.stripper import Stripped, strip_envelope
 from ..engine.verdict import Outcome, Verdicts
@@ -115,7 +115,11 @@ class Completer:
         claim = budgets.claim if budgets is not None else None
         meta.meter.sending(out.est_tokens, out.body, held, claim)
         if budgets is not None and held is not None:
-            out.limit_output(self.settings.budget_max_tokens)  # the output its hold assumed
+            # The output its hold assumed, no more than the model's own maximum where it is
+            # known (a limit above it is refused: a wasted call before the resend below).
+            known = model_max_output(turn.model)
+            limit = self.settings.budget_max_tokens
+            out.limit_output(limit if known is None else min(limit, known))
         failures: list[AttemptRecord] = []
         read = reply_reader(meta)
         try:
