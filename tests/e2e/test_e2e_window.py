@@ -1355,3 +1355,34 @@ def test_a_sub_agent_and_side_calls_on_the_session_leave_its_window_as_it_was(
     assert set(starts[2::3]) == {"changed"}  # a title call: a conversation of its own
     last_main = next(r for r in reversed(fake.requests) if "MAIN: refactor" in json.dumps(r.json))
     assert len(last_main.json["messages"]) < len(main) - 2  # its window restarted, smaller
+
+
+def test_a_round_of_side_calls_leaves_the_main_conversations_window(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """Claude Code makes a side call (the command's prefix) for each Bash call: a round of
+    parallel calls is as many conversations of one request each between two main turns.
+    The session keeps the mark of its 32 most recent conversations: the main one's stays."""
+    p = start(start_proxy, fake, "anthropic")
+    client = ant(p)
+    main: list[Any] = [{"role": "user", "content": "MAIN: refactor the parser."}]
+    for n in range(3):
+        fake.enqueue(envelope({"step": n}))
+        client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=512, messages=main, extra_headers=session("s")
+        )
+        use = {"type": "tool_use", "id": f"t{n}", "name": "run", "input": {}}
+        result = {"type": "tool_result", "tool_use_id": f"t{n}", "content": f"out {n}"}
+        main = [
+            *main,
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+        ]
+        for k in range(12):  # the round's side calls
+            fake.enqueue("ls")
+            ask = [{"role": "user", "content": f"Command: ls dir{n}-{k}\nIts prefix?"}]
+            client.messages.create(
+                model="claude-haiku-4-5", max_tokens=32, messages=ask, extra_headers=session("s")
+            )
+    starts = [h["estimate"]["window_start"] for h in history(p, "s") if "estimate" in h]
+    assert [starts[k] for k in range(0, len(starts), 13)] == ["new", "kept", "kept"]

@@ -53,7 +53,10 @@ ENVELOPE_PRIOR_TOKENS = 130.0  # a coding agent's envelope (issue 23), before on
 # copy is not the session's latest step (a restart, another replica's turn): a conversation
 # with no turn among them (a sub-agent ran longer) starts its window afresh.
 MARK_LOOKBACK = 64
-MAX_CONVERSATIONS = 8  # marks kept per session: the conversations most recently in a turn
+# Marks kept per session: the conversations most recently in a turn. Claude Code makes a side
+# call (a command's prefix, a title) per tool call, each a conversation of its own: a round of
+# parallel tool calls must not push the main conversation's mark out.
+MAX_CONVERSATIONS = 32
 
 
 @dataclass(frozen=True, slots=True)
