@@ -148,11 +148,8 @@ def conversation_root(messages: Sequence[Any], split: Split) -> str:
     transcript did."""
     if split.task is None:
         return ""
-    h = hashlib.sha256()
-    for message in messages[split.task : split.task_end]:
-        h.update(orjson.dumps(_digest_form(message), option=orjson.OPT_SORT_KEYS))
-        h.update(b"\n")
-    return h.hexdigest()[:32]
+    task = messages[split.task : split.task_end]
+    return transcript_digest(task, len(task))[:32]
 
 
 def mark_of(marks: WindowMarks | None, root: str) -> WindowMark | None:
