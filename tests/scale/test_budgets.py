@@ -95,6 +95,37 @@ async def test_a_call_refused_by_one_budget_holds_nothing_on_the_other(
     assert all(isinstance(f, TurnBudgets) for f in fits)
 
 
+async def test_a_hold_released_during_a_read_that_saw_its_cost_counts_once(
+    links: list[CoordinationLink],
+) -> None:
+    """One replica's call ends (row written, hold released in Redis) while another replica
+    reads the ledger, and the read sees its row: the released hold counted too would refuse
+    a call that fits; the ledger is read again."""
+
+    class RacingStore(StoreStub):
+        during_read: Any = None
+
+        async def ledger_spend(self, prefix: str, since: float, **kw: Any) -> float:
+            if self.during_read is not None:
+                ends, self.during_read = self.during_read, None
+                await ends()
+            return self.spent
+
+    store = RacingStore()
+    books = replicas(links, store)
+    first = await outcome(books[0], "k:s1", 60)  # $0.60 held
+    assert isinstance(first, TurnBudgets)
+
+    async def first_ends() -> None:
+        store.spent = 0.60
+        await first.release()
+
+    store.during_read = first_ends
+    second = await outcome(books[1], "k:s2", 40)  # $0.60 spent + $0.40 fits
+    assert isinstance(second, TurnBudgets)
+    assert isinstance(await outcome(books[2], "k:s3", 1), BudgetExceeded)
+
+
 async def test_key_rpm_holds_across_replicas(links: list[CoordinationLink]) -> None:
     quotas = [KeyQuotas(link=link) for link in links]
     who = Principal("k", False, KeyRecord("k", "d", rpm=10))

@@ -25,25 +25,28 @@ RELEASED = "skillstate:budget-released:"
 # read before the ledger). Released holds are remembered for 120 s (sorted set RELEASED,
 # scored by release time): far longer than a reservation's ledger read (store_timeout).
 # KEYS: 1 the holds, 2 the released. ARGV: 1 member, 2 spent, 3 estimate, 4 budget,
-# 5 ttl (us), 6 since (us). Returns {held (0/1), USD held by other calls before this one}.
+# 5 ttl (us), 6 since (us). Returns {held (0/1), USD held by other calls before this one,
+# of which USD released since ARGV 6}.
 HOLD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now))
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now - 120000000))
-local held = 0
+local held, released = 0, 0
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   held = held + tonumber(string.match(m, ':(.*)$'))
 end
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[6], '+inf')) do
-  held = held + tonumber(string.match(m, ':(.*)$'))
+  released = released + tonumber(string.match(m, ':(.*)$'))
 end
+held = held + released
 local spent, estimate, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-if spent + held + estimate > budget then return {0, string.format('%.17g', held)} end
+local shown = {string.format('%.17g', held), string.format('%.17g', released)}
+if spent + held + estimate > budget then return {0, shown[1], shown[2]} end
 local ttl = tonumber(ARGV[5])
 redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ttl / 1000))
-return {1, string.format('%.17g', held)}
+return {1, shown[1], shown[2]}
 """
 
 # KEYS: 1 the holds, 2 the released. ARGV: 1 member. A hold still there becomes a released
@@ -75,19 +78,20 @@ class SharedHolds:
 
     async def hold(
         self, key: str, estimate: float, spent: float, budget: float, since: int
-    ) -> tuple[str | None, float] | None:
-        """(a hold id, held by others) if ``spent`` + held + ``estimate`` fits ``budget``,
-        else (None, held by others); held counts the holds released since ``since`` (their
-        cost may have reached the ledger after ``spent`` was read). None while Redis is
-        down under ``local`` (hold in process instead)."""
+    ) -> tuple[str | None, float, float] | None:
+        """(a hold id, held by others, of which released) if ``spent`` + held +
+        ``estimate`` fits ``budget``, else (None, held by others, of which released); held
+        counts the holds released since ``since`` (their cost may have reached the ledger
+        after ``spent`` was read). None while Redis is down under ``local`` (hold in
+        process instead)."""
         member = f"{secrets.token_hex(8)}:{estimate!r}"
         keys = [PREFIX + key, RELEASED + key]
         args: list[Any] = [member, repr(spent), repr(estimate), repr(budget), self._ttl_us, since]
         reply: Any = await self._link.call(lambda redis: run_script(redis, HOLD, keys, args))
         if reply is LOCAL:
             return None
-        ok, held = int(reply[0]), float(reply[1])
-        return (member if ok else None), held
+        ok, held, released = int(reply[0]), float(reply[1]), float(reply[2])
+        return (member if ok else None), held, released
 
     async def release(self, key: str, hold: str) -> None:
         """End the hold (idempotent). Redis unreachable: it expires on its own."""

@@ -203,12 +203,16 @@ class LocalHolds:
         as held (their cost may have reached the ledger after the read)."""
         return self._seq
 
-    def hold(self, key: str, amount: float, spent: float, limit: float, since: int) -> float | None:
+    def hold(
+        self, key: str, amount: float, spent: float, limit: float, since: int
+    ) -> tuple[float, float] | None:
         """None (held) if ``spent`` + held + ``amount`` fits ``limit``; else what is held
-        by the other calls (and was released since ``since``)."""
-        held = self._reserved.get(key, 0.0) + self._released_since(key, since)
+        by the other calls (those released since ``since`` included), and of that what
+        was released since ``since``."""
+        released = self._released_since(key, since)
+        held = self._reserved.get(key, 0.0) + released
         if spent + held + amount > limit:
-            return held
+            return held, released
         self._reserved[key] = self._reserved.get(key, 0.0) + amount
         return None
 
@@ -232,6 +236,7 @@ class LocalHolds:
 
 Release = Callable[[], Awaitable[None]]
 RECENT = 120.0  # seconds a released hold is remembered: far past a ledger read's bound
+READS = 4  # ledger reads of one reservation, at most (``TurnBudgets._hold``)
 
 
 class BudgetHolds:
@@ -254,20 +259,21 @@ class BudgetHolds:
 
     async def hold(
         self, budget: Budget, amount: float, spent: float, since: tuple[int | None, int]
-    ) -> tuple[Release | None, float]:
-        """(its release, held by others) when ``amount`` fits, else (None, held by others)."""
+    ) -> tuple[Release | None, float, float]:
+        """(its release, held by others, of which released since ``since``) when
+        ``amount`` fits, else (None, held by others, of which released since ``since``)."""
         key = budget.holder
         if self._shared is not None and since[0] is not None:
             answer = await self._shared.hold(key, amount, spent, budget.limit, since[0])
             if answer is not None:  # None: Redis is down, hold in process
-                hold, held = answer
+                hold, held, released = answer
                 if hold is None:
-                    return None, held
-                return functools.partial(self._shared.release, key, hold), held
-        held_by_others = self.local.hold(key, amount, spent, budget.limit, since[1])
-        if held_by_others is not None:
-            return None, held_by_others
-        return functools.partial(self.local.release, key, amount), 0.0
+                    return None, held, released
+                return functools.partial(self._shared.release, key, hold), held, released
+        refused = self.local.hold(key, amount, spent, budget.limit, since[1])
+        if refused is not None:
+            return None, *refused
+        return functools.partial(self.local.release, key, amount), 0.0, 0.0
 
 
 @dataclass
@@ -316,12 +322,9 @@ class TurnBudgets:
         await self.book.unsettled.settle()
         try:
             for budget in self.budgets:
-                since = await self.book.holds.mark()  # before the ledger is read
-                spent = spent_before[budget.holder] = await self.book.spent(budget, written)
+                release, spent = await self._hold(budget, call, written)
                 written = None
-                release, others = await self.book.holds.hold(budget, call, spent, since)
-                if release is None:
-                    raise budget.refusal(spent, others, call, self.book.clock())
+                spent_before[budget.holder] = spent
                 held.append(release)
         except BaseException:
             for release in held:
@@ -335,6 +338,24 @@ class TurnBudgets:
         for holder, spent in spent_before.items():  # a re-ask's: the turn's own first call
             self._spent.setdefault(holder, spent)
         return call
+
+    async def _hold(
+        self, budget: Budget, call: float, pending: LedgerRow | None
+    ) -> tuple[Release, float]:
+        """Hold ``call`` against ``budget`` (its release, and the budget's spend read), or
+        raise its refusal. A hold released while the ledger was read counts as held, as its
+        cost may or may not be in the read; when only such holds stand in the way, the
+        ledger is read again (their costs are in it then) rather than the call refused:
+        up to ``READS`` reads, for calls that end as fast as the ledger is read."""
+        for read in range(READS):
+            since = await self.book.holds.mark()  # before the ledger is read
+            spent = await self.book.spent(budget, pending if read == 0 else None)
+            release, others, released = await self.book.holds.hold(budget, call, spent, since)
+            if release is not None:
+                return release, spent
+            if released <= 0 or spent + others - released + call > budget.limit:
+                break  # refused without the holds released meanwhile too
+        raise budget.refusal(spent, others, call, self.book.clock())
 
     def _unpriced(self, model: str) -> Rates:
         if self.allow_unpriced:
