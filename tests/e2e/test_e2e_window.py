@@ -918,6 +918,41 @@ def test_a_changed_transcript_past_the_models_context_is_folded_in_parts_that_fi
     assert wanted <= visible, sorted(wanted - visible)
 
 
+class FolderWrongOnce(Folder):
+    """A ``Folder`` whose first checkpoint answer is an envelope whose patch is not in the
+    schema, and no tool call (invalid): re-asked."""
+
+    erred = False
+
+    def __call__(self, req: RecordedRequest) -> Reply:
+        if asks_checkpoint(req) and not self.erred:
+            self.erred = True
+            return Reply(text=envelope({"bogus": 1}))
+        return super().__call__(req)
+
+
+def test_a_folds_re_ask_is_counted_in_the_turns_retries(
+    fake: FakeProvider, start_proxy: StartProxy
+) -> None:
+    """``x-skillstate-retries`` counts the proxy's re-asks of the turn: a fold's included
+    (the README: the rollback-retries used)."""
+    up = {**upstream(fake, "openai"), "context_tokens": 4_000}
+    p = start(start_proxy, fake, "openai", upstreams=[up], window_max_tokens=1_000_000)
+    fake.responder = FolderWrongOnce()
+    client = Client(p, "openai", "fold-reask")
+    client.turn(stream=False, result="FACT-0 " + BIG)
+    client.transcript = long_rewritten_transcript(client.transcript[:2], 40)
+    before = len(fake.requests)
+    c: openai.OpenAI = client._sdk()
+    raw = c.chat.completions.with_raw_response.create(
+        model="m", messages=client.transcript, extra_headers=client.headers
+    )  # type: ignore[call-overload]
+    calls = fake.requests[before:]
+    assert any(CORRECTION_MARK in last_message_text(r) for r in calls)  # the fold re-asked
+    assert raw.headers["x-skillstate-retries"] == "1"
+    assert raw.headers["x-skillstate-transition"] == "valid"
+
+
 FORCED = {"openai": "required", "anthropic": {"type": "any"}, "responses": "required"}
 
 

@@ -63,16 +63,19 @@ class Folder:
                 raise _failed("the window still did not fit after folding")
             rounds += 1
             window, state = meta.window, meta.state
+            reasked = meta.reasked  # with the folds' own re-asks (x-skillstate-retries)
             try:
                 for part in window.folds:
                     body = window.fold_body(part, meta.schema, state)
-                    state = await self._one(meta, body, state)
+                    state, retries = await self._one(meta, body, state)
+                    reasked += retries
             except ProxyError:
                 if not window.folds_optional:
                     raise
                 # A fold in place of a checkpoint the client's forced tool call left no
                 # room for: without it the turn goes out as the window turn it was.
-                return dataclasses.replace(meta, window=window.unfolded()), sent
+                unfolded = window.unfolded()
+                return dataclasses.replace(meta, window=unfolded, reasked=reasked), sent
             after = window.after_folds
             marks = {after.root: after} if after is not None else None
             plan = self.planner.plan(meta.turn, state, meta.schema, record, marks)
@@ -84,14 +87,16 @@ class Folder:
                 meter=plan.meter,
                 window=plan.window.recorded_as(why) if plan.window is not None else None,
                 folded=True,
+                reasked=reasked,
             )
             sent = plan.sent
         return meta, sent
 
     async def _one(
         self, meta: TurnMeta, body: dict[str, Any], state: dict[str, Any]
-    ) -> dict[str, Any]:
-        """One fold call (never streamed), judged and re-asked: the state with its patch."""
+    ) -> tuple[dict[str, Any], int]:
+        """One fold call (never streamed), judged and re-asked: the state with its patch,
+        and the re-asks it took."""
         unstreamed = {k: v for k, v in meta.turn.body.items() if k not in _NOT_FOR_FOLD}
         turn = dataclasses.replace(meta.turn, body=unstreamed)
         body = {k: v for k, v in body.items() if k not in _NOT_FOR_FOLD}
@@ -101,14 +106,14 @@ class Folder:
         asked = await self.calls.ask(out, folding)
         if isinstance(asked, Reply):
             raise _failed(f"the upstream answered {asked.status}", upstream_failed=True)
-        answer, _ = asked
+        answer, retries = asked
         meta.meter.set_aside()  # an extra attempt: the turn's answer is the call after
         await self.commits.write_ahead(meta.turn, meta.meter)
         outcome = answer.outcome
         if outcome is None or outcome.status != "valid":
             errors = "; ".join(outcome.errors) if outcome is not None else ""
             raise _failed(f"its envelope was {outcome.status if outcome else 'missing'}", errors)
-        return outcome.state if outcome.state is not None else state
+        return (outcome.state if outcome.state is not None else state), retries
 
 
 def _failed(why: str, errors: str = "", *, upstream_failed: bool = False) -> ProxyError:

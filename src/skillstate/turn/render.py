@@ -47,7 +47,7 @@ def reply(
     """The client's reply: the answer's body, with the turn's verdict and cost headers."""
     h = base_headers(meta, answer.ex)
     h["content-type"] = "application/json"
-    h["x-skillstate-retries"] = str(retries)
+    h["x-skillstate-retries"] = str(retries + meta.reasked)  # the folds' re-asks too
     if outcome is not None and step is not None:
         h["x-skillstate-step"] = str(step)
         h["x-skillstate-transition"] = outcome.status

@@ -192,6 +192,7 @@ class TurnMeta:
     streamed: bool = False  # the stream's relay started (it closes the ledger itself)
     window: WindowTurn | None = None  # the window form's turn (window, checkpoint)
     folded: bool = False  # the window was folded into ``state`` first (``turn.fold``)
+    reasked: int = 0  # re-asks of the calls before the turn's own (its folds' judged answers)
 
     def figures(self, status: str) -> dict[str, Any] | None:
         """What the transition records of how the turn was decided: auto's estimates, and

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from ...dialects.translate.outputlimit import DEFAULT_MAX_TOKENS
 from .jsonstream import LogError
 from .session import Call, Session
 
@@ -29,7 +30,6 @@ PATHS = {
     "responses": "/v1/responses",
 }
 _EPHEMERAL = {"type": "ephemeral"}
-DEFAULT_MAX_TOKENS = 4096  # a translated transcript's max_tokens (Messages requires one)
 
 
 def as_anthropic(session: Session) -> Session:
