@@ -307,6 +307,27 @@ async def test_only_connection_errors_is_502_and_timeouts_504(
     await fake.wait_for_async(lambda r: r[-1].disconnected)  # the timeout cancelled the call
 
 
+async def test_a_connection_broken_after_the_request_is_not_called_unreachable(
+    fake: FakeProvider, make_pool: PoolFactory
+) -> None:
+    """The upstream took the request and closed the connection without a whole answer, on
+    every attempt: it may bill each, so the 502 says so and tells the SDKs not to retry
+    (their two retries each would be billed and held again)."""
+    pool = make_pool(settings(up("cut", fake.url), retry_max_attempts=2), FakeClock())
+    await pool.open()
+    fake.enqueue(Reply(drop=True), Reply(drop=True))
+    err = await fails(pool)
+    assert (err.status, err.kind, err.code) == (
+        502,
+        "upstream_unreachable",
+        "upstream_connection_lost",
+    )
+    assert "no upstream could be reached" not in err.message
+    assert "took the request" in err.message and "tried 2 times" in err.message
+    assert err.headers()["x-should-retry"] == "false"
+    assert [a.billed for a in err.attempts] == [True, True]
+
+
 async def test_total_timeout_is_one_deadline_across_retries_and_failover(
     fake: FakeProvider, make_pool: PoolFactory
 ) -> None:
