@@ -294,7 +294,9 @@ class Settings(BaseModel):
     # Raise coordination_timeout for a Redis across a slow link.
     coordination_timeout: float = Field(default=1.0, gt=0, le=60)  # seconds; longer: Redis down
     lease_ttl: float = Field(default=10.0, gt=0)  # seconds a turn's session lease lives unrenewed
-    lease_wait: float = Field(default=30.0, ge=0)  # seconds a turn queues for its session's lease
+    # Seconds a turn queues for its session's Redis lease (with ``coordination``; one process
+    # queues without bound), and a retry for its Idempotency-Key's turn in flight.
+    lease_wait: float = Field(default=30.0, ge=0)
     health_timeout: float = Field(default=1.0, gt=0)  # /health's wait for the store
     ledger_retention: float = Field(default=90 * DAY, ge=0)
     # Replies kept under a client's Idempotency-Key (turn/idempotency.py).
@@ -396,25 +398,45 @@ _LEGACY_ALIASES = {
     "stateSchema": "state_schema",
 }
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+# Settings fields that pydantic also reads under an alias (populate_by_name): a file's key is
+# read as the alias, the name the flags and environment set, so that they override it (and
+# both spellings in one file are two spellings of one setting).
+_FIELD_ALIASES = {"schema_keys": "schema"}
 
 
 def _snake(key: str) -> str:
-    return _LEGACY_ALIASES.get(key) or _CAMEL.sub(r"_\1", key).lower()
+    snake = _LEGACY_ALIASES.get(key) or _CAMEL.sub(r"_\1", key).lower()
+    return _FIELD_ALIASES.get(snake, snake)
 
 
-def _normalise_keys(obj: Any, *, nested: tuple[str, ...] = ("upstreams",)) -> Any:
+def _normalise_keys(obj: Any, *, nested: tuple[str, ...] = ("upstreams",), at: str = "") -> Any:
     """camelCase -> snake_case for config keys (top level and upstream entries only;
-    user data such as initial_state and headers keep their keys)."""
+    user data such as initial_state and headers keep their keys). Two spellings of one
+    setting in one object (``listenPort`` and ``port``) are an error naming both, not one
+    of them silently dropped; ``at`` is where the object is (the top level: "")."""
     if not isinstance(obj, dict):
         return obj
     out: dict[str, Any] = {}
+    written: dict[Any, Any] = {}  # snake_case key -> the key as the file wrote it
     for k, v in obj.items():
         sk = _snake(k) if isinstance(k, str) else k
+        if sk in written:
+            raise ConfigError(
+                f"{at or 'config'}: {written[sk]!r} and {k!r} are the same setting ({sk}); keep one"
+            )
+        written[sk] = k
+        here = f"{at}.{sk}" if at else str(sk)
         if sk in nested and isinstance(v, list):
-            v = [_normalise_keys(e, nested=("prices",)) for e in v]
+            v = [_normalise_keys(e, nested=("prices",), at=f"{here}.{i}") for i, e in enumerate(v)]
         elif sk == "prices" and isinstance(v, dict):
-            v = {m: _normalise_keys(p, nested=()) for m, p in v.items()}
+            v = {m: _normalise_keys(p, nested=(), at=f"{here}.{m}") for m, p in v.items()}
         out[sk] = v
+    # The one-upstream shorthand would silently replace the list.
+    if not at and "upstream" in written and "upstreams" in written:
+        raise ConfigError(
+            f"config: {written['upstream']!r} (one upstream) and {written['upstreams']!r}"
+            " both set the upstreams; keep one"
+        )
     return out
 
 
@@ -574,14 +596,24 @@ def load_settings(
     else:
         file_layer = _file_layer((cwd or Path.cwd()) / "skillstate.json", explicit=False)
 
+    if file_layer:
+        # The file on its own first: a value in it that the environment or a flag overrides
+        # is still checked, so a broken file shows now, not the day the override goes.
+        _validated(dict(file_layer))
     merged: dict[str, Any] = {}
     for layer in (file_layer, env_layer, {k: v for k, v in cli.items() if k != "config"}):
         merged.update(layer)
-    _apply_upstream_shorthand(merged)
-    if "schema" in merged and isinstance(merged["schema"], str):
-        merged["schema"] = merged["schema"].split(",")
+    return _validated(merged)
+
+
+def _validated(layers: dict[str, Any]) -> Settings:
+    """The settings ``layers`` (merged, or the file's alone) make; a ConfigError naming the
+    first bad one."""
+    _apply_upstream_shorthand(layers)
+    if "schema" in layers and isinstance(layers["schema"], str):
+        layers["schema"] = layers["schema"].split(",")
     try:
-        return Settings.model_validate(merged)
+        return Settings.model_validate(layers)
     except ValidationError as e:
         raise ConfigError(_one_line(e)) from None
 

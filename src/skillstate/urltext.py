@@ -2,20 +2,44 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus
+
+# The query parameters in which a store's or Redis's URL may carry a secret: asyncpg (like
+# libpq) reads ``password`` and ``sslpassword`` there, redis-py ``password``. ``passfile``
+# names a file (libpq's password file), not a secret: it stays readable.
+SECRET_PARAMS = frozenset({"password", "sslpassword"})
 
 
 def redacted(url: str) -> str:
-    """``url`` without its password (a store's or Redis's), for logs, errors and /health."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    user = f"{parts.username}:***@" if parts.username else "***@"
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
+    """``url`` (a store's or Redis's) with its passwords as ``***``, for logs, errors, /health
+    and the CLI: the user part's (``user:***@``), a ``password`` or ``sslpassword`` query
+    parameter's, and any fragment. It never parses the host or port, so a malformed URL (a
+    port that is no number) is shown masked too, never an exception."""
+    base, hash_mark, _fragment = url.partition("#")
+    base, question_mark, query = base.partition("?")
+    scheme, sep, rest = base.partition("://")
+    # Up to the last "@": a password may hold "/" (urlsplit then sees no user part at all).
+    # A URL whose authority is empty (sqlite:///path) has none, whatever "@" its path holds.
+    if sep and "@" in rest and not rest.startswith("/"):
+        user_part, _, host_and_path = rest.rpartition("@")
+        if ":" in user_part:
+            user = user_part.partition(":")[0]
+            rest = f"{user}:***@{host_and_path}" if user else f"***@{host_and_path}"
+    shown = scheme + sep + rest if sep else base
+    if question_mark:
+        shown += "?" + "&".join(_redacted_param(p) for p in query.split("&"))
+    if hash_mark:
+        shown += "#***"
+    return shown
+
+
+def _redacted_param(param: str) -> str:
+    """One ``key=value`` of a query, its value ``***`` when the key names a secret (the key
+    read as the drivers read it: %-escapes and ``+`` decoded, so ``pass%77ord`` is one)."""
+    key, eq, _value = param.partition("=")
+    if eq and unquote_plus(key).strip().lower() in SECRET_PARAMS:
+        return f"{key}=***"
+    return param
 
 
 def masked(url: str) -> str:

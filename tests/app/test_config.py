@@ -365,3 +365,99 @@ def test_masked_hides_the_user_part_query_and_fragment() -> None:
     assert masked("https://u:p@h:1/v1?api_key=S#f") == "https://***@h:1/v1?***"
     assert masked("http://u:p/w@h/v1") == "http://***@h/v1"  # a "/" in the password
     assert masked("http://h/v1") == "http://h/v1"
+
+
+@pytest.mark.parametrize(
+    ("file", "cli", "env"),
+    [
+        ({"mode": "bogus"}, {"mode": "state"}, {}),
+        ({"mode": "bogus"}, {}, {"SKILLSTATE_MODE": "state"}),
+        ({"port": "8080"}, {"port": 0}, {}),
+        ({"port": "8080"}, {}, {"SKILLSTATE_PORT": "0"}),
+        ({"upstreams": "x"}, {"upstream": "http://127.0.0.1:1/v1"}, {}),
+        ({"listenHost": 7}, {"host": "127.0.0.1"}, {}),
+        ({"initial_state": []}, {}, {"SKILLSTATE_INITIAL_STATE": "{}"}),
+    ],
+)
+def test_a_file_value_a_flag_or_the_environment_overrides_is_still_checked(
+    tmp_path: Path, file: dict, cli: dict, env: dict
+) -> None:
+    """They started: the broken file showed only on the day the override was dropped."""
+    cfg = write(tmp_path, file)
+    with pytest.raises(ConfigError) as alone:
+        load_settings({"config": str(cfg)}, env={})
+    with pytest.raises(ConfigError) as overridden:
+        load_settings({"config": str(cfg), **cli}, env=env)
+    assert str(overridden.value) == str(alone.value)
+    assert "\n" not in str(alone.value)
+
+
+def test_a_file_the_environment_completes_is_still_valid(tmp_path: Path) -> None:
+    """The file alone is checked as a file: what the environment adds to it (an upstream's
+    key) is not required of it."""
+    cfg = write(tmp_path, {"upstreams": [{"name": "u", "url": "http://h/v1"}], "port": 1})
+    s = load_settings({"config": str(cfg)}, env={"SKILLSTATE_API_KEY": "k", "SKILLSTATE_PORT": "2"})
+    assert (s.upstreams[0].api_key, s.port) == ("k", 2)
+
+
+@pytest.mark.parametrize(
+    ("file", "message"),
+    [
+        ({"listenPort": 1, "port": 2},
+         "config: 'listenPort' and 'port' are the same setting (port)"),
+        ({"port": 2, "listenPort": 1},
+         "config: 'port' and 'listenPort' are the same setting (port)"),
+        ({"stateDir": "/a", "dataDir": "/b"},
+         "config: 'stateDir' and 'dataDir' are the same setting (data_dir)"),
+        ({"maxBodyBytes": 2048, "max_body_bytes": 4096}, "'maxBodyBytes' and 'max_body_bytes'"),
+        ({"schema": ["a"], "schema_keys": ["b"]}, "'schema' and 'schema_keys' are the same"),
+        ({"schemaKeys": ["a"], "schema": ["b"]}, "'schemaKeys' and 'schema' are the same setting"),
+        ({"upstreams": [{"name": "u", "url": "http://h", "apiKey": "a", "api_key": "b"}]},
+         "upstreams.0: 'apiKey' and 'api_key' are the same setting (api_key)"),
+        ({"prices": {"m": {"inputPerMtok": 1.0, "input_per_mtok": 2.0}}},
+         "prices.m: 'inputPerMtok' and 'input_per_mtok' are the same setting"),
+        ({"upstreamUrl": "http://h/v1", "upstreams": [{"name": "u", "url": "http://g/v1"}]},
+         "config: 'upstreamUrl' (one upstream) and 'upstreams' both set the upstreams"),
+    ],
+)  # fmt: skip
+def test_two_spellings_of_one_setting_in_the_file_are_refused_naming_both(
+    tmp_path: Path, file: dict, message: str
+) -> None:
+    """``{"listenPort": 18858, "port": 18859}`` started on 18859 without a word."""
+    cfg = write(tmp_path, file)
+    with pytest.raises(ConfigError) as e:
+        load_settings({"config": str(cfg)}, env={})
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).endswith("; keep one")
+
+
+def test_the_schema_keys_spelling_in_a_file_is_overridden_like_schema(tmp_path: Path) -> None:
+    cfg = write(tmp_path, {"schema_keys": ["a"]})
+    assert load_settings({"config": str(cfg)}, env={}).schema_keys == ["a"]
+    assert load_settings({"config": str(cfg), "schema": "b,c"}, env={}).schema_keys == ["b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u@h/db?password=s3cret", "postgresql://u@h/db?password=***"),
+        ("postgresql://u@h/db?sslmode=require&sslpassword=s3cret&passfile=/etc/pgpass",
+         "postgresql://u@h/db?sslmode=require&sslpassword=***&passfile=/etc/pgpass"),
+        ("postgresql://u:pw@h/db?password=s3cret", "postgresql://u:***@h/db?password=***"),
+        ("postgresql://u@h/db?pass%77ord=s3cret", "postgresql://u@h/db?pass%77ord=***"),
+        ("postgresql://u@h/db?Password=s3cret&x=1", "postgresql://u@h/db?Password=***&x=1"),
+        ("redis://h:6379/0?password=s3cret", "redis://h:6379/0?password=***"),
+        ("postgresql://u:s3cret@h:abc/db", "postgresql://u:***@h:abc/db"),  # it raised
+        ("postgresql://u:s3/cret@h/db", "postgresql://u:***@h/db"),  # "/" in the password
+        ("postgresql://u@h/db#s3cret", "postgresql://u@h/db#***"),
+        ("sqlite:////var/a@b/x.db", "sqlite:////var/a@b/x.db"),
+        ("postgresql://u@h/db?passfile=/p", "postgresql://u@h/db?passfile=/p"),
+    ],
+)  # fmt: skip
+def test_redacted_hides_every_password_a_store_url_can_carry(url: str, shown: str) -> None:
+    """A password in the query (asyncpg and libpq read ``password`` and ``sslpassword``
+    there) was shown in clear in the start-up line, errors and ``store`` commands."""
+    from skillstate.urltext import redacted
+
+    assert redacted(url) == shown
+    assert "s3" not in redacted(url)

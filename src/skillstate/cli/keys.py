@@ -46,10 +46,10 @@ def _per_minute(text: str) -> int:
 def add_keys_parser(sub: Any) -> None:
     """The ``keys`` command and its subcommands."""
     keys = sub.add_parser("keys", help="client keys: create, list, revoke, rotate")
-    keys.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS)
-    keys.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS)
+    _store_flags(keys)
     ks = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     create = ks.add_parser("create", help="make a key; it is printed once")
+    _store_flags(create)
     create.add_argument("--name", required=True)
     create.add_argument("--budget-usd-per-day", type=_usd, default=None, metavar="USD")
     create.add_argument("--rpm", type=_per_minute, default=None, help="requests per minute")
@@ -70,10 +70,19 @@ def add_keys_parser(sub: Any) -> None:
         " most expensive known model's price)",
     )
     listing = ks.add_parser("list", help="the keys (names and limits, never secrets)")
+    _store_flags(listing)
     listing.add_argument("--json", action="store_true")
     for action, text in (("revoke", "refuse a key from now on"), ("rotate", "new secret")):
         p = ks.add_parser(action, help=text)
+        _store_flags(p)
         p.add_argument("name")
+
+
+def _store_flags(p: argparse.ArgumentParser) -> None:
+    """Which store: on ``keys`` and after each action too (``keys list --data-dir X``, as
+    ``cost`` takes them after the command). SUPPRESS keeps a value given earlier on the line."""
+    p.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS)
+    p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS)
 
 
 def run_keys(settings: Settings, args: argparse.Namespace) -> int:

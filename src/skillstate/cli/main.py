@@ -10,7 +10,10 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from ..choices import Constrain, GroupBy, Mode
-from ..config import DEFAULT_PORT, ENV_VARS, ConfigError, load_settings, port_number
+
+# Nothing heavier than the choices is imported here: the console script imports this module
+# before main() runs, and a Ctrl-C during an import outside main() is a traceback. The
+# config (pydantic, jsonschema: a third of a second) is imported inside main().
 
 # Every route web.routes mounts, once (each /v1/... is also served without /v1): kept here,
 # not built from the route table, so --help does not import the app; tests/cli/test_cli.py
@@ -52,6 +55,8 @@ the state envelope"""
 
 
 def _env_help() -> str:
+    from ..config import ENV_VARS
+
     width = max(len(k) for k in ENV_VARS)
     lines = [f"  {k.ljust(width)}  {v}" for k, v in ENV_VARS.items()]
     return "environment:\n" + "\n".join(lines)
@@ -117,6 +122,8 @@ def build_parser(with_benches: bool = True) -> argparse.ArgumentParser:
 
 def _proxy_options(p: argparse.ArgumentParser, *, after: bool = False) -> None:
     """The proxy's flags: on the top-level parser, and (``after``) on ``serve``'s."""
+    from ..config import DEFAULT_PORT
+
     kw: dict[str, Any] = {"default": argparse.SUPPRESS} if after else {}
     p.add_argument("--config", metavar="FILE", help="JSON config file (default ./skillstate.json)",
                    **kw)  # fmt: skip
@@ -147,6 +154,8 @@ def _add_benches(bench_sub: Any) -> None:
 
 
 def _port(value: str) -> int:
+    from ..config import port_number
+
     port = port_number(value)
     if port is None:
         raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 65535, got {value!r}")
@@ -162,16 +171,43 @@ def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command; Ctrl-C at any point is exit 130 and nothing on stderr, also during the
+    imports the parser needs (a third of a second before anything runs)."""
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        # CPython marks a KeyboardInterrupt that leaves an exec() of a string (code that
+        # pydantic, dataclasses and namedtuple generate while importing) as unhandled, even
+        # once caught here, and then kills the process with SIGINT at exit instead of
+        # exiting 130; the next exec() of a string clears the mark.
+        exec("")
+        return 130
+
+
+def _run(argv: list[str]) -> int:
+    from ..config import ConfigError
+
     parser = build_parser(with_benches="bench" in argv)
     args = parser.parse_args(argv)
+    _check_bench_upstream(parser, args)
     try:
         return _dispatch(args)
     except ConfigError as e:
         print(f"skillstate: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+
+
+def _check_bench_upstream(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``skillstate --upstream URL bench …``: the top-level flag reaches the bench unchecked
+    (the bench's own ``--upstream`` checks its URL while parsing), and a bad URL would be the
+    bench config's multi-line error; it gets the same one usage line."""
+    from ..config import upstream_url_problem
+
+    url = getattr(args, "upstream", None)
+    if args.command == "bench" and url is not None:
+        problem = upstream_url_problem(url)
+        if problem:
+            parser.error(f"argument --upstream: {problem}")
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -192,6 +228,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .store import run_store
 
         return run_store(args)
+    from ..config import ConfigError, load_settings
+
     settings = load_settings(_cli_layer(args))
     if command == "cost":
         from .cost import print_cost
