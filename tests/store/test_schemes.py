@@ -74,3 +74,23 @@ def test_a_third_backend_is_one_registry_line(monkeypatch: pytest.MonkeyPatch) -
     assert made == [("third://host/db", True)]
     assert describe_store(settings) == "the third one"
     assert schemes.shares_database("third://host/db")
+
+
+def test_a_postgresql_url_asyncpg_cannot_read_is_refused_without_quoting_it() -> None:
+    """A password holding an unencoded "/" ends the host at it: asyncpg reads what follows as
+    the port when the pool first connects, and its ValueError quotes the password."""
+    import asyncio
+
+    from skillstate.store import StoreError
+
+    settings = Settings(store="postgresql://u:pa/ss9secret@127.0.0.1:1/db")
+    store = make_store(settings)
+
+    async def open_it() -> StoreError:
+        with pytest.raises(StoreError) as e:
+            await store.open()
+        return e.value
+
+    err = asyncio.run(open_it())
+    assert "not a usable PostgreSQL URL" in str(err)
+    assert "ss9secret" not in str(err) and "pa/" not in str(err), str(err)

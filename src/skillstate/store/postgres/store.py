@@ -342,9 +342,16 @@ class PostgresStore:
         pool = self._pool
         if pool is None:
             raise StoreUnavailable("store is closed")
+        acquired = False
         try:
             async with pool.acquire(timeout=self._timeout) as conn:
+                acquired = True
                 yield conn
+        except (ValueError, TypeError) as e:
+            if not acquired:  # the pool connects on use: asyncpg read the URL only now
+                # Its message may quote the URL (a password holding a "/" read as a port).
+                raise StoreError(f"{self.where} is not a usable PostgreSQL URL") from e
+            raise as_store_error(e) from e
         except Exception as e:
             raise as_store_error(e) from e
 
