@@ -921,17 +921,16 @@ def _all_failed(failures: list[AttemptRecord]) -> ProxyError:
             should_retry=False,
         )
     if last.billed:
-        # The connection broke after the request went out (closed, reset, a body cut
-        # mid-answer): the provider had it and may bill it. The proxy already tried
-        # ``retry_max_attempts`` times; the SDKs' own retries (two each) would multiply what
-        # is billed and held against budgets, so they are told not to.
+        # No whole answer came back after the request went out (the connection closed or
+        # reset, a body cut mid-answer or over the size bound): the provider had it and may
+        # bill it. The proxy already tried ``retry_max_attempts`` times; the SDKs' own
+        # retries (two each) would multiply what is billed and held against budgets.
         tried = len(real)
         return ProxyError(
             "upstream_unreachable",
-            f"upstream {last.upstream} took the request but its connection broke before a"
-            f" whole answer ({last.error}); it may bill the call; tried {tried}"
-            f" time{'s' if tried != 1 else ''}",
-            code="upstream_connection_lost",
+            f"the upstream took the request but no whole answer came back: {last.upstream}:"
+            f" {last.error}; it may bill the call; tried {tried} time{'s' if tried != 1 else ''}",
+            code="upstream_answer_lost",
             should_retry=False,
         )
     return ProxyError(
