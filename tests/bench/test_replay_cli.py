@@ -298,3 +298,47 @@ def test_the_console_says_each_regime_s_sessions_first_errors_and_shared_notes_o
     assert "passthrough: 1 call(s) failed, the first with HTTP 400: [b]" in text
     assert text.count("no api-request lines") == 1
     assert "note (3x): no api-request lines: system prompt and tools not logged (b, c, d)" in text
+
+
+def test_a_log_tree_with_bookkeeping_and_empty_sessions_replays_with_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = tmp_path / "-home-u-proj"
+    (project / "s1" / "subagents").mkdir(parents=True)
+    (project / "s1" / "tool-results").mkdir()
+    (project / "t.json").write_text(json.dumps(_transcript("t")))
+    (project / "sessions-index.json").write_text('{"version": 1, "entries": []}')
+    (project / "s1" / "subagents" / "agent-a1.meta.json").write_text('{"agentType": "x"}')
+    (project / "s1" / "tool-results" / "toolu_1.json").write_text('{"stdout": "x"}')
+    summary = {"type": "summary", "summary": "Fixed the bug", "leafUuid": "u9"}
+    snapshot = {"type": "file-history-snapshot", "messageId": "m", "snapshot": {}}
+    meta = {"timestamp": "2025-10-20T11:00:00Z", "type": "session_meta", "payload": {"id": "c"}}
+    for name, record in [("summary", summary), ("snapshot", snapshot), ("codex", meta)]:
+        (project / f"{name}-only.jsonl").write_text(json.dumps(record) + "\n")
+    code = main(["replay", str(tmp_path), "--arms", "passthrough"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    notes = [line for line in captured.err.splitlines() if line.startswith("skillstate replay:")]
+    assert len(notes) == 3 and all(": note: " in line for line in notes), captured.err
+    assert all("empty session" in line for line in notes)
+
+
+def test_control_characters_from_a_log_are_escaped_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sid = "\x1b]0;PWNED\x07\x1b[2J"
+    lines = [
+        {"type": "user", "sessionId": sid, "uuid": "u1", "parentUuid": None}
+        | {"message": {"role": "user", "content": "hi"}},
+        {"type": "assistant", "sessionId": sid, "uuid": "a1", "parentUuid": "u1"}
+        | {"message": {"id": "m1", "role": "assistant", "model": "claude-x-0", "content": []}},
+    ]
+    lines[1]["message"]["content"] = [{"type": "text", "text": "yo"}]
+    name = tmp_path / "log\x1b[31m.jsonl"
+    name.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code = main(["replay", str(name), "--arms", "passthrough"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "\x1b" not in captured.err and "\x07" not in captured.err
+    assert "session \\x1b]0;PWNED\\x07\\x1b[2J: no bundled price" in captured.err
+    assert "log\\x1b[31m.jsonl" in captured.err

@@ -32,6 +32,18 @@ def sessions_and_problems(*paths: Path) -> tuple[list[Session], list[Problem]]:
     )
 
 
+def each_file_apart(top: Path) -> tuple[list[Session], list[Problem]]:
+    """As ``sessions_and_problems``, each file read on its own: copies of one log (which a
+    replay of them all counts once) each give their session."""
+    sessions: list[Session] = []
+    problems: list[Problem] = []
+    for path in sorted(top.iterdir()):
+        found = sessions_and_problems(path)
+        sessions.extend(found[0])
+        problems.extend(found[1])
+    return sessions, problems
+
+
 def test_each_format_is_detected_from_its_content() -> None:
     assert detect(io.BytesIO(CLAUDE.read_bytes())) == "claude-code"
     assert detect(io.BytesIO(CODEX.read_bytes())) == "codex"
@@ -197,15 +209,14 @@ def _edited(path: Path, line: int, edit: Any) -> bytes:
 def test_a_record_of_another_shape_is_one_problem_line_or_ignored(tmp_path: Path) -> None:
     from skillstate.bench.replay.forms import RequestBuilder
 
-    (tmp_path / "a.jsonl").write_bytes(
-        _edited(CODEX, 0, lambda r: r["payload"].update(base_instructions="text"))
-    )
+    # An assistant message whose content is a number: a shape the reader does not foresee.
+    (tmp_path / "a.jsonl").write_bytes(_edited(CODEX, 15, lambda r: r["payload"].update(content=5)))
     (tmp_path / "b.jsonl").write_bytes(_edited(CLAUDE, 16, lambda r: r.update(cacheControl=5)))
     odd_marks = [{"path": []}, {"path": ["messages", 1, "content", "0"]}, {"path": "system"}]
     (tmp_path / "c.jsonl").write_bytes(
         _edited(CLAUDE, 16, lambda r: r.update(cacheControl=odd_marks))
     )
-    sessions, problems = sessions_and_problems(tmp_path)
+    sessions, problems = each_file_apart(tmp_path)
     assert [(Path(p.path).name, p.reason.split(" (")[0]) for p in problems] == [
         ("a.jsonl", "a codex log with a record this replay cannot read")
     ]
@@ -304,7 +315,7 @@ def test_the_format_is_told_past_unknown_first_lines_and_long_ones(tmp_path: Pat
     }
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    sessions, problems = sessions_and_problems(tmp_path)
+    sessions, problems = each_file_apart(tmp_path)
     assert problems == []
     assert sorted(s.source for s in sessions) == [
         "claude-code",
@@ -420,3 +431,276 @@ def test_an_unsearchable_path_is_one_problem_and_the_rest_replays(
         ("locked", "Permission denied; its logs were not searched"),
     ]
     assert [s.source for s in sessions] == ["claude-code"]
+
+
+# -- real log trees: what the agents write besides the calls (synthetic lines) ---------------
+
+USAGE = {
+    "input_tokens": 10,
+    "output_tokens": 5,
+    "cache_read_input_tokens": 0,
+    "cache_creation_input_tokens": 0,
+}
+
+
+def cc_user(uid: str, parent: str | None, content: Any, sid: str = "s1", **extra: Any) -> dict:
+    message = {"role": "user", "content": content}
+    return {"type": "user", "sessionId": sid, "uuid": uid, "parentUuid": parent} | {
+        "message": message,
+        **extra,
+    }
+
+
+def cc_assistant(
+    uid: str, parent: str, mid: str, blocks: list[Any], sid: str = "s1", **extra: Any
+) -> dict:
+    message = {
+        "id": mid,
+        "role": "assistant",
+        "model": extra.pop("model", "claude-sonnet-4-5"),
+        "content": blocks,
+        "usage": extra.pop("usage", USAGE),
+    }
+    line = {"type": "assistant", "sessionId": sid, "uuid": uid, "parentUuid": parent}
+    return line | {"requestId": f"req-{mid}", "message": message, **extra}
+
+
+def jsonl(*records: Any) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def text(t: str) -> dict[str, str]:
+    return {"type": "text", "text": t}
+
+
+def tool_use(tid: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tid, "name": "Read", "input": {"path": tid}}
+
+
+def tool_result(tid: str) -> list[dict[str, Any]]:
+    return [{"type": "tool_result", "tool_use_id": tid, "content": "ok"}]
+
+
+def two_calls(sid: str = "s1", **extra: Any) -> list[dict[str, Any]]:
+    """A Claude Code session of two calls (the first a tool call)."""
+    return [
+        cc_user("u1", None, "read it", sid, **extra),
+        cc_assistant("a1", "u1", f"{sid}-m1", [tool_use("t1")], sid, **extra),
+        cc_user("u2", "a1", tool_result("t1"), sid, **extra),
+        cc_assistant("a2", "u2", f"{sid}-m2", [text("done")], sid, **extra),
+    ]
+
+
+def codex_line(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"timestamp": "2025-10-20T11:00:00.000Z", "type": kind, "payload": payload}
+
+
+def codex_rollout(sid: str, ask: str, reply: str, **meta: Any) -> list[dict[str, Any]]:
+    usage = {"input_tokens": 100, "cached_input_tokens": 0, "output_tokens": 7}
+    return [
+        codex_line("session_meta", {"id": sid, **meta}),
+        codex_line("turn_context", {"model": "gpt-5-codex"}),
+        codex_line(
+            "response_item",
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ask}]},
+        ),
+        codex_line(
+            "response_item",
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": reply}],
+            },
+        ),
+        codex_line("event_msg", {"type": "token_count", "info": {"last_token_usage": usage}}),
+    ]
+
+
+def test_a_log_tree_s_bookkeeping_and_empty_sessions_are_no_problems(tmp_path: Path) -> None:
+    from skillstate.bench.replay.sources import Skipped
+
+    project = tmp_path / "projects" / "-home-u-proj"
+    (project / "s1" / "subagents").mkdir(parents=True)
+    (project / "s1" / "tool-results").mkdir()
+    (project / "s1.jsonl").write_bytes(jsonl(*two_calls()))
+    (project / "sessions-index.json").write_text('{"version": 1, "entries": []}')
+    (project / "s1" / "subagents" / "agent-a1.meta.json").write_text('{"agentType": "x"}')
+    (project / "s1" / "tool-results" / "toolu_1.json").write_text('{"stdout": "x"}')
+    summary = {"type": "summary", "summary": "Fixed the bug", "leafUuid": "u9"}
+    snapshot = {"type": "file-history-snapshot", "messageId": "m", "snapshot": {}}
+    (project / "summary-only.jsonl").write_bytes(jsonl(summary))
+    (project / "snapshot-only.jsonl").write_bytes(jsonl(snapshot, snapshot))
+    (project / "cancelled.jsonl").write_bytes(jsonl(cc_user("u1", None, "hi")))
+    codex = tmp_path / "sessions"
+    codex.mkdir()
+    (codex / "rollout-meta-only.jsonl").write_bytes(jsonl(codex_line("session_meta", {"id": "c"})))
+    sessions, problems = sessions_and_problems(tmp_path)
+    assert [p.line() for p in problems if not isinstance(p, Skipped)] == []
+    assert sorted(Path(p.path).name for p in problems) == [
+        "cancelled.jsonl",
+        "rollout-meta-only.jsonl",
+        "snapshot-only.jsonl",
+        "summary-only.jsonl",
+    ]
+    assert all("empty session" in p.reason for p in problems)
+    assert [len(s.calls) for s in sessions] == [2]
+    # A bookkeeping file named on the command line still gets its line.
+    _, named = sessions_and_problems(project / "sessions-index.json")
+    assert [type(p) for p in named] == [Problem]
+
+
+def test_a_line_or_block_written_twice_is_sent_once() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    u1, a1, u2, a2 = two_calls()
+    # The tool call's message, one block a line: the text line written twice (same uuid),
+    # the tool_use block repeated on a line of its own (same message id, another uuid).
+    first = cc_assistant("a0", "u1", "s1-m1", [text("reading")])
+    a1 = a1 | {"parentUuid": "a0"}
+    again = a1 | {"uuid": "a1b", "parentUuid": "a1"}
+    u2 = u2 | {"parentUuid": "a1b"}
+    session = read_claude_code(io.BytesIO(jsonl(u1, first, first, a1, again, u2, u2, a2)), "s")
+    assert len(session.calls) == 2
+    sent = [session.pool[i] for i in session.calls[1].messages]
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[1]["content"] == [text("reading"), tool_use("t1")]
+    assert sent[2]["content"] == tool_result("t1")
+    assert session.calls[0].reply.text == "reading"
+    assert len(session.calls[0].reply.tool_calls) == 1  # not the repeated block twice
+
+
+def test_values_of_another_type_are_missing_not_a_crash() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+    from skillstate.bench.replay.codex import read_codex
+
+    lines = two_calls(sid=7)  # type: ignore[arg-type]
+    for line in lines:
+        if line["type"] == "assistant":
+            line["message"]["model"] = 5
+            line["requestRef"] = {"id": 1}
+    lines[3]["message"]["usage"] = {"input_tokens": "12", "output_tokens": None}
+    session = read_claude_code(io.BytesIO(jsonl(*lines)), "file-stem")
+    assert (session.id, session.model) == ("file-stem", None)
+    assert "usage unreadable on 1 call(s): not checked" in session.notes
+    rollout = codex_rollout("x", "hi", "yo")
+    rollout[0]["payload"] |= {"id": 9, "base_instructions": "not an object"}
+    rollout[1]["payload"]["model"] = ["gpt"]
+    session = read_codex(io.BytesIO(jsonl(*rollout)), "rollout-stem")
+    assert (session.id, session.model, len(session.calls)) == ("rollout-stem", None, 1)
+
+
+def test_an_unexpected_error_is_one_session_s_problem_and_the_rest_replays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from skillstate.bench.replay import claudecode
+    from skillstate.bench.replay.run import Replayer, ReplayOptions, replay
+
+    read = claudecode.read_claude_code
+
+    def reader(f: Any, name: str, seen: Any = None) -> Session:
+        if name == "bad":
+            raise RuntimeError("a shape no check foresaw")
+        return read(f, name, seen)
+
+    monkeypatch.setattr(claudecode, "read_claude_code", reader)
+    (tmp_path / "bad.jsonl").write_bytes(jsonl(*two_calls("bad")))
+    (tmp_path / "good.jsonl").write_bytes(jsonl(*two_calls("good")))
+    (tmp_path / "odd.jsonl").write_bytes(jsonl(*two_calls("odd")))
+    (tmp_path / "zz.jsonl").write_bytes(jsonl(*two_calls("zz")))
+    replay_session = Replayer.replay_session
+
+    def replaying(self: Replayer, file: str, session: Session, progress: Any) -> Any:
+        if session.id == "odd":
+            raise KeyError("while replaying")
+        return replay_session(self, file, session, progress)
+
+    monkeypatch.setattr(Replayer, "replay_session", replaying)
+    found = [item for _, item in replay([str(tmp_path)], ReplayOptions(arms=("passthrough",)))]
+    problems = [p.line() for p in found if isinstance(p, Problem)]
+    assert [Path(p).name.split(":")[0] for p in problems] == ["bad.jsonl", "odd.jsonl"]
+    assert "RuntimeError: a shape no check foresaw" in problems[0]
+    assert "session odd: cannot be replayed (KeyError" in problems[1]
+    assert sorted(r.id for r in found if not isinstance(r, Problem)) == ["good", "zz"]
+
+
+def test_sub_agent_calls_are_noted_or_labelled_as_the_sub_agent_s(tmp_path: Path) -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    side = dict(isSidechain=True, agentId="a2271d1")
+    inline = [
+        *two_calls(),
+        cc_user("s1u", None, "sub task", **side),
+        cc_assistant("s1a", "s1u", "sm1", [text("sub done")], **side),
+    ]
+    session = read_claude_code(io.BytesIO(jsonl(*inline)), "s1")
+    assert len(session.calls) == 2
+    assert "1 sub-agent call(s) (isSidechain) not replayed" in session.notes
+    agent = read_claude_code(io.BytesIO(jsonl(*two_calls(**side))), "agent-a2271d1")
+    assert agent.id == "s1/agent-a2271d1"  # not the parent's sessionId alone
+
+
+def test_a_file_named_twice_or_a_resumed_copy_counts_its_calls_once(tmp_path: Path) -> None:
+    first = tmp_path / "s1.jsonl"
+    first.write_bytes(jsonl(*two_calls()))
+    # `claude --resume`: a new session file with the first's lines copied, then a new call.
+    resumed = [line | {"sessionId": "s2"} for line in two_calls()]
+    resumed += [
+        cc_user("u3", "a2", "and now?", "s2"),
+        cc_assistant("a3", "u3", "m3", [text("now this")], "s2"),
+    ]
+    (tmp_path / "s2.jsonl").write_bytes(jsonl(*resumed))
+    sessions, problems = sessions_and_problems(first, tmp_path / "s2.jsonl", tmp_path, first)
+    assert problems == []
+    assert [(s.id, len(s.calls)) for s in sessions] == [("s1", 2), ("s2", 1)]
+    assert "2 call(s) also in another file; counted once" in sessions[1].notes
+    # The new call is still sent the whole conversation, the copied part included.
+    assert len(sessions[1].calls[0].messages) == 5
+
+
+def test_a_codex_fork_keeps_its_id_and_counts_its_parent_s_calls_once(tmp_path: Path) -> None:
+    parent = codex_rollout("parent-id", "fix the bug", "Fixed.")
+    fork = [
+        codex_rollout("fork-id", "", "", forked_from_id="parent-id")[0],
+        *parent,  # the parent's session_meta, items and token counts, copied
+        *codex_rollout("fork-id", "also refactor", "Refactored.")[1:],
+    ]
+    (tmp_path / "rollout-1-parent.jsonl").write_bytes(jsonl(*parent))
+    (tmp_path / "rollout-2-fork.jsonl").write_bytes(jsonl(*fork))
+    sessions, problems = sessions_and_problems(tmp_path)
+    assert problems == []
+    assert [(s.id, len(s.calls)) for s in sessions] == [("parent-id", 1), ("fork-id", 1)]
+    assert sessions[1].notes == ["1 call(s) also in another file; counted once"]
+    alone, _ = sessions_and_problems(tmp_path / "rollout-2-fork.jsonl")
+    assert [(s.id, len(s.calls)) for s in alone] == [("fork-id", 2)]
+    assert "a fork of session parent-id" in alone[0].notes[0]
+
+
+def test_one_hour_cache_writes_are_read_from_the_usage() -> None:
+    from skillstate.bench.replay.claudecode import read_claude_code
+
+    usage = USAGE | {
+        "cache_creation_input_tokens": 300,
+        "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200},
+    }
+    lines = two_calls()
+    lines[3]["message"]["usage"] = usage
+    session = read_claude_code(io.BytesIO(jsonl(*lines)), "s")
+    last = session.calls[1].usage
+    assert last is not None
+    assert (last.cache_write_tokens, last.cache_write_1h_tokens) == (300, 200)
+
+
+def test_a_copy_s_calls_replay_in_the_next_file_when_the_first_cannot(tmp_path: Path) -> None:
+    from skillstate.bench.replay.run import ReplayOptions, replay
+
+    broken = two_calls()
+    for line in broken:
+        if line["type"] == "assistant":
+            line["message"]["model"] = 5  # no model: this copy cannot be priced
+    (tmp_path / "a.jsonl").write_bytes(jsonl(*broken))
+    (tmp_path / "b.jsonl").write_bytes(jsonl(*two_calls()))
+    found = [item for _, item in replay([str(tmp_path)], ReplayOptions(arms=("passthrough",)))]
+    assert [Path(p.path).name for p in found if isinstance(p, Problem)] == ["a.jsonl"]
+    assert [(r.file.rsplit("/", 1)[-1], r.calls) for r in found if not isinstance(r, Problem)] == [
+        ("b.jsonl", 2)
+    ]

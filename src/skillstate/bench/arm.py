@@ -12,6 +12,9 @@ and output rates from the price book) under the cache regime's multipliers of th
 (``REGIME_FACTORS``: cache reads 1.0/0.5/0.1, cache writes 1.0/1.0/1.25 for
 none/openai/anthropic; ``openai@0.1``: the cache read at another fraction of the input
 rate), so every regime prices one model the same way but for its cache.
+``own_read=True`` (``skillstate replay``'s default regime and a log's own bill): the cache
+read at the model's own price where the price book has one (gpt-5: 0.1x input, not the
+regime's 0.5x), and the one-hour cache write at the model's own one-hour price.
 Live, the model's own rates (cache prices included) apply.
 """
 
@@ -157,10 +160,13 @@ class BenchRun:
 # -- pricing ---------------------------------------------------------------------------------
 
 
-def regime_prices(model: str | None, regime: str, read: float | None = None) -> Prices | None:
+def regime_prices(
+    model: str | None, regime: str, read: float | None = None, *, own_read: bool = False
+) -> Prices | None:
     """``model``'s input and output rates with the regime's cache multipliers (see the module
-    docstring; ``read``: the cache read's own fraction of the input rate); None when the model
-    or its rates are unknown."""
+    docstring; ``read``: the cache read's own fraction of the input rate; ``own_read``: the
+    model's own cache-read and one-hour write prices where the price book has them); None
+    when the model or its rates are unknown."""
     from skillstate.cost.pricing import Prices
 
     if model is None:
@@ -169,9 +175,16 @@ def regime_prices(model: str | None, regime: str, read: float | None = None) -> 
     if rates is None:
         return None
     factor, write = REGIME_FACTORS[regime]
-    read = factor if read is None else read
     base = rates.input_per_mtok
-    return Prices(base, rates.output_per_mtok, base * read, base * write)
+    one_hour = None
+    if own_read and read is None:
+        # The book fills a missing cache-read price with the input price: only a lower one
+        # is the model's own (a model without one keeps the regime's factor).
+        if base > 0 and rates.cache_read_per_mtok < base:
+            factor = rates.cache_read_per_mtok / base
+        one_hour = rates.cache_write_1h_per_mtok
+    read = factor if read is None else read
+    return Prices(base, rates.output_per_mtok, base * read, base * write, one_hour)
 
 
 def bench_prices(cfg: BenchConfig) -> Prices | None:

@@ -29,6 +29,13 @@ unknown, breakpoints where the client puts them (end of system, end of the last 
 An assistant message with the model ``<synthetic>`` is an error Claude Code wrote itself: no
 call, and not sent back. ``summary``, ``attachment``, ``file-history-snapshot`` and the
 other bookkeeping lines are not messages.
+
+What real logs hold besides: a line written twice (same ``uuid``; the second is dropped) or a
+block repeated under one ``message.id`` (kept once); a sub-agent's lines in its parent's file
+(``isSidechain``, older versions: not replayed, a note says how many calls); a sub-agent's
+own file (``subagents/agent-<id>.jsonl``, whose ``sessionId`` is the parent's: labelled
+``<parent>/agent-<id>``); a resumed session's copy of earlier calls (same ``message.id`` and
+``requestId`` as in another file: counted in the first file read only).
 """
 
 from __future__ import annotations
@@ -43,10 +50,10 @@ import orjson
 
 from skillstate.cost.usage import Usage, optional_token_count
 
-from .jsonstream import LogError, iter_json_lines
+from .jsonstream import EmptyLog, LogError, iter_json_lines
 from .session import Call, Reply, Session
 
-__all__ = ["LINE_TYPES", "is_claude_code_line", "read_claude_code"]
+__all__ = ["LINE_TYPES", "is_bookkeeping_line", "is_claude_code_line", "read_claude_code"]
 
 SYNTHETIC_MODEL = "<synthetic>"  # the model Claude Code names on the messages it writes itself
 
@@ -80,6 +87,17 @@ def is_claude_code_line(obj: Any) -> bool:
     )
 
 
+def is_bookkeeping_line(obj: Any) -> bool:
+    """A line of a type Claude Code writes, whatever else it holds (a ``summary`` or a
+    ``file-history-snapshot`` names no session)."""
+    return isinstance(obj, dict) and obj.get("type") in LINE_TYPES
+
+
+def _text(value: Any) -> str | None:
+    """An id or a name from the log: a string, or None (a value of another type is not one)."""
+    return value if isinstance(value, str) and value else None
+
+
 def message_hash(message: Any) -> str:
     """The hash Claude Code names a message by in ``api-request`` tails."""
     return hashlib.sha256(orjson.dumps(message, option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -109,7 +127,13 @@ def _usage(u: Any) -> Usage | None:
     if any(c is None for c in counts) or "input_tokens" not in u:
         return None
     plain, out, read, write = (int(c or 0) for c in counts)
-    return Usage(plain + read + write, out, read, write)
+    # The writes' split by TTL: Claude Code mostly caches for an hour, billed above the
+    # five-minute writes.
+    split = u.get("cache_creation")
+    hour = 0
+    if isinstance(split, dict):
+        hour = optional_token_count(split, "ephemeral_1h_input_tokens") or 0
+    return Usage(plain + read + write, out, read, write, min(hour, write))
 
 
 def reply_of(blocks: list[Any], usage: Usage | None) -> Reply:
@@ -137,6 +161,16 @@ class _Assistant:
     request: str | None = None
     at: float | None = None
     model: str | None = None
+    message_id: str | None = None
+    request_id: str | None = None  # the API's; a resumed session's copy has the same
+
+    def take_blocks(self, content: Any) -> None:
+        """A line's blocks; a block the message already has (a line written twice) is not
+        added again."""
+        for block in content if isinstance(content, list) else []:
+            if block in self.blocks or _has_tool_use(self.blocks, block):
+                continue
+            self.blocks.append(block)
 
     def message(self) -> dict[str, Any]:
         return {"role": "assistant", "content": self.blocks}
@@ -160,6 +194,9 @@ class _Log:
 
     session_id: str | None = None
     sidechain: bool | None = None
+    agent_id: str | None = None
+    call_keys: list[tuple[str | None, str | None] | None] = field(default_factory=list)
+    other_chain: set[str] = field(default_factory=set)  # the other chain's assistant ids
     shapes: dict[str, Any] = field(default_factory=dict)
     blobs: dict[str, Any] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -174,6 +211,8 @@ class _Log:
 
     def take(self, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
+        if isinstance(obj.get("uuid"), str) and obj["uuid"] in self.nodes:
+            return  # a line written twice: the first is the chain's
         if kind == "api-request-shape" and isinstance(obj.get("shape"), dict):
             self.shapes[str(obj.get("shapeHash"))] = obj["shape"]
         elif kind == "api-request-blob" and isinstance(obj.get("message"), dict):
@@ -199,11 +238,15 @@ class _Log:
 
     def _message(self, kind: str, obj: dict[str, Any]) -> None:
         side = bool(obj.get("isSidechain"))
-        if self.sidechain is None:
-            self.sidechain, self.session_id = side, obj.get("sessionId")
-        if side != self.sidechain:
-            return  # a sub-agent's lines in its parent's file (older versions)
         message = obj["message"]
+        if self.sidechain is None:
+            self.sidechain, self.session_id = side, _text(obj.get("sessionId"))
+            self.agent_id = _text(obj.get("agentId"))
+        if side != self.sidechain:
+            # A sub-agent's lines in its parent's file (older versions): counted, not replayed.
+            if kind == "assistant" and message.get("model") != SYNTHETIC_MODEL:
+                self.other_chain.add(str(_text(message.get("id")) or obj.get("uuid")))
+            return
         if kind == "assistant" and message.get("model") == SYNTHETIC_MODEL:
             # The error text Claude Code shows when a call failed: no model call, and the
             # client leaves it out of the requests after it.
@@ -216,16 +259,21 @@ class _Log:
             if parent is not None and parent.kind == "assistant" and _answers_tools(message):
                 self.results.setdefault(parent.item, []).append(key)
             return
-        mid = str(message.get("id") or obj.get("uuid"))
+        self._assistant(obj, message)
+
+    def _assistant(self, obj: dict[str, Any], message: dict[str, Any]) -> None:
+        # A message logged without its id (some gateways) is gathered by its request's.
+        message_id, request_id = _text(message.get("id")), _text(obj.get("requestId"))
+        mid = str(message_id or request_id or obj.get("uuid"))
         key = self._link(obj, "assistant", mid)
         entry = self.assistants.get(mid)
         if entry is None:
             entry = self.assistants[mid] = _Assistant(key, at=_time(obj.get("timestamp")))
-        content = message.get("content")
-        entry.blocks.extend(content if isinstance(content, list) else [])
+            entry.message_id, entry.request_id = message_id, request_id
+        entry.take_blocks(message.get("content"))
         entry.usage = _usage(message.get("usage")) or entry.usage
-        entry.request = obj.get("requestRef") or entry.request
-        entry.model = message.get("model") or entry.model
+        entry.request = _text(obj.get("requestRef")) or entry.request
+        entry.model = _text(message.get("model")) or entry.model
 
     def path(self, start: str) -> list[tuple[str, Any]]:
         """The messages above chain line ``start``, oldest first, up to the chain's root or
@@ -259,6 +307,16 @@ class _Log:
         ]
 
 
+def _has_tool_use(blocks: list[Any], block: Any) -> bool:
+    """Whether ``block`` is a tool call ``blocks`` already has (by its id)."""
+    if not isinstance(block, dict) or block.get("type") != "tool_use" or "id" not in block:
+        return False
+    return any(
+        isinstance(b, dict) and b.get("type") == "tool_use" and b.get("id") == block["id"]
+        for b in blocks
+    )
+
+
 def _answers_tools(message: dict[str, Any]) -> bool:
     content = message.get("content")
     return isinstance(content, list) and any(
@@ -266,15 +324,17 @@ def _answers_tools(message: dict[str, Any]) -> bool:
     )
 
 
-def read_claude_code(f: IO[bytes], name: str) -> Session:
-    """The session in one Claude Code log (LogError when it holds no model call)."""
+def read_claude_code(f: IO[bytes], name: str, seen_calls: set[Any] | None = None) -> Session:
+    """The session in one Claude Code log (EmptyLog when it holds no model call, LogError
+    when none could be read). ``seen_calls``: the (message id, request id) of the calls read
+    from other files; a call among them is left out here (and this file's are added)."""
     log = _Log()
     skipped: list[str] = []
     for _, obj in iter_json_lines(f, skipped):
         if isinstance(obj, dict):
             log.take(obj)
     session = Session(
-        id=str(log.session_id or name),
+        id=_session_label(log, name),
         source="claude-code",
         dialect="anthropic",
         provider="anthropic",
@@ -282,9 +342,42 @@ def read_claude_code(f: IO[bytes], name: str) -> Session:
         skipped=skipped,
     )
     _calls(log, session)
+    copies = _drop_calls_seen(log, session, seen_calls)
     if not session.calls:
-        raise LogError("; ".join([*skipped[:1], "no model calls in this Claude Code log"]))
+        if skipped:
+            raise LogError("; ".join([*skipped[:1], "no model calls in this Claude Code log"]))
+        if copies:
+            raise EmptyLog(f"all {copies} call(s) also in another file; counted once there")
+        raise EmptyLog("an empty session (no model calls in this Claude Code log); skipped")
     return session
+
+
+def _session_label(log: _Log, name: str) -> str:
+    """The session's id; a sub-agent's log (its lines carry the parent's ``sessionId``) is
+    ``<parent>/agent-<id>``."""
+    if not log.sidechain:
+        return log.session_id or name
+    agent = name if name.startswith("agent-") or not log.agent_id else f"agent-{log.agent_id}"
+    return f"{log.session_id}/{agent}" if log.session_id else agent
+
+
+def _drop_calls_seen(log: _Log, session: Session, seen_calls: set[Any] | None) -> int:
+    """Leave out the calls another file already had (a resumed session copies them, with the
+    same message and request ids); how many."""
+    session.call_keys = list(log.call_keys)
+    if seen_calls is None:
+        return 0
+    kept, keys, copies = [], [], 0
+    for call, key in zip(session.calls, log.call_keys, strict=True):
+        if key is not None and key in seen_calls:
+            copies += 1
+            continue
+        kept.append(call)
+        keys.append(key)
+    session.calls, session.call_keys = kept, keys
+    if copies and kept:
+        session.notes.append(f"{copies} call(s) also in another file; counted once")
+    return copies
 
 
 def _calls(log: _Log, session: Session) -> None:
@@ -303,6 +396,8 @@ def _calls(log: _Log, session: Session) -> None:
         if line is not None:
             _take_request_shape(log, session, line, entry)
         messages = sent.get(entry.request or "")
+        both = entry.message_id and entry.request_id
+        log.call_keys.append((entry.message_id, entry.request_id) if both else None)
         if line is not None and messages is not None:
             marks = _cache_marks(line.get("cacheControl"))
             session.calls.append(Call(messages, reply, entry.usage, entry.at, marks))
@@ -311,8 +406,11 @@ def _calls(log: _Log, session: Session) -> None:
         if messages:
             session.calls.append(Call(messages, reply, entry.usage, entry.at))
             rebuilt += 1
+        else:
+            log.call_keys.pop()
     if session.model is None:
         session.model = next((e.model for e in log.assistants.values() if e.model), None)
+    _usage_notes(log, session)
     if not rebuilt:
         return
     if not log.requests:
@@ -322,6 +420,17 @@ def _calls(log: _Log, session: Session) -> None:
             f"{rebuilt} call(s) rebuilt from the message chain (their api-request line is "
             "missing, unreadable or names a message not in the log)"
         )
+
+
+def _usage_notes(log: _Log, session: Session) -> None:
+    """What the log holds that the replay leaves out of its bill: calls whose usage is no
+    counts, and a sub-agent's calls in its parent's file."""
+    unreadable = sum(1 for c in session.calls if c.usage is None)
+    if unreadable:
+        session.notes.append(f"usage unreadable on {unreadable} call(s): not checked")
+    if log.other_chain:
+        n = len(log.other_chain)
+        session.notes.append(f"{n} sub-agent call(s) (isSidechain) not replayed")
 
 
 def _exact_requests(log: _Log, session: Session) -> dict[str, list[int]]:
@@ -363,7 +472,7 @@ def _take_request_shape(
         return
     params: dict[str, Any] = req["params"] if isinstance(req.get("params"), dict) else {}
     shape: dict[str, Any] = log.shapes.get(str(req.get("shapeHash"))) or {}
-    session.model = params.get("model") or entry.model
+    session.model = _text(params.get("model")) or entry.model
     session.system = shape.get("system")
     session.tools = shape.get("tools")
     betas = params.get("betas")

@@ -1,9 +1,17 @@
 """``skillstate replay PATH...`` and ``skillstate bench replay``: the command lines.
 
+Truth check: where a log records its usage, the log's own bill (its model's prices, the
+cache read at the model's own price) next to the simulated passthrough bill priced the same
+way, under the log's provider's regime. A log without its system prompt and tools (Claude
+Code without api-request lines, every Codex rollout) is replayed with a stand-in of the
+size its first call recorded, where they sit, the same bytes every call (a note says how
+many tokens).
+
 Exit status: 0 every session replayed without an error; 1 a file was not (wholly)
 replayed, a call failed, the truth check is off by more than 5% or a report could not be
-written; 2 a usage error. ``--json -`` (or ``--html -``) writes that report to stdout, the
-tables then go to stderr.
+written; 2 a usage error. A session with no model call (a summary-only file, a rollout with
+only its session_meta) is a note on stderr, not a failure. ``--json -`` (or ``--html -``)
+writes that report to stdout, the tables then go to stderr.
 """
 
 from __future__ import annotations
@@ -103,10 +111,11 @@ def add_replay_parser(sub: Any) -> None:
     p.add_argument(
         "--cache-regime",
         metavar="REGIME",
-        help=f"the simulated provider's prompt cache and billing: {', '.join(REGIMES)}, "
-        "optionally with the cache read at another fraction of the input price (openai@0.1); "
-        "default: the log's provider's (anthropic for Claude Code, openai for Codex and "
-        "transcripts)",
+        help=f"the simulated provider's prompt cache and billing: {', '.join(REGIMES)} (cache "
+        "reads at 0.5x / 0.1x / 1x the input price), optionally with the cache read at another "
+        "fraction of the input price (openai@0.1); default: the log's provider's (anthropic "
+        "for Claude Code, openai for Codex and transcripts) with the cache read at the model's "
+        "own price where the price book has one (gpt-5: 0.1x)",
     )
     _common(p)
 
@@ -175,7 +184,7 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
 
     from . import report as rep
     from .run import ReplayError, SessionRun, available_arms, replay
-    from .sources import Problem
+    from .sources import Problem, Skipped
 
     to_stdout = [flag for flag in ("json", "html") if getattr(args, flag) == STDOUT]
     if len(to_stdout) > 1:
@@ -194,9 +203,11 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
         options = _options(args, regimes)
         with _progress(console) as progress:
             for _, item in replay(paths, options, progress):
-                if isinstance(item, Problem):
+                if isinstance(item, Skipped):  # nothing to replay, nothing wrong
+                    print(f"{prog}: note: {printable(item.line())}", file=sys.stderr, flush=True)
+                elif isinstance(item, Problem):
                     problems.append(item)
-                    print(f"{prog}: {item.line()}", file=sys.stderr, flush=True)
+                    print(f"{prog}: {printable(item.line())}", file=sys.stderr, flush=True)
                 else:
                     runs.append(item)
     except ReplayError as e:
@@ -218,6 +229,14 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
     failed = any(a["errors"] for arms_ in report["totals"].values() for a in arms_.values())
     bad = problems or failed or report["truth"]["off"] or not runs or not written
     return 1 if bad else 0
+
+
+def printable(text: str) -> str:
+    """``text`` with its control and other non-printable characters escaped: a file name or
+    a session id from a log must not move the terminal's cursor or retitle its window."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _write_reports(

@@ -20,10 +20,16 @@ request is every item before it. The tool definitions are not logged, so they ar
 replayed (the truth check shows the tokens they cost). Keys Codex keeps for itself
 (``internal_chat_message_metadata_passthrough``) are dropped, and so are the items it keeps
 in the rollout but does not send (``ghost_snapshot``, system messages: see ``SENT_ITEMS``).
+
+A fork (``session_meta.forked_from_id``) copies its parent's ``session_meta``, items and
+``token_count`` events after its own ``session_meta``: the session keeps the id of its first
+``session_meta``, and a call another file already had (the same output items and usage) is
+counted there only. A session with no model call is an ``EmptyLog``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from datetime import datetime
 from typing import IO, Any
@@ -32,7 +38,7 @@ import orjson
 
 from skillstate.cost.usage import Usage, optional_token_count
 
-from .jsonstream import LogError, iter_json_lines
+from .jsonstream import EmptyLog, LogError, iter_json_lines
 from .session import Call, Reply, Session
 
 __all__ = ["LINE_TYPES", "is_codex_line", "read_codex"]
@@ -157,6 +163,7 @@ class _Rollout:
         self.out_start: int | None = None  # where the current call's output items begin
         self.out_at: float | None = None
         self.pending_usage: Call | None = None  # the last call still without its usage
+        self.outputs: list[list[int]] = []  # per call: its output items (pool indices)
 
     def item(self, item: dict[str, Any], at: float | None) -> None:
         if not is_sent(item):
@@ -179,6 +186,7 @@ class _Rollout:
             return
         call = Call(request, reply_of([self.s.pool[i] for i in out], None), None, self.out_at)
         self.s.calls.append(call)
+        self.outputs.append(out)
         self.pending_usage = call
 
     def usage(self, info: Any) -> None:
@@ -207,25 +215,25 @@ class _Rollout:
             self.history = [*self.history[:1], self.s.add(summary)]
 
 
-def read_codex(f: IO[bytes], name: str) -> Session:
+def read_codex(f: IO[bytes], name: str, seen_calls: set[Any] | None = None) -> Session:
+    """The session in one rollout (EmptyLog when it holds no model call, LogError when none
+    could be read). ``seen_calls``: the calls read from other files, by fingerprint; a call
+    among them (a fork's copy of its parent's) is left out here."""
     session = Session(id=name, source="codex", dialect="responses", provider="openai", model=None)
     run = _Rollout(session)
+    named = forked_from = None
     for _, line in iter_json_lines(f, session.skipped):
         if not isinstance(line, dict) or not isinstance(line.get("payload"), dict):
             continue
         kind, payload, at = line.get("type"), line["payload"], _time(line.get("timestamp"))
         if kind == "session_meta":
-            session.id = str(payload.get("id") or name)
-            text = (payload.get("base_instructions") or {}).get("text")
-            if isinstance(text, str) and text and not run.history:
-                first = {
-                    "type": "message",
-                    "role": "developer",
-                    "content": [{"type": "input_text", "text": text}],
-                }
-                run.history.append(session.add(first))
-        elif kind == "turn_context" and payload.get("model"):
-            session.model = session.model or str(payload["model"])
+            # The first names the session; a fork's copy of its parent's does not rename it.
+            if named is None:
+                named, forked_from = _text(payload.get("id")) or name, payload.get("forked_from_id")
+                session.id = named
+            _take_instructions(run, payload)
+        elif kind == "turn_context" and _text(payload.get("model")):
+            session.model = session.model or payload["model"]
         elif kind == "response_item":
             run.item(payload, at)
         elif kind == "event_msg" and payload.get("type") == "token_count":
@@ -233,9 +241,80 @@ def read_codex(f: IO[bytes], name: str) -> Session:
         elif kind == "compacted":
             run.compacted(payload)
     run.close()
+    copies = _drop_calls_seen(run, seen_calls)
+    _notes(session, copies, _text(forked_from))
     if not session.calls:
-        raise LogError("; ".join([*session.skipped[:1], "no model calls in this Codex rollout"]))
+        if session.skipped:
+            raise LogError(
+                "; ".join([*session.skipped[:1], "no model calls in this Codex rollout"])
+            )
+        if copies:
+            raise EmptyLog(f"all {copies} call(s) also in another file; counted once there")
+        raise EmptyLog("an empty session (no model calls in this Codex rollout); skipped")
     return session
+
+
+def _text(value: Any) -> str | None:
+    """An id or a name from the log: a string, or None (a value of another type is not one)."""
+    return value if isinstance(value, str) and value else None
+
+
+def _take_instructions(run: _Rollout, payload: dict[str, Any]) -> None:
+    """``base_instructions``: Codex sends them as the first developer message."""
+    instructions = payload.get("base_instructions")
+    text = instructions.get("text") if isinstance(instructions, dict) else None
+    if isinstance(text, str) and text and not run.history:
+        first = {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": text}],
+        }
+        run.history.append(run.s.add(first))
+
+
+def _fingerprint(run: _Rollout, call: Call, out: list[int]) -> str:
+    """A call by what it was sent last, answered (its output items: encrypted reasoning, ids)
+    and billed: the same in a fork's copy as in its parent."""
+    pool = run.s.pool
+    usage = call.usage
+    data = orjson.dumps(
+        [
+            len(call.messages),
+            pool[call.messages[-1]] if call.messages else None,
+            [pool[i] for i in out],
+            [usage.input_tokens, usage.output_tokens] if usage else None,
+        ],
+        option=orjson.OPT_SORT_KEYS,
+        default=str,
+    )
+    return hashlib.sha256(data).hexdigest()
+
+
+def _drop_calls_seen(run: _Rollout, seen_calls: set[Any] | None) -> int:
+    """Leave out the calls another file already had; how many."""
+    kept, keys, copies = [], [], 0
+    for call, out in zip(run.s.calls, run.outputs, strict=True):
+        key = ("codex", _fingerprint(run, call, out))
+        if seen_calls is not None and key in seen_calls:
+            copies += 1
+            continue
+        kept.append(call)
+        keys.append(key)
+    run.s.calls, run.s.call_keys = kept, keys
+    return copies
+
+
+def _notes(session: Session, copies: int, forked_from: str | None) -> None:
+    if copies and session.calls:
+        session.notes.append(f"{copies} call(s) also in another file; counted once")
+    elif forked_from and not copies:
+        session.notes.append(
+            f"a fork of session {forked_from}: the calls copied from it are counted here too "
+            "(replay its rollout with this one to count them once)"
+        )
+    unreadable = sum(1 for c in session.calls if c.usage is None)
+    if unreadable:
+        session.notes.append(f"usage unreadable on {unreadable} call(s): not checked")
 
 
 def iter_sessions(f: IO[bytes], name: str) -> Iterator[Session]:

@@ -8,6 +8,13 @@
   client's breakpoints, as an Anthropic client sends them.
 * Codex rollouts go to ``/v1/responses``.
 
+A session whose log does not hold its stable prefix (:func:`prefix_unlogged`: a Claude Code
+log without ``api-request`` lines has no system prompt or tools, a Codex rollout never has
+its tool definitions) is sent with a stand-in for it (:func:`with_standin`): filler text
+where the real prefix sits (the Messages ``system``, the Responses ``instructions``; the part
+the recorded first call read from the cache as a tool definition, which the cache counts
+first), the same bytes in every call, so it is billed and cached as the real one was.
+
 Each distinct message is serialized once per session; a request is their bytes joined, so
 a call costs the client O(its request) and no re-encoding of the history.
 """
@@ -18,11 +25,21 @@ from typing import Any
 
 import orjson
 
+from ...cost.tokens import BYTES_PER_TOKEN
 from ...dialects.translate.outputlimit import DEFAULT_MAX_TOKENS
 from .jsonstream import LogError
 from .session import Call, Session
 
-__all__ = ["PATHS", "RequestBuilder", "as_anthropic"]
+__all__ = [
+    "PATHS",
+    "STANDIN_FILLER",
+    "RequestBuilder",
+    "as_anthropic",
+    "prefix_unlogged",
+    "standin_text",
+    "standin_tools",
+    "with_standin",
+]
 
 PATHS = {
     "anthropic": "/v1/messages",
@@ -30,6 +47,50 @@ PATHS = {
     "responses": "/v1/responses",
 }
 _EPHEMERAL = {"type": "ephemeral"}
+# Words shorter than reach's identifiers (skillstate.bench.reach.MIN_TOKEN_CHARS): the
+# stand-in holds no token an action could be said to reach.
+STANDIN_FILLER = "system prompt and tools not logged; filler of their size. "
+
+
+def prefix_unlogged(session: Session) -> bool:
+    """Whether the session's log lacks its stable prefix: a Codex rollout never logs the tool
+    definitions; a Claude Code log without ``api-request`` lines (the reader then found no
+    system prompt or tools) has neither."""
+    if session.source == "codex":
+        return True
+    return session.source == "claude-code" and session.system is None and not session.tools
+
+
+def standin_text(nbytes: int) -> str:
+    """Filler of ``nbytes`` ASCII bytes (at least one)."""
+    nbytes = max(1, nbytes)
+    return (STANDIN_FILLER * (nbytes // len(STANDIN_FILLER) + 1))[:nbytes]
+
+
+def standin_tools(tokens: int) -> list[dict[str, Any]]:
+    """One Messages tool definition of ``tokens`` tokens as the simulated cache counts a
+    piece (its compact JSON, 4 bytes a token): the part of an unlogged prefix the recorded
+    first call read from the cache (tools come first in the cache's order)."""
+    tools: list[dict[str, Any]] = [
+        {"name": "standin", "description": "", "input_schema": {"type": "object"}}
+    ]
+    overhead = len(orjson.dumps(tools))
+    tools[0]["description"] = standin_text(tokens * BYTES_PER_TOKEN - overhead)
+    return tools
+
+
+def with_standin(session: Session, text: str | None, tools: list[dict[str, Any]] | None) -> Session:
+    """``session`` with a stand-in where its unlogged prefix sits: ``tools`` as its tool
+    definitions (Messages only), ``text`` as the Messages system prompt (one block, the
+    client's breakpoint at its end) or the Responses ``instructions``."""
+    from dataclasses import replace
+
+    if session.dialect == "anthropic":
+        system = [{"type": "text", "text": text}] if text else None
+        return replace(session, system=system, tools=tools or None)
+    if not text:
+        return session
+    return replace(session, params={**session.params, "instructions": text})
 
 
 def as_anthropic(session: Session) -> Session:
@@ -114,6 +175,7 @@ class RequestBuilder:
             head.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
         elif self.dialect == "responses":
             head["store"] = False
+            head.update({k: v for k, v in session.params.items() if k != "stream"})
         if session.tools:
             head["tools"] = session.tools
         self._head = head

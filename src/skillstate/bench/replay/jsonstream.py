@@ -11,13 +11,19 @@ from typing import IO, Any
 
 import orjson
 
-__all__ = ["LogError", "iter_json_array", "iter_json_lines"]
+__all__ = ["EmptyLog", "LogError", "iter_json_array", "iter_json_lines"]
 
 CHUNK = 1 << 20  # bytes read at a time
 
 
 class LogError(Exception):
     """A file that cannot be replayed (or not wholly): the one line that says why."""
+
+
+class EmptyLog(LogError):
+    """A log with no model call in it and nothing wrong with it (a session opened and closed,
+    a summary or snapshot file the agent wrote): nothing to replay, a note and not a
+    failure."""
 
 
 def iter_json_lines(f: IO[bytes], skipped: list[str] | None = None) -> Iterator[tuple[int, Any]]:

@@ -62,13 +62,16 @@ def _arms(arms: Mapping[str, ArmRun]) -> dict[str, Any]:
 
 
 def truth(run: SessionRun) -> dict[str, Any] | None:
-    """The recorded bill next to the simulated passthrough bill (same prices and regime)."""
+    """The recorded bill next to the simulated passthrough bill: the same tokens priced the
+    same way (the model's own cache-read price where the price book has one), under the
+    log's provider's regime. A session whose log lacks its system prompt and tools is
+    compared with a stand-in for them in the simulated calls (``standin_tokens``)."""
     if run.recorded_usd is None or run.recorded_regime is None:
         return None
     passthrough = run.arms.get(run.recorded_regime, {}).get("passthrough")
     if passthrough is None:
         return None
-    simulated = passthrough.total_usd
+    simulated = passthrough.total_usd if run.simulated_usd is None else run.simulated_usd
     diff = _ratio(simulated, run.recorded_usd)
     gap = None
     if run.recorded_first_prompt is not None and passthrough.first_prompt is not None:
@@ -79,6 +82,7 @@ def truth(run: SessionRun) -> dict[str, Any] | None:
         "simulated_usd": simulated,
         "difference": None if diff is None else diff - 1,
         "off": diff is None or abs(diff - 1) > TRUTH_TOLERANCE,
+        "standin_tokens": run.standin_tokens,
         "first_call_prompt_tokens": {
             "recorded": run.recorded_first_prompt,
             "simulated": passthrough.first_prompt,

@@ -23,9 +23,17 @@ from typing import Any
 from skillstate.bench.arm import regime_prices
 from skillstate.bench.reach import CallReach, ReachMeter, action_tokens, strings_of
 from skillstate.cost.pricing import Prices, cost_from_prices
+from skillstate.cost.tokens import BYTES_PER_TOKEN, estimate_text_tokens
 from skillstate.cost.usage import Usage
 
-from .forms import RequestBuilder, as_anthropic
+from .forms import (
+    RequestBuilder,
+    as_anthropic,
+    prefix_unlogged,
+    standin_text,
+    standin_tools,
+    with_standin,
+)
 from .jsonstream import LogError
 from .session import ENVELOPE_TOKENS, REGIMES, Session
 from .sources import Problem, iter_sessions
@@ -45,6 +53,10 @@ __all__ = [
 ARMS = ("passthrough", "mask", "state", "window", "auto")  # in report order
 Progress = Callable[[int, int], None]  # (calls done, calls in all)
 COSTS = ("input", "cache_read", "cache_write", "output")
+# The Claude Code reader's note for a log without api-request lines: the stand-in's note says
+# it instead (with the stand-in's size).
+UNLOGGED_NOTE = "no api-request lines: system prompt and tools not logged"
+STANDIN_PROBE_BYTES = 64  # the stand-in the first call is measured with, to size the real one
 
 
 class ReplayError(Exception):
@@ -126,7 +138,9 @@ class SessionRun:
     calls: int
     arms: dict[str, dict[str, ArmRun]] = field(default_factory=dict)  # regime -> arm -> run
     recorded_usd: float | None = None  # the log's own usage, priced (its provider's regime)
+    simulated_usd: float | None = None  # passthrough's tokens at the recorded bill's prices
     recorded_regime: str | None = None
+    standin_tokens: int | None = None  # the stand-in for an unlogged prefix (None: none sent)
     recorded_first_prompt: int | None = None  # the recorded first call's input tokens
     simulated_first_prompt: int | None = None  # passthrough's first call, as simulated
     notes: list[str] = field(default_factory=list)
@@ -276,7 +290,7 @@ class Replayer:
             )
         for label in options.regimes:
             parse_regime(label)
-        self._prices: dict[tuple[str, str], Prices] = {}
+        self._prices: dict[tuple[str, str, bool], Prices] = {}
         if options.price_as:
             # Refused before any log is read, not once per session.
             for regime in options.regimes or REGIMES:
@@ -326,15 +340,17 @@ class Replayer:
             self._upstreams[base] = up
         return up
 
-    def prices(self, model: str | None, regime: str) -> Prices:
-        """The rates a session's calls are billed at (LogError: the session cannot be priced)."""
+    def prices(self, model: str | None, regime: str, *, own_read: bool | None = None) -> Prices:
+        """The rates a session's calls are billed at (LogError: the session cannot be priced).
+        ``own_read``: the cache read at the model's own price where the price book has one;
+        by default so for the default regime (the log's provider's), never for a
+        ``--cache-regime`` given (``openai`` keeps its 0.5x, ``openai@0.1`` its 0.1x)."""
         name = self.options.price_as or model
-        key = (str(name), regime)
+        own = not self.options.regimes if own_read is None else own_read
+        key = (str(name), regime, own)
         if key not in self._prices:
             base, read = parse_regime(regime)
-            prices = regime_prices(name, base) if name else None
-            if prices is not None and read is not None:
-                prices = replace(prices, cache_read_per_mtok=prices.input_per_mtok * read)
+            prices = regime_prices(name, base, read, own_read=own) if name else None
             if prices is None:
                 what = f"no bundled price for model {name!r}" if name else "the log names no model"
                 raise LogError(f"{what}: price it as a known model with --price-as MODEL")
@@ -402,17 +418,81 @@ class Replayer:
         run.notes = list(session.notes)
         if self.options.include_text:
             run.texts = [c.reply.text for c in session.calls]
+        regimes = self.regimes_for(session)
+        for regime in regimes:  # a session that cannot be priced is refused before any call
+            self.prices(session.model, regime)
+        session, warm = self._with_standin(session, run)
         forms: dict[str, _Form] = {}
         plan = [
             (regime, self._form(session, regime, forms), self.prices(session.model, regime))
-            for regime in self.regimes_for(session)
+            for regime in regimes
         ]
         for regime, form, prices in plan:
             run.arms[regime] = {
-                arm: self._replay_arm(arm, regime, form, prices, progress) for arm in self.arms
+                arm: self._replay_arm(arm, regime, form, prices, progress, warm)
+                for arm in self.arms
             }
         self._truth(run, session)
         return run
+
+    def _with_standin(
+        self, session: Session, run: SessionRun
+    ) -> tuple[Session, list[dict[str, Any]] | None]:
+        """The session with a stand-in for the prefix its log does not hold (see
+        forms.with_standin), sized so that passthrough's first call holds the recorded
+        first call's input tokens (cache reads and writes included), and the stand-in's
+        part that call read from the cache (Anthropic; to prime each arm's cache with);
+        the note says so."""
+        first = session.calls[0].usage if session.calls else None
+        if not prefix_unlogged(session) or first is None or "passthrough" not in available_arms():
+            return session, None
+        run.notes = [n for n in run.notes if n != UNLOGGED_NOTE]
+        # What an earlier session left in the cache (Claude Code's system prompt and tools
+        # are the same in every session): the part the recorded first call read.
+        read = first.cache_read_tokens if session.provider == "anthropic" else 0
+        warm = standin_tools(read) if read else None
+        probe = with_standin(session, standin_text(STANDIN_PROBE_BYTES), warm)
+        measured = self._first_prompt(probe, self._standin_regime(session), warm)
+        nbytes = STANDIN_PROBE_BYTES + (first.input_tokens - (measured or 0)) * BYTES_PER_TOKEN
+        if measured is None:
+            run.notes.append(
+                "system prompt and tools not logged: no stand-in sent (its first call failed)"
+            )
+            return session, None
+        text = standin_text(nbytes) if nbytes > 0 else None
+        if text is None and warm is None:
+            run.notes.append(
+                "system prompt and tools not logged: no stand-in sent (the replayed first call "
+                "already holds the recorded input tokens)"
+            )
+            return session, None
+        padded = with_standin(session, text, warm)
+        run.standin_tokens = read + (estimate_text_tokens(text) if text else 0)
+        cached = f" ({read:,} of them cached before the session, as recorded)" if warm else ""
+        run.notes.append(
+            f"system prompt and tools not logged: a stand-in of {run.standin_tokens:,} tokens "
+            f"sent in their place{cached}"
+        )
+        return padded, warm
+
+    def _standin_regime(self, session: Session) -> str:
+        """The regime the stand-in is sized under: the truth check's (the log's provider's)
+        if it is replayed, else the first one."""
+        regimes = self.regimes_for(session)
+        own = [r for r in regimes if parse_regime(r)[0] == session.provider]
+        return (own or list(regimes))[0]
+
+    def _first_prompt(
+        self, session: Session, regime: str, warm: list[dict[str, Any]] | None
+    ) -> int | None:
+        """The input tokens of the session's first call as passthrough sends it (the call
+        replayed alone; the upstream's cache is forgotten before the arms run); None when
+        it fails (the arms then say how)."""
+        one = replace(session, calls=session.calls[:1])
+        form = _Form(one, call_scripts(one, 0), RequestBuilder(one, one.model or "replay-model"))
+        prices = self.prices(session.model, regime)
+        run = self._replay_arm("passthrough", regime, form, prices, lambda n: None, warm)
+        return run.first_prompt if run.errors == 0 and run.first_prompt else None
 
     def _form(self, session: Session, regime: str, forms: dict[str, _Form]) -> _Form:
         """The session as ``regime``'s upstream is sent it (``forms``: those made, by
@@ -429,14 +509,29 @@ class Replayer:
         return forms[dialect]
 
     def _truth(self, run: SessionRun, session: Session) -> None:
+        """The log's own bill (its model's own cache-read price where the price book has
+        one, whatever --cache-regime says) and passthrough's tokens at the same prices,
+        under the log's provider's regime (as given, or its first with ``@READ``)."""
         if not session.recorded_usage:
             return
-        regime = session.provider
-        prices = self.prices(session.model, regime)
+        labels = [r for r in run.arms if parse_regime(r)[0] == session.provider]
+        regime = session.provider if session.provider in run.arms else next(iter(labels), None)
+        if regime is None:
+            return
+        prices = self.prices(session.model, regime, own_read=True)
         run.recorded_usd = sum(cost_from_prices(c.usage, prices) for c in session.calls if c.usage)
         run.recorded_regime = regime
         first = session.calls[0].usage
         run.recorded_first_prompt = first.input_tokens if first else None
+        passthrough = run.arms[regime].get("passthrough")
+        if passthrough is not None:
+            tokens = passthrough.tokens
+            run.simulated_usd = (
+                tokens["input"] * prices.input_per_mtok
+                + tokens["cache_read"] * prices.cache_read_per_mtok
+                + tokens["cache_write"] * prices.cache_write_per_mtok
+                + tokens["output"] * prices.output_per_mtok
+            ) / 1e6
 
     def _replay_arm(
         self,
@@ -445,6 +540,7 @@ class Replayer:
         form: _Form,
         prices: Prices,
         progress: Callable[[int], None],
+        warm: list[dict[str, Any]] | None = None,
     ) -> ArmRun:
         session, builder = form.session, form.builder
         anthropic = session.dialect == "anthropic" or parse_regime(regime)[0] == "anthropic"
@@ -452,6 +548,11 @@ class Replayer:
         client = self._proxy(arm, regime, kind)
         upstream = self._upstream(regime)
         upstream.begin_session()
+        if warm and form.scripts and parse_regime(regime)[0] == "anthropic":
+            # The stand-in's cached part, as the session found it: its tools written.
+            upstream.prime(
+                {"tools": warm, "cache_control": {"type": "ephemeral"}}, form.scripts[0].at
+            )
         headers = _headers(session, f"replay-{uuid.uuid4().hex[:16]}")
         out = ArmRun()
         started = time.perf_counter()
@@ -519,7 +620,8 @@ def replay(
     with Replayer(options) as replayer:  # a usage error is said before any log is read
         if progress:
             total = count_calls(paths) * len(replayer.arms) * max(1, len(options.regimes))
-        for file, item in iter_sessions(paths):
+        replayed_calls: set[Any] = set()  # a copy of one in another file is counted once
+        for file, item in iter_sessions(paths, replayed_calls):
             if isinstance(item, Problem):
                 yield file, item
                 continue
@@ -528,4 +630,12 @@ def replay(
             except LogError as e:
                 yield file, Problem(file, f"session {item.id}: {e}")
                 continue
+            except Exception as e:
+                # A value of a shape no reader check foresaw, met while replaying: this
+                # session is one problem line, not a traceback that ends the others.
+                text = str(e).splitlines()[0][:200] if str(e) else ""
+                why = f"{type(e).__name__}: {text}" if text else type(e).__name__
+                yield file, Problem(file, f"session {item.id}: cannot be replayed ({why})")
+                continue
+            replayed_calls.update(k for k in item.call_keys if k is not None)
             yield file, run

@@ -63,6 +63,9 @@ class Session:
     headers: dict[str, str] = field(default_factory=dict)  # e.g. anthropic-beta as sent
     notes: list[str] = field(default_factory=list)  # what could not be replayed exactly
     skipped: list[str] = field(default_factory=list)  # lines of the log that did not parse
+    # Per call, what identifies it in another file too (None: nothing does): a call another
+    # session replayed is counted there only (see sources.iter_sessions).
+    call_keys: list[Any] = field(default_factory=list)
 
     def add(self, message: dict[str, Any]) -> int:
         self.pool.append(message)

@@ -138,6 +138,13 @@ class ReplayUpstream(SimModel):
         with self._lock:
             self.requests.clear()
 
+    def prime(self, body: dict[str, Any], at: float) -> None:
+        """Count ``body`` in the prompt cache at time ``at``, unbilled: what an earlier
+        session left in the cache (the stand-in for an unlogged prefix its first call read)."""
+        with self._guard:
+            self._now = at
+        self.cache.count(body)
+
     def play(self, script: CallScript) -> None:
         """The next call's script (the answers of the previous call are dropped)."""
         with self._guard:
