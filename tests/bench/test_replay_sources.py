@@ -704,3 +704,34 @@ def test_a_copy_s_calls_replay_in_the_next_file_when_the_first_cannot(tmp_path: 
     assert [(r.file.rsplit("/", 1)[-1], r.calls) for r in found if not isinstance(r, Problem)] == [
         ("b.jsonl", 2)
     ]
+
+
+def test_a_codex_rollout_from_before_wrapped_lines_is_read() -> None:
+    """Rollouts written before openai/codex#3380 (September 2025): a bare session meta, bare
+    ResponseItems and record_type lines, no turn_context or token counts."""
+    from skillstate.bench.replay.codex import read_codex
+
+    def message(role: str, kind: str, text: str) -> dict[str, Any]:
+        return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+    call = {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"}
+    lines = [
+        {"id": "legacy-1", "timestamp": "2025-08-01T10:00:00.000Z", "instructions": None,
+         "git": {"commit_hash": "abc"}},
+        {"record_type": "state"},
+        message("user", "input_text", "fix the bug"),
+        call,
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"record_type": "state"},
+        message("assistant", "output_text", "Fixed."),
+    ]  # fmt: skip
+    data = jsonl(*lines)
+    assert detect(io.BytesIO(data)) == "codex"
+    session = read_codex(io.BytesIO(data), "rollout-legacy.jsonl")
+    assert session.id == "legacy-1"
+    assert len(session.calls) == 2  # the call, then the answer after its output
+    assert [session.pool[i]["type"] for i in session.calls[1].messages] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]

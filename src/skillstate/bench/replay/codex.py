@@ -41,7 +41,7 @@ from skillstate.cost.usage import Usage, optional_token_count
 from .jsonstream import EmptyLog, LogError, iter_json_lines
 from .session import Call, Reply, Session
 
-__all__ = ["LINE_TYPES", "is_codex_line", "read_codex"]
+__all__ = ["LINE_TYPES", "is_codex_line", "is_legacy_meta", "read_codex"]
 
 LINE_TYPES = frozenset(
     {
@@ -91,7 +91,35 @@ _PRIVATE_KEYS = ("internal_chat_message_metadata_passthrough",)
 
 
 def is_codex_line(obj: Any) -> bool:
-    return isinstance(obj, dict) and obj.get("type") in LINE_TYPES and "payload" in obj
+    return (
+        isinstance(obj, dict) and obj.get("type") in LINE_TYPES and "payload" in obj
+    ) or is_legacy_meta(obj)
+
+
+def is_legacy_meta(obj: Any) -> bool:
+    """The first line of a rollout written before Codex wrapped its lines (openai/codex
+    #3380, September 2025): the bare session meta, ``{id, timestamp, instructions, git}``;
+    the lines after it are bare ``ResponseItem``s and ``{"record_type": "state"}``."""
+    return (
+        isinstance(obj, dict)
+        and "type" not in obj
+        and isinstance(obj.get("id"), str)
+        and isinstance(obj.get("timestamp"), str)
+        and ("instructions" in obj or "git" in obj)
+    )
+
+
+def _wrapped(line: dict[str, Any]) -> dict[str, Any] | None:
+    """A rollout line in the wrapped shape (``{timestamp, type, payload}``): a legacy
+    rollout's bare lines as the wrapped ones they became; None for a line that says
+    nothing about the calls (a legacy ``record_type`` line, or no object payload)."""
+    if isinstance(line.get("payload"), dict):
+        return line
+    if is_legacy_meta(line):
+        return {"type": "session_meta", "payload": line, "timestamp": line.get("timestamp")}
+    if "record_type" not in line and "payload" not in line and isinstance(line.get("type"), str):
+        return {"type": "response_item", "payload": line}
+    return None
 
 
 def is_sent(item: Any) -> bool:
@@ -222,8 +250,9 @@ def read_codex(f: IO[bytes], name: str, seen_calls: set[Any] | None = None) -> S
     session = Session(id=name, source="codex", dialect="responses", provider="openai", model=None)
     run = _Rollout(session)
     named = forked_from = None
-    for _, line in iter_json_lines(f, session.skipped):
-        if not isinstance(line, dict) or not isinstance(line.get("payload"), dict):
+    for _, raw in iter_json_lines(f, session.skipped):
+        line = _wrapped(raw) if isinstance(raw, dict) else None
+        if line is None:
             continue
         kind, payload, at = line.get("type"), line["payload"], _time(line.get("timestamp"))
         if kind == "session_meta":
