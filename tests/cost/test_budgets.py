@@ -244,31 +244,46 @@ def test_the_most_expensive_known_model_is_the_documented_one() -> None:
     assert (prices.input_per_mtok, prices.output_per_mtok) == (150.0, 600.0)
 
 
+class RacingStore(StoreStub):
+    """A store in whose ledger read another call ends (its row written, its hold gone):
+    after the read took the spend (``seen=False``), or before (``seen=True``)."""
+
+    def __init__(self, seen: bool) -> None:
+        super().__init__()
+        self.seen = seen
+
+    async def ledger_spend(self, prefix: str, since: float, **kw: Any) -> float:
+        ends, self.during_read = self.during_read, None
+        if ends is not None and self.seen:
+            await ends()
+        spent = await super().ledger_spend(prefix, since, **kw)
+        if ends is not None and not self.seen:
+            await ends()
+        return spent
+
+
+async def first_call_ends_in_a_read(store: RacingStore, now: list[float]) -> Budgets:
+    """A $0.60 call held under the key's $1 budget, set to end in the next ledger read."""
+    b = book(store, now)
+    first = await b.for_turn("k", key(1.0), "k:s1", None)
+    await reserve(first, 60)  # $0.60 held
+
+    async def first_ends() -> None:
+        store.rows.append(("k:s1", now[0], 0.60))
+        await first.release()
+
+    store.during_read = first_ends
+    return b
+
+
 def test_a_call_that_ends_while_another_reads_the_ledger_is_still_counted() -> None:
     """The reservation read the ledger before the first call's row was written, and the
     first call's hold ended before the reservation's check: its cost is in neither, unless
     the holds released meanwhile count."""
 
-    class RacingStore(StoreStub):
-        async def ledger_spend(self, prefix: str, since: float, **kw: Any) -> float:
-            spent = await super().ledger_spend(prefix, since, **kw)
-            if self.during_read is not None:
-                await self.during_read()  # the other call ends now: row written, hold gone
-                self.during_read = None
-            return spent
-
     async def run() -> None:
-        store, now = RacingStore(), [100 * DAY]
-        store.during_read = None
-        b = book(store, now)
-        first = await b.for_turn("k", key(1.0), "k:s1", None)
-        await reserve(first, 60)  # $0.60 held
-
-        async def first_ends() -> None:
-            store.rows.append(("k:s1", now[0], 0.60))
-            await first.release()
-
-        store.during_read = first_ends
+        store, now = RacingStore(seen=False), [100 * DAY]
+        b = await first_call_ends_in_a_read(store, now)
         second = await b.for_turn("k", key(1.0), "k:s2", None)
         with pytest.raises(BudgetExceeded):
             await reserve(second, 50)  # read $0 spent, but $0.60 ended meanwhile: 1.10 > 1
@@ -282,24 +297,9 @@ def test_a_call_that_ends_during_a_read_that_sees_its_cost_is_counted_once() -> 
     ledger, and the read saw the row: counted as spent and as held, the call would be
     refused (the CI's flaky burst of twenty, 4 admitted of 5); the ledger is read again."""
 
-    class RacingStore(StoreStub):
-        async def ledger_spend(self, prefix: str, since: float, **kw: Any) -> float:
-            if self.during_read is not None:
-                await self.during_read()  # the other call ends first: row written, hold gone
-                self.during_read = None
-            return await super().ledger_spend(prefix, since, **kw)
-
     async def run() -> None:
-        store, now = RacingStore(), [100 * DAY]
-        b = book(store, now)
-        first = await b.for_turn("k", key(1.0), "k:s1", None)
-        await reserve(first, 60)  # $0.60 held
-
-        async def first_ends() -> None:
-            store.rows.append(("k:s1", now[0], 0.60))
-            await first.release()
-
-        store.during_read = first_ends
+        store, now = RacingStore(seen=True), [100 * DAY]
+        b = await first_call_ends_in_a_read(store, now)
         second = await b.for_turn("k", key(1.0), "k:s2", None)
         await reserve(second, 40)  # $0.60 spent + $0.40 fits: the $0.60 counted once
         assert second.headers(0.0)["x-skillstate-budget-spent-usd"] == "0.60000000"
