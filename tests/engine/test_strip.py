@@ -213,6 +213,31 @@ def test_a_fenced_envelope_is_removed_wherever_the_stream_splits_it(
     assert extract_envelope(whole).envelope is None or whole == text
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    _envelope_parts(), st.sampled_from(["```json", "``` json", "~~~", "````JSON"]), st.booleans()
+)
+def test_a_fence_glued_to_the_end_of_a_line_goes_with_the_envelope_after_it(
+    envelope: str, opener: str, more: bool
+) -> None:
+    """A model that writes its fence after text on one line ("Hello there. ```json"): the
+    extractor takes the envelope on the next line; the client saw the fence and its closing
+    line left behind as an empty code block (probe Q). They go with the envelope."""
+    closer = opener.rstrip("JSONjson ").strip()
+    after = "\nBye." if more else ""
+    text = f"Hello there. {opener}\n{envelope}\n{closer}{after}"
+    whole = strip_envelope(text)
+    assert whole.envelope is not None
+    assert whole.text == "Hello there." + after
+    for cut in range(len(text) + 1):
+        assert streamed(text, [cut]) == whole.text
+    assert streamed(text, list(range(len(text)))) == whole.text
+    # Not followed by an envelope, a glued fence is the model's text, left as it was.
+    prose = f"Use {opener}\nnot json\n{closer}"
+    assert strip_envelope(prose).text == prose
+    assert streamed(prose, list(range(len(prose)))) == prose
+
+
 def test_whitespace_before_a_possible_fence_is_read_once() -> None:
     assert streamed("\n```", [2]) == strip_envelope("\n```").text == "\n```"
 

@@ -67,6 +67,16 @@ __all__ = [
 _FENCE_CHARS = "`~"
 _LINE_BLANKS = frozenset(" \t\r\f\v")  # patch._BLANK: what may precede a fence on its line
 _JSON_WS = frozenset(" \t\r\n")
+# A fence opener glued to the end of a prose line ("Done. ```json"): not a fence to
+# markdown or to patch.py, but when an envelope object follows on the next line it is the
+# fence the model meant, and it goes with the envelope, as its closing line does. Read
+# backwards from the line's end, each part (blanks, tag, blanks, run) at most _GLUED_MAX
+# characters: the check is O(1) however long the line, and a stream is held back only
+# while its line ends in what may still become one. (A line that starts with a fence run
+# opens a block: it never reaches _prose.)
+_GLUED_MAX = 16
+_TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+#-")
+_TAB_BLANKS = frozenset(" \t")
 # Characters that may appear outside strings in a JSON object.
 _JSON_BARE = frozenset("{}[],:0123456789-+.eEtrufalsn \t\r\n")
 
@@ -103,6 +113,31 @@ def _as_envelope(value: Any, source: str) -> Envelope | None:
     if _envelope_problem(value, "") is not None:
         return None
     return Envelope(value["state_patch"], value.get("action"), None, source)
+
+
+def _back_over(text: str, end: int, chars: frozenset[str] | str) -> int | None:
+    """Where the run of ``chars`` that ends at ``end`` starts; None past _GLUED_MAX."""
+    start = end
+    while start > 0 and text[start - 1] in chars:
+        start -= 1
+        if end - start > _GLUED_MAX:
+            return None
+    return start
+
+
+def _fence_tail(text: str) -> tuple[int, int, str] | None:
+    """(its start, its fence run's length, its tag) when ``text`` ends with a fence run of
+    one character, blanks, an info tag and blanks (each part short); else None."""
+    tag_end = _back_over(text, len(text), _TAB_BLANKS)
+    tag_start = None if tag_end is None else _back_over(text, tag_end, _TAG_CHARS)
+    run_end = None if tag_start is None else _back_over(text, tag_start, _TAB_BLANKS)
+    if run_end is None or tag_end is None or tag_start is None or run_end == 0:
+        return None
+    char = text[run_end - 1]
+    start = _back_over(text, run_end, char) if char in _FENCE_CHARS else None
+    if start is None:
+        return None
+    return start, run_end - start, text[tag_start:tag_end]
 
 
 def _fence_close(
@@ -165,6 +200,9 @@ class EnvelopeStripper:
         # An envelope removed with the line break before it, after text went out: what
         # follows it on its line must not join the shown text's last line.
         self._break = False
+        self._glued = ""  # a glued opener held (with the blanks before it), see _GLUED_OPENER
+        self._glued_fence = ("", 0)
+        self._closer: tuple[str, int] | None = None  # the glued block's closing line, to drop
 
     # -- public ------------------------------------------------------------------------------
 
@@ -180,6 +218,7 @@ class EnvelopeStripper:
         """The held-back rest, at the end of the reply. ``fallback``: a reply that was only
         envelopes becomes the last one's action (see the module docstring)."""
         self._run(final=True)
+        self._show_glued()
         self._emit(self._ws)
         self._ws = ""
         shown = self.fallback_text() if fallback else ""
@@ -219,8 +258,19 @@ class EnvelopeStripper:
             self._raw = None
         self._out.append(text)
 
+    def _show_glued(self) -> None:
+        """A held glued opener is prose after all (no envelope follows it)."""
+        if self._glued:
+            self._emit(self._glued)
+            self._glued = ""
+
     def _decided(self, span: str, envelope: Envelope | None) -> None:
         """A candidate is decided: drop it with the whitespace before it, or show both."""
+        if envelope is not None and self._glued:
+            # The fence glued before it goes with it, and so will its closing line.
+            self.removed_chars += len(self._glued.strip())
+            self._glued, self._closer = "", self._glued_fence
+        self._show_glued()
         if envelope is not None:
             self.envelope = envelope
             self.removed_chars += len(span)
@@ -265,6 +315,12 @@ class EnvelopeStripper:
                 # into a fenced envelope the client would see.
                 self._ws = "\n" + self._ws
         c = todo[j]
+        if self._closer is not None:
+            end = self._closing_line(j, final)
+            if end < 0:
+                return -1
+            if end > j:
+                return end
         if c == "{" and (self._fresh or not self._line_blanks):
             self.candidates += 1
             self._fresh = False
@@ -272,6 +328,7 @@ class EnvelopeStripper:
             self._cand = "{"
             self._depth, self._in_str, self._esc, self._need_key = 1, False, False, True
             return j + 1
+        self._show_glued()
         if c in _FENCE_CHARS and all(b in _LINE_BLANKS for b in self._line_blanks):
             k = j
             while k < n and todo[k] == c:
@@ -286,23 +343,70 @@ class EnvelopeStripper:
         self._state = _PROSE
         return j
 
+    def _closing_line(self, j: int, final: bool) -> int:
+        """At a line's first non-blank character after an envelope a glued opener went
+        with: the end of that line when it is the block's closing fence (dropped, with the
+        whitespace since the envelope), ``j`` when it is not, -1 until the line is whole."""
+        todo = self._todo
+        nl = todo.find("\n", j)
+        if nl < 0 and not final:
+            return -1
+        end = len(todo) if nl < 0 else nl
+        char, length = self._closer or ("", 0)
+        self._closer = None
+        line = todo[j:end].rstrip(" \t\r\f\v")
+        if len(line) >= length and line == char * len(line):
+            self.removed_chars += len(line)
+            self._ws = ""
+            return end
+        return j
+
     def _prose(self, i: int, final: bool) -> int:
         todo = self._todo
         nl = todo.find("\n", i)
         end = len(todo) if nl < 0 else nl
         segment = todo[i:end]
+        if nl < 0 and not final:
+            tail = _fence_tail(segment)
+            if tail is not None and any(t.startswith(tail[2].lower()) for t in _JSON_TAGS):
+                # It may end as a glued opener: held until the line's end.
+                if tail[0] == 0:
+                    return -1
+                end, segment = i + tail[0], segment[: tail[0]]
+        elif nl >= 0 and self._glued_at_end(segment):
+            self._line_blanks = ""
+            self._state = _LINE_START
+            return nl + 1
         body = segment.rstrip()
         if body:
             self._emit(self._ws + body)
             self._ws = segment[len(body) :]
         else:
             self._ws += segment
-        if nl < 0:
+        if nl < 0 or end < nl:
             return end
         self._ws += "\n"
         self._line_blanks = ""
         self._state = _LINE_START
         return nl + 1
+
+    def _glued_at_end(self, segment: str) -> bool:
+        """Whether the rest of a prose line ends with a glued JSON or untagged opener:
+        then the text before it is shown and the opener held, until the next line says
+        whether an envelope follows."""
+        tail = _fence_tail(segment)
+        if tail is None or tail[1] < 3 or tail[2].lower() not in (*_JSON_TAGS, ""):
+            return False
+        start, run, _ = tail
+        head = segment[:start]
+        body = head.rstrip()
+        if body:
+            self._emit(self._ws + body)
+            self._ws = ""
+        self._glued = self._ws + head[len(body) :] + segment[start:]
+        self._glued_fence = (segment[start], run)
+        self._ws = "\n"
+        return True
 
     def _object(self, i: int, final: bool) -> int:
         """Scan an unfenced "{" until its object ends, or it cannot be JSON."""
@@ -365,6 +469,7 @@ class EnvelopeStripper:
         # Not JSON after all: the "{" is prose, and what followed it is read again.
         rest = self._cand[1:]
         self._cand = ""
+        self._show_glued()
         self._emit(self._ws + "{")
         self._ws = ""
         self._state = _PROSE
