@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from skillstate.bench.replay.forms import STANDIN_FILLER
 from skillstate.dialects.responses.translate import input_to_messages
 from tests.agents.conftest import Agents
 from tests.agents.replay_logs import write_claude_code_log, write_codex_rollout
@@ -31,4 +32,8 @@ def test_a_fresh_codex_rollout_replays_as_sent(agents: Agents, tmp_path: Path) -
     received = run.arms["openai"]["passthrough"].requests
     for (body,), items in zip(received, sent, strict=True):
         want = input_to_messages({"input": items})
-        assert body["messages"][1:] == want[1:]  # the first: see test_replay_sources
+        # Codex logs no tool definitions: a stand-in of their size goes as `instructions`
+        # (the proxy's leading system message), then what Codex sent.
+        standin, *messages = body["messages"]
+        assert STANDIN_FILLER in standin["content"]
+        assert messages[1:] == want[1:]  # the first: see test_replay_sources
