@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -54,6 +55,29 @@ def test_keys_on_a_mistyped_data_dir_say_no_store_and_make_none(
     r = skillstate("keys", "--data-dir", str(typo), *action, cwd=tmp_path)
     assert one_line(r) == f"skillstate: data_dir: no store at {typo / 'skillstate.db'}"
     assert r.stdout == "" and not typo.exists()
+
+
+@pytest.mark.parametrize("command", [["cost"], ["cost", "--json"], ["keys", "list"]])
+@pytest.mark.parametrize("content", [b"", "header"], ids=["zero bytes", "a header, no table"])
+def test_a_store_file_with_no_tables_is_no_store_to_read_and_stays_as_it_was(
+    tmp_path: Path, command: list[str], content: bytes | str
+) -> None:
+    """`cost` and `keys list` on an empty skillstate.db (a `touch`, or a database nothing
+    wrote to) wrote a whole new store into it and answered 'no spend' / 'no keys'."""
+    data = tmp_path / "d"
+    data.mkdir()
+    db = data / "skillstate.db"
+    if isinstance(content, bytes):
+        db.write_bytes(content)
+    else:
+        with sqlite3.connect(db) as made:
+            made.execute("PRAGMA user_version = 7")  # a header page, no table
+        made.close()
+    before = db.read_bytes()
+    r = skillstate(command[0], "--data-dir", str(data), *command[1:], cwd=tmp_path)
+    assert one_line(r) == f"skillstate: data_dir: no store at {db}"
+    assert r.stdout == "" and db.read_bytes() == before
+    assert sorted(p.name for p in data.iterdir()) == ["skillstate.db"]
 
 
 def test_keys_create_still_makes_the_store_the_others_then_use(tmp_path: Path) -> None:

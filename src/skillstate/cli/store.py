@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,7 +15,6 @@ from ..config import ConfigError, Settings
 from ..store import Store, StoreError
 from ..store.base import COUNTED
 from ..store.copy import CopyReport, copy_store
-from ..store.datadir import sqlite_tables
 from ..store.factory import describe_store, make_store
 from ..store.schemes import URL_FORMS, url_problem
 from ..urltext import redacted
@@ -92,18 +90,9 @@ def open_url(url: str, option: str, *, must_exist: bool) -> Store:
         store = make_store(settings, exclusive=True)
     except StoreError as e:
         raise ConfigError(f"{option}: {e}") from None
-    if must_exist and (not store.exists() or _empty_sqlite(store)):
+    if must_exist and not store.exists():
         raise ConfigError(f"{option}: no store at {describe_store(settings)}")
     return store
-
-
-def _empty_sqlite(store: Store) -> bool:
-    """A SQLite file with no tables (and no WAL that could hold them): opening it as the
-    source would write a new store into the file the copy only reads."""
-    path = getattr(store, "path", None)
-    if not isinstance(path, Path) or Path(f"{path}-wal").exists():
-        return False
-    return path.is_file() and sqlite_tables(path) == set()
 
 
 async def _open(store: Store, option: str) -> None:

@@ -50,7 +50,7 @@ from ..base import (
     TransitionRecord,
 )
 from ..cache import BudgetCache, CachedSession, SessionCache
-from ..datadir import lock_data_dir, prepare_path, unlock_data_dir
+from ..datadir import lock_data_dir, prepare_path, sqlite_tables, unlock_data_dir
 from ..ledgersql import (
     GROUP_BY,
     SEPARATOR,
@@ -307,7 +307,13 @@ class SQLiteStore:
         return self.path.parent
 
     def exists(self) -> bool:
-        return self.path.is_file()
+        """A file with tables, or with a WAL that may hold them. A file with no tables (an
+        empty one, or a database nothing was written to) is no store: a command that only
+        reads would write a new store into it."""
+        path = self.path
+        if not path.is_file():
+            return False
+        return Path(f"{path}-wal").exists() or sqlite_tables(path) != set()
 
     def preflight(self) -> None:
         """The data dir is safe, no other proxy holds it (the hold taken here lasts until
