@@ -1,4 +1,5 @@
-"""Tests for skillstate.engine.strip: the reply without the envelope, streamed and not."""
+"""Tests for skillstate.engine.stripper and the dialects' strip_reply: the reply without the
+envelope, streamed and not."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from skillstate.dialects.anthropic import ANTHROPIC
+from skillstate.dialects.openai import OPENAI
 from skillstate.engine.patch import extract_envelope
-from skillstate.engine.strip import (
+from skillstate.engine.stripper import (
     EnvelopeStripper,
     strip_envelope,
-    strip_reply,
     strip_texts,
     strip_transcript,
 )
@@ -314,15 +316,15 @@ def test_strip_reply_openai_every_choice() -> None:
         "usage": {"prompt_tokens": 1},
     }
     before = orjson.dumps(resp)
-    out, removed = strip_reply("openai", resp)
+    out, removed = OPENAI.strip_reply(resp)
     assert orjson.dumps(resp) == before
     assert [c["message"]["content"] for c in out["choices"]] == ["Booked.", "ask the user"]
     assert out["usage"] == resp["usage"] and out["id"] == "x"
     assert removed.envelope is not None and removed.removed_chars == len(BLOCK)
     plain = {"choices": [{"message": {"role": "assistant", "content": "Hi"}}]}
-    assert strip_reply("openai", plain)[0] is plain
+    assert OPENAI.strip_reply(plain)[0] is plain
     calls = {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": []}}]}
-    assert strip_reply("openai", calls)[0] is calls
+    assert OPENAI.strip_reply(calls)[0] is calls
 
 
 def test_strip_reply_anthropic_text_blocks() -> None:
@@ -332,16 +334,14 @@ def test_strip_reply_anthropic_text_blocks() -> None:
         "content": [{"type": "text", "text": f"Calling f.\n\n{BLOCK}"}, tool_use],
         "stop_reason": "tool_use",
     }
-    out, removed = strip_reply("anthropic", resp)
+    out, removed = ANTHROPIC.strip_reply(resp)
     assert out["content"] == [{"type": "text", "text": "Calling f."}, tool_use]
     assert removed.envelope is not None
     only = {"type": "message", "content": [{"type": "text", "text": BLOCK}, tool_use]}
     # Beside a tool call the action was never said to the user: no text block (issue 23).
-    assert strip_reply("anthropic", only)[0]["content"] == [tool_use]
+    assert ANTHROPIC.strip_reply(only)[0]["content"] == [tool_use]
     alone = {"type": "message", "content": [{"type": "text", "text": BLOCK}]}
-    assert strip_reply("anthropic", alone)[0]["content"] == [
-        {"type": "text", "text": "ask the user"}
-    ]
+    assert ANTHROPIC.strip_reply(alone)[0]["content"] == [{"type": "text", "text": "ask the user"}]
 
 
 # -- the sole envelope: the verdict's reading taken from the strip ---------------------------

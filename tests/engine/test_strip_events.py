@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skillstate.engine.strip import strip_envelope
 from skillstate.engine.strip_events import AnthropicEventStripper, OpenAIChunkStripper
+from skillstate.engine.stripper import strip_envelope
 
 ENV = '{"state_patch": {"step": 2}, "action": "ask the user"}'
 BLOCK = f"```json\n{ENV}\n```"

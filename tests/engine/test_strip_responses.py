@@ -14,8 +14,8 @@ from skillstate.dialects import sse
 from skillstate.dialects.responses import RESPONSES, strip_response
 from skillstate.dialects.responses.stream import ChatToResponsesRelay
 from skillstate.dialects.sse import SSEParser
-from skillstate.engine.strip import strip_envelope, strip_reply, strip_request
 from skillstate.engine.strip_events import StrippingRelay
+from skillstate.engine.stripper import strip_envelope
 from tests.engine.test_strip_events import BLOCK, replies
 
 REASONING = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "enc=="}
@@ -179,7 +179,7 @@ def test_reply_strips_the_message_and_keeps_other_items() -> None:
         "object": "response",
         "output": [REASONING, message(f"Listing.\n{BLOCK}"), CALL],
     }
-    out, removed = strip_reply("openai-responses", resp)
+    out, removed = RESPONSES.strip_reply(resp)
     assert out["output"][1]["content"][0]["text"] == "Listing."
     assert out["output"][0] is REASONING and out["output"][2] is CALL
     assert removed.envelope is not None and removed.envelope.action == "ask the user"
@@ -212,7 +212,7 @@ def test_request_strips_earlier_assistant_items_only() -> None:
         "model": "m",
         "input": [user, message(f"Looked.\n{BLOCK}"), REASONING, CALL, easy],
     }
-    clean = strip_request("openai-responses", body)
+    clean = RESPONSES.strip_request(body)
     items = clean["input"]
     assert items[0] is user  # the user's own text is theirs
     assert items[1]["content"][0]["text"] == "Looked."
@@ -220,7 +220,7 @@ def test_request_strips_earlier_assistant_items_only() -> None:
     assert items[4] == {"role": "assistant", "content": "Done."}
     assert body["input"][1]["content"][0]["text"] == f"Looked.\n{BLOCK}"  # not mutated
     plain = {"model": "m", "input": [user, message("Looked."), CALL]}
-    assert strip_request("openai-responses", plain) is plain
+    assert RESPONSES.strip_request(plain) is plain
 
 
 def test_relay_keeps_numbering_through_dropped_deltas_and_an_error() -> None:

@@ -1,7 +1,7 @@
 """The honest baseline: what a turn would have cost WITHOUT the proxy, caching included.
 
 Pure logic; the caller (the turn's meter) supplies the client's transcript with the
-proxy's envelopes removed (:func:`skillstate.engine.strip.strip_transcript`), the baseline input
+proxy's envelopes removed (:func:`skillstate.engine.stripper.strip_transcript`), the baseline input
 tokens (the upstream's reported input scaled by the estimated size ratio, or for a ``mask``
 turn plus the estimated difference: :func:`skillstate.cost.ledger.baseline_input_tokens`),
 the reply, the price book's rates and the clock.

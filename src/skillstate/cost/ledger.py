@@ -25,7 +25,7 @@ with the same estimator (``skillstate.cost.tokens.estimate_tokens``)::
 
 (exact rational arithmetic, Python's round-half-to-even; ``est_sent <= 0`` -> ``actual_input``),
 where ``est_transcript`` is the client's transcript with every envelope the proxy caused
-removed (``skillstate.engine.strip.strip_transcript``). A ``mask`` turn (context ``mask``)
+removed (``skillstate.engine.stripper.strip_transcript``). A ``mask`` turn (context ``mask``)
 instead adds the difference::
 
     baseline_input_tokens = actual_input + est_transcript - est_sent   (at least 0)

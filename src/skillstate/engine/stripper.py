@@ -1,8 +1,8 @@
 """The envelope stripper: a text without the proxy's protocol. Pure, no I/O, no dialect.
 
 The machine every dialect's reply, stream and transcript stripping is built on (each
-dialect module says where its format keeps text; :mod:`skillstate.engine.strip` picks the dialect
-by name).
+dialect module says where its format keeps text: ``Dialect.strip_reply``,
+``stream_stripper``, ``strip_request``).
 
 With ``reply_envelope: strip`` the client sees the reply minus every envelope the
 extractor (:mod:`skillstate.engine.patch`) would accept: fenced ```json / untagged ``` blocks whose

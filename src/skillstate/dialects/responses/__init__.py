@@ -151,7 +151,7 @@ def _all_blank(item: JSON) -> bool:
 
 def strip_response(resp: JSON, known: Known = None) -> tuple[JSON, Stripped]:
     """A ``response`` object without envelopes: the output_text parts of its message items,
-    stripped together as one message (:func:`~skillstate.engine.strip.strip_texts`: a reply that
+    stripped together as one message (:func:`~skillstate.engine.stripper.strip_texts`: a reply that
     was only the envelope shows its action, unless the reply calls a tool: then a message
     item left empty goes, as the stream drops it); reasoning and tool-call items untouched,
     and a part left empty kept otherwise (its indexes are the stream's). ``resp`` itself

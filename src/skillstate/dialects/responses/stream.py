@@ -443,7 +443,7 @@ class ResponsesEventStripper:
     """Strips the envelope from a Responses API event stream, event by event.
 
     Each output_text part (by output index and content index) has its own
-    :class:`~skillstate.engine.strip.EnvelopeStripper`: its ``response.output_text.delta`` events
+    :class:`~skillstate.engine.stripper.EnvelopeStripper`: its ``response.output_text.delta`` events
     carry the stripped text (a delta left empty is not sent), and the held-back rest goes
     out as one more delta right before the part's ``response.output_text.done``. That event,
     ``response.content_part.done``, ``response.output_item.done`` and the terminal
