@@ -5,6 +5,7 @@ from __future__ import annotations
 from skillstate.cost.ledger import Usage
 from skillstate.cost.meter import MeterContext, TurnMeter
 from skillstate.cost.pricing import PriceBook, PriceOverride
+from skillstate.upstream.client import AttemptRecord
 
 BOOK = PriceBook(overrides_by_model={"m": PriceOverride(input_per_mtok=1.0, output_per_mtok=2.0)})
 CTX = MeterContext(session="s", mode="state", model="m", est_client=400)
@@ -42,6 +43,27 @@ def test_restore_brings_back_the_discarded_answer_after_a_failed_re_ask() -> Non
     assert [r.kind for r in meter.rows] == ["generation", "transport-retry"]
     assert meter.rows[0].baseline_input_tokens == 400
     assert meter.headers()["x-skillstate-saved-tokens"] == "300"
+
+
+def test_a_call_no_attempt_answered_keeps_its_last_attempt_as_the_turns_row() -> None:
+    lost = [AttemptRecord("u", 0, "cut", billed=True), AttemptRecord("v", 0, "cut", billed=True)]
+    meter = TurnMeter(BOOK, CTX)
+    meter.unanswered(lost)
+    assert [(r.kind, r.upstream) for r in meter.rows] == [
+        ("transport-retry", "u"),
+        ("generation", "v"),
+    ]
+    assert meter.answered_yet
+    # A re-ask that no attempt answered: the turn keeps the answer it had, so all retries.
+    meter = TurnMeter(BOOK, CTX)
+    answer(meter, 100)
+    meter.discard_last()
+    meter.unanswered(lost)
+    meter.restore()
+    assert [r.kind for r in meter.rows] == ["generation", "transport-retry", "transport-retry"]
+    meter = TurnMeter(BOOK, CTX)
+    meter.unanswered([])  # nothing was sent (every circuit open): no row, no answer
+    assert meter.rows == [] and not meter.answered_yet
 
 
 def test_rows_the_commit_took_are_not_flushed_again() -> None:

@@ -190,7 +190,8 @@ def test_a_kill_after_a_failed_calls_rows_charges_no_hold_it_did_not_use(
     killed_under_a_budgeted_call(proxy, "k2")
     assert len(fake.requests) == 1
     proxy.start()
-    cut = ("transport-retry", None, pytest.approx(0.10))  # the cut attempt, at its worst case
+    # The cut attempt, at its worst case; no attempt answered, so it is the turn's own row.
+    cut = ("generation", None, pytest.approx(0.10))
     assert ledger(tmp_path / "data", "kind") == [cut]
     assert spent_after_a_call(proxy, fake) == pytest.approx(0.106)
     assert "cut by a proxy" not in proxy.stop()

@@ -454,6 +454,38 @@ def test_eight_turn_session_baseline_and_saved_pct(shared: Shared) -> None:
     )
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_no_attempt_answered_is_a_request_whose_last_attempt_is_its_own(
+    fake: FakeProvider, start_proxy: StartProxy, stream: bool
+) -> None:
+    """Every attempt cut (the provider closed the connection after taking the request):
+    the client gets the proxy's 502, and the turn counts as one request, its last attempt
+    the turn's own row. All of them were transport retries: `/cost` said `requests: 0`
+    for a turn that was charged."""
+    config = {"schema": ["notes"], "prices": {"m": MY_PRICES}, "retry_max_attempts": 3,
+              "retry_base_delay": 0, "retry_max_delay": 0, "failure_threshold": 10}  # fmt: skip
+    p = start_proxy(fake.url, config=config)
+    fake.enqueue(Reply(drop=True), Reply(drop=True), Reply(drop=True))
+    r = p.http.post(
+        p.v1 + "/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": stream},
+        headers={SESSION_HEADER: "lost"},
+        timeout=10,
+    )
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["code"] == "upstream_answer_lost"
+    assert len(fake.requests) == 3
+    t = cost_of(p, session="lost")["totals"]
+    assert t["requests"] == 1
+    assert t["attempts"] == {
+        "generation": 1,
+        "stream": 0,
+        "rollback-retry": 0,
+        "transport-retry": 2,
+    }
+    assert t["usage_unavailable_rows"] == 3  # each may be billed: no usage, never "free"
+
+
 def test_cost_endpoint_and_cli_agree(
     fake: FakeProvider, start_proxy: StartProxy, tmp_path: Path
 ) -> None:

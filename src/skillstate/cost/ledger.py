@@ -12,7 +12,7 @@ Rows
 ----
 One ``LedgerRow`` per upstream attempt. Exactly one row per client turn has kind
 ``"generation"`` (non-streamed) or ``"stream"`` (streamed): the attempt whose answer went to the
-client. Every other attempt the proxy made is a ``"rollback-retry"`` (re-ask after an invalid
+client (when none answered, the last attempt: ``TurnMeter.unanswered``). Every other attempt the proxy made is a ``"rollback-retry"`` (re-ask after an invalid
 state patch) or a ``"transport-retry"`` (re-send after a transport/5xx/429 failure) row.
 
 Baseline (what the turn would have cost WITHOUT the proxy)

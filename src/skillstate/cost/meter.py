@@ -186,6 +186,17 @@ class TurnMeter:
         for a in attempts:
             self.failed(a.upstream, a.status, billed=a.billed)
 
+    def unanswered(self, attempts: Iterable[_Attempt]) -> None:
+        """A call that no attempt answered (the client gets the proxy's own error): each
+        attempt, the last as the turn's answer when it has none yet (the error is what the
+        client got, so the turn keeps its one ``generation`` row and counts as a request),
+        the ones before it as transport retries."""
+        attempts = list(attempts)
+        for i, a in enumerate(attempts):
+            own = i == len(attempts) - 1 and not self._answered
+            kind: Kind = "generation" if own else "transport-retry"
+            self.failed(a.upstream, a.status, kind, billed=a.billed)
+
     def cancelled(self, attempts: Iterable[_Attempt]) -> None:
         """A call cut by its turn's cancellation: each attempt, and the one it cut
         (``CLIENT_CLOSED``: the upstream had the request and may bill it) as the turn's

@@ -143,7 +143,7 @@ class Completer:
                 ex = await self.pool.dispatch(out, failures, HoldPerBilledAttempt.of(reserve), read)
             return ex
         except ProxyError as e:
-            meta.meter.failed_attempts(e.attempts)
+            meta.meter.unanswered(e.attempts)
             raise
         except asyncio.CancelledError:
             # The turn is cancelled with a call out (its answer maybe generated and billed):
