@@ -92,6 +92,26 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path: Path) -> None:
     unlock_data_dir(db)
 
 
+async def test_a_store_exists_when_its_file_has_tables_or_a_wal(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    assert not SQLiteStore(db).exists()  # no file
+    db.write_bytes(b"")
+    assert not SQLiteStore(db).exists()  # an empty file: no store to read
+    store = SQLiteStore(db, exclusive=True)
+    await store.open()
+    try:
+        assert SQLiteStore(db).exists()  # open: its tables (and its WAL)
+    finally:
+        await store.close()
+    assert SQLiteStore(db).exists() and not Path(f"{db}-wal").exists()  # closed: tables
+    other = tmp_path / "o.db"
+    with contextlib.closing(sqlite3.connect(other)) as made:
+        made.execute("PRAGMA user_version = 3")
+    assert not SQLiteStore(other).exists()  # a database with no table
+    Path(f"{other}-wal").write_bytes(b"")
+    assert SQLiteStore(other).exists()  # a WAL may hold tables: left to open() to read
+
+
 async def test_a_commit_conflict_drops_the_stale_cached_session(tmp_path: Path) -> None:
     db = tmp_path / "skillstate.db"
     a, b = SQLiteStore(db), SQLiteStore(db)
