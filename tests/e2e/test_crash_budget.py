@@ -105,6 +105,43 @@ def test_calls_cut_by_a_kill_are_charged_their_worst_case_after_the_restart(
     assert "2 call(s) cut by a proxy that stopped with them out" in proxy.stop()
 
 
+def test_a_streamed_call_cut_by_a_kill_stays_a_stream_row(
+    fake: FakeProvider, start_proxy_process: StartProxyProcess, tmp_path: Path
+) -> None:
+    """The pending row of a streamed call is of the kind its own row would have been: it
+    was a `generation` row, so `/cost` counted a streamed turn cut by a kill as a
+    non-streamed one."""
+    proxy = start_proxy_process(
+        fake.url + "/v1", "--mode", "passthrough", config={"prices": PRICES}
+    )
+    held = threading.Event()
+    fake.enqueue(Reply(text="word " * 100, hold=held))
+
+    def cut() -> None:
+        with contextlib.suppress(openai.APIError):
+            for _ in oai(proxy, "sk", timeout=SIGNAL_WAIT).chat.completions.create(
+                model="m",
+                max_tokens=100,
+                messages=[{"role": "user", "content": "streamed"}],
+                extra_headers=HEADERS,
+                stream=True,
+            ):
+                pass
+
+    out = threading.Thread(target=cut)
+    out.start()
+    fake.wait_for(lambda requests: len(requests) == 1, timeout=SIGNAL_WAIT)
+    proxy.kill9()
+    held.set()
+    out.join(SIGNAL_WAIT)
+    assert ledger(tmp_path / "data", "kind") == [("stream", None, pytest.approx(0.10))]
+    proxy.start()
+    totals = proxy.get("/cost", params={"session": "run"}).json()["totals"]
+    assert totals["requests"] == 1 and totals["attempts"]["stream"] == 1
+    assert totals["estimated_cost_usd"] == pytest.approx(0.10)
+    assert "1 call(s) cut by a proxy that stopped with them out" in proxy.stop()
+
+
 KILL_AFTER_COMMIT = {"SKILLSTATE_TEST_KILL": "after-commit:k1"}
 
 

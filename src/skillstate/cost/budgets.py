@@ -284,8 +284,9 @@ class TurnBudgets:
     book: Budgets
     allow_unpriced: bool
     keyed: bool = False  # the turn's caller has a client key (which allow_unpriced is of)
-    session: str = ""  # the turn's session (store id) and mode: its pending rows'
+    session: str = ""  # the turn's session (store id), mode and streaming: its pending rows'
     mode: str = ""
+    stream: bool = False
     _spent: dict[str, float] = field(default_factory=dict)
     _releases: list[Release] = field(default_factory=list, repr=False)
     _pending: list[str] = field(default_factory=list, repr=False)  # its pending rows' ids
@@ -315,7 +316,7 @@ class TurnBudgets:
         call = self.book.worst.cost(rates, input_tokens, body, names, unlimited=unlimited)
         held: list[Release] = []
         spent_before: dict[str, float] = {}
-        pending = self.book.pending_row(self.session, model, self.mode, call)
+        pending = self.book.pending_row(self.session, model, self.mode, call, self.stream)
         written = pending  # written with the first spend read
         # The turns the store could not take before, written first: their holds end, and
         # the spend read below counts their calls once, at their real cost.
@@ -458,11 +459,13 @@ class Budgets:
         # The turns whose rows the store could not take at their end, written again.
         self.unsettled = UnsettledCalls(store)
 
-    def pending_row(self, session: str, model: str, mode: str, usd: float) -> LedgerRow | None:
+    def pending_row(
+        self, session: str, model: str, mode: str, usd: float, stream: bool = False
+    ) -> LedgerRow | None:
         """The pending row of a call about to be sent (None without pending rows)."""
         if self.pending is None:
             return None
-        return self.pending.row(session, model, mode, usd)
+        return self.pending.row(session, model, mode, usd, stream=stream)
 
     async def drop_pending(self, row_ids: list[str]) -> None:
         """Delete the pending rows of holds no call used; with the store down, later
@@ -481,6 +484,7 @@ class Budgets:
         *,
         stored: bool = True,
         mode: str = "",
+        stream: bool = False,
     ) -> TurnBudgets:
         """The budgets of a turn of ``session`` by the key ``key`` (None with auth off);
         ``asked``: the turn's budget header, which sets the session's budget when it has
@@ -504,8 +508,9 @@ class Budgets:
         if limit is not None:
             budgets.append(session_budget(session, limit))
         allow = bool(record is not None and record.allow_unpriced)
+        keyed = record is not None
         return TurnBudgets(
-            budgets, self, allow, keyed=record is not None, session=session, mode=mode
+            budgets, self, allow, keyed=keyed, session=session, mode=mode, stream=stream
         )
 
     async def spent(self, budget: Budget, pending: LedgerRow | None = None) -> float:

@@ -12,8 +12,9 @@ Rows
 ----
 One ``LedgerRow`` per upstream attempt. Exactly one row per client turn has kind
 ``"generation"`` (non-streamed) or ``"stream"`` (streamed): the attempt whose answer went to the
-client (when none answered, the last attempt: ``TurnMeter.unanswered``). Every other attempt the proxy made is a ``"rollback-retry"`` (re-ask after an invalid
-state patch) or a ``"transport-retry"`` (re-send after a transport/5xx/429 failure) row.
+client (when none answered, the last attempt: ``TurnMeter.unanswered``). Every other attempt
+the proxy made is a ``"rollback-retry"`` (re-ask after an invalid state patch) or a
+``"transport-retry"`` (re-send after a transport/5xx/429 failure) row.
 
 Baseline (what the turn would have cost WITHOUT the proxy)
 ----------------------------------------------------------

@@ -52,14 +52,17 @@ class PendingCalls:
         # pending rows then count only once their holds could have expired.
         self._shared_holds = shared_holds
 
-    def row(self, session: str, model: str | None, mode: str, usd: float) -> LedgerRow:
-        """The pending row of a call about to be sent, holding ``usd``."""
+    def row(
+        self, session: str, model: str | None, mode: str, usd: float, *, stream: bool = False
+    ) -> LedgerRow:
+        """The pending row of a call about to be sent, holding ``usd``; of the kind the
+        call's own row will be (``stream``: the turn streams), which a kill leaves it."""
         return LedgerRow(
             ts=time.time(),
             session=session,
             upstream=None,
             model=model or None,
-            kind="generation",
+            kind="stream" if stream else "generation",
             status=0,
             input_tokens=None,
             output_tokens=None,

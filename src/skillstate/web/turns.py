@@ -274,7 +274,13 @@ async def admit(request: Request, rt: Runtime, turn: Turn) -> None:
     asked = single_header(request, BUDGET_HEADER)
     key, record = (caller.name, caller.record) if caller is not None else (None, None)
     turn.budgets = await rt.budgets.for_turn(
-        key, record, turn.session, asked, stored=not turn.new_session, mode=str(turn.recorded_mode)
+        key,
+        record,
+        turn.session,
+        asked,
+        stored=not turn.new_session,
+        mode=str(turn.recorded_mode),
+        stream=turn.stream,
     )
 
 
