@@ -239,6 +239,22 @@ def test_session_ids_are_printed_as_they_are(
     assert [s["id"] for s in json.loads(out.read_text())["sessions"]] == ids
 
 
+def test_escape_sequences_in_session_ids_are_written_out_in_the_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A session id from a log went to the terminal as it was in the per-session and truth
+    tables (markup was escaped, control characters were not): a log could retitle the
+    window, clear the screen or colour the rest of the report."""
+    ids = ["a\x1b]0;PWNED\x07", "b\x1b[2J\x1b[31m"]
+    (tmp_path / "t.json").write_text(json.dumps([_transcript(i) for i in ids]))
+    code = main(["replay", str(tmp_path), "--arms", "passthrough"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "\x1b" not in captured.out and "\x07" not in captured.out
+    assert "a\\x1b]0;PWNED\\x07" in captured.out
+    assert "b\\x1b[2J\\x1b[31m" in captured.out
+
+
 def test_a_report_that_cannot_be_written_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skillstate.cli.paths import output_file
+from skillstate.headertext import printable
 
 from .session import ENVELOPE_TOKENS, REGIMES
 
@@ -229,14 +230,6 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
     failed = any(a["errors"] for arms_ in report["totals"].values() for a in arms_.values())
     bad = problems or failed or report["truth"]["off"] or not runs or not written
     return 1 if bad else 0
-
-
-def printable(text: str) -> str:
-    """``text`` with its control and other non-printable characters escaped: a file name or
-    a session id from a log must not move the terminal's cursor or retitle its window."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _write_reports(

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from skillstate.bench.reach import mean_reach
+from skillstate.headertext import printable
 
 from .run import COSTS, ArmRun, ReplayOptions, SessionRun
 from .sources import Problem
@@ -175,10 +176,11 @@ def _pct(v: float | None) -> str:
 
 def _literal(value: Any) -> str:
     """Text from a log or the command line (a session id, a model name) as console markup
-    that prints it as it is (``[bold]`` in a session id is not a style)."""
+    that prints it as it is: ``[bold]`` in a session id is not a style, and an escape
+    sequence in it is written out (``\\x1b``), not sent to the terminal."""
     from rich.markup import escape
 
-    return escape(str(value))
+    return escape(printable(str(value)))
 
 
 def _x(v: float | None) -> str:
@@ -295,7 +297,9 @@ def render_console(report: Mapping[str, Any], console: Any) -> None:
         for arm, a in arms.items():
             if a["errors"]:
                 console.print(
-                    f"{arm}: {a['errors']} call(s) failed, the first with {a['first_error']}",
+                    printable(
+                        f"{arm}: {a['errors']} call(s) failed, the first with {a['first_error']}"
+                    ),
                     markup=False,
                     highlight=False,
                     style="red",
@@ -312,7 +316,7 @@ def render_console(report: Mapping[str, Any], console: Any) -> None:
                 "simulation[/red]"
             )
     for line in note_lines(report["sessions"]):
-        console.print(line, markup=False, highlight=False)
+        console.print(printable(line), markup=False, highlight=False)
     console.print(
         "reach: of the next action's history tokens, the share the upstream got verbatim from "
         "the transcript (reach+state: anywhere, the state's text too)",
