@@ -331,12 +331,24 @@ def test_a_log_tree_with_bookkeeping_and_empty_sessions_replays_with_exit_0(
     meta = {"timestamp": "2025-10-20T11:00:00Z", "type": "session_meta", "payload": {"id": "c"}}
     for name, record in [("summary", summary), ("snapshot", snapshot), ("codex", meta)]:
         (project / f"{name}-only.jsonl").write_text(json.dumps(record) + "\n")
-    code = main(["replay", str(tmp_path), "--arms", "passthrough"])
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    code = main(["replay", str(project), "--arms", "passthrough", "--json", str(out),
+                 "--html", str(page)])  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err
     notes = [line for line in captured.err.splitlines() if line.startswith("skillstate replay:")]
     assert len(notes) == 3 and all(": note: " in line for line in notes), captured.err
     assert all("empty session" in line for line in notes)
+    # The reports say so too: a reader of the JSON or the page sees what was left out.
+    report = json.loads(out.read_text())
+    assert report["problems"] == []
+    skipped = sorted((Path(s["path"]).name, s["reason"]) for s in report["skipped"])
+    assert [name for name, _ in skipped] == [
+        f"{n}-only.jsonl" for n in ("codex", "snapshot", "summary")
+    ]
+    assert all("empty session" in reason for _, reason in skipped)
+    html_page = page.read_text()
+    assert "<h2>nothing to replay</h2>" in html_page and "summary-only.jsonl" in html_page
 
 
 def test_control_characters_from_a_log_are_escaped_on_stderr(

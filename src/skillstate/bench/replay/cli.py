@@ -199,12 +199,14 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
         console = Console(width=160, stderr=bool(to_stdout))
     runs: list[SessionRun] = []
     problems: list[Problem] = []
+    skipped: list[Skipped] = []
     t0 = time.perf_counter()
     try:
         options = _options(args, regimes)
         with _progress(console) as progress:
             for _, item in replay(paths, options, progress):
                 if isinstance(item, Skipped):  # nothing to replay, nothing wrong
+                    skipped.append(item)
                     print(f"{prog}: note: {printable(item.line())}", file=sys.stderr, flush=True)
                 elif isinstance(item, Problem):
                     problems.append(item)
@@ -215,7 +217,8 @@ def _run(args: argparse.Namespace, paths: list[str], regimes: tuple[str, ...], p
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     arms = options.arms or available_arms()
-    report = rep.build_report(runs, problems, options, arms, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    report = rep.build_report(runs, problems, options, arms, seconds, skipped)
     # The files first: a report the console cannot show (a closed or full stdout) is kept.
     written = _write_reports(report, args, console, prog)
     try:

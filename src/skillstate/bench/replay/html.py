@@ -147,8 +147,9 @@ def render_html(report: Mapping[str, Any]) -> str:
             f"<h3>cumulative billed dollars over the calls</h3>{dollars_svg(series)}"
             f"<h3>verbatim reach</h3>{reach_svg(arms)}{_table(arms)}"
         )
-    problems = "".join(
-        f"<li>{html.escape(p['path'])}: {html.escape(p['reason'])}</li>" for p in report["problems"]
+    problems, skipped = (
+        "".join(f"<li>{html.escape(p['path'])}: {html.escape(p['reason'])}</li>" for p in items)
+        for items in (report["problems"], report.get("skipped", ()))
     )
     opts = report["options"]
     return (
@@ -162,5 +163,6 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"{html.escape(', '.join(opts['arms']))}; {report['seconds']} s</p>"
         + "".join(sections)
         + (f"<h2>not replayed</h2><ul>{problems}</ul>" if problems else "")
+        + (f"<h2>nothing to replay</h2><ul>{skipped}</ul>" if skipped else "")
         + "</body></html>"
     )

@@ -16,7 +16,7 @@ from skillstate.bench.reach import mean_reach
 from skillstate.headertext import printable
 
 from .run import COSTS, ArmRun, ReplayOptions, SessionRun
-from .sources import Problem
+from .sources import Problem, Skipped
 
 __all__ = [
     "TRUTH_TOLERANCE",
@@ -114,7 +114,10 @@ def build_report(
     options: ReplayOptions,
     arms: tuple[str, ...],
     seconds: float,
+    skipped: Iterable[Skipped] = (),
 ) -> dict[str, Any]:
+    """The report: ``problems`` were not replayed (the replay fails), ``skipped`` had
+    nothing to replay (an empty session, a bookkeeping file: noted, not a failure)."""
     runs = list(runs)
     totals: dict[str, dict[str, ArmRun]] = {}
     for run in runs:
@@ -137,6 +140,7 @@ def build_report(
             "include_text": options.include_text,
         },
         "problems": [{"path": p.path, "reason": p.reason} for p in problems],
+        "skipped": [{"path": p.path, "reason": p.reason} for p in skipped],
         "sessions": [session_summary(r) for r in runs],
         "totals": {regime: _arms(per_arm) for regime, per_arm in totals.items()},
         "per_call_usd": {
