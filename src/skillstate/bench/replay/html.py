@@ -138,6 +138,11 @@ def _table(arms: Mapping[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _path_list(items: list[Mapping[str, str]]) -> str:
+    """The list items of ``problems`` or ``skipped``: each path and why."""
+    return "".join(f"<li>{html.escape(p['path'])}: {html.escape(p['reason'])}</li>" for p in items)
+
+
 def render_html(report: Mapping[str, Any]) -> str:
     sections = []
     for regime, arms in report["totals"].items():
@@ -147,10 +152,7 @@ def render_html(report: Mapping[str, Any]) -> str:
             f"<h3>cumulative billed dollars over the calls</h3>{dollars_svg(series)}"
             f"<h3>verbatim reach</h3>{reach_svg(arms)}{_table(arms)}"
         )
-    problems, skipped = (
-        "".join(f"<li>{html.escape(p['path'])}: {html.escape(p['reason'])}</li>" for p in items)
-        for items in (report["problems"], report.get("skipped", ()))
-    )
+    problems, skipped = _path_list(report["problems"]), _path_list(report["skipped"])
     opts = report["options"]
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>skillstate replay</title>"
