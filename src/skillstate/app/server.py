@@ -141,8 +141,10 @@ def tune_gc() -> None:
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def serve(settings: Settings) -> int:
-    """Serve in the foreground until SIGINT/SIGTERM; in-flight requests finish first."""
+def serve(settings: Settings, before_listening: Callable[[], None] | None = None) -> int:
+    """Serve in the foreground until SIGINT/SIGTERM; in-flight requests finish first.
+    ``before_listening``: called once the app is built, before the proxy says it listens
+    and serves (the CLI raises there a Ctrl-C that start-up could not raise)."""
     preflight_store(settings)
     check_listen(settings)
     sock = bind(settings.host, settings.port)
@@ -152,6 +154,8 @@ def serve(settings: Settings) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     app = _startup_errors(create_app(settings))
     server = _Server(_uvicorn_config(settings, app=app))
+    if before_listening is not None:
+        before_listening()
     ups = ", ".join(f"{u.name}={masked(u.url)}" for u in settings.upstreams) or "none"
     print(
         f"skillstate-proxy {__version__} listening on {_url(sock)}"

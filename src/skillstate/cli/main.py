@@ -4,8 +4,9 @@ stderr and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .. import __version__
@@ -170,11 +171,39 @@ def _cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in keys}
 
 
+# Ctrl-Cs whose KeyboardInterrupt landed where Python cannot raise it (see _keep_interrupts).
+_SWALLOWED: list[BaseException] = []
+
+
+def _keep_interrupts(previous: Callable[[Any], object], unraisable: Any) -> None:
+    """``sys.unraisablehook`` while a command runs. A Ctrl-C's KeyboardInterrupt is raised in
+    whatever Python code runs next; when that is a callback the interpreter cannot raise
+    from (the import lock's weakref callback, a ``__del__``), it printed a traceback and was
+    lost, and the proxy went on to serve. It is kept instead, to be raised where it can be
+    (``raise_swallowed_interrupt``); anything else goes to ``previous``, the hook before."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        _SWALLOWED.append(unraisable.exc_value)
+        return
+    previous(unraisable)
+
+
+def raise_swallowed_interrupt() -> None:
+    """Raise the Ctrl-C that ``_keep_interrupts`` kept, if any (before the proxy listens)."""
+    if _SWALLOWED:
+        raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; Ctrl-C at any point is exit 130 and nothing on stderr, also during the
-    imports the parser needs (a third of a second before anything runs)."""
+    imports the parser needs (a third of a second before anything runs), and also when it
+    landed where Python could not raise it (``_keep_interrupts``)."""
+    _SWALLOWED.clear()
+    previous = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_keep_interrupts, previous)
     try:
-        return _run(list(sys.argv[1:] if argv is None else argv))
+        code = _run(list(sys.argv[1:] if argv is None else argv))
+        raise_swallowed_interrupt()
+        return code
     except KeyboardInterrupt:
         # CPython marks a KeyboardInterrupt that leaves an exec() of a string (code that
         # pydantic, dataclasses and namedtuple generate while importing) as unhandled, even
@@ -182,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # exiting 130; the next exec() of a string clears the mark.
         exec("")
         return 130
+    finally:
+        sys.unraisablehook = previous
 
 
 def _run(argv: list[str]) -> int:
@@ -250,7 +281,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
     from ..app.server import serve
 
-    return serve(settings)
+    return serve(settings, before_listening=raise_swallowed_interrupt)
 
 
 if __name__ == "__main__":
